@@ -1,0 +1,46 @@
+# tilegemm: every target sets up what it needs. `make demo` and `make test` work on a fresh
+# machine with no GPU; `make test-gpu` / `make bench` run on a CUDA machine.
+PYTHON ?= python3
+VENV ?= .venv
+VPY := $(VENV)/bin/python
+# On a machine without a GPU pin the CPU build of torch (a bare `torch` pulls a multi-GB CUDA build).
+TORCH_CPU ?= torch==2.13.0
+STAMP := $(VENV)/.tilegemm-installed
+
+.PHONY: demo test test-gpu bench lint format install clean
+
+$(STAMP): pyproject.toml
+	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	if ! command -v nvidia-smi >/dev/null 2>&1; then $(VPY) -m pip install -q "$(TORCH_CPU)"; fi
+	$(VPY) -m pip install -q -e ".[cutile,hf,dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VPY) -m tilegemm.infer --compare --preset tiny-all
+	$(VPY) -m tilegemm.demo
+
+test: $(STAMP)
+	$(VPY) -m pytest -q -n 2 --durations=15 tests
+
+# On the GPU machine (no network): use the system python that has torch, with src/ on PYTHONPATH
+# (`source .devbundle/setup.sh && make test-gpu PY=python3`).
+PY ?= $(VPY)
+test-gpu:
+	PYTHONPATH=src:$$PYTHONPATH $(PY) -m pytest -q -m gpu -rs tests
+
+bench:
+	PYTHONPATH=src:$$PYTHONPATH $(PY) -m tilegemm.bench all
+
+lint: $(STAMP)
+	$(VPY) -m ruff check .
+	$(VPY) -m ruff format --check .
+
+format: $(STAMP)
+	$(VPY) -m ruff check --fix .
+	$(VPY) -m ruff format .
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info

@@ -1,0 +1,1 @@
+"""Backend selection and the op registry."""

@@ -1,0 +1,211 @@
+"""The op registry: ``@dispatch`` public stubs, ``@register_impl`` backends, fallback.
+
+A call flows one way::
+
+    public stub (ops/api.py) -> dispatch wrapper -> checks -> chosen backend impl -> kernel
+
+* ``@dispatch(name, check=fn)`` wraps a stub. The wrapper binds the call to the stub's
+  signature (so the stub's defaults and keyword names hold for every backend), runs the
+  shared input check ``fn(**arguments)``, picks the backend and calls its implementation
+  with every argument as a keyword. It also accepts ``backend=`` to override the choice.
+* ``@register_impl(name, backend)`` registers an implementation. It may raise
+  :class:`Unsupported` before writing anything to say "not this case" (a dtype, arch or
+  layout it lacks); the call then falls back to ``pytorch``.
+* Fallback to ``pytorch`` warns once per (op, reason); ``TILEGEMM_DISABLE_FALLBACK=1``
+  turns it into a ``RuntimeError``.
+* When ``stream`` is given, the implementation runs with that CUDA stream current.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import inspect
+import logging
+import os
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from tilegemm.backend import selector
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+log = logging.getLogger("tilegemm.dispatch")
+
+_BACKEND_MODULES = {"pytorch": "tilegemm.ops.reference", "cutile": "tilegemm.ops.cutile"}
+_STUBS: dict[str, inspect.Signature] = {}
+_IMPLS: dict[str, dict[str, Callable[..., Any]]] = {}
+_IMPORT_ERRORS: dict[str, str] = {}
+_WARNED: set[tuple[str, str]] = set()
+_LOCK = threading.Lock()
+_loaded = False
+
+
+class Unsupported(Exception):
+    """Raised by a backend implementation, before it writes anything, for a case it lacks."""
+
+
+class FallbackWarning(UserWarning):
+    """Issued once per (op, reason) when a call falls back to the ``pytorch`` backend."""
+
+
+def _debug_enabled() -> bool:
+    return os.environ.get("TILEGEMM_DEBUG", "0") not in ("", "0")
+
+
+def _load_backends() -> None:
+    """Import the backend packages once so their ``register_impl`` calls run."""
+    global _loaded
+    if _loaded:
+        return
+    with _LOCK:
+        if _loaded:
+            return
+        _loaded = True
+        for backend, module in _BACKEND_MODULES.items():
+            try:
+                importlib.import_module(module)
+            except Exception as exc:
+                if backend == "pytorch":
+                    raise
+                _IMPORT_ERRORS[backend] = f"{type(exc).__name__}: {exc}"
+
+
+def register_impl(name: str, backend: str) -> Callable[[F], F]:
+    """Register ``fn`` as backend ``backend``'s implementation of op ``name``."""
+    selector.validate_backend_name(backend)
+
+    def decorator(fn: F) -> F:
+        _IMPLS.setdefault(name, {})[backend] = fn
+        return fn
+
+    return decorator
+
+
+def _tensors_in(value: Any) -> list[Any]:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors_in(v)]
+    return []
+
+
+def _stream_context(arguments: dict[str, Any]) -> contextlib.AbstractContextManager[Any]:
+    stream = arguments.get("stream")
+    if stream is None:
+        return contextlib.nullcontext()
+    import torch
+
+    return torch.cuda.stream(stream)
+
+
+def _unavailable_reason(name: str, backend: str, arguments: dict[str, Any]) -> str | None:
+    """Why ``backend`` cannot even try this call, or ``None``."""
+    if backend in _IMPORT_ERRORS:
+        return f"{backend} backend failed to import ({_IMPORT_ERRORS[backend]})"
+    if backend not in _IMPLS.get(name, {}):
+        return f"no {backend} implementation of {name}"
+    if backend == "cutile":
+        reason = selector.cutile_unavailable_reason()
+        if reason is not None:
+            return f"cutile unavailable: {reason}"
+        if any(t.device.type != "cuda" for v in arguments.values() for t in _tensors_in(v)):
+            return "cutile needs CUDA tensors"
+    return None
+
+
+def _fall_back(name: str, backend: str, reason: str) -> None:
+    if os.environ.get("TILEGEMM_DISABLE_FALLBACK", "0") not in ("", "0"):
+        raise RuntimeError(f"{name}: backend {backend!r} cannot run this call ({reason}) and fallback is disabled")
+    key = (name, reason)
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(f"tilegemm.{name}: falling back to pytorch: {reason}", FallbackWarning, stacklevel=4)
+
+
+def reset_fallback_warnings() -> None:
+    """Forget which fallback warnings were issued, so they are issued again (for tests)."""
+    _WARNED.clear()
+
+
+def call_backend(name: str, backend: str, arguments: dict[str, Any]) -> Any:
+    """Run op ``name`` on ``backend`` with bound ``arguments``, falling back to ``pytorch``."""
+    _load_backends()
+    if backend != "pytorch":
+        reason = _unavailable_reason(name, backend, arguments)
+        if reason is None:
+            try:
+                with _stream_context(arguments):
+                    result = _IMPLS[name][backend](**arguments)
+                if _debug_enabled():
+                    log.warning("tilegemm.%s -> %s", name, backend)
+                return result
+            except Unsupported as exc:
+                reason = str(exc)
+        _fall_back(name, backend, reason)
+    if _debug_enabled():
+        log.warning("tilegemm.%s -> pytorch", name)
+    with _stream_context(arguments):
+        return _IMPLS[name]["pytorch"](**arguments)
+
+
+def dispatch(name: str, *, check: Callable[..., None] | None = None) -> Callable[[F], F]:
+    """Turn ``stub`` into public op ``name``: bind, check, route to a backend.
+
+    The returned function has the stub's signature plus a keyword-only ``backend``
+    (``None``, ``"cutile"`` or ``"pytorch"``). ``check`` receives every bound argument by
+    keyword and raises ``TypeError``/``ValueError`` for bad input before any backend runs.
+    """
+
+    def decorator(stub: F) -> F:
+        signature = inspect.signature(stub)
+        _STUBS[name] = signature
+
+        @functools.wraps(stub)
+        def wrapper(*args: Any, backend: str | None = None, **kwargs: Any) -> Any:
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError as exc:
+                raise TypeError(f"{name}: {exc}") from None
+            bound.apply_defaults()
+            arguments = dict(bound.arguments)
+            if check is not None:
+                check(**arguments)
+            chosen = selector.validate_backend_name(backend) if backend is not None else selector.get_current_backend()
+            return call_backend(name, chosen, arguments)
+
+        params = [
+            *signature.parameters.values(),
+            inspect.Parameter("backend", inspect.Parameter.KEYWORD_ONLY, default=None),
+        ]
+        wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        wrapper.op_name = name  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    return decorator
+
+
+def list_ops() -> list[str]:
+    """Names of every public op, sorted."""
+    _load_backends()
+    return sorted(_STUBS)
+
+
+def get_available_backends_for_op(name: str) -> list[str]:
+    """Backends that implement op ``name`` and can run on this machine."""
+    _load_backends()
+    if name not in _STUBS:
+        raise ValueError(f"op: got {name!r}, expected one of {sorted(_STUBS)}")
+    impls = _IMPLS.get(name, {})
+    return [b for b in selector.BACKENDS if b in impls and selector.is_backend_available(b)]
+
+
+def get_registered_backends_for_op(name: str) -> list[str]:
+    """Backends that implement op ``name``, whether or not they can run here."""
+    _load_backends()
+    return [b for b in selector.BACKENDS if b in _IMPLS.get(name, {})]

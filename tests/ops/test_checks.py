@@ -1,0 +1,180 @@
+# ruff: noqa: E501  (the bad-input table reads best one case per line)
+"""Bad input raises before anything runs: the right error type, naming the argument, `d` untouched."""
+
+import math
+
+import pytest
+import torch
+
+import tilegemm
+from tilegemm.ops import checks
+
+FP8 = torch.float8_e4m3fn
+
+
+def fp8(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape).clamp(-400, 400).to(FP8)
+
+
+def scales(*shape: int) -> torch.Tensor:
+    return torch.rand(*shape) + 0.5
+
+
+def poisoned(*shape: int, dtype=torch.float32) -> torch.Tensor:
+    return torch.full(shape, math.nan, dtype=dtype)
+
+
+def dense_bf16(**over):
+    kw = dict(a=torch.randn(8, 256).bfloat16(), b=torch.randn(16, 256).bfloat16(), d=poisoned(8, 16))
+    kw.update(over)
+    return kw
+
+
+def dense_fp8(**over):
+    kw = dict(a=(fp8(8, 256), scales(8, 2)), b=(fp8(16, 256), scales(1, 2)), d=poisoned(8, 16))
+    kw.update(over)
+    return kw
+
+
+def m_grouped(**over):
+    m_indices = torch.tensor([0] * 128 + [-1] * 128 + [1] * 128, dtype=torch.int32)
+    kw = dict(a=torch.randn(384, 64).bfloat16(), b=torch.randn(2, 32, 64).bfloat16(), d=poisoned(384, 32))
+    kw["m_indices"] = m_indices
+    kw.update(over)
+    return kw
+
+
+def masked(**over):
+    kw = dict(a=torch.randn(2, 16, 64).bfloat16(), b=torch.randn(2, 32, 64).bfloat16(), d=poisoned(2, 16, 32))
+    kw.update(masked_m=torch.tensor([3, 16], dtype=torch.int32), expected_m=8)
+    kw.update(over)
+    return kw
+
+
+def k_grouped(**over):
+    kw = dict(a=torch.randn(96, 16).bfloat16(), b=torch.randn(96, 24).bfloat16(), d=poisoned(3, 16, 24), ks=[32, 0, 64])
+    kw.update(over)
+    return kw
+
+
+def k_grouped_fp8(**over):
+    kw = dict(a=(fp8(256, 16), scales(2, 16)), b=(fp8(256, 24), scales(2, 24)), d=poisoned(2, 16, 24), ks=[128, 128])
+    kw.update(over)
+    return kw
+
+
+def mqa(**over):
+    s, s_kv, h, dim = 4, 32, 2, 64
+    kw = dict(q=fp8(s, h, dim), kv=(fp8(s_kv, dim), scales(s_kv)), weights=torch.randn(s, h))
+    kw.update(cu_seq_len_k_start=torch.zeros(s, dtype=torch.int32), cu_seq_len_k_end=torch.full((s,), 32).int())
+    kw.update(over)
+    return kw
+
+
+def paged(**over):
+    b, next_n, h, dim, block_kv = 2, 1, 2, 64, 16
+    ctx = torch.tensor([20, 5], dtype=torch.int32)
+    kw = dict(q=fp8(b, next_n, h, dim), kv_cache=torch.randint(0, 255, (4, block_kv, 1, dim + 4), dtype=torch.uint8))
+    kw.update(weights=torch.randn(b * next_n, h), context_lens=ctx, block_table=torch.tensor([[0, 1], [2, 3]]).int())
+    kw.update(schedule_meta=torch.zeros(3, 2, dtype=torch.int32), max_context_len=32)
+    kw.update(over)
+    return kw
+
+
+CASES = [
+    # (id, op, kwargs, exception, message fragment)
+    ("a-not-tensor", "bf16_gemm_nt", dense_bf16(a=[[1.0]]), TypeError, "a:"),
+    ("a-dtype", "bf16_gemm_nt", dense_bf16(a=torch.randn(8, 256).half()), TypeError, "a: got dtype"),
+    ("a-ndim", "bf16_gemm_nt", dense_bf16(a=torch.randn(1, 8, 256).bfloat16()), ValueError, "a: got a 3-D"),
+    ("k-mismatch", "bf16_gemm_nt", dense_bf16(b=torch.randn(16, 128).bfloat16()), ValueError, "disagree on K"),
+    ("nn-k-mismatch", "bf16_gemm_nn", dense_bf16(b=torch.randn(16, 256).bfloat16()), ValueError, "disagree on K"),
+    ("d-shape", "bf16_gemm_nt", dense_bf16(d=poisoned(16, 8)), ValueError, "d: got shape"),
+    ("d-dtype", "bf16_gemm_nt", dense_bf16(d=poisoned(8, 16, dtype=torch.float16)), TypeError, "d: got dtype"),
+    ("d-strided", "bf16_gemm_nt", dense_bf16(d=poisoned(16, 8).T), ValueError, "contiguous"),
+    ("c-shape", "bf16_gemm_nt", dense_bf16(c=torch.randn(8, 15)), ValueError, "c: got shape"),
+    ("alpha-type", "bf16_gemm_nt", dense_bf16(alpha="2"), TypeError, "alpha"),
+    ("beta-bool", "bf16_gemm_nt", dense_bf16(beta=True), TypeError, "beta"),
+    ("stream-type", "bf16_gemm_nt", dense_bf16(stream=0), TypeError, "stream"),
+    ("device-mix", "bf16_gemm_nt", dense_bf16(d=torch.empty(8, 16, device="meta")), ValueError, "one device"),
+    ("fp8-not-tuple", "fp8_gemm_nt", dense_fp8(a=fp8(8, 256)), TypeError, "a:"),
+    ("fp8-data-dtype", "fp8_gemm_nt", dense_fp8(a=(torch.randn(8, 256), scales(8, 2))), TypeError, "a[0]"),
+    ("fp8-scale-dtype", "fp8_gemm_nt", dense_fp8(a=(fp8(8, 256), scales(8, 2).half())), TypeError, "a[1]"),
+    ("sa-shape", "fp8_gemm_nt", dense_fp8(a=(fp8(8, 256), scales(8, 3))), ValueError, "a[1] (scales)"),
+    ("sb-shape", "fp8_gemm_nt", dense_fp8(b=(fp8(16, 256), scales(2, 2))), ValueError, "b[1] (scales)"),
+    ("recipe-mismatch", "fp8_gemm_nt", dense_fp8(recipe=(1, 1, 128)), ValueError, "recipe"),
+    ("recipe-unknown", "fp8_gemm_nt", dense_fp8(recipe=(1, 64, 64)), ValueError, "recipe"),
+    ("m-indices-dtype", "m_grouped_bf16_gemm_nt_contiguous", m_grouped(m_indices=torch.zeros(384).long()), TypeError, "m_indices"),
+    ("m-indices-len", "m_grouped_bf16_gemm_nt_contiguous", m_grouped(m_indices=torch.zeros(100).int()), ValueError, "m_indices"),
+    ("m-indices-range", "m_grouped_bf16_gemm_nt_contiguous", m_grouped(m_indices=torch.full((384,), 2).int()), ValueError, "group 2"),
+    ("m-indices-misaligned", "m_grouped_bf16_gemm_nt_contiguous", m_grouped(m_indices=torch.tensor([0] * 100 + [1] * 284).int()), ValueError, "mix groups"),
+    ("psum-decreasing", "m_grouped_bf16_gemm_nt_contiguous", m_grouped(m_indices=torch.tensor([200, 100]).int(), use_psum_layout=True), ValueError, "non-decreasing"),
+    ("psum-past-end", "m_grouped_bf16_gemm_nt_contiguous", m_grouped(m_indices=torch.tensor([200, 400]).int(), use_psum_layout=True), ValueError, "non-decreasing"),
+    ("grouped-b-k", "m_grouped_bf16_gemm_nt_contiguous", m_grouped(b=torch.randn(2, 32, 48).bfloat16()), ValueError, "disagree on K"),
+    ("masked-m-range", "m_grouped_bf16_gemm_nt_masked", masked(masked_m=torch.tensor([3, 17]).int()), ValueError, "masked_m"),
+    ("masked-m-len", "m_grouped_bf16_gemm_nt_masked", masked(masked_m=torch.tensor([3]).int()), ValueError, "masked_m"),
+    ("expected-m-type", "m_grouped_bf16_gemm_nt_masked", masked(expected_m=8.0), TypeError, "expected_m"),
+    ("expected-m-negative", "m_grouped_bf16_gemm_nt_masked", masked(expected_m=-1), ValueError, "expected_m"),
+    ("masked-b-groups", "m_grouped_bf16_gemm_nt_masked", masked(b=torch.randn(3, 32, 64).bfloat16()), ValueError, "b: got shape"),
+    ("ks-sum", "k_grouped_bf16_gemm_tn_contiguous", k_grouped(ks=[32, 0, 63]), ValueError, "ks: sums"),
+    ("ks-negative", "k_grouped_bf16_gemm_tn_contiguous", k_grouped(ks=[32, -1, 65]), ValueError, "ks:"),
+    ("ks-type", "k_grouped_bf16_gemm_tn_contiguous", k_grouped(ks=torch.tensor([32, 0, 64])), TypeError, "ks:"),
+    ("ks-tensor-values", "k_grouped_bf16_gemm_tn_contiguous", k_grouped(ks_tensor=torch.tensor([32, 64, 0]).int()), ValueError, "ks_tensor"),
+    ("k-grouped-d-dtype", "k_grouped_bf16_gemm_tn_contiguous", k_grouped(d=poisoned(3, 16, 24, dtype=torch.bfloat16)), TypeError, "d: got dtype"),
+    ("k-grouped-fp8-ks", "k_grouped_fp8_gemm_tn_contiguous", k_grouped_fp8(ks=[64, 192]), ValueError, "multiples of 128"),
+    ("k-grouped-fp8-sa", "k_grouped_fp8_gemm_tn_contiguous", k_grouped_fp8(a=(fp8(256, 16), scales(16, 2))), ValueError, "a[1] (scales)"),
+    ("mqa-q-dtype", "fp8_mqa_logits", mqa(q=torch.randn(4, 2, 64)), TypeError, "q: got dtype"),
+    ("mqa-weights", "fp8_mqa_logits", mqa(weights=torch.randn(4, 3)), ValueError, "weights"),
+    ("mqa-window-order", "fp8_mqa_logits", mqa(cu_seq_len_k_start=torch.full((4,), 10).int(), cu_seq_len_k_end=torch.full((4,), 5).int()), ValueError, "window"),
+    ("mqa-window-end", "fp8_mqa_logits", mqa(cu_seq_len_k_end=torch.full((4,), 33).int()), ValueError, "S_kv=32"),
+    ("mqa-kv-dim", "fp8_mqa_logits", mqa(kv=(fp8(32, 128), scales(32))), ValueError, "kv[0]"),
+    ("paged-ctx-dtype", "fp8_paged_mqa_logits", paged(context_lens=torch.tensor([20, 5])), TypeError, "context_lens"),
+    ("paged-cache-dim", "fp8_paged_mqa_logits", paged(kv_cache=torch.zeros(4, 16, 1, 64, dtype=torch.uint8)), ValueError, "kv_cache"),
+    ("paged-block-range", "fp8_paged_mqa_logits", paged(block_table=torch.tensor([[0, 4], [2, 3]]).int()), ValueError, "block_table"),
+    ("paged-max-len", "fp8_paged_mqa_logits", paged(max_context_len=16), ValueError, "max_context_len"),
+    ("paged-table-short", "fp8_paged_mqa_logits", paged(context_lens=torch.tensor([40, 5]).int(), max_context_len=40), ValueError, "block_table"),
+    ("meta-num-sms", "get_paged_mqa_logits_metadata", dict(context_lens=torch.tensor([5]).int(), block_kv=64, num_sms=0), ValueError, "num_sms"),
+    ("meta-block-kv", "get_paged_mqa_logits_metadata", dict(context_lens=torch.tensor([5]).int(), block_kv="64", num_sms=4), TypeError, "block_kv"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_raises_and_leaves_d_untouched(case):
+    _, op, kwargs, exc, fragment = case
+    d = kwargs.get("d")
+    before = d.clone() if isinstance(d, torch.Tensor) and d.device.type != "meta" else None
+    with pytest.raises(exc) as info:
+        getattr(tilegemm, op)(**kwargs, backend="pytorch")
+    assert fragment in str(info.value)
+    if before is not None:
+        assert torch.equal(d.isnan(), before.isnan()), "d was written before the error"
+
+
+def test_value_checks_can_be_turned_off(monkeypatch):
+    """TILEGEMM_CHECK_VALUES=0 skips the host-syncing checks (here: 128-row alignment)."""
+    kwargs = m_grouped(m_indices=torch.tensor([0] * 100 + [1] * 284).int())
+    monkeypatch.setenv("TILEGEMM_CHECK_VALUES", "0")
+    assert not checks.value_checks_enabled()
+    tilegemm.m_grouped_bf16_gemm_nt_contiguous(**kwargs, backend="pytorch")  # no ValueError now
+    a, b, d = kwargs["a"].float(), kwargs["b"].float(), kwargs["d"]
+    torch.testing.assert_close(d[128:], a[128:] @ b[1].T)  # the blocks that keep the contract are right
+
+
+def test_skip_value_checks_context():
+    assert checks.value_checks_enabled()
+    with checks.skip_value_checks():
+        assert not checks.value_checks_enabled()
+    assert checks.value_checks_enabled()
+
+
+def test_recipe_inference():
+    sb_block, sb_row = scales(2, 3), scales(200, 3)
+    assert checks.infer_recipe(sb_block, 200, 300, None) == (1, 128, 128)
+    assert checks.infer_recipe(sb_row, 200, 300, None) == (1, 1, 128)
+    assert checks.infer_recipe(sb_row, 200, 300, [1, 1, 128]) == (1, 1, 128)
+
+
+def test_visible_lengths():
+    one_d = checks.visible_lengths(torch.tensor([5, 9]).int(), 3)
+    assert one_d.tolist() == [[3, 4, 5], [7, 8, 9]]
+    two_d = torch.tensor([[1, 2], [3, 4]]).int()
+    assert checks.visible_lengths(two_d, 2).tolist() == two_d.tolist()

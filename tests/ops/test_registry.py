@@ -1,0 +1,293 @@
+"""Registry behaviour: binding, backend choice, fallback, introspection, the public API's shape."""
+
+import inspect
+import warnings
+
+import pytest
+import torch
+
+import tilegemm
+from tilegemm.backend import registry, selector
+from tilegemm.backend.registry import FallbackWarning, Unsupported, dispatch, register_impl
+
+DESIGN_OPS = {
+    "bf16_gemm_nt",
+    "bf16_gemm_nn",
+    "bf16_gemm_tn",
+    "bf16_gemm_tt",
+    "fp8_gemm_nt",
+    "fp8_gemm_nn",
+    "fp8_gemm_tn",
+    "fp8_gemm_tt",
+    "m_grouped_bf16_gemm_nt_contiguous",
+    "m_grouped_bf16_gemm_nn_contiguous",
+    "m_grouped_fp8_gemm_nt_contiguous",
+    "m_grouped_fp8_gemm_nn_contiguous",
+    "m_grouped_bf16_gemm_nt_masked",
+    "m_grouped_fp8_gemm_nt_masked",
+    "k_grouped_bf16_gemm_tn_contiguous",
+    "k_grouped_fp8_gemm_tn_contiguous",
+    "fp8_mqa_logits",
+    "get_paged_mqa_logits_metadata",
+    "fp8_paged_mqa_logits",
+}
+
+# DESIGN.md's signatures: (name, default) per parameter, in order.
+_DENSE_BF16 = [("a", None), ("b", None), ("d", None), ("c", None), ("alpha", 1.0), ("beta", 1.0), ("stream", None)]
+_DENSE_FP8 = _DENSE_BF16[:-1] + [("recipe", None), ("disable_ue8m0_cast", False), ("stream", None)]
+SIGNATURES = {
+    **{f"bf16_gemm_{lay}": _DENSE_BF16 for lay in ("nt", "nn", "tn", "tt")},
+    **{f"fp8_gemm_{lay}": _DENSE_FP8 for lay in ("nt", "nn", "tn", "tt")},
+    **{
+        f"m_grouped_bf16_gemm_{lay}_contiguous": [
+            ("a", None),
+            ("b", None),
+            ("d", None),
+            ("m_indices", None),
+            ("use_psum_layout", False),
+            ("stream", None),
+        ]
+        for lay in ("nt", "nn")
+    },
+    **{
+        f"m_grouped_fp8_gemm_{lay}_contiguous": [
+            ("a", None),
+            ("b", None),
+            ("d", None),
+            ("m_indices", None),
+            ("use_psum_layout", False),
+            ("disable_ue8m0_cast", False),
+            ("stream", None),
+        ]
+        for lay in ("nt", "nn")
+    },
+    "m_grouped_bf16_gemm_nt_masked": [
+        ("a", None),
+        ("b", None),
+        ("d", None),
+        ("masked_m", None),
+        ("expected_m", None),
+        ("stream", None),
+    ],
+    "m_grouped_fp8_gemm_nt_masked": [
+        ("a", None),
+        ("b", None),
+        ("d", None),
+        ("masked_m", None),
+        ("expected_m", None),
+        ("disable_ue8m0_cast", False),
+        ("stream", None),
+    ],
+    **{
+        f"k_grouped_{dt}_gemm_tn_contiguous": [
+            ("a", None),
+            ("b", None),
+            ("d", None),
+            ("ks", None),
+            ("ks_tensor", None),
+            ("c", None),
+            ("stream", None),
+        ]
+        for dt in ("bf16", "fp8")
+    },
+    "fp8_mqa_logits": [
+        ("q", None),
+        ("kv", None),
+        ("weights", None),
+        ("cu_seq_len_k_start", None),
+        ("cu_seq_len_k_end", None),
+        ("clean_logits", True),
+        ("stream", None),
+    ],
+    "get_paged_mqa_logits_metadata": [("context_lens", None), ("block_kv", None), ("num_sms", None)],
+    "fp8_paged_mqa_logits": [
+        ("q", None),
+        ("kv_cache", None),
+        ("weights", None),
+        ("context_lens", None),
+        ("block_table", None),
+        ("schedule_meta", None),
+        ("max_context_len", None),
+        ("clean_logits", True),
+        ("stream", None),
+    ],
+}
+
+
+@pytest.fixture
+def toy_op():
+    """A private op with a pytorch and a cutile impl that record what they received."""
+    calls = []
+
+    @dispatch("_toy_op", check=lambda x, scale, flag: None if x >= 0 else (_ for _ in ()).throw(ValueError("x<0")))
+    def toy(x: int, scale: float = 2.0, flag: str = "default") -> float: ...
+
+    @register_impl("_toy_op", "pytorch")
+    def toy_pytorch(x, scale, flag):
+        calls.append(("pytorch", x, scale, flag))
+        return x * scale
+
+    @register_impl("_toy_op", "cutile")
+    def toy_cutile(x, scale, flag):
+        if flag == "unsupported":
+            raise Unsupported("flag value not in this kernel")
+        calls.append(("cutile", x, scale, flag))
+        return -x * scale
+
+    yield toy, calls
+    registry._STUBS.pop("_toy_op")
+    registry._IMPLS.pop("_toy_op")
+
+
+@pytest.fixture
+def cutile_present(monkeypatch):
+    """Pretend the cutile backend can run (no GPU here): only the registry's logic is under test."""
+    monkeypatch.setattr(selector, "cutile_unavailable_reason", lambda: None)
+    monkeypatch.delenv("TILEGEMM_BACKEND", raising=False)
+    monkeypatch.delenv("TILEGEMM_DISABLE_FALLBACK", raising=False)
+
+
+def test_public_api_has_every_design_op():
+    assert DESIGN_OPS <= set(tilegemm.list_ops())
+    for name in DESIGN_OPS:
+        assert callable(getattr(tilegemm, name))
+
+
+@pytest.mark.parametrize("name", sorted(SIGNATURES))
+def test_signatures_match_design(name):
+    params = list(inspect.signature(getattr(tilegemm, name)).parameters.values())
+    assert params[-1].name == "backend" and params[-1].kind is inspect.Parameter.KEYWORD_ONLY
+    got = [(p.name, None if p.default is inspect.Parameter.empty else p.default) for p in params[:-1]]
+    assert got == SIGNATURES[name]
+    assert getattr(tilegemm, name).__doc__ and len(getattr(tilegemm, name).__doc__) > 80
+
+
+def test_stub_defaults_are_applied(toy_op, cutile_present):
+    toy, calls = toy_op
+    assert toy(3, backend="pytorch") == 6.0
+    assert calls[-1] == ("pytorch", 3, 2.0, "default")
+    assert toy(3, flag="x", backend="cutile") == -6.0
+    assert calls[-1] == ("cutile", 3, 2.0, "x")
+
+
+def test_bad_binding_is_a_type_error(toy_op):
+    toy, _ = toy_op
+    with pytest.raises(TypeError, match="_toy_op"):
+        toy(1, 2.0, "a", "extra")
+
+
+def test_check_runs_before_any_backend(toy_op):
+    toy, calls = toy_op
+    with pytest.raises(ValueError):
+        toy(-1, backend="pytorch")
+    assert calls == []
+
+
+def test_choice_order(toy_op, cutile_present, monkeypatch):
+    toy, calls = toy_op
+    assert selector.get_current_backend() == "cutile"  # default: available cutile
+    monkeypatch.setenv("TILEGEMM_BACKEND", "pytorch")
+    assert selector.get_current_backend() == "pytorch"
+    tilegemm.set_backend("cutile")
+    try:
+        assert selector.get_current_backend() == "cutile"  # set_backend beats the env
+        with tilegemm.use_backend("pytorch"):
+            assert toy(1) == 2.0  # context beats set_backend
+            assert toy(1, backend="cutile") == -2.0  # the call's keyword beats everything
+        assert toy(1) == -2.0
+    finally:
+        tilegemm.set_backend(None)
+    assert [c[0] for c in calls] == ["pytorch", "cutile", "cutile"]
+
+
+def test_unknown_backend_lists_known_ones(toy_op):
+    toy, _ = toy_op
+    known = r"\['cutile', 'pytorch'\]"
+    with pytest.raises(ValueError, match=known):
+        toy(1, backend="triton")
+    with pytest.raises(ValueError, match=known):
+        tilegemm.set_backend("cuda")
+    with pytest.raises(ValueError, match=known):
+        with tilegemm.use_backend("tensorrt"):
+            pass
+
+
+def test_env_backend_is_validated(monkeypatch):
+    monkeypatch.setenv("TILEGEMM_BACKEND", "nope")
+    with pytest.raises(ValueError, match="nope"):
+        selector.get_current_backend()
+
+
+def test_unsupported_case_falls_back_with_one_warning(toy_op, cutile_present):
+    toy, calls = toy_op
+    with pytest.warns(FallbackWarning, match="flag value not in this kernel"):
+        assert toy(2, flag="unsupported", backend="cutile") == 4.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert toy(5, flag="unsupported", backend="cutile") == 10.0  # same (op, reason): silent
+    registry.reset_fallback_warnings()
+    with pytest.warns(FallbackWarning):
+        toy(2, flag="unsupported", backend="cutile")
+    assert [c[0] for c in calls] == ["pytorch"] * 3
+
+
+def test_disable_fallback_raises(toy_op, cutile_present, monkeypatch):
+    toy, calls = toy_op
+    monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
+    with pytest.raises(RuntimeError, match="fallback is disabled"):
+        toy(2, flag="unsupported", backend="cutile")
+    assert calls == []
+
+
+def test_unavailable_cutile_falls_back(toy_op, monkeypatch):
+    toy, calls = toy_op
+    monkeypatch.setattr(selector, "cutile_unavailable_reason", lambda: "no CUDA GPU")
+    with pytest.warns(FallbackWarning, match="no CUDA GPU"):
+        assert toy(1, backend="cutile") == 2.0
+    assert calls == [("pytorch", 1, 2.0, "default")]
+
+
+def test_cpu_tensors_never_reach_cutile(cutile_present):
+    a = torch.randn(4, 8).bfloat16()
+    b = torch.randn(3, 8).bfloat16()
+    d = torch.empty(4, 3)
+    with pytest.warns(FallbackWarning, match="CUDA tensors"):
+        tilegemm.bf16_gemm_nt(a, b, d, backend="cutile")
+    torch.testing.assert_close(d, a.float() @ b.float().T)
+
+
+def test_introspection_without_gpu(monkeypatch):
+    monkeypatch.setattr(selector, "cutile_unavailable_reason", lambda: "no CUDA GPU")
+    assert selector.get_available_backends() == ["pytorch"]
+    assert tilegemm.get_available_backends_for_op("bf16_gemm_nt") == ["pytorch"]
+    with pytest.raises(ValueError, match="not_an_op"):
+        tilegemm.get_available_backends_for_op("not_an_op")
+
+
+def test_every_op_has_a_pytorch_impl():
+    for name in DESIGN_OPS:
+        assert "pytorch" in registry.get_registered_backends_for_op(name)
+
+
+def test_availability_detection_never_raises():
+    selector.cutile_unavailable_reason.cache_clear()
+    reason = selector.cutile_unavailable_reason()
+    assert reason is None or isinstance(reason, str)
+    if not torch.cuda.is_available():
+        assert reason == "no CUDA GPU"
+
+
+def test_config_setters():
+    tilegemm.set_num_sms(0)
+    with pytest.raises(ValueError):
+        tilegemm.set_num_sms(-1)
+    with pytest.raises(TypeError):
+        tilegemm.set_num_sms(1.5)
+    tilegemm.set_tc_util(50)
+    assert tilegemm.get_tc_util() == 0.5
+    tilegemm.set_tc_util(0.75)
+    assert tilegemm.get_tc_util() == 0.75
+    for bad in (0.0, 1.5, 1, 101):
+        with pytest.raises(ValueError):
+            tilegemm.set_tc_util(bad)
+    tilegemm.set_tc_util(1.0)
