@@ -4,6 +4,7 @@ Every op is dispatched to a backend (``cutile`` or ``pytorch``); see ``tilegemm.
 This module only re-exports the public API.
 """
 
+from tilegemm.autograd import fp8_linear, grouped_matmul, matmul
 from tilegemm.backend.registry import get_available_backends_for_op, list_ops
 from tilegemm.backend.selector import get_available_backends, get_current_backend, set_backend, use_backend
 from tilegemm.config import get_num_sms, get_tc_util, set_num_sms, set_tc_util
@@ -47,6 +48,7 @@ __all__ = [
     "bf16_gemm_tt",
     "calc_diff",
     "fp8_gemm_nn",
+    "fp8_linear",
     "fp8_gemm_nt",
     "fp8_gemm_tn",
     "fp8_gemm_tt",
@@ -61,6 +63,7 @@ __all__ = [
     "get_paged_mqa_logits_metadata",
     "get_tc_util",
     "get_tma_aligned_size",
+    "grouped_matmul",
     "k_grouped_bf16_gemm_tn_contiguous",
     "k_grouped_fp8_gemm_tn_contiguous",
     "list_ops",
@@ -70,6 +73,7 @@ __all__ = [
     "m_grouped_fp8_gemm_nn_contiguous",
     "m_grouped_fp8_gemm_nt_contiguous",
     "m_grouped_fp8_gemm_nt_masked",
+    "matmul",
     "per_block_cast_to_fp8",
     "per_token_cast_to_fp8",
     "set_backend",

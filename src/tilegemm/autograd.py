@@ -1,0 +1,172 @@
+"""Differentiable functional ops on top of the public GEMMs, as ``torch.library`` custom ops.
+
+Each op is a custom op (``tilegemm::...``) with a fake (meta) implementation and an autograd
+formula, so it trains, traces under ``torch.compile(fullgraph=True)`` as one opaque node and
+can be captured in a CUDA graph when its backend can. The ops run on the current tilegemm
+backend (``set_backend`` / ``use_backend``).
+
+* :func:`matmul` ``(a [M, K], b [K, N]) -> [M, N]``, bf16: ``bf16_gemm_nn`` forward,
+  ``bf16_gemm_nt`` / ``bf16_gemm_tn`` backward.
+* :func:`grouped_matmul` ``(x [M, K], w [G, N, K], offs [G]) -> [M, N]``, bf16: row r of group g
+  (rows ``offs[g-1] <= r < offs[g]``, ``torch._grouped_mm``'s meaning) gets ``x[r] @ w[g].T``;
+  rows past ``offs[-1]`` get 0. Forward ``m_grouped_bf16_gemm_nt_contiguous`` (psum layout),
+  input gradient ``m_grouped_bf16_gemm_nn_contiguous``, weight gradient
+  ``k_grouped_bf16_gemm_tn_contiguous``. The weight gradient needs the group sizes on the host
+  (one device-to-host copy of ``offs`` per backward).
+* :func:`fp8_linear` ``(x [..., K], weight [N, K], bias=None) -> [..., N]``, bf16 in and out:
+  ``x`` is cast per token (1x128) and ``weight`` per 128x128 block to FP8, then
+  ``fp8_gemm_nt``. The backward is straight-through: gradients are the BF16 GEMMs of the
+  unquantized tensors (the usual FP8-training recipe for activations' gradients in bf16).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tilegemm.ops import api
+from tilegemm.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
+
+Tensor = torch.Tensor
+
+_LAYOUT_OUT = {  # (a dim, b dim) holding M and N in each layout
+    "nt": (0, 0),
+    "nn": (0, 1),
+    "tn": (1, 1),
+    "tt": (1, 0),
+}
+
+
+def _gemm_out_shape(a: Tensor, b: Tensor, layout: str) -> tuple[int, int]:
+    if layout not in _LAYOUT_OUT:
+        raise ValueError(f"layout: got {layout!r}, expected one of {sorted(_LAYOUT_OUT)}")
+    dim_m, dim_n = _LAYOUT_OUT[layout]
+    return a.shape[dim_m], b.shape[dim_n]
+
+
+# ------------------------------------------------------------------------------ custom ops
+
+
+@torch.library.custom_op("tilegemm::gemm", mutates_args=())
+def gemm(a: Tensor, b: Tensor, layout: str) -> Tensor:
+    """Out-of-place ``bf16_gemm_<layout>(a, b)``: bf16 [M, N]."""
+    d = a.new_empty(_gemm_out_shape(a, b, layout))
+    getattr(api, f"bf16_gemm_{layout}")(a, b, d)
+    return d
+
+
+@gemm.register_fake
+def _(a: Tensor, b: Tensor, layout: str) -> Tensor:
+    return a.new_empty(_gemm_out_shape(a, b, layout))
+
+
+@torch.library.custom_op("tilegemm::grouped_gemm", mutates_args=())
+def grouped_gemm(a: Tensor, b: Tensor, offs: Tensor, layout: str) -> Tensor:
+    """Out-of-place ``m_grouped_bf16_gemm_<layout>_contiguous`` in the psum layout: bf16 [M, N]."""
+    n = b.shape[1] if layout == "nt" else b.shape[2]
+    d = a.new_empty(a.shape[0], n)
+    getattr(api, f"m_grouped_bf16_gemm_{layout}_contiguous")(a, b, d, offs, use_psum_layout=True)
+    return d
+
+
+@grouped_gemm.register_fake
+def _(a: Tensor, b: Tensor, offs: Tensor, layout: str) -> Tensor:
+    return a.new_empty(a.shape[0], b.shape[1] if layout == "nt" else b.shape[2])
+
+
+@torch.library.custom_op("tilegemm::grouped_weight_grad", mutates_args=())
+def grouped_weight_grad(grad: Tensor, x: Tensor, offs: Tensor) -> Tensor:
+    """``dw[g] = grad_g.T @ x_g`` over the psum groups of ``offs``: fp32 [G, N, K] (``k_grouped`` TN)."""
+    ends = offs.tolist()
+    ks = [end - start for start, end in zip([0, *ends[:-1]], ends)]
+    dw = grad.new_empty(len(ks), grad.shape[1], x.shape[1], dtype=torch.float32)
+    api.k_grouped_bf16_gemm_tn_contiguous(grad[: sum(ks)], x[: sum(ks)], dw, ks)
+    return dw
+
+
+@grouped_weight_grad.register_fake
+def _(grad: Tensor, x: Tensor, offs: Tensor) -> Tensor:
+    return grad.new_empty(offs.shape[0], grad.shape[1], x.shape[1], dtype=torch.float32)
+
+
+@torch.library.custom_op("tilegemm::fp8_linear_forward", mutates_args=())
+def fp8_linear_forward(x: Tensor, weight: Tensor) -> Tensor:
+    """``x [M, K] @ weight [N, K].T`` with both cast to FP8 (1x128 / 128x128 blocks): bf16 [M, N]."""
+    d = x.new_empty(x.shape[0], weight.shape[0])
+    api.fp8_gemm_nt(per_token_cast_to_fp8(x), per_block_cast_to_fp8(weight), d)
+    return d
+
+
+@fp8_linear_forward.register_fake
+def _(x: Tensor, weight: Tensor) -> Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+# ------------------------------------------------------------------------------- autograd
+
+
+def _save_inputs(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*(t for t in inputs if isinstance(t, Tensor)))
+    ctx.layout = inputs[-1] if isinstance(inputs[-1], str) else None
+
+
+def _gemm_backward(ctx, grad):
+    a, b = ctx.saved_tensors
+    if ctx.layout != "nn":
+        raise NotImplementedError("tilegemm::gemm is differentiable in the 'nn' layout (what matmul uses)")
+    grad = grad.contiguous()
+    grad_a = gemm(grad, b, "nt") if ctx.needs_input_grad[0] else None  # [M,N] @ [K,N].T
+    grad_b = gemm(a, grad, "tn") if ctx.needs_input_grad[1] else None  # [M,K].T @ [M,N]
+    return grad_a, grad_b, None
+
+
+def _grouped_backward(ctx, grad):
+    x, w, offs = ctx.saved_tensors
+    if ctx.layout != "nt":
+        raise NotImplementedError("tilegemm::grouped_gemm is differentiable in the 'nt' layout")
+    grad = grad.contiguous()
+    grad_x = grouped_gemm(grad, w, offs, "nn") if ctx.needs_input_grad[0] else None
+    grad_w = grouped_weight_grad(grad, x, offs).to(w.dtype) if ctx.needs_input_grad[1] else None
+    return grad_x, grad_w, None, None
+
+
+def _fp8_linear_backward(ctx, grad):
+    x, weight = ctx.saved_tensors
+    grad = grad.contiguous()
+    grad_x = gemm(grad, weight, "nn") if ctx.needs_input_grad[0] else None  # [M,N] @ [N,K]
+    grad_w = gemm(grad, x, "tn") if ctx.needs_input_grad[1] else None  # [M,N].T @ [M,K]
+    return grad_x, grad_w
+
+
+gemm.register_autograd(_gemm_backward, setup_context=_save_inputs)
+grouped_gemm.register_autograd(_grouped_backward, setup_context=_save_inputs)
+fp8_linear_forward.register_autograd(_fp8_linear_backward, setup_context=_save_inputs)
+
+
+# ----------------------------------------------------------------------- functional API
+
+
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """Differentiable ``a @ b`` for bf16 ``a [M, K]`` and ``b [K, N]``; returns bf16 [M, N] (fp32 accumulate)."""
+    return gemm(a, b, "nn")
+
+
+def grouped_matmul(x: Tensor, w: Tensor, offs: Tensor) -> Tensor:
+    """Differentiable grouped ``x @ w[g].T`` (MoE experts); returns bf16 [M, N].
+
+    Args:
+        x: bf16 [M, K], rows sorted by group.
+        w: bf16 [G, N, K], one weight per group (``nn.Linear`` layout).
+        offs: int32 [G] cumulative group end rows (``torch._grouped_mm``'s ``offs``); rows past
+            ``offs[-1]`` get 0 and no gradient.
+    """
+    return grouped_gemm(x, w, offs, "nt")
+
+
+def fp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear`` with an FP8 forward: ``x [..., K] @ weight [N, K].T (+ bias)``, bf16 in and out.
+
+    The forward casts ``x`` per token (1x128 scales) and ``weight`` per 128x128 block, then runs
+    ``fp8_gemm_nt`` (fp32 accumulation); the backward is straight-through in BF16.
+    """
+    out = fp8_linear_forward(x.reshape(-1, x.shape[-1]), weight).reshape(*x.shape[:-1], weight.shape[0])
+    return out if bias is None else out + bias

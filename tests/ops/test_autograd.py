@@ -1,0 +1,100 @@
+"""Differentiable ops: forward and gradients vs float64 autograd, custom-op registration, torch.compile."""
+
+import pytest
+import torch
+
+import tilegemm
+from tilegemm import autograd
+from tilegemm.testing import calc_diff
+
+BACKENDS = ["pytorch", pytest.param("cutile", marks=pytest.mark.gpu)]
+
+
+def _device(backend: str) -> str:
+    return "cuda" if backend == "cutile" else "cpu"
+
+
+def _leaf(*shape: int, device: str) -> torch.Tensor:
+    return torch.randn(*shape, device=device).bfloat16().requires_grad_()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("m,k,n", [(1, 64, 32), (77, 200, 130), (256, 128, 64)])
+def test_matmul_forward_and_grads(backend, m, k, n):
+    dev = _device(backend)
+    a, b = _leaf(m, k, device=dev), _leaf(k, n, device=dev)
+    with tilegemm.use_backend(backend):
+        out = autograd.matmul(a, b)
+        grad = torch.randn(m, n, device=dev).bfloat16()
+        out.backward(grad)
+    a64, b64 = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    ref = a64 @ b64
+    ref.backward(grad.double())
+    assert out.dtype == torch.bfloat16 and out.shape == (m, n)
+    assert calc_diff(out, ref) < 1e-5
+    assert calc_diff(a.grad, a64.grad) < 1e-5
+    assert calc_diff(b.grad, b64.grad) < 1e-5
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("sizes", [[5, 0, 130, 1], [64], [0, 0, 3]])
+def test_grouped_matmul_forward_and_grads(backend, sizes):
+    dev = _device(backend)
+    groups, k, n, tail = len(sizes), 96, 48, 7  # `tail` rows past offs[-1] get 0 and no gradient
+    x, w = _leaf(sum(sizes) + tail, k, device=dev), _leaf(groups, n, k, device=dev)
+    offs = torch.tensor(sizes, device=dev).cumsum(0).int()
+    grad = torch.randn(x.shape[0], n, device=dev).bfloat16()
+    with tilegemm.use_backend(backend):
+        out = autograd.grouped_matmul(x, w, offs)
+        out.backward(grad)
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    parts, start = [], 0
+    for g, size in enumerate(sizes):
+        parts.append(x64[start : start + size] @ w64[g].T)
+        start += size
+    parts.append(x64.new_zeros(tail, n))  # rows past offs[-1]: zero output, zero gradient
+    ref = torch.cat(parts)
+    ref.backward(grad.double())
+    assert torch.equal(out[sum(sizes) :].float(), torch.zeros(tail, n, device=dev))
+    assert calc_diff(out, ref) < 1e-5
+    assert calc_diff(x.grad, x64.grad) < 1e-5
+    assert calc_diff(w.grad, w64.grad) < 1e-5
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fp8_linear_forward_and_straight_through_grads(backend):
+    dev = _device(backend)
+    x, w = _leaf(3, 5, 256, device=dev), _leaf(192, 256, device=dev)
+    bias = torch.randn(192, device=dev).bfloat16().requires_grad_()
+    grad = torch.randn(3, 5, 192, device=dev).bfloat16()
+    with tilegemm.use_backend(backend):
+        out = autograd.fp8_linear(x, w, bias)
+        out.backward(grad)
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, bias))
+    ref = torch.nn.functional.linear(x64, w64, b64)
+    ref.backward(grad.double())
+    assert out.shape == (3, 5, 192)
+    assert calc_diff(out, ref) < 1e-3  # FP8 quantization of both operands
+    assert calc_diff(x.grad, x64.grad) < 1e-5  # straight-through: exact BF16 GEMMs
+    assert calc_diff(w.grad, w64.grad) < 1e-5
+    assert calc_diff(bias.grad, b64.grad) < 1e-5
+
+
+def test_custom_ops_pass_opcheck():
+    a, b = torch.randn(16, 64).bfloat16(), torch.randn(64, 32).bfloat16()
+    torch.library.opcheck(autograd.gemm, (a.requires_grad_(), b.requires_grad_(), "nn"))
+    x, w = torch.randn(40, 64).bfloat16().requires_grad_(), torch.randn(3, 32, 64).bfloat16().requires_grad_()
+    offs = torch.tensor([10, 10, 33]).int()
+    torch.library.opcheck(autograd.grouped_gemm, (x, w, offs, "nt"))
+    torch.library.opcheck(autograd.fp8_linear_forward, (x.detach().requires_grad_(), torch.randn(32, 64).bfloat16()))
+
+
+def test_traces_under_torch_compile_fullgraph():
+    x, w = torch.randn(40, 64).bfloat16(), torch.randn(3, 32, 64).bfloat16()
+    offs = torch.tensor([10, 10, 33]).int()
+
+    def step(x, w):
+        return torch.nn.functional.silu(autograd.grouped_matmul(x, w, offs)).sum()
+
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(x, w), step(x, w))
