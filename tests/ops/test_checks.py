@@ -159,6 +159,16 @@ def test_value_checks_can_be_turned_off(monkeypatch):
     torch.testing.assert_close(d[128:], a[128:] @ b[1].T)  # the blocks that keep the contract are right
 
 
+def test_m_indices_group_tails_padded_with_minus_one_are_valid():
+    m_indices = torch.tensor([0] * 100 + [-1] * 28 + [1] * 5 + [-1] * 123 + [-1] * 128, dtype=torch.int32)
+    kwargs = m_grouped(m_indices=m_indices)
+    tilegemm.m_grouped_bf16_gemm_nt_contiguous(**kwargs, backend="pytorch")
+    a, b, d = kwargs["a"].float(), kwargs["b"].float(), kwargs["d"]
+    torch.testing.assert_close(d[:100], a[:100] @ b[0].T)
+    torch.testing.assert_close(d[128:133], a[128:133] @ b[1].T)
+    assert torch.equal(d[100:128], torch.zeros(28, 32)) and torch.equal(d[133:], torch.zeros(251, 32))
+
+
 def test_skip_value_checks_context():
     assert checks.value_checks_enabled()
     with checks.skip_value_checks():

@@ -220,16 +220,16 @@ def _check_m_indices(m_indices: torch.Tensor, m_sum: int, groups: int) -> None:
         row = int(bad.nonzero()[0, 0])
         raise ValueError(f"m_indices: row {row} has group {int(m_indices[row])}, expected -1 or 0..{groups - 1}")
     blocks = _ceil_div(m_sum, M_ALIGNMENT)
-    padded = torch.full((blocks * M_ALIGNMENT,), -2, dtype=m_indices.dtype, device=m_indices.device)
+    padded = torch.full((blocks * M_ALIGNMENT,), -1, dtype=m_indices.dtype, device=m_indices.device)
     padded[:m_sum] = m_indices
     padded = padded.view(blocks, M_ALIGNMENT)
-    first = padded[:, :1]
-    mixed = ((padded != first) & (padded != -2)).any(dim=1)
+    owner = padded.amax(dim=1, keepdim=True)  # the block's group, or -1 for an all-padding block
+    mixed = ((padded != owner) & (padded != -1)).any(dim=1)
     if bool(mixed.any()):
         blk = int(mixed.nonzero()[0, 0])
         raise ValueError(
             f"m_indices: rows {blk * M_ALIGNMENT}..{min(m_sum, (blk + 1) * M_ALIGNMENT) - 1} mix groups; every "
-            f"{M_ALIGNMENT}-row block must belong to one group or be all padding (-1)"
+            f"{M_ALIGNMENT}-row block must hold one group's rows, padded with -1"
         )
 
 

@@ -1,0 +1,6 @@
+"""The ``pytorch`` backend: exact fp32 reference implementations of every op (CPU and CUDA).
+
+Importing this package registers every op's ``pytorch`` implementation.
+"""
+
+from tilegemm.ops.reference import gemm, grouped, mqa  # noqa: F401  (registration side effects)

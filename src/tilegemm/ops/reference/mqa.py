@@ -1,0 +1,135 @@
+"""MQA-logits ops of the ``pytorch`` backend (DeepSeek sparse-attention indexer).
+
+* ``fp8_mqa_logits``: ``logits[i, j] = kv_scale[j] * sum_h w[i, h] * relu(q[i, h] . kv[j])`` inside
+  each row's window ``[ks[i], ke[i])``; computed over chunks of query rows so the ``[chunk, H, S_kv]``
+  score temporary stays near ``CHUNK_BYTES``.
+* ``get_paged_mqa_logits_metadata``: the balanced split schedule (see :func:`paged_mqa_split_kv`).
+* ``fp8_paged_mqa_logits``: the same logits over a paged FP8 KV cache, chunked over key columns.
+
+Nothing here synchronises the host, so the ops can be captured in CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tilegemm.backend.registry import register_impl
+from tilegemm.ops.reference._common import chunk_count, exact_matmul
+
+#: Keys per split of the paged-MQA schedule (DeepGEMM's ``SPLIT_KV``), before rounding to ``block_kv``.
+PAGED_MQA_SPLIT_KV = 256
+
+
+def paged_mqa_split_kv(block_kv: int) -> int:
+    """Keys per split of the paged-MQA schedule: ``lcm(PAGED_MQA_SPLIT_KV, block_kv)``.
+
+    That is 256 for every ``block_kv`` dividing 256 (16, 32, 64, 128, 256) and a whole number of
+    KV-cache blocks otherwise, so a split never cuts a block.
+    """
+    return math.lcm(PAGED_MQA_SPLIT_KV, int(block_kv))
+
+
+@register_impl("fp8_mqa_logits", "pytorch")
+def fp8_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits, stream):
+    """Reference ``fp8_mqa_logits``: fp32 [S, S_kv], ``-inf`` outside the windows when ``clean_logits``."""
+    kv_data, kv_scale = kv
+    s, h, dim = q.shape
+    s_kv = kv_data.shape[0]
+    device = q.device
+    out = torch.empty(s, s_kv, dtype=torch.float32, device=device)
+    if s == 0:
+        return out
+    keys_t = kv_data.float().t()  # [D, S_kv]
+    scale = kv_scale.float()
+    cols = torch.arange(s_kv, device=device)
+    step = chunk_count(s, 4 * (2 * h * s_kv + h * dim + 2 * s_kv))
+    for s0 in range(0, s, step):
+        s1 = min(s, s0 + step)
+        scores = exact_matmul(q[s0:s1].float().reshape(-1, dim), keys_t).view(s1 - s0, h, s_kv).relu_()
+        logits = exact_matmul(weights[s0:s1].float().unsqueeze(1), scores).squeeze(1).mul_(scale)
+        if clean_logits:
+            inside = (cols >= cu_seq_len_k_start[s0:s1, None]) & (cols < cu_seq_len_k_end[s0:s1, None])
+            logits = torch.where(inside, logits, float("-inf"))
+        out[s0:s1] = logits
+    return out
+
+
+@register_impl("get_paged_mqa_logits_metadata", "pytorch")
+def get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms):
+    """Reference schedule: int32 [num_sms + 1, 2], row i = (batch, split) where SM i starts.
+
+    Batch b has ``ceil(len_b / split)`` splits (``split = paged_mqa_split_kv(block_kv)``; ``len_b`` is
+    ``context_lens[b]``, or the row max for 2-D lengths). With ``total`` splits in all, SM i starts
+    at global split ``i * (total // num_sms) + min(i, total % num_sms)``, so SM counts differ by at
+    most one; that split is named by its batch and its index within the batch. Row ``num_sms`` is
+    ``(B, 0)``. Batches with no splits are never a start.
+    """
+    lens = context_lens if context_lens.dim() == 1 else context_lens.amax(dim=1)
+    split = paged_mqa_split_kv(block_kv)
+    segments = (lens.long().clamp(min=0) + split - 1) // split
+    cum = segments.cumsum(0)
+    total = segments.sum()
+    sm = torch.arange(num_sms + 1, device=lens.device, dtype=torch.int64)
+    start = sm * (total // num_sms) + torch.minimum(sm, total % num_sms)
+    batch = torch.searchsorted(cum, start, right=True)
+    before = torch.cat([cum.new_zeros(1), cum])[batch]
+    return torch.stack([batch, start - before], dim=1).to(torch.int32)
+
+
+def _visible_lengths(context_lens: torch.Tensor, next_n: int) -> torch.Tensor:
+    """int64 [B, next_n]: keys row t of batch b sees (``j < visible[b, t]``)."""
+    if context_lens.dim() == 2:
+        return context_lens.long()
+    t = torch.arange(next_n, device=context_lens.device)
+    return context_lens.long()[:, None] - next_n + t[None, :] + 1
+
+
+@register_impl("fp8_paged_mqa_logits", "pytorch")
+def fp8_paged_mqa_logits(
+    q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, clean_logits, stream
+):
+    """Reference ``fp8_paged_mqa_logits``: fp32 [B * next_n, max_context_len].
+
+    The KV cache is read in DeepGEMM's byte layout: block ``blk`` holds ``block_kv * D`` FP8 key bytes
+    (token-major) and then ``block_kv`` fp32 scales. Block-table entries past a row's visible keys are
+    only clamped into range (their logits are ``-inf`` or unspecified); ``schedule_meta`` only matters
+    to kernels.
+    """
+    batch, next_n, h, dim = q.shape
+    num_blocks, block_kv = kv_cache.shape[0], kv_cache.shape[1]
+    width = int(max_context_len)
+    device = q.device
+    out = torch.empty(batch * next_n, width, dtype=torch.float32, device=device)
+    if out.numel() == 0:
+        return out
+    raw = kv_cache.reshape(num_blocks, -1)
+    key_bytes = raw[:, : block_kv * dim]
+    key_scales = raw[:, block_kv * dim : block_kv * (dim + 4)].contiguous().view(torch.float32)  # [blocks, block_kv]
+
+    blocks_needed = -(-width // block_kv)
+    table = block_table[:, :blocks_needed]
+    if table.shape[1] < blocks_needed:
+        table = torch.nn.functional.pad(table, (0, blocks_needed - table.shape[1]))
+    table = table.long().clamp(0, max(num_blocks - 1, 0))
+
+    visible = _visible_lengths(context_lens, next_n)  # [B, next_n]
+    q32 = q.float().reshape(batch, next_n * h, dim)
+    w32 = weights.float().reshape(batch, next_n, 1, h)
+    bytes_per_block = 4 * block_kv * (2 * batch * next_n * h + batch * dim + 3 * batch * next_n)
+    step = chunk_count(blocks_needed, bytes_per_block)
+    for b0 in range(0, blocks_needed, step):
+        b1 = min(blocks_needed, b0 + step)
+        j0, j1 = b0 * block_kv, min(width, b1 * block_kv)
+        ids = table[:, b0:b1].reshape(-1)
+        keys = key_bytes.index_select(0, ids).view(torch.float8_e4m3fn).float()
+        keys = keys.view(batch, (b1 - b0) * block_kv, dim)[:, : j1 - j0]
+        scales = key_scales.index_select(0, ids).view(batch, -1)[:, : j1 - j0]
+        scores = exact_matmul(q32, keys.transpose(1, 2)).view(batch, next_n, h, j1 - j0).relu_()
+        logits = exact_matmul(w32, scores).squeeze(2).mul_(scales[:, None, :])  # [B, next_n, W]
+        if clean_logits:
+            cols = torch.arange(j0, j1, device=device)
+            logits = torch.where(cols < visible[..., None], logits, float("-inf"))
+        out[:, j0:j1] = logits.reshape(batch * next_n, j1 - j0)
+    return out

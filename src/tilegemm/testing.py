@@ -1,0 +1,116 @@
+"""Helpers shared by tests, benchmarks and the demo: ``calc_diff``, FP8 dequantization, timing, poison.
+
+Kept free of pytest (``backend_device_params`` imports it lazily).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+#: (backend, device) pairs the per-op tests run: the pytorch reference on the CPU and on CUDA,
+#: and the cutile backend on CUDA.
+BACKEND_DEVICES = (("pytorch", "cpu"), ("pytorch", "cuda"), ("cutile", "cuda"))
+
+
+def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
+    """DeepGEMM's similarity error ``1 - 2 * sum(x * y) / sum(x * x + y * y)``, in float64.
+
+    0 for identical tensors (also for two all-zero tensors, where the formula is 0/0), about
+    ``|x - y|^2 / (2 |x|^2)`` for close ones; NaN or inf anywhere gives NaN, so a NaN never passes a
+    ``calc_diff(...) < bar`` check.
+    """
+    x64, y64 = x.double(), y.double()
+    denom = (x64 * x64 + y64 * y64).sum().item()
+    num = (x64 * y64).sum().item()
+    if not (math.isfinite(denom) and math.isfinite(num)):
+        return float("nan")
+    if denom == 0.0:
+        return 0.0
+    return 1.0 - 2.0 * num / denom
+
+
+def dequantize(data: torch.Tensor, scale: torch.Tensor, gran_rows: int, gran_cols: int = 128) -> torch.Tensor:
+    """Upcast FP8 ``data [..., R, C]`` with block scales ``scale [..., ceil(R/gran_rows), ceil(C/gran_cols)]``.
+
+    Returns float64 ``data[..., r, c] * scale[..., r // gran_rows, c // gran_cols]``.
+    """
+    rows, cols = data.shape[-2], data.shape[-1]
+    s = scale.double().repeat_interleave(gran_rows, dim=-2).repeat_interleave(gran_cols, dim=-1)
+    return data.double() * s[..., :rows, :cols]
+
+
+def dequant_per_token(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Float64 values of a 1x128 operand (LHS, or RHS of recipe (1, 1, 128)): scale ``[..., R, ceil(C/128)]``."""
+    return dequantize(data, scale, 1, 128)
+
+
+def dequant_per_block(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Float64 values of a 128x128-block operand: scale ``[..., ceil(R/128), ceil(C/128)]``."""
+    return dequantize(data, scale, 128, 128)
+
+
+def poisoned(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype, device: Any = "cpu") -> torch.Tensor:
+    """A tensor full of NaN (so unwritten output elements show up in any check)."""
+    return torch.full(tuple(shape), float("nan"), dtype=dtype, device=device)
+
+
+def backend_device_params() -> list[Any]:
+    """``pytest.param(backend, device)`` per :data:`BACKEND_DEVICES`; CUDA ones are ``gpu``-marked, skip w/o CUDA."""
+    import pytest
+
+    no_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+    params = []
+    for backend, device in BACKEND_DEVICES:
+        marks = [pytest.mark.gpu, no_cuda] if device == "cuda" else []
+        params.append(pytest.param(backend, device, marks=marks, id=f"{backend}-{device}"))
+    return params
+
+
+def _sync(device: str | torch.device | None) -> None:
+    if torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda"):
+        torch.cuda.synchronize()
+
+
+def bench_kernel(fn: Callable[[], Any], warmup: int = 25, rep: int = 100, device: str | None = None) -> float:
+    """Median time of ``fn()`` in milliseconds.
+
+    On CUDA uses ``triton.testing.do_bench`` (``warmup``/``rep`` in ms, median) when triton imports, else
+    CUDA events over at least 3 timed calls after a warm-up; on the CPU a ``perf_counter`` loop. The
+    ``device`` hint (``"cpu"``/``"cuda"``) picks the timer; ``None`` means CUDA when it is available.
+    """
+    use_cuda = torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
+    if use_cuda:
+        try:
+            from triton.testing import do_bench
+        except ImportError:
+            do_bench = None
+        if do_bench is not None:
+            return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+    fn()
+    _sync(device if use_cuda else "cpu")
+    # Estimate one call, then time enough calls to fill about ``rep`` ms (at least 3).
+    t0 = time.perf_counter()
+    fn()
+    _sync(device if use_cuda else "cpu")
+    once_ms = max((time.perf_counter() - t0) * 1e3, 1e-3)
+    iters = max(3, min(1000, int(rep / once_ms)))
+    times = []
+    for _ in range(iters):
+        if use_cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
