@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VPY) -m tilegemm.infer --compare --preset tiny-all
+	$(VPY) -m tilegemm.infer --compare --model tiny
 	$(VPY) -m tilegemm.demo
 
 test: $(STAMP)
