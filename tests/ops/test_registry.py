@@ -143,6 +143,7 @@ def toy_op():
 def cutile_present(monkeypatch):
     """Pretend the cutile backend can run (no GPU here): only the registry's logic is under test."""
     monkeypatch.setattr(selector, "cutile_unavailable_reason", lambda: None)
+    monkeypatch.setattr(registry, "_IMPORT_ERRORS", {})  # as if `tilegemm.ops.cutile` had imported
     monkeypatch.delenv("TILEGEMM_BACKEND", raising=False)
     monkeypatch.delenv("TILEGEMM_DISABLE_FALLBACK", raising=False)
 
@@ -242,12 +243,14 @@ def test_disable_fallback_raises(toy_op, cutile_present, monkeypatch):
 def test_unavailable_cutile_falls_back(toy_op, monkeypatch):
     toy, calls = toy_op
     monkeypatch.setattr(selector, "cutile_unavailable_reason", lambda: "no CUDA GPU")
+    monkeypatch.setattr(registry, "_IMPORT_ERRORS", {})
     with pytest.warns(FallbackWarning, match="no CUDA GPU"):
         assert toy(1, backend="cutile") == 2.0
     assert calls == [("pytorch", 1, 2.0, "default")]
 
 
 def test_cpu_tensors_never_reach_cutile(cutile_present):
+    pytest.importorskip("cuda.tile")  # the real cutile impl of bf16_gemm_nt must be registered
     a = torch.randn(4, 8).bfloat16()
     b = torch.randn(3, 8).bfloat16()
     d = torch.empty(4, 3)
@@ -262,6 +265,14 @@ def test_introspection_without_gpu(monkeypatch):
     assert tilegemm.get_available_backends_for_op("bf16_gemm_nt") == ["pytorch"]
     with pytest.raises(ValueError, match="not_an_op"):
         tilegemm.get_available_backends_for_op("not_an_op")
+
+
+def test_failed_backend_import_falls_back(toy_op, monkeypatch):
+    toy, calls = toy_op
+    monkeypatch.setattr(registry, "_IMPORT_ERRORS", {"cutile": "ImportError: no cuda.tile"})
+    with pytest.warns(FallbackWarning, match="failed to import"):
+        assert toy(1, backend="cutile") == 2.0
+    assert calls == [("pytorch", 1, 2.0, "default")]
 
 
 def test_every_op_has_a_pytorch_impl():
