@@ -1,0 +1,272 @@
+"""Helpers to feed the MQA-logits ops of DeepSeek's sparse-attention indexer.
+
+Everything here is plain torch and runs on the CPU or on CUDA; nothing synchronises beyond what
+the arguments require (Python lists of lengths are host data by nature).
+
+* :func:`quantize_keys`: keys ``[S_kv, D]`` -> ``(fp8 [S_kv, D], fp32 [S_kv])`` with one scale per
+  token, the ``kv`` operand of ``fp8_mqa_logits``.
+* :func:`build_paged_kv_cache`: per-sequence keys -> a paged ``kv_cache`` (uint8
+  ``[num_blocks, block_kv, 1, D + 4]`` in DeepGEMM's byte layout), its ``block_table`` and
+  ``context_lens`` for ``fp8_paged_mqa_logits``; :func:`read_paged_kv_cache` reads it back.
+* ``ks``/``ke`` windows for ``fp8_mqa_logits``: :func:`causal_windows` (one sequence, optional
+  sliding window), :func:`packed_causal_windows` (several sequences packed along both axes:
+  batched or chunked prefill), :func:`context_parallel_windows` (the zig-zag split of one
+  sequence over context-parallel ranks).
+
+The cache layout: block ``blk`` is ``block_kv * (D + 4)`` bytes; the first ``block_kv * D`` bytes
+are the FP8 keys of its ``block_kv`` tokens, token-major; the last ``4 * block_kv`` bytes are their
+fp32 scales. The ``[num_blocks, block_kv, 1, D + 4]`` shape only sizes the block, so
+``kv_cache[blk, t, 0, :D]`` is *not* token t's key (use :func:`read_paged_kv_cache`).
+
+Example (prefill, then decode)::
+
+    import tilegemm.ops.api as tg
+    from tilegemm import indexer
+
+    # prefill: q [S, H, D] fp8, keys [S_kv, D], weights [S, H] fp32
+    kv = indexer.quantize_keys(keys)
+    ks, ke = indexer.causal_windows(q.shape[0], keys.shape[0], device=q.device)
+    logits = tg.fp8_mqa_logits(q, kv, weights, ks, ke)                      # [S, S_kv]
+
+    # decode: per-sequence keys -> paged cache; q [B, next_n, H, D], weights [B * next_n, H]
+    cache, table, lens = indexer.build_paged_kv_cache(keys_per_seq, block_kv=64)
+    meta = tg.get_paged_mqa_logits_metadata(lens, 64, num_sms)
+    logits = tg.fp8_paged_mqa_logits(q, cache, weights, lens, table, meta, int(lens.max()))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+__all__ = [
+    "FP8_MAX",
+    "quantize_keys",
+    "build_paged_kv_cache",
+    "read_paged_kv_cache",
+    "causal_windows",
+    "packed_causal_windows",
+    "context_parallel_windows",
+]
+
+#: Largest finite ``float8_e4m3fn`` value.
+FP8_MAX = 448.0
+#: Lower clamp of a token's amax, so an all-zero key gets a finite scale.
+AMAX_EPS = 1e-4
+
+
+def quantize_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize keys per token: ``keys ~= fp8.float() * scale[:, None]``.
+
+    Args:
+        keys: float tensor ``[S_kv, D]`` (any float dtype, CPU or CUDA).
+
+    Returns:
+        ``(fp8 [S_kv, D] float8_e4m3fn, fp32 [S_kv])`` with ``scale = max(amax_row, 1e-4) / 448``,
+        the ``kv`` operand of :func:`tilegemm.fp8_mqa_logits`.
+    """
+    if keys.dim() != 2:
+        raise ValueError(f"keys must be 2-D [S_kv, D], got shape {tuple(keys.shape)}")
+    if not keys.is_floating_point():
+        raise TypeError(f"keys must be a float tensor, got {keys.dtype}")
+    x = keys.float()
+    scale = x.abs().amax(dim=1).clamp_min(AMAX_EPS) / FP8_MAX
+    data = (x / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return data, scale
+
+
+def _as_fp8_keys(keys: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    if isinstance(keys, tuple):
+        data, scale = keys
+        if data.dtype != torch.float8_e4m3fn or data.dim() != 2:
+            raise TypeError(f"quantized keys must be float8_e4m3fn [L, D], got {data.dtype} {tuple(data.shape)}")
+        if scale.shape != (data.shape[0],):
+            raise ValueError(f"key scales must be [{data.shape[0]}], got {tuple(scale.shape)}")
+        return data, scale.float()
+    return quantize_keys(keys)
+
+
+def build_paged_kv_cache(
+    keys: Sequence[torch.Tensor | tuple[torch.Tensor, torch.Tensor]],
+    block_kv: int,
+    *,
+    num_blocks: int | None = None,
+    max_blocks: int | None = None,
+    generator: torch.Generator | None = None,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pack per-sequence keys into a paged FP8 KV cache in DeepGEMM's byte layout.
+
+    Args:
+        keys: one entry per sequence b: float keys ``[L_b, D]`` (quantized here with
+            :func:`quantize_keys`) or an already quantized ``(fp8 [L_b, D], fp32 [L_b])``.
+        block_kv: tokens per cache block (16, 32 or 64 for the cutile kernels).
+        num_blocks: cache size in blocks (default: exactly the blocks needed). Unused blocks
+            are zero.
+        max_blocks: block-table width (default: the most blocks any sequence needs). Unused
+            entries are 0 (a valid block id, as serving engines pad).
+        generator: when given, blocks are placed at random positions of the cache (drawn
+            with this generator), which exercises the block-table indirection; otherwise
+            sequence after sequence.
+        device: where to build (default: the first keys' device).
+
+    Returns:
+        ``(kv_cache uint8 [num_blocks, block_kv, 1, D + 4], block_table int32 [B, max_blocks],
+        context_lens int32 [B])``. Key j of sequence b lives in block ``block_table[b, j // block_kv]``
+        at slot ``j % block_kv``.
+    """
+    if block_kv <= 0:
+        raise ValueError(f"block_kv must be positive, got {block_kv}")
+    if len(keys) == 0:
+        raise ValueError("keys must name at least one sequence")
+    quant = [_as_fp8_keys(k) for k in keys]
+    dim = quant[0][0].shape[1]
+    if any(d.shape[1] != dim for d, _ in quant):
+        raise ValueError("all sequences must have the same head dim D")
+    dev = torch.device(device) if device is not None else quant[0][0].device
+    lens = [d.shape[0] for d, _ in quant]
+    per_seq = [-(-n // block_kv) for n in lens]
+    needed = sum(per_seq)
+    num_blocks = needed if num_blocks is None else int(num_blocks)
+    if num_blocks < needed:
+        raise ValueError(f"num_blocks={num_blocks} is smaller than the {needed} blocks the keys need")
+    width = max(per_seq) if max_blocks is None else int(max_blocks)
+    if width < max(per_seq):
+        raise ValueError(f"max_blocks={width} is smaller than the {max(per_seq)} blocks the longest sequence needs")
+    width = max(width, 1)
+    if generator is not None:
+        slots = torch.randperm(num_blocks, generator=generator, device=generator.device)[:needed].tolist()
+    else:
+        slots = list(range(needed))
+
+    block_bytes = block_kv * (dim + 4)
+    cache = torch.zeros(num_blocks, block_bytes, dtype=torch.uint8, device=dev)
+    table = torch.zeros(len(keys), width, dtype=torch.int32)
+    pos = 0
+    for b, ((data, scale), n, nb) in enumerate(zip(quant, lens, per_seq)):
+        if nb == 0:
+            continue
+        ids = slots[pos : pos + nb]
+        pos += nb
+        table[b, :nb] = torch.tensor(ids, dtype=torch.int32)
+        key_bytes = torch.zeros(nb * block_kv, dim, dtype=torch.uint8, device=dev)
+        key_bytes[:n] = data.to(dev).view(torch.uint8)
+        scale_pad = torch.zeros(nb * block_kv, dtype=torch.float32, device=dev)
+        scale_pad[:n] = scale.to(dev)
+        rows = torch.cat(
+            [key_bytes.view(nb, block_kv * dim), scale_pad.view(nb, block_kv).view(torch.uint8)],
+            dim=1,
+        )
+        cache[torch.tensor(ids, device=dev)] = rows
+    context_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
+    return cache.view(num_blocks, block_kv, 1, dim + 4), table.to(dev), context_lens
+
+
+def read_paged_kv_cache(
+    kv_cache: torch.Tensor, block_table: torch.Tensor, context_lens: torch.Tensor
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Read each sequence's keys back out of a paged cache (the inverse of :func:`build_paged_kv_cache`).
+
+    Args:
+        kv_cache: uint8 ``[num_blocks, block_kv, 1, D + 4]`` (DeepGEMM's byte layout).
+        block_table: int ``[B, max_blocks]``.
+        context_lens: int ``[B]`` (keys per sequence; syncs the host to read them).
+
+    Returns:
+        one ``(fp8 [L_b, D], fp32 [L_b])`` per sequence.
+    """
+    num_blocks, block_kv, _, dp4 = kv_cache.shape
+    dim = dp4 - 4
+    raw = kv_cache.reshape(num_blocks, block_kv * dp4)
+    out = []
+    for b, n in enumerate(context_lens.tolist()):
+        nb = -(-int(n) // block_kv)
+        ids = block_table[b, :nb].long().to(kv_cache.device)
+        rows = raw.index_select(0, ids)
+        data = rows[:, : block_kv * dim].reshape(nb * block_kv, dim)[:n].view(torch.float8_e4m3fn)
+        scale = rows[:, block_kv * dim :].contiguous().view(torch.float32).reshape(-1)[:n]
+        out.append((data, scale))
+    return out
+
+
+def causal_windows(
+    s_q: int, s_kv: int, *, window: int | None = None, device: torch.device | str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ks, ke)`` for causal prefill: the ``s_q`` queries are the last ``s_q`` of ``s_kv`` tokens.
+
+    Query i sees keys ``[ks[i], ke[i])`` with ``ke[i] = s_kv - s_q + i + 1`` and ``ks[i] = 0``, or
+    ``ks[i] = max(0, ke[i] - window)`` for a sliding window of ``window`` keys.
+
+    Returns:
+        int32 ``[s_q]`` tensors ``ks``, ``ke`` on ``device``.
+    """
+    if not 0 <= s_q <= s_kv:
+        raise ValueError(f"need 0 <= s_q <= s_kv, got s_q={s_q}, s_kv={s_kv}")
+    ke = torch.arange(s_kv - s_q + 1, s_kv + 1, dtype=torch.int32, device=device)
+    if window is None:
+        ks = torch.zeros_like(ke)
+    else:
+        if window <= 0:
+            raise ValueError(f"window must be positive, got {window}")
+        ks = (ke - window).clamp_min(0)
+    return ks, ke
+
+
+def packed_causal_windows(
+    q_lens: Sequence[int], kv_lens: Sequence[int], *, device: torch.device | str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ks, ke)`` for several sequences packed along both the query and the key axis.
+
+    Sequence b owns key rows ``[K_b, K_b + kv_lens[b])`` of the packed keys (``K_b`` = sum of the
+    earlier ``kv_lens``) and query rows ``[Q_b, Q_b + q_lens[b])``; its queries are its last
+    ``q_lens[b]`` tokens, each seeing its own sequence's keys causally. This covers batched
+    prefill (``q_lens == kv_lens``) and chunked prefill (``kv_lens[b]`` = cached prefix +
+    ``q_lens[b]``).
+
+    Returns:
+        int32 ``[sum(q_lens)]`` tensors ``ks``, ``ke`` on ``device``.
+    """
+    if len(q_lens) != len(kv_lens):
+        raise ValueError(f"q_lens and kv_lens differ in length: {len(q_lens)} vs {len(kv_lens)}")
+    ks_parts, ke_parts = [], []
+    k_base = 0
+    for nq, nk in zip(q_lens, kv_lens):
+        if not 0 <= nq <= nk:
+            raise ValueError(f"each sequence needs 0 <= q_len <= kv_len, got {nq} > {nk}")
+        ks_parts.append(torch.full((nq,), k_base, dtype=torch.int32))
+        ke_parts.append(torch.arange(k_base + nk - nq + 1, k_base + nk + 1, dtype=torch.int32))
+        k_base += nk
+    ks = torch.cat(ks_parts) if ks_parts else torch.zeros(0, dtype=torch.int32)
+    ke = torch.cat(ke_parts) if ke_parts else torch.zeros(0, dtype=torch.int32)
+    return ks.to(device), ke.to(device)
+
+
+def context_parallel_windows(
+    seq_len: int, cp_size: int, cp_rank: int, *, device: torch.device | str | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Queries and windows of one rank in a zig-zag context-parallel split of one causal sequence.
+
+    The sequence is cut into ``2 * cp_size`` equal chunks; rank r holds chunks ``r`` and
+    ``2 * cp_size - 1 - r`` (so every rank has the same causal work) and scores its queries
+    against the whole sequence's keys: query at position p sees ``[0, p + 1)``.
+
+    Args:
+        seq_len: tokens in the sequence, a multiple of ``2 * cp_size``.
+        cp_size: number of ranks; cp_rank: this rank (``0 <= cp_rank < cp_size``).
+
+    Returns:
+        ``(positions, ks, ke)``: int64 ``[seq_len / cp_size]`` positions of this rank's queries in
+        the sequence (to slice ``q``/``weights``), and int32 ``ks``, ``ke`` of the same length.
+    """
+    if cp_size <= 0 or not 0 <= cp_rank < cp_size:
+        raise ValueError(f"need cp_size > 0 and 0 <= cp_rank < cp_size, got {cp_size}, {cp_rank}")
+    if seq_len % (2 * cp_size):
+        raise ValueError(f"seq_len={seq_len} must be a multiple of 2 * cp_size = {2 * cp_size}")
+    chunk = seq_len // (2 * cp_size)
+    first = torch.arange(cp_rank * chunk, (cp_rank + 1) * chunk)
+    second = torch.arange((2 * cp_size - 1 - cp_rank) * chunk, (2 * cp_size - cp_rank) * chunk)
+    pos = torch.cat([first, second])
+    ke = (pos + 1).to(torch.int32)
+    ks = torch.zeros_like(ke)
+    return pos.to(device), ks.to(device), ke.to(device)

@@ -1,0 +1,367 @@
+"""Kernel config choice for the cutile backend (no runtime search: a first call never autotunes).
+
+Dense GEMMs: among a small fixed set of tile configs, pick the one with the smallest modelled
+time ``waves * tile_cost``, where ``waves = ceil(tiles / (SMs * ctas_per_sm))`` and the tile cost
+is the tile's area divided by its measured efficiency. A tile shape whose last wave is nearly
+empty loses to a smaller tile that fills the machine; big shapes get the most efficient tile.
+``TILEGEMM_PRINT_CONFIGS=1`` prints the chosen config once per new (op, shape).
+
+Other kernel families add their own section below (grouped, MQA).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+__all__ = [
+    "DenseConfig",
+    "SplitPlan",
+    "BF16_CONFIGS",
+    "FP8_CONFIGS",
+    "choose_dense_config",
+    "split_plan",
+    "all_dense_configs",
+    "print_config",
+]
+
+
+def _cdiv(x: int, y: int) -> int:
+    return -(-x // y)
+
+
+# ------------------------------------------------------------------------------ dense GEMMs
+
+
+@dataclass(frozen=True)
+class DenseConfig:
+    """Tile config of a dense GEMM kernel.
+
+    ``tm x tn`` output tile, ``tk`` K step (128 for FP8: one scale block), ``group_m`` row-tiles
+    per swizzle group, ``num_worker_warps``/``occupancy``/``num_ctas`` the cuTile compiler hints
+    (``None``: auto), ``fast_acc`` FP8 MMA mode, ``scale_tma`` whether FP8 scale tiles may use
+    TMA, ``efficiency`` the relative throughput used by the cost model, ``min_split_kb`` the
+    fewest K blocks a split-K unit gets.
+    """
+
+    kind: str  # "bf16" or "fp8"
+    tm: int
+    tn: int
+    tk: int
+    group_m: int = 8
+    num_worker_warps: int | None = None
+    occupancy: int | None = None
+    num_ctas: int | None = None
+    fast_acc: bool = False
+    scale_tma: bool = True
+    nh: int = 1
+    efficiency: float = 1.0
+    min_split_kb: int = 4
+
+    @property
+    def ctas_per_sm(self) -> int:
+        return self.occupancy or 1
+
+    @property
+    def name(self) -> str:
+        parts = [f"{self.kind}_{self.tm}x{self.tn}x{self.tk}", f"g{self.group_m}"]
+        if self.num_worker_warps:
+            parts.append(f"w{self.num_worker_warps}")
+        if self.occupancy:
+            parts.append(f"o{self.occupancy}")
+        if self.num_ctas:
+            parts.append(f"c{self.num_ctas}")
+        if self.fast_acc:
+            parts.append("fa")
+        if self.kind == "fp8" and not self.scale_tma:
+            parts.append("ldgscale")
+        if self.nh > 1:
+            parts.append(f"nh{self.nh}")
+        return "_".join(parts)
+
+    def compiler_options(self) -> dict[str, int]:
+        """Keyword arguments for ``ct.kernel`` (only the hints that are set)."""
+        opts = {"num_worker_warps": self.num_worker_warps, "occupancy": self.occupancy, "num_ctas": self.num_ctas}
+        return {k: v for k, v in opts.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """How a GEMM's output tiles become work units.
+
+    Tiles ``0..full-1`` are computed whole; each of the other ``tiles - full`` tiles is split in
+    ``splits`` K ranges (fp32 partials summed in order by a reduce kernel). ``splits == 1``
+    means no split (``full == tiles``). Small-M shapes become plain split-K (``full == 0``);
+    big shapes split only the tiles of a poorly filled last wave (stream-K style).
+    """
+
+    tiles: int
+    full: int
+    splits: int
+
+    @property
+    def units(self) -> int:
+        return self.full + (self.tiles - self.full) * self.splits
+
+
+# Efficiencies are relative throughputs measured on an H100 (notes/dense.md).
+BF16_CONFIGS: tuple[DenseConfig, ...] = (DenseConfig("bf16", 128, 128, 64),)
+FP8_CONFIGS: tuple[DenseConfig, ...] = (
+    DenseConfig("fp8", 64, 128, 128, num_worker_warps=4, occupancy=2, fast_acc=True),
+    DenseConfig("fp8", 64, 128, 128, num_worker_warps=4, occupancy=2, fast_acc=True, scale_tma=False),
+    DenseConfig("fp8", 128, 256, 128, num_worker_warps=8, fast_acc=True, nh=2),
+    DenseConfig("fp8", 64, 256, 128, num_worker_warps=4, occupancy=2, fast_acc=True, nh=2),
+)
+
+
+def all_dense_configs() -> tuple[DenseConfig, ...]:
+    """Every config :func:`choose_dense_config` can return (the CPU compile gate compiles each)."""
+    return BF16_CONFIGS + FP8_CONFIGS
+
+
+MAX_SPLITS = 32  # the reduce kernel sums up to this many partials per tile in one load
+MIN_TAIL_LOSS = 0.08  # split a partial last wave only when it wastes more than this share of the run
+
+
+def split_plan(cfg: DenseConfig, m: int, n: int, k: int, sms: int) -> SplitPlan:
+    """Split the tiles of a poorly filled last wave (or all tiles of a small grid) along K.
+
+    A small grid (fewer tiles than CTA slots) becomes split-K over all tiles; a big one splits
+    only its last-wave tiles (stream-K style), and only when that wave would leave more than
+    ``MIN_TAIL_LOSS`` of the whole run idle.
+    """
+    tiles = _cdiv(m, cfg.tm) * _cdiv(n, cfg.tn)
+    slots = max(1, sms) * cfg.ctas_per_sm
+    num_kb = _cdiv(k, cfg.tk)
+    tail = tiles % slots if tiles > slots else tiles
+    if tail == 0:
+        return SplitPlan(tiles, tiles, 1)
+    waves = _cdiv(tiles, slots)
+    if tiles > slots and (slots - tail) / (slots * waves) < MIN_TAIL_LOSS:
+        return SplitPlan(tiles, tiles, 1)
+    splits = min(slots // tail, num_kb // max(1, cfg.min_split_kb), MAX_SPLITS)
+    if splits < 2:
+        return SplitPlan(tiles, tiles, 1)
+    return SplitPlan(tiles, tiles - tail, splits)
+
+
+def _modelled_time(cfg: DenseConfig, m: int, n: int, k: int, sms: int) -> float:
+    plan = split_plan(cfg, m, n, k, sms)
+    slots = max(1, sms) * cfg.ctas_per_sm
+    waves = _cdiv(plan.full, slots) + _cdiv(plan.units - plan.full, slots) / plan.splits
+    # A CTA sharing its SM with (occupancy - 1) others runs that much slower per tile.
+    return waves * cfg.ctas_per_sm * cfg.tm * cfg.tn / cfg.efficiency
+
+
+def choose_dense_config(kind: str, m: int, n: int, k: int, sms: int) -> DenseConfig:
+    """The config for a ``kind`` ("bf16"/"fp8") GEMM of output ``m x n`` with inner size ``k`` on ``sms`` SMs."""
+    table = BF16_CONFIGS if kind == "bf16" else FP8_CONFIGS
+    return min(table, key=lambda c: (_modelled_time(c, m, n, k, max(1, sms)), -c.tm * c.tn))
+
+
+_printed: set[tuple] = set()
+
+
+def print_config(op: str, shape: tuple[int, ...], cfg: DenseConfig, grid: tuple[int, ...], plan=None) -> None:
+    """Print ``cfg`` once per new (op, shape) when ``TILEGEMM_PRINT_CONFIGS=1``."""
+    if os.environ.get("TILEGEMM_PRINT_CONFIGS", "0") in ("", "0"):
+        return
+    key = (op, shape, cfg.name)
+    if key in _printed:
+        return
+    _printed.add(key)
+    extra = f" split={plan.splits} full_tiles={plan.full}/{plan.tiles}" if plan is not None else ""
+    print(f"[tilegemm] {op} shape={shape} config={cfg.name} grid={grid}{extra}", flush=True)
+
+
+# ---------------------------------------------------------------------------- grouped GEMMs
+# (grouped helper's section, appended: keep it when rewriting this file. Used by ops/cutile/grouped.py
+#  and tests/kernels/test_compile_grouped.py.)
+
+
+@dataclass(frozen=True)
+class GroupedConfig:
+    """Tile config of a grouped GEMM kernel (``ops/cutile/grouped.py``).
+
+    ``bm x bn`` output tile, ``bk`` K step (128 for FP8: one scale block), ``gm`` row blocks per
+    swizzle band inside a group, ``fast_acc`` FP8 MMA mode (promoted every 128 of K),
+    ``num_worker_warps``/``occupancy`` the cuTile compiler hints (``None``: auto).
+    """
+
+    bm: int
+    bn: int
+    bk: int
+    gm: int = 8
+    fast_acc: bool = False
+    num_worker_warps: int | None = None
+    occupancy: int | None = None
+
+    @property
+    def ctas_per_sm(self) -> int:
+        return self.occupancy or 1
+
+    @property
+    def name(self) -> str:
+        parts = [f"{self.bm}x{self.bn}x{self.bk}", f"g{self.gm}"]
+        if self.num_worker_warps:
+            parts.append(f"w{self.num_worker_warps}")
+        if self.occupancy:
+            parts.append(f"o{self.occupancy}")
+        if self.fast_acc:
+            parts.append("fa")
+        return "_".join(parts)
+
+
+# Layout kinds, as ops/cutile/grouped.py numbers them.
+GROUPED_KIND_INDICES, GROUPED_KIND_PSUM, GROUPED_KIND_MASKED, GROUPED_KIND_K = 0, 1, 2, 3
+
+GROUPED_BF16_BIG = GroupedConfig(128, 256, 64, num_worker_warps=8)
+GROUPED_BF16 = GroupedConfig(128, 128, 64)
+GROUPED_BF16_SMALL_M = GroupedConfig(64, 128, 64)
+GROUPED_BF16_K_WITH_C = GroupedConfig(128, 128, 64, num_worker_warps=8)  # default warps spill with a C tile
+GROUPED_FP8 = GroupedConfig(128, 128, 128, fast_acc=True)
+GROUPED_FP8_SMALL_M = GroupedConfig(64, 128, 128, fast_acc=True, num_worker_warps=4, occupancy=2)
+GROUPED_FP8_K = GroupedConfig(128, 128, 128, fast_acc=True, num_worker_warps=8)  # default warps spill without C
+
+
+def all_grouped_configs(fp8: bool, kind: int) -> tuple[GroupedConfig, ...]:
+    """Every config :func:`grouped_config` can return for (``fp8``, ``kind``) (the CPU gate compiles each)."""
+    if kind == GROUPED_KIND_K:
+        return (GROUPED_FP8_K,) if fp8 else (GROUPED_BF16, GROUPED_BF16_K_WITH_C)
+    if fp8:
+        return (GROUPED_FP8, GROUPED_FP8_SMALL_M)
+    return (GROUPED_BF16_BIG, GROUPED_BF16, GROUPED_BF16_SMALL_M)
+
+
+def grouped_config(
+    op: str, *, kind: int, fp8: bool, rows: int, n: int, k: int, groups: int, expected_m: int, has_c: bool = False
+) -> GroupedConfig:
+    """Config for a grouped GEMM from host-side sizes only (no device reads).
+
+    ``rows``: rows of the row space (M_sum, G * Mmax, or M of each k-grouped output); ``expected_m``:
+    typical rows per group (the masked op's hint; ``rows / groups`` for contiguous layouts). Rules:
+    small groups (<= 64 expected rows) take 64-row tiles so a 128-row tile is not mostly padding;
+    otherwise the widest tile that still gives every SM at least one tile.
+    """
+    sms = max(1, _grouped_sms())
+    if kind == GROUPED_KIND_K:
+        if fp8:
+            return GROUPED_FP8_K
+        return GROUPED_BF16_K_WITH_C if has_c else GROUPED_BF16
+    per_group = expected_m if kind == GROUPED_KIND_MASKED else max(1, rows // max(1, groups))
+    if fp8:
+        return GROUPED_FP8_SMALL_M if per_group <= 64 else GROUPED_FP8
+    if per_group <= 64:
+        return GROUPED_BF16_SMALL_M
+    tiles_wide = groups * _cdiv(per_group, 128) * _cdiv(n, 256)
+    return GROUPED_BF16_BIG if tiles_wide >= sms else GROUPED_BF16
+
+
+def _grouped_sms() -> int:
+    from tilegemm import config
+
+    return config.get_num_sms()
+
+
+_grouped_printed: set[tuple] = set()
+
+
+def maybe_print_grouped_config(op: str, shape: dict[str, int], cfg: GroupedConfig) -> None:
+    """Print ``cfg`` once per new (op, shape) when ``TILEGEMM_PRINT_CONFIGS=1``."""
+    if os.environ.get("TILEGEMM_PRINT_CONFIGS", "0") in ("", "0"):
+        return
+    key = (op, tuple(sorted(shape.items())), cfg.name)
+    if key in _grouped_printed:
+        return
+    _grouped_printed.add(key)
+    print(f"[tilegemm] {op} shape={shape} config={cfg.name}", flush=True)
+
+
+# ------------------------------------------------------------------------------- MQA logits
+# (mqa helper's section, appended: keep it when rewriting this file. Used by ops/cutile/mqa.py,
+#  tests/kernels/test_compile_mqa.py and tests/benchmark/bench_mqa.py. Static: derived from the
+#  shape, no tuning sweep; the measurements behind it are in notes/mqa.md.)
+
+
+@dataclass(frozen=True)
+class MqaConfig:
+    """Tile sizes of :func:`mqa_logits_kernel`: ``bq`` query rows x ``hp`` (padded) heads, ``bk`` keys."""
+
+    bq: int
+    hp: int
+    bk: int
+
+
+@dataclass(frozen=True)
+class PagedMqaConfig:
+    """Tile sizes and launch shape of :func:`paged_mqa_logits_kernel`.
+
+    ``nnp``: next_n rounded up to a power of two; ``rg``: query rows per MMA (``rg * hp <= 256``);
+    ``ck``: keys per chunk (one indexed load of ``ck / block_kv`` cache blocks); ``split``: keys per
+    schedule split; ``parts``: CTAs sharing each schedule row (round-robin over its splits), so
+    several gathers are in flight per SM; ``occupancy``: the compiler's CTAs-per-SM hint.
+    """
+
+    nnp: int
+    rg: int
+    hp: int
+    ck: int
+    split: int
+    parts: int
+    occupancy: int
+
+
+def _mqa_pow2_ceil(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+def mqa_logits_config(h: int, d: int) -> MqaConfig | None:
+    """Tiles for ``fp8_mqa_logits`` with ``h`` heads of size ``d``; ``None`` if unsupported.
+
+    The N side of the MMA is ``bq * hp = 128`` (query rows x padded heads); 128 keys per tile.
+    """
+    if d not in (64, 128) or not 1 <= h <= 128:
+        return None
+    hp = _mqa_pow2_ceil(h)
+    return MqaConfig(bq=max(1, 128 // hp), hp=hp, bk=128)
+
+
+def paged_mqa_config(h: int, d: int, next_n: int, block_kv: int, split: int = 256) -> PagedMqaConfig | None:
+    """Tiles and launch shape for ``fp8_paged_mqa_logits``; ``None`` if unsupported.
+
+    Decode is bound by the latency of dependent gathers (schedule -> block table -> cache blocks)
+    more than by the MMA, so several CTAs share each schedule row. Measured on an H100
+    (notes/mqa.md, H=64, D=128, block_kv=64): with an MMA N side (``rg * hp``) of at most 64,
+    64-key chunks, 4 CTAs per row and an occupancy hint of 8 were best (49-73% of copy bandwidth);
+    with N = 128, 128-key chunks, 2 CTAs per row and occupancy 3 (1.2-1.8x faster than the former
+    there); N = 256 keeps the config the GPU tests ran (64-key chunks, 4 CTAs, occupancy 4).
+    """
+    if d not in (64, 128) or not 1 <= h <= 128 or not 1 <= next_n <= 4 or block_kv not in (16, 32, 64):
+        return None
+    if split % 128:
+        return None
+    hp = _mqa_pow2_ceil(h)
+    nnp = _mqa_pow2_ceil(next_n)
+    rg = min(nnp, max(1, 256 // hp))
+    n_side = rg * hp
+    if n_side <= 64:
+        ck, parts, occupancy = 64, 4, 8
+    elif n_side == 128:
+        ck, parts, occupancy = 128, 2, 3
+    else:
+        ck, parts, occupancy = 64, 4, 4
+    return PagedMqaConfig(nnp=nnp, rg=rg, hp=hp, ck=ck, split=split, parts=parts, occupancy=occupancy)
+
+
+_mqa_printed: set[tuple] = set()
+
+
+def maybe_print_mqa_config(op: str, shape: dict[str, int], cfg: MqaConfig | PagedMqaConfig) -> None:
+    """Print ``cfg`` once per new (op, shape) when ``TILEGEMM_PRINT_CONFIGS=1``."""
+    if os.environ.get("TILEGEMM_PRINT_CONFIGS", "0") in ("", "0"):
+        return
+    key = (op, tuple(sorted(shape.items())), cfg)
+    if key in _mqa_printed:
+        return
+    _mqa_printed.add(key)
+    print(f"[tilegemm] {op} shape={shape} config={cfg}", flush=True)

@@ -1,0 +1,368 @@
+"""FP8 MQA-logits kernels of the ``cutile`` backend (DeepSeek sparse-attention indexer).
+
+Both ops compute ``logits[i, j] = kv_scale[j] * sum_h w[i, h] * relu(q[i, h, :] . k[j, :])``.
+
+Layout of the work (both kernels): keys go on the MMA's M side and (query row, head) pairs on
+its N side, ``scores[BK, R*HP] = k[BK, D] @ q[R*HP, D].T`` (FP8 x FP8, fp32 accumulate: QGMMA on
+sm_90, tcgen05 on sm_100). The head reduction then runs along N, inside each thread's registers
+plus a few warp shuffles, never through shared memory. ``HP`` is H rounded up to a power of two;
+the padded heads load as zeros with zero weights.
+
+* ``fp8_mqa_logits``: one CTA per tile of ``BQ`` query rows (``BQ * HP = 128``), heaviest tiles
+  first; it loops only over the key tiles that meet the union of its rows' ``[ks, ke)`` windows,
+  so cost follows the valid pairs. ``-inf`` outside the windows comes from the output's
+  initial fill (``torch.full``) plus the in-tile mask.
+* ``get_paged_mqa_logits_metadata``: torch ops on the device (no host sync), the same balanced
+  split as the reference backend (split size from :func:`paged_mqa_split_kv`).
+* ``fp8_paged_mqa_logits``: a persistent kernel; ``parts`` CTAs share schedule row i (the splits
+  from row i to row i + 1, round-robin), so several dependent gathers are in flight per SM; each
+  chunk of a split gathers its KV-cache blocks with one indexed (TMA) load.
+
+Whatever the index values, no kernel reads or writes out of bounds: window bounds are clamped,
+block ids are clamped into the cache, tile indices stay inside the arrays.
+"""
+
+from __future__ import annotations
+
+import cuda.tile as ct
+import torch
+
+from tilegemm.backend.registry import Unsupported, register_impl
+from tilegemm.ops.cutile.heuristics import (
+    MqaConfig,
+    PagedMqaConfig,
+    maybe_print_mqa_config,
+    mqa_logits_config,
+    paged_mqa_config,
+)
+from tilegemm.ops.reference.mqa import paged_mqa_split_kv
+
+ZERO = ct.PaddingMode.ZERO
+NEG_INF = float("-inf")
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels
+# --------------------------------------------------------------------------------------------
+
+
+def make_mqa_logits_kernel(fast_acc: bool = False, **hints):
+    """Build the plain MQA-logits kernel (``fast_acc``: Hopper's FP8 fast accumulation; ``hints``: ct.kernel's)."""
+
+    @ct.kernel(**hints)
+    def mqa_logits_kernel(
+        q,  # fp8 [S, H, D]
+        kv,  # fp8 [S_kv, D]
+        kv_scale,  # fp32 [S_kv]
+        w,  # fp32 [S, H]
+        ks,  # int32 [S]
+        ke,  # int32 [S]
+        out,  # fp32 [S, S_kv]
+        BQ: ct.Constant[int],
+        HP: ct.Constant[int],
+        D: ct.Constant[int],
+        BK: ct.Constant[int],
+    ):
+        """One CTA per ``BQ`` query rows; loops over the key tiles inside the rows' windows."""
+        s_rows = q.shape[0]
+        s_kv = kv.shape[0]
+        pid = ct.num_blocks(0) - 1 - ct.bid(0)  # the last rows (longest causal windows) start first
+        q_t = ct.transpose(ct.reshape(ct.load(q, (pid, 0, 0), shape=(BQ, HP, D), padding_mode=ZERO), (BQ * HP, D)))
+        w_t = ct.reshape(ct.load(w, (pid, 0), shape=(BQ, HP), padding_mode=ZERO), (1, BQ * HP))
+        ks_t = ct.load(ks, (pid,), shape=(BQ,), padding_mode=ZERO)
+        ke_t = ct.load(ke, (pid,), shape=(BQ,), padding_mode=ZERO)
+        valid = (ct.arange(BQ, dtype=ct.int32) + pid * BQ) < s_rows
+        lo = ct.maximum(ct.min(ct.where(valid, ks_t, s_kv)), 0)
+        hi = ct.minimum(ct.max(ct.where(valid, ke_t, 0)), s_kv)
+        t_lo = lo // BK
+        t_hi = ct.maximum(ct.cdiv(hi, BK), t_lo)
+        ks_r = ct.reshape(ks_t, (1, BQ))
+        ke_r = ct.reshape(ke_t, (1, BQ))
+        for j in range(t_lo, t_hi):
+            k_t = ct.load(kv, (j, 0), shape=(BK, D), padding_mode=ZERO)
+            sc = ct.reshape(ct.load(kv_scale, (j,), shape=(BK,), padding_mode=ZERO), (BK, 1))
+            acc = ct.mma(k_t, q_t, ct.zeros((BK, BQ * HP), dtype=ct.float32), use_fast_acc=fast_acc)
+            acc = ct.maximum(acc, 0.0) * w_t
+            logit = ct.sum(ct.reshape(acc, (BK, BQ, HP)), axis=2) * sc  # [BK, BQ]
+            kidx = ct.reshape(ct.arange(BK, dtype=ct.int32) + j * BK, (BK, 1))
+            logit = ct.where((kidx >= ks_r) & (kidx < ke_r), logit, NEG_INF)
+            ct.store(out, (pid, j), ct.transpose(logit))
+
+    return mqa_logits_kernel
+
+
+mqa_logits_kernel = make_mqa_logits_kernel()
+
+
+def make_paged_mqa_logits_kernel(**hints):
+    """Build the paged MQA-logits kernel (``hints``: ct.kernel's, e.g. ``occupancy``)."""
+
+    @ct.kernel(**hints)
+    def paged_mqa_logits_kernel(
+        q,  # fp8 [B, NN, H, D]
+        kv_keys,  # fp8 [num_blocks, BKV, D] view of the cache (block stride BKV * (D + 4) bytes)
+        kv_scales,  # fp32 [num_blocks, BKV] view of the cache
+        w,  # fp32 [B, NN, H]
+        ctx,  # int32 [B] or [B, NN]
+        block_table,  # int32 [B, max_blocks]
+        meta,  # int32 [num_sms + 1, 2]
+        out,  # fp32 [B, NN, W]
+        NN: ct.Constant[int],
+        NNP: ct.Constant[int],
+        RG: ct.Constant[int],
+        HP: ct.Constant[int],
+        D: ct.Constant[int],
+        BKV: ct.Constant[int],
+        CK: ct.Constant[int],
+        SPLIT: ct.Constant[int],
+        CTX2D: ct.Constant[bool],
+    ):
+        """Persistent: CTAs (i, 0..P-1) share the splits from ``meta[i]`` up to ``meta[i + 1]`` (lexicographic).
+
+        CTA (i, p) takes every P-th split of that range, so P CTAs per SM keep several gathers in flight.
+        """
+        G = CK // BKV  # cache blocks per chunk
+        part = ct.bid(1)
+        n_parts = ct.num_blocks(1)
+        n_batch = q.shape[0]
+        n_cache = kv_keys.shape[0]
+        width = out.shape[2]
+        key_cap = ct.minimum(block_table.shape[1] * BKV, width)
+        sm = ct.bid(0)
+        b = ct.load(meta, (sm, 0), shape=())
+        s = ct.load(meta, (sm, 1), shape=())
+        b_end = ct.load(meta, (sm + 1, 0), shape=())
+        s_end = ct.load(meta, (sm + 1, 1), shape=())
+        b = ct.maximum(b, 0)
+        s = ct.minimum(ct.maximum(s, 0), ct.cdiv(key_cap, SPLIT))  # no overflow of s * SPLIT below
+        turn = part * 0
+        while ((b < b_end) | ((b == b_end) & (s < s_end))) & (b < n_batch):
+            if CTX2D:
+                length = ct.max(ct.load(ctx, (b, 0), shape=(1, NNP), padding_mode=ZERO))
+            else:
+                length = ct.load(ctx, (b,), shape=())
+            length = ct.minimum(ct.maximum(length, 0), key_cap)
+            if (s * SPLIT < length) & (turn == part):
+                for g in range(SPLIT // CK):
+                    key0 = s * SPLIT + g * CK
+                    if key0 < length:
+                        bidx = ct.arange(G, dtype=ct.int32) + key0 // BKV
+                        blks = ct.gather(block_table, (b, bidx), padding_value=0)
+                        blks = ct.minimum(ct.maximum(blks, 0), n_cache - 1)
+                        keys = ct.reshape(
+                            ct.load_advanced_indexing(kv_keys, (blks, ct.Slice(0, BKV), ct.Slice(0, D))), (CK, D)
+                        )
+                        sc = ct.reshape(ct.load_advanced_indexing(kv_scales, (blks, ct.Slice(0, BKV))), (CK, 1))
+                        kidx = ct.reshape(ct.arange(CK, dtype=ct.int32) + key0, (CK, 1))
+                        for rg in range(NNP // RG):
+                            q_t = ct.load(q, (b, rg, 0, 0), shape=(1, RG, HP, D), padding_mode=ZERO)
+                            q_t = ct.transpose(ct.reshape(q_t, (RG * HP, D)))
+                            w_t = ct.reshape(ct.load(w, (b, rg, 0), shape=(1, RG, HP), padding_mode=ZERO), (1, RG * HP))
+                            acc = ct.mma(keys, q_t, ct.zeros((CK, RG * HP), dtype=ct.float32))
+                            acc = ct.maximum(acc, 0.0) * w_t
+                            logit = ct.sum(ct.reshape(acc, (CK, RG, HP)), axis=2) * sc  # [CK, RG]
+                            rows = ct.arange(RG, dtype=ct.int32) + rg * RG
+                            if CTX2D:
+                                vis = ct.load(ctx, (b, rg), shape=(1, RG), padding_mode=ZERO)
+                            else:
+                                vis = ct.reshape(length - NN + 1 + rows, (1, RG))
+                            logit = ct.where(kidx < vis, logit, NEG_INF)
+                            tile = ct.reshape(ct.transpose(logit), (1, RG, CK))
+                            ct.store(out, (b, rg, key0 // CK), tile, allow_tma=False)  # see notes/mqa.md
+            if s * SPLIT < length:
+                s = s + 1
+                turn = ct.where(turn + 1 == n_parts, 0, turn + 1)
+            if s * SPLIT >= length:
+                b = b + 1
+                s = 0 * s
+
+    return paged_mqa_logits_kernel
+
+
+_PAGED_KERNELS: dict[int, object] = {}
+
+
+def paged_kernel_for(occupancy: int):
+    """The paged kernel with an ``occupancy`` hint (one kernel object, hence one JIT cache, per value).
+
+    The hint was tuned on sm_90; other targets get at most 4 (tileiras 13.4 rejects 8 on sm_100
+    for some tile shapes, see the compile gate).
+    """
+    if occupancy not in _PAGED_KERNELS:
+        hint = ct.ByTarget(sm_90=occupancy, default=min(occupancy, 4))
+        _PAGED_KERNELS[occupancy] = make_paged_mqa_logits_kernel(occupancy=hint)
+    return _PAGED_KERNELS[occupancy]
+
+
+# --------------------------------------------------------------------------------------------
+# Host wrappers
+# --------------------------------------------------------------------------------------------
+
+
+def _check_arch(t: torch.Tensor) -> None:
+    major, minor = torch.cuda.get_device_capability(t.device)
+    if (major, minor) < (8, 9):
+        raise Unsupported(f"FP8 MMA needs compute capability >= 8.9, got {major}.{minor}")
+
+
+def _launch(grid: tuple[int, int, int], kernel, args: tuple) -> None:
+    """``ct.launch`` on the current stream; a kernel the compiler rejects becomes :class:`Unsupported`.
+
+    The JIT specializes on the arguments' strides and alignment, so a variant the CPU gate did not
+    cover could still fail in ``tileiras``; nothing has been written then, so the call falls back.
+    """
+    try:
+        ct.launch(torch.cuda.current_stream(), grid, kernel, args)
+    except ct.TileCompilerExecutionError as exc:
+        raise Unsupported(f"tileiras could not compile this variant ({str(exc).splitlines()[0]})") from exc
+
+
+def _new_logits(rows: int, cols: int, clean: bool, device: torch.device) -> torch.Tensor:
+    """The fp32 output; pre-filled with ``-inf`` when ``clean`` (the kernels write only the window tiles)."""
+    if clean:
+        return torch.full((rows, cols), NEG_INF, dtype=torch.float32, device=device)
+    return torch.empty((rows, cols), dtype=torch.float32, device=device)
+
+
+def launch_mqa_logits(
+    q: torch.Tensor,
+    kv_data: torch.Tensor,
+    kv_scale: torch.Tensor,
+    weights: torch.Tensor,
+    ks: torch.Tensor,
+    ke: torch.Tensor,
+    out: torch.Tensor,
+    conf: MqaConfig,
+    kernel=None,
+) -> None:
+    """Launch the plain kernel on the current stream (inputs as the op's, already checked; ``out`` fp32 [S, S_kv])."""
+    s, _, d = q.shape
+    args = (
+        q.contiguous(),
+        kv_data.contiguous(),
+        kv_scale.to(torch.float32).contiguous(),
+        weights.to(torch.float32).contiguous(),
+        ks.to(torch.int32).contiguous(),
+        ke.to(torch.int32).contiguous(),
+        out,
+        conf.bq,
+        conf.hp,
+        d,
+        conf.bk,
+    )
+    _launch((ct.cdiv(s, conf.bq), 1, 1), kernel or mqa_logits_kernel, args)
+
+
+@register_impl("fp8_mqa_logits", "cutile")
+def fp8_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits, stream):
+    """cuTile ``fp8_mqa_logits``: fp32 [S, S_kv]; ``-inf`` outside ``[ks, ke)`` when ``clean_logits``."""
+    kv_data, kv_scale = kv
+    if q.dtype != torch.float8_e4m3fn or kv_data.dtype != torch.float8_e4m3fn:
+        raise Unsupported(f"fp8_mqa_logits needs float8_e4m3fn q and kv, got {q.dtype} and {kv_data.dtype}")
+    s, h, d = q.shape
+    s_kv = kv_data.shape[0]
+    conf = mqa_logits_config(h, d)
+    if conf is None:
+        raise Unsupported(f"fp8_mqa_logits: H={h}, D={d} not supported (H <= 128, D in {{64, 128}})")
+    _check_arch(q)
+    maybe_print_mqa_config("fp8_mqa_logits", {"S": s, "S_kv": s_kv, "H": h, "D": d}, conf)
+    out = _new_logits(s, s_kv, clean_logits, q.device)
+    if s and s_kv:
+        launch_mqa_logits(q, kv_data, kv_scale, weights, cu_seq_len_k_start, cu_seq_len_k_end, out, conf)
+    return out
+
+
+@register_impl("get_paged_mqa_logits_metadata", "cutile")
+def get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms):
+    """Balanced schedule on the device (no host sync): int32 [num_sms + 1, 2] of (batch, split).
+
+    Batch b has ``ceil(max(len_b, 0) / split)`` splits, ``split = paged_mqa_split_kv(block_kv)``
+    (the reference backend's); ``len_b`` is the row max for 2-D lengths. SM i starts at global
+    split ``i * (total // num_sms) + min(i, total % num_sms)``, named as (batch, split within the
+    batch); row ``num_sms`` is ``(B, 0)``.
+    """
+    lens = context_lens if context_lens.dim() == 1 else context_lens.amax(dim=1)
+    split = paged_mqa_split_kv(block_kv)
+    counts = torch.div(lens.to(torch.int64).clamp_min(0) + (split - 1), split, rounding_mode="floor")
+    ends = torch.cumsum(counts, 0)
+    starts = ends - counts
+    total = counts.sum()
+    sm = torch.arange(num_sms + 1, device=lens.device, dtype=torch.int64)
+    base = torch.div(total, num_sms, rounding_mode="floor")
+    start = sm * base + torch.minimum(sm, total - base * num_sms)
+    batch = torch.searchsorted(ends, start, right=True)
+    first = torch.cat([starts, total.reshape(1)])[batch]
+    return torch.stack([batch, start - first], dim=1).to(torch.int32)
+
+
+def paged_views(kv_cache: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views of a contiguous DeepGEMM cache: keys fp8 [num_blocks, block_kv, D], scales fp32 [num_blocks, block_kv]."""
+    num_blocks, block_kv = kv_cache.shape[0], kv_cache.shape[1]
+    raw = kv_cache.view(torch.uint8).reshape(num_blocks, block_kv * (d + 4))
+    kv_keys = raw.view(torch.float8_e4m3fn)[:, : block_kv * d].unflatten(1, (block_kv, d))
+    kv_scales = raw.view(torch.float32)[:, block_kv * d // 4 :]
+    return kv_keys, kv_scales
+
+
+def launch_paged_mqa_logits(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    weights: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    schedule_meta: torch.Tensor,
+    out: torch.Tensor,
+    conf: PagedMqaConfig,
+    kernel=None,
+) -> None:
+    """Launch the paged kernel on the current stream, ``conf.parts`` CTAs per schedule row (``out`` [B*next_n, W])."""
+    batch, next_n, h, d = q.shape
+    kv_keys, kv_scales = paged_views(kv_cache, d)
+    args = (
+        q.contiguous(),
+        kv_keys,
+        kv_scales,
+        weights.to(torch.float32).contiguous().view(batch, next_n, h),
+        context_lens.to(torch.int32).contiguous(),
+        block_table.to(torch.int32).contiguous(),
+        schedule_meta.to(torch.int32).contiguous(),
+        out.view(batch, next_n, out.shape[1]),
+        next_n,
+        conf.nnp,
+        conf.rg,
+        conf.hp,
+        d,
+        kv_cache.shape[1],
+        conf.ck,
+        conf.split,
+        context_lens.dim() == 2,
+    )
+    grid = (schedule_meta.shape[0] - 1, conf.parts, 1)
+    _launch(grid, kernel or paged_kernel_for(conf.occupancy), args)
+
+
+@register_impl("fp8_paged_mqa_logits", "cutile")
+def fp8_paged_mqa_logits(
+    q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, clean_logits, stream
+):
+    """cuTile ``fp8_paged_mqa_logits``: fp32 [B * next_n, max_context_len] over DeepGEMM's cache layout."""
+    if q.dtype != torch.float8_e4m3fn:
+        raise Unsupported(f"fp8_paged_mqa_logits needs float8_e4m3fn q, got {q.dtype}")
+    batch, next_n, h, d = q.shape
+    num_blocks, block_kv = kv_cache.shape[0], kv_cache.shape[1]
+    split = paged_mqa_split_kv(block_kv)
+    conf = paged_mqa_config(h, d, next_n, block_kv, split)
+    if conf is None:
+        raise Unsupported(
+            f"fp8_paged_mqa_logits: H={h}, D={d}, next_n={next_n}, block_kv={block_kv} not supported "
+            "(H <= 128, D in {64, 128}, next_n <= 4, block_kv in {16, 32, 64})"
+        )
+    if not kv_cache.is_contiguous():
+        raise Unsupported("fp8_paged_mqa_logits: kv_cache must be contiguous (DeepGEMM's byte layout)")
+    _check_arch(q)
+    shape = {"B": batch, "next_n": next_n, "H": h, "D": d, "block_kv": block_kv}
+    maybe_print_mqa_config("fp8_paged_mqa_logits", shape, conf)
+    out = _new_logits(batch * next_n, int(max_context_len), clean_logits, q.device)
+    if out.numel() and num_blocks and schedule_meta.shape[0] > 1:
+        launch_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, schedule_meta, out, conf)
+    return out

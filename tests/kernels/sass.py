@@ -1,0 +1,81 @@
+"""SASS inspection of a cubin with ``cuobjdump --dump-sass`` (CPU only; no GPU needed).
+
+``sass_summary(cubin)`` counts the instructions that tell whether a GEMM kernel got what it
+needs: tensor-core MMAs (Hopper ``HGMMA`` for 16-bit and ``QGMMA`` for FP8 operands;
+Blackwell ``UTCHMMA``/``UTCQMMA`` and friends, issued to the tensor memory units), TMA
+loads (``UTMALDG``), byte-wide global loads (``LDG.E.U8``: a sign that TMA was lost on FP8
+operands) and local-memory traffic (``LDL``/``STL``: register spills).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+_OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+
+
+def cuobjdump_path() -> str:
+    """Path of ``cuobjdump`` from the venv's ``nvidia/cu13/bin`` (or ``$CUOBJDUMP``, or PATH)."""
+    env = os.environ.get("CUOBJDUMP")
+    if env:
+        return env
+    for base in [Path(sys.prefix)] + [Path(p) for p in sys.path if p]:
+        for cand in (
+            base / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages",
+            base,
+        ):
+            exe = cand / "nvidia" / "cu13" / "bin" / "cuobjdump"
+            if exe.exists():
+                return str(exe)
+    return "cuobjdump"
+
+
+def dump_sass(cubin: bytes) -> str:
+    """The SASS text of ``cubin`` (``cuobjdump --dump-sass``)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([cuobjdump_path(), "--dump-sass", f.name], capture_output=True, text=True, check=True)
+    return out.stdout
+
+
+def opcode_counts(sass: str) -> Counter[str]:
+    """Count every opcode (with its modifiers, e.g. ``LDG.E.U8``) in a SASS listing."""
+    return Counter(m.group(1) for m in _OPCODE.finditer(sass))
+
+
+def _count(ops: Counter[str], prefixes: tuple[str, ...]) -> int:
+    return sum(n for op, n in ops.items() if op.split(".")[0] in prefixes)
+
+
+def sass_summary(cubin: bytes) -> dict[str, int]:
+    """Counts that matter for a GEMM kernel's machine code.
+
+    Keys: ``hgmma`` (Hopper 16-bit warpgroup MMA), ``qgmma`` (Hopper FP8 warpgroup MMA),
+    ``utc_mma`` (all Blackwell tcgen05 MMAs: UTCHMMA, UTCQMMA, UTCOMMA, UTCIMMA, UTCMMA),
+    ``utchmma``, ``utcqmma`` (Blackwell 16-bit / FP8 MMAs), ``hmma`` (legacy mma.sync),
+    ``utmaldg`` (TMA loads), ``utmastg`` (TMA stores), ``ldg_u8`` (byte-wide global loads
+    ``LDG.E.U8``), ``ldl``/``stl`` (local memory: spills), ``instructions`` (total).
+    """
+    ops = opcode_counts(dump_sass(cubin))
+    utc = {op for op in ops if re.match(r"UTC\w*MMA", op.split(".")[0])}
+    return {
+        "hgmma": _count(ops, ("HGMMA",)),
+        "qgmma": _count(ops, ("QGMMA",)),
+        "utc_mma": sum(ops[op] for op in utc),
+        "utchmma": _count(ops, ("UTCHMMA",)),
+        "utcqmma": _count(ops, ("UTCQMMA",)),
+        "hmma": _count(ops, ("HMMA",)),
+        "utmaldg": _count(ops, ("UTMALDG",)),
+        "utmastg": _count(ops, ("UTMASTG",)),
+        "ldg_u8": sum(n for op, n in ops.items() if op.startswith("LDG") and ".U8" in op),
+        "ldl": _count(ops, ("LDL",)),
+        "stl": _count(ops, ("STL",)),
+        "instructions": sum(ops.values()),
+    }

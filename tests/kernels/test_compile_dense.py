@@ -1,0 +1,139 @@
+"""CPU compile gate for the dense GEMM kernels: every config the heuristics can pick, sm_90 and sm_100.
+
+Each variant is compiled once per arch with ``cuda.tile.compilation.export_kernel`` (no GPU),
+its SASS dumped with cuobjdump, and the machine code checked: tensor-core MMAs (Hopper HGMMA /
+QGMMA, Blackwell UTCHMMA / UTCQMMA), TMA loads for the operands (UTMALDG), no local-memory
+spills (LDL/STL), no byte-wide LDG.E.U8 loads of FP8 operands.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+ct = pytest.importorskip("cuda.tile")
+
+from kernels.sass import sass_summary  # noqa: E402
+from tilegemm.ops.cutile import aot, gemm, heuristics  # noqa: E402
+
+ARCHS = aot.ARCHS
+_A = aot.array
+
+
+def _head(out_dtype, w_dtype):
+    """D, C, W (split-K workspace), alpha, beta, K, full, splits."""
+    return [
+        _A(out_dtype, 2),
+        _A(out_dtype, 2),
+        _A(w_dtype, 4),
+        aot.scalar(ct.float32),
+        aot.scalar(ct.float32),
+        aot.scalar(ct.int32),
+        aot.scalar(ct.int32),
+        aot.scalar(ct.int32),
+    ]
+
+
+def _bf16_params(cfg, a_kmajor, b_kmajor, has_c, out_dtype, splitk=False):
+    consts = gemm.kernel_constants(cfg, a_kmajor=a_kmajor, b_kmajor=b_kmajor, has_c=has_c, splitk=splitk)
+    w = ct.float32 if splitk else out_dtype
+    return [_A(ct.bfloat16, 2), _A(ct.bfloat16, 2), *_head(out_dtype, w), *consts]
+
+
+def _fp8_params(cfg, sb_rows, out_dtype, splitk=False):
+    consts = gemm.kernel_constants(cfg, sb_rows=sb_rows, splitk=splitk)
+    w = ct.float32 if splitk else out_dtype
+    operands = [_A(ct.float8_e4m3fn, 2), _A(ct.float8_e4m3fn, 2), _A(ct.float32, 2), _A(ct.float32, 2)]
+    return [*operands, *_head(out_dtype, w), *consts]
+
+
+def _reduce_params(cfg, has_c, out_dtype):
+    scalars = [aot.scalar(ct.float32), aot.scalar(ct.float32), aot.scalar(ct.int32)]
+    return [_A(ct.float32, 4), _A(out_dtype, 2), _A(out_dtype, 2), *scalars, *gemm.reduce_constants(cfg, has_c=has_c)]
+
+
+def _variants():
+    """(id, kind, kernel, params) for every kernel variant a call can launch.
+
+    Per config: BF16 every operand orientation (nt/nn/tn/tt storage) with a bf16 d and no c,
+    the fp32-d-with-c epilogue and the split-K variant; FP8 both RHS scale recipes, fp32 d and
+    split-K (an FP8 call with c goes through split-K + reduce); plus the split-K reduce kernel
+    (both epilogues).
+    """
+    out = []
+    for cfg in heuristics.all_dense_configs():
+        k = gemm.get_kernel(cfg)
+        if cfg.kind == "bf16":
+            for a_k in (True, False):
+                for b_k in (True, False):
+                    lay = ("n" if a_k else "t") + ("t" if b_k else "n")
+                    out.append((f"{cfg.name}-{lay}", "bf16", k, _bf16_params(cfg, a_k, b_k, False, ct.bfloat16)))
+            out.append((f"{cfg.name}-nt-c-f32", "bf16", k, _bf16_params(cfg, True, True, True, ct.float32)))
+            out.append((f"{cfg.name}-nt-splitk", "bf16", k, _bf16_params(cfg, True, True, False, ct.bfloat16, True)))
+        else:
+            rows_opts = [True] + ([False] if cfg.tn // cfg.nh == 128 else [])
+            for rows in rows_opts:
+                tag = "1x128" if rows else "128x128"
+                out.append((f"{cfg.name}-{tag}", "fp8", k, _fp8_params(cfg, rows, ct.bfloat16)))
+            rows = cfg.tn // cfg.nh != 128
+            out.append((f"{cfg.name}-f32", "fp8", k, _fp8_params(cfg, rows, ct.float32)))
+            out.append((f"{cfg.name}-splitk", "fp8", k, _fp8_params(cfg, rows, ct.bfloat16, True)))
+        red = gemm.get_reduce_kernel()
+        out.append((f"reduce-{cfg.name}-bf16", "reduce", red, _reduce_params(cfg, False, ct.bfloat16)))
+        out.append((f"reduce-{cfg.name}-c-f32", "reduce", red, _reduce_params(cfg, True, ct.float32)))
+    return out
+
+
+VARIANTS = _variants()
+
+
+_CACHE: dict[tuple[str, str], object] = {}
+
+
+def _compile(job):
+    vid, kernel, params, arch = job
+    key = (vid, arch)
+    if key not in _CACHE:
+        try:
+            _CACHE[key] = sass_summary(aot.compile_cubin(kernel, params, arch))
+        except Exception as exc:  # re-raised by the test of that variant
+            _CACHE[key] = exc
+    return _CACHE[key]
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """SASS summary per (variant, arch), each compiled once.
+
+    Run alone, every variant is compiled up front in parallel threads (tileiras runs out of
+    process); under pytest-xdist each worker compiles only the variants of its own tests.
+    """
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        jobs = [(vid, kernel, params, arch) for vid, _, kernel, params in VARIANTS for arch in ARCHS]
+        workers = int(os.environ.get("TILEGEMM_COMPILE_THREADS", "2"))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(_compile, jobs))
+    by_id = {vid: (kernel, params) for vid, _, kernel, params in VARIANTS}
+    return lambda vid, arch: _compile((vid, *by_id[vid], arch))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("vid,kind", [(v[0], v[1]) for v in VARIANTS], ids=[v[0] for v in VARIANTS])
+def test_dense_kernel_sass(compiled, vid, kind, arch):
+    s = compiled(vid, arch)
+    if isinstance(s, Exception):
+        raise s
+    assert s["ldl"] == 0 and s["stl"] == 0, f"{vid} {arch}: register spills to local memory: {s}"
+    assert s["ldg_u8"] == 0, f"{vid} {arch}: byte-wide LDG.E.U8 loads (TMA lost on FP8 operands): {s}"
+    assert s["hmma"] == 0, f"{vid} {arch}: legacy mma.sync (HMMA) instead of warpgroup/tcgen05 MMAs: {s}"
+    if kind == "reduce":  # the split-K reduce only streams fp32 partials: no MMA, plain loads are fine
+        return
+    if arch == "sm_90":
+        mma, name = (s["hgmma"], "HGMMA") if kind == "bf16" else (s["qgmma"], "QGMMA")
+    else:
+        mma, name = (s["utchmma"], "UTCHMMA") if kind == "bf16" else (s["utcqmma"], "UTCQMMA")
+    assert mma > 0, f"{vid} {arch}: no {name}: {s}"
+    # The A and B tiles come through TMA (FP8 scale tiles may too).
+    assert s["utmaldg"] >= 2, f"{vid} {arch}: operands not loaded with TMA: {s}"

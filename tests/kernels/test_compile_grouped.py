@@ -1,0 +1,131 @@
+"""CPU compile gate for the grouped GEMM kernels: every variant the heuristics can pick, sm_90 and sm_100.
+
+Variants: m-grouped BF16 (m_indices / psum / masked layouts, NT and NN weights), m-grouped FP8
+(NT storage: the host copies NN weights to NT because Hopper FP8 MMAs take K-major operands),
+k-grouped BF16/FP8 with and without ``c``, each with every config of
+``heuristics.all_grouped_configs``. Each is compiled once per arch with ``export_kernel`` (no
+GPU) and its SASS checked: tensor-core MMAs, TMA operand loads (UTMALDG), no LDL/STL spills,
+no byte-wide LDG.E.U8 loads of FP8 operands.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+ct = pytest.importorskip("cuda.tile")
+
+from kernels.sass import sass_summary  # noqa: E402
+from tilegemm.ops.cutile import aot, grouped, heuristics  # noqa: E402
+
+ARCHS = aot.ARCHS
+_A = aot.array
+KINDS = {"indices": grouped.KIND_INDICES, "psum": grouped.KIND_PSUM, "masked": grouped.KIND_MASKED}
+
+
+def _index():
+    return aot.array(ct.int32, 1, align_bytes=4)
+
+
+def _m_params(fp8: bool, kind: int, trans_b: bool, cfg: heuristics.GroupedConfig) -> list:
+    consts = [kind, trans_b, cfg.bm, cfg.bn, cfg.bk, cfg.gm]
+    tail = [_index(), aot.scalar(ct.int32), aot.scalar(ct.int32)]
+    if fp8:
+        return [
+            _A(ct.float8_e4m3fn, 2),
+            _A(ct.float32, 2),
+            _A(ct.float8_e4m3fn, 3),
+            _A(ct.float32, 3, align_bytes=4),  # [G, N/128, K/128] block scales: no alignment promised
+            _A(ct.bfloat16, 2),
+            *tail,
+            *consts,
+            cfg.fast_acc,
+        ]
+    return [_A(ct.bfloat16, 2), _A(ct.bfloat16, 3), _A(ct.bfloat16, 2), *tail, *consts]
+
+
+def _k_params(fp8: bool, has_c: bool, c_is_d: bool, cfg: heuristics.GroupedConfig) -> list:
+    consts = [has_c, c_is_d, cfg.bm, cfg.bn, cfg.bk, cfg.gm]
+    out = [_A(ct.float32, 3, alias_groups=("cd",)), _A(ct.float32, 3, alias_groups=("cd",)), _index()]
+    if fp8:
+        ops = [_A(ct.float8_e4m3fn, 2), _A(ct.float32, 2), _A(ct.float8_e4m3fn, 2), _A(ct.float32, 2)]
+        return [*ops, *out, *consts, cfg.fast_acc]
+    return [_A(ct.bfloat16, 2), _A(ct.bfloat16, 2), *out, *consts]
+
+
+def _variants():
+    """(id, kernel family, config, params, fp8) for every grouped kernel variant a call can launch."""
+    out = []
+    for fp8 in (False, True):
+        dt = "fp8" if fp8 else "bf16"
+        for kname, kind in KINDS.items():
+            layouts = ("nt",) if (fp8 or kind == grouped.KIND_MASKED) else ("nt", "nn")
+            for cfg in heuristics.all_grouped_configs(fp8, kind):
+                for lay in layouts:
+                    vid = f"m-{dt}-{kname}-{lay}-{cfg.name}"
+                    out.append((vid, f"m_{dt}", cfg, _m_params(fp8, kind, lay == "nt", cfg), fp8))
+        k_cfgs = heuristics.all_grouped_configs(fp8, heuristics.GROUPED_KIND_K)
+        for c_mode in ("noc", "c", "c_is_d"):
+            has_c = c_mode != "noc"
+            cfg = heuristics.grouped_config(
+                "k", kind=heuristics.GROUPED_KIND_K, fp8=fp8, rows=4096, n=4096, k=8192, groups=4,
+                expected_m=4096, has_c=has_c,
+            )  # fmt: skip
+            assert cfg in k_cfgs
+            vid = f"k-{dt}-{c_mode}-{cfg.name}"
+            out.append((vid, f"k_{dt}", cfg, _k_params(fp8, has_c, c_mode == "c_is_d", cfg), fp8))
+    return out
+
+
+VARIANTS = _variants()
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """SASS summaries of every (variant, arch), compiled in parallel threads (tileiras runs out of process)."""
+    jobs = [(vid, fam, cfg, params, arch) for vid, fam, cfg, params, _ in VARIANTS for arch in ARCHS]
+
+    def work(job):
+        vid, fam, cfg, params, arch = job
+        kernel = grouped.get_kernel(fam, cfg.num_worker_warps, cfg.occupancy)
+        try:
+            return (vid, arch), sass_summary(aot.compile_cubin(kernel, params, arch))
+        except Exception as exc:  # reported by the test of that variant
+            return (vid, arch), exc
+
+    workers = int(os.environ.get("TILEGEMM_COMPILE_THREADS", "2"))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return dict(pool.map(work, jobs))
+
+
+def test_heuristics_only_pick_gated_configs():
+    """Every config grouped_config returns over a sweep of shapes is one the gate compiles."""
+    for fp8 in (False, True):
+        for kind in (*KINDS.values(), heuristics.GROUPED_KIND_K):
+            allowed = set(heuristics.all_grouped_configs(fp8, kind))
+            for rows, groups, em in ((8192 * 4, 4, 8192), (256 * 128, 128, 256), (128 * 256, 256, 128), (20, 32, 20)):
+                for n in (512, 2048, 4096, 7168):
+                    for has_c in (False, True):
+                        cfg = heuristics.grouped_config(
+                            "x", kind=kind, fp8=fp8, rows=rows, n=n, k=2048, groups=groups, expected_m=em, has_c=has_c
+                        )
+                        assert cfg in allowed, (fp8, kind, rows, n, cfg)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("vid,fp8", [(v[0], v[4]) for v in VARIANTS], ids=[v[0] for v in VARIANTS])
+def test_grouped_kernel_sass(compiled, vid, fp8, arch):
+    s = compiled[(vid, arch)]
+    if isinstance(s, Exception):
+        raise s
+    if arch == "sm_90":
+        mma, name = (s["qgmma"], "QGMMA") if fp8 else (s["hgmma"], "HGMMA")
+    else:
+        mma, name = (s["utcqmma"], "UTCQMMA") if fp8 else (s["utchmma"], "UTCHMMA")
+    assert mma > 0, f"{vid} {arch}: no {name}: {s}"
+    assert s["hmma"] == 0, f"{vid} {arch}: legacy mma.sync (HMMA): {s}"
+    assert s["utmaldg"] >= 2, f"{vid} {arch}: operands not loaded with TMA: {s}"
+    assert s["ldl"] == 0 and s["stl"] == 0, f"{vid} {arch}: register spills to local memory: {s}"
+    assert s["ldg_u8"] == 0, f"{vid} {arch}: byte-wide LDG.E.U8 loads (TMA lost on FP8 operands): {s}"
