@@ -1,0 +1,60 @@
+"""tilegemm inside HuggingFace transformers (>= 5.7) MoE models: DeepSeek-V2/V3, Qwen2-MoE, Qwen3-MoE, Mixtral.
+
+Quick start::
+
+    from tilegemm.transformers import apply_tilegemm_to_model
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, device_map="cuda")
+    apply_tilegemm_to_model(model)                      # experts -> m-grouped BF16 GEMM
+    apply_tilegemm_to_model(model, linear=True, fp8=True)  # + dense layers, FP8 everywhere
+
+or select the registered experts function by name after :func:`register_experts_functions`:
+``model.set_experts_implementation("tilegemm")`` / ``"tilegemm_fp8"``.
+"""
+
+from tilegemm.transformers.compat import UnsupportedTransformersError
+from tilegemm.transformers.experts import (
+    EXPERTS_NAME,
+    FP8_EXPERTS_NAME,
+    register_experts_functions,
+    tilegemm_experts_forward,
+    tilegemm_fp8_experts_forward,
+)
+from tilegemm.transformers.fp8_weights import clear_fp8_cache
+from tilegemm.transformers.linear import TileGemmLinear, restore_linear_layers, swap_linear_layers
+from tilegemm.transformers.monkey_patch import (
+    MODEL_TYPE_TO_PATCHER,
+    SUPPORTED_MODEL_TYPES,
+    apply_tilegemm_kernel_to_deepseek_v2,
+    apply_tilegemm_kernel_to_deepseek_v3,
+    apply_tilegemm_kernel_to_mixtral,
+    apply_tilegemm_kernel_to_model_type,
+    apply_tilegemm_kernel_to_qwen2_moe,
+    apply_tilegemm_kernel_to_qwen3_moe,
+    apply_tilegemm_to_model,
+    revert_tilegemm_kernel_patches,
+    revert_tilegemm_model,
+)
+
+__all__ = [
+    "EXPERTS_NAME",
+    "FP8_EXPERTS_NAME",
+    "MODEL_TYPE_TO_PATCHER",
+    "SUPPORTED_MODEL_TYPES",
+    "TileGemmLinear",
+    "UnsupportedTransformersError",
+    "apply_tilegemm_kernel_to_deepseek_v2",
+    "apply_tilegemm_kernel_to_deepseek_v3",
+    "apply_tilegemm_kernel_to_mixtral",
+    "apply_tilegemm_kernel_to_model_type",
+    "apply_tilegemm_kernel_to_qwen2_moe",
+    "apply_tilegemm_kernel_to_qwen3_moe",
+    "apply_tilegemm_to_model",
+    "clear_fp8_cache",
+    "register_experts_functions",
+    "restore_linear_layers",
+    "revert_tilegemm_kernel_patches",
+    "revert_tilegemm_model",
+    "swap_linear_layers",
+    "tilegemm_experts_forward",
+    "tilegemm_fp8_experts_forward",
+]

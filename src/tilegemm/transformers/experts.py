@@ -1,0 +1,222 @@
+"""MoE experts forward on tilegemm's m-grouped GEMMs, registered in transformers' ``ExpertsInterface``.
+
+``tilegemm_experts_forward(self, hidden_states [T, H], top_k_index [T, k], top_k_weights [T, k]) -> [T, H]``
+follows transformers' experts contract (``self`` is a ``@use_experts_implementation`` experts module with
+``gate_up_proj [E, 2I, H]`` and ``down_proj [E, H, I]``). Per call:
+
+1. sort the ``T*k`` (token, expert) pairs by expert on the device (``tilegemm.routing``, psum layout);
+2. ``m_grouped_bf16_gemm_nt_contiguous`` on the gathered rows with ``gate_up_proj`` (psum layout);
+3. the module's gated activation (``self._apply_gate``: ``act_fn(gate) * up``);
+4. ``m_grouped_bf16_gemm_nt_contiguous`` with ``down_proj``;
+5. weighted sum of each token's ``k`` outputs in token order (``tilegemm.routing.unpermute_tokens``).
+
+No step reads device memory on the host, so with the cutile backend the call is CUDA-graph capturable.
+
+Dtypes: a bf16 model runs on the current tilegemm backend (or the module's ``_tilegemm_backend``). The
+GEMM ops take bf16 operands, so fp16 and fp32 models run their GEMMs on the ``pytorch`` backend's
+implementation (exact: fp32 products and accumulation, one rounding; see :func:`run_op`); on a GPU that
+path is correct but not fast, and it is not CUDA-graph capturable if that implementation syncs.
+Routing weights may be fp32 while hidden states are bf16 (DeepSeek, Mixtral routers) or bf16 (Qwen): the
+weighted product follows torch's promotion as in transformers' own paths, the sum over k runs in fp32 and
+is rounded once to the hidden dtype (see ``_finish``).
+
+Expert-parallel sentinel ids (``-1`` or ``>= num_experts``) contribute nothing: their pairs are sorted
+past the last group, which the grouped GEMM zero-fills, and their weights are zeroed.
+
+``tilegemm_fp8_experts_forward`` is the same with FP8 GEMMs: expert weights quantized once to 128x128
+blocks (``fp8_weights.cached_fp8_weight``), activations cast per token (1x128 scales) on every call.
+
+The kernels are inference-only: when autograd needs gradients of the experts, the call runs transformers'
+``grouped_mm`` path instead.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from tilegemm.routing import MoERouting, moe_route, permute_tokens, unpermute_tokens
+from tilegemm.transformers.fp8_weights import cached_fp8_weight
+from tilegemm.transformers.op_call import out_dtype, run_op
+
+EXPERTS_NAME = "tilegemm"
+FP8_EXPERTS_NAME = "tilegemm_fp8"
+
+
+def _needs_grad(module: torch.nn.Module, hidden_states: torch.Tensor) -> bool:
+    if not torch.is_grad_enabled():
+        return False
+    return hidden_states.requires_grad or any(p.requires_grad for p in module.parameters(recurse=False))
+
+
+_warned_grad = False
+
+
+def _stock_forward(module, hidden_states, top_k_index, top_k_weights):
+    global _warned_grad
+    from transformers.integrations.moe import grouped_mm_experts_forward
+
+    if not _warned_grad:
+        _warned_grad = True
+        warnings.warn(
+            "tilegemm experts: autograd needs gradients here (wrap inference in torch.no_grad() or "
+            "torch.inference_mode()); running transformers' grouped_mm path instead",
+            stacklevel=3,
+        )
+    return grouped_mm_experts_forward(module, hidden_states, top_k_index, top_k_weights)
+
+
+def _backend_for(module: torch.nn.Module) -> str | None:
+    return getattr(module, "_tilegemm_backend", None)
+
+
+def grouped_linear(
+    x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, transposed: bool, backend: str | None
+) -> torch.Tensor:
+    """``y[r] = x[r] @ W[g(r)].T`` (or ``@ W[g(r)]`` when ``transposed``) for rows grouped by ``offs``.
+
+    x: [S, K] sorted by group; weight: [E, N, K] (``[E, K, N]`` when ``transposed``); offs: int32 [E]
+    cumulative ends. Rows past ``offs[-1]`` come out 0. Returns [S, N] in ``x.dtype``.
+    """
+    n = weight.shape[-1] if transposed else weight.shape[-2]
+    d = torch.empty(x.shape[0], n, dtype=out_dtype(x.dtype), device=x.device)
+    name = "m_grouped_bf16_gemm_nn_contiguous" if transposed else "m_grouped_bf16_gemm_nt_contiguous"
+    run_op(name, backend, a=x, b=weight, d=d, m_indices=offs, use_psum_layout=True)
+    return d if d.dtype == x.dtype else d.to(x.dtype)
+
+
+def grouped_linear_fp8(
+    x: torch.Tensor, weight_fp8: tuple[torch.Tensor, torch.Tensor], offs: torch.Tensor, backend: str | None
+) -> torch.Tensor:
+    """FP8 ``y[r] = x[r] @ W[g(r)].T``: x cast per token (1x128 scales), W pre-quantized ``(fp8 [E,N,K], sb)``.
+
+    Returns [S, N] in ``x.dtype`` (the op writes bf16, or fp32 for fp32/fp16 inputs).
+    """
+    from tilegemm.quant import per_token_cast_to_fp8
+
+    x_fp8 = per_token_cast_to_fp8(x.contiguous())
+    d = torch.empty(x.shape[0], weight_fp8[0].shape[-2], dtype=out_dtype(x.dtype), device=x.device)
+    run_op(
+        "m_grouped_fp8_gemm_nt_contiguous",
+        backend,
+        a=x_fp8,
+        b=weight_fp8,
+        d=d,
+        m_indices=offs,
+        use_psum_layout=True,
+        disable_ue8m0_cast=False,
+    )
+    return d if d.dtype == x.dtype else d.to(x.dtype)
+
+
+def _weight_names(module: torch.nn.Module) -> tuple[str, str]:
+    return ("gate_up_proj" if getattr(module, "has_gate", True) else "up_proj"), "down_proj"
+
+
+def _row_experts(routing: MoERouting) -> torch.Tensor:
+    """The expert of each compact (psum) row, clamped to ``[0, E-1]`` (dropped rows: any in-range id)."""
+    rows = torch.arange(routing.num_tokens * routing.top_k, device=routing.psum_offsets.device)
+    experts = torch.searchsorted(routing.psum_offsets, rows.to(routing.psum_offsets.dtype), right=True)
+    return experts.clamp(max=routing.num_experts - 1)
+
+
+def _add_bias(y: torch.Tensor, module: torch.nn.Module, name: str, routing: MoERouting) -> torch.Tensor:
+    if not getattr(module, "has_bias", False):
+        return y
+    return y + getattr(module, f"{name}_bias")[_row_experts(routing)].to(y.dtype)
+
+
+def _activate(module: torch.nn.Module, y: torch.Tensor) -> torch.Tensor:
+    if getattr(module, "has_gate", True):
+        return module._apply_gate(y)
+    return module.act_fn(y)
+
+
+def _finish(module, y, routing, top_k_weights, hidden_states):
+    """Weighted combine. The product ``y * w`` follows torch's promotion (bf16 for Qwen's bf16 weights, fp32
+    for DeepSeek / Mixtral's fp32 weights) and the k-sum runs in fp32, rounded once: the rounding sequence
+    of transformers' own experts paths, so a bf16 model matches stock to the bit where the GEMMs do."""
+    if getattr(module, "has_post_expert_norm", False):
+        y = module.post_expert_norm(y)
+    valid = routing.dest_row[routing.sorted_slot] >= 0
+    w = top_k_weights.reshape(-1)[routing.sorted_slot]
+    w = torch.where(valid, w, torch.zeros((), dtype=w.dtype, device=w.device))
+    return unpermute_tokens(y * w.unsqueeze(-1), routing, None, layout="psum", out_dtype=hidden_states.dtype)
+
+
+def tilegemm_experts_forward(
+    self: torch.nn.Module,
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+) -> torch.Tensor:
+    """Experts forward on tilegemm's m-grouped BF16 GEMM (see module docstring).
+
+    Args:
+        self: transformers experts module (fused ``gate_up_proj``/``down_proj``, ``num_experts``, ``act_fn``).
+        hidden_states: [T, H] bf16/fp16/fp32.
+        top_k_index: [T, k] integer expert ids; ids outside ``[0, num_experts)`` are dropped.
+        top_k_weights: [T, k] routing weights (fp32 or the hidden dtype).
+
+    Returns:
+        [T, H] in ``hidden_states.dtype``: ``sum_j w[t,j] * down[e] @ act(gate_up[e] @ x[t])``, ``e = idx[t,j]``.
+    """
+    if _needs_grad(self, hidden_states):
+        return _stock_forward(self, hidden_states, top_k_index, top_k_weights)
+    up_name, down_name = _weight_names(self)
+    w_up, w_down = getattr(self, up_name), getattr(self, down_name)
+    x = hidden_states.to(w_up.dtype)
+    backend = _backend_for(self)
+    transposed = bool(getattr(self, "is_transposed", False))
+    routing = moe_route(top_k_index, self.num_experts)
+    offs = routing.psum_offsets
+    y = grouped_linear(permute_tokens(x, routing, layout="psum"), w_up, offs, transposed, backend)
+    y = _activate(self, _add_bias(y, self, up_name, routing))
+    y = grouped_linear(y.to(w_down.dtype), w_down, offs, transposed, backend)
+    y = _add_bias(y, self, down_name, routing)
+    return _finish(self, y, routing, top_k_weights, hidden_states)
+
+
+def tilegemm_fp8_experts_forward(
+    self: torch.nn.Module,
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+) -> torch.Tensor:
+    """Experts forward on tilegemm's m-grouped FP8 GEMM: 128x128-block weights (cached), per-token activations.
+
+    Same arguments and result as :func:`tilegemm_experts_forward`; the GEMMs follow the FP8 math of
+    ``m_grouped_fp8_gemm_nt_contiguous``, so results differ from the bf16 model by FP8 quantization error.
+    """
+    if _needs_grad(self, hidden_states):
+        return _stock_forward(self, hidden_states, top_k_index, top_k_weights)
+    up_name, down_name = _weight_names(self)
+    transposed = bool(getattr(self, "is_transposed", False))
+    w_up = cached_fp8_weight(self, up_name, transpose=transposed)
+    w_down = cached_fp8_weight(self, down_name, transpose=transposed)
+    x = hidden_states
+    backend = _backend_for(self)
+    routing = moe_route(top_k_index, self.num_experts)
+    offs = routing.psum_offsets
+    y = grouped_linear_fp8(permute_tokens(x, routing, layout="psum"), w_up, offs, backend)
+    y = _activate(self, _add_bias(y, self, up_name, routing))
+    y = grouped_linear_fp8(y, w_down, offs, backend)
+    y = _add_bias(y, self, down_name, routing)
+    return _finish(self, y, routing, top_k_weights, hidden_states)
+
+
+def register_experts_functions() -> None:
+    """Register ``"tilegemm"`` and ``"tilegemm_fp8"`` in transformers' ``ExpertsInterface`` (idempotent).
+
+    Afterwards ``model.set_experts_implementation("tilegemm")`` or
+    ``from_pretrained(..., experts_implementation="tilegemm")`` selects them. transformers' generation swaps
+    only ``"grouped_mm"`` for ``"batched_mm"`` while decoding, so these names stay in place.
+    """
+    from tilegemm.transformers.compat import transformers_version
+
+    transformers_version()
+    from transformers.integrations.moe import ExpertsInterface
+
+    ExpertsInterface.register(EXPERTS_NAME, tilegemm_experts_forward)
+    ExpertsInterface.register(FP8_EXPERTS_NAME, tilegemm_fp8_experts_forward)

@@ -1,0 +1,79 @@
+"""Swap dense ``nn.Linear`` layers to tilegemm's dense GEMMs, keeping parameters, state_dict and tying.
+
+The swap changes only the layer's class (``nn.Linear`` -> :class:`TileGemmLinear`, a subclass with another
+``forward``): the ``weight``/``bias`` Parameters stay the same objects, so ``state_dict`` keys, tied weights
+(``lm_head.weight is embed_tokens.weight``), devices and dtypes are untouched, and
+:func:`restore_linear_layers` swaps back.
+
+Forward: ``y = x @ W.T (+ b)`` with ``bf16_gemm_nt`` (bf16 models on the current backend; fp16/fp32 models on
+the exact ``pytorch`` backend), or with ``fp8_gemm_nt`` when ``fp8`` (weight quantized once to 128x128 blocks
+and cached, activations cast per token). Inference only: when gradients are needed it runs ``F.linear``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tilegemm.transformers.fp8_weights import cached_fp8_weight
+from tilegemm.transformers.op_call import out_dtype, run_op
+
+MIN_OUT_FEATURES = 8
+"""Layers with fewer outputs (router-style gates such as Qwen's ``shared_expert_gate``, N=1) stay stock."""
+
+
+class TileGemmLinear(nn.Linear):
+    """``nn.Linear`` whose forward runs ``tilegemm.bf16_gemm_nt`` (or ``fp8_gemm_nt``); same parameters."""
+
+    _tilegemm_fp8: bool = False
+    _tilegemm_backend: str | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+            return nn.functional.linear(x, self.weight, self.bias)
+        x2 = x.reshape(-1, self.in_features).to(self.weight.dtype)
+        d = torch.empty(x2.shape[0], self.out_features, dtype=out_dtype(x2.dtype), device=x2.device)
+        common = dict(d=d, c=None, alpha=1.0, beta=0.0)
+        if self._tilegemm_fp8:
+            from tilegemm.quant import per_token_cast_to_fp8
+
+            a = per_token_cast_to_fp8(x2.contiguous())
+            w = cached_fp8_weight(self, "weight")
+            run_op("fp8_gemm_nt", self._tilegemm_backend, a=a, b=w, **common, recipe=None, disable_ue8m0_cast=False)
+        else:
+            run_op("bf16_gemm_nt", self._tilegemm_backend, a=x2, b=self.weight, **common)
+        y = d.to(x2.dtype) if d.dtype != x2.dtype else d
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+def swap_linear_layers(
+    model: nn.Module, fp8: bool = False, backend: str | None = None, min_out_features: int = MIN_OUT_FEATURES
+) -> list[str]:
+    """Make every plain ``nn.Linear`` under ``model`` (out_features >= ``min_out_features``) a TileGemmLinear.
+
+    Returns the swapped layers' names. Subclasses of ``nn.Linear`` other than TileGemmLinear are left alone;
+    already swapped layers get the new ``fp8``/``backend`` settings.
+    """
+    names = []
+    for name, module in model.named_modules():
+        if type(module) is nn.Linear and module.out_features >= min_out_features:
+            module.__class__ = TileGemmLinear
+        if type(module) is TileGemmLinear:
+            module._tilegemm_fp8 = fp8
+            module._tilegemm_backend = backend
+            names.append(name)
+    return names
+
+
+def restore_linear_layers(model: nn.Module) -> int:
+    """Turn every TileGemmLinear under ``model`` back into ``nn.Linear``; returns how many."""
+    count = 0
+    for module in model.modules():
+        if type(module) is TileGemmLinear:
+            module.__class__ = nn.Linear
+            for attr in ("_tilegemm_fp8", "_tilegemm_backend"):
+                module.__dict__.pop(attr, None)
+            count += 1
+    return count

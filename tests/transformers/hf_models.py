@@ -1,0 +1,79 @@
+"""Tiny random models of the five supported families, and the accuracy helpers of tests/transformers."""
+
+from __future__ import annotations
+
+import torch
+
+from tilegemm.transformers import presets
+
+FAMILIES = ("tiny-deepseek-v2", "tiny-deepseek-v3", "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-mixtral")
+
+
+def build(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu", seed: int = 0, **overrides):
+    """A tiny random-weight causal LM of preset ``name`` in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    preset = presets.PRESETS[name]
+    config = preset.config()
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.eval()
+
+
+def prompt(batch: int = 2, length: int = 12, vocab: int = 256, seed: int = 1, device: str = "cpu") -> torch.Tensor:
+    """Random token ids ``[batch, length]``."""
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+def bf16_step(x: torch.Tensor) -> torch.Tensor:
+    """The spacing of bf16 numbers at ``|x|`` (8 significant bits), elementwise, as fp32."""
+    mag = x.float().abs().clamp(min=torch.finfo(torch.bfloat16).tiny)
+    return torch.exp2(torch.floor(torch.log2(mag)) - 7)
+
+
+def assert_within_one_bf16_step(test: torch.Tensor, ref: torch.Tensor) -> None:
+    """Every element of ``test`` is ``ref`` or a bf16 neighbour of it."""
+    diff = (test.float() - ref.float()).abs()
+    bound = torch.maximum(bf16_step(test), bf16_step(ref))
+    worst = (diff / bound).max().item()
+    assert worst <= 1.0, f"max |test - ref| is {worst:.2f} bf16 steps (bar: 1)"
+
+
+def assert_max_abs_within_one_bf16_step(test: torch.Tensor, ref: torch.Tensor) -> None:
+    """``max |test - ref|`` is at most one bf16 step at the tensor's largest magnitude.
+
+    For chains whose two sides round the same steps but accumulate GEMMs in different orders (cutile vs
+    cuBLAS): a one-ulp change of an intermediate moves a result by a fraction of its *terms'* bf16 step, which
+    exceeds the step of a result that cancels to near zero, so the elementwise bar does not apply there.
+    """
+    diff = (test.float() - ref.float()).abs().max()
+    bound = bf16_step(torch.maximum(test.float().abs().max(), ref.float().abs().max()))
+    assert diff <= bound, f"max |test - ref| = {diff.item():.3e} > one bf16 step at max |ref| ({bound.item():.3e})"
+
+
+def reference_experts(module, x, index, weights) -> torch.Tensor:
+    """float64 ``sum_j w[t,j] * down[e] @ act(gate_up[e] @ x[t])``; ids outside [0, E) contribute nothing."""
+    x64 = x.double()
+    out = torch.zeros_like(x64)
+    w_up = module.gate_up_proj.double()
+    w_down = module.down_proj.double()
+    for t in range(x.shape[0]):
+        for j in range(index.shape[1]):
+            e = int(index[t, j])
+            if not 0 <= e < module.num_experts:
+                continue
+            gate, up = (w_up[e] @ x64[t]).chunk(2)
+            h = module.act_fn(gate) * up
+            out[t] += float(weights[t, j]) * (w_down[e] @ h)
+    return out
+
+
+def routing(module, tokens: int, top_k: int = 2, seed: int = 0, weight_dtype=torch.float32):
+    """Random distinct top-k expert ids and positive weights for ``tokens`` tokens."""
+    g = torch.Generator().manual_seed(seed)
+    index = torch.stack([torch.randperm(module.num_experts, generator=g)[:top_k] for _ in range(tokens)])
+    weights = torch.rand(tokens, top_k, generator=g).to(weight_dtype)
+    return index, weights

@@ -1,0 +1,83 @@
+"""Patchers: before-creation family patchers, the model_type map, and their errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hf_models import FAMILIES, build, prompt
+
+import tilegemm.transformers.compat as compat
+from tilegemm.transformers import (
+    MODEL_TYPE_TO_PATCHER,
+    SUPPORTED_MODEL_TYPES,
+    TileGemmLinear,
+    UnsupportedTransformersError,
+    apply_tilegemm_kernel_to_model_type,
+    apply_tilegemm_kernel_to_qwen3_moe,
+    apply_tilegemm_to_model,
+    revert_tilegemm_kernel_patches,
+)
+from tilegemm.transformers.presets import PRESETS
+
+
+def test_model_type_map_covers_the_five_families():
+    assert set(MODEL_TYPE_TO_PATCHER) == set(SUPPORTED_MODEL_TYPES)
+    assert {PRESETS[f].model_type for f in FAMILIES} == set(SUPPORTED_MODEL_TYPES)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_before_creation_patch(family, restore_patches):
+    model_type = PRESETS[family].model_type
+    apply_tilegemm_kernel_to_model_type(model_type, linear=True, fp8=True)
+    model = build(family)
+    assert model.config._experts_implementation == "tilegemm_fp8"
+    assert isinstance(model.lm_head, TileGemmLinear) and model.lm_head._tilegemm_fp8
+    with torch.no_grad():
+        assert torch.isfinite(model(prompt()).logits).all()
+    assert revert_tilegemm_kernel_patches() == 1
+    assert build(family).config._experts_implementation == "grouped_mm"
+
+
+def test_before_creation_patch_only_touches_its_family(restore_patches):
+    apply_tilegemm_kernel_to_qwen3_moe()
+    assert build("tiny-qwen3-moe").config._experts_implementation == "tilegemm"
+    assert build("tiny-mixtral").config._experts_implementation == "grouped_mm"
+
+
+def test_unsupported_model_type():
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    llama = AutoModelForCausalLM.from_config(
+        LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    )
+    with pytest.raises(ValueError, match="model_type 'llama' is not supported; supported: deepseek_v2"):
+        apply_tilegemm_to_model(llama)
+    with pytest.raises(ValueError, match="not supported"):
+        apply_tilegemm_kernel_to_model_type("gpt2")
+
+
+def test_model_without_experts():
+    model = build("tiny-deepseek-v3", first_k_dense_replace=3)  # every layer dense
+    with pytest.raises(ValueError, match="no fused experts module"):
+        apply_tilegemm_to_model(model)
+    apply_tilegemm_to_model(model, experts=False, linear=True)  # the linear swap alone is fine
+    assert isinstance(model.lm_head, TileGemmLinear)
+
+
+def test_bad_backend_name():
+    with pytest.raises(ValueError, match="backend"):
+        apply_tilegemm_to_model(build("tiny-mixtral"), backend="triton")
+
+
+def test_old_transformers_rejected(monkeypatch):
+    import transformers
+
+    monkeypatch.setattr(transformers, "__version__", "5.6.2")
+    compat.transformers_version.cache_clear()
+    try:
+        with pytest.raises(UnsupportedTransformersError, match=r"needs transformers >= 5\.7.*found 5\.6\.2"):
+            apply_tilegemm_to_model(build("tiny-mixtral"))
+        with pytest.raises(UnsupportedTransformersError):
+            apply_tilegemm_kernel_to_qwen3_moe()
+    finally:
+        compat.transformers_version.cache_clear()
