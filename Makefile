@@ -31,8 +31,12 @@ PY ?= $(VPY)
 test-gpu:
 	PYTHONPATH=src:$$PYTHONPATH $(PY) -m pytest -q -m gpu -rs tests
 
+# Every device benchmark; each writes its JSON + markdown table under tests/benchmark/results/.
 bench:
-	PYTHONPATH=src:$$PYTHONPATH $(PY) -m tilegemm.bench all
+	PYTHONPATH=src:$$PYTHONPATH $(PY) tests/benchmark/bench_dense.py
+	PYTHONPATH=src:$$PYTHONPATH $(PY) tests/benchmark/bench_grouped.py
+	PYTHONPATH=src:$$PYTHONPATH $(PY) tests/benchmark/bench_mqa.py
+	PYTHONPATH=src:$$PYTHONPATH $(PY) modeling/transformers/bench_h100.py --out tests/benchmark/results
 
 lint: $(STAMP)
 	$(VPY) -m ruff check .

@@ -5,7 +5,8 @@
 #
 #   source .devbundle/setup.sh && bash tests/benchmark/run_device.sh [steps...]
 #
-# steps (default: all, in this order): ops grouped mqa hf infer
+# test steps (default, in this order): dense grouped mqa hf ops
+# benchmark steps: bench_dense bench_grouped bench_mqa infer (results under $OUT/results)
 set -u
 OUT=${OUT:-/tmp/tilegemm-device}
 mkdir -p "$OUT"
@@ -13,7 +14,8 @@ LOG=$OUT/tests.log
 SUMMARY=$OUT/summary.txt
 : >"$SUMMARY"
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(ops grouped mqa hf infer)
+[ ${#steps[@]} -eq 0 ] && steps=(dense grouped mqa hf ops)
+mkdir -p "$OUT/results"
 
 step() {  # step NAME SECONDS CMD...: run CMD with a time limit, append its output to the log
   local name=$1 budget=$2
@@ -31,18 +33,25 @@ for s in "${steps[@]}"; do
   case $s in
     # every op's cutile backend against the float64 formulas of tests/ops (awkward shapes included)
     # with fallback disabled, so a case the kernels hand to pytorch shows up as a failure, not a pass
-    ops) step ops 210 env TILEGEMM_DISABLE_FALLBACK=1 python3 -m pytest -q -m gpu -n 6 -p no:cacheprovider --tb=line -rf \
+    ops) step ops 180 env TILEGEMM_DISABLE_FALLBACK=1 python3 -m pytest -q -m gpu -n 6 -p no:cacheprovider --tb=line -rf \
       tests/ops/test_dense.py tests/ops/test_m_grouped.py tests/ops/test_masked.py \
       tests/ops/test_k_grouped.py tests/ops/test_mqa.py tests/ops/test_autograd.py ;;
-    grouped) step grouped 100 python3 -m pytest -q -p no:cacheprovider tests/ops/test_grouped_gpu.py ;;
-    mqa) step mqa 70 python3 -m pytest -q -p no:cacheprovider tests/ops/test_mqa_gpu.py ;;
-    hf) step hf 70 python3 -m pytest -q -p no:cacheprovider -rfE tests/transformers/test_gpu.py ;;
-    infer)
-      mkdir -p "$OUT/infer"
-      step infer 150 python3 modeling/transformers/bench_h100.py --out "$OUT/infer" --deadline 130 --static-reserve 50 ;;
-    dense) step dense 150 python3 -m pytest -q -p no:cacheprovider tests/ops/test_dense_gpu.py ;;
+    grouped) step grouped 90 python3 -m pytest -q -p no:cacheprovider tests/ops/test_grouped_gpu.py ;;
+    mqa) step mqa 60 python3 -m pytest -q -p no:cacheprovider tests/ops/test_mqa_gpu.py ;;
+    hf) step hf 60 python3 -m pytest -q -p no:cacheprovider -rfE tests/transformers/test_gpu.py ;;
+    dense) step dense 140 env TILEGEMM_GPU_TEST_SHAPES=quick python3 -m pytest -q -p no:cacheprovider --tb=line -rf \
+      tests/ops/test_dense_gpu.py ;;
+    bench_dense) step bench_dense 230 python3 tests/benchmark/bench_dense.py --full --extras --graph --out "$OUT/results" ;;
+    bench_grouped) step bench_grouped 100 python3 tests/benchmark/bench_grouped.py --only contiguous --budget 80 \
+      --out "$OUT/results" ;;
+    bench_mqa) step bench_mqa 60 python3 tests/benchmark/bench_mqa.py --quick --out "$OUT/results" ;;
+    infer) step infer 150 python3 modeling/transformers/bench_h100.py --out "$OUT/results" --deadline 130 \
+      --static-reserve 50 ;;
     *) echo "unknown step $s" | tee -a "$SUMMARY" ;;
   esac
 done
+# the device tool returns at most 8 files: ship the results folder as one archive
+if [ -n "$(ls -A "$OUT/results")" ]; then tar -czf "$OUT/results.tgz" -C "$OUT" results; fi
+rm -rf "$OUT/results"
 echo "----- summary"
 cat "$SUMMARY"

@@ -177,6 +177,15 @@ def test_bad_binding_is_a_type_error(toy_op):
         toy(1, 2.0, "a", "extra")
 
 
+def test_binding_matches_python_rules(toy_op):
+    toy, calls = toy_op
+    assert toy(flag="f", x=3, backend="pytorch") == 6.0  # keywords in any order, defaults filled
+    assert calls[-1] == ("pytorch", 3, 2.0, "f")
+    for bad in (lambda: toy(), lambda: toy(1, x=2), lambda: toy(1, nope=2)):  # missing, repeated, unknown
+        with pytest.raises(TypeError, match="_toy_op"):
+            bad()
+
+
 def test_check_runs_before_any_backend(toy_op):
     toy, calls = toy_op
     with pytest.raises(ValueError):

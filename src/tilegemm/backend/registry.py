@@ -154,6 +154,43 @@ def call_backend(name: str, backend: str, arguments: dict[str, Any]) -> Any:
         return _IMPLS[name]["pytorch"](**arguments)
 
 
+def _fast_binder(name: str, signature: inspect.Signature) -> Callable[[tuple, dict], dict[str, Any]]:
+    """``signature.bind`` + ``apply_defaults`` for positional-or-keyword stubs, without its per-call cost.
+
+    Any call it cannot bind (too many arguments, unknown or repeated names, a missing one) goes
+    through ``inspect`` to raise the standard ``TypeError``.
+    """
+    names = tuple(signature.parameters)
+    defaults = {n: p.default for n, p in signature.parameters.items() if p.default is not inspect.Parameter.empty}
+    simple = all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in signature.parameters.values())
+
+    def slow(args: tuple, kwargs: dict) -> dict[str, Any]:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{name}: {exc}") from None
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+    def bind(args: tuple, kwargs: dict) -> dict[str, Any]:
+        if not simple or len(args) > len(names):
+            return slow(args, kwargs)
+        arguments = dict(zip(names, args))
+        for key, value in kwargs.items():
+            if key in arguments or key not in signature.parameters:
+                return slow(args, kwargs)
+            arguments[key] = value
+        if len(arguments) < len(names):
+            for key in names[len(args) :]:
+                if key not in arguments:
+                    if key not in defaults:
+                        return slow(args, kwargs)
+                    arguments[key] = defaults[key]
+        return arguments
+
+    return bind
+
+
 def dispatch(name: str, *, check: Callable[..., None] | None = None) -> Callable[[F], F]:
     """Turn ``stub`` into public op ``name``: bind, check, route to a backend.
 
@@ -165,15 +202,11 @@ def dispatch(name: str, *, check: Callable[..., None] | None = None) -> Callable
     def decorator(stub: F) -> F:
         signature = inspect.signature(stub)
         _STUBS[name] = signature
+        bind = _fast_binder(name, signature)
 
         @functools.wraps(stub)
         def wrapper(*args: Any, backend: str | None = None, **kwargs: Any) -> Any:
-            try:
-                bound = signature.bind(*args, **kwargs)
-            except TypeError as exc:
-                raise TypeError(f"{name}: {exc}") from None
-            bound.apply_defaults()
-            arguments = dict(bound.arguments)
+            arguments = bind(args, kwargs)
             if check is not None:
                 check(**arguments)
             chosen = selector.validate_backend_name(backend) if backend is not None else selector.get_current_backend()

@@ -2,6 +2,6 @@
 
 import cuda.tile  # noqa: F401  (fail early: the registry records why cutile is unavailable)
 
-from tilegemm.ops.cutile import gemm  # noqa: F401,E402  (dense GEMMs register their cutile impls)
-from tilegemm.ops.cutile import grouped  # noqa: F401,E402  (grouped GEMMs register their cutile impls)
-from tilegemm.ops.cutile import mqa  # noqa: F401,E402  (MQA logits register their cutile impls)
+# Each kernel-family module registers its cutile implementations when imported:
+# gemm (dense GEMMs), grouped (m-/k-grouped GEMMs), mqa (MQA logits).
+from tilegemm.ops.cutile import gemm, grouped, mqa  # noqa: E402, F401

@@ -1,20 +1,23 @@
 """cuTile dense GEMMs: ``bf16_gemm_{nt,nn,tn,tt}`` and ``fp8_gemm_{nt,nn,tn,tt}`` (block-scaled).
 
-Kernels are persistent: ``grid = min(tiles, SMs)`` CTAs walk the output tiles in a grouped
-(swizzled) order, ``GROUP_M`` row-tiles at a time, so consecutive tiles share B (and A) in L2.
+Kernels are persistent: ``grid = min(units, SMs * occupancy)`` CTAs walk the output tiles in a
+grouped (swizzled) order, ``GROUP_M`` row-tiles at a time, so consecutive tiles share B in L2.
 
 * BF16: one kernel for every layout; each operand is loaded in the orientation the MMA needs
   with ``ct.load(..., order=...)`` (TMA handles both K-major and MN-major 16-bit data).
 * FP8: Hopper's FP8 tensor-core instructions take K-major operands only, so the host copies
   NN/TN/TT operands to NT form (as DeepGEMM does). Per 128-wide K block the kernel computes
   the raw product ``P = A_kb @ B_kb.T`` into a fresh accumulator and promotes it to fp32 as
-  ``acc += P * sa[:, kb] * sb[kb]``. The 128-row tile is split in ``SPLIT`` independent row
-  parts, each with its own MMA + promotion chain, so one part's promotion overlaps the other
-  part's tensor-core work.
+  ``acc += P * sa[:, kb] * sb[kb]``. tileiras waits for every outstanding MMA before the
+  promotion, so the overlap of one tile's promotion with tensor-core work comes from a second
+  CTA on the SM (occupancy 2, 64x128 tiles) or, for small M, from two 128-column chains (NH=2).
+* Grids smaller than half the machine are split along K; fp32 partials go to a workspace and a
+  reduce kernel sums them in a fixed order (deterministic) and applies the epilogue.
 
-The epilogue computes ``alpha * acc + beta * C`` in fp32 and rounds once to ``D.dtype``.
-Config choice lives in :mod:`tilegemm.ops.cutile.heuristics`; host-side launch in
-:mod:`tilegemm.ops.cutile.launch`.
+The epilogue computes ``alpha * acc + beta * C`` in fp32 and rounds once to ``D.dtype`` (for FP8
+with a ``c`` it runs in the reduce kernel). Config choice lives in
+:mod:`tilegemm.ops.cutile.heuristics`; host-side launch helpers in :mod:`tilegemm.ops.cutile.launch`.
+Measurements and SASS findings: ``notes/dense.md``.
 """
 
 from __future__ import annotations
@@ -178,17 +181,27 @@ def _fp8_gemm_body(
             sa = ct.load(SA, (pm, kb), (TM, 1), order=(1, 0), padding_mode=_ZERO, allow_tma=SCALE_TMA)
             acc0 = _fp8_part(a, sa, B, SB, acc0, kb, pn * NH, HN, SB_ROWS, FAST_ACC, SCALE_TMA)
             if NH == 2:
-                acc1 = _fp8_part(a, sa, B, SB, acc1, kb, pn * NH + 1, HN, SB_ROWS, FAST_ACC, SCALE_TMA)
-        for h in ct.static_iter(range(NH)):
-            acc = acc0 if h == 0 else acc1
-            if SPLITK:
-                if u >= full:
-                    v = u - full
-                    ct.store(W, (v // (tiles - full), v % (tiles - full), 0, h), ct.reshape(acc, (1, 1, TM, HN)))
-                else:
-                    _epilogue(D, C, acc, pm, pn * NH + h, alpha, beta, False)
-            else:
-                _epilogue(D, C, acc, pm, pn * NH + h, alpha, beta, False)
+                # The second part of the last N tile may lie wholly past N: never load it
+                # (a tile entirely outside an array is undefined behaviour for ct.load).
+                if (pn * NH + 1) * HN < D.shape[1]:
+                    acc1 = _fp8_part(a, sa, B, SB, acc1, kb, pn * NH + 1, HN, SB_ROWS, FAST_ACC, SCALE_TMA)
+        _fp8_finish(D, C, W, acc0, u, full, tiles, pm, pn * NH, 0, alpha, beta, SPLITK)
+        if NH == 2:
+            if (pn * NH + 1) * HN < D.shape[1]:
+                _fp8_finish(D, C, W, acc1, u, full, tiles, pm, pn * NH + 1, 1, alpha, beta, SPLITK)
+
+
+def _fp8_finish(D, C, W, acc, u, full, tiles, pm, jn, h: ConstInt, alpha, beta, SPLITK: ConstBool):
+    """Write one column part: to the split-K workspace (a split unit) or through the epilogue to D."""
+    if SPLITK:
+        if u >= full:
+            v = u - full
+            shape = (1, 1, acc.shape[0], acc.shape[1])
+            ct.store(W, (v // (tiles - full), v % (tiles - full), 0, h), ct.reshape(acc, shape))
+        else:
+            _epilogue(D, C, acc, pm, jn, alpha, beta, False)
+    else:
+        _epilogue(D, C, acc, pm, jn, alpha, beta, False)
 
 
 def _fp8_part(a, sa, B, SB, acc, kb, jn, HN: ConstInt, SB_ROWS: ConstBool, FAST_ACC: ConstBool, SCALE_TMA: ConstBool):
@@ -227,9 +240,11 @@ def _splitk_reduce_body(
     t = ct.bid(0) // (TM // RM)
     r = ct.bid(0) % (TM // RM)
     pm, pn = _tile_coords(full + t, num_m, num_n, GROUP_M)
-    parts = ct.load(W, (0, t, r, 0), (SP, 1, RM, TN), padding_mode=_ZERO)
-    acc = ct.sum(ct.reshape(parts, (SP, RM, TN)), axis=0)
-    _epilogue(D, C, acc, pm * (TM // RM) + r, pn, alpha, beta, HAS_C)
+    row = pm * (TM // RM) + r
+    if row * RM < D.shape[0]:  # rows wholly past M: nothing to write (and a store there is undefined)
+        parts = ct.load(W, (0, t, r, 0), (SP, 1, RM, TN), padding_mode=_ZERO)
+        acc = ct.sum(ct.reshape(parts, (SP, RM, TN)), axis=0)
+        _epilogue(D, C, acc, row, pn, alpha, beta, HAS_C)
 
 
 @functools.cache
@@ -260,12 +275,14 @@ def kernel_constants(
     return [cfg.tm, cfg.tn, cfg.nh, cfg.group_m, sb_rows, cfg.fast_acc, cfg.scale_tma, splitk]
 
 
-REDUCE_ROWS = 2  # rows per reduce CTA: (MAX_SPLITS, 2, 128) fp32 = 64 registers per thread
+def reduce_rows(cfg: heuristics.DenseConfig) -> int:
+    """Rows per reduce CTA: its (MAX_SPLITS, rows, TN) fp32 tile stays at 8192 elements (64 registers a thread)."""
+    return max(1, min(cfg.tm, 8192 // (heuristics.MAX_SPLITS * cfg.tn)))
 
 
 def reduce_constants(cfg: heuristics.DenseConfig, *, has_c: bool = False) -> list[Any]:
     """The ``ct.Constant`` arguments of the split-K reduce kernel for ``cfg``."""
-    return [cfg.tm, cfg.tn, cfg.group_m, has_c, heuristics.MAX_SPLITS, REDUCE_ROWS]
+    return [cfg.tm, cfg.tn, cfg.group_m, has_c, heuristics.MAX_SPLITS, reduce_rows(cfg)]
 
 
 # --------------------------------------------------------------------------- host side
@@ -345,7 +362,7 @@ def _launch_dense(
     launch.launch(get_kernel(cfg), grid, args)
     if splitk:
         red = [work, d, c_arg, float(alpha), float(beta), plan.full]
-        grid = (tail * (cfg.tm // REDUCE_ROWS), 1, 1)
+        grid = (tail * (cfg.tm // reduce_rows(cfg)), 1, 1)
         launch.launch(get_reduce_kernel(), grid, red + reduce_constants(cfg, has_c=cc is not None))
 
 

@@ -1,10 +1,10 @@
 """Kernel config choice for the cutile backend (no runtime search: a first call never autotunes).
 
-Dense GEMMs: among a small fixed set of tile configs, pick the one with the smallest modelled
-time ``waves * tile_cost``, where ``waves = ceil(tiles / (SMs * ctas_per_sm))`` and the tile cost
-is the tile's area divided by its measured efficiency. A tile shape whose last wave is nearly
-empty loses to a smaller tile that fills the machine; big shapes get the most efficient tile.
-``TILEGEMM_PRINT_CONFIGS=1`` prints the chosen config once per new (op, shape).
+Dense GEMMs: a fixed, measured table. BF16 uses one 128x128x64 tile; FP8 picks by M and K
+among three configs (see ``choose_dense_config``). Grids smaller than half the machine
+(``tiles < SMs * ctas_per_sm / 2``) are split along K into enough units to fill it, with a
+deterministic reduce (``split_plan``). ``TILEGEMM_PRINT_CONFIGS=1`` prints the chosen config
+and split once per new (op, shape).
 
 Other kernel families add their own section below (grouped, MQA).
 """
@@ -21,6 +21,7 @@ __all__ = [
     "FP8_CONFIGS",
     "choose_dense_config",
     "split_plan",
+    "SMALL_M",
     "all_dense_configs",
     "print_config",
 ]
@@ -40,7 +41,7 @@ class DenseConfig:
     ``tm x tn`` output tile, ``tk`` K step (128 for FP8: one scale block), ``group_m`` row-tiles
     per swizzle group, ``num_worker_warps``/``occupancy``/``num_ctas`` the cuTile compiler hints
     (``None``: auto), ``fast_acc`` FP8 MMA mode, ``scale_tma`` whether FP8 scale tiles may use
-    TMA, ``efficiency`` the relative throughput used by the cost model, ``min_split_kb`` the
+    TMA, ``nh`` the number of column parts (FP8 promotion chains) of a tile, ``min_split_kb`` the
     fewest K blocks a split-K unit gets.
     """
 
@@ -55,7 +56,6 @@ class DenseConfig:
     fast_acc: bool = False
     scale_tma: bool = True
     nh: int = 1
-    efficiency: float = 1.0
     min_split_kb: int = 4
 
     @property
@@ -104,14 +104,19 @@ class SplitPlan:
         return self.full + (self.tiles - self.full) * self.splits
 
 
-# Efficiencies are relative throughputs measured on an H100 (notes/dense.md).
+# Measured on an H100 (notes/dense.md, tests/benchmark/results/dense_h100.*).
 BF16_CONFIGS: tuple[DenseConfig, ...] = (DenseConfig("bf16", 128, 128, 64),)
-FP8_CONFIGS: tuple[DenseConfig, ...] = (
-    DenseConfig("fp8", 64, 128, 128, num_worker_warps=4, occupancy=2, fast_acc=True),
-    DenseConfig("fp8", 64, 128, 128, num_worker_warps=4, occupancy=2, fast_acc=True, scale_tma=False),
-    DenseConfig("fp8", 128, 256, 128, num_worker_warps=8, fast_acc=True, nh=2),
-    DenseConfig("fp8", 64, 256, 128, num_worker_warps=4, occupancy=2, fast_acc=True, nh=2),
-)
+
+#: FP8, M > SMALL_M, K > 4096: 64x128 tiles, two CTAs per SM (their MMA and promotion phases
+#: interleave), scale tiles through TMA.
+FP8_LARGE_K = DenseConfig("fp8", 64, 128, 128, num_worker_warps=4, occupancy=2, fast_acc=True)
+#: FP8, M > SMALL_M, K <= 4096: the same with scales read by plain loads (fewer barrier waits
+#: per K block; +5-12% at K = 1536/2048, -4-6% at K = 7168).
+FP8_SMALL_K = DenseConfig("fp8", 64, 128, 128, num_worker_warps=4, occupancy=2, fast_acc=True, scale_tma=False)
+#: FP8, M <= SMALL_M: 128x256 tiles as two 128-wide promotion chains over two warpgroups.
+FP8_SMALL_M = DenseConfig("fp8", 128, 256, 128, num_worker_warps=8, fast_acc=True, nh=2)
+FP8_CONFIGS: tuple[DenseConfig, ...] = (FP8_LARGE_K, FP8_SMALL_K, FP8_SMALL_M)
+SMALL_M = 256
 
 
 def all_dense_configs() -> tuple[DenseConfig, ...]:
@@ -120,43 +125,39 @@ def all_dense_configs() -> tuple[DenseConfig, ...]:
 
 
 MAX_SPLITS = 32  # the reduce kernel sums up to this many partials per tile in one load
-MIN_TAIL_LOSS = 0.08  # split a partial last wave only when it wastes more than this share of the run
+SPLIT_BELOW = 0.5  # split-K only grids that fill less than this share of the CTA slots
 
 
 def split_plan(cfg: DenseConfig, m: int, n: int, k: int, sms: int) -> SplitPlan:
-    """Split the tiles of a poorly filled last wave (or all tiles of a small grid) along K.
+    """Split-K plan: a grid that fills less than half the CTA slots is split along K.
 
-    A small grid (fewer tiles than CTA slots) becomes split-K over all tiles; a big one splits
-    only its last-wave tiles (stream-K style), and only when that wave would leave more than
-    ``MIN_TAIL_LOSS`` of the whole run idle.
+    Each split gets at least ``cfg.min_split_kb`` K blocks; at most :data:`MAX_SPLITS`. Grids
+    of a wave or more are not split: splitting only a partial last wave (stream-K style) was
+    measured slower on the H100 (bf16 4096x2112x7168: 408 TFLOP/s with it, 536 without), since
+    the split-capable kernel and the extra reduce launch cost more than the idle tail.
     """
     tiles = _cdiv(m, cfg.tm) * _cdiv(n, cfg.tn)
     slots = max(1, sms) * cfg.ctas_per_sm
     num_kb = _cdiv(k, cfg.tk)
-    tail = tiles % slots if tiles > slots else tiles
-    if tail == 0:
+    if tiles >= SPLIT_BELOW * slots:
         return SplitPlan(tiles, tiles, 1)
-    waves = _cdiv(tiles, slots)
-    if tiles > slots and (slots - tail) / (slots * waves) < MIN_TAIL_LOSS:
-        return SplitPlan(tiles, tiles, 1)
-    splits = min(slots // tail, num_kb // max(1, cfg.min_split_kb), MAX_SPLITS)
+    splits = min(slots // tiles, num_kb // max(1, cfg.min_split_kb), MAX_SPLITS)
     if splits < 2:
         return SplitPlan(tiles, tiles, 1)
-    return SplitPlan(tiles, tiles - tail, splits)
-
-
-def _modelled_time(cfg: DenseConfig, m: int, n: int, k: int, sms: int) -> float:
-    plan = split_plan(cfg, m, n, k, sms)
-    slots = max(1, sms) * cfg.ctas_per_sm
-    waves = _cdiv(plan.full, slots) + _cdiv(plan.units - plan.full, slots) / plan.splits
-    # A CTA sharing its SM with (occupancy - 1) others runs that much slower per tile.
-    return waves * cfg.ctas_per_sm * cfg.tm * cfg.tn / cfg.efficiency
+    return SplitPlan(tiles, 0, splits)
 
 
 def choose_dense_config(kind: str, m: int, n: int, k: int, sms: int) -> DenseConfig:
-    """The config for a ``kind`` ("bf16"/"fp8") GEMM of output ``m x n`` with inner size ``k`` on ``sms`` SMs."""
-    table = BF16_CONFIGS if kind == "bf16" else FP8_CONFIGS
-    return min(table, key=lambda c: (_modelled_time(c, m, n, k, max(1, sms)), -c.tm * c.tn))
+    """The config for a ``kind`` ("bf16"/"fp8") GEMM of output ``m x n`` with inner size ``k`` on ``sms`` SMs.
+
+    BF16: one config (128x128x64). FP8: by M and K, see :data:`FP8_LARGE_K`,
+    :data:`FP8_SMALL_K`, :data:`FP8_SMALL_M`.
+    """
+    if kind == "bf16":
+        return BF16_CONFIGS[0]
+    if m <= SMALL_M:
+        return FP8_SMALL_M
+    return FP8_LARGE_K if k > 4096 else FP8_SMALL_K
 
 
 _printed: set[tuple] = set()

@@ -1,0 +1,1 @@
+"""Benchmarks behind ``python -m tilegemm.bench`` (one module per op family)."""

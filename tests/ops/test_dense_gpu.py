@@ -1,0 +1,279 @@
+"""cutile dense GEMMs on the GPU: every layout x dtype x recipe over the benchmark shapes + awkward ones.
+
+Each case: fresh random inputs, ``d`` poisoned with NaN, the cutile result (fallback disabled)
+compared in float64 with ``calc_diff`` against the exact formula (and, for FP8, against the
+unquantized math), then a rerun that must be bitwise identical. Also: the epilogue
+(``c``/``alpha``/``beta``, ``c`` aliasing ``d``), strided views, ``K == 0``, and CUDA-graph
+capture of a call replayed with new inputs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tilegemm.ops import api as tg
+from tilegemm.quant import get_mn_major_tma_aligned_tensor, per_block_cast_to_fp8, per_token_cast_to_fp8
+from tilegemm.testing import calc_diff, poisoned
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+LAYOUTS = ["nt", "nn", "tn", "tt"]
+BENCH_NK = [(2112, 7168), (576, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
+BENCH_SHAPES = [(m, n, k) for m in (1, 64, 128, 4096) for n, k in BENCH_NK] + [(8192, 8192, 8192)]
+AWKWARD_SHAPES = [(1, 1, 1), (5, 3, 17), (333, 777, 1000), (130, 250, 64), (1, 129, 200), (257, 136, 4104)]
+# TILEGEMM_GPU_TEST_SHAPES=quick: a subset that still covers split-K (small M), stream-K (a
+# partial last wave) and whole-wave shapes, for short device sessions.
+QUICK_SHAPES = [(1, 2112, 7168), (64, 576, 7168), (128, 7168, 16384), (4096, 2112, 7168), (4096, 576, 7168)]
+_QUICK = os.environ.get("TILEGEMM_GPU_TEST_SHAPES", "full") == "quick"
+SHAPES = AWKWARD_SHAPES + (QUICK_SHAPES if _QUICK else BENCH_SHAPES)
+RECIPES = [(1, 128, 128), (1, 1, 128)]
+BAR_BF16 = 1e-5
+BAR_FP8_EXACT = {torch.bfloat16: 1e-5, torch.float32: 1e-6}
+BAR_FP8_UNQUANT = 1e-3
+
+
+@pytest.fixture(autouse=True)
+def _no_fallback(monkeypatch):
+    """A fallback to the pytorch backend would make these tests meaningless: make it an error."""
+    monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
+
+
+def _sid(shape):
+    return "x".join(map(str, shape))
+
+
+def _store(x: torch.Tensor, transposed: bool) -> torch.Tensor:
+    """A logical [R, K] operand stored as the layout says: [R, K], or a contiguous [K, R]."""
+    return x.t().contiguous() if transposed else x.contiguous()
+
+
+def _bf16_case(layout, m, n, k, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a_log = torch.randn(m, k, device="cuda", generator=g).bfloat16()
+    b_log = torch.randn(n, k, device="cuda", generator=g).bfloat16()
+    return a_log, b_log, _store(a_log, layout[0] == "t"), _store(b_log, layout[1] == "n")
+
+
+def _fp8_case(layout, recipe, m, n, k, seed=0):
+    """Quantized operands in the layout's shapes, plus the float64 dequantized and unquantized logical matrices."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    xa = torch.randn(m, k, device="cuda", generator=g)
+    xb = torch.randn(n, k, device="cuda", generator=g)
+    qa, sa = per_token_cast_to_fp8(xa)
+    if recipe == (1, 128, 128):
+        qb, sb = per_block_cast_to_fp8(xb)
+        deq_b = qb.double() * sb.double().repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, :k]
+    else:
+        qb, sb = per_token_cast_to_fp8(xb)
+        deq_b = qb.double() * sb.double().repeat_interleave(128, 1)[:, :k]
+    deq_a = qa.double() * sa.double().repeat_interleave(128, 1)[:, :k]
+    a = (_store(qa, layout[0] == "t"), get_mn_major_tma_aligned_tensor(sa))
+    b = (_store(qb, layout[1] == "n"), sb)
+    return a, b, deq_a, deq_b, xa.double(), xb.double()
+
+
+def _rerun_identical(fn, d):
+    assert not torch.isnan(d).any(), "d has unwritten (NaN) elements"
+    first = d.clone()
+    fn()
+    assert torch.equal(first.view(torch.uint8), d.view(torch.uint8)), "rerun is not bitwise identical"
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=_sid)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_bf16(layout, shape):
+    m, n, k = shape
+    a_log, b_log, a, b = _bf16_case(layout, m, n, k)
+    d = poisoned((m, n), torch.float32, "cuda")
+    op = getattr(tg, f"bf16_gemm_{layout}")
+    assert op(a, b, d, backend="cutile") is d
+    ref = a_log.double() @ b_log.double().T
+    diff = calc_diff(d, ref)
+    assert diff < BAR_BF16, f"calc_diff {diff:.3g}"
+    _rerun_identical(lambda: op(a, b, d, backend="cutile"), d)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=_sid)
+@pytest.mark.parametrize("recipe", RECIPES, ids=["128x128", "1x128"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_fp8(layout, recipe, shape):
+    m, n, k = shape
+    a, b, deq_a, deq_b, xa, xb = _fp8_case(layout, recipe, m, n, k)
+    d = poisoned((m, n), torch.bfloat16, "cuda")
+    op = getattr(tg, f"fp8_gemm_{layout}")
+    assert op(a, b, d, recipe=recipe, backend="cutile") is d
+    exact = calc_diff(d, deq_a @ deq_b.T)
+    assert exact < BAR_FP8_EXACT[torch.bfloat16], f"vs dequantized formula: {exact:.3g}"
+    unquant = calc_diff(d, xa @ xb.T)
+    assert unquant < BAR_FP8_UNQUANT, f"vs unquantized math: {unquant:.3g}"
+    _rerun_identical(lambda: op(a, b, d, recipe=recipe, backend="cutile"), d)
+
+
+OUT_SHAPES = [(333, 777, 1000), (4096, 4096, 7168), (64, 2112, 7168)]
+
+
+@pytest.mark.parametrize("shape", OUT_SHAPES, ids=_sid)
+@pytest.mark.parametrize("recipe", RECIPES, ids=["128x128", "1x128"])
+def test_fp8_fp32_out(recipe, shape):
+    m, n, k = shape
+    a, b, deq_a, deq_b, _, _ = _fp8_case("nt", recipe, m, n, k, seed=3)
+    d = poisoned((m, n), torch.float32, "cuda")
+    tg.fp8_gemm_nt(a, b, d, backend="cutile")
+    exact = calc_diff(d, deq_a @ deq_b.T)
+    assert exact < BAR_FP8_EXACT[torch.float32], f"vs dequantized formula: {exact:.3g}"
+
+
+@pytest.mark.parametrize("shape", OUT_SHAPES, ids=_sid)
+def test_bf16_bf16_out(shape):
+    m, n, k = shape
+    a_log, b_log, a, b = _bf16_case("nt", m, n, k, seed=4)
+    d = poisoned((m, n), torch.bfloat16, "cuda")
+    tg.bf16_gemm_nt(a, b, d, backend="cutile")
+    assert calc_diff(d, a_log.double() @ b_log.double().T) < BAR_BF16
+
+
+EPILOGUES = ["c_bf16", "c_fp32", "c_is_d", "beta0_c_nan", "alpha_only"]
+
+
+def _epilogue(mode, m, n, out_dtype):
+    """(c, alpha, beta, d, float64 addend) for an epilogue mode."""
+    if mode in ("c_bf16", "c_fp32"):
+        c = torch.randn(m, n, device="cuda").to(torch.bfloat16 if mode == "c_bf16" else torch.float32)
+        return c, 0.75, -1.5, poisoned((m, n), out_dtype, "cuda"), -1.5 * c.double()
+    if mode == "c_is_d":
+        d = torch.randn(m, n, device="cuda").to(out_dtype)
+        return d, 1.25, 0.5, d, 0.5 * d.double()
+    if mode == "beta0_c_nan":
+        c = poisoned((m, n), torch.float32, "cuda")
+        return c, 2.0, 0.0, poisoned((m, n), out_dtype, "cuda"), torch.zeros(m, n, dtype=torch.float64, device="cuda")
+    return None, -0.5, 1.0, poisoned((m, n), out_dtype, "cuda"), torch.zeros(m, n, dtype=torch.float64, device="cuda")
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("mode", EPILOGUES)
+@pytest.mark.parametrize("kind", ["bf16", "fp8"])
+def test_epilogue(kind, mode, out_dtype):
+    m, n, k = 200, 320, 384
+    c, alpha, beta, d, addend = _epilogue(mode, m, n, out_dtype)
+    if kind == "bf16":
+        a_log, b_log, a, b = _bf16_case("nt", m, n, k, seed=5)
+        ref = alpha * (a_log.double() @ b_log.double().T) + addend
+        tg.bf16_gemm_nt(a, b, d, c=c, alpha=alpha, beta=beta, backend="cutile")
+        bar = BAR_BF16
+    else:
+        a, b, deq_a, deq_b, _, _ = _fp8_case("nt", (1, 128, 128), m, n, k, seed=5)
+        ref = alpha * (deq_a @ deq_b.T) + addend
+        tg.fp8_gemm_nt(a, b, d, c=c, alpha=alpha, beta=beta, backend="cutile")
+        bar = BAR_FP8_EXACT[out_dtype]
+    assert not torch.isnan(d).any()
+    assert calc_diff(d, ref) < bar
+
+
+@pytest.mark.parametrize("kind", ["bf16", "fp8"])
+def test_k_zero(kind):
+    m, n = 64, 96
+    c = torch.randn(m, n, device="cuda")
+    d = poisoned((m, n), torch.float32, "cuda")
+    if kind == "bf16":
+        a = torch.empty(m, 0, device="cuda", dtype=torch.bfloat16)
+        b = torch.empty(n, 0, device="cuda", dtype=torch.bfloat16)
+        tg.bf16_gemm_nt(a, b, d, c=c, beta=2.0, backend="cutile")
+    else:
+        a = (torch.empty(m, 0, device="cuda", dtype=torch.float8_e4m3fn), torch.empty(m, 0, device="cuda"))
+        b = (torch.empty(n, 0, device="cuda", dtype=torch.float8_e4m3fn), torch.empty(1, 0, device="cuda"))
+        tg.fp8_gemm_nt(a, b, d, c=c, beta=2.0, backend="cutile")
+    assert torch.equal(d, 2.0 * c)
+
+
+def test_strided_views():
+    """Operands given as non-contiguous views (a column slice, a transposed view) are handled."""
+    m, n, k = 256, 384, 512
+    big_a = torch.randn(m, k + 64, device="cuda").bfloat16()
+    a = big_a[:, 32 : 32 + k]  # row pitch k+64, offset 64 bytes
+    b = torch.randn(k, n, device="cuda").bfloat16().t()  # [N, K] view of a [K, N] tensor
+    d = poisoned((m, n), torch.float32, "cuda")
+    tg.bf16_gemm_nt(a, b, d, backend="cutile")
+    assert calc_diff(d, a.double() @ b.double().T) < BAR_BF16
+    fa, fb, deq_a, deq_b, _, _ = _fp8_case("nt", (1, 1, 128), m, n, k, seed=7)
+    fa = (fa[0].t().contiguous().t(), fa[1].contiguous())  # column-major fp8 A, row-major scales
+    d2 = poisoned((m, n), torch.bfloat16, "cuda")
+    tg.fp8_gemm_nt(fa, fb, d2, backend="cutile")
+    assert calc_diff(d2, deq_a @ deq_b.T) < BAR_FP8_EXACT[torch.bfloat16]
+
+
+@pytest.mark.parametrize("kind", ["bf16", "fp8"])
+def test_cuda_graph_capture(kind):
+    """Capture one call after warm-up; replay with new inputs copied into the captured buffers."""
+    m, n, k = 512, 1024, 1024
+    if kind == "bf16":
+        a_log, b_log, a, b = _bf16_case("nt", m, n, k, seed=8)
+        fn = lambda: tg.bf16_gemm_nt(a, b, d, backend="cutile")  # noqa: E731
+    else:
+        a, b, *_ = _fp8_case("nt", (1, 128, 128), m, n, k, seed=8)
+        fn = lambda: tg.fp8_gemm_nt(a, b, d, backend="cutile")  # noqa: E731
+    d = poisoned((m, n), torch.float32, "cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()  # warm-up: JIT compile outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for seed in (11, 12):
+        if kind == "bf16":
+            na_log, nb_log, na, nb = _bf16_case("nt", m, n, k, seed=seed)
+            a.copy_(na)
+            b.copy_(nb)
+            ref = na_log.double() @ nb_log.double().T
+            bar = BAR_BF16
+        else:
+            na, nb, deq_a, deq_b, _, _ = _fp8_case("nt", (1, 128, 128), m, n, k, seed=seed)
+            a[0].copy_(na[0])
+            a[1].copy_(na[1])
+            b[0].copy_(nb[0])
+            b[1].copy_(nb[1])
+            ref = deq_a @ deq_b.T
+            bar = BAR_FP8_EXACT[torch.float32]
+        d.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert calc_diff(d, ref) < bar
+
+
+CONFIG_SHAPES = [(333, 777, 1000), (64, 2112, 7168), (4096, 576, 7168)]
+
+
+def _all_configs():
+    from tilegemm.ops.cutile import heuristics
+
+    return list(heuristics.all_dense_configs())
+
+
+@pytest.mark.parametrize("shape", CONFIG_SHAPES, ids=_sid)
+@pytest.mark.parametrize("cfg", _all_configs(), ids=lambda c: c.name)
+def test_every_config(cfg, shape):
+    """Every tile config the heuristics may pick, forced, on a small, a split-K and a stream-K shape."""
+    from tilegemm.ops.cutile import gemm
+
+    m, n, k = shape
+    if cfg.kind == "bf16":
+        a_log, b_log, a, b = _bf16_case("nt", m, n, k, seed=9)
+        d = poisoned((m, n), torch.float32, "cuda")
+        gemm.bf16_gemm("nt", a, b, d, None, 1.0, 1.0, config=cfg)
+        assert calc_diff(d, a_log.double() @ b_log.double().T) < BAR_BF16
+        return
+    for recipe in RECIPES:
+        if recipe == (1, 128, 128) and cfg.tn // cfg.nh != 128:
+            continue
+        a, b, deq_a, deq_b, _, _ = _fp8_case("nt", recipe, m, n, k, seed=9)
+        d = poisoned((m, n), torch.bfloat16, "cuda")
+        gemm.fp8_gemm("nt", a, b, d, None, 1.0, 1.0, recipe, config=cfg)
+        assert calc_diff(d, deq_a @ deq_b.T) < BAR_FP8_EXACT[torch.bfloat16], recipe
