@@ -33,7 +33,9 @@ for s in "${steps[@]}"; do
   case $s in
     # every op's cutile backend against the float64 formulas of tests/ops (awkward shapes included)
     # with fallback disabled, so a case the kernels hand to pytorch shows up as a failure, not a pass
-    ops) step ops 180 env TILEGEMM_DISABLE_FALLBACK=1 python3 -m pytest -q -m gpu -n 6 -p no:cacheprovider --tb=line -rf \
+    # -v: one line per test, so the names of failures survive a timeout
+    ops) step ops 200 env TILEGEMM_DISABLE_FALLBACK=1 python3 -m pytest -v -m gpu -n 12 -p no:cacheprovider -p no:benchmark \
+      --tb=line -rf \
       tests/ops/test_dense.py tests/ops/test_m_grouped.py tests/ops/test_masked.py \
       tests/ops/test_k_grouped.py tests/ops/test_mqa.py tests/ops/test_autograd.py ;;
     grouped) step grouped 90 python3 -m pytest -q -p no:cacheprovider tests/ops/test_grouped_gpu.py ;;
@@ -41,10 +43,10 @@ for s in "${steps[@]}"; do
     hf) step hf 60 python3 -m pytest -q -p no:cacheprovider -rfE tests/transformers/test_gpu.py ;;
     dense) step dense 140 env TILEGEMM_GPU_TEST_SHAPES=quick python3 -m pytest -q -p no:cacheprovider --tb=line -rf \
       tests/ops/test_dense_gpu.py ;;
-    bench_dense) step bench_dense 230 python3 tests/benchmark/bench_dense.py --full --extras --graph --out "$OUT/results" ;;
+    bench_dense) step bench_dense 170 python3 tests/benchmark/bench_dense.py --full --graph --out "$OUT/results" ;;
     bench_grouped) step bench_grouped 100 python3 tests/benchmark/bench_grouped.py --only contiguous --budget 80 \
       --out "$OUT/results" ;;
-    bench_mqa) step bench_mqa 60 python3 tests/benchmark/bench_mqa.py --quick --out "$OUT/results" ;;
+    bench_mqa) step bench_mqa 50 python3 tests/benchmark/bench_mqa.py --quick --out "$OUT/results" ;;
     infer) step infer 150 python3 modeling/transformers/bench_h100.py --out "$OUT/results" --deadline 130 \
       --static-reserve 50 ;;
     *) echo "unknown step $s" | tee -a "$SUMMARY" ;;

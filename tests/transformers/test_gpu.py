@@ -96,9 +96,14 @@ def test_experts_cuda_graph_replay_with_new_routing():
 
 
 def test_experts_fp8_cutile():
-    """fp32 model: the FP8 GEMMs write fp32, so cutile vs the exact formula (pytorch backend on the same
-    quantized operands) differs only by fp32 summation order: the fp32-output bar 1e-6 applies. (With a bf16
-    model the chained bf16 rounding of the intermediate moves h's FP8 quantization: not a kernel bar.)"""
+    """fp32 model, cutile vs the pytorch backend running the same FP8 experts chain.
+
+    The per-GEMM kernel bar (1e-6 with fp32 output, vs the formula on the same dequantized operands) is
+    asserted in tests/ops/test_grouped_gpu.py. Here the two chains do NOT share the second GEMM's operands:
+    gate_up's fp32 output differs in summation order (~1e-7), and the activation is re-quantized per token
+    to FP8 before down_proj, so an element on a rounding boundary (or a moved amax) lands one FP8 step away.
+    That requantization, not the kernels, sets this bar: 3.6e-6 measured on an H100 (2026-11-22), bar 1e-5.
+    The user-facing bar (vs unquantized math, 1e-2 for FP8 experts per issue 5) is the second assertion."""
     module = experts_modules(build("tiny-deepseek-v3", dtype=torch.float32, device="cuda"))[0]
     x = torch.randn(200, module.hidden_dim, device="cuda")
     index, weights = (t.cuda() for t in routing(module, 200))
@@ -107,7 +112,7 @@ def test_experts_fp8_cutile():
         out = tilegemm_fp8_experts_forward(module, x, index, weights)
         module._tilegemm_backend = "pytorch"
         exact = tilegemm_fp8_experts_forward(module, x, index, weights)
-    assert calc_diff(out, exact) < 1e-6
+    assert calc_diff(out, exact) < 1e-5
     assert calc_diff(out.cpu(), reference_experts(module.cpu(), x.cpu(), index.cpu(), weights.cpu())) < 1e-2
 
 
