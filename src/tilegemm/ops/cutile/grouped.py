@@ -380,6 +380,14 @@ def _check_sizes(*tensors: torch.Tensor) -> None:
             raise Unsupported("a tensor has >= 2**31 elements (int32 indexing)")
 
 
+def _check_tma_weight(b: torch.Tensor) -> None:
+    """The per-expert weight ``b [G, N, K]`` is only read by TMA (64-bit addresses from the tensor map), so
+    its element count may pass 2**31 (DeepSeek-V3: 256 x 4096 x 7168); each of its sizes and element
+    strides must still fit the int32 index type."""
+    if max(*b.shape, *b.stride()) >= 2**31:
+        raise Unsupported("a weight dimension or stride is >= 2**31 (int32 indexing)")
+
+
 def _grid(cfg: heuristics.GroupedConfig, upper_tiles: int) -> tuple[int, int, int]:
     sms = config.get_num_sms() or 1
     return (max(1, min(sms * cfg.ctas_per_sm, upper_tiles)), 1, 1)
@@ -412,10 +420,11 @@ def _m_grouped(
     num_groups = b_data.shape[0]
     if kind == KIND_MASKED:
         mmax = a_data.shape[1]
-        a_data = a_data.reshape(-1, a_data.shape[-1])
-        d2 = d.view(-1, d.shape[-1])
+        flat = a_data.shape[0] * mmax  # explicit sizes: reshape(-1, 0) is ambiguous when K == 0
+        a_data = a_data.reshape(flat, a_data.shape[-1])
+        d2 = d.view(flat, d.shape[-1])
         if fp8:
-            sa = sa.reshape(-1, sa.shape[-1])
+            sa = sa.reshape(flat, sa.shape[-1])
     else:
         mmax = 0
         d2 = d
@@ -423,9 +432,13 @@ def _m_grouped(
     n_dim = d2.shape[1]
     if rows == 0 or n_dim == 0:
         return d
-    if k_dim == 0 or num_groups == 0:
-        raise Unsupported("K == 0 or no groups")
-    _check_sizes(a_data, b_data, d2)
+    if k_dim == 0 or num_groups == 0:  # every written row is an empty sum (or padding): 0, no kernel
+        if kind == KIND_MASKED:
+            valid = torch.arange(mmax, device=d.device)[None, :, None] < index[:, None, None]
+            return d.masked_fill_(valid, 0)
+        return d.zero_()
+    _check_sizes(a_data, d2)
+    _check_tma_weight(b_data)
     if fp8 and sb.shape[-2] != -(-n_dim // 128):
         raise Unsupported("m-grouped FP8 takes 128x128 RHS scales only")
     if cfg is None:
@@ -496,8 +509,8 @@ def _k_grouped(
     if num_groups == 0 or m_dim == 0 or n_dim == 0:
         return d
     k_sum = a_data.shape[0]
-    if k_sum == 0:
-        raise Unsupported("K_sum == 0")
+    if k_sum == 0:  # every group's product is an empty sum: d = c (or 0), no kernel
+        return d.copy_(c) if c is not None else d.zero_()
     _check_sizes(a_data, b_data, d)
     has_c = c is not None
     if cfg is None:
