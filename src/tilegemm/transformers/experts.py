@@ -26,12 +26,18 @@ past the last group, which the grouped GEMM zero-fills, and their weights are ze
 ``tilegemm_fp8_experts_forward`` is the same with FP8 GEMMs: expert weights quantized once to 128x128
 blocks (``fp8_weights.cached_fp8_weight``), activations cast per token (1x128 scales) on every call.
 
-The kernels are inference-only: when autograd needs gradients of the experts, the call runs transformers'
-``grouped_mm`` path instead.
+Training: when autograd needs gradients and the experts hold bf16 ``[E, N, K]`` weights, both GEMMs run
+through :func:`tilegemm.grouped_matmul` (a custom op whose backward is the m-grouped NN GEMM for the input
+and the k-grouped TN GEMM for the weights; the latter reads the group sizes on the host, one sync per
+backward), and permutation, activation and combine are differentiable torch ops, so gradients reach the
+tokens, both weights and the routing weights. Other models (fp16/fp32, transposed weights) and the FP8
+variant run transformers' ``grouped_mm`` path when gradients are needed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import warnings
 
 import torch
@@ -69,6 +75,28 @@ def _stock_forward(module, hidden_states, top_k_index, top_k_weights):
 
 def _backend_for(module: torch.nn.Module) -> str | None:
     return getattr(module, "_tilegemm_backend", None)
+
+
+def _differentiable(module: torch.nn.Module) -> bool:
+    """True when :func:`tilegemm.grouped_matmul` can carry this module's gradients (bf16 ``[E, N, K]`` weights)."""
+    if getattr(module, "is_transposed", False):
+        return False
+    return all(getattr(module, name).dtype == torch.bfloat16 for name in _weight_names(module))
+
+
+def grouped_linear_differentiable(
+    x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, backend: str | None
+) -> torch.Tensor:
+    """:func:`grouped_linear` for bf16 ``x [S, K]`` and ``weight [E, N, K]`` with autograd (training).
+
+    The forward runs on ``backend`` (or the current one); the backward runs on the backend current when
+    ``backward()`` is called.
+    """
+    from tilegemm.autograd import grouped_matmul
+    from tilegemm.backend.selector import use_backend
+
+    with use_backend(backend) if backend else contextlib.nullcontext():
+        return grouped_matmul(x, weight, offs)
 
 
 def grouped_linear(
@@ -162,7 +190,8 @@ def tilegemm_experts_forward(
     Returns:
         [T, H] in ``hidden_states.dtype``: ``sum_j w[t,j] * down[e] @ act(gate_up[e] @ x[t])``, ``e = idx[t,j]``.
     """
-    if _needs_grad(self, hidden_states):
+    training = _needs_grad(self, hidden_states)
+    if training and not _differentiable(self):
         return _stock_forward(self, hidden_states, top_k_index, top_k_weights)
     up_name, down_name = _weight_names(self)
     w_up, w_down = getattr(self, up_name), getattr(self, down_name)
@@ -171,9 +200,14 @@ def tilegemm_experts_forward(
     transposed = bool(getattr(self, "is_transposed", False))
     routing = moe_route(top_k_index, self.num_experts)
     offs = routing.psum_offsets
-    y = grouped_linear(permute_tokens(x, routing, layout="psum"), w_up, offs, transposed, backend)
+    if training:
+        linear = functools.partial(grouped_linear_differentiable, offs=offs, backend=backend)
+    else:
+        linear = functools.partial(grouped_linear, offs=offs, transposed=transposed, backend=backend)
+
+    y = linear(permute_tokens(x, routing, layout="psum"), w_up)
     y = _activate(self, _add_bias(y, self, up_name, routing))
-    y = grouped_linear(y.to(w_down.dtype), w_down, offs, transposed, backend)
+    y = linear(y.to(w_down.dtype), w_down)
     y = _add_bias(y, self, down_name, routing)
     return _finish(self, y, routing, top_k_weights, hidden_states)
 
