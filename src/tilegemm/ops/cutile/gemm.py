@@ -47,6 +47,25 @@ def _tile_coords(tile, num_m, num_n, GROUP_M: ConstInt):
     return first_m + local % rows, local // rows
 
 
+def _work_unit(u, tiles, full, splits, num_k, SPLITK: ConstBool):
+    """Work unit ``u`` -> (output tile, first K block, end K block).
+
+    Units below ``full`` are whole tiles; with ``SPLITK`` the tiles from ``full`` on are each cut into
+    ``splits`` K ranges, unit ``full + s * (tiles - full) + i`` being range ``s`` of tile ``full + i``.
+    """
+    tile = u
+    k_lo = 0
+    k_hi = num_k
+    if SPLITK:
+        if u >= full:
+            v = u - full
+            tile = full + v % (tiles - full)
+            per = ct.cdiv(num_k, splits)
+            k_lo = (v // (tiles - full)) * per
+            k_hi = ct.minimum(num_k, k_lo + per)
+    return tile, k_lo, k_hi
+
+
 def _bf16_gemm_body(
     A,
     B,
@@ -81,16 +100,7 @@ def _bf16_gemm_body(
     if SPLITK:
         units = full + (tiles - full) * splits
     for u in range(ct.bid(0), units, ct.num_blocks(0)):
-        tile = u
-        k_lo = 0
-        k_hi = num_k
-        if SPLITK:
-            if u >= full:
-                v = u - full
-                tile = full + v % (tiles - full)
-                per = ct.cdiv(num_k, splits)
-                k_lo = (v // (tiles - full)) * per
-                k_hi = ct.minimum(num_k, k_lo + per)
+        tile, k_lo, k_hi = _work_unit(u, tiles, full, splits, num_k, SPLITK)
         pm, pn = _tile_coords(tile, num_m, num_n, GROUP_M)
         acc = ct.zeros((TM, TN), dtype=ct.float32)
         for kb in range(k_lo, k_hi):
@@ -163,16 +173,7 @@ def _fp8_gemm_body(
     if SPLITK:
         units = full + (tiles - full) * splits
     for u in range(ct.bid(0), units, ct.num_blocks(0)):
-        tile = u
-        k_lo = 0
-        k_hi = num_k
-        if SPLITK:
-            if u >= full:
-                v = u - full
-                tile = full + v % (tiles - full)
-                per = ct.cdiv(num_k, splits)
-                k_lo = (v // (tiles - full)) * per
-                k_hi = ct.minimum(num_k, k_lo + per)
+        tile, k_lo, k_hi = _work_unit(u, tiles, full, splits, num_k, SPLITK)
         pm, pn = _tile_coords(tile, num_m, num_n, GROUP_M)
         acc0 = ct.zeros((TM, HN), dtype=ct.float32)
         acc1 = ct.zeros((TM, HN), dtype=ct.float32)
