@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from tilegemm.ops import api
+from tilegemm.ops.checks import check_group_offsets, skip_value_checks
 from tilegemm.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
 
 Tensor = torch.Tensor
@@ -64,7 +65,8 @@ def grouped_gemm(a: Tensor, b: Tensor, offs: Tensor, layout: str) -> Tensor:
     """Out-of-place ``m_grouped_bf16_gemm_<layout>_contiguous`` in the psum layout: bf16 [M, N]."""
     n = b.shape[1] if layout == "nt" else b.shape[2]
     d = a.new_empty(a.shape[0], n)
-    getattr(api, f"m_grouped_bf16_gemm_{layout}_contiguous")(a, b, d, offs, use_psum_layout=True)
+    with skip_value_checks():  # offs was validated once by grouped_matmul; the backward reuses it
+        getattr(api, f"m_grouped_bf16_gemm_{layout}_contiguous")(a, b, d, offs, use_psum_layout=True)
     return d
 
 
@@ -158,7 +160,13 @@ def grouped_matmul(x: Tensor, w: Tensor, offs: Tensor) -> Tensor:
         w: bf16 [G, N, K], one weight per group (``nn.Linear`` layout).
         offs: int32 [G] cumulative group end rows (``torch._grouped_mm``'s ``offs``); rows past
             ``offs[-1]`` get 0 and no gradient.
+
+    ``offs`` is validated here (a host sync, skipped as DESIGN.md's value checks are: under
+    ``TILEGEMM_CHECK_VALUES=0``, ``skip_value_checks()``, CUDA-graph capture and ``torch.compile``
+    tracing); the GEMMs of the forward and backward then trust it.
     """
+    if isinstance(offs, torch.Tensor) and offs.dtype == torch.int32 and not torch.compiler.is_compiling():
+        check_group_offsets(offs, x.shape[0], w.shape[0])
     return grouped_gemm(x, w, offs, "nt")
 
 

@@ -80,6 +80,14 @@ def test_fp8_linear_forward_and_straight_through_grads(backend):
     assert calc_diff(bias.grad, b64.grad) < 1e-5
 
 
+def test_grouped_matmul_validates_offsets_once():
+    x, w = torch.randn(40, 64).bfloat16(), torch.randn(3, 32, 64).bfloat16()
+    with pytest.raises(ValueError, match="non-decreasing"):
+        autograd.grouped_matmul(x, w, torch.tensor([10, 5, 33]).int())
+    with pytest.raises(ValueError, match="non-decreasing"):
+        autograd.grouped_matmul(x, w, torch.tensor([10, 20, 41]).int())  # past the 40 rows
+
+
 def test_custom_ops_pass_opcheck():
     a, b = torch.randn(16, 64).bfloat16(), torch.randn(64, 32).bfloat16()
     torch.library.opcheck(autograd.gemm, (a.requires_grad_(), b.requires_grad_(), "nn"))

@@ -233,7 +233,8 @@ def _check_m_indices(m_indices: torch.Tensor, m_sum: int, groups: int) -> None:
         )
 
 
-def _check_offsets(offs: torch.Tensor, m_sum: int, groups: int) -> None:
+def check_group_offsets(offs: torch.Tensor, m_sum: int, groups: int) -> None:
+    """psum-layout ``offs``: int32 [G], non-decreasing, within ``0..m_sum`` (the values only when enabled)."""
     _shape("m_indices", offs, [groups], "[G] cumulative group end rows (use_psum_layout=True)")
     if not value_checks_enabled() or groups == 0:
         return
@@ -272,7 +273,7 @@ def m_grouped_contiguous_check(layout: str, fp8: bool) -> Callable[..., None]:
         _stream(stream)
         _same_device(a=a_data, b=b_data, d=d, m_indices=m_indices)
         if use_psum_layout:
-            _check_offsets(m_indices, m_sum, groups)
+            check_group_offsets(m_indices, m_sum, groups)
         else:
             _check_m_indices(m_indices, m_sum, groups)
 
