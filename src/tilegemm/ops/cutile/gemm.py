@@ -47,6 +47,14 @@ def _tile_coords(tile, num_m, num_n, GROUP_M: ConstInt):
     return first_m + local % rows, local // rows
 
 
+def _num_units(tiles, full, splits, SPLITK: ConstBool):
+    """Work units of a launch: one per tile, or with ``SPLITK`` the tiles from ``full`` on cut ``splits`` ways."""
+    units = tiles
+    if SPLITK:
+        units = full + (tiles - full) * splits
+    return units
+
+
 def _work_unit(u, tiles, full, splits, num_k, SPLITK: ConstBool):
     """Work unit ``u`` -> (output tile, first K block, end K block).
 
@@ -96,10 +104,7 @@ def _bf16_gemm_body(
     num_n = ct.cdiv(D.shape[1], TN)
     num_k = ct.cdiv(K, TK)
     tiles = num_m * num_n
-    units = tiles
-    if SPLITK:
-        units = full + (tiles - full) * splits
-    for u in range(ct.bid(0), units, ct.num_blocks(0)):
+    for u in range(ct.bid(0), _num_units(tiles, full, splits, SPLITK), ct.num_blocks(0)):
         tile, k_lo, k_hi = _work_unit(u, tiles, full, splits, num_k, SPLITK)
         pm, pn = _tile_coords(tile, num_m, num_n, GROUP_M)
         acc = ct.zeros((TM, TN), dtype=ct.float32)
@@ -113,14 +118,7 @@ def _bf16_gemm_body(
             else:
                 b = ct.load(B, (kb, pn), (TK, TN), padding_mode=_ZERO)
             acc = ct.mma(a, b, acc)
-        if SPLITK:
-            if u >= full:
-                v = u - full
-                ct.store(W, (v // (tiles - full), v % (tiles - full), 0, 0), ct.reshape(acc, (1, 1, TM, TN)))
-            else:
-                _epilogue(D, C, acc, pm, pn, alpha, beta, HAS_C)
-        else:
-            _epilogue(D, C, acc, pm, pn, alpha, beta, HAS_C)
+        _finish(D, C, W, acc, u, full, tiles, pm, pn, 0, alpha, beta, HAS_C, SPLITK)
 
 
 def _epilogue(D, C, acc, pm, pn, alpha, beta, HAS_C: ConstBool):
@@ -169,10 +167,7 @@ def _fp8_gemm_body(
     num_n = ct.cdiv(D.shape[1], TN)
     num_k = ct.cdiv(K, 128)
     tiles = num_m * num_n
-    units = tiles
-    if SPLITK:
-        units = full + (tiles - full) * splits
-    for u in range(ct.bid(0), units, ct.num_blocks(0)):
+    for u in range(ct.bid(0), _num_units(tiles, full, splits, SPLITK), ct.num_blocks(0)):
         tile, k_lo, k_hi = _work_unit(u, tiles, full, splits, num_k, SPLITK)
         pm, pn = _tile_coords(tile, num_m, num_n, GROUP_M)
         acc0 = ct.zeros((TM, HN), dtype=ct.float32)
@@ -186,23 +181,24 @@ def _fp8_gemm_body(
                 # (a tile entirely outside an array is undefined behaviour for ct.load).
                 if (pn * NH + 1) * HN < D.shape[1]:
                     acc1 = _fp8_part(a, sa, B, SB, acc1, kb, pn * NH + 1, HN, SB_ROWS, FAST_ACC, SCALE_TMA)
-        _fp8_finish(D, C, W, acc0, u, full, tiles, pm, pn * NH, 0, alpha, beta, SPLITK)
+        _finish(D, C, W, acc0, u, full, tiles, pm, pn * NH, 0, alpha, beta, False, SPLITK)
         if NH == 2:
             if (pn * NH + 1) * HN < D.shape[1]:
-                _fp8_finish(D, C, W, acc1, u, full, tiles, pm, pn * NH + 1, 1, alpha, beta, SPLITK)
+                _finish(D, C, W, acc1, u, full, tiles, pm, pn * NH + 1, 1, alpha, beta, False, SPLITK)
 
 
-def _fp8_finish(D, C, W, acc, u, full, tiles, pm, jn, h: ConstInt, alpha, beta, SPLITK: ConstBool):
-    """Write one column part: to the split-K workspace (a split unit) or through the epilogue to D."""
+def _finish(D, C, W, acc, u, full, tiles, pm, jn, h: ConstInt, alpha, beta, HAS_C: ConstBool, SPLITK: ConstBool):
+    """Write accumulator (column part ``h``) of unit ``u``: to the split-K workspace for a split unit,
+    else through the epilogue to D."""
     if SPLITK:
         if u >= full:
             v = u - full
             shape = (1, 1, acc.shape[0], acc.shape[1])
             ct.store(W, (v // (tiles - full), v % (tiles - full), 0, h), ct.reshape(acc, shape))
         else:
-            _epilogue(D, C, acc, pm, jn, alpha, beta, False)
+            _epilogue(D, C, acc, pm, jn, alpha, beta, HAS_C)
     else:
-        _epilogue(D, C, acc, pm, jn, alpha, beta, False)
+        _epilogue(D, C, acc, pm, jn, alpha, beta, HAS_C)
 
 
 def _fp8_part(a, sa, B, SB, acc, kb, jn, HN: ConstInt, SB_ROWS: ConstBool, FAST_ACC: ConstBool, SCALE_TMA: ConstBool):
