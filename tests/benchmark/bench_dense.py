@@ -199,6 +199,17 @@ def sweep(fh, budget: Budget, kinds: list[str]) -> list[dict]:
     return rows
 
 
+def _bench_row(fh, kind: str, layout: str, rec, m: int, n: int, k: int, tag: str = "") -> dict | None:
+    """One row of the dense set (``dense.bench_fp8`` / ``bench_bf16``), or ``None`` after logging why it failed."""
+    try:
+        if kind == "fp8":
+            return dense.bench_fp8(layout, rec, m, n, k)
+        return dense.bench_bf16(layout, m, n, k)
+    except Exception as exc:
+        _log(fh, f"{tag}{kind} {layout} {m}x{n}x{k} FAILED {type(exc).__name__}: {str(exc)[:300]}")
+        return None
+
+
 EXTRA_SHAPES = [(4096, 4096, 7168), (4096, 7168, 2048), (64, 2112, 7168)]
 
 
@@ -212,13 +223,8 @@ def extras(fh, budget: Budget) -> list[dict]:
         for m, n, k in EXTRA_SHAPES:
             if budget.left() < 0:
                 return rows
-            try:
-                if kind == "fp8":
-                    row = dense.bench_fp8(layout, rec, m, n, k)
-                else:
-                    row = dense.bench_bf16(layout, m, n, k)
-            except Exception as exc:
-                _log(fh, f"extra {kind} {layout} {m}x{n}x{k} FAILED {type(exc).__name__}: {str(exc)[:300]}")
+            row = _bench_row(fh, kind, layout, rec, m, n, k, tag="extra ")
+            if row is None:
                 continue
             rows.append(row)
             _log(fh, f"extra {row['op']} {row['dtype']} {m}x{n}x{k} {row['tflops']} TF/s ratio {row['ratio']}")
@@ -324,13 +330,8 @@ def main() -> None:
                         for m, n, k in shapes:
                             if budget.left() < 0:
                                 break
-                            try:
-                                if kind == "fp8":
-                                    row = dense.bench_fp8(layout, rec, m, n, k)
-                                else:
-                                    row = dense.bench_bf16(layout, m, n, k)
-                            except Exception as exc:
-                                _log(fh, f"{kind} {layout} {m}x{n}x{k} FAILED {type(exc).__name__}: {str(exc)[:300]}")
+                            row = _bench_row(fh, kind, layout, rec, m, n, k)
+                            if row is None:
                                 continue
                             rows.append(row)
                             _log(

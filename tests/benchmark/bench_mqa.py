@@ -110,16 +110,7 @@ def plain_case(s: int, s_kv: int, h: int, d: int, window: str, ref: bool, varian
             mqa.launch_mqa_logits(q, kv[0], kv[1], w, ks, ke, o, conf)
             return o
 
-        try:
-            o = run_var()
-            ref_cu = run_cutile()
-            fin = torch.isfinite(ref_cu)
-            vdiff = calc_diff(o[fin], ref_cu[fin])
-            del o, ref_cu
-            t_var = _bench(run_var)
-            rows.append(_row(base, f"cutile[{name}]", t_var, flops, nbytes, peer_ms, vdiff, {"config": conf.__dict__}))
-        except Exception as exc:  # report and go on: a variant is an experiment
-            print(f"variant {name} failed: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+        rows += _variant_row(base, name, conf, run_var, run_cutile, flops, nbytes, peer_ms)
     return rows
 
 
@@ -192,19 +183,23 @@ def paged_case(
             mqa.launch_paged_mqa_logits(q, cache, w, lens, table, meta, o, conf, kernel=kernel)
             return o
 
-        try:
-            o = run_var()
-            ref_cu = run_cutile()
-            fin = torch.isfinite(ref_cu)
-            vdiff = calc_diff(o[fin], ref_cu[fin])
-            del o, ref_cu
-            t_var = _bench(run_var)
-            rows.append(
-                _row(base, f"cutile[{name}]", t_var, flops, kv_bytes, peer_ms, vdiff, {"config": conf.__dict__})
-            )
-        except Exception as exc:
-            print(f"variant {name} failed: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+        rows += _variant_row(base, name, conf, run_var, run_cutile, flops, kv_bytes, peer_ms)
     return rows
+
+
+def _variant_row(base, name, conf, run_var, run_default, flops, nbytes, peer_ms) -> list[dict]:
+    """Time kernel variant ``name`` (its output checked against the default cutile path): one row, or none
+    if it fails (reported; a variant is an experiment)."""
+    try:
+        out, ref = run_var(), run_default()
+        fin = torch.isfinite(ref)
+        diff = calc_diff(out[fin], ref[fin])
+        del out, ref
+        ms = _bench(run_var)
+        return [_row(base, f"cutile[{name}]", ms, flops, nbytes, peer_ms, diff, {"config": conf.__dict__})]
+    except Exception as exc:
+        print(f"variant {name} failed: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+        return []
 
 
 def _row(base, backend, ms, flops, nbytes, peer_ms, diff, extra=None) -> dict:
