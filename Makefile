@@ -7,7 +7,7 @@ VPY := $(VENV)/bin/python
 TORCH_CPU ?= torch==2.13.0
 STAMP := $(VENV)/.tilegemm-installed
 
-.PHONY: demo test test-gpu bench lint format install clean
+.PHONY: demo test test-gpu test-gpu-sanitize bench lint format install clean
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,15 @@ test: $(STAMP)
 PY ?= $(VPY)
 test-gpu:
 	PYTHONPATH=src:$$PYTHONPATH $(PY) -m pytest -q -m gpu -rs tests
+
+# compute-sanitizer over every kernel family on awkward shapes and garbage device values (tests/sanitize/cases.py):
+# memcheck (out-of-bounds and misaligned accesses) and initcheck (reads of memory nothing wrote). Value checks
+# off, fallback an error, PyTorch's caching allocator off so that every tensor is its own allocation.
+SANITIZE_ENV := PYTHONPATH=src:$$PYTHONPATH TILEGEMM_CHECK_VALUES=0 TILEGEMM_DISABLE_FALLBACK=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1
+SANITIZER ?= compute-sanitizer
+test-gpu-sanitize:
+	$(SANITIZE_ENV) $(SANITIZER) --tool memcheck --error-exitcode 3 --print-limit 20 $(PY) tests/sanitize/cases.py
+	$(SANITIZE_ENV) $(SANITIZER) --tool initcheck --error-exitcode 3 --print-limit 20 $(PY) tests/sanitize/cases.py
 
 # Every device benchmark; each writes its JSON + markdown table under tests/benchmark/results/.
 bench:

@@ -61,7 +61,9 @@ def sass_summary(cubin: bytes) -> dict[str, int]:
     ``utc_mma`` (all Blackwell tcgen05 MMAs: UTCHMMA, UTCQMMA, UTCOMMA, UTCIMMA, UTCMMA),
     ``utchmma``, ``utcqmma`` (Blackwell 16-bit / FP8 MMAs), ``hmma`` (legacy mma.sync),
     ``utmaldg`` (TMA loads), ``utmastg`` (TMA stores), ``ldg_u8`` (byte-wide global loads
-    ``LDG.E.U8``), ``ldl``/``stl`` (local memory: spills), ``instructions`` (total).
+    ``LDG.E.U8``), ``tensormap_writes`` (``UTMACCTL.IV``: TMA descriptors
+    the kernel wrote to global memory itself, as a dynamic ``Array.slice`` makes it do),
+    ``ldl``/``stl`` (local memory: spills), ``instructions`` (total).
     """
     ops = opcode_counts(dump_sass(cubin))
     utc = {op for op in ops if re.match(r"UTC\w*MMA", op.split(".")[0])}
@@ -75,6 +77,7 @@ def sass_summary(cubin: bytes) -> dict[str, int]:
         "utmaldg": _count(ops, ("UTMALDG",)),
         "utmastg": _count(ops, ("UTMASTG",)),
         "ldg_u8": sum(n for op, n in ops.items() if op.startswith("LDG") and ".U8" in op),
+        "tensormap_writes": ops["UTMACCTL.IV"],
         "ldl": _count(ops, ("LDL",)),
         "stl": _count(ops, ("STL",)),
         "instructions": sum(ops.values()),

@@ -14,16 +14,22 @@ Layouts (``KIND``):
   expert is its first row's ``m_indices`` entry (-1: the tile is written as zeros; any other
   out-of-range id: the tile is skipped); rows of a computed tile whose own entry differs (the
   ``-1`` padding that ends a group's last block) are written as 0.
-* ``KIND_PSUM``: ``offs[G]`` cumulative ends (``torch._grouped_mm`` meaning, unaligned);
-  walk group ``G`` is the tail ``[offs[G-1], M)``, written as zeros.
+* ``KIND_PSUM``: ``offs[G]`` cumulative ends; group g is rows ``[align_up(offs[g-1], A), offs[g])``
+  (``A`` = the ``align`` argument: DeepGEMM's psum layout uses 128, ``torch._grouped_mm`` offsets 1).
+  A group's tiles run on to the next group's start (the last group's to ``M``), and those rows,
+  which belong to no group, are written as zeros.
 * ``KIND_MASKED``: group g is rows ``[g * Mmax, g * Mmax + masked_m[g])`` of ``a`` viewed as
   ``[G * Mmax, K]``; rows past it are never touched.
 * ``KIND_K``: k-grouped; group g is all of ``d[g]``, its K range ``[koffs[g], koffs[g+1])``.
 
 Every row range and index read from device memory is clamped into the arrays' bounds, so
 no value of ``m_indices``/``offs``/``masked_m``/``ks`` makes a kernel access memory out of
-bounds. Partial tiles use views (``Array.slice``) whose ends stop loads (zero padding) and
-stores (dropped) at the group's last row.
+bounds. m-grouped tiles start on any row: loads and full-tile stores go through views that address
+a tile by its first row (``tiled_view`` with a one-row traversal step: TMA on the launch's own
+descriptors; loads past the array end read 0), and a group's last partial tile is stored element-wise
+under a row mask. (A dynamically sliced array, ``Array.slice``, would make the kernel build TMA
+descriptors on the device in a runtime workspace; compute-sanitizer reported out-of-bounds writes
+there, so the m-grouped kernels use none.)
 
 FP8 follows DESIGN.md: a 128-row tile is computed as two independent 64-row accumulators,
 each block of 128 K promoted as ``acc += mma(a, b, 0) * sa[:, None] * sb``.
@@ -60,30 +66,46 @@ def _clamp(x, lo, hi):
     return ct.minimum(ct.maximum(x, lo), hi)
 
 
-def _group_rows(KIND: int, g, index, rows_total, mmax):
-    """Rows ``[start, end)`` of walk group ``g`` in the row space, clamped to ``[0, rows_total]``."""
-    if KIND == KIND_INDICES:
-        return 0, rows_total
+def _align_up(x, align):
+    return (x + align - 1) // align * align
+
+
+def _group_start(g, index, rows_total, align):
+    """First row of psum group ``g``: its predecessor's end rounded up to ``align``, clamped to ``rows_total``."""
+    start = 0
+    if g > 0:
+        prev = _clamp(ct.load(index, (g - 1,), shape=()), 0, rows_total)
+        start = ct.minimum(_align_up(prev, align), rows_total)
+    return start
+
+
+def _group_rows(KIND: int, g, index, rows_total, mmax, align, zero_tail):
+    """Rows of walk group ``g``: ``(start, end, store_end)``, clamped into ``[0, rows_total]``.
+
+    The group's tiles cover ``[start, store_end)``: rows ``[start, end)`` get the product, rows
+    ``[end, store_end)`` belong to no group and are written 0. For psum, ``store_end`` is the next
+    group's start, a multiple of ``align`` (the last group's: the end of ``d`` when ``zero_tail``, else
+    its own end rounded up to ``align``); with ``align % BM == 0`` every tile starts on a row block.
+    Masked: rows ``[0, masked_m[g])`` of ``d[g]``.
+    """
     if KIND == KIND_PSUM:
-        num = index.shape[0]
-        start = 0
-        if g > 0:
-            start = _clamp(ct.load(index, (g - 1,), shape=()), 0, rows_total)
-        end = rows_total
-        if g < num:
-            end = _clamp(ct.load(index, (g,), shape=()), start, rows_total)
-        return start, end
-    if KIND == KIND_MASKED:
-        start = g * mmax
-        return start, start + _clamp(ct.load(index, (g,), shape=()), 0, mmax)
-    return 0, rows_total  # KIND_K: every group is all of d[g]
+        start = _group_start(g, index, rows_total, align)
+        end = _clamp(ct.load(index, (g,), shape=()), start, rows_total)
+        store_end = ct.minimum(_align_up(end, align), rows_total)
+        if g + 1 < index.shape[0]:
+            store_end = ct.maximum(_group_start(g + 1, index, rows_total, align), end)
+        elif zero_tail != 0:
+            store_end = rows_total
+        return start, end, store_end
+    if KIND == KIND_MASKED:  # rows of d[g]
+        end = _clamp(ct.load(index, (g,), shape=()), 0, mmax)
+        return 0, end, end
+    return 0, rows_total, rows_total  # KIND_INDICES: one walk group, every row block names its expert
 
 
-def _num_walk_groups(KIND: int, index, num_groups):
+def _num_walk_groups(KIND: int, num_groups):
     if KIND == KIND_INDICES:
         return 1
-    if KIND == KIND_PSUM:
-        return index.shape[0] + 1  # + the zero tail past offs[G-1]
     return num_groups
 
 
@@ -96,14 +118,45 @@ def _swizzle(lt, mblocks, n_tiles, GM: int):
     return first + w % gm, w // gm
 
 
+def _load_rows(x, g, rb, kb, ROWS: int, COLS: int, KIND: int):
+    """The ``[ROWS, COLS]`` tile (row block ``rb``, column block ``kb``) of ``x``: ``[rows, cols]``, or for masked
+    ``[G, Mmax, cols]`` with ``rb`` counted inside group ``g`` (loads past Mmax read 0)."""
+    if KIND == KIND_MASKED:
+        return ct.reshape(ct.load(x, (g, rb, kb), shape=(1, ROWS, COLS), padding_mode=_ZERO), (ROWS, COLS))
+    return ct.load(x, (rb, kb), shape=(ROWS, COLS), padding_mode=_ZERO)
+
+
+def _load_sa(sa, g, kb, rb, ROWS: int, KIND: int):
+    """LHS scales of a ROWS-row block as a ``(1, ROWS)`` tile: ``sa`` is MN-major ``[K/128, rows]`` (masked:
+    ``[G, K/128, Mmax]``)."""
+    if KIND == KIND_MASKED:
+        return ct.reshape(ct.load(sa, (g, kb, rb), shape=(1, 1, ROWS), padding_mode=_ZERO), (1, ROWS))
+    return ct.load(sa, (kb, rb), shape=(1, ROWS), padding_mode=_ZERO)
+
+
+def _store_rows(d, g, rb, nb, tile, KIND: int):
+    """Store a ``[ROWS, BN]`` tile at row block ``rb`` (masked: inside group ``g``; stores stop at Mmax)."""
+    if KIND == KIND_MASKED:
+        ct.store(d, (g, rb, nb), ct.reshape(tile, (1, tile.shape[0], tile.shape[1])))
+    else:
+        ct.store(d, (rb, nb), tile)
+
+
+def _zero_rows_from(acc, row0, end):
+    """``acc`` (rows ``row0 ..``) with the rows ``>= end`` set to 0."""
+    rows = acc.shape[0]
+    keep = ct.reshape(row0 + ct.arange(rows, dtype=ct.int32) < end, (rows, 1))
+    return ct.where(keep, acc, ct.full(acc.shape, 0.0, dtype=ct.float32))
+
+
 # ----------------------------------------------------------------------------------- tile math
 
 
-def _mma_bf16(a_v, b, e, mb, nb, nk, BM: int, BN: int, BK: int, TRANS_B: bool):
-    """fp32 [BM, BN] = a_v[mb rows, :] @ B_e[:, nb cols] over ``nk`` blocks of BK (zero padded)."""
+def _mma_bf16(a, b, g, e, rb, nb, nk, BM: int, BN: int, BK: int, TRANS_B: bool, KIND: int):
+    """fp32 [BM, BN] = row block ``rb`` of ``a`` @ B_e[:, nb cols] over ``nk`` blocks of BK (zero padded)."""
     acc = ct.full((BM, BN), 0.0, dtype=ct.float32)
     for kb in range(nk):
-        at = ct.load(a_v, (mb, kb), shape=(BM, BK), padding_mode=_ZERO)
+        at = _load_rows(a, g, rb, kb, BM, BK, KIND)
         if TRANS_B:
             bt = ct.load(b, (e, kb, nb), shape=(1, BK, BN), order=(0, 2, 1), padding_mode=_ZERO)
         else:
@@ -112,14 +165,22 @@ def _mma_bf16(a_v, b, e, mb, nb, nk, BM: int, BN: int, BK: int, TRANS_B: bool):
     return acc
 
 
-def _mma_fp8_part(a_v, sa_v, bt, sbv, mrow, kb, kb0, BK: int, FAST: bool):
-    """One 64-row promotion step: ``mma(a, b, 0) * sa[:, None] * sb`` (``sa_v`` is MN-major [K/128, rows]).
+def _mma_fp8_part(a, sa, bt, sbv, mrow, kb, BK: int, FAST: bool):
+    """One 64-row promotion step: ``mma(a, b, 0) * sa[:, None] * sb`` (``a`` [rows, K], ``sa`` MN-major [K/128, rows]).
 
     ``FAST`` lets the tensor core accumulate the 128-wide block in its fast (reduced) mode; the
     promotion to the fp32 accumulator after every block keeps the error bounded (DeepGEMM's scheme).
     """
-    at = ct.load(a_v, (mrow, kb), shape=(64, BK), padding_mode=_ZERO)
-    sat = ct.load(sa_v, (kb0 + kb, mrow), shape=(1, 64), padding_mode=_ZERO)
+    at = ct.load(a, (mrow, kb), shape=(64, BK), padding_mode=_ZERO)
+    sat = ct.load(sa, (kb, mrow), shape=(1, 64), padding_mode=_ZERO)
+    part = ct.mma(at, bt, ct.full((64, bt.shape[1]), 0.0, dtype=ct.float32), use_fast_acc=FAST)
+    return part * (ct.transpose(sat) * sbv)
+
+
+def _mma_fp8_rows(a, sa, g, bt, sbv, rb, kb, FAST: bool, KIND: int):
+    """:func:`_mma_fp8_part` for 64-row block ``rb`` of ``a`` (masked: inside group ``g``)."""
+    at = _load_rows(a, g, rb, kb, 64, bt.shape[0], KIND)
+    sat = _load_sa(sa, g, kb, rb, 64, KIND)
     part = ct.mma(at, bt, ct.full((64, bt.shape[1]), 0.0, dtype=ct.float32), use_fast_acc=FAST)
     return part * (ct.transpose(sat) * sbv)
 
@@ -145,23 +206,23 @@ def _load_b_fp8(b, sb, e, kb, nb, BN: int, BK: int, TRANS_B: bool):
     return ct.reshape(bt, (BK, BN)), sbv
 
 
-def _fp8_tile1(a_v, sa_v, b, sb, e, mb, nb, nk, BN: int, BK: int, TRANS_B: bool, FAST: bool):
-    """A 64-row FP8 tile: one promotion chain."""
+def _fp8_rows(a, sa, b, sb, g, e, rb, nb, nk, BN: int, BK: int, TRANS_B: bool, FAST: bool, KIND: int):
+    """A 64-row FP8 tile (64-row block ``rb``): one promotion chain."""
     acc = ct.full((64, BN), 0.0, dtype=ct.float32)
     for kb in range(nk):
         bt, sbv = _load_b_fp8(b, sb, e, kb, nb, BN, BK, TRANS_B)
-        acc = acc + _mma_fp8_part(a_v, sa_v, bt, sbv, mb, kb, 0, BK, FAST)
+        acc = acc + _mma_fp8_rows(a, sa, g, bt, sbv, rb, kb, FAST, KIND)
     return acc
 
 
-def _fp8_tile2(a_v, sa_v, b, sb, e, mb, nb, nk, BN: int, BK: int, TRANS_B: bool, FAST: bool):
-    """A 128-row FP8 tile as two independent 64-row promotion chains (DESIGN.md's lead)."""
+def _fp8_rows2(a, sa, b, sb, g, e, rb, nb, nk, BN: int, BK: int, TRANS_B: bool, FAST: bool, KIND: int):
+    """A 128-row FP8 tile (64-row blocks ``rb``, ``rb + 1``) as two independent 64-row promotion chains."""
     acc0 = ct.full((64, BN), 0.0, dtype=ct.float32)
     acc1 = ct.full((64, BN), 0.0, dtype=ct.float32)
     for kb in range(nk):
         bt, sbv = _load_b_fp8(b, sb, e, kb, nb, BN, BK, TRANS_B)
-        acc0 = acc0 + _mma_fp8_part(a_v, sa_v, bt, sbv, 2 * mb, kb, 0, BK, FAST)
-        acc1 = acc1 + _mma_fp8_part(a_v, sa_v, bt, sbv, 2 * mb + 1, kb, 0, BK, FAST)
+        acc0 = acc0 + _mma_fp8_rows(a, sa, g, bt, sbv, rb, kb, FAST, KIND)
+        acc1 = acc1 + _mma_fp8_rows(a, sa, g, bt, sbv, rb + 1, kb, FAST, KIND)
     return acc0, acc1
 
 
@@ -169,19 +230,20 @@ def _fp8_tile2(a_v, sa_v, b, sb, e, mb, nb, nk, BN: int, BK: int, TRANS_B: bool,
 
 
 def _m_grouped_body(
-    a, sa, b, sb, d, index, mmax, num_groups,
+    a, sa, b, sb, d, index, mmax, num_groups, align, zero_tail,
     KIND: int, FP8: bool, TRANS_B: bool, BM: int, BN: int, BK: int, GM: int, FAST: bool,
 ):  # fmt: skip
-    rows_total = a.shape[0]
-    n_dim = d.shape[1]
-    k_dim = a.shape[1]
+    rows_total = a.shape[0]  # masked: a is [G, Mmax, K] and rows are counted inside a group
+    n_dim = d.shape[2] if KIND == KIND_MASKED else d.shape[1]
+    k_dim = a.shape[2] if KIND == KIND_MASKED else a.shape[1]
     n_tiles = ct.cdiv(n_dim, BN)
     nk = ct.cdiv(k_dim, BK)
-    num_walk = _num_walk_groups(KIND, index, num_groups)
+    num_walk = _num_walk_groups(KIND, num_groups)
 
     g = -1
     start = 0
     end = 0
+    store_end = 0
     cum_end = 0
     cum = 0
     t = ct.bid(0)
@@ -192,70 +254,74 @@ def _m_grouped_body(
             g = g + 1
             cum = cum_end
             if g < num_walk:
-                start, end = _group_rows(KIND, g, index, rows_total, mmax)
-                cum_end = cum + ct.cdiv(end - start, BM) * n_tiles
+                start, end, store_end = _group_rows(KIND, g, index, rows_total, mmax, align, zero_tail)
+                cum_end = cum + ct.cdiv(store_end - start, BM) * n_tiles
         if g >= num_walk:
             break
-        mblocks = ct.cdiv(end - start, BM)
-        mb, nb = _swizzle(t - cum, mblocks, n_tiles, GM)
+        mb, nb = _swizzle(t - cum, ct.cdiv(store_end - start, BM), n_tiles, GM)
+        rb = start // BM + mb  # starts are multiples of BM: psum (align % BM == 0), masked and m_indices (0)
+        row0 = rb * BM
 
         # Which expert's B, and whether the tile is computed, zeroed or skipped.
         e = g
-        zero = False
+        zero = row0 >= end  # every row of the tile belongs to no group
         if KIND == KIND_INDICES:
-            e = ct.load(index, (_clamp(mb * BM, 0, rows_total - 1),), shape=())
+            e = ct.load(index, (_clamp(row0, 0, rows_total - 1),), shape=())
             zero = e == -1
-        if KIND == KIND_PSUM:
-            zero = g == num_groups
         valid = (e >= 0) & (e < num_groups)
 
-        if KIND == KIND_INDICES:
-            a_v = a
-            d_v = d
-        else:
-            a_v = a.slice(0, start, end)
-            d_v = d.slice(0, start, end)
-        if zero:
-            ct.store(d_v, (mb, nb), ct.full((BM, BN), 0.0, dtype=d.dtype))
-        elif valid:
-            if FP8:
-                if KIND == KIND_INDICES:
-                    sa_v = sa
-                else:
-                    sa_v = sa.slice(1, start, end)
+        if FP8:
+            if zero:
+                for h in ct.static_iter(range(BM // 64)):
+                    _store_rows(d, g, rb * (BM // 64) + h, nb, ct.full((64, BN), 0.0, dtype=d.dtype), KIND)
+            elif valid:
                 if BM == 128:
-                    acc0, acc1 = _fp8_tile2(a_v, sa_v, b, sb, e, mb, nb, nk, BN, BK, TRANS_B, FAST)
+                    acc0, acc1 = _fp8_rows2(a, sa, b, sb, g, e, 2 * rb, nb, nk, BN, BK, TRANS_B, FAST, KIND)
                     if KIND == KIND_INDICES:
-                        acc0 = _mask_padding_rows(acc0, index, 2 * mb, e, 64)
-                        acc1 = _mask_padding_rows(acc1, index, 2 * mb + 1, e, 64)
-                    ct.store(d_v, (2 * mb, nb), ct.astype(acc0, d.dtype))
-                    ct.store(d_v, (2 * mb + 1, nb), ct.astype(acc1, d.dtype))
+                        acc0 = _mask_padding_rows(acc0, index, 2 * rb, e, 64)
+                        acc1 = _mask_padding_rows(acc1, index, 2 * rb + 1, e, 64)
+                    else:
+                        acc0 = _zero_rows_from(acc0, row0, end)
+                        acc1 = _zero_rows_from(acc1, row0 + 64, end)
+                    _store_rows(d, g, 2 * rb, nb, ct.astype(acc0, d.dtype), KIND)
+                    _store_rows(d, g, 2 * rb + 1, nb, ct.astype(acc1, d.dtype), KIND)
                 else:
-                    acc0 = _fp8_tile1(a_v, sa_v, b, sb, e, mb, nb, nk, BN, BK, TRANS_B, FAST)
+                    acc0 = _fp8_rows(a, sa, b, sb, g, e, rb, nb, nk, BN, BK, TRANS_B, FAST, KIND)
                     if KIND == KIND_INDICES:
-                        acc0 = _mask_padding_rows(acc0, index, mb, e, 64)
-                    ct.store(d_v, (mb, nb), ct.astype(acc0, d.dtype))
-            else:
-                acc = _mma_bf16(a_v, b, e, mb, nb, nk, BM, BN, BK, TRANS_B)
+                        acc0 = _mask_padding_rows(acc0, index, rb, e, 64)
+                    else:
+                        acc0 = _zero_rows_from(acc0, row0, end)
+                    _store_rows(d, g, rb, nb, ct.astype(acc0, d.dtype), KIND)
+        else:
+            if zero:
+                _store_rows(d, g, rb, nb, ct.full((BM, BN), 0.0, dtype=d.dtype), KIND)
+            elif valid:
+                acc = _mma_bf16(a, b, g, e, rb, nb, nk, BM, BN, BK, TRANS_B, KIND)
                 if KIND == KIND_INDICES:
-                    acc = _mask_padding_rows(acc, index, mb, e, BM)
-                ct.store(d_v, (mb, nb), ct.astype(acc, d.dtype))
+                    acc = _mask_padding_rows(acc, index, rb, e, BM)
+                else:
+                    acc = _zero_rows_from(acc, row0, end)
+                _store_rows(d, g, rb, nb, ct.astype(acc, d.dtype), KIND)
         t = t + step
 
 
 def _m_grouped_bf16(
-    a, b, d, index, mmax: int, num_groups: int,
+    a, b, d, index, mmax: int, num_groups: int, align: int, zero_tail: int,
     KIND: ConstInt, TRANS_B: ConstBool, BM: ConstInt, BN: ConstInt, BK: ConstInt, GM: ConstInt,
 ):  # fmt: skip
-    _m_grouped_body(a, a, b, b, d, index, mmax, num_groups, KIND, False, TRANS_B, BM, BN, BK, GM, False)
+    _m_grouped_body(
+        a, a, b, b, d, index, mmax, num_groups, align, zero_tail, KIND, False, TRANS_B, BM, BN, BK, GM, False
+    )
 
 
 def _m_grouped_fp8(
-    a, sa, b, sb, d, index, mmax: int, num_groups: int,
+    a, sa, b, sb, d, index, mmax: int, num_groups: int, align: int, zero_tail: int,
     KIND: ConstInt, TRANS_B: ConstBool, BM: ConstInt, BN: ConstInt, BK: ConstInt, GM: ConstInt, FAST: ConstBool,
 ):  # fmt: skip
     ct.static_assert((BM == 128 or BM == 64) and BK == 128 and BN == 128, "FP8 tiles: 64/128 rows x 128 x 128")
-    _m_grouped_body(a, sa, b, sb, d, index, mmax, num_groups, KIND, True, TRANS_B, BM, BN, BK, GM, FAST)
+    _m_grouped_body(
+        a, sa, b, sb, d, index, mmax, num_groups, align, zero_tail, KIND, True, TRANS_B, BM, BN, BK, GM, FAST
+    )
 
 
 # -------------------------------------------------------------------------------- k-grouped
@@ -298,34 +364,29 @@ def _k_grouped_body(
         if g >= num_groups:
             break
         mb, nb = _swizzle(t - cum, mblocks, n_tiles, GM)
+        # Group g's K range [k0, k1): every group starts on a K block (the host aligns ragged ks), so
+        # its blocks are plain tile indices; the array's end stops the last one (zero padding).
         k0 = _clamp(ct.load(koffs, (g,), shape=()), 0, k_total)
         k1 = _clamp(ct.load(koffs, (g + 1,), shape=()), k0, k_total)
+        kb0 = k0 // BK
+        nkb = ct.cdiv(k1 - kb0 * BK, BK)
         if FP8:
-            # a, b are K-major copies [M, K_sum], [N, K_sum] (Hopper FP8 MMAs take K-major operands);
-            # every group's K range starts on a 128 boundary (ks multiples of 128, checked on the host).
-            k0 = k0 // BK * BK  # a K range always starts on a scale block (a multiple of 128 for valid ks)
+            # a, b are K-major copies [M, K_sum], [N, K_sum] (Hopper FP8 MMAs take K-major operands).
             acc0 = ct.full((64, BN), 0.0, dtype=ct.float32)
             acc1 = ct.full((64, BN), 0.0, dtype=ct.float32)
-            if k1 > k0:
-                a_v = a.slice(1, k0, k1)
-                b_v = b.slice(1, k0, k1)
-                kb0 = k0 // BK
-                for kb in range(ct.cdiv(k1 - k0, BK)):
-                    bt = ct.load(b_v, (kb, nb), shape=(BK, BN), order=(1, 0), padding_mode=_ZERO)
-                    sbt = ct.load(sb, (kb0 + kb, nb), shape=(1, BN), padding_mode=_ZERO)
-                    acc0 = acc0 + _mma_fp8_part(a_v, sa, bt, sbt, mb * 2, kb, kb0, BK, FAST)
-                    acc1 = acc1 + _mma_fp8_part(a_v, sa, bt, sbt, mb * 2 + 1, kb, kb0, BK, FAST)
+            for kb in range(kb0, kb0 + nkb):
+                bt = ct.load(b, (kb, nb), shape=(BK, BN), order=(1, 0), padding_mode=_ZERO)
+                sbt = ct.load(sb, (kb, nb), shape=(1, BN), padding_mode=_ZERO)
+                acc0 = acc0 + _mma_fp8_part(a, sa, bt, sbt, mb * 2, kb, BK, FAST)
+                acc1 = acc1 + _mma_fp8_part(a, sa, bt, sbt, mb * 2 + 1, kb, BK, FAST)
             _k_store(c, d, g, mb * 2, nb, acc0, HAS_C, C_IS_D)
             _k_store(c, d, g, mb * 2 + 1, nb, acc1, HAS_C, C_IS_D)
         else:
             acc = ct.full((BM, BN), 0.0, dtype=ct.float32)
-            if k1 > k0:
-                a_v = a.slice(0, k0, k1)
-                b_v = b.slice(0, k0, k1)
-                for kb in range(ct.cdiv(k1 - k0, BK)):
-                    at = ct.load(a_v, (mb, kb), shape=(BM, BK), order=(1, 0), padding_mode=_ZERO)
-                    bt = ct.load(b_v, (kb, nb), shape=(BK, BN), padding_mode=_ZERO)
-                    acc = ct.mma(at, bt, acc)
+            for kb in range(kb0, kb0 + nkb):
+                at = ct.load(a, (mb, kb), shape=(BM, BK), order=(1, 0), padding_mode=_ZERO)
+                bt = ct.load(b, (kb, nb), shape=(BK, BN), padding_mode=_ZERO)
+                acc = ct.mma(at, bt, acc)
             if HAS_C:
                 # 64-row halves keep the C tile's registers small (a 128x128 fp32 C tile spills).
                 for h in ct.static_iter(range(BM // 64)):
@@ -407,29 +468,29 @@ def _m_grouped(
     trans_b: bool,
     fp8: bool,
     expected_m: int,
+    alignment: int = 128,
     cfg: heuristics.GroupedConfig | None = None,
+    zero_tail: bool = True,
 ) -> torch.Tensor:
     """Shared host path of the m-grouped ops (``a``/``b`` are tensors or (data, scale) tuples).
 
-    ``cfg`` overrides the heuristic's choice (benchmarks and the compile gate use it).
+    ``alignment`` (psum layout only): group g starts at ``offs[g-1]`` rounded up to a multiple of it
+    (DeepGEMM: 128). An alignment that is not a multiple of the tile's rows (``torch._grouped_mm``'s
+    offsets: 1) is served by repacking the rows into an aligned layout on the device
+    (:func:`_m_grouped_repacked`). ``zero_tail``: psum rows past the last group are written 0.
+    ``cfg`` overrides the heuristic's choice.
     """
+    if alignment < 1:
+        raise ValueError(f"alignment: got {alignment}, expected a positive number of rows")
     if fp8:
         (a_data, sa), (b_data, sb) = a, b
     else:
         a_data, b_data, sa, sb = a, b, None, None
     num_groups = b_data.shape[0]
-    if kind == KIND_MASKED:
-        mmax = a_data.shape[1]
-        flat = a_data.shape[0] * mmax  # explicit sizes: reshape(-1, 0) is ambiguous when K == 0
-        a_data = a_data.reshape(flat, a_data.shape[-1])
-        d2 = d.view(flat, d.shape[-1])
-        if fp8:
-            sa = sa.reshape(flat, sa.shape[-1])
-    else:
-        mmax = 0
-        d2 = d
-    rows, k_dim = a_data.shape
-    n_dim = d2.shape[1]
+    mmax = a_data.shape[1] if kind == KIND_MASKED else 0
+    rows = a_data.shape[0] * a_data.shape[1] if kind == KIND_MASKED else a_data.shape[0]
+    k_dim = a_data.shape[-1]
+    n_dim = d.shape[-1]
     if rows == 0 or n_dim == 0:
         return d
     if k_dim == 0 or num_groups == 0:  # every written row is an empty sum (or padding): 0, no kernel
@@ -437,7 +498,7 @@ def _m_grouped(
             valid = torch.arange(mmax, device=d.device)[None, :, None] < index[:, None, None]
             return d.masked_fill_(valid, 0)
         return d.zero_()
-    _check_sizes(a_data, d2)
+    _check_sizes(a_data, d)
     _check_tma_weight(b_data)
     if fp8 and sb.shape[-2] != -(-n_dim // 128):
         raise Unsupported("m-grouped FP8 takes 128x128 RHS scales only")
@@ -446,6 +507,8 @@ def _m_grouped(
         cfg = heuristics.grouped_config(
             op, kind=kind, fp8=fp8, rows=rows, n=n_dim, k=k_dim, groups=num_groups, expected_m=hint
         )
+    if kind == KIND_PSUM and alignment % cfg.bm:
+        return _m_grouped_repacked(op, a_data, sa, b, d, index, trans_b, fp8, cfg)
     heuristics.maybe_print_grouped_config(op, {"rows": rows, "n": n_dim, "k": k_dim, "groups": num_groups}, cfg)
     if fp8 and not trans_b:
         # Hopper FP8 MMAs take K-major operands only: NN weights are copied to [G, N, K] (as DeepGEMM requires).
@@ -458,19 +521,73 @@ def _m_grouped(
     if kind == KIND_MASKED:
         upper = num_groups * -(-mmax // cfg.bm) * n_tiles
     elif kind == KIND_PSUM:
-        upper = (-(-rows // cfg.bm) + num_groups + 1) * n_tiles
+        upper = (-(-rows // cfg.bm) + num_groups) * n_tiles  # each group adds at most one partial row block
     else:
         upper = -(-rows // cfg.bm) * n_tiles
+    runtime = (index, mmax, num_groups, alignment, int(zero_tail))
     consts = (kind, trans_b, cfg.bm, cfg.bn, cfg.bk, cfg.gm)
     if fp8:
-        sa_t = sa.t().contiguous()  # [K/128, rows]: MN-major LHS scales, one TMA row per 64-row part
+        # MN-major LHS scales, one TMA row per 64-row part: [K/128, rows] (masked: [G, K/128, Mmax])
+        sa_t = sa.transpose(-1, -2).contiguous()
         kernel = get_kernel("m_fp8", cfg.num_worker_warps, cfg.occupancy)
-        args = (a_data, sa_t, b_data, sb.contiguous(), d2, index, mmax, num_groups, *consts, cfg.fast_acc)
+        args = (a_data, sa_t, b_data, sb.contiguous(), d, *runtime, *consts, cfg.fast_acc)
     else:
         kernel = get_kernel("m_bf16", cfg.num_worker_warps, cfg.occupancy)
-        args = (a_data, b_data, d2, index, mmax, num_groups, *consts)
+        args = (a_data, b_data, d, *runtime, *consts)
     _launch(kernel, _grid(cfg, upper), args)
     return d
+
+
+def _aligned_rows(offs: torch.Tensor, rows: int, align: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Where each row of a torch-style psum layout goes in a layout whose groups start on ``align`` rows.
+
+    ``offs`` int32 [G] cumulative ends (group g = rows ``[offs[g-1], offs[g])``). Returns ``(dst, offs_aligned,
+    rows_aligned)``: int64 ``dst[r]`` the row of ``r`` in the aligned layout (rows of no group: ``rows_aligned``,
+    one spare row), int32 ``offs_aligned`` the aligned layout's psum ends (DeepGEMM's meaning), and the static
+    row count ``rows + min(G, rows) * (align - 1)`` that bounds it. All on the device: no host sync.
+    """
+    num_groups = offs.shape[0]
+    rows_aligned = rows + min(num_groups, rows) * (align - 1)
+    ends = offs.to(torch.int64).clamp(0, rows)
+    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
+    counts = (ends - starts).clamp(min=0)
+    padded = (counts + align - 1) // align * align
+    pad_starts = torch.cumsum(padded, 0) - padded
+    r = torch.arange(rows, device=offs.device)
+    group = torch.searchsorted(ends, r, right=True).clamp(max=num_groups)
+    g = group.clamp(max=num_groups - 1)
+    dst = torch.where(group < num_groups, pad_starts[g] + r - starts[g], rows_aligned).clamp(0, rows_aligned)
+    return dst, (pad_starts + counts).to(torch.int32), rows_aligned
+
+
+def _m_grouped_repacked(
+    op: str,
+    a_data: torch.Tensor,
+    sa: torch.Tensor | None,
+    b: Any,
+    d: torch.Tensor,
+    offs: torch.Tensor,
+    trans_b: bool,
+    fp8: bool,
+    cfg: heuristics.GroupedConfig,
+) -> torch.Tensor:
+    """psum layout with unaligned group starts: rows are copied into a layout whose groups start on whole
+    tiles (:func:`_aligned_rows`), the aligned kernel runs there, and ``d`` gathers the rows back; rows of no
+    group read the spare row, which is 0."""
+    rows = a_data.shape[0]
+    dst, offs_aligned, rows_aligned = _aligned_rows(offs, rows, cfg.bm)
+    # One spare row past the aligned layout takes the rows of no group (copied in, never computed).
+    a_bytes = a_data.view(torch.uint8) if fp8 else a_data  # index_copy_ has no float8 kernel
+    a_pad = a_bytes.new_empty(rows_aligned + 1, a_data.shape[1]).index_copy_(0, dst, a_bytes)[:rows_aligned]
+    a_arg: Any = a_pad
+    if fp8:
+        sa_pad = sa.new_empty(rows_aligned + 1, sa.shape[1]).index_copy_(0, dst, sa)[:rows_aligned]
+        a_arg = (a_pad.view(a_data.dtype), sa_pad)
+    d_pad = d.new_empty(rows_aligned + 1, d.shape[1])
+    d_pad[rows_aligned].zero_()
+    # Rows of the aligned layout past its last group are read by no one: the kernel leaves them alone.
+    _m_grouped(op, a_arg, b, d_pad[:rows_aligned], offs_aligned, KIND_PSUM, trans_b, fp8, 0, cfg.bm, cfg, False)
+    return torch.index_select(d_pad, 0, dst, out=d)
 
 
 def _k_offsets(ks: list[int], ks_tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor:
@@ -487,6 +604,18 @@ def _cached_offsets(ks: tuple[int, ...], device: torch.device) -> torch.Tensor:
     for k in ks:
         prefix.append(prefix[-1] + k)
     return torch.tensor(prefix, dtype=torch.int32).to(device)
+
+
+@functools.lru_cache(maxsize=256)
+def _k_block_rows(ks: tuple[int, ...], block: int, device: torch.device) -> tuple[torch.Tensor, list[int]]:
+    """Rows of a ``[sum(ks), *]`` operand in a layout whose groups start on multiples of ``block`` (int64 on
+    ``device``), and the per-group K of that layout (each ``ks[g]`` rounded up, the last one kept)."""
+    padded = [-(-k // block) * block for k in ks[:-1]] + list(ks[-1:])
+    starts = [0]
+    for k in padded[:-1]:
+        starts.append(starts[-1] + k)
+    rows = [start + i for start, k in zip(starts, ks) for i in range(k)]
+    return torch.tensor(rows, dtype=torch.int64).to(device), padded
 
 
 def _k_grouped(
@@ -518,6 +647,13 @@ def _k_grouped(
             op, kind=KIND_K, fp8=fp8, rows=m_dim, n=n_dim, k=k_sum, groups=num_groups, expected_m=m_dim, has_c=has_c
         )
     heuristics.maybe_print_grouped_config(op, {"m": m_dim, "n": n_dim, "k_sum": k_sum, "groups": num_groups}, cfg)
+    if any(k % cfg.bk for k in ks[:-1]):
+        # A group starting inside a K block: copy each group to a K range of whole blocks (zero filled), so
+        # the kernel's K blocks are plain tile indices (the FP8 op takes multiples of 128 only).
+        rows, ks = _k_block_rows(tuple(int(k) for k in ks), cfg.bk, d.device)
+        a_data = a_data.new_zeros(ks_sum := sum(ks), a_data.shape[1]).index_copy_(0, rows, a_data)
+        b_data = b_data.new_zeros(ks_sum, b_data.shape[1]).index_copy_(0, rows, b_data)
+        ks_tensor = None
     koffs = _k_offsets(ks, ks_tensor, d.device)
     c_is_d = has_c and c.data_ptr() == d.data_ptr() and c.stride() == d.stride()
     # When c is d the kernel reads C from d itself (no aliased pair of arrays); otherwise a row-major c.
@@ -548,28 +684,28 @@ def _contiguous_kind(use_psum_layout: bool) -> int:
 def m_grouped_bf16_gemm_nt_contiguous(a, b, d, m_indices, use_psum_layout, stream):
     """``d[r] = a[r] @ b[group(r)].T``; see ``tilegemm.ops.api``."""
     kind = _contiguous_kind(use_psum_layout)
-    return _m_grouped("m_grouped_bf16_gemm_nt_contiguous", a, b, d, m_indices, kind, True, False, 0)
+    return _m_grouped("m_grouped_bf16_gemm_nt_contiguous", a, b, d, m_indices, kind, True, False, 0, 1)
 
 
 @register_impl("m_grouped_bf16_gemm_nn_contiguous", "cutile")
 def m_grouped_bf16_gemm_nn_contiguous(a, b, d, m_indices, use_psum_layout, stream):
     """``d[r] = a[r] @ b[group(r)]``; see ``tilegemm.ops.api``."""
     kind = _contiguous_kind(use_psum_layout)
-    return _m_grouped("m_grouped_bf16_gemm_nn_contiguous", a, b, d, m_indices, kind, False, False, 0)
+    return _m_grouped("m_grouped_bf16_gemm_nn_contiguous", a, b, d, m_indices, kind, False, False, 0, 1)
 
 
 @register_impl("m_grouped_fp8_gemm_nt_contiguous", "cutile")
 def m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices, use_psum_layout, disable_ue8m0_cast, stream):
     """FP8 m-grouped NT, 1x128 LHS / 128x128 RHS scales; see ``tilegemm.ops.api``."""
     kind = _contiguous_kind(use_psum_layout)
-    return _m_grouped("m_grouped_fp8_gemm_nt_contiguous", a, b, d, m_indices, kind, True, True, 0)
+    return _m_grouped("m_grouped_fp8_gemm_nt_contiguous", a, b, d, m_indices, kind, True, True, 0, 1)
 
 
 @register_impl("m_grouped_fp8_gemm_nn_contiguous", "cutile")
 def m_grouped_fp8_gemm_nn_contiguous(a, b, d, m_indices, use_psum_layout, disable_ue8m0_cast, stream):
     """FP8 m-grouped NN, 1x128 LHS / 128x128 RHS scales; see ``tilegemm.ops.api``."""
     kind = _contiguous_kind(use_psum_layout)
-    return _m_grouped("m_grouped_fp8_gemm_nn_contiguous", a, b, d, m_indices, kind, False, True, 0)
+    return _m_grouped("m_grouped_fp8_gemm_nn_contiguous", a, b, d, m_indices, kind, False, True, 0, 1)
 
 
 @register_impl("m_grouped_bf16_gemm_nt_masked", "cutile")

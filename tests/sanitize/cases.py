@@ -1,0 +1,249 @@
+"""Every cutile kernel family on awkward shapes and garbage device values, for compute-sanitizer.
+
+Run under ``compute-sanitizer --tool memcheck`` (and ``initcheck``) by ``make test-gpu-sanitize``. Value
+checks are off (``TILEGEMM_CHECK_VALUES=0``), fallback is an error and PyTorch's caching allocator is off
+(``PYTORCH_NO_CUDA_MEMORY_CACHING=1``), so every tensor is its own allocation and an access past any tensor
+is outside every allocation, where memcheck sees it. The kernels promise to stay in bounds whatever the
+values of indices, offsets, ``masked_m``, ``ks``, windows, block tables and schedules; a case with valid
+values is also checked against the ``pytorch`` backend, so a clean run is not a run that computed nothing.
+
+Prints one line per case and exits non-zero if any case raised or disagreed with the reference.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import traceback
+from collections.abc import Callable
+
+import torch
+
+import tilegemm as tg
+from tilegemm import indexer
+from tilegemm.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
+from tilegemm.testing import calc_diff
+
+DEV = "cuda"
+ALIGN = 128
+GROUP_PATTERNS = [[0, 70, 128, 5], [70, 0, 128, 5], [70, 128, 5, 0], [70, 128, 5, 9], [128, 128, 0, 256], [1, 1, 1, 1]]
+N, K = 264, 384  # neither a multiple of the tiles
+
+_CASES: list[tuple[str, Callable[[], str]]] = []
+
+
+def case(name: str):
+    def register(fn: Callable[[], str]) -> Callable[[], str]:
+        _CASES.append((name, fn))
+        return fn
+
+    return register
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator(device=DEV).manual_seed(seed)
+
+
+def _cutile_vs_reference(op: Callable, *args, bar: float, **kwargs) -> str:
+    """Run ``op`` on cutile and pytorch into NaN-poisoned outputs; return the calc_diff as text."""
+    out = args[2]
+    ref = torch.full_like(out, float("nan"))
+    op(*args, backend="cutile", **kwargs)
+    op(*args[:2], ref, *args[3:], backend="pytorch", **kwargs)
+    torch.cuda.synchronize()
+    both = ~(out.isnan() & ref.isnan())
+    diff = calc_diff(torch.nan_to_num(out[both]), torch.nan_to_num(ref[both])) if both.any() else 0.0
+    if diff > bar or not torch.equal(out.isnan(), ref.isnan()):
+        raise AssertionError(f"cutile differs from pytorch: calc_diff {diff:.2e}, NaN rows differ")
+    return f"calc_diff {diff:.1e}"
+
+
+def _grouped_operands(rows: int, groups: int, fp8: bool, seed: int):
+    g = _gen(seed)
+    a = torch.randn(rows, K, device=DEV, generator=g)
+    b = torch.randn(groups, N, K, device=DEV, generator=g)
+    if fp8:
+        return per_token_cast_to_fp8(a), per_block_cast_to_fp8(b)
+    return a.bfloat16(), b.bfloat16()
+
+
+def _psum_kwargs(alignment: int) -> dict:
+    """The psum call's alignment argument, where the op takes one (DeepGEMM's layout aligns to 128)."""
+    params = inspect.signature(tg.m_grouped_bf16_gemm_nt_contiguous).parameters
+    return {"alignment": alignment} if "alignment" in params else {}
+
+
+def _psum_ends(sizes: list[int], alignment: int) -> list[int]:
+    ends, start = [], 0
+    for s in sizes:
+        ends.append(start + s)
+        start = -(-(start + s) // alignment) * alignment
+    return ends
+
+
+for _fp8 in (False, True):
+    _dt = "fp8" if _fp8 else "bf16"
+    _op = getattr(tg, f"m_grouped_{_dt}_gemm_nt_contiguous")
+    for _sizes in GROUP_PATTERNS:
+        for _align in (ALIGN, 1):
+
+            @case(f"m-grouped {_dt} psum align={_align} groups={_sizes}")
+            def _psum(op=_op, fp8=_fp8, sizes=_sizes, align=_align) -> str:
+                kwargs = _psum_kwargs(align)
+                if not kwargs and align != 1:
+                    return "skipped: this API has no psum alignment argument"
+                ends = _psum_ends(sizes, align)
+                rows = ends[-1] + 77  # rows past the last group
+                a, b = _grouped_operands(rows, len(sizes), fp8, seed=rows)
+                offs = torch.tensor(ends, dtype=torch.int32, device=DEV)
+                d = torch.full((rows, N), float("nan"), dtype=torch.bfloat16, device=DEV)
+                return _cutile_vs_reference(op, a, b, d, offs, use_psum_layout=True, bar=1e-5, **kwargs)
+
+    @case(f"m-grouped {_dt} psum garbage offsets")
+    def _psum_garbage(op=_op, fp8=_fp8) -> str:
+        rows = 300
+        a, b = _grouped_operands(rows, 5, fp8, seed=5)
+        offs = torch.tensor([250, -7, 10**6, 3, 2**31 - 1], dtype=torch.int32, device=DEV)
+        d = torch.empty(rows, N, dtype=torch.bfloat16, device=DEV)
+        op(a, b, d, offs, use_psum_layout=True, backend="cutile")
+        torch.cuda.synchronize()
+        return "ran"
+
+    @case(f"m-grouped {_dt} m_indices: -1 padding, then garbage ids")
+    def _indices(op=_op, fp8=_fp8) -> str:
+        parts = []
+        for gi, s in enumerate([70, 0, 128, 5]):
+            seg = torch.full((-(-s // ALIGN) * ALIGN,), -1, dtype=torch.int32)
+            seg[:s] = gi
+            parts.append(seg)
+        idx = torch.cat(parts).to(DEV)
+        rows = idx.numel()
+        a, b = _grouped_operands(rows, 4, fp8, seed=rows)
+        d = torch.full((rows, N), float("nan"), dtype=torch.bfloat16, device=DEV)
+        note = _cutile_vs_reference(op, a, b, d, idx, bar=1e-5)
+        garbage = torch.randint(-9, 9, (rows,), generator=_gen(3), device=DEV, dtype=torch.int32)
+        op(a, b, d, garbage, backend="cutile")
+        torch.cuda.synchronize()
+        return note
+
+    _mop = getattr(tg, f"m_grouped_{_dt}_gemm_nt_masked")
+
+    @case(f"m-grouped {_dt} masked: masked_m 0, Mmax, partial; then garbage")
+    def _masked(op=_mop, fp8=_fp8) -> str:
+        groups, mmax = 4, 200
+        a, b = _grouped_operands(groups * mmax, groups, fp8, seed=9)
+        a = tuple(t.view(groups, mmax, -1) for t in a) if fp8 else a.view(groups, mmax, K)
+        d = torch.zeros(groups, mmax, N, dtype=torch.bfloat16, device=DEV)
+        ref = d.clone()
+        masked_m = torch.tensor([0, mmax, 77, 1], dtype=torch.int32, device=DEV)
+        op(a, b, d, masked_m, 64, backend="cutile")
+        op(a, b, ref, masked_m, 64, backend="pytorch")
+        valid = torch.arange(mmax, device=DEV)[None, :] < masked_m[:, None]
+        diff = calc_diff(d[valid], ref[valid])
+        if diff > 1e-5:
+            raise AssertionError(f"masked: calc_diff {diff:.2e}")
+        garbage = torch.tensor([-5, 10**6, mmax + 1, 2**31 - 1], dtype=torch.int32, device=DEV)
+        op(a, b, d, garbage, 64, backend="cutile")
+        torch.cuda.synchronize()
+        return f"calc_diff {diff:.1e}"
+
+    _kop = getattr(tg, f"k_grouped_{_dt}_gemm_tn_contiguous")
+
+    @case(f"k-grouped {_dt}: empty groups, then ks_tensor that disagrees with ks")
+    def _k_grouped(op=_kop, fp8=_fp8) -> str:
+        ks = [256, 0, 384, 128] if fp8 else [200, 0, 333, 1]
+        m, n, k_sum = 136, 200, sum(ks)
+        g = _gen(11)
+        a = torch.randn(k_sum, m, device=DEV, generator=g)
+        b = torch.randn(k_sum, n, device=DEV, generator=g)
+        if fp8:
+            qa, sa = per_token_cast_to_fp8(a.t().contiguous())
+            qb, sb = per_token_cast_to_fp8(b.t().contiguous())
+            a, b = (qa.t().contiguous(), sa.t().contiguous()), (qb.t().contiguous(), sb.t().contiguous())
+        else:
+            a, b = a.bfloat16(), b.bfloat16()
+        ks_t = torch.tensor(ks, dtype=torch.int32, device=DEV)
+        d = torch.full((len(ks), m, n), float("nan"), device=DEV)
+        note = _cutile_vs_reference(op, a, b, d, ks, ks_t, bar=1e-5)
+        garbage = torch.tensor([10**6, -300, 7, 2**31 - 1], dtype=torch.int32, device=DEV)
+        op(a, b, d, ks, garbage, backend="cutile")
+        torch.cuda.synchronize()
+        return note
+
+
+for _fp8 in (False, True):
+    _dt = "fp8" if _fp8 else "bf16"
+    for _m, _n, _k in [(1, 264, 384), (3, 2112, 200), (129, 77, 1000), (300, 513, 128)]:
+
+        @case(f"dense {_dt} nt {_m}x{_n}x{_k}")
+        def _dense(fp8=_fp8, m=_m, n=_n, k=_k) -> str:
+            g = _gen(m + n + k)
+            a = torch.randn(m, k, device=DEV, generator=g)
+            b = torch.randn(n, k, device=DEV, generator=g)
+            d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=DEV)
+            if fp8:
+                return _cutile_vs_reference(
+                    tg.fp8_gemm_nt, per_token_cast_to_fp8(a), per_block_cast_to_fp8(b), d, bar=1e-5
+                )
+            return _cutile_vs_reference(tg.bf16_gemm_nt, a.bfloat16(), b.bfloat16(), d, bar=1e-5)
+
+
+@case("mqa logits: windows past both ends")
+def _mqa() -> str:
+    g = torch.Generator().manual_seed(1)
+    s, s_kv, h, d = 70, 333, 64, 128
+    q8 = torch.randn(s, h, d, generator=g).to(torch.float8_e4m3fn).to(DEV)
+    kv = tuple(t.to(DEV) for t in indexer.quantize_keys(torch.randn(s_kv, d, generator=g)))
+    w = torch.randn(s, h, generator=g).to(DEV)
+    ks = torch.randint(-1000, 100, (s,), generator=g, dtype=torch.int32).to(DEV)
+    ke = torch.randint(200, 5000, (s,), generator=g, dtype=torch.int32).to(DEV)
+    tg.fp8_mqa_logits(q8, kv, w, ks, ke, backend="cutile")
+    torch.cuda.synchronize()
+    return "ran"
+
+
+@case("paged mqa logits: garbage block table tail, then garbage schedule and lengths")
+def _paged() -> str:
+    g = torch.Generator().manual_seed(2)
+    b, next_n, h, d, block_kv = 3, 2, 64, 128, 64
+    lens = [130, 2, 700]
+    keys = [torch.randn(n, d, generator=g) for n in lens]
+    cache, table, ctx = indexer.build_paged_kv_cache(keys, block_kv, num_blocks=30, generator=g)
+    table = torch.cat([table, torch.randint(-50, 10**6, (b, 3), generator=g, dtype=torch.int32)], 1)
+    q8 = torch.randn(b, next_n, h, d, generator=g).to(torch.float8_e4m3fn)
+    w = torch.randn(b * next_n, h, generator=g)
+    cache, table, ctx, q8, w = (t.to(DEV) for t in (cache, table, ctx, q8, w))
+    meta = tg.get_paged_mqa_logits_metadata(ctx, block_kv, 132, backend="cutile")
+    width = max(lens) + 50
+    tg.fp8_paged_mqa_logits(q8, cache, w, ctx, table, meta, width, backend="cutile")
+    bad_meta = torch.randint(-100, 10**5, meta.shape, generator=torch.Generator().manual_seed(3), dtype=torch.int32)
+    bad_ctx = torch.tensor([10**6, -4, 2**31 - 1], dtype=torch.int32, device=DEV)
+    tg.fp8_paged_mqa_logits(q8, cache, w, bad_ctx, table, bad_meta.to(DEV), width, backend="cutile")
+    torch.cuda.synchronize()
+    return "ran"
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("tests/sanitize/cases.py needs a CUDA GPU (make test-gpu-sanitize on a GPU machine)", file=sys.stderr)
+        return 2
+    os.environ.setdefault("TILEGEMM_CHECK_VALUES", "0")
+    os.environ.setdefault("TILEGEMM_DISABLE_FALLBACK", "1")
+    only = sys.argv[1] if len(sys.argv) > 1 else ""
+    failed = 0
+    for name, fn in _CASES:
+        if only not in name:
+            continue
+        try:
+            note = fn()
+            print(f"ok    {name}: {note}", flush=True)
+        except Exception:
+            failed += 1
+            print(f"FAIL  {name}:\n{traceback.format_exc()}", flush=True)
+    print(f"{len(_CASES) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
