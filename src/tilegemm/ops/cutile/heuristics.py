@@ -11,8 +11,9 @@ Other kernel families add their own section below (grouped, MQA).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+
+from tilegemm.env import PRINT_CONFIGS, env_flag
 
 __all__ = [
     "DenseConfig",
@@ -165,7 +166,7 @@ _printed: set[tuple] = set()
 
 def print_config(op: str, shape: tuple[int, ...], cfg: DenseConfig, grid: tuple[int, ...], plan=None) -> None:
     """Print ``cfg`` once per new (op, shape) when ``TILEGEMM_PRINT_CONFIGS=1``."""
-    if os.environ.get("TILEGEMM_PRINT_CONFIGS", "0") in ("", "0"):
+    if not env_flag(PRINT_CONFIGS):
         return
     key = (op, shape, cfg.name)
     if key in _printed:
@@ -269,7 +270,7 @@ _grouped_printed: set[tuple] = set()
 
 def maybe_print_grouped_config(op: str, shape: dict[str, int], cfg: GroupedConfig) -> None:
     """Print ``cfg`` once per new (op, shape) when ``TILEGEMM_PRINT_CONFIGS=1``."""
-    if os.environ.get("TILEGEMM_PRINT_CONFIGS", "0") in ("", "0"):
+    if not env_flag(PRINT_CONFIGS):
         return
     key = (op, tuple(sorted(shape.items())), cfg.name)
     if key in _grouped_printed:
@@ -359,7 +360,7 @@ _mqa_printed: set[tuple] = set()
 
 def maybe_print_mqa_config(op: str, shape: dict[str, int], cfg: MqaConfig | PagedMqaConfig) -> None:
     """Print ``cfg`` once per new (op, shape) when ``TILEGEMM_PRINT_CONFIGS=1``."""
-    if os.environ.get("TILEGEMM_PRINT_CONFIGS", "0") in ("", "0"):
+    if not env_flag(PRINT_CONFIGS):
         return
     key = (op, tuple(sorted(shape.items())), cfg)
     if key in _mqa_printed:
