@@ -1,4 +1,4 @@
-"""Patched MoE inference: ``python -m tilegemm.infer`` (also ``modeling/transformers/infer.py``).
+"""Patched MoE inference vs stock transformers: speed and agreement (``python modeling/transformers/infer.py``).
 
 Runs a random-weight preset (``--model tiny``, ``tiny-qwen3-moe``, ``qwen3-30b-a3b --layers 4``,
 ``deepseek-v3 --layers 4``, ...) or a local checkpoint directory through transformers with tilegemm's
@@ -10,45 +10,70 @@ Stock decode is measured with ``generate`` and the dynamic cache and, on a GPU, 
 ``cache_implementation="static"`` (transformers compiles the forward); the faster is the peer. The
 patched decode uses ``generate`` with the dynamic cache, or with ``--cuda-graphs`` a static cache and
 a CUDA-graph-replayed decode step.
+
+Run from a checkout: ``python modeling/transformers/infer.py --compare --model tiny`` (or
+``python -m modeling.transformers.infer`` from the repository root).
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
-import json
-import os
 import sys
-import time
-from typing import Any
+from pathlib import Path
 
-import torch
+if __package__ in (None, ""):  # run as a script: make the repository root and src/ importable
+    _ROOT = Path(__file__).resolve().parents[2]
+    sys.path[0:1] = [str(_ROOT), str(_ROOT / "src")]
+
+import argparse  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import time  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+
+from modeling.transformers import measure, presets  # noqa: E402
+from tilegemm.backend.selector import BACKENDS, cutile_unavailable_reason, get_current_backend  # noqa: E402
+from tilegemm.transformers import apply_tilegemm_to_model, revert_tilegemm_model  # noqa: E402
+from tilegemm.transformers.compat import UnsupportedTransformersError, transformers_version  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def log(message: str) -> None:
     """Progress line on stderr."""
-    print(f"[tilegemm.infer {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+    print(f"[infer {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command-line options (see ``--help``)."""
-    from tilegemm.transformers.presets import ALIASES, PRESETS
+def _positive_int(text: str) -> int:
+    """argparse type: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
 
-    names = ", ".join([*ALIASES, *PRESETS])
-    p = argparse.ArgumentParser(prog="python -m tilegemm.infer", description=__doc__.split("\n\n")[0])
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the CLI (options only; :func:`parse_args` also validates them together)."""
+    names = ", ".join([*presets.ALIASES, *presets.PRESETS])
+    p = argparse.ArgumentParser(prog="modeling/transformers/infer.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="tiny", help=f"preset ({names}) or a local checkpoint directory")
-    p.add_argument("--layers", type=int, default=None, help="decoder layers of a preset (realistic default 4)")
+    p.add_argument(
+        "--layers", type=_positive_int, default=None, help="decoder layers of a preset (realistic default 4)"
+    )
     p.add_argument("--compare", action="store_true", help="also run the stock model and compare")
-    p.add_argument("--backend", choices=["auto", "cutile", "pytorch"], default="auto")
+    p.add_argument("--backend", choices=["auto", *BACKENDS], default="auto", help="tilegemm backend of the patch")
     p.add_argument("--fp8", action="store_true", help="FP8 experts (and dense layers with --linear)")
     p.add_argument("--linear", action="store_true", help="also swap dense nn.Linear layers to tilegemm")
     p.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: bf16 on a GPU, fp32 on the CPU")
-    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--prompt-tokens", type=int, default=None, help="default: 16 (tiny), 4096 (realistic)")
-    p.add_argument("--new-tokens", type=int, default=None, help="default: 8 (tiny), 64 (realistic)")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N; default: cuda when available, else cpu")
+    p.add_argument("--batch-size", type=_positive_int, default=1)
+    p.add_argument("--prompt-tokens", type=_positive_int, default=None, help="default: 16 (tiny), 4096 (realistic)")
+    p.add_argument("--new-tokens", type=_positive_int, default=None, help="default: 8 (tiny), 64 (realistic)")
     p.add_argument("--cuda-graphs", action="store_true", help="patched decode: static cache + CUDA graph")
     p.add_argument(
         "--stock-static",
@@ -56,14 +81,67 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="auto",
         help="stock decode with cache_implementation='static' (compiled); auto: on a GPU, realistic models",
     )
-    p.add_argument("--repeats", type=int, default=None, help="timed prefill repetitions, median (1 tiny, 3 else)")
+    p.add_argument(
+        "--repeats", type=_positive_int, default=None, help="timed prefill repetitions, median (1 tiny, 3 else)"
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None, help="write the results as JSON to this path ('-': stdout)")
-    return p.parse_args(argv)
+    p.add_argument("--json", default=None, help="write the results as JSON to this path ('-': stdout, table to stderr)")
+    return p
+
+
+def resolve_device(requested: str | None) -> torch.device:
+    """``--device`` as a ``torch.device`` (default: cuda when available); ``ValueError`` saying why it can't run."""
+    if requested is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(requested)
+    except RuntimeError:
+        raise ValueError(f"got {requested!r}, expected cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"got {requested!r}, expected cpu, cuda or cuda:N")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{requested!r} requested but CUDA is not available on this machine")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"{requested!r} requested but this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+
+def backend_problem(backend: str, device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why ``--backend backend`` cannot run the patched model on ``device`` in ``dtype``, or ``None``."""
+    if backend != "cutile":
+        return None
+    reason = cutile_unavailable_reason()
+    if reason is not None:
+        return f"the cutile backend cannot run on this machine: {reason}"
+    if device.type != "cuda":
+        return f"the cutile backend needs --device cuda, got {device}"
+    if dtype != torch.bfloat16:
+        name = next(k for k, v in DTYPES.items() if v == dtype)
+        return f"the cutile backend runs bf16 models; --dtype {name} would run pytorch"
+    return None
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse and validate the command line (argparse errors, exit status 2, for anything that cannot run).
+
+    Adds ``args.device_resolved`` (``torch.device``) and ``args.dtype_resolved`` (``torch.dtype``).
+    """
+    p = build_parser()
+    args = p.parse_args(argv)
+    try:
+        args.device_resolved = resolve_device(args.device)
+    except ValueError as exc:
+        p.error(f"argument --device: {exc}")
+    args.dtype_resolved = DTYPES[args.dtype or ("bf16" if args.device_resolved.type == "cuda" else "fp32")]
+    problem = backend_problem(args.backend, args.device_resolved, args.dtype_resolved)
+    if problem is not None:
+        p.error(f"argument --backend: {problem}")
+    return args
 
 
 class WeightsNotLocalError(ValueError):
-    """``--model`` is neither a preset nor a local directory (tilegemm.infer never downloads)."""
+    """``--model`` is neither a preset nor a local directory (the CLI never downloads)."""
 
 
 def _looks_like_hub_name(name: str) -> bool:
@@ -72,7 +150,7 @@ def _looks_like_hub_name(name: str) -> bool:
 
 def load_models(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> list[tuple[str, Any]]:
     """(name, model) pairs for ``--model``: presets built with random weights, or a local checkpoint."""
-    from tilegemm.transformers import presets
+    from transformers import AutoModelForCausalLM  # after the CLI's version check
 
     try:
         chosen = presets.resolve(args.model)
@@ -83,12 +161,10 @@ def load_models(args: argparse.Namespace, device: torch.device, dtype: torch.dty
         if not os.path.isdir(path):
             hint = "a Hub repository name" if _looks_like_hub_name(args.model) else "not a preset or directory"
             raise WeightsNotLocalError(
-                f"--model {args.model!r} is {hint}: tilegemm.infer never downloads, the weights must be local. "
+                f"--model {args.model!r} is {hint}: this CLI never downloads, the weights must be local. "
                 f"Download them yourself (e.g. `huggingface-cli download {args.model} --local-dir DIR`) and pass "
                 f"--model DIR, or use a preset: {', '.join([*presets.ALIASES, *presets.PRESETS])}"
             )
-        from transformers import AutoModelForCausalLM
-
         log(f"loading {path} ({dtype}) on {device}")
         kwargs = {"dtype": dtype, "local_files_only": True}
         if device.type != "cpu" and importlib.util.find_spec("accelerate") is not None:
@@ -96,8 +172,6 @@ def load_models(args: argparse.Namespace, device: torch.device, dtype: torch.dty
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device)
         return [(os.path.basename(os.path.normpath(path)), model.eval())]
     models = []
-    from transformers import AutoModelForCausalLM
-
     for preset in chosen:
         layers = args.layers if args.layers is not None else (None if preset.tiny else 4)
         config = preset.config(layers)
@@ -114,8 +188,6 @@ def _rate(tokens: int, seconds: float) -> float:
 
 
 def _measure(model, ids, args, patched: bool, device) -> dict[str, Any]:
-    from tilegemm.transformers import measure
-
     out: dict[str, Any] = {}
     tag = "patched" if patched else "stock"
     log(f"  {tag}: prefill x{args.repeats}")
@@ -152,11 +224,9 @@ def _measure(model, ids, args, patched: bool, device) -> dict[str, Any]:
 
 
 def _stock_graph_decode(model, ids, args, device) -> dict[str, Any]:
-    """Informational, not the peer (the issue defines it as transformers' own paths): the stock experts in
-    the same CUDA-graph-replayed decode loop, to show how much of the patched speed is the graph alone.
+    """Informational, not the peer (the peer is transformers' own decode paths): the stock experts in the
+    same CUDA-graph-replayed decode loop, to show how much of the patched speed is the graph alone.
     Run last, after every required measurement."""
-    from tilegemm.transformers import measure
-
     log("  stock: decode, static cache + CUDA graph with the stock experts (informational)")
     try:
         measure.static_greedy(model, ids, min(args.new_tokens, 3), cuda_graph=True)
@@ -176,8 +246,6 @@ def _want_static(args, device, model) -> bool:
 
 def run_one(name: str, model, args, device, dtype) -> dict[str, Any]:
     """Measure one model (stock first when comparing, then patched); returns a result row."""
-    from tilegemm.transformers import apply_tilegemm_to_model, measure, revert_tilegemm_model
-
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(args.seed)
     ids = torch.randint(0, vocab, (args.batch_size, args.prompt_tokens), generator=gen).to(device)
@@ -227,8 +295,6 @@ def run_one(name: str, model, args, device, dtype) -> dict[str, Any]:
 
 
 def _resolved_backend(backend: str | None) -> str:
-    from tilegemm.backend.selector import get_current_backend
-
     return backend or get_current_backend()
 
 
@@ -283,17 +349,14 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m tilegemm.infer``; returns the exit status."""
+    """Entry point of the CLI; returns the exit status (2: bad arguments or environment)."""
     args = parse_args(argv)
-    from tilegemm.transformers.compat import UnsupportedTransformersError, transformers_version
-
     try:
         transformers_version()
     except UnsupportedTransformersError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = DTYPES[args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
+    device, dtype = args.device_resolved, args.dtype_resolved
     try:
         models = _lazy_models(args, device, dtype)
         rows = []
@@ -310,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     except WeightsNotLocalError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(format_table(rows))
+    # With ``--json -`` stdout carries the JSON alone; the table goes to stderr.
+    print(format_table(rows), file=sys.stderr if args.json == "-" else sys.stdout, flush=True)
     if args.json:
         text = json.dumps(rows, indent=2, default=str)
         if args.json == "-":
@@ -324,8 +388,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _lazy_models(args, device, dtype):
     """(name, builder) pairs, so only one model is in memory at a time."""
-    from tilegemm.transformers import presets
-
     try:
         chosen = presets.resolve(args.model)
     except KeyError:
