@@ -36,7 +36,7 @@ DESIGN_OPS = {
     "fp8_paged_mqa_logits",
 }
 
-# DESIGN.md's signatures: (name, default) per parameter, in order.
+# The public signatures: (name, default) per parameter, in order.
 _DENSE_BF16 = [("a", None), ("b", None), ("d", None), ("c", None), ("alpha", 1.0), ("beta", 1.0), ("stream", None)]
 _DENSE_FP8 = _DENSE_BF16[:-1] + [("recipe", None), ("disable_ue8m0_cast", False), ("stream", None)]
 SIGNATURES = {

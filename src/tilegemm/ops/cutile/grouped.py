@@ -25,7 +25,7 @@ no value of ``m_indices``/``offs``/``masked_m``/``ks`` makes a kernel access mem
 bounds. Partial tiles use views (``Array.slice``) whose ends stop loads (zero padding) and
 stores (dropped) at the group's last row.
 
-FP8 follows DESIGN.md: a 128-row tile is computed as two independent 64-row accumulators,
+FP8 (docs/kernels.md): a 128-row tile is computed as two independent 64-row accumulators,
 each block of 128 K promoted as ``acc += mma(a, b, 0) * sa[:, None] * sb``.
 """
 
@@ -155,7 +155,7 @@ def _fp8_tile1(a_v, sa_v, b, sb, e, mb, nb, nk, BN: int, BK: int, TRANS_B: bool,
 
 
 def _fp8_tile2(a_v, sa_v, b, sb, e, mb, nb, nk, BN: int, BK: int, TRANS_B: bool, FAST: bool):
-    """A 128-row FP8 tile as two independent 64-row promotion chains (DESIGN.md's lead)."""
+    """A 128-row FP8 tile as two independent 64-row promotion chains."""
     acc0 = ct.full((64, BN), 0.0, dtype=ct.float32)
     acc1 = ct.full((64, BN), 0.0, dtype=ct.float32)
     for kb in range(nk):
