@@ -19,8 +19,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VPY) -m tilegemm.infer --compare --model tiny
-	$(VPY) -m tilegemm.demo
+	$(VPY) modeling/transformers/infer.py --compare --model tiny
+	$(VPY) modeling/demo.py
 
 test: $(STAMP)
 	$(VPY) -m pytest -q -n 2 --durations=15 tests

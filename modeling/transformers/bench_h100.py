@@ -1,7 +1,7 @@
-"""The issue-5 benchmark matrix in one process: realistic presets, prefill / decode at batch 1 and 32, FP8.
+"""The MoE inference benchmark matrix in one process: realistic presets, prefill / decode at batch 1 and 32, FP8.
 
 For each preset (default ``qwen3-30b-a3b`` and ``deepseek-v3`` with 4 layers) the model is compared stock
-vs patched (``tilegemm.infer.run_one``) in stages; the bf16 stages of every preset run first:
+vs patched (``infer.run_one``) in stages; the bf16 stages of every preset run first:
 
 1. batch 1, ``--prompt-b1`` tokens (prefill) then ``--new-tokens`` decoded with ``--cuda-graphs``;
 2. batch 32, ``--prompt-b32`` tokens each, decode with ``--cuda-graphs``; the stock peer also runs the
@@ -9,25 +9,29 @@ vs patched (``tilegemm.infer.run_one``) in stages; the bf16 stages of every pres
 3. FP8 experts: teacher-forced logits vs bf16 stock (and its speed).
 
 Stages that would start after ``--deadline`` seconds are skipped (and listed). Results go to
-``OUT/infer_raw.json`` (rows of ``tilegemm.infer``) and ``OUT/infer_h100.{json,md}`` (benchmark rows),
+``OUT/infer_raw.json`` (rows of ``infer.py``) and ``OUT/infer_h100.{json,md}`` (benchmark rows),
 rewritten after every stage.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
-import time
-import traceback
+from pathlib import Path
 
-sys.path.insert(0, os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src")))
+if __package__ in (None, ""):  # run as a script: make the repository root and src/ importable
+    _ROOT = Path(__file__).resolve().parents[2]
+    sys.path[0:1] = [str(_ROOT), str(_ROOT / "src")]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
 
 import torch  # noqa: E402
 
-from tilegemm import infer  # noqa: E402
-from tilegemm.transformers import clear_fp8_cache, report, revert_tilegemm_model  # noqa: E402
+from modeling.transformers import infer, report  # noqa: E402
+from tilegemm.transformers import clear_fp8_cache, revert_tilegemm_model  # noqa: E402
 
 
 def main() -> int:
@@ -78,6 +82,7 @@ def main() -> int:
             skipped.append(f"{preset}/{stage}")
             continue
         base = ["--model", preset, "--layers", str(opts.layers), "--compare", "--cuda-graphs", "--dtype", opts.dtype]
+        base += ["--device", str(device)]
         if current is None or current[0] != preset:
             current = None
             if device.type == "cuda":

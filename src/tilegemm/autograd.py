@@ -161,8 +161,8 @@ def grouped_matmul(x: Tensor, w: Tensor, offs: Tensor) -> Tensor:
         offs: int32 [G] cumulative group end rows (``torch._grouped_mm``'s ``offs``); rows past
             ``offs[-1]`` get 0 and no gradient.
 
-    ``offs`` is validated here (a host sync, skipped as DESIGN.md's value checks are: under
-    ``TILEGEMM_CHECK_VALUES=0``, ``skip_value_checks()``, CUDA-graph capture and ``torch.compile``
+    ``offs`` is validated here when value checks run (always on the CPU; on CUDA with
+    ``TILEGEMM_CHECK_VALUES=1``, never inside ``skip_value_checks()``, CUDA-graph capture or ``torch.compile``
     tracing); the GEMMs of the forward and backward then trust it.
     """
     if isinstance(offs, torch.Tensor) and offs.dtype == torch.int32 and not torch.compiler.is_compiling():

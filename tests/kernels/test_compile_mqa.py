@@ -103,7 +103,7 @@ SM100_KNOWN_SPILLS = {  # (kernel, variant + output alignment): local loads + st
 }
 
 # Each variant with output rows 16-byte aligned (TMA stores possible) and 4-byte aligned: the JIT
-# specializes on the real strides, and tileiras 13.4 once failed on one of the two (notes/mqa.md).
+# specializes on the real strides, and tileiras 13.4 once failed on one of the two (docs/kernels.md).
 JOBS = [("plain", v + (al,), arch) for v in PLAIN_VARIANTS for al in (16, 4) for arch in aot.ARCHS] + [
     ("paged", v + (al,), arch) for v in PAGED_VARIANTS for al in (16, 4) for arch in aot.ARCHS
 ]

@@ -149,12 +149,12 @@ def test_bad_input_raises_and_leaves_d_untouched(case):
         assert torch.equal(d.isnan(), before.isnan()), "d was written before the error"
 
 
-def test_value_checks_can_be_turned_off(monkeypatch):
-    """TILEGEMM_CHECK_VALUES=0 skips the host-syncing checks (here: 128-row alignment)."""
+def test_value_checks_can_be_skipped(monkeypatch):
+    """Inside skip_value_checks() the host-syncing checks (here: 128-row alignment) do not run."""
     kwargs = m_grouped(m_indices=torch.tensor([0] * 100 + [1] * 284).int())
-    monkeypatch.setenv("TILEGEMM_CHECK_VALUES", "0")
-    assert not checks.value_checks_enabled()
-    tilegemm.m_grouped_bf16_gemm_nt_contiguous(**kwargs, backend="pytorch")  # no ValueError now
+    with checks.skip_value_checks():
+        assert not checks.value_checks_enabled()
+        tilegemm.m_grouped_bf16_gemm_nt_contiguous(**kwargs, backend="pytorch")  # no ValueError now
     a, b, d = kwargs["a"].float(), kwargs["b"].float(), kwargs["d"]
     torch.testing.assert_close(d[128:], a[128:] @ b[1].T)  # the blocks that keep the contract are right
 

@@ -1,6 +1,6 @@
 """GPU tests of the cutile MQA-logits ops against float64 math and the pytorch reference.
 
-Bars (DESIGN.md): calc_diff < 1e-6 against the exact formula on the dequantized FP8 values
+Bars (docs/design.md): calc_diff < 1e-6 against the exact formula on the dequantized FP8 values
 (fp32 output), < 1e-3 against the unquantized inputs; ``-inf`` masks identical to the
 reference's; bitwise identical reruns. Plus CUDA-graph capture of metadata + paged op, and
 out-of-range indices that must not fault.

@@ -1,6 +1,10 @@
 """Registry behaviour: binding, backend choice, fallback, introspection, the public API's shape."""
 
+import asyncio
+import contextlib
 import inspect
+import logging
+import threading
 import warnings
 
 import pytest
@@ -32,7 +36,7 @@ DESIGN_OPS = {
     "fp8_paged_mqa_logits",
 }
 
-# DESIGN.md's signatures: (name, default) per parameter, in order.
+# The public signatures: (name, default) per parameter, in order.
 _DENSE_BF16 = [("a", None), ("b", None), ("d", None), ("c", None), ("alpha", 1.0), ("beta", 1.0), ("stream", None)]
 _DENSE_FP8 = _DENSE_BF16[:-1] + [("recipe", None), ("disable_ue8m0_cast", False), ("stream", None)]
 SIGNATURES = {
@@ -224,8 +228,131 @@ def test_unknown_backend_lists_known_ones(toy_op):
 
 def test_env_backend_is_validated(monkeypatch):
     monkeypatch.setenv("TILEGEMM_BACKEND", "nope")
-    with pytest.raises(ValueError, match="nope"):
+    with pytest.raises(ValueError, match=r"TILEGEMM_BACKEND: got 'nope', expected one of \['cutile', 'pytorch'\]"):
         selector.get_current_backend()
+    monkeypatch.setenv("TILEGEMM_BACKEND", "cuda")
+    with pytest.raises(ValueError, match="TILEGEMM_BACKEND"):
+        selector.get_current_backend()
+
+
+def test_use_backend_does_not_leak_between_asyncio_tasks(monkeypatch):
+    """Two tasks on one thread: a scope entered in one is invisible to the other while it is suspended."""
+    monkeypatch.delenv("TILEGEMM_BACKEND", raising=False)
+    outside = selector.get_current_backend()
+    other = "cutile" if outside == "pytorch" else "pytorch"
+
+    async def scoped(entered: asyncio.Event, done: asyncio.Event) -> list[str]:
+        with tilegemm.use_backend(other):
+            entered.set()
+            await done.wait()  # suspended inside the scope while the other task runs
+            return [selector.get_current_backend()]
+
+    async def unscoped(entered: asyncio.Event, done: asyncio.Event) -> list[str]:
+        await entered.wait()
+        seen = [selector.get_current_backend()]
+        with tilegemm.use_backend(outside):
+            await asyncio.sleep(0)
+            seen.append(selector.get_current_backend())
+        done.set()
+        return seen
+
+    async def main() -> tuple[list[str], list[str]]:
+        entered, done = asyncio.Event(), asyncio.Event()
+        a, b = await asyncio.gather(scoped(entered, done), unscoped(entered, done))
+        return a, b
+
+    a, b = asyncio.run(main())
+    assert a == [other] and b == [outside, outside]
+    assert selector.get_current_backend() == outside
+
+
+def test_use_backend_in_suspended_generator_does_not_leak(monkeypatch):
+    monkeypatch.delenv("TILEGEMM_BACKEND", raising=False)
+    outside = selector.get_current_backend()
+    other = "cutile" if outside == "pytorch" else "pytorch"
+
+    def gen():
+        with tilegemm.use_backend(other):
+            yield selector.get_current_backend()
+            yield selector.get_current_backend()
+
+    g = gen()
+    assert next(g) == other
+    assert selector.get_current_backend() == outside  # the caller, while the generator is suspended
+    with tilegemm.use_backend(other):
+        assert selector.get_current_backend() == other
+        assert next(g) == other
+    assert selector.get_current_backend() == outside
+    g.close()
+    assert selector.get_current_backend() == outside
+
+
+def test_use_backend_through_contextlib_applies_to_the_with_block(monkeypatch):
+    """A @contextmanager wrapping use_backend and ExitStack.enter_context scope the caller's block."""
+    monkeypatch.delenv("TILEGEMM_BACKEND", raising=False)
+    outside = selector.get_current_backend()
+    other = "cutile" if outside == "pytorch" else "pytorch"
+
+    @contextlib.contextmanager
+    def wrapped():
+        with tilegemm.use_backend(other) as name:
+            yield name
+
+    with wrapped() as name:
+        assert name == other and selector.get_current_backend() == other
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(tilegemm.use_backend(other))
+        assert selector.get_current_backend() == other
+    assert selector.get_current_backend() == outside
+
+
+def test_use_backend_is_per_thread(monkeypatch):
+    monkeypatch.delenv("TILEGEMM_BACKEND", raising=False)
+    outside = selector.get_current_backend()
+    other = "cutile" if outside == "pytorch" else "pytorch"
+    seen = []
+    with tilegemm.use_backend(other):
+        thread = threading.Thread(target=lambda: seen.append(selector.get_current_backend()))
+        thread.start()
+        thread.join()
+        assert selector.get_current_backend() == other
+    assert seen == [outside]
+
+
+def test_dispatch_decisions_logged_at_debug(toy_op, cutile_present, caplog):
+    toy, _ = toy_op
+    with caplog.at_level(logging.DEBUG, logger="tilegemm.dispatch"):
+        toy(1, backend="cutile")
+        with pytest.warns(FallbackWarning):
+            toy(1, flag="unsupported", backend="cutile")
+    records = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "tilegemm.dispatch"]
+    assert records[0] == (logging.DEBUG, "_toy_op -> cutile")
+    assert records[1][0] == logging.DEBUG and records[1][1].startswith("_toy_op -> pytorch (fallback from cutile")
+
+
+def test_no_dispatch_log_by_default(toy_op, caplog, monkeypatch):
+    toy, _ = toy_op
+    monkeypatch.delenv("TILEGEMM_DEBUG", raising=False)
+    with caplog.at_level(logging.INFO, logger="tilegemm.dispatch"):
+        toy(1, backend="pytorch")
+    assert not [r for r in caplog.records if r.name == "tilegemm.dispatch"]
+
+
+@pytest.mark.parametrize("text", ["0", "false", "No", "OFF", ""])
+def test_disable_fallback_false_values_warn(toy_op, cutile_present, monkeypatch, text):
+    toy, _ = toy_op
+    registry.reset_fallback_warnings()
+    monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", text)
+    with pytest.warns(FallbackWarning):
+        assert toy(2, flag="unsupported", backend="cutile") == 4.0
+
+
+def test_disable_fallback_bad_value_names_the_variable(toy_op, cutile_present, monkeypatch):
+    toy, calls = toy_op
+    monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "maybe")
+    with pytest.raises(ValueError, match="TILEGEMM_DISABLE_FALLBACK: got 'maybe'"):
+        toy(2, flag="unsupported", backend="cutile")
+    assert calls == []
 
 
 def test_unsupported_case_falls_back_with_one_warning(toy_op, cutile_present):
@@ -241,9 +368,10 @@ def test_unsupported_case_falls_back_with_one_warning(toy_op, cutile_present):
     assert [c[0] for c in calls] == ["pytorch"] * 3
 
 
-def test_disable_fallback_raises(toy_op, cutile_present, monkeypatch):
+@pytest.mark.parametrize("text", ["1", "true", "YES", "On"])
+def test_disable_fallback_raises(toy_op, cutile_present, monkeypatch, text):
     toy, calls = toy_op
-    monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
+    monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", text)
     with pytest.raises(RuntimeError, match="fallback is disabled"):
         toy(2, flag="unsupported", backend="cutile")
     assert calls == []

@@ -1,12 +1,15 @@
-"""Tiny random models of the five supported families, and the accuracy helpers of tests/transformers."""
+"""Tiny random models of the supported families, and the accuracy helpers of tests/transformers."""
 
 from __future__ import annotations
 
 import torch
 
-from tilegemm.transformers import presets
+from modeling.transformers import presets
+from tilegemm.transformers.families import FAMILIES as MODEL_FAMILIES
 
-FAMILIES = ("tiny-deepseek-v2", "tiny-deepseek-v3", "tiny-qwen2-moe", "tiny-qwen3-moe", "tiny-mixtral")
+FAMILIES: tuple[str, ...] = tuple(presets.TINY_BY_MODEL_TYPE.get(f.model_type, f.model_type) for f in MODEL_FAMILIES)
+"""The tiny preset of every family of ``tilegemm.transformers.families.FAMILIES`` (the model_type if it has none,
+so that tests fail for a family without a preset)."""
 
 
 def build(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu", seed: int = 0, **overrides):

@@ -33,7 +33,7 @@ def _module():
     return experts_modules(build("tiny-qwen3-moe"))[0]
 
 
-# Against the unquantized math the bar is the FP8-experts bar (1e-2): the experts chain two FP8
+# Against the unquantized math the bar is the FP8-experts bar (1e-2): the experts chain two FP8
 # GEMMs and quantize four operands (x, W_up, h, W_down), about twice one FP8 GEMM's ~7e-4 on random data.
 # The exact formula on the dequantized operands is what tests the implementation (1e-6, fp32 out).
 FP8_EXPERTS_BAR = 1e-2

@@ -1,10 +1,18 @@
-"""``python -m tilegemm.infer`` on the CPU: the comparison table and JSON, and the no-download rule."""
+"""``modeling/transformers/infer.py`` on the CPU: the comparison table and JSON, argument checks, no downloads."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
-from tilegemm import infer
+import pytest
+import torch
+
+from modeling.transformers import infer
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_compare_tiny_preset_json(tmp_path, capsys):
@@ -17,6 +25,15 @@ def test_compare_tiny_preset_json(tmp_path, capsys):
     assert row["model_type"] == "qwen2_moe" and row["backend"] == "pytorch" and row["dtype"] == "float32"
     assert row["stock"]["prefill_tok_s"] > 0 and row["patched"]["decode_tok_s"] > 0
     assert row["calc_diff"] < 1e-5 and row["top1_agreement"] == 1.0 and row["token_agreement"] == 1.0
+
+
+def test_json_to_stdout_is_only_json(capsys):
+    args = ["--model", "tiny-mixtral", "--new-tokens", "2", "--prompt-tokens", "4", "--json", "-"]
+    assert infer.main(args) == 0
+    captured = capsys.readouterr()
+    (row,) = json.loads(captured.out)  # the whole of stdout parses
+    assert row["model"] == "tiny-mixtral" and row["patched"]["prefill_tok_s"] > 0
+    assert "prefill tok/s" in captured.err  # the table went to stderr
 
 
 def test_fp8_cuda_graph_flags_on_cpu(capsys):
@@ -41,3 +58,54 @@ def test_local_checkpoint_directory(tmp_path, capsys):
     assert infer.main(args) == 0
     out = capsys.readouterr().out
     assert tmp_path.name in out and "linear True" in out
+
+
+def _usage_error(capsys, argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exc:
+        infer.parse_args(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "option", ["--layers", "--batch-size", "--prompt-tokens", "--new-tokens", "--repeats"], ids=lambda o: o[2:]
+)
+@pytest.mark.parametrize("value", ["0", "-3", "two"])
+def test_counts_must_be_positive(capsys, option, value):
+    err = _usage_error(capsys, [option, value])
+    assert f"argument {option}" in err and "positive integer" in err and value in err
+
+
+@pytest.mark.parametrize("device", ["tpu", "cuda:x", "meta"])
+def test_bad_device(capsys, device):
+    assert "argument --device" in _usage_error(capsys, ["--device", device])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_cuda_device_without_cuda(capsys):
+    err = _usage_error(capsys, ["--device", "cuda"])
+    assert "argument --device" in err and "CUDA is not available" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_cutile_backend_that_cannot_run_is_an_error(capsys):
+    err = _usage_error(capsys, ["--backend", "cutile"])
+    assert "argument --backend" in err and "cutile backend cannot run" in err
+
+
+def test_cutile_backend_needs_cuda_bf16(monkeypatch):
+    """With cutile available, a CPU device or a non-bf16 model would still run the pytorch reference."""
+    monkeypatch.setattr(infer, "cutile_unavailable_reason", lambda: None)
+    cuda = torch.device("cuda")
+    assert "needs --device cuda" in infer.backend_problem("cutile", torch.device("cpu"), torch.bfloat16)
+    assert "--dtype fp32 would run pytorch" in infer.backend_problem("cutile", cuda, torch.float32)
+    assert infer.backend_problem("cutile", cuda, torch.bfloat16) is None
+    assert infer.backend_problem("pytorch", torch.device("cpu"), torch.float32) is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the exit status of a CUDA request on a machine without CUDA")
+def test_script_from_a_checkout_exits_2_without_traceback():
+    """The CLI as users run it: a subprocess from the repository root."""
+    cmd = [sys.executable, "modeling/transformers/infer.py", "--backend", "cutile"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "cutile backend cannot run" in proc.stderr

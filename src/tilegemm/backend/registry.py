@@ -14,6 +14,9 @@ A call flows one way::
 * Fallback to ``pytorch`` warns once per (op, reason); ``TILEGEMM_DISABLE_FALLBACK=1``
   turns it into a ``RuntimeError``.
 * When ``stream`` is given, the implementation runs with that CUDA stream current.
+* Dispatch decisions (which backend ran, why a call fell back) are logged at DEBUG level to the
+  ``tilegemm.dispatch`` logger; ``TILEGEMM_DEBUG=1`` sets the ``tilegemm`` logger to DEBUG and gives it
+  a stderr handler if it has none.
 """
 
 from __future__ import annotations
@@ -23,13 +26,14 @@ import functools
 import importlib
 import inspect
 import logging
-import os
+import sys
 import threading
 import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from tilegemm.backend import selector
+from tilegemm.env import DEBUG, DISABLE_FALLBACK, env_flag
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -52,8 +56,21 @@ class FallbackWarning(UserWarning):
     """Issued once per (op, reason) when a call falls back to the ``pytorch`` backend."""
 
 
+_debug_configured = False
+
+
 def _debug_enabled() -> bool:
-    return os.environ.get("TILEGEMM_DEBUG", "0") not in ("", "0")
+    """True when dispatch decisions are logged: ``TILEGEMM_DEBUG`` on, or the logger set to DEBUG by the user."""
+    global _debug_configured
+    if not _debug_configured and env_flag(DEBUG):
+        _debug_configured = True
+        root = logging.getLogger("tilegemm")
+        root.setLevel(logging.DEBUG)
+        if not root.handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(name)s %(levelname)s: %(message)s"))
+            root.addHandler(handler)
+    return log.isEnabledFor(logging.DEBUG)
 
 
 def _load_backends() -> None:
@@ -120,7 +137,7 @@ def _unavailable_reason(name: str, backend: str, arguments: dict[str, Any]) -> s
 
 
 def _fall_back(name: str, backend: str, reason: str) -> None:
-    if os.environ.get("TILEGEMM_DISABLE_FALLBACK", "0") not in ("", "0"):
+    if env_flag(DISABLE_FALLBACK):
         raise RuntimeError(f"{name}: backend {backend!r} cannot run this call ({reason}) and fallback is disabled")
     key = (name, reason)
     if key not in _WARNED:
@@ -143,13 +160,15 @@ def call_backend(name: str, backend: str, arguments: dict[str, Any]) -> Any:
                 with _stream_context(arguments):
                     result = _IMPLS[name][backend](**arguments)
                 if _debug_enabled():
-                    log.warning("tilegemm.%s -> %s", name, backend)
+                    log.debug("%s -> %s", name, backend)
                 return result
             except Unsupported as exc:
                 reason = str(exc)
         _fall_back(name, backend, reason)
-    if _debug_enabled():
-        log.warning("tilegemm.%s -> pytorch", name)
+        if _debug_enabled():
+            log.debug("%s -> pytorch (fallback from %s: %s)", name, backend, reason)
+    elif _debug_enabled():
+        log.debug("%s -> pytorch", name)
     with _stream_context(arguments):
         return _IMPLS[name]["pytorch"](**arguments)
 

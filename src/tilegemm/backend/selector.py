@@ -3,22 +3,48 @@
 Choice order (first match wins, see ``registry.dispatch``): the call's ``backend=``,
 ``use_backend(...)``, ``set_backend(...)``, env ``TILEGEMM_BACKEND``, then ``cutile`` when
 it is available, else ``pytorch``.
+
+``use_backend`` scopes are kept in a :class:`contextvars.ContextVar`, so they follow the execution
+context: each thread and each asyncio task sees only the scopes entered in it (a task created inside a
+scope inherits it, as ``contextvars`` do). Python runs a generator in its caller's context, so a scope
+entered inside a generator is additionally tied to the generator's frame: it applies only while that
+generator runs, not to its caller while the generator is suspended at a ``yield``. Generators driven by
+``contextlib`` (a ``@contextmanager`` that wraps ``use_backend``, ``ExitStack.enter_context``) are
+transparent: the scope belongs to the code in their ``with`` block.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
+import inspect
 import os
 import shutil
-import threading
-from collections.abc import Iterator
+import sys
+from types import FrameType, TracebackType
+
+from tilegemm.env import BACKEND, env_choice
 
 BACKENDS: tuple[str, ...] = ("cutile", "pytorch")
 """Every backend name tilegemm knows, in order of preference."""
 
-_state = threading.local()
 _global_backend: str | None = None
+_CONTEXTLIB_FILE = contextlib.__file__
+_GENERATOR_FLAGS = inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
+
+
+class _Scope:
+    """One entered ``use_backend``: the name, and the generator frame it is tied to (``None``: not in one)."""
+
+    __slots__ = ("name", "generator_frame")
+
+    def __init__(self, name: str, generator_frame: FrameType | None):
+        self.name = name
+        self.generator_frame = generator_frame
+
+
+_SCOPES: contextvars.ContextVar[tuple[_Scope, ...]] = contextvars.ContextVar("tilegemm_backend_scopes", default=())
 
 
 def validate_backend_name(name: object) -> str:
@@ -83,28 +109,75 @@ def set_backend(name: str | None) -> None:
     _global_backend = None if name is None else validate_backend_name(name)
 
 
+def _owner_frame(frame: FrameType) -> FrameType:
+    """The frame whose ``with`` block a scope entered from ``frame`` belongs to (skipping contextlib's)."""
+    while frame.f_back is not None:
+        if frame.f_code.co_filename == _CONTEXTLIB_FILE:
+            frame = frame.f_back
+        elif frame.f_code.co_flags & _GENERATOR_FLAGS and frame.f_back.f_code.co_filename == _CONTEXTLIB_FILE:
+            frame = frame.f_back  # the body of a @contextmanager: the scope belongs to its user
+        else:
+            break
+    return frame
+
+
+def _active_scope(scopes: tuple[_Scope, ...]) -> str | None:
+    """The innermost scope whose generator (if any) is running now."""
+    running: set[int] | None = None
+    for scope in reversed(scopes):
+        if scope.generator_frame is None:
+            return scope.name
+        if running is None:
+            running = set()
+            frame: FrameType | None = sys._getframe(1)
+            while frame is not None:
+                running.add(id(frame))
+                frame = frame.f_back
+        if id(scope.generator_frame) in running:
+            return scope.name
+    return None
+
+
 def get_current_backend() -> str:
-    """The backend a call without ``backend=`` would use now."""
-    scoped = getattr(_state, "stack", None)
-    if scoped:
-        return scoped[-1]
+    """The backend a call without ``backend=`` would use now.
+
+    Raises:
+        ValueError: ``TILEGEMM_BACKEND`` is set to an unknown name (the message names the variable).
+    """
+    scopes = _SCOPES.get()
+    if scopes:
+        scoped = _active_scope(scopes)
+        if scoped is not None:
+            return scoped
     if _global_backend is not None:
         return _global_backend
-    env = os.environ.get("TILEGEMM_BACKEND")
-    if env:
-        return validate_backend_name(env)
+    env = env_choice(BACKEND, BACKENDS)
+    if env is not None:
+        return env
     return "cutile" if is_backend_available("cutile") else "pytorch"
 
 
-@contextlib.contextmanager
-def use_backend(name: str) -> Iterator[str]:
-    """Context manager: calls inside use backend ``name`` (this thread only)."""
-    validate_backend_name(name)
-    stack = getattr(_state, "stack", None)
-    if stack is None:
-        stack = _state.stack = []
-    stack.append(name)
-    try:
-        yield name
-    finally:
-        stack.pop()
+class use_backend(contextlib.AbstractContextManager):  # noqa: N801 - a function-like public name
+    """Context manager: calls inside the ``with`` block use backend ``name``; ``as`` gives ``name``.
+
+    Scoped to the current thread / asyncio task and, inside a generator, to the generator's own
+    execution (see the module docstring).
+    """
+
+    def __init__(self, name: str):
+        self.name = validate_backend_name(name)
+        self._entered: list[_Scope] = []
+
+    def __enter__(self) -> str:
+        owner = _owner_frame(sys._getframe(1))
+        scope = _Scope(self.name, owner if owner.f_code.co_flags & _GENERATOR_FLAGS else None)
+        self._entered.append(scope)
+        _SCOPES.set((*_SCOPES.get(), scope))
+        return self.name
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        scope = self._entered.pop()
+        # Remove this scope by identity (not a token reset): exits may interleave with a generator's.
+        _SCOPES.set(tuple(s for s in _SCOPES.get() if s is not scope))

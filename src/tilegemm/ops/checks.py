@@ -8,21 +8,23 @@ Two kinds of check:
 
 * metadata (types, dtypes, shapes, devices): free, always on;
 * values (index ranges, alignment, ``ks_tensor == ks``, MQA windows, block tables): they
-  read device memory, so they cost a host sync. They run unless
-  ``TILEGEMM_CHECK_VALUES=0``, a CUDA graph is being captured, or the caller is inside
-  :func:`skip_value_checks` (internal callers that built the indices themselves).
+  read tensor memory. On CPU tensors they always run (free). On CUDA tensors they cost a host
+  sync, so they are off by default and run only with ``TILEGEMM_CHECK_VALUES=1``, never during
+  CUDA-graph capture. Inside :func:`skip_value_checks` (internal callers that built the indices
+  themselves) they never run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import numbers
-import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+
+from tilegemm.env import CHECK_VALUES, env_flag
 
 FP8 = torch.float8_e4m3fn
 OUT_DTYPES = (torch.bfloat16, torch.float32)
@@ -46,9 +48,17 @@ def skip_value_checks() -> Iterator[None]:
         _local.skip -= 1
 
 
-def value_checks_enabled() -> bool:
-    """True when value checks should run now (see the module docstring)."""
-    if os.environ.get("TILEGEMM_CHECK_VALUES", "1") == "0" or getattr(_local, "skip", 0):
+def value_checks_enabled(device: torch.device | None = None) -> bool:
+    """True when value checks of tensors on ``device`` should run now (see the module docstring).
+
+    ``None`` or a CPU device: on (unless inside :func:`skip_value_checks`); a meta device: off (no values);
+    a CUDA device: ``TILEGEMM_CHECK_VALUES`` (default off), never during CUDA-graph capture.
+    """
+    if getattr(_local, "skip", 0):
+        return False
+    if device is None or device.type == "cpu":
+        return True
+    if device.type == "meta" or not env_flag(CHECK_VALUES, default=False):
         return False
     return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
@@ -213,7 +223,7 @@ def dense_gemm_check(layout: str, fp8: bool) -> Callable[..., None]:
 
 def _check_m_indices(m_indices: torch.Tensor, m_sum: int, groups: int) -> None:
     _shape("m_indices", m_indices, [m_sum], "[M_sum], one group id per row")
-    if not value_checks_enabled() or m_sum == 0:
+    if not value_checks_enabled(m_indices.device) or m_sum == 0:
         return
     bad = (m_indices < -1) | (m_indices >= groups)
     if bool(bad.any()):
@@ -236,7 +246,7 @@ def _check_m_indices(m_indices: torch.Tensor, m_sum: int, groups: int) -> None:
 def check_group_offsets(offs: torch.Tensor, m_sum: int, groups: int) -> None:
     """psum-layout ``offs``: int32 [G], non-decreasing, within ``0..m_sum`` (the values only when enabled)."""
     _shape("m_indices", offs, [groups], "[G] cumulative group end rows (use_psum_layout=True)")
-    if not value_checks_enabled() or groups == 0:
+    if not value_checks_enabled(offs.device) or groups == 0:
         return
     prev = torch.cat([offs.new_zeros(1), offs[:-1]])
     if bool((offs < prev).any()) or bool((offs > m_sum).any()):
@@ -310,7 +320,7 @@ def m_grouped_masked_check(fp8: bool) -> Callable[..., None]:
         _int("expected_m", expected_m, 0)
         _stream(stream)
         _same_device(a=a_data, b=b_data, d=d, masked_m=masked_m)
-        if value_checks_enabled() and groups:
+        if value_checks_enabled(masked_m.device) and groups:
             bad = (masked_m < 0) | (masked_m > m_max)
             if bool(bad.any()):
                 g = int(bad.nonzero()[0, 0])
@@ -356,7 +366,7 @@ def k_grouped_check(fp8: bool) -> Callable[..., None]:
         if ks_tensor is not None:
             _tensor("ks_tensor", ks_tensor, (torch.int32,), 1)
             _shape("ks_tensor", ks_tensor, [groups], "[G], the device mirror of ks")
-            if value_checks_enabled() and groups and ks_tensor.cpu().tolist() != list(ks):
+            if value_checks_enabled(ks_tensor.device) and groups and ks_tensor.cpu().tolist() != list(ks):
                 raise ValueError(f"ks_tensor: holds {ks_tensor.cpu().tolist()}, expected ks={list(ks)}")
 
     return check
@@ -382,7 +392,7 @@ def mqa_logits_check(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean
     _bool("clean_logits", clean_logits)
     _stream(stream)
     _same_device(q=q, kv=kv_data, kv_scale=kv_scale, weights=weights, ks=cu_seq_len_k_start, ke=cu_seq_len_k_end)
-    if value_checks_enabled() and s:
+    if value_checks_enabled(cu_seq_len_k_start.device) and s:
         ks, ke = cu_seq_len_k_start, cu_seq_len_k_end
         bad = (ks < 0) | (ks > ke) | (ke > s_kv)
         if bool(bad.any()):
@@ -410,7 +420,7 @@ def paged_mqa_metadata_check(context_lens, block_kv, num_sms) -> None:
     _context_lens(context_lens, None, None)
     _int("block_kv", block_kv, 1)
     _int("num_sms", num_sms, 1)
-    if value_checks_enabled() and context_lens.numel() and bool((context_lens < 0).any()):
+    if value_checks_enabled(context_lens.device) and context_lens.numel() and bool((context_lens < 0).any()):
         raise ValueError(f"context_lens: got a negative length (min {int(context_lens.min())}), expected >= 0")
 
 
@@ -449,7 +459,7 @@ def paged_mqa_logits_check(
     _bool("clean_logits", clean_logits)
     _stream(stream)
     _same_device(q=q, kv_cache=kv_cache, weights=weights, context_lens=context_lens, block_table=block_table)
-    if not value_checks_enabled() or batch == 0:
+    if not value_checks_enabled(block_table.device) or batch == 0:
         return
     visible = visible_lengths(context_lens, next_n)
     longest = int(visible.max())

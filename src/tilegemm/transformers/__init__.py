@@ -1,5 +1,9 @@
 """tilegemm inside HuggingFace transformers (>= 5.7) MoE models: DeepSeek-V2/V3, Qwen2-MoE, Qwen3-MoE, Mixtral.
 
+The integration only: the experts functions, the patchers (one per row of :data:`FAMILIES`), cached FP8
+expert weights and the ``nn.Linear`` swap. The inference comparison harness (presets, timing, reports) is
+``modeling/transformers/`` in the repository.
+
 Quick start::
 
     from tilegemm.transformers import apply_tilegemm_to_model
@@ -19,11 +23,11 @@ from tilegemm.transformers.experts import (
     tilegemm_experts_forward,
     tilegemm_fp8_experts_forward,
 )
+from tilegemm.transformers.families import FAMILIES, SUPPORTED_MODEL_TYPES, ModelFamily
 from tilegemm.transformers.fp8_weights import clear_fp8_cache
 from tilegemm.transformers.linear import TileGemmLinear, restore_linear_layers, swap_linear_layers
 from tilegemm.transformers.monkey_patch import (
     MODEL_TYPE_TO_PATCHER,
-    SUPPORTED_MODEL_TYPES,
     apply_tilegemm_kernel_to_deepseek_v2,
     apply_tilegemm_kernel_to_deepseek_v3,
     apply_tilegemm_kernel_to_mixtral,
@@ -37,9 +41,11 @@ from tilegemm.transformers.monkey_patch import (
 
 __all__ = [
     "EXPERTS_NAME",
+    "FAMILIES",
     "FP8_EXPERTS_NAME",
     "MODEL_TYPE_TO_PATCHER",
     "SUPPORTED_MODEL_TYPES",
+    "ModelFamily",
     "TileGemmLinear",
     "UnsupportedTransformersError",
     "apply_tilegemm_kernel_to_deepseek_v2",

@@ -8,30 +8,21 @@
   :func:`revert_tilegemm_kernel_patches` undoes it.
 * :data:`MODEL_TYPE_TO_PATCHER` maps ``config.model_type`` to the family patcher.
 
-Supported: deepseek_v2, deepseek_v3, qwen2_moe, qwen3_moe, mixtral on transformers >= 5.7. Anything else
-raises ``ValueError``; an old transformers raises ``UnsupportedTransformersError``.
+Supported: the families of :data:`tilegemm.transformers.families.FAMILIES` on transformers >= 5.7. Anything
+else raises ``ValueError``; an old transformers raises ``UnsupportedTransformersError``.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Callable
 
 from torch import nn
 
 from tilegemm.transformers.compat import transformers_version
 from tilegemm.transformers.experts import EXPERTS_NAME, FP8_EXPERTS_NAME, register_experts_functions
+from tilegemm.transformers.families import FAMILIES, FAMILY_BY_MODEL_TYPE, SUPPORTED_MODEL_TYPES, ModelFamily
 from tilegemm.transformers.linear import restore_linear_layers, swap_linear_layers
-
-_FAMILIES = {
-    "deepseek_v2": ("modeling_deepseek_v2", "DeepseekV2PreTrainedModel"),
-    "deepseek_v3": ("modeling_deepseek_v3", "DeepseekV3PreTrainedModel"),
-    "qwen2_moe": ("modeling_qwen2_moe", "Qwen2MoePreTrainedModel"),
-    "qwen3_moe": ("modeling_qwen3_moe", "Qwen3MoePreTrainedModel"),
-    "mixtral": ("modeling_mixtral", "MixtralPreTrainedModel"),
-}
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(_FAMILIES)
 
 _ORIGINAL_POST_INIT: dict[type, tuple[bool, Callable]] = {}
 """Family class -> (whether it defined its own ``post_init``, the ``post_init`` before patching)."""
@@ -83,7 +74,7 @@ def apply_tilegemm_to_model(
     transformers_version()
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
-    if model_type not in _FAMILIES:
+    if model_type not in FAMILY_BY_MODEL_TYPE:
         raise _unsupported(model_type)
     if backend is not None:
         from tilegemm.backend.selector import validate_backend_name
@@ -110,19 +101,11 @@ def revert_tilegemm_model(model: nn.Module, experts_implementation: str = "group
     return model
 
 
-def _family_class(model_type: str) -> type:
-    module_name, class_name = _FAMILIES[model_type]
-    module = importlib.import_module(f"transformers.models.{model_type}.{module_name}")
-    return getattr(module, class_name)
-
-
-def _patch_family(model_type: str, experts: bool, linear: bool, fp8: bool, backend: str | None) -> None:
+def _patch_family(family: ModelFamily, experts: bool, linear: bool, fp8: bool, backend: str | None) -> None:
     transformers_version()
-    if model_type not in _FAMILIES:
-        raise _unsupported(model_type)
     if experts:
         register_experts_functions()
-    cls = _family_class(model_type)
+    cls = family.load_class()
     if cls not in _ORIGINAL_POST_INIT:
         _ORIGINAL_POST_INIT[cls] = ("post_init" in cls.__dict__, cls.post_init)
     original = _ORIGINAL_POST_INIT[cls][1]
@@ -138,13 +121,13 @@ def _patch_family(model_type: str, experts: bool, linear: bool, fp8: bool, backe
     cls.post_init = post_init
 
 
-def _make_family_patcher(model_type: str) -> Callable[..., None]:
+def _make_family_patcher(family: ModelFamily) -> Callable[..., None]:
     def patcher(experts: bool = True, linear: bool = False, fp8: bool = False, backend: str | None = None) -> None:
-        _patch_family(model_type, experts, linear, fp8, backend)
+        _patch_family(family, experts, linear, fp8, backend)
 
-    patcher.__name__ = f"apply_tilegemm_kernel_to_{model_type}"
+    patcher.__name__ = family.patcher_name
     patcher.__qualname__ = patcher.__name__
-    patcher.__doc__ = f"""Patch every {model_type} model created afterwards (at the end of its ``post_init``).
+    patcher.__doc__ = f"""Patch every {family.model_type} model created afterwards (at the end of its ``post_init``).
 
     Same switches as :func:`apply_tilegemm_to_model`; a model without MoE layers gets only the linear swap.
     Calling it again replaces the settings; :func:`revert_tilegemm_kernel_patches` undoes it.
@@ -152,19 +135,15 @@ def _make_family_patcher(model_type: str) -> Callable[..., None]:
     return patcher
 
 
-apply_tilegemm_kernel_to_deepseek_v2 = _make_family_patcher("deepseek_v2")
-apply_tilegemm_kernel_to_deepseek_v3 = _make_family_patcher("deepseek_v3")
-apply_tilegemm_kernel_to_qwen2_moe = _make_family_patcher("qwen2_moe")
-apply_tilegemm_kernel_to_qwen3_moe = _make_family_patcher("qwen3_moe")
-apply_tilegemm_kernel_to_mixtral = _make_family_patcher("mixtral")
+MODEL_TYPE_TO_PATCHER: dict[str, Callable[..., None]] = {f.model_type: _make_family_patcher(f) for f in FAMILIES}
+"""``config.model_type`` -> the family's before-creation patcher, one per row of :data:`FAMILIES`."""
 
-MODEL_TYPE_TO_PATCHER: dict[str, Callable[..., None]] = {
-    "deepseek_v2": apply_tilegemm_kernel_to_deepseek_v2,
-    "deepseek_v3": apply_tilegemm_kernel_to_deepseek_v3,
-    "qwen2_moe": apply_tilegemm_kernel_to_qwen2_moe,
-    "qwen3_moe": apply_tilegemm_kernel_to_qwen3_moe,
-    "mixtral": apply_tilegemm_kernel_to_mixtral,
-}
+# The public names of the patchers (tests/transformers/test_families.py checks one per family).
+apply_tilegemm_kernel_to_deepseek_v2 = MODEL_TYPE_TO_PATCHER["deepseek_v2"]
+apply_tilegemm_kernel_to_deepseek_v3 = MODEL_TYPE_TO_PATCHER["deepseek_v3"]
+apply_tilegemm_kernel_to_qwen2_moe = MODEL_TYPE_TO_PATCHER["qwen2_moe"]
+apply_tilegemm_kernel_to_qwen3_moe = MODEL_TYPE_TO_PATCHER["qwen3_moe"]
+apply_tilegemm_kernel_to_mixtral = MODEL_TYPE_TO_PATCHER["mixtral"]
 
 
 def apply_tilegemm_kernel_to_model_type(model_type: str, **kwargs) -> None:

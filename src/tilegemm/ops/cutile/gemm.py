@@ -17,7 +17,7 @@ grouped (swizzled) order, ``GROUP_M`` row-tiles at a time, so consecutive tiles 
 The epilogue computes ``alpha * acc + beta * C`` in fp32 and rounds once to ``D.dtype`` (for FP8
 with a ``c`` it runs in the reduce kernel). Config choice lives in
 :mod:`tilegemm.ops.cutile.heuristics`; host-side launch helpers in :mod:`tilegemm.ops.cutile.launch`.
-Measurements and SASS findings: ``notes/dense.md``.
+Measurements and SASS findings: ``docs/kernels.md``.
 """
 
 from __future__ import annotations

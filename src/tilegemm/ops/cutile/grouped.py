@@ -24,14 +24,14 @@ Layouts (``KIND``):
 
 Every row range and index read from device memory is clamped into the arrays' bounds, so
 no value of ``m_indices``/``offs``/``masked_m``/``ks`` makes a kernel access memory out of
-bounds. m-grouped tiles start on any row: loads and full-tile stores go through views that address
-a tile by its first row (``tiled_view`` with a one-row traversal step: TMA on the launch's own
-descriptors; loads past the array end read 0), and a group's last partial tile is stored element-wise
-under a row mask. (A dynamically sliced array, ``Array.slice``, would make the kernel build TMA
-descriptors on the device in a runtime workspace; compute-sanitizer reported out-of-bounds writes
-there, so the m-grouped kernels use none.)
+bounds. Every tile starts on a tile boundary of a plain array (psum groups start on multiples of the
+alignment, itself a multiple of BM; masked arrays are ``[G, Mmax, *]``; k-grouped K ranges start on
+K blocks, ragged ones being repacked on the host), so loads and stores are plain TMA tile accesses
+whose array ends stop loads (zero padding) and stores (dropped). No kernel slices an array at run
+time: a dynamic ``Array.slice`` makes the kernel build TMA descriptors on the device in a runtime
+workspace, and compute-sanitizer memcheck caught those writes out of bounds.
 
-FP8 follows DESIGN.md: a 128-row tile is computed as two independent 64-row accumulators,
+FP8 (docs/kernels.md): a 128-row tile is computed as two independent 64-row accumulators,
 each block of 128 K promoted as ``acc += mma(a, b, 0) * sa[:, None] * sb``.
 """
 

@@ -11,8 +11,9 @@ Other kernel families add their own section below (grouped, MQA).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+
+from tilegemm.env import PRINT_CONFIGS, env_flag
 
 __all__ = [
     "DenseConfig",
@@ -104,7 +105,7 @@ class SplitPlan:
         return self.full + (self.tiles - self.full) * self.splits
 
 
-# Measured on an H100 (notes/dense.md, tests/benchmark/results/dense_h100.*).
+# Measured on an H100 (docs/kernels.md, tests/benchmark/results/dense_h100.*).
 BF16_CONFIGS: tuple[DenseConfig, ...] = (DenseConfig("bf16", 128, 128, 64),)
 
 #: FP8, M > SMALL_M, K > 4096: 64x128 tiles, two CTAs per SM (their MMA and promotion phases
@@ -165,7 +166,7 @@ _printed: set[tuple] = set()
 
 def print_config(op: str, shape: tuple[int, ...], cfg: DenseConfig, grid: tuple[int, ...], plan=None) -> None:
     """Print ``cfg`` once per new (op, shape) when ``TILEGEMM_PRINT_CONFIGS=1``."""
-    if os.environ.get("TILEGEMM_PRINT_CONFIGS", "0") in ("", "0"):
+    if not env_flag(PRINT_CONFIGS):
         return
     key = (op, shape, cfg.name)
     if key in _printed:
@@ -176,7 +177,7 @@ def print_config(op: str, shape: tuple[int, ...], cfg: DenseConfig, grid: tuple[
 
 
 # ---------------------------------------------------------------------------- grouped GEMMs
-# (grouped helper's section, appended: keep it when rewriting this file. Used by ops/cutile/grouped.py
+# (used by ops/cutile/grouped.py
 #  and tests/kernels/test_compile_grouped.py.)
 
 
@@ -269,7 +270,7 @@ _grouped_printed: set[tuple] = set()
 
 def maybe_print_grouped_config(op: str, shape: dict[str, int], cfg: GroupedConfig) -> None:
     """Print ``cfg`` once per new (op, shape) when ``TILEGEMM_PRINT_CONFIGS=1``."""
-    if os.environ.get("TILEGEMM_PRINT_CONFIGS", "0") in ("", "0"):
+    if not env_flag(PRINT_CONFIGS):
         return
     key = (op, tuple(sorted(shape.items())), cfg.name)
     if key in _grouped_printed:
@@ -279,9 +280,9 @@ def maybe_print_grouped_config(op: str, shape: dict[str, int], cfg: GroupedConfi
 
 
 # ------------------------------------------------------------------------------- MQA logits
-# (mqa helper's section, appended: keep it when rewriting this file. Used by ops/cutile/mqa.py,
+# (used by ops/cutile/mqa.py,
 #  tests/kernels/test_compile_mqa.py and tests/benchmark/bench_mqa.py. Static: derived from the
-#  shape, no tuning sweep; the measurements behind it are in notes/mqa.md.)
+#  shape, no tuning sweep; the measurements behind it are in docs/kernels.md.)
 
 
 @dataclass(frozen=True)
@@ -332,7 +333,7 @@ def paged_mqa_config(h: int, d: int, next_n: int, block_kv: int, split: int = 25
 
     Decode is bound by the latency of dependent gathers (schedule -> block table -> cache blocks)
     more than by the MMA, so several CTAs share each schedule row. Measured on an H100
-    (notes/mqa.md, H=64, D=128, block_kv=64): with an MMA N side (``rg * hp``) of at most 64,
+    (docs/kernels.md, H=64, D=128, block_kv=64): with an MMA N side (``rg * hp``) of at most 64,
     64-key chunks, 4 CTAs per row and an occupancy hint of 8 were best (49-73% of copy bandwidth);
     with N = 128, 128-key chunks, 2 CTAs per row and occupancy 3 (1.2-1.8x faster than the former
     there); N = 256 keeps the config the GPU tests ran (64-key chunks, 4 CTAs, occupancy 4).
@@ -359,7 +360,7 @@ _mqa_printed: set[tuple] = set()
 
 def maybe_print_mqa_config(op: str, shape: dict[str, int], cfg: MqaConfig | PagedMqaConfig) -> None:
     """Print ``cfg`` once per new (op, shape) when ``TILEGEMM_PRINT_CONFIGS=1``."""
-    if os.environ.get("TILEGEMM_PRINT_CONFIGS", "0") in ("", "0"):
+    if not env_flag(PRINT_CONFIGS):
         return
     key = (op, tuple(sorted(shape.items())), cfg)
     if key in _mqa_printed:

@@ -168,7 +168,7 @@ def make_paged_mqa_logits_kernel(**hints):
                                 vis = ct.reshape(length - NN + 1 + rows, (1, RG))
                             logit = ct.where(kidx < vis, logit, NEG_INF)
                             tile = ct.reshape(ct.transpose(logit), (1, RG, CK))
-                            ct.store(out, (b, rg, key0 // CK), tile, allow_tma=False)  # see notes/mqa.md
+                            ct.store(out, (b, rg, key0 // CK), tile, allow_tma=False)  # see docs/kernels.md
             if s * SPLIT < length:
                 s = s + 1
                 turn = ct.where(turn + 1 == n_parts, 0, turn + 1)

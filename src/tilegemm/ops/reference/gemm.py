@@ -3,7 +3,7 @@
 ``D = alpha * A @ B.T + beta * C`` with A logical [M, K] and B logical [N, K], computed in fp32
 on the inputs' device and rounded once into ``d``. FP8 operands are dequantized with their
 fp32 scales first (1x128 LHS; 128x128 or 1x128 RHS), which is the block-scaled formula of
-DESIGN.md up to fp32 rounding.
+docs/design.md up to fp32 rounding.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Timing and agreement measurements of a causal LM: prefill, greedy decode (generate or a static-cache
-loop, optionally replayed from a CUDA graph) and teacher-forced logits. Used by ``python -m tilegemm.infer``.
+loop, optionally replayed from a CUDA graph) and teacher-forced logits. Used by ``modeling/transformers/infer.py``.
 """
 
 from __future__ import annotations

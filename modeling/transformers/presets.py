@@ -1,4 +1,4 @@
-"""Model presets for ``python -m tilegemm.infer``: random-weight configs, nothing downloaded.
+"""Model presets for ``modeling/transformers/infer.py``: random-weight configs, nothing downloaded.
 
 * ``tiny-<family>``: a few-layer model of each supported family with tiny dimensions (runs on a CPU in
   well under a second per forward); ``tiny`` means all five.
@@ -204,6 +204,8 @@ PRESETS: dict[str, Preset] = {
 
 TINY_PRESETS: tuple[str, ...] = tuple(name for name, p in PRESETS.items() if p.tiny)
 ALIASES: dict[str, tuple[str, ...]] = {"tiny": TINY_PRESETS}
+TINY_BY_MODEL_TYPE: dict[str, str] = {PRESETS[name].model_type: name for name in TINY_PRESETS}
+"""``model_type`` -> its tiny preset (one per supported family)."""
 
 
 def resolve(name: str) -> list[Preset]:

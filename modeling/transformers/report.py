@@ -1,6 +1,6 @@
-"""Benchmark result rows of ``tilegemm.infer`` comparisons, in the layout of tests/benchmark/results.
+"""Benchmark result rows of ``infer.py --compare`` comparisons, in the layout of tests/benchmark/results.
 
-Each comparison row of ``tilegemm.infer.run_one`` becomes a ``moe_prefill`` and a ``moe_decode`` row (and an
+Each comparison row of ``infer.run_one`` becomes a ``moe_prefill`` and a ``moe_decode`` row (and an
 accuracy row) with the shared keys ``op, dtype, layout, shape, backend, tflops, peer, peer_tflops, ratio,
 calc_diff, gpu, date``. Model throughput is tokens/s, not TFLOP/s: ``tflops``/``peer_tflops`` are ``None``
 and the rates are in ``tok_s``/``peer_tok_s``.
@@ -115,7 +115,7 @@ def markdown(rows: list[dict[str, Any]], title: str = "MoE inference, tilegemm v
             f"GPU: {rows[0]['gpu']}, date {rows[0]['date']}, backend {rows[0]['backend']}. Peer: transformers "
             "grouped_mm (prefill); decode peer = faster of generate() with the dynamic cache (transformers switches "
             "to batched_mm) and with the static cache (compiled), '-' where not run. 'graph' = the stock experts "
-            "in tilegemm.infer's CUDA-graph decode loop (informational, not the peer). calc_diff / top1: "
+            "in infer.py's CUDA-graph decode loop (informational, not the peer). calc_diff / top1: "
             "teacher-forced logits of the stock greedy tokens; greedy: free-running token agreement.",
         ]
     return "\n".join(lines) + "\n"

@@ -1,4 +1,4 @@
-"""``python -m tilegemm.demo``: call every op once on the default backend and check it.
+"""Call every tilegemm op once and check it against float64 math: ``python modeling/demo.py``.
 
 Each op runs on realistic small shapes (CPU-friendly) on the current backend, is compared with
 an independent float64 formula on the upcast (dequantized) inputs, and is timed. A table of
@@ -9,17 +9,24 @@ Bars: fp32 outputs ``calc_diff < 1e-6``, bf16 outputs ``< 1e-5``; MQA ``-inf`` m
 from __future__ import annotations
 
 import sys
-import time
-import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
+from pathlib import Path
 
-import torch
+if __package__ in (None, ""):  # run as a script: make src/ importable from a checkout
+    sys.path[0] = str(Path(__file__).resolve().parents[1] / "src")
 
-import tilegemm as tg
-from tilegemm import per_block_cast_to_fp8, per_token_cast_to_fp8
-from tilegemm.backend.registry import FallbackWarning
-from tilegemm.testing import bench_kernel, calc_diff, dequant_per_block, dequant_per_token, poisoned
+import argparse  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+
+import torch  # noqa: E402
+
+import tilegemm as tg  # noqa: E402
+from tilegemm import per_block_cast_to_fp8, per_token_cast_to_fp8  # noqa: E402
+from tilegemm.backend.registry import FallbackWarning  # noqa: E402
+from tilegemm.backend.selector import BACKENDS, cutile_unavailable_reason  # noqa: E402
+from tilegemm.testing import bench_kernel, calc_diff, dequant_per_block, dequant_per_token, poisoned  # noqa: E402
 
 BARS = {torch.float32: 1e-6, torch.bfloat16: 1e-5}
 
@@ -327,14 +334,32 @@ def mqa_rows(dev: torch.device) -> list[Row]:
     return rows
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options (``--help``); a ``--backend`` that cannot run here is an argparse error (exit 2)."""
+    p = argparse.ArgumentParser(prog="modeling/demo.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--backend", choices=BACKENDS, default=None, help="default: the current tilegemm backend")
+    args = p.parse_args(argv)
+    if args.backend == "cutile" and cutile_unavailable_reason() is not None:
+        p.error(f"argument --backend: the cutile backend cannot run on this machine: {cutile_unavailable_reason()}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
     """Run every op, print the table, return the exit status (0: all checks passed)."""
+    args = parse_args(argv)
+    if args.backend is not None:
+        with tg.use_backend(args.backend):
+            return _run_all()
+    return _run_all()
+
+
+def _run_all() -> int:
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
     start = time.perf_counter()
     rows = dense_rows(dev) + grouped_rows(dev) + mqa_rows(dev)
     header = f"{'op':36} {'shape':48} {'backend':18} {'calc_diff':>10} {'time ms':>9}  check"
-    print(f"tilegemm demo on {dev} (default backend: {tg.get_current_backend()})")
+    print(f"tilegemm demo on {dev} (backend: {tg.get_current_backend()})")
     print(header)
     print("-" * len(header))
     for r in rows:
