@@ -24,9 +24,12 @@ from tilegemm.bench.core import Built, Case, Impl
 
 FAMILY = "mqa"
 PLAIN_QUICK = [(2048, 8192, 64, 128)]
-PLAIN_FULL = [(2048, 8192, 32, 128), (4096, 65536, 64, 128), (2048, 8192, 64, 64), (2048, 8192, 64, 32)] + [
-    (s, skv, h, 128) for s in (2048, 8192) for skv in (8192, 65536) for h in (32, 64)
-]
+PLAIN_FULL = list(
+    dict.fromkeys(
+        [(2048, 8192, 32, 128), (4096, 65536, 64, 128), (2048, 8192, 64, 64), (2048, 8192, 64, 32)]
+        + [(s, skv, h, 128) for s in (2048, 8192) for skv in (8192, 65536) for h in (32, 64)]
+    )
+)
 PAGED_QUICK = [(64, 1, 8192)]
 PAGED_FULL = [(b, nn, avg) for b in (64, 256) for avg in (8192, 32768) for nn in (1, 2)]
 PAGED_H, PAGED_D, BLOCK_KV = 64, 128, 64
@@ -35,10 +38,19 @@ SAMPLE_ROWS = 64
 
 def specs(size: str) -> list[dict[str, Any]]:
     """Rows of a ``quick`` or ``full`` run: plain ``{"kind": "plain", S, S_kv, H, D}`` and paged ones."""
-    plain = list(PLAIN_QUICK) + ([p for p in PLAIN_FULL if p not in PLAIN_QUICK] if size != "quick" else [])
-    paged = list(PAGED_QUICK) + ([p for p in PAGED_FULL if p not in PAGED_QUICK] if size != "quick" else [])
-    out = [{"kind": "plain", "S": s, "S_kv": skv, "H": h, "D": d} for s, skv, h, d in plain]
-    out += [{"kind": "paged", "B": b, "next_n": nn, "avg_ctx": avg, "H": PAGED_H, "D": PAGED_D} for b, nn, avg in paged]
+
+    def plain(shapes):
+        return [{"kind": "plain", "S": s, "S_kv": skv, "H": h, "D": d} for s, skv, h, d in shapes]
+
+    def paged(shapes):
+        return [
+            {"kind": "paged", "B": b, "next_n": nn, "avg_ctx": avg, "H": PAGED_H, "D": PAGED_D} for b, nn, avg in shapes
+        ]
+
+    out = plain(PLAIN_QUICK) + paged(PAGED_QUICK)
+    if size != "quick":
+        out += plain([p for p in PLAIN_FULL if p not in PLAIN_QUICK])
+        out += paged([p for p in PAGED_FULL if p not in PAGED_QUICK])
     return out
 
 

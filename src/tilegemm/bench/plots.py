@@ -53,15 +53,13 @@ def family_figure(rows: list[dict[str, Any]], meta: dict[str, Any], family: str,
     for name in names:
         series = _series(rows, name)
         color = _COLORS.get(name)
-        pts = [(i, _time(e) * 1e3) for i, e in zip(x, series) if _time(e)]
-        if pts:
-            ax_t.plot(*zip(*pts), "o-", ms=3, lw=1, label=name, color=color)
-        pts = [(i, _rate(e, r, "tflops")) for i, e, r in zip(x, series, rows) if _time(e)]
-        if pts:
-            ax_f.plot(*zip(*pts), "o-", ms=3, lw=1, label=name, color=color)
-        pts = [(i, _rate(e, r, "gbps")) for i, e, r in zip(x, series, rows) if _time(e)]
-        if pts:
-            ax_b.plot(*zip(*pts), "o-", ms=3, lw=1, label=name, color=color)
+        if not any(_time(e) for e in series):
+            continue
+        nan = float("nan")  # a shape the implementation did not run breaks its line
+        ax_t.plot(x, [_time(e) * 1e3 if _time(e) else nan for e in series], "o-", ms=3, lw=1, label=name, color=color)
+        for ax, what in ((ax_f, "tflops"), (ax_b, "gbps")):
+            ys = [_rate(e, r, what) if _time(e) else nan for e, r in zip(series, rows)]
+            ax.plot(x, ys, "o-", ms=3, lw=1, label=name, color=color)
         pts = [(r["flops"] / r["bytes"], _rate(e, r, "tflops")) for e, r in zip(series, rows) if _time(e)]
         if pts:
             ax_r.scatter(*zip(*pts), s=12, label=name, color=color)
