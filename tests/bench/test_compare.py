@@ -68,3 +68,27 @@ def test_cli_gate_exit_code(tmp_path, scale, code, capsys):
     out = capsys.readouterr().out
     assert "Compared 5 rows" in out
     assert ("regressed by more than 10.0%" in out) == bool(code)
+
+
+def test_merge_runs_of_several_families(tmp_path, capsys):
+    a, b = make_doc(), make_doc(scale=2.0)
+    a["rows"] = [r for r in a["rows"] if r["family"] == "dense"]
+    b["rows"] = [r for r in b["rows"] if r["family"] != "dense"] + [b["rows"][0]]
+    schema.save(a, tmp_path / "a.json")
+    schema.save(b, tmp_path / "b.json")
+    argv = [
+        "--from",
+        str(tmp_path / "a.json"),
+        "--from",
+        str(tmp_path / "b.json"),
+        "--save",
+        str(tmp_path / "all.json"),
+    ]
+    assert main(argv) == 0
+    merged = schema.load(tmp_path / "all.json")
+    assert len(merged["rows"]) == 5 and len(merged["meta"]["merged_from"]) == 2
+    first = next(r for r in merged["rows"] if schema.row_key(r) == schema.row_key(a["rows"][0]))
+    assert first["graph_ms"] == pytest.approx(2 * a["rows"][0]["graph_ms"])  # the later run wins
+    b["meta"]["gpu"] = "NVIDIA H200"
+    with pytest.raises(ValueError, match="different GPUs"):
+        schema.merge([a, b])

@@ -48,7 +48,13 @@ def _parser() -> argparse.ArgumentParser:
         help=f"start no new row after S seconds (default: {QUICK_BUDGET_S:.0f} with --quick, none with --full)",
     )
     p.add_argument("--deepgemm", default="auto", metavar="auto|off|DIR", help="DeepGEMM peer (DIR holds its peer.py)")
-    p.add_argument("--from", dest="from_json", metavar="FILE.json", help="read a saved run instead of running")
+    p.add_argument(
+        "--from",
+        dest="from_json",
+        action="append",
+        metavar="FILE.json",
+        help="read a saved run instead of running (repeat to merge runs, e.g. one per family)",
+    )
     p.add_argument("--save", metavar="FILE.json", help="write the results (rewritten after every row)")
     p.add_argument("--markdown", metavar="FILE.md", help="write the markdown report")
     p.add_argument("--plot", metavar="DIR", help="write one PNG per family (needs matplotlib)")
@@ -127,12 +133,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.from_json:
         try:
-            doc = schema.load(args.from_json)
+            doc = schema.merge([schema.load(path) for path in args.from_json])
         except (OSError, ValueError) as exc:
             print(f"tilegemm-bench: {exc}", file=sys.stderr)
             return 2
         if args.family:
             doc["rows"] = [r for r in doc["rows"] if r["family"] in args.family]
+        if args.save:
+            schema.save(doc, args.save)
+            print(f"wrote {args.save}")
         return _outputs(doc, args)
 
     from tilegemm.bench import device

@@ -70,7 +70,7 @@ def _build_bf16(m: int, n: int, k: int, dg: Any, dg_reason: str) -> Built:
         Impl("cublas", sets, lambda a, b, out: torch.matmul(a, b.t(), out=out), note="torch.matmul"),
     ]
     if dg:
-        impls.append(Impl("deepgemm", sets, lambda a, b, out: dg.bf16_gemm_nt(a, b, out)))
+        impls.append(Impl("deepgemm", sets, peers.writes_d(dg.bf16_gemm_nt)))
     else:
         impls.append(Impl("deepgemm", dg_reason, None))
     a0, b0 = sets[0][0], sets[0][1]
@@ -105,7 +105,7 @@ def _build_fp8(m: int, n: int, k: int, dg: Any, dg_reason: str) -> Built:
         impls.append(Impl("cublas", [(f,) for f in blas], lambda f: f(), note="scaled_mm blockwise 1x128/128x128"))
     if dg:
         note = None if same else "DeepGEMM's casts differ from tilegemm's; calc_diff is vs tilegemm's inputs"
-        impls.append(Impl("deepgemm", theirs, lambda a, b, out: dg.fp8_gemm_nt(a, b, out), note=note))
+        impls.append(Impl("deepgemm", theirs, peers.writes_d(dg.fp8_gemm_nt), note=note))
     else:
         impls.append(Impl("deepgemm", dg_reason, None))
     (qa, sa), (qb, sb) = ours[0][0], ours[0][1]

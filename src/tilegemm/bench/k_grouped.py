@@ -85,7 +85,7 @@ def _build(dt: str, ks: list[int], m: int, n: int, dg: Any, dg_reason: str) -> B
             Impl("cublas_loop", sets, _mm_loop(ks), reset=zero, note="d[g] += a_g.T @ b_g, fp32 out"),
         ]
         if dg:
-            call = lambda x, y, out: dg.k_grouped_bf16_gemm_tn_contiguous(x, y, out, ks, ks_tensor, c=out)  # noqa: E731
+            call = peers.writes_d(dg.k_grouped_bf16_gemm_tn_contiguous, ks, ks_tensor, c_is_d=True)
             impls.append(Impl("deepgemm", sets, call, reset=zero))
         else:
             impls.append(Impl("deepgemm", dg_reason, None))
@@ -163,5 +163,5 @@ def _dg_fp8(dg: Any, a, b, d, ks: list[int], ks_tensor, ours, zero) -> Impl:
     note = "k_grouped_fp8_gemm_nt_contiguous (SM90 layout)"
     if not same:
         note += "; DeepGEMM's casts differ from tilegemm's, calc_diff is vs tilegemm's inputs"
-    call = lambda x, y, out: fn(x, y, out, ks, ks_tensor, c=out, recipe=(1, 1, 128))  # noqa: E731
+    call = peers.writes_d(fn, ks, ks_tensor, c_is_d=True, recipe=(1, 1, 128))
     return Impl("deepgemm", args, call, reset=zero, note=note)

@@ -81,7 +81,7 @@ def _build(dt: str, sizes: list[int], n: int, k: int, dg: Any, dg_reason: str) -
             ),
         ]
         if dg:
-            call = lambda a, b, out, idx: dg.m_grouped_bf16_gemm_nt_contiguous(a, b, out, idx)  # noqa: E731
+            call = peers.writes_d(dg.m_grouped_bf16_gemm_nt_contiguous)
             impls.append(Impl("deepgemm", sets, call))
         else:
             impls.append(Impl("deepgemm", dg_reason, None))
@@ -107,7 +107,7 @@ def _build(dt: str, sizes: list[int], n: int, k: int, dg: Any, dg_reason: str) -
         impls.append(Impl("cublas_loop", [(f,) for f in loops], lambda f: f(), note="per-group scaled_mm blockwise"))
     if dg:
         note = None if same else "DeepGEMM's casts differ from tilegemm's; calc_diff is vs tilegemm's inputs"
-        call = lambda a, b, out, idx: dg.m_grouped_fp8_gemm_nt_contiguous(a, b, out, idx)  # noqa: E731
+        call = peers.writes_d(dg.m_grouped_fp8_gemm_nt_contiguous)
         impls.append(Impl("deepgemm", theirs, call, note=note))
     else:
         impls.append(Impl("deepgemm", dg_reason, None))

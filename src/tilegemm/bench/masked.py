@@ -84,7 +84,7 @@ def _build(dt: str, sizes: list[int], expected_m: int, n: int, k: int, dg: Any, 
             Impl("cublas_loop", [(a, b, d)], _matmul_loop(sizes), crop, note="torch.matmul on each group's valid rows"),
         ]
         if dg:
-            call = lambda x, w, out, mm: dg.m_grouped_bf16_gemm_nt_masked(x, w, out, mm, expected_m)  # noqa: E731
+            call = peers.writes_d(dg.m_grouped_bf16_gemm_nt_masked, expected_m)
             impls.append(Impl("deepgemm", sets, call, crop))
         else:
             impls.append(Impl("deepgemm", dg_reason, None))
@@ -107,7 +107,7 @@ def _build(dt: str, sizes: list[int], expected_m: int, n: int, k: int, dg: Any, 
         same = inputs.same_inputs((qa, sa, qb, sb), (dqa, dsa, dqb, dsb))
         note = None if same else "DeepGEMM's casts differ from tilegemm's; calc_diff is vs tilegemm's inputs"
         theirs = [((dqa, peers.dg_sfa(dg, dsa)), (dqb, dsb), d, masked_m)]
-        call = lambda x, w, out, mm: dg.m_grouped_fp8_gemm_nt_masked(x, w, out, mm, expected_m)  # noqa: E731
+        call = peers.writes_d(dg.m_grouped_fp8_gemm_nt_masked, expected_m)
         impls.append(Impl("deepgemm", theirs, call, crop, note=note))
     else:
         impls.append(Impl("deepgemm", dg_reason, None))

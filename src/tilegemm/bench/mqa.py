@@ -3,7 +3,8 @@
 Plain: ``q`` fp8 ``[S, H, D]``, keys quantized per token, fp32 weights, causal windows (the S queries
 are the last S of S_kv tokens: ``ks = 0``, ``ke = S_kv - S + i + 1``), defaults (``clean_logits=True``).
 Paged: ``B`` sequences of ``avg * U(0.7, 1.3)`` keys in a shuffled 64-token-block cache (DeepGEMM's
-byte layout, shared by both libraries), 1-D ``context_lens``, each library's own schedule metadata
+byte layout, shared by both libraries), ``context_lens [B, next_n]`` (row t of batch b sees
+``len_b - next_n + t + 1`` keys; DeepGEMM 2.6 takes only this 2-D form), each library's own schedule metadata
 computed once outside the timing, ``clean_logits=False`` for both (DeepGEMM's default).
 
 The peer is DeepGEMM (``fp8_mqa_logits`` / ``fp8_paged_mqa_logits``). TFLOP/s count the valid
@@ -168,7 +169,9 @@ def _build_paged(batch: int, next_n: int, lens: list[int], dg: Any, dg_reason: s
 
     seed = inputs.seed_of("paged", batch, next_n, sum(lens))
     cache, table = _paged_cache(lens, seed)
-    ctx = torch.tensor(lens, dtype=torch.int32, device=timing.DEVICE)
+    # [B, next_n] lengths (row t of batch b sees keys j < lens[b] - next_n + t + 1): the form both libraries take
+    steps = torch.arange(next_n, dtype=torch.int32, device=timing.DEVICE)
+    ctx = (torch.tensor(lens, dtype=torch.int32, device=timing.DEVICE)[:, None] - next_n + 1 + steps).contiguous()
     width = -(-max(lens) // BLOCK_KV) * BLOCK_KV
     q = inputs.randn((batch, next_n, PAGED_H, PAGED_D), torch.bfloat16, seed + 1).to(torch.float8_e4m3fn)
     w = inputs.randn((batch * next_n, PAGED_H), torch.float32, seed + 2)
@@ -187,7 +190,8 @@ def _build_paged(batch: int, next_n: int, lens: list[int], dg: Any, dg_reason: s
 
     def check(out: torch.Tensor) -> dict[str, Any]:
         batches = sorted({int(r) // next_n for r in rows.tolist()})
-        keys = dict(zip(batches, indexer.read_paged_kv_cache(cache, table[batches], ctx[batches])))
+        lens_t = torch.tensor([lens[b] for b in batches], dtype=torch.int32)
+        keys = dict(zip(batches, indexer.read_paged_kv_cache(cache, table[batches], lens_t)))
         got, want = [], []
         for r_i, r in enumerate(rows.tolist()):
             b, t = divmod(r, next_n)

@@ -66,6 +66,17 @@ def load_deepgemm(mode: str = "auto") -> tuple[Any | None, str]:
     return result
 
 
+def writes_d(fn: Callable[..., Any], *extra: Any, c_is_d: bool = False, **kw: Any) -> Callable[..., torch.Tensor]:
+    """DeepGEMM's GEMMs return None: ``call(a, b, d, *rest)`` runs ``fn(a, b, d, *rest, *extra, **kw)``
+    (with ``c=d`` when ``c_is_d``) and returns ``d``, so its output is checked like tilegemm's."""
+
+    def call(a: Any, b: Any, d: torch.Tensor, *rest: Any) -> torch.Tensor:
+        fn(a, b, d, *rest, *extra, **({"c": d, **kw} if c_is_d else kw))
+        return d
+
+    return call
+
+
 def dg_sfa(dg: Any, sfa: torch.Tensor) -> torch.Tensor:
     """DeepGEMM's SM90 LHS-scale layout (MN-major, TMA-aligned), made once outside the timed region."""
     return dg.get_mn_major_tma_aligned_tensor(sfa)

@@ -1,4 +1,4 @@
-"""A progress bar: tqdm when it is installed (and stderr is a terminal or ``force``), else a plain counter."""
+"""Progress on stderr: a tqdm bar when tqdm is installed and stderr is a terminal, else one line per row."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ class Progress:
     def __init__(self, total: int, enabled: bool = True) -> None:
         self.total, self.done, self.enabled, self.t0 = total, 0, enabled, time.time()
         self._bar: Any = None
-        if enabled:
+        if enabled and sys.stderr.isatty():
             try:
                 from tqdm import tqdm
 

@@ -103,6 +103,29 @@ def load(path: str | Path) -> dict[str, Any]:
     return doc
 
 
+def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One document from several runs (e.g. one per family): rows and skipped rows concatenated, a
+    later run's row replacing an earlier one with the same :func:`row_key`; ``meta`` of the first run
+    with ``merged_from`` listing each run's GPU, date and families. ValueError if the GPUs differ."""
+    if len(docs) == 1:
+        return docs[0]
+    gpus = {d["meta"].get("gpu") for d in docs}
+    if len(gpus) > 1:
+        raise ValueError(f"refusing to merge runs from different GPUs: {sorted(map(str, gpus))}")
+    rows: dict[str, dict[str, Any]] = {}
+    for d in docs:
+        for r in d["rows"]:
+            rows[row_key(r)] = r
+    meta = dict(docs[0]["meta"])
+    meta["merged_from"] = [
+        {k: d["meta"].get(k) for k in ("date", "families", "size", "seconds", "ceilings", "deepgemm")} for d in docs
+    ]
+    meta["seconds"] = sum(d["meta"].get("seconds") or 0 for d in docs)
+    meta["families"] = list(dict.fromkeys(r["family"] for r in rows.values()))
+    skipped = [s for d in docs for s in d.get("skipped", [])]
+    return {"meta": meta, "rows": list(rows.values()), "skipped": skipped}
+
+
 def best_ms(entry: dict[str, Any] | None) -> float | None:
     """The time a comparison uses: kernel-only (``graph_ms``) when measured, else eager ``ms``."""
     if not entry:
