@@ -1,56 +1,170 @@
-"""``python -m tilegemm.bench {dense,all} [options]``: run a benchmark, print a table, optionally save it.
+"""``tilegemm-bench`` / ``python -m tilegemm.bench``: run the benchmark families, or read saved results back.
 
-``dense`` runs the dense GEMM set (BF16 vs torch.matmul, FP8 vs torch blockwise scaled_mm);
-``all`` runs every family that has a module here (``tilegemm.bench.<family>`` with ``run``).
-``--out PREFIX`` writes ``PREFIX.json`` (rows) and ``PREFIX.md`` (the table).
+Run (needs a CUDA GPU)::
+
+    tilegemm-bench --quick                                   # a handful of shapes per family (< 2 min on an H100)
+    tilegemm-bench --full --time-budget 500 --save run.json --markdown run.md
+    tilegemm-bench --family dense --family masked --quick --compare base.json --fail-on-regression 10
+
+Read a saved run (no GPU needed)::
+
+    tilegemm-bench --from run.json --markdown run.md --plot plots/ [--compare base.json]
+    tilegemm-bench render --from tests/benchmark/results/h100.json --readme README.md
+
+Exit codes: 0 ok; 1 a regression beyond ``--fail-on-regression``; 2 no GPU (or bad input).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import json
+import sys
 from pathlib import Path
+from typing import Any
 
-FAMILIES = ("dense", "grouped", "mqa")
+from tilegemm.bench import compare as cmp
+from tilegemm.bench import report, schema
+from tilegemm.bench.runner import FAMILIES
 
-
-def _save(rows: list[dict], prefix: str, markdown) -> None:
-    path = Path(prefix)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
-    path.with_suffix(".md").write_text(markdown(rows))
-    print(f"wrote {path.with_suffix('.json')} and {path.with_suffix('.md')}")
+#: Default time budget of a ``--quick`` run, seconds (JIT of both libraries included).
+QUICK_BUDGET_S = 100.0
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tilegemm.bench", description=__doc__)
-    parser.add_argument("family", choices=(*FAMILIES, "all"))
-    parser.add_argument("--kinds", default="bf16,fp8", help="dense: comma list of bf16,fp8")
-    parser.add_argument("--layouts", default="nt", help="dense: comma list of nt,nn,tn,tt")
-    parser.add_argument("--recipes", default="128x128", help="dense FP8: comma list of 128x128,1x128")
-    parser.add_argument("--quick", action="store_true", help="a small subset of shapes")
-    parser.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")
-    args = parser.parse_args(argv)
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tilegemm-bench",
+        description="tilegemm's benchmark harness: every op through the public API next to cuBLAS, torch and DeepGEMM.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_const", const="quick", dest="size", help="a few shapes per family")
+    size.add_argument("--full", action="store_const", const="full", dest="size", help="the full shape sets")
+    p.add_argument("--family", action="append", choices=sorted(FAMILIES), help="only this family (repeatable)")
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        metavar="S",
+        help=f"start no new row after S seconds (default: {QUICK_BUDGET_S:.0f} with --quick, none with --full)",
+    )
+    p.add_argument("--deepgemm", default="auto", metavar="auto|off|DIR", help="DeepGEMM peer (DIR holds its peer.py)")
+    p.add_argument(
+        "--from",
+        dest="from_json",
+        action="append",
+        metavar="FILE.json",
+        help="read a saved run instead of running (repeat to merge runs, e.g. one per family)",
+    )
+    p.add_argument("--save", metavar="FILE.json", help="write the results (rewritten after every row)")
+    p.add_argument("--markdown", metavar="FILE.md", help="write the markdown report")
+    p.add_argument("--plot", metavar="DIR", help="write one PNG per family (needs matplotlib)")
+    p.add_argument("--compare", metavar="BASE.json", help="per-row ratios against a saved run")
+    p.add_argument("--fail-on-regression", type=float, metavar="PCT", help="exit 1 if a row is PCT%% slower than BASE")
+    p.add_argument("--list", action="store_true", help="print the rows the run would measure and exit")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
 
-    families = FAMILIES if args.family == "all" else (args.family,)
-    for family in families:
+
+def _render_main(argv: list[str]) -> int:
+    from tilegemm.bench import readme
+
+    p = argparse.ArgumentParser(prog="tilegemm-bench render", description=readme.__doc__)
+    p.add_argument("--from", dest="from_json", required=True, metavar="FILE.json")
+    p.add_argument("--readme", required=True, metavar="README.md")
+    p.add_argument("--plots", metavar="DIR", help="plots folder (default: plots/ next to the JSON)")
+    p.add_argument("--replot", action="store_true", help="first (re)draw the plots from the JSON (needs matplotlib)")
+    args = p.parse_args(argv)
+    if args.replot:
+        from tilegemm.bench import plots
+
+        out = args.plots or str(Path(args.from_json).parent / "plots")
+        plots.plot_all(schema.load(args.from_json), out)
+    try:
+        readme.render(args.from_json, args.readme, args.plots)
+    except ValueError as exc:
+        print(f"tilegemm-bench render: {exc}", file=sys.stderr)
+        return 2
+    print(f"updated the results section of {args.readme} from {args.from_json}")
+    return 0
+
+
+def _outputs(doc: dict[str, Any], args: argparse.Namespace) -> int:
+    if args.markdown:
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(report.markdown(doc))
+        print(f"wrote {args.markdown}")
+    if args.plot:
         try:
-            mod = importlib.import_module(f"tilegemm.bench.{family}")
-        except ModuleNotFoundError:
-            print(f"[bench] no benchmark module for {family!r}; skipped")
-            continue
-        if family == "dense":
-            recipes = [(1, 128, 128) if r == "128x128" else (1, 1, 128) for r in args.recipes.split(",")]
-            shapes = [(4096, 2112, 7168), (64, 2112, 7168), (4096, 4096, 7168)] if args.quick else None
-            rows = mod.run(args.kinds.split(","), args.layouts.split(","), recipes, shapes)
-        else:
-            rows = mod.run()
-        print(mod.markdown(rows))
-        if args.out:
-            prefix = args.out if len(families) == 1 else f"{args.out}_{family}"
-            _save(rows, prefix, mod.markdown)
+            from tilegemm.bench import plots
+
+            for path in plots.plot_all(doc, args.plot):
+                print(f"wrote {path}")
+        except ImportError as exc:
+            print(f"--plot needs matplotlib ({exc}); render later on a CPU: tilegemm-bench --from FILE.json --plot DIR")
+    if not args.markdown:
+        print(report.summary_table(doc["rows"]))
+    code = 0
+    if args.compare:
+        result = cmp.compare(doc, schema.load(args.compare))
+        print(cmp.markdown(result, args.fail_on_regression))
+        if args.fail_on_regression is not None:
+            bad = cmp.regressions(result, args.fail_on_regression)
+            if bad:
+                print(f"{len(bad)} rows regressed by more than {args.fail_on_regression}% against {args.compare}")
+                code = 1
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``tilegemm-bench``; returns the exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "render":
+        return _render_main(argv[1:])
+    args = _parser().parse_args(argv)
+    size = args.size or "quick"
+    families = args.family or [f for f in FAMILIES if f in _available_families()]
+    if args.list:
+        from tilegemm.bench import runner
+
+        for fam, specs in runner.plan(families, size).items():
+            print(f"{fam}: {len(specs)} rows")
+            for s in specs:
+                print("   ", s)
+        return 0
+    if args.from_json:
+        try:
+            doc = schema.merge([schema.load(path) for path in args.from_json])
+        except (OSError, ValueError) as exc:
+            print(f"tilegemm-bench: {exc}", file=sys.stderr)
+            return 2
+        if args.family:
+            doc["rows"] = [r for r in doc["rows"] if r["family"] in args.family]
+        if args.save:
+            schema.save(doc, args.save)
+            print(f"wrote {args.save}")
+        return _outputs(doc, args)
+
+    from tilegemm.bench import device
+
+    if not device.has_gpu():
+        print(device.NO_GPU_MESSAGE, file=sys.stderr)
+        return 2
+    from tilegemm.bench import runner
+
+    save = (lambda d: schema.save(d, args.save)) if args.save else None
+    budget = args.time_budget if args.time_budget is not None else (QUICK_BUDGET_S if size == "quick" else None)
+    doc = runner.run(families, size, budget, args.deepgemm, not args.no_progress, on_row=save)
+    if args.save:
+        schema.save(doc, args.save)
+        print(f"wrote {args.save}")
+    return _outputs(doc, args)
+
+
+def _available_families() -> list[str]:
+    import importlib.util
+
+    return [f for f, mod in FAMILIES.items() if importlib.util.find_spec(f"tilegemm.bench.{mod}") is not None]
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
