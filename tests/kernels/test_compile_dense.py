@@ -16,7 +16,7 @@ import pytest
 ct = pytest.importorskip("cuda.tile")
 
 from kernels.sass import sass_summary  # noqa: E402
-from tilegemm.ops.cutile import aot, gemm, heuristics  # noqa: E402
+from tilegemm.ops.cutile import aot, decode, gemm, heuristics  # noqa: E402
 
 ARCHS = aot.ARCHS
 _A = aot.array
@@ -54,6 +54,50 @@ def _reduce_params(cfg, has_c, out_dtype):
     return [_A(ct.float32, 4), _A(out_dtype, 2), _A(out_dtype, 2), *scalars, *gemm.reduce_constants(cfg, has_c=has_c)]
 
 
+def _decode_head(out_dtype, splitk):
+    """D, C, W (split-K partials), CNT (tile counters), alpha, beta, K, splits, per."""
+    w = _A(ct.float32, 3)
+    scalars = [aot.scalar(ct.float32), aot.scalar(ct.float32)] + [aot.scalar(ct.int32)] * 3
+    return [_A(out_dtype, 2), _A(out_dtype, 2), w, _A(ct.int32, 1), *scalars]
+
+
+def _decode_bf16_params(cfg, bm, splitk, *, a_kmajor=True, b_kmajor=True, has_c=False, out_dtype=ct.bfloat16):
+    consts = decode.bf16_constants(cfg, bm, a_kmajor=a_kmajor, b_kmajor=b_kmajor, has_c=has_c, splitk=splitk)
+    return [_A(ct.bfloat16, 2), _A(ct.bfloat16, 2), *_decode_head(out_dtype, splitk), *consts]
+
+
+def _decode_fp8_params(cfg, bm, splitk, *, sb_rows=False, has_c=False, out_dtype=ct.bfloat16):
+    """Scales with generic strides (the kernel reads row-major and MN-major scales in place)."""
+    consts = decode.fp8_constants(cfg, bm, sb_rows=sb_rows, has_c=has_c, splitk=splitk)
+    scales = [_A(ct.float32, 2, contiguous_last=False), _A(ct.float32, 2, contiguous_last=False)]
+    return [_A(ct.float8_e4m3fn, 2), _A(ct.float8_e4m3fn, 2), *scales, *_decode_head(out_dtype, splitk), *consts]
+
+
+def _decode_variants():
+    """Every decode variant at the narrowest and widest activation tile (split-K where it splits),
+    plus the default variant's other cases: every activation tile width, the [K, N] BF16 weight,
+    the c epilogue with an fp32 d, the 1x128 FP8 weight scales."""
+    out = []
+    default = heuristics.decode_config()
+    for cfg in heuristics.DECODE_CONFIGS:
+        bms = (heuristics.DECODE_MIN_BM, 128) if cfg is not default else (heuristics.DECODE_MIN_BM, 32, 64, 128)
+        for bm in bms:
+            sk = cfg.splitk
+            tag = f"decode-{cfg.name}-bm{bm}" + ("-splitk" if sk else "")
+            out.append((f"{tag}-bf16", "bf16", decode.get_kernel("bf16", cfg, bm), _decode_bf16_params(cfg, bm, sk)))
+            out.append((f"{tag}-fp8", "fp8", decode.get_kernel("fp8", cfg, bm), _decode_fp8_params(cfg, bm, sk)))
+    bm = heuristics.DECODE_MIN_BM
+    kb, kf = decode.get_kernel("bf16", default, bm), decode.get_kernel("fp8", default, bm)
+    tag = f"decode-{default.name}-bm{bm}"
+    out.append((f"{tag}-bf16-nn", "bf16", kb, _decode_bf16_params(default, bm, True, b_kmajor=False)))
+    out.append((f"{tag}-bf16-tn", "bf16", kb, _decode_bf16_params(default, bm, False, a_kmajor=False)))
+    c32 = {"has_c": True, "out_dtype": ct.float32}
+    out.append((f"{tag}-bf16-c-f32", "bf16", kb, _decode_bf16_params(default, bm, True, **c32)))
+    out.append((f"{tag}-fp8-1x128-c-f32", "fp8", kf, _decode_fp8_params(default, bm, True, sb_rows=True, **c32)))
+    out.append((f"{tag}-fp8-1x128-nosplit", "fp8", kf, _decode_fp8_params(default, bm, False, sb_rows=True)))
+    return out
+
+
 def _variants():
     """(id, kind, kernel, params) for every kernel variant a call can launch.
 
@@ -83,7 +127,7 @@ def _variants():
         red = gemm.get_reduce_kernel()
         out.append((f"reduce-{cfg.name}-bf16", "reduce", red, _reduce_params(cfg, False, ct.bfloat16)))
         out.append((f"reduce-{cfg.name}-c-f32", "reduce", red, _reduce_params(cfg, True, ct.float32)))
-    return out
+    return out + _decode_variants()
 
 
 VARIANTS = _variants()

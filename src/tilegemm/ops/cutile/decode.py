@@ -185,9 +185,12 @@ def _decode_fp8_body(
 
 
 def _promote(w, a, sb, sa, acc, FAST_ACC: ConstBool):
-    """acc + (w @ a) * sb * sa: one 128-wide K block, raw product promoted with its scales."""
+    """acc + (w @ a) * sa * sb: one 128-wide K block, raw product promoted with its scales.
+
+    (``p * (sb * sa)`` spilled a register on sm_90 with per-row weight scales.)
+    """
     p = ct.mma(w, a, ct.zeros(acc.shape, dtype=ct.float32), use_fast_acc=FAST_ACC)
-    return acc + p * (sb * sa)
+    return acc + (p * sa) * sb
 
 
 @functools.cache

@@ -389,7 +389,7 @@ def _decode_runner(
     per_stream: dict[int, tuple] = {}
 
     def run(a, b, d, c, alpha, beta):
-        stream = torch.cuda.current_stream()
+        stream = launch.current_stream()
         bufs = per_stream.get(stream.cuda_stream)
         if bufs is None:
             bufs = per_stream[stream.cuda_stream] = _stream_buffers(
@@ -435,11 +435,11 @@ def _dense_runner(
     per_stream: dict[int, tuple] = {}
 
     def run(a, b, d, c, alpha, beta):
-        stream = torch.cuda.current_stream()
+        stream = launch.current_stream()
         bufs = per_stream.get(stream.cuda_stream)
         if bufs is None:
             bufs = per_stream[stream.cuda_stream] = _stream_buffers(d, stream.cuda_stream, ws_elems, ws_shape, 1)
-        work = bufs[0] if splitk else d.view(1, 1, m, n)  # not read without split-K
+        work = bufs[0]  # not read without split-K
         c_arg = c_fn(d, c)
         alpha, beta = float(alpha), float(beta)
         ct.launch(stream, grid, kernel, (*operands(a, b), d, c_arg, work, alpha, beta, *main_tail))

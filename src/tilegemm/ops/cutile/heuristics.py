@@ -195,8 +195,11 @@ class DecodeConfig:
         return self.occupancy if bm <= 32 else self.occupancy_wide
 
     def warps_for(self, bm: int) -> int:
-        """Worker warps: one warpgroup, two for a 128x128 (or larger) fp32 accumulator."""
-        return 8 if self.bw * bm >= 128 * 128 else 4
+        """Worker warps: one warpgroup, two for a 64x128 (or larger) fp32 accumulator.
+
+        (One warpgroup holding a 64x128 accumulator next to the FP8 product spills on sm_90.)
+        """
+        return 8 if self.bw * bm >= 64 * 128 else 4
 
     def compiler_options(self, bm: int) -> dict[str, int]:
         """Keyword arguments for ``ct.kernel`` of the kernel with activation tile ``bm``."""
