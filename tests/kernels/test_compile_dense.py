@@ -181,3 +181,71 @@ def test_dense_kernel_sass(compiled, vid, kind, arch):
     assert mma > 0, f"{vid} {arch}: no {name}: {s}"
     # The A and B tiles come through TMA (FP8 scale tiles may too).
     assert s["utmaldg"] >= 2, f"{vid} {arch}: operands not loaded with TMA: {s}"
+
+
+# ----------------------------------------------------- host plans: the launch arguments fit the kernels
+
+_TORCH_TO_CT = {
+    "torch.bfloat16": ct.bfloat16,
+    "torch.float32": ct.float32,
+    "torch.float8_e4m3fn": ct.float8_e4m3fn,
+    "torch.int32": ct.int32,
+}
+
+
+def _constraints(kernel, args):
+    """AOT constraints for the arguments a host plan passes to ``ct.launch`` (tensors, scalars, constants)."""
+    import inspect
+
+    import torch
+
+    params = list(inspect.signature(kernel._pyfunc).parameters.values())
+    assert len(params) == len(args), f"{len(args)} arguments for {len(params)} parameters"
+    out = []
+    for p, x in zip(params, args):
+        const = "Const" in str(p.annotation)
+        if isinstance(x, torch.Tensor):
+            out.append(_A(_TORCH_TO_CT[str(x.dtype)], x.dim(), contiguous_last=x.stride(-1) == 1))
+        elif const:
+            out.append(x)
+        else:
+            out.append(aot.scalar(ct.float32 if isinstance(x, float) else ct.int32))
+    return out
+
+
+PLAN_CASES = [("bf16", 1, 4096, 7168), ("fp8", 4, 2112, 7168), ("fp8", 128, 7168, 2048), ("bf16", 300, 512, 512)]
+
+
+@pytest.mark.parametrize("kind,m,n,k", PLAN_CASES, ids=["-".join(map(str, c)) for c in PLAN_CASES])
+def test_host_plan_arguments_compile(monkeypatch, kind, m, n, k):
+    """A call's cached plan (CPU tensors, launch intercepted, 132 SMs) passes arguments the kernel compiles with.
+
+    Checks the argument order and count against each kernel's parameters, and that a repeated
+    call reuses the plan (one plan, the same launches).
+    """
+    import torch
+
+    import tilegemm
+    from tilegemm.quant import get_mn_major_tma_aligned_tensor, per_block_cast_to_fp8, per_token_cast_to_fp8
+
+    calls = []
+    monkeypatch.setattr(ct, "launch", lambda stream, grid, kernel, args: calls.append((grid, kernel, args)))
+    monkeypatch.setattr(gemm.launch, "current_stream", lambda: type("S", (), {"cuda_stream": 1})())
+    monkeypatch.setattr(gemm, "_PLANS", {})
+    monkeypatch.setattr(tilegemm.config, "_num_sms", 132)
+    d = torch.empty(m, n, dtype=torch.bfloat16)
+    if kind == "bf16":
+        a, b = torch.randn(m, k).bfloat16(), torch.randn(n, k).bfloat16()
+        call = lambda: gemm.bf16_gemm("nt", a, b, d, None, 1.0, 1.0)  # noqa: E731
+    else:
+        qa, qb = per_token_cast_to_fp8(torch.randn(m, k)), per_block_cast_to_fp8(torch.randn(n, k))
+        qa = (qa[0], get_mn_major_tma_aligned_tensor(qa[1]))
+        call = lambda: gemm.fp8_gemm("nt", qa, qb, d, None, 1.0, 1.0, None)  # noqa: E731
+    call()
+    first = list(calls)
+    call()
+    assert len(gemm._PLANS) == 1 and len(calls) == 2 * len(first)
+    for grid, kernel, args in first:
+        assert len(grid) == 3 and grid[0] >= 1
+        s = sass_summary(aot.compile_cubin(kernel, _constraints(kernel, args), "sm_90"))
+        assert s["ldl"] == 0 and s["stl"] == 0, s

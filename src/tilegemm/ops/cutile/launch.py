@@ -56,7 +56,7 @@ def launch_on(stream: torch.cuda.Stream, kernel: Any, grid: tuple[int, int, int]
     ct.launch(stream, grid, kernel, args)
 
 
-_SCRATCH: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}
+_SCRATCH: dict[tuple[str, int, torch.dtype], torch.Tensor] = {}
 _RETIRED: list[torch.Tensor] = []
 
 
@@ -68,7 +68,7 @@ def scratch(device: torch.device, stream: int, dtype: torch.dtype, numel: int) -
     allocates a larger one (at least twice the size) and keeps the old one alive: a CUDA graph
     captured with it still owns valid memory.
     """
-    key = (device.index if device.index is not None else torch.cuda.current_device(), stream, dtype)
+    key = (str(device), stream, dtype)
     buf = _SCRATCH.get(key)
     if buf is None or buf.numel() < numel:
         size = max(numel, 2 * buf.numel() if buf is not None else 0, 1024)
