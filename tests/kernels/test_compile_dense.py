@@ -16,7 +16,7 @@ import pytest
 ct = pytest.importorskip("cuda.tile")
 
 from kernels.sass import sass_summary  # noqa: E402
-from tilegemm.ops.cutile import aot, gemm, heuristics  # noqa: E402
+from tilegemm.ops.cutile import aot, decode, gemm, heuristics  # noqa: E402
 
 ARCHS = aot.ARCHS
 _A = aot.array
@@ -54,6 +54,50 @@ def _reduce_params(cfg, has_c, out_dtype):
     return [_A(ct.float32, 4), _A(out_dtype, 2), _A(out_dtype, 2), *scalars, *gemm.reduce_constants(cfg, has_c=has_c)]
 
 
+def _decode_head(out_dtype, splitk):
+    """D, C, W (split-K partials), CNT (tile counters), alpha, beta, K, splits, per."""
+    w = _A(ct.float32, 3)
+    scalars = [aot.scalar(ct.float32), aot.scalar(ct.float32)] + [aot.scalar(ct.int32)] * 3
+    return [_A(out_dtype, 2), _A(out_dtype, 2), w, _A(ct.int32, 1), *scalars]
+
+
+def _decode_bf16_params(cfg, bm, splitk, *, a_kmajor=True, b_kmajor=True, has_c=False, out_dtype=ct.bfloat16):
+    consts = decode.bf16_constants(cfg, bm, a_kmajor=a_kmajor, b_kmajor=b_kmajor, has_c=has_c, splitk=splitk)
+    return [_A(ct.bfloat16, 2), _A(ct.bfloat16, 2), *_decode_head(out_dtype, splitk), *consts]
+
+
+def _decode_fp8_params(cfg, bm, splitk, *, sb_rows=False, has_c=False, out_dtype=ct.bfloat16):
+    """Scales with generic strides (the kernel reads row-major and MN-major scales in place)."""
+    consts = decode.fp8_constants(cfg, bm, sb_rows=sb_rows, has_c=has_c, splitk=splitk)
+    scales = [_A(ct.float32, 2, contiguous_last=False), _A(ct.float32, 2, contiguous_last=False)]
+    return [_A(ct.float8_e4m3fn, 2), _A(ct.float8_e4m3fn, 2), *scales, *_decode_head(out_dtype, splitk), *consts]
+
+
+def _decode_variants():
+    """Every decode variant at the narrowest and widest activation tile (split-K where it splits),
+    plus the default variant's other cases: every activation tile width, the [K, N] BF16 weight,
+    the c epilogue with an fp32 d, the 1x128 FP8 weight scales."""
+    out = []
+    default = heuristics.decode_config()
+    for cfg in heuristics.DECODE_CONFIGS:
+        bms = (heuristics.DECODE_MIN_BM, 128) if cfg is not default else (heuristics.DECODE_MIN_BM, 32, 64, 128)
+        for bm in bms:
+            sk = cfg.splitk
+            tag = f"decode-{cfg.name}-bm{bm}" + ("-splitk" if sk else "")
+            out.append((f"{tag}-bf16", "bf16", decode.get_kernel("bf16", cfg, bm), _decode_bf16_params(cfg, bm, sk)))
+            out.append((f"{tag}-fp8", "fp8", decode.get_kernel("fp8", cfg, bm), _decode_fp8_params(cfg, bm, sk)))
+    bm = heuristics.DECODE_MIN_BM
+    kb, kf = decode.get_kernel("bf16", default, bm), decode.get_kernel("fp8", default, bm)
+    tag = f"decode-{default.name}-bm{bm}"
+    out.append((f"{tag}-bf16-nn", "bf16", kb, _decode_bf16_params(default, bm, True, b_kmajor=False)))
+    out.append((f"{tag}-bf16-tn", "bf16", kb, _decode_bf16_params(default, bm, False, a_kmajor=False)))
+    c32 = {"has_c": True, "out_dtype": ct.float32}
+    out.append((f"{tag}-bf16-c-f32", "bf16", kb, _decode_bf16_params(default, bm, True, **c32)))
+    out.append((f"{tag}-fp8-1x128-c-f32", "fp8", kf, _decode_fp8_params(default, bm, True, sb_rows=True, **c32)))
+    out.append((f"{tag}-fp8-1x128-nosplit", "fp8", kf, _decode_fp8_params(default, bm, False, sb_rows=True)))
+    return out
+
+
 def _variants():
     """(id, kind, kernel, params) for every kernel variant a call can launch.
 
@@ -83,7 +127,7 @@ def _variants():
         red = gemm.get_reduce_kernel()
         out.append((f"reduce-{cfg.name}-bf16", "reduce", red, _reduce_params(cfg, False, ct.bfloat16)))
         out.append((f"reduce-{cfg.name}-c-f32", "reduce", red, _reduce_params(cfg, True, ct.float32)))
-    return out
+    return out + _decode_variants()
 
 
 VARIANTS = _variants()
@@ -137,3 +181,71 @@ def test_dense_kernel_sass(compiled, vid, kind, arch):
     assert mma > 0, f"{vid} {arch}: no {name}: {s}"
     # The A and B tiles come through TMA (FP8 scale tiles may too).
     assert s["utmaldg"] >= 2, f"{vid} {arch}: operands not loaded with TMA: {s}"
+
+
+# ----------------------------------------------------- host plans: the launch arguments fit the kernels
+
+_TORCH_TO_CT = {
+    "torch.bfloat16": ct.bfloat16,
+    "torch.float32": ct.float32,
+    "torch.float8_e4m3fn": ct.float8_e4m3fn,
+    "torch.int32": ct.int32,
+}
+
+
+def _constraints(kernel, args):
+    """AOT constraints for the arguments a host plan passes to ``ct.launch`` (tensors, scalars, constants)."""
+    import inspect
+
+    import torch
+
+    params = list(inspect.signature(kernel._pyfunc).parameters.values())
+    assert len(params) == len(args), f"{len(args)} arguments for {len(params)} parameters"
+    out = []
+    for p, x in zip(params, args):
+        const = "Const" in str(p.annotation)
+        if isinstance(x, torch.Tensor):
+            out.append(_A(_TORCH_TO_CT[str(x.dtype)], x.dim(), contiguous_last=x.stride(-1) == 1))
+        elif const:
+            out.append(x)
+        else:
+            out.append(aot.scalar(ct.float32 if isinstance(x, float) else ct.int32))
+    return out
+
+
+PLAN_CASES = [("bf16", 1, 4096, 7168), ("fp8", 4, 2112, 7168), ("fp8", 128, 7168, 2048), ("bf16", 300, 512, 512)]
+
+
+@pytest.mark.parametrize("kind,m,n,k", PLAN_CASES, ids=["-".join(map(str, c)) for c in PLAN_CASES])
+def test_host_plan_arguments_compile(monkeypatch, kind, m, n, k):
+    """A call's cached plan (CPU tensors, launch intercepted, 132 SMs) passes arguments the kernel compiles with.
+
+    Checks the argument order and count against each kernel's parameters, and that a repeated
+    call reuses the plan (one plan, the same launches).
+    """
+    import torch
+
+    import tilegemm
+    from tilegemm.quant import get_mn_major_tma_aligned_tensor, per_block_cast_to_fp8, per_token_cast_to_fp8
+
+    calls = []
+    monkeypatch.setattr(ct, "launch", lambda stream, grid, kernel, args: calls.append((grid, kernel, args)))
+    monkeypatch.setattr(gemm.launch, "current_stream", lambda: type("S", (), {"cuda_stream": 1})())
+    monkeypatch.setattr(gemm, "_PLANS", {})
+    monkeypatch.setattr(tilegemm.config, "_num_sms", 132)
+    d = torch.empty(m, n, dtype=torch.bfloat16)
+    if kind == "bf16":
+        a, b = torch.randn(m, k).bfloat16(), torch.randn(n, k).bfloat16()
+        call = lambda: gemm.bf16_gemm("nt", a, b, d, None, 1.0, 1.0)  # noqa: E731
+    else:
+        qa, qb = per_token_cast_to_fp8(torch.randn(m, k)), per_block_cast_to_fp8(torch.randn(n, k))
+        qa = (qa[0], get_mn_major_tma_aligned_tensor(qa[1]))
+        call = lambda: gemm.fp8_gemm("nt", qa, qb, d, None, 1.0, 1.0, None)  # noqa: E731
+    call()
+    first = list(calls)
+    call()
+    assert len(gemm._PLANS) == 1 and len(calls) == 2 * len(first)
+    for grid, kernel, args in first:
+        assert len(grid) == 3 and grid[0] >= 1
+        s = sass_summary(aot.compile_cubin(kernel, _constraints(kernel, args), "sm_90"))
+        assert s["ldl"] == 0 and s["stl"] == 0, s

@@ -277,3 +277,167 @@ def test_every_config(cfg, shape):
         d = poisoned((m, n), torch.bfloat16, "cuda")
         gemm.fp8_gemm("nt", a, b, d, None, 1.0, 1.0, recipe, config=cfg)
         assert calc_diff(d, deq_a @ deq_b.T) < BAR_FP8_EXACT[torch.bfloat16], recipe
+
+
+# ------------------------------------------------------------------ decode-size (swap-AB) kernels
+
+# M = 1..255 (awkward), N not a multiple of 64/128, K not a multiple of 128 (520), split-K and whole-tile plans.
+DECODE_SHAPES = [
+    (1, 4096, 7168),
+    (3, 2112, 7168),
+    (17, 7168, 2048),
+    (255, 1000, 1536),
+    (64, 200, 520),
+    (128, 576, 7168),
+]
+
+
+def _decode_configs():
+    from tilegemm.ops.cutile import heuristics
+
+    return list(heuristics.DECODE_CONFIGS)
+
+
+@pytest.mark.parametrize("shape", DECODE_SHAPES, ids=_sid)
+@pytest.mark.parametrize("cfg", _decode_configs(), ids=lambda c: c.name)
+def test_decode_bf16(cfg, shape):
+    """Every decode variant, forced: awkward M, N not a multiple of the tile, K not a multiple of 128."""
+    from tilegemm.ops.cutile import gemm
+
+    m, n, k = shape
+    a_log, b_log, a, b = _bf16_case("nt", m, n, k, seed=20)
+    d = poisoned((m, n), torch.bfloat16, "cuda")
+    gemm.bf16_gemm("nt", a, b, d, None, 1.0, 1.0, config=cfg)
+    diff = calc_diff(d, a_log.double() @ b_log.double().T)
+    assert diff < BAR_BF16, f"calc_diff {diff:.3g}"
+    _rerun_identical(lambda: gemm.bf16_gemm("nt", a, b, d, None, 1.0, 1.0, config=cfg), d)
+
+
+@pytest.mark.parametrize("shape", DECODE_SHAPES, ids=_sid)
+@pytest.mark.parametrize("recipe", RECIPES, ids=["128x128", "1x128"])
+@pytest.mark.parametrize("cfg", _decode_configs(), ids=lambda c: c.name)
+def test_decode_fp8(cfg, recipe, shape):
+    from tilegemm.ops.cutile import gemm
+
+    m, n, k = shape
+    a, b, deq_a, deq_b, _, _ = _fp8_case("nt", recipe, m, n, k, seed=21)
+    d = poisoned((m, n), torch.bfloat16, "cuda")
+    gemm.fp8_gemm("nt", a, b, d, None, 1.0, 1.0, recipe, config=cfg)
+    exact = calc_diff(d, deq_a @ deq_b.T)
+    assert exact < BAR_FP8_EXACT[torch.bfloat16], f"vs dequantized formula: {exact:.3g}"
+    _rerun_identical(lambda: gemm.fp8_gemm("nt", a, b, d, None, 1.0, 1.0, recipe, config=cfg), d)
+
+
+@pytest.mark.parametrize("scale_layout", ["mn_major", "row_major"])
+def test_decode_fp8_scale_layouts(scale_layout):
+    """Activation scales as DeepGEMM's MN-major TMA-aligned tensor or plain row-major, read in place."""
+    m, n, k = 5, 384, 1024
+    a, b, deq_a, deq_b, _, _ = _fp8_case("nt", (1, 1, 128), m, n, k, seed=22)
+    if scale_layout == "row_major":
+        a = (a[0], a[1].contiguous())
+        b = (b[0], get_mn_major_tma_aligned_tensor(b[1]))
+    d = poisoned((m, n), torch.float32, "cuda")
+    tg.fp8_gemm_nt(a, b, d, backend="cutile")
+    assert calc_diff(d, deq_a @ deq_b.T) < BAR_FP8_EXACT[torch.float32]
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("mode", EPILOGUES)
+@pytest.mark.parametrize("kind", ["bf16", "fp8"])
+def test_decode_epilogue(kind, mode, out_dtype):
+    """c / alpha / beta through the decode kernel (split-K and whole-tile shapes)."""
+    for m, n, k in ((7, 320, 4096), (200, 4096, 256)):
+        c, alpha, beta, d, addend = _epilogue(mode, m, n, out_dtype)
+        if kind == "bf16":
+            a_log, b_log, a, b = _bf16_case("nt", m, n, k, seed=23)
+            ref = alpha * (a_log.double() @ b_log.double().T) + addend
+            tg.bf16_gemm_nt(a, b, d, c=c, alpha=alpha, beta=beta, backend="cutile")
+            bar = BAR_BF16
+        else:
+            a, b, deq_a, deq_b, _, _ = _fp8_case("nt", (1, 128, 128), m, n, k, seed=23)
+            ref = alpha * (deq_a @ deq_b.T) + addend
+            tg.fp8_gemm_nt(a, b, d, c=c, alpha=alpha, beta=beta, backend="cutile")
+            bar = BAR_FP8_EXACT[out_dtype]
+        assert not torch.isnan(d).any()
+        assert calc_diff(d, ref) < bar, (m, n, k)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_decode_layouts(layout):
+    """Every BF16 and FP8 layout at decode size (through the one logical form)."""
+    m, n, k = 9, 1536, 2048
+    a_log, b_log, a, b = _bf16_case(layout, m, n, k, seed=24)
+    d = poisoned((m, n), torch.float32, "cuda")
+    getattr(tg, f"bf16_gemm_{layout}")(a, b, d, backend="cutile")
+    assert calc_diff(d, a_log.double() @ b_log.double().T) < BAR_BF16
+    fa, fb, deq_a, deq_b, _, _ = _fp8_case(layout, (1, 128, 128), m, n, k, seed=24)
+    d2 = poisoned((m, n), torch.bfloat16, "cuda")
+    getattr(tg, f"fp8_gemm_{layout}")(fa, fb, d2, backend="cutile")
+    assert calc_diff(d2, deq_a @ deq_b.T) < BAR_FP8_EXACT[torch.bfloat16]
+
+
+@pytest.mark.parametrize("kind", ["bf16", "fp8"])
+def test_decode_cuda_graph(kind):
+    """Capture several split-K decode calls in one graph; replays with new inputs match, and are bitwise stable.
+
+    The in-kernel split-K reduction restores its tile counters, so every replay starts clean.
+    """
+    m, n, k = 4, 4096, 7168
+    if kind == "bf16":
+        _, _, a, b = _bf16_case("nt", m, n, k, seed=25)
+        fn = lambda: tg.bf16_gemm_nt(a, b, d, backend="cutile")  # noqa: E731
+    else:
+        a, b, *_ = _fp8_case("nt", (1, 128, 128), m, n, k, seed=25)
+        fn = lambda: tg.fp8_gemm_nt(a, b, d, backend="cutile")  # noqa: E731
+    d = poisoned((m, n), torch.bfloat16, "cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(3):
+            fn()
+    for seed in (26, 27):
+        if kind == "bf16":
+            na_log, nb_log, na, nb = _bf16_case("nt", m, n, k, seed=seed)
+            a.copy_(na)
+            b.copy_(nb)
+            ref = na_log.double() @ nb_log.double().T
+            bar = BAR_BF16
+        else:
+            na, nb, deq_a, deq_b, _, _ = _fp8_case("nt", (1, 128, 128), m, n, k, seed=seed)
+            for dst, src in ((a[0], na[0]), (a[1], na[1]), (b[0], nb[0]), (b[1], nb[1])):
+                dst.copy_(src)
+            ref = deq_a @ deq_b.T
+            bar = BAR_FP8_EXACT[torch.bfloat16]
+        d.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert calc_diff(d, ref) < bar
+        first = d.clone()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(first.view(torch.uint16), d.view(torch.uint16)), "replay is not bitwise identical"
+    fn()  # eager after the graph: counters were left at zero
+    torch.cuda.synchronize()
+    assert calc_diff(d, ref) < bar
+
+
+def test_decode_streams_and_plan_cache():
+    """The same shape on two streams (separate workspaces) and new tensors of a cached plan."""
+    m, n, k = 2, 2048, 4096
+    outs = []
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    cases = [_bf16_case("nt", m, n, k, seed=30 + i) for i in range(2)]
+    for st, (a_log, b_log, a, b) in zip(streams, cases):
+        d = poisoned((m, n), torch.float32, "cuda")
+        st.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(st):
+            tg.bf16_gemm_nt(a, b, d, backend="cutile")
+        outs.append((d, a_log.double() @ b_log.double().T))
+    torch.cuda.synchronize()
+    for d, ref in outs:
+        assert calc_diff(d, ref) < BAR_BF16

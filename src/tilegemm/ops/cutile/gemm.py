@@ -23,13 +23,15 @@ Measurements and SASS findings: ``docs/kernels.md``.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import cuda.tile as ct
 import torch
 
+from tilegemm import config as tg_config
 from tilegemm.backend.registry import Unsupported, register_impl
-from tilegemm.ops.cutile import heuristics, launch
+from tilegemm.ops.cutile import decode, heuristics, launch
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -283,8 +285,25 @@ def reduce_constants(cfg: heuristics.DenseConfig, *, has_c: bool = False) -> lis
 
 
 # --------------------------------------------------------------------------- host side
+#
+# A call builds a launch plan once per (op, layout, operand shapes/strides/dtypes/alignment,
+# epilogue, config, SM count): the config, grid, kernel object, constant arguments and how each
+# operand reaches the kernel. A repeated call only looks its plan up and launches: no heuristics,
+# no allocations (split-K workspaces and counters are cached per device and stream), no views.
 
 _FP8 = torch.float8_e4m3fn
+_PLANS: dict[tuple, Callable[..., Any]] = {}
+Runner = Callable[..., Any]
+
+
+def clear_plans() -> None:
+    """Forget every cached launch plan (after changing ``TILEGEMM_DECODE_VARIANT`` or the device)."""
+    _PLANS.clear()
+
+
+def _tkey(x: torch.Tensor) -> tuple:
+    """What a plan depends on in a tensor: shape, strides, dtype, 16-byte aligned base."""
+    return (x.shape, x.stride(), x.dtype, x.data_ptr() % 16 == 0)
 
 
 def _logical(x: torch.Tensor, transposed: bool) -> torch.Tensor:
@@ -292,26 +311,37 @@ def _logical(x: torch.Tensor, transposed: bool) -> torch.Tensor:
     return x.t() if transposed else x
 
 
-def _orient(x: torch.Tensor, need_kmajor: bool) -> tuple[torch.Tensor, bool]:
-    """Array + K-major flag for a logical [rows, K] operand, copying only when TMA could not take it.
+def _transpose(x: torch.Tensor) -> torch.Tensor:
+    return x.t()
 
-    Returns ``(x, True)`` for a TMA-ready row-major [rows, K] array, ``(x.t(), False)`` for a
-    TMA-ready [K, rows] storage (not when ``need_kmajor``), else an aligned K-major copy.
+
+def _operand_fn(x: torch.Tensor, transposed: bool, need_kmajor: bool) -> tuple[Callable | None, bool]:
+    """How a stored operand reaches the kernel: ``(fn, kmajor)``, the kernel's array being ``fn(x)`` (``None``: ``x``).
+
+    The logical [rows, K] matrix is used when TMA can read it (K-major), else its [K, rows]
+    storage (not when ``need_kmajor``), else an aligned K-major copy is made per call.
     """
-    if launch.tma_ready(x):
-        return x, True
-    if not need_kmajor and launch.tma_ready(x.t()):
-        return x.t(), False
-    return launch.aligned_copy(x), True
+    lx = _logical(x, transposed)
+    if launch.tma_ready(lx):
+        return (_transpose if transposed else None), True
+    if not need_kmajor and launch.tma_ready(lx.t()):
+        return (None if transposed else _transpose), False
+    return (lambda t: launch.aligned_copy(_logical(t, transposed))), True
 
 
-def _addend(d: torch.Tensor, c: torch.Tensor | None, beta: float) -> torch.Tensor | None:
-    """``c`` as the kernel reads it (row-major, or ``None`` when it is not read)."""
-    if c is None or beta == 0:
-        return None
+def _apply(fn: Callable | None, x: torch.Tensor) -> torch.Tensor:
+    return x if fn is None else fn(x)
+
+
+def _addend_fn(d: torch.Tensor, c: torch.Tensor | None) -> Callable[[torch.Tensor, Any], torch.Tensor]:
+    """``(d, c) -> C array``: ``d`` without a ``c`` (not read) or when ``c`` is ``d``, else ``c`` row-major."""
+    if c is None:
+        return lambda dd, cc: dd
     if c.data_ptr() == d.data_ptr() and c.stride() == d.stride():
-        return d
-    return launch.as_row_major(c)
+        return lambda dd, cc: dd
+    if launch.tma_ready(c):
+        return lambda dd, cc: cc
+    return lambda dd, cc: launch.aligned_copy(cc)
 
 
 def _empty_k(d: torch.Tensor, c: torch.Tensor | None, beta: float) -> torch.Tensor:
@@ -322,45 +352,109 @@ def _empty_k(d: torch.Tensor, c: torch.Tensor | None, beta: float) -> torch.Tens
     return d
 
 
-def _launch_dense(
+def _trivial_plan(m: int, n: int, k: int) -> Runner | None:
+    """The plan of an empty output (nothing to do) or of K == 0 (``d = beta * c``), else ``None``."""
+    if m == 0 or n == 0:
+        return lambda a, b, d, c, alpha, beta: None
+    if k == 0:
+        return lambda a, b, d, c, alpha, beta: _empty_k(d, c, beta)
+    return None
+
+
+def _stream_buffers(d: torch.Tensor, handle: int, ws_elems: int, ws_shape: tuple, cnt_elems: int) -> tuple:
+    """The (fp32 workspace view, int32 counters view) a plan's kernel uses on stream ``handle``."""
+    ws = launch.scratch(d.device, handle, torch.float32, max(1, ws_elems))
+    cnt = launch.scratch(d.device, handle, torch.int32, max(1, cnt_elems))
+    return ws[: max(1, ws_elems)].view(ws_shape), cnt[: max(1, cnt_elems)]
+
+
+def _decode_runner(
+    op: str,
+    kind: str,
+    cfg: heuristics.DecodeConfig,
+    m: int,
+    n: int,
+    k: int,
+    consts: Callable[[int, bool], list[Any]],
+    operands: Callable[..., tuple],
+    c_fn: Callable,
+) -> Runner:
+    """The launch of a decode-size GEMM: one swap-AB kernel (split-K reduced inside it)."""
+    plan = heuristics.decode_plan(kind, cfg, m, n, k, launch.num_sms())
+    heuristics.print_decode_plan(op, (m, n, k), plan)
+    kernel = decode.get_kernel(kind, cfg, plan.bm)
+    tail = (k, plan.splits, plan.per, *consts(plan.bm, plan.splitk))
+    grid = plan.grid
+    ws_shape = (plan.splits * plan.tiles, cfg.bw, plan.bm) if plan.splitk else (1, 1, 1)
+    per_stream: dict[int, tuple] = {}
+
+    def run(a, b, d, c, alpha, beta):
+        stream = launch.current_stream()
+        bufs = per_stream.get(stream.cuda_stream)
+        if bufs is None:
+            bufs = per_stream[stream.cuda_stream] = _stream_buffers(
+                d, stream.cuda_stream, plan.workspace_elems, ws_shape, plan.tiles
+            )
+        args = (*operands(a, b), d, c_fn(d, c), *bufs, float(alpha), float(beta), *tail)
+        ct.launch(stream, grid, kernel, args)
+
+    return run
+
+
+def _dense_runner(
     op: str,
     cfg: heuristics.DenseConfig,
     m: int,
     n: int,
     k: int,
-    operands: list[Any],
-    d: torch.Tensor,
-    cc: torch.Tensor | None,
-    alpha: float,
-    beta: float,
-    constants: Any,
+    consts: Callable[[bool], list[Any]],
+    operands: Callable[..., list],
+    c_fn: Callable,
+    has_c: bool,
     c_in_reduce: bool = False,
-) -> None:
-    """Launch ``cfg``'s kernel (and the split-K reduce when the plan splits tiles).
+) -> Runner:
+    """The launch of the persistent-tile kernel (and the split-K reduce kernel when the plan splits tiles).
 
-    ``operands``: the kernel's leading array arguments; ``constants(splitk)`` its ``ct.Constant``
-    tail. ``c_in_reduce``: with a ``c``, send every tile through the fp32 workspace so that the
-    reduce kernel applies the epilogue (the FP8 kernel has no ``c`` epilogue).
+    ``c_in_reduce``: with a ``c``, every tile goes through the fp32 workspace so that the reduce
+    kernel applies the epilogue (the FP8 kernel has no ``c`` epilogue).
     """
     sms = launch.num_sms()
     plan = heuristics.split_plan(cfg, m, n, k, sms)
-    if c_in_reduce and cc is not None:
+    if c_in_reduce and has_c:
         plan = heuristics.SplitPlan(plan.tiles, 0, plan.splits if plan.full == 0 else 1)
     splitk = plan.splits > 1 or plan.full < plan.tiles
     tail = plan.tiles - plan.full
-    if splitk:
-        work = torch.empty((plan.splits, tail, cfg.tm, cfg.tn), dtype=torch.float32, device=d.device)
-    else:
-        work = d.view(1, 1, m, n)  # not read: the kernel has no split-K code
-    c_arg = d if cc is None else cc
-    args = [*operands, d, c_arg, work, float(alpha), float(beta), k, plan.full, plan.splits, *constants(splitk)]
     grid = launch.persistent_grid(plan.units, sms * cfg.ctas_per_sm)
     heuristics.print_config(op, (m, n, k), cfg, grid, plan)
-    launch.launch(get_kernel(cfg), grid, args)
-    if splitk:
-        red = [work, d, c_arg, float(alpha), float(beta), plan.full]
-        grid = (tail * (cfg.tm // reduce_rows(cfg)), 1, 1)
-        launch.launch(get_reduce_kernel(), grid, red + reduce_constants(cfg, has_c=cc is not None))
+    kernel = get_kernel(cfg)
+    main_tail = (k, plan.full, plan.splits, *consts(splitk))
+    red_grid = (tail * (cfg.tm // reduce_rows(cfg)), 1, 1)
+    red_tail = (plan.full, *reduce_constants(cfg, has_c=has_c))
+    ws_elems = plan.splits * tail * cfg.tm * cfg.tn if splitk else 0
+    ws_shape = (plan.splits, tail, cfg.tm, cfg.tn) if splitk else (1, 1, 1, 1)
+    per_stream: dict[int, tuple] = {}
+
+    def run(a, b, d, c, alpha, beta):
+        stream = launch.current_stream()
+        bufs = per_stream.get(stream.cuda_stream)
+        if bufs is None:
+            bufs = per_stream[stream.cuda_stream] = _stream_buffers(d, stream.cuda_stream, ws_elems, ws_shape, 1)
+        work = bufs[0]  # not read without split-K
+        c_arg = c_fn(d, c)
+        alpha, beta = float(alpha), float(beta)
+        ct.launch(stream, grid, kernel, (*operands(a, b), d, c_arg, work, alpha, beta, *main_tail))
+        if splitk:
+            ct.launch(stream, red_grid, get_reduce_kernel(), (work, d, c_arg, alpha, beta, *red_tail))
+
+    return run
+
+
+def _sms_key(d: torch.Tensor) -> tuple:
+    return (d.device.index, tg_config._num_sms)
+
+
+def _has_c(c: torch.Tensor | None, beta: float) -> bool:
+    return c is not None and beta != 0
 
 
 def bf16_gemm(
@@ -371,32 +465,69 @@ def bf16_gemm(
     c,
     alpha,
     beta,
-    config: heuristics.DenseConfig | None = None,
+    config: heuristics.DenseConfig | heuristics.DecodeConfig | None = None,
 ) -> torch.Tensor:
     """BF16 GEMM ``d = alpha * op(a) @ op(b) + beta * c`` for ``layout`` in nt/nn/tn/tt (see ops/api.py).
 
-    ``config`` overrides the heuristic choice (benchmarks, tests).
+    ``config`` overrides the heuristic choice (benchmarks, tests): a ``DenseConfig`` forces the
+    persistent-tile kernel, a ``DecodeConfig`` the swap-AB decode kernel.
     """
+    has_c = _has_c(c, beta)
+    key = ("bf16", layout, _tkey(a), _tkey(b), _tkey(d), _tkey(c) if has_c else None, config, _sms_key(d))
+    run = _PLANS.get(key)
+    if run is None:
+        run = _bf16_plan(layout, a, b, d, c if has_c else None, config)
+        _PLANS[key] = run
+    run(a, b, d, c, alpha, beta)
+    return d
+
+
+def _bf16_plan(layout: str, a, b, d, c, config) -> Runner:
+    """Build the launch plan of a BF16 call (see :func:`bf16_gemm`)."""
     la = _logical(a, layout[0] == "t")  # [M, K]
     lb = _logical(b, layout[1] == "n")  # [N, K]
     m, k = la.shape
     n = lb.shape[0]
-    if m == 0 or n == 0:
-        return d
-    if k == 0:
-        return _empty_k(d, c, beta)
+    trivial = _trivial_plan(m, n, k)
+    if trivial is not None:
+        return trivial
     if not d.is_contiguous():
         raise Unsupported("d must be contiguous")
-    arr_a, a_kmajor = _orient(la, need_kmajor=False)
-    arr_b, b_kmajor = _orient(lb, need_kmajor=False)
-    cc = _addend(d, c, beta)
+    fa, a_kmajor = _operand_fn(a, layout[0] == "t", need_kmajor=False)
+    fb, b_kmajor = _operand_fn(b, layout[1] == "n", need_kmajor=False)
+    c_fn = _addend_fn(d, c)
+    has_c = c is not None
+    op = f"bf16_gemm_{layout}"
+    dcfg = _decode_choice("bf16", m, n, k, config)
+    if dcfg is not None:
+
+        def dconsts(bm: int, splitk: bool) -> list[Any]:
+            return decode.bf16_constants(dcfg, bm, a_kmajor=a_kmajor, b_kmajor=b_kmajor, has_c=has_c, splitk=splitk)
+
+        if fa is None and fb is None:
+            operands = _swap_pair
+        else:
+            operands = lambda a, b: (_apply(fb, b), _apply(fa, a))  # noqa: E731
+        return _decode_runner(op, "bf16", dcfg, m, n, k, dconsts, operands, c_fn)
     cfg = config or heuristics.choose_dense_config("bf16", m, n, k, launch.num_sms())
 
     def consts(splitk: bool) -> list[Any]:
-        return kernel_constants(cfg, a_kmajor=a_kmajor, b_kmajor=b_kmajor, has_c=cc is not None, splitk=splitk)
+        return kernel_constants(cfg, a_kmajor=a_kmajor, b_kmajor=b_kmajor, has_c=has_c, splitk=splitk)
 
-    _launch_dense(f"bf16_gemm_{layout}", cfg, m, n, k, [arr_a, arr_b], d, cc, alpha, beta, consts)
-    return d
+    return _dense_runner(op, cfg, m, n, k, consts, lambda a, b: (_apply(fa, a), _apply(fb, b)), c_fn, has_c)
+
+
+def _swap_pair(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return b, a
+
+
+def _decode_choice(kind: str, m: int, n: int, k: int, config) -> heuristics.DecodeConfig | None:
+    """The decode variant a call takes: the forced one, else the default when the heuristics route M there."""
+    if isinstance(config, heuristics.DecodeConfig):
+        return config
+    if config is None and heuristics.use_decode(kind, m, n, k):
+        return heuristics.decode_config()
+    return None
 
 
 def _mn_major_scales(s: torch.Tensor) -> torch.Tensor:
@@ -406,43 +537,98 @@ def _mn_major_scales(s: torch.Tensor) -> torch.Tensor:
 
 
 def fp8_gemm(
-    layout: str, a, b, d: torch.Tensor, c, alpha, beta, recipe, config: heuristics.DenseConfig | None = None
+    layout: str,
+    a,
+    b,
+    d: torch.Tensor,
+    c,
+    alpha,
+    beta,
+    recipe,
+    config: heuristics.DenseConfig | heuristics.DecodeConfig | None = None,
 ) -> torch.Tensor:
     """FP8 block-scaled GEMM for ``layout`` in nt/nn/tn/tt (see ops/api.py); operands are (fp8, fp32 scales).
 
     Non-K-major operands are copied to K-major (Hopper FP8 MMAs read K-major data only).
+    ``config`` as in :func:`bf16_gemm`.
     """
-    from tilegemm.ops import checks
-
+    has_c = _has_c(c, beta)
     a_data, sa = a
     b_data, sb = b
+    key = (
+        "fp8",
+        layout,
+        _tkey(a_data),
+        _tkey(sa),
+        _tkey(b_data),
+        _tkey(sb),
+        _tkey(d),
+        _tkey(c) if has_c else None,
+        None if recipe is None else tuple(recipe),
+        config,
+        _sms_key(d),
+    )
+    run = _PLANS.get(key)
+    if run is None:
+        run = _fp8_plan(layout, a_data, sa, b_data, sb, d, c if has_c else None, recipe, config)
+        _PLANS[key] = run
+    run(a, b, d, c, alpha, beta)
+    return d
+
+
+def _fp8_plan(layout: str, a_data, sa, b_data, sb, d, c, recipe, config) -> Runner:
+    """Build the launch plan of an FP8 call (see :func:`fp8_gemm`)."""
+    from tilegemm.ops import checks
+
     la = _logical(a_data, layout[0] == "t")
     lb = _logical(b_data, layout[1] == "n")
     m, k = la.shape
     n = lb.shape[0]
     rec = checks.infer_recipe(sb, n, k, recipe)
-    if m == 0 or n == 0:
-        return d
-    if k == 0:
-        return _empty_k(d, c, beta)
+    trivial = _trivial_plan(m, n, k)
+    if trivial is not None:
+        return trivial
     if not d.is_contiguous():
         raise Unsupported("d must be contiguous")
     sb_rows = rec == (1, 1, 128)
+    fa, _ = _operand_fn(a_data, layout[0] == "t", need_kmajor=True)
+    fb, _ = _operand_fn(b_data, layout[1] == "n", need_kmajor=True)
+    c_fn = _addend_fn(d, c)
+    has_c = c is not None
+    op = f"fp8_gemm_{layout}"
+    dcfg = _decode_choice("fp8", m, n, k, config)
+    if dcfg is not None:
+        to_f32 = sa.dtype != torch.float32
+
+        def dconsts(bm: int, splitk: bool) -> list[Any]:
+            return decode.fp8_constants(dcfg, bm, sb_rows=sb_rows, has_c=has_c, splitk=splitk)
+
+        if fa is None and fb is None and not to_f32:
+            operands = _fp8_swap
+        else:
+
+            def operands(a, b):
+                sa_arr = a[1].to(torch.float32) if to_f32 else a[1]
+                return (_apply(fb, b[0]), _apply(fa, a[0]), b[1], sa_arr)
+
+        return _decode_runner(op, "fp8", dcfg, m, n, k, dconsts, operands, c_fn)
     cfg = config or heuristics.choose_dense_config("fp8", m, n, k, launch.num_sms())
     if not sb_rows and cfg.tn // cfg.nh != 128:
         raise Unsupported(f"config {cfg.name}: 128x128 RHS scales need 128-wide N parts")
-    arr_a, _ = _orient(la, need_kmajor=True)
-    arr_b, _ = _orient(lb, need_kmajor=True)
-    arr_sa = _mn_major_scales(sa.to(torch.float32))
-    arr_sb = _mn_major_scales(sb) if sb_rows else sb.contiguous()
-    cc = _addend(d, c, beta)
 
     def consts(splitk: bool) -> list[Any]:
         return kernel_constants(cfg, sb_rows=sb_rows, splitk=splitk)
 
-    operands = [arr_a, arr_b, arr_sa, arr_sb]
-    _launch_dense(f"fp8_gemm_{layout}", cfg, m, n, k, operands, d, cc, alpha, beta, consts, c_in_reduce=True)
-    return d
+    def operands(a, b):
+        arr_sa = _mn_major_scales(a[1].to(torch.float32))
+        arr_sb = _mn_major_scales(b[1]) if sb_rows else b[1].contiguous()
+        return (_apply(fa, a[0]), _apply(fb, b[0]), arr_sa, arr_sb)
+
+    return _dense_runner(op, cfg, m, n, k, consts, operands, c_fn, has_c, c_in_reduce=True)
+
+
+def _fp8_swap(a, b) -> tuple:
+    return b[0], a[0], b[1], a[1]
 
 
 # --------------------------------------------------------------------------- registration

@@ -161,6 +161,163 @@ def choose_dense_config(kind: str, m: int, n: int, k: int, sms: int) -> DenseCon
     return FP8_LARGE_K if k > 4096 else FP8_SMALL_K
 
 
+# ------------------------------------------------------------------------ decode-size dense GEMMs
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """A swap-AB decode kernel family (``ops/cutile/decode.py``) for dense GEMMs with few rows.
+
+    ``bw`` weight rows per tile (the MMA's M side, 64 or 128); the activation tile ``bm`` (the MMA's
+    N side) is the power of two covering M, between :data:`DECODE_MIN_BM` and ``bm_max``; ``ku``
+    128-wide K blocks per FP8 step, ``bk_bf16`` the BF16 K step; ``splitk`` whether K may be split
+    (reduced in the same launch); ``occupancy`` the CTAs-per-SM hint for activation tiles of at
+    most 32 rows (``occupancy_wide`` above).
+    """
+
+    name: str
+    bw: int
+    ku: int = 1
+    bk_bf16: int = 64
+    bm_max: int = 128
+    splitk: bool = True
+    occupancy: int = 4
+    occupancy_wide: int = 2
+
+    def tile_m(self, m: int) -> int:
+        """The activation tile (MMA N side) for ``m`` rows: a power of two in [DECODE_MIN_BM, bm_max]."""
+        bm = DECODE_MIN_BM
+        while bm < m and bm < self.bm_max:
+            bm *= 2
+        return bm
+
+    def occupancy_for(self, bm: int) -> int:
+        """CTAs per SM the kernel for activation tile ``bm`` is compiled for."""
+        return self.occupancy if bm <= 32 else self.occupancy_wide
+
+    def warps_for(self, bm: int) -> int:
+        """Worker warps: one warpgroup, two for a 64x128 (or larger) fp32 accumulator.
+
+        (One warpgroup holding a 64x128 accumulator next to the FP8 product spills on sm_90.)
+        """
+        return 8 if self.bw * bm >= 64 * 128 else 4
+
+    def compiler_options(self, bm: int) -> dict[str, int]:
+        """Keyword arguments for ``ct.kernel`` of the kernel with activation tile ``bm``."""
+        return {"num_worker_warps": self.warps_for(bm), "occupancy": self.occupancy_for(bm)}
+
+    def step_k(self, kind: str) -> int:
+        """K elements per main-loop step."""
+        return 128 * self.ku if kind == "fp8" else self.bk_bf16
+
+
+#: Swap-AB variants. ``w64k256``: 64 weight rows x 256 of K per step (32 KiB FP8 / 16 KiB BF16 per
+#: stage is what a memory-bound CTA keeps in flight), 4 CTAs per SM for narrow activation tiles.
+DECODE_W64_K256 = DecodeConfig("w64k256", bw=64, ku=2, bk_bf16=128)
+#: Half the K step (more, smaller TMA loads; more stages fit).
+DECODE_W64_K128 = DecodeConfig("w64k128", bw=64, ku=1, bk_bf16=64)
+#: 128 weight rows per tile (half the activation re-reads from L2 at M = 64..256, half the CTAs).
+DECODE_W128_K128 = DecodeConfig("w128k128", bw=128, ku=1, bk_bf16=64, occupancy=2, occupancy_wide=1)
+#: ``w64k256`` without split-K (one unit per tile: what split-K buys).
+DECODE_W64_NOSPLIT = DecodeConfig("w64k256ns", bw=64, ku=2, bk_bf16=128, splitk=False)
+DECODE_CONFIGS: tuple[DecodeConfig, ...] = (DECODE_W64_K256, DECODE_W64_K128, DECODE_W128_K128, DECODE_W64_NOSPLIT)
+DECODE_MIN_BM = 16
+#: Dense GEMMs with at most this many rows take the decode kernels.
+DECODE_MAX_M = 256
+#: Split-K bounds: at most this many splits, each of at least DECODE_MIN_STEPS K steps, and
+#: the fp32 partial a split writes and its tile's last unit reads back at most
+#: 1 / DECODE_PARTIAL_RATIO of the weight bytes the split streams.
+DECODE_MAX_SPLITS = 16
+DECODE_MIN_STEPS = 2
+DECODE_PARTIAL_RATIO = 2
+DECODE_VARIANT_ENV = "TILEGEMM_DECODE_VARIANT"
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """Launch shape of a decode GEMM: activation tile ``bm``, tiles, K splits of ``per`` steps, grid."""
+
+    cfg: DecodeConfig
+    bm: int
+    num_m: int
+    num_n: int
+    steps: int
+    splits: int
+    per: int
+
+    @property
+    def tiles(self) -> int:
+        return self.num_m * self.num_n
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (self.tiles * self.splits, 1, 1)
+
+    @property
+    def splitk(self) -> bool:
+        return self.splits > 1
+
+    @property
+    def workspace_elems(self) -> int:
+        """fp32 elements of the split-K partials (0 without split-K)."""
+        return self.splits * self.tiles * self.cfg.bw * self.bm if self.splitk else 0
+
+
+def decode_config(name: str | None = None) -> DecodeConfig:
+    """The decode variant called ``name``; ``None``: ``$TILEGEMM_DECODE_VARIANT`` or the default."""
+    name = name or os.environ.get(DECODE_VARIANT_ENV) or DECODE_CONFIGS[0].name
+    for cfg in DECODE_CONFIGS:
+        if cfg.name == name:
+            return cfg
+    raise ValueError(f"{DECODE_VARIANT_ENV}: got {name!r}, expected one of {[c.name for c in DECODE_CONFIGS]}")
+
+
+def use_decode(kind: str, m: int, n: int, k: int) -> bool:
+    """Whether a dense ``kind`` GEMM of ``m x n x k`` takes the decode kernels (few rows)."""
+    return m <= DECODE_MAX_M
+
+
+def decode_plan(kind: str, cfg: DecodeConfig, m: int, n: int, k: int, sms: int) -> DecodePlan:
+    """Tiles and K split of a decode GEMM, sized from the weight bytes per SM.
+
+    Tiles: ``cdiv(N, bw) x cdiv(M, bm)``. Without enough tiles to give every CTA slot
+    (``sms * occupancy``) one, K is split so that the units fill the slots, within the bounds
+    above (a split's partial costs ``2 * bw * bm * 4`` bytes of traffic against the
+    ``bw * per * step_k * elt`` weight bytes it streams).
+    """
+    bm = cfg.tile_m(m)
+    num_m, num_n = _cdiv(m, bm), _cdiv(n, cfg.bw)
+    step = cfg.step_k(kind)
+    steps = max(1, _cdiv(k, step))
+    tiles = num_m * num_n
+    splits = 1
+    if cfg.splitk:
+        slots = max(1, sms) * cfg.occupancy_for(bm)
+        step_bytes = cfg.bw * step * (1 if kind == "fp8" else 2)
+        partial_bytes = 2 * cfg.bw * bm * 4
+        min_steps = max(DECODE_MIN_STEPS, _cdiv(DECODE_PARTIAL_RATIO * partial_bytes, step_bytes))
+        splits = max(1, min(slots // tiles, steps // min_steps, DECODE_MAX_SPLITS))
+    per = _cdiv(steps, splits)
+    return DecodePlan(cfg, bm, num_m, num_n, steps, _cdiv(steps, per), per)
+
+
+def print_decode_plan(op: str, shape: tuple[int, ...], plan: DecodePlan) -> None:
+    """Print a decode plan once per new (op, shape) when ``TILEGEMM_PRINT_CONFIGS=1``."""
+    if os.environ.get("TILEGEMM_PRINT_CONFIGS", "0") in ("", "0"):
+        return
+    key = (op, shape, plan)
+    if key in _printed:
+        return
+    _printed.add(key)
+    cfg = plan.cfg
+    print(
+        f"[tilegemm] {op} shape={shape} config=decode_{cfg.name} tile={cfg.bw}x{plan.bm} "
+        f"warps={cfg.warps_for(plan.bm)} occupancy={cfg.occupancy_for(plan.bm)} grid={plan.grid} "
+        f"split={plan.splits}x{plan.per} steps of {plan.steps}",
+        flush=True,
+    )
+
+
 _printed: set[tuple] = set()
 
 

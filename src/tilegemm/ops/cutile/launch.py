@@ -10,7 +10,17 @@ import torch
 
 from tilegemm.config import get_num_sms
 
-__all__ = ["current_stream", "num_sms", "persistent_grid", "launch", "tma_ready", "aligned_copy", "cdiv"]
+__all__ = [
+    "current_stream",
+    "num_sms",
+    "persistent_grid",
+    "launch",
+    "launch_on",
+    "tma_ready",
+    "aligned_copy",
+    "cdiv",
+    "scratch",
+]
 
 _ALIGN_BYTES = 16
 
@@ -39,6 +49,34 @@ def persistent_grid(num_tiles: int, sms: int | None = None) -> tuple[int, int, i
 def launch(kernel: Any, grid: Sequence[int], args: Sequence[Any]) -> None:
     """Launch a cuTile kernel on the current stream (JIT-compiles on first use; capturable in CUDA graphs)."""
     ct.launch(current_stream(), tuple(grid), kernel, tuple(args))
+
+
+def launch_on(stream: torch.cuda.Stream, kernel: Any, grid: tuple[int, int, int], args: tuple) -> None:
+    """Launch a cuTile kernel on ``stream`` with a prepared grid and argument tuple (no conversions)."""
+    ct.launch(stream, grid, kernel, args)
+
+
+_SCRATCH: dict[tuple[str, int, torch.dtype], torch.Tensor] = {}
+_RETIRED: list[torch.Tensor] = []
+
+
+def scratch(device: torch.device, stream: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
+    """A cached 1-D ``dtype`` buffer of at least ``numel`` elements for kernels on ``stream`` (its handle).
+
+    Created zero-filled; kernels that use one as counters must leave it zero. One buffer per
+    (device, stream, dtype), so kernels sharing it are ordered by their stream. Growing it
+    allocates a larger one (at least twice the size) and keeps the old one alive: a CUDA graph
+    captured with it still owns valid memory.
+    """
+    key = (str(device), stream, dtype)
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.numel() < numel:
+        size = max(numel, 2 * buf.numel() if buf is not None else 0, 1024)
+        if buf is not None:
+            _RETIRED.append(buf)
+        buf = torch.zeros(size, dtype=dtype, device=device)
+        _SCRATCH[key] = buf
+    return buf
 
 
 def tma_ready(x: torch.Tensor) -> bool:

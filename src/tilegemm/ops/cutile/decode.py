@@ -1,0 +1,212 @@
+"""cuTile decode-size dense GEMMs (few rows): swap-AB tiles, split-K reduced in the same launch.
+
+For ``D[M, N] = alpha * A[M, K] @ B[N, K].T + beta * C`` with small ``M`` the cost is reading the
+weight ``B`` once. The kernels compute ``D.T = B @ A.T`` tile by tile: a ``[BW, BK]`` weight tile
+(TMA) is the MMA's first operand (its 64/128 rows fill the tensor core's M side) and the
+``[BM, BK]`` activation tile, loaded transposed as ``[BK, BM]``, the second (its few rows become
+the MMA's N side, 8..128 wide). The ``[BW, BM]`` fp32 accumulator is stored transposed.
+
+Work units: one CTA per (weight tile ``pn``, K split ``s``, activation tile ``pm``), ``pm``
+fastest so the CTAs that share a weight chunk run together and read it from L2. With ``SPLITK``
+each unit writes its fp32 partial to ``W[s * tiles + t]`` and increments the tile's counter
+(acq_rel, device scope); the unit that sees ``splits - 1`` is the last of its tile: it sums the
+partials in split order ``0, 1, ..`` (the same order whoever is last: bitwise-reproducible),
+applies the epilogue, and puts the counter back to zero, so the next launch (or a CUDA-graph
+replay) finds the counters as it expects. One launch, no reduce kernel.
+
+FP8 (DeepGEMM's block scaling): per 128-wide K block ``kb`` the raw product of the block is
+promoted as ``acc += P * sb * sa`` with ``sa[m, kb]`` (1x128 activation scales) and ``sb`` the
+weight's 128x128 block scale (one per tile and block, ``BW <= 128``) or its per-row 1x128 scale.
+Scales are read in place whatever their strides (row-major [rows, KB] or MN-major).
+``KU`` K blocks are loaded per step (one TMA load of ``[BW, 128 * KU]``).
+
+Config choice: :func:`tilegemm.ops.cutile.heuristics.decode_plan`; host path: ``gemm.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import cuda.tile as ct
+
+from tilegemm.ops.cutile import heuristics
+
+ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
+_ZERO = ct.PaddingMode.ZERO
+_ACQ_REL = ct.MemoryOrder.ACQ_REL
+_RELAXED = ct.MemoryOrder.RELAXED
+_DEVICE = ct.MemoryScope.DEVICE
+
+
+def _unit(num_m, splits, per, num_steps, SPLITK: ConstBool):
+    """This CTA's (activation tile, weight tile, split, first step, end step)."""
+    u = ct.bid(0)
+    pm = u % num_m
+    rest = u // num_m
+    s = 0
+    pn = rest
+    k_lo = 0
+    k_hi = num_steps
+    if SPLITK:
+        s = rest % splits
+        pn = rest // splits
+        k_lo = s * per
+        k_hi = ct.minimum(num_steps, k_lo + per)
+    return pm, pn, s, k_lo, k_hi
+
+
+def _epilogue_t(D, C, acc, pm, pn, alpha, beta, HAS_C: ConstBool):
+    """D[pm-th BM rows, pn-th BW columns] = (alpha * acc + beta * C).T for a [BW, BM] accumulator."""
+    out = acc * alpha
+    if HAS_C:
+        c = ct.load(C, (pn, pm), acc.shape, order=(1, 0), padding_mode=_ZERO)
+        out = out + ct.astype(c, ct.float32) * beta
+    ct.store(D, (pn, pm), ct.astype(out, D.dtype), order=(1, 0))
+
+
+def _finish_t(D, C, W, CNT, acc, pm, pn, s, num_m, splits, alpha, beta, HAS_C: ConstBool, SPLITK: ConstBool):
+    """Epilogue of a whole tile, or (SPLITK) publish the partial and let the tile's last unit reduce."""
+    if SPLITK:
+        t = pn * num_m + pm
+        tiles = ct.num_blocks(0) // splits
+        shape3 = (1, acc.shape[0], acc.shape[1])
+        # Plain (non-TMA) stores and loads: the same threads that release / acquire the counter move the data.
+        ct.store(W, (s * tiles + t, 0, 0), ct.reshape(acc, shape3), check_bounds=False, allow_tma=False)
+        done = ct.atomic_add(CNT, t, 1, memory_order=_ACQ_REL, memory_scope=_DEVICE)
+        if done == splits - 1:
+            total = ct.zeros(acc.shape, dtype=ct.float32)
+            for j in range(splits):
+                part = ct.load(W, (j * tiles + t, 0, 0), shape3, check_bounds=False, allow_tma=False)
+                total = total + ct.reshape(part, acc.shape)
+            ct.atomic_xchg(CNT, t, 0, memory_order=_RELAXED, memory_scope=_DEVICE)
+            _epilogue_t(D, C, total, pm, pn, alpha, beta, HAS_C)
+    else:
+        _epilogue_t(D, C, acc, pm, pn, alpha, beta, HAS_C)
+
+
+def _decode_bf16_body(
+    B,
+    A,
+    D,
+    C,
+    W,
+    CNT,
+    alpha: float,
+    beta: float,
+    K: int,
+    splits: int,
+    per: int,
+    BW: ConstInt,
+    BM: ConstInt,
+    BK: ConstInt,
+    A_KMAJOR: ConstBool,
+    B_KMAJOR: ConstBool,
+    HAS_C: ConstBool,
+    SPLITK: ConstBool,
+):
+    """BF16 ``D = alpha * A @ B.T + beta * C`` as ``D.T`` tiles ``[BW, BM] = B_tile @ A_tile.T``.
+
+    B: weight, [N, K] (B_KMAJOR) or its [K, N] storage; A: activations, [M, K] (A_KMAJOR) or
+    [K, M]; D (and C) [M, N]; W fp32 [splits * tiles, BW, BM] partials and CNT int32 [tiles]
+    counters (SPLITK only). Grid: ``cdiv(N, BW) * splits * cdiv(M, BM)`` CTAs; split ``s`` takes
+    K steps ``[s * per, (s + 1) * per)`` of ``BK``.
+    """
+    num_m = ct.cdiv(D.shape[0], BM)
+    num_steps = ct.cdiv(K, BK)
+    pm, pn, s, k_lo, k_hi = _unit(num_m, splits, per, num_steps, SPLITK)
+    acc = ct.zeros((BW, BM), dtype=ct.float32)
+    for kb in range(k_lo, k_hi):
+        if B_KMAJOR:
+            w = ct.load(B, (pn, kb), (BW, BK), padding_mode=_ZERO)
+        else:
+            w = ct.load(B, (pn, kb), (BW, BK), order=(1, 0), padding_mode=_ZERO)
+        if A_KMAJOR:
+            a = ct.load(A, (kb, pm), (BK, BM), order=(1, 0), padding_mode=_ZERO)
+        else:
+            a = ct.load(A, (kb, pm), (BK, BM), padding_mode=_ZERO)
+        acc = ct.mma(w, a, acc)
+    _finish_t(D, C, W, CNT, acc, pm, pn, s, num_m, splits, alpha, beta, HAS_C, SPLITK)
+
+
+def _decode_fp8_body(
+    B,
+    A,
+    SB,
+    SA,
+    D,
+    C,
+    W,
+    CNT,
+    alpha: float,
+    beta: float,
+    K: int,
+    splits: int,
+    per: int,
+    BW: ConstInt,
+    BM: ConstInt,
+    KU: ConstInt,
+    SB_ROWS: ConstBool,
+    FAST_ACC: ConstBool,
+    HAS_C: ConstBool,
+    SPLITK: ConstBool,
+):
+    """FP8 block-scaled ``D = alpha * sum_kb sa * sb * (A_kb @ B_kb.T) + beta * C`` as ``D.T`` tiles.
+
+    B fp8 [N, K] and A fp8 [M, K] (K-major). SA: fp32 1x128 activation scales [M, KB] (any
+    strides: the MN-major layout is read in place). SB: 128x128 weight block scales
+    [ceil(N/128), KB], or with SB_ROWS one scale per weight row, [N, KB] (any strides). ``KU``
+    (1 or 2) 128-wide K blocks per step; split
+    ``s`` takes steps ``[s * per, (s + 1) * per)``. D, C, W, CNT as in the BF16 kernel.
+    """
+    num_m = ct.cdiv(D.shape[0], BM)
+    num_steps = ct.cdiv(ct.cdiv(K, 128), KU)
+    pm, pn, s, k_lo, k_hi = _unit(num_m, splits, per, num_steps, SPLITK)
+    acc = ct.zeros((BW, BM), dtype=ct.float32)
+    for ks in range(k_lo, k_hi):
+        w = ct.load(B, (pn, ks), (BW, 128 * KU), padding_mode=_ZERO)
+        a = ct.load(A, (ks, pm), (128 * KU, BM), order=(1, 0), padding_mode=_ZERO)
+        sa = ct.load(SA, (ks, pm), (KU, BM), order=(1, 0), padding_mode=_ZERO, allow_tma=False)
+        if SB_ROWS:
+            sb = ct.load(SB, (pn, ks), (BW, KU), padding_mode=_ZERO, allow_tma=False)
+        else:
+            sb = ct.load(SB, (pn * BW // 128, ks), (1, KU), padding_mode=_ZERO, allow_tma=False)
+        if KU == 1:
+            acc = _promote(w, a, sb, sa, acc, FAST_ACC)
+        else:
+            for j in range(KU):
+                wj = ct.extract(w, (0, j), (BW, 128))
+                aj = ct.extract(a, (j, 0), (128, BM))
+                sbj = ct.extract(sb, (0, j), (sb.shape[0], 1))
+                saj = ct.extract(sa, (j, 0), (1, BM))
+                acc = _promote(wj, aj, sbj, saj, acc, FAST_ACC)
+    _finish_t(D, C, W, CNT, acc, pm, pn, s, num_m, splits, alpha, beta, HAS_C, SPLITK)
+
+
+def _promote(w, a, sb, sa, acc, FAST_ACC: ConstBool):
+    """acc + (w @ a) * sa * sb: one 128-wide K block, raw product promoted with its scales.
+
+    (``p * (sb * sa)`` spilled a register on sm_90 with per-row weight scales.)
+    """
+    p = ct.mma(w, a, ct.zeros(acc.shape, dtype=ct.float32), use_fast_acc=FAST_ACC)
+    return acc + (p * sa) * sb
+
+
+@functools.cache
+def get_kernel(kind: str, cfg: heuristics.DecodeConfig, bm: int) -> Any:
+    """The ``@ct.kernel`` of ``kind`` ("bf16"/"fp8") with ``cfg``'s compiler hints for activation tile ``bm``."""
+    body = _decode_bf16_body if kind == "bf16" else _decode_fp8_body
+    return ct.kernel(body, **cfg.compiler_options(bm))
+
+
+def bf16_constants(
+    cfg: heuristics.DecodeConfig, bm: int, *, a_kmajor: bool, b_kmajor: bool, has_c: bool, splitk: bool
+) -> list[Any]:
+    """The ``ct.Constant`` tail of the BF16 decode kernel, in parameter order."""
+    return [cfg.bw, bm, cfg.bk_bf16, a_kmajor, b_kmajor, has_c, splitk]
+
+
+def fp8_constants(cfg: heuristics.DecodeConfig, bm: int, *, sb_rows: bool, has_c: bool, splitk: bool) -> list[Any]:
+    """The ``ct.Constant`` tail of the FP8 decode kernel, in parameter order (fast accumulation on)."""
+    return [cfg.bw, bm, cfg.ku, sb_rows, True, has_c, splitk]
