@@ -30,6 +30,7 @@ from tilegemm.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
 
 Tensor = torch.Tensor
 
+
 def _gemm_out_shape(a: Tensor, b: Tensor, layout: str) -> tuple[int, int]:
     if layout not in LAYOUTS:
         raise ValueError(f"layout: got {layout!r}, expected one of {sorted(LAYOUTS)}")

@@ -43,7 +43,7 @@ def ceil_to_ue8m0(x: torch.Tensor) -> torch.Tensor:
 
 
 def pack_ue8m0_to_int(x: torch.Tensor) -> torch.Tensor:
-    """Pack fp32 powers of two ``[..., K]`` (K a multiple of 4) into int32 ``[..., K / 4]``: four exponent bytes each."""
+    """Pack fp32 powers of 2 ``[..., K]`` (K a multiple of 4) into int32 ``[..., K / 4]``, four exponent bytes each."""
     if x.dtype != torch.float32 or x.shape[-1] % 4:
         raise ValueError(f"pack_ue8m0_to_int: need fp32 [..., K] with K % 4 == 0, got {x.dtype} {list(x.shape)}")
     bits = x.contiguous().view(torch.int32)
@@ -102,7 +102,7 @@ def per_channel_cast_to_fp8(
 def per_block_cast_to_fp8(
     x: torch.Tensor, use_ue8m0: bool = False, gran_k: int = BLOCK
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantize ``x [..., N, K]`` (2-D or 3-D, e.g. ``[G, N, K]``) to FP8 with one scale per ``gran_k`` x ``gran_k`` block.
+    """Quantize ``x [..., N, K]`` (2-D or 3-D, e.g. ``[G, N, K]``) to FP8, one scale per ``gran_k`` x ``gran_k`` block.
 
     Args:
         x: floating tensor ``[..., N, K]``; N and K are zero-padded to multiples of ``gran_k`` internally.
@@ -239,7 +239,7 @@ def _ue8m0_bytes(sf: torch.Tensor) -> torch.Tensor:
 
 
 def _pack_last_dim(e: torch.Tensor) -> torch.Tensor:
-    """uint8 ``[..., K]`` -> int32 ``[..., ceil(K/4)]``: bytes ``4i .. 4i+3`` (zero-padded) little-endian in int ``i``."""
+    """uint8 ``[..., K]`` -> int32 ``[..., ceil(K/4)]``: bytes ``4i .. 4i+3`` (zero-padded), little-endian, in int i."""
     k = e.shape[-1]
     return F.pad(e, (0, _ceil_div(k, 4) * 4 - k)).contiguous().view(torch.int32)
 
@@ -283,7 +283,9 @@ def get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(
     this reads ``grouped_layout`` on the host).
     """
     if sf.dim() != 2:
-        raise ValueError(f"get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor: sf must be 2-D, got {list(sf.shape)}")
+        raise ValueError(
+            f"get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor: sf must be 2-D, got {list(sf.shape)}"
+        )
     if use_psum_layout:
         ends = [int(e) for e in grouped_layout.tolist()]
         starts = [0] + [_ceil_div(e, k_alignment) * k_alignment for e in ends[:-1]]

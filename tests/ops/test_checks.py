@@ -52,14 +52,18 @@ def masked(**over):
 
 
 def k_grouped(**over):
-    kw = dict(a=torch.randn(96, 16).bfloat16(), b=torch.randn(96, 24).bfloat16(), d=poisoned(3, 16, 24), ks_cpu=[32, 0, 64])
+    kw = dict(
+        a=torch.randn(96, 16).bfloat16(), b=torch.randn(96, 24).bfloat16(), d=poisoned(3, 16, 24), ks_cpu=[32, 0, 64]
+    )
     kw["grouped_layout"] = torch.tensor([32, 0, 64]).int()
     kw.update(over)
     return kw
 
 
 def k_grouped_fp8(**over):
-    kw = dict(a=(fp8(256, 16), scales(2, 16)), b=(fp8(256, 24), scales(2, 24)), d=poisoned(2, 16, 24), ks_cpu=[128, 128])
+    kw = dict(
+        a=(fp8(256, 16), scales(2, 16)), b=(fp8(256, 24), scales(2, 24)), d=poisoned(2, 16, 24), ks_cpu=[128, 128]
+    )
     kw["grouped_layout"] = torch.tensor([128, 128]).int()
     kw.update(over)
     return kw

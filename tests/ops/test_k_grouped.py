@@ -93,7 +93,9 @@ def test_k_grouped_fp8(backend, device, case, c_mode):
     ref = _ref(a64, b64, ks, c64)
     unquantized = _ref(a_raw.double(), b_raw.double(), ks, c64)
     grouped_layout = torch.tensor(ks, dtype=torch.int32, device=device)
-    tg.k_grouped_fp8_gemm_tn_contiguous((aq, sa), (bq, sb), d, ks, grouped_layout, c, recipe=(1, 1, 128), backend=backend)
+    tg.k_grouped_fp8_gemm_tn_contiguous(
+        (aq, sa), (bq, sb), d, ks, grouped_layout, c, recipe=(1, 1, 128), backend=backend
+    )
     assert not torch.isnan(d).any()
     assert calc_diff(d, ref) < BAR_EXACT
     if k_sum > 0 and c_mode == "none":
@@ -108,7 +110,10 @@ def test_k_grouped_fp8_nt(backend, device, case):
     _, ks, m, n = case
     torch.manual_seed(33)
     k_sum, groups = sum(ks), len(ks)
-    (aq, sa), (bq, sb) = _per_k_cast(torch.randn(k_sum, m, device=device)), _per_k_cast(torch.randn(k_sum, n, device=device))
+    (aq, sa), (bq, sb) = (
+        _per_k_cast(torch.randn(k_sum, m, device=device)),
+        _per_k_cast(torch.randn(k_sum, n, device=device)),
+    )
     flat_a = torch.cat([aq[k0 : k0 + kg].t().flatten() for k0, kg in zip([0, *itertools.accumulate(ks)], ks)])
     flat_b = torch.cat([bq[k0 : k0 + kg].t().flatten() for k0, kg in zip([0, *itertools.accumulate(ks)], ks)])
     c = torch.randn(groups, m, n, device=device) * 4
@@ -117,7 +122,9 @@ def test_k_grouped_fp8_nt(backend, device, case):
     ref = _ref(a64, b64, ks, c.double())
     d = c
     grouped_layout = torch.tensor(ks, dtype=torch.int32, device=device)
-    tg.k_grouped_fp8_gemm_nt_contiguous((flat_a, sa.T), (flat_b, sb.T), d, ks, grouped_layout, c, recipe=(1, 1, 128), backend=backend)
+    tg.k_grouped_fp8_gemm_nt_contiguous(
+        (flat_a, sa.T), (flat_b, sb.T), d, ks, grouped_layout, c, recipe=(1, 1, 128), backend=backend
+    )
     assert calc_diff(d, ref) < BAR_EXACT
 
 
@@ -125,4 +132,6 @@ def test_k_grouped_psum_is_not_implemented():
     a = torch.zeros(128, 8).bfloat16()
     d = torch.zeros(1, 8, 8)
     with pytest.raises(NotImplementedError, match="psum"):
-        tg.k_grouped_bf16_gemm_tn_contiguous(a, a, d, [128], torch.tensor([128], dtype=torch.int32), use_psum_layout=True)
+        tg.k_grouped_bf16_gemm_tn_contiguous(
+            a, a, d, [128], torch.tensor([128], dtype=torch.int32), use_psum_layout=True
+        )

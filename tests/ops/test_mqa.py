@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import tilegemm as tg
-from tilegemm.ops.reference import _common
 from tilegemm.ops.common import PAGED_MQA_SPLIT_KV, paged_mqa_split_kv
+from tilegemm.ops.reference import _common
 from tilegemm.testing import backend_device_params, calc_diff
 
 BACKENDS = backend_device_params()

@@ -617,7 +617,9 @@ def k_grouped_check(fp8: bool, layout: str = "tn") -> Callable[..., dict[str, An
                 f"expected K_sum = sum(ks_cpu) = {k_sum}"
             )
         if list(a_data.shape) != [k_sum, m] or list(b_data.shape) != [k_sum, n]:
-            raise ValueError(f"a and b: got shapes {list(a_data.shape)}, {list(b_data.shape)} for d [G, M, N] {[groups, m, n]}")
+            raise ValueError(
+                f"a and b: got shapes {list(a_data.shape)}, {list(b_data.shape)} for d [G, M, N] {[groups, m, n]}"
+            )
         if fp8:
             flip = layout == "nt"
             _logical_shape("a[1] (scales)", sa, [k_sum // BLOCK, m], "1x128 along K", flip)
@@ -859,7 +861,9 @@ def _einsum_sizes(expr: str, a_dims: str, b_dims: str, a: torch.Tensor, b: torch
     for name, dims, x in (("a", a_dims, a), ("b", b_dims, b)):
         for letter, size in zip(dims, x.shape):
             if sizes.setdefault(letter, size) != size:
-                raise ValueError(f"{name}: dim {letter!r} has size {size}, but another operand has {sizes[letter]} ({expr})")
+                raise ValueError(
+                    f"{name}: dim {letter!r} has size {size}, but another operand has {sizes[letter]} ({expr})"
+                )
     return sizes
 
 

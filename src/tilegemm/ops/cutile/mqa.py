@@ -28,6 +28,7 @@ import cuda.tile as ct
 import torch
 
 from tilegemm.backend.registry import Unsupported, register_impl
+from tilegemm.ops.common import compress_logits, paged_mqa_split_kv
 from tilegemm.ops.cutile.heuristics import (
     MqaConfig,
     PagedMqaConfig,
@@ -35,7 +36,6 @@ from tilegemm.ops.cutile.heuristics import (
     mqa_logits_config,
     paged_mqa_config,
 )
-from tilegemm.ops.common import compress_logits, paged_mqa_split_kv
 
 ZERO = ct.PaddingMode.ZERO
 NEG_INF = float("-inf")
