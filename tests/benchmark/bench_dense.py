@@ -156,8 +156,9 @@ def check_all(fh, budget: Budget) -> None:
                     deq_b = qb.double() * sb.double().repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, :k]
                 else:
                     deq_b = qb.double() * sb.double().repeat_interleave(128, 1)[:, :k]
-                fa = (qa.t().contiguous() if ta else qa, get_mn_major_tma_aligned_tensor(sa))
-                fb = (qb.t().contiguous() if tb else qb, sb)
+                sa_mn = get_mn_major_tma_aligned_tensor(sa)  # scales transposed along with their data:
+                fa = (qa.t().contiguous(), sa_mn.t()) if ta else (qa, sa_mn)
+                fb = (qb.t().contiguous(), sb.t()) if tb else (qb, sb)
                 d = poisoned((m, n), torch.bfloat16, "cuda")
                 t0 = time.time()
                 getattr(tg, f"fp8_gemm_{layout}")(fa, fb, d, backend="cutile")

@@ -276,8 +276,8 @@ def bench_k_grouped(fp8: bool, groups: int, m: int, n: int, k: int, cfg: Grouped
         b_arg = (qb_t.t().contiguous(), sb_t.t().contiguous())
         op = "k_grouped_fp8_gemm_tn_contiguous"
 
-        def dense():  # dense FP8 TN on the same data: a [K, M], b [K, N]; 1x128 scales in logical M/N terms
-            tg.fp8_gemm_tn((a_arg[0], sa_t), (b_arg[0], sb_t), dense_d, recipe=(1, 1, 128), backend="cutile")
+        def dense():  # dense FP8 TN on the same data: a [K, M], b [K, N]; scales in the data's orientation
+            tg.fp8_gemm_tn(a_arg, b_arg, dense_d, recipe=(1, 1, 128), backend="cutile")
 
     else:
         a_arg, b_arg = a, b

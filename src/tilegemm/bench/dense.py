@@ -212,8 +212,10 @@ def bench_fp8(layout: str, recipe: tuple[int, int, int], m: int, n: int, k: int,
         xb = torch.randn(n, k, device="cuda")
         qa, sa = per_token_cast_to_fp8(xa)
         qb, sb = per_block_cast_to_fp8(xb) if recipe == (1, 128, 128) else per_token_cast_to_fp8(xb)
-        a = (_store(qa, ta), get_mn_major_tma_aligned_tensor(sa))
-        b = (_store(qb, tb), sb)
+        sa_mn = get_mn_major_tma_aligned_tensor(sa)
+        # the public op takes a transposed operand's scales transposed too (DeepGEMM's orientation)
+        a = (_store(qa, ta), sa_mn.t() if ta else sa_mn)
+        b = (_store(qb, tb), sb.t() if tb else sb)
         return a, b, torch.empty(m, n, device="cuda", dtype=torch.bfloat16), (qa, sa, qb, sb)
 
     nbytes = m * k + n * k + 2 * m * n
@@ -223,7 +225,9 @@ def bench_fp8(layout: str, recipe: tuple[int, int, int], m: int, n: int, k: int,
     def ours(a, b, d, _nt):
         if config is None:
             return op(a, b, d, recipe=recipe, backend="cutile")
-        return gemm.fp8_gemm(layout, a, b, d, None, 1.0, 1.0, recipe, config=config)
+        logical_a = (a[0], a[1].t() if ta else a[1])  # gemm.fp8_gemm takes logical scales
+        logical_b = (b[0], b[1].t() if tb else b[1])
+        return gemm.fp8_gemm(layout, logical_a, logical_b, d, None, 1.0, 1.0, recipe, config=config)
 
     a, b, d, (qa, sa, qb, sb) = sets[0]
     ours(a, b, d, None)
