@@ -19,7 +19,7 @@ Nothing is written before a check fails.
 Two kinds of check:
 
 * metadata (types, dtypes, shapes, devices): free, always on;
-* values (index ranges, alignment, ``ks_tensor == ks``, MQA windows, block tables): they
+* values (index ranges, alignment, ``grouped_layout == ks_cpu``, MQA windows, block tables): they
   read device memory, so they cost a host sync. They run unless
   ``TILEGEMM_CHECK_VALUES=0``, a CUDA graph is being captured, or the caller is inside
   :func:`skip_value_checks` (internal callers that built the indices themselves).
