@@ -90,7 +90,8 @@ def dense_rows(dev: torch.device) -> list[Row]:
                 _gemm_check(ref, 1e-6),
             )
         )
-        fa, fb = (_layout(aq, ta), sa), (_layout(bq, tb), sb)
+        # a transposed operand's scales are transposed too (DeepGEMM's orientation)
+        fa, fb = (_layout(aq, ta), sa.t() if ta else sa), (_layout(bq, tb), sb.t() if tb else sb)
         d8 = poisoned((m, n), torch.bfloat16, dev)
         op8 = getattr(tg, f"fp8_gemm_{layout}")
         rows.append(
@@ -148,6 +149,7 @@ def grouped_rows(dev: torch.device) -> list[Row]:
     for layout in ("nt", "nn"):
         b_l = b if layout == "nt" else b.transpose(1, 2).contiguous()
         bq_l = bq if layout == "nt" else bq.transpose(1, 2).contiguous()
+        sb_l = sb if layout == "nt" else sb.transpose(1, 2).contiguous()
         op = getattr(tg, f"m_grouped_bf16_gemm_{layout}_contiguous")
         op8 = getattr(tg, f"m_grouped_fp8_gemm_{layout}_contiguous")
         d, d8 = poisoned((m_sum, n), torch.float32, dev), poisoned((m_sum, n), torch.float32, dev)
@@ -158,7 +160,7 @@ def grouped_rows(dev: torch.device) -> list[Row]:
             _run(
                 op8.__name__,
                 shape,
-                lambda op8=op8, bq_l=bq_l, d8=d8: op8((aq, sa), (bq_l, sb), d8, m_indices),
+                lambda op8=op8, bq_l=bq_l, sb_l=sb_l, d8=d8: op8((aq, sa), (bq_l, sb_l), d8, m_indices),
                 _gemm_check(ref8, 1e-6),
             )
         )
@@ -167,7 +169,7 @@ def grouped_rows(dev: torch.device) -> list[Row]:
         _run(
             "m_grouped_bf16_gemm_nt_contiguous",
             shape + " psum",
-            lambda: tg.m_grouped_bf16_gemm_nt_contiguous(a, b, dp, offs, use_psum_layout=True),
+            lambda: tg.m_grouped_bf16_gemm_nt_contiguous(a, b, dp, offs, use_psum_layout=True, alignment=1),
             _gemm_check(ref_psum, 1e-6),
         )
     )
@@ -219,11 +221,12 @@ def grouped_rows(dev: torch.device) -> list[Row]:
     ref_k8 = torch.stack([ka8[s:e].T @ kb8[s:e] for s, e in zip(bounds[:-1], bounds[1:])])
     dk, dk8 = poisoned((len(ks), mk, nk), torch.float32, dev), poisoned((len(ks), mk, nk), torch.float32, dev)
     kshape = f"ks={ks} M={mk} N={nk}"
+    ks_dev = torch.tensor(ks, dtype=torch.int32, device=dev)
     rows.append(
         _run(
             "k_grouped_bf16_gemm_tn_contiguous",
             kshape,
-            lambda: tg.k_grouped_bf16_gemm_tn_contiguous(ka, kb, dk, ks),
+            lambda: tg.k_grouped_bf16_gemm_tn_contiguous(ka, kb, dk, ks, ks_dev),
             _gemm_check(ref_k, 1e-6),
         )
     )
@@ -231,7 +234,7 @@ def grouped_rows(dev: torch.device) -> list[Row]:
         _run(
             "k_grouped_fp8_gemm_tn_contiguous",
             kshape,
-            lambda: tg.k_grouped_fp8_gemm_tn_contiguous((qa, qsa), (qb, qsb), dk8, ks),
+            lambda: tg.k_grouped_fp8_gemm_tn_contiguous((qa, qsa), (qb, qsb), dk8, ks, ks_dev),
             _gemm_check(ref_k8, 1e-6),
         )
     )
@@ -327,7 +330,7 @@ def mqa_rows(dev: torch.device) -> list[Row]:
         _run(
             "fp8_paged_mqa_logits",
             f"B={batch} next_n={next_n} H={h} D={dim} block_kv={block_kv} ctx<={width}",
-            lambda: tg.fp8_paged_mqa_logits(pq, cache, pw, context_lens, table, meta, width),
+            lambda: tg.fp8_paged_mqa_logits(pq, cache, pw, context_lens, table, meta, width, clean_logits=True),
             _logits_check(ref_p.to(dev), vis.to(dev)),
         )
     )

@@ -1,43 +1,81 @@
-"""tilegemm: DeepGEMM's MoE GEMM ops (dense, grouped, MQA logits) with cuTile kernels and a PyTorch reference.
+"""tilegemm: DeepGEMM 2.6's API (dense, grouped, MQA-logits GEMMs) with cuTile kernels and a PyTorch reference.
 
-Every op is dispatched to a backend (``cutile`` or ``pytorch``); see ``tilegemm.backend``.
-This module only re-exports the public API.
+``import tilegemm as deep_gemm`` gives DeepGEMM's names, arguments and defaults (docs/deepgemm.md
+lists what matches, what is accepted without effect and what raises). Every op is dispatched to a
+backend (``cutile`` or ``pytorch``); see ``tilegemm.backend``. This module only re-exports the public API.
 """
 
 from tilegemm.autograd import fp8_linear, grouped_matmul, matmul
 from tilegemm.backend.registry import get_available_backends_for_op, list_ops
 from tilegemm.backend.selector import get_available_backends, get_current_backend, set_backend, use_backend
-from tilegemm.config import get_num_sms, get_tc_util, set_num_sms, set_tc_util
+from tilegemm.config import (
+    get_mk_alignment_for_contiguous_layout,
+    get_num_sms,
+    get_pdl,
+    get_tc_util,
+    get_theoretical_mk_alignment_for_contiguous_layout,
+    set_block_size_multiple_of,
+    set_ignore_compile_dims,
+    set_mk_alignment_for_contiguous_layout,
+    set_num_sms,
+    set_pdl,
+    set_tc_util,
+)
+from tilegemm.mega import bf16_mega_moe, fp8_fp4_mega_moe, get_symm_buffer_for_mega_moe, transform_weights_for_mega_moe
 from tilegemm.ops.api import (
     bf16_gemm_nn,
     bf16_gemm_nt,
     bf16_gemm_tn,
     bf16_gemm_tt,
+    bf16_m_grouped_gemm_nt_masked,
+    einsum,
+    fp8_einsum,
+    fp8_fp4_gemm_nn,
+    fp8_fp4_gemm_nt,
+    fp8_fp4_gemm_tn,
+    fp8_fp4_gemm_tt,
+    fp8_fp4_mqa_logits,
+    fp8_fp4_paged_mqa_logits,
     fp8_gemm_nn,
     fp8_gemm_nt,
+    fp8_gemm_nt_skip_head_mid,
     fp8_gemm_tn,
     fp8_gemm_tt,
+    fp8_m_grouped_gemm_nt_masked,
     fp8_mqa_logits,
     fp8_paged_mqa_logits,
     get_paged_mqa_logits_metadata,
     k_grouped_bf16_gemm_tn_contiguous,
+    k_grouped_fp8_gemm_nt_contiguous,
     k_grouped_fp8_gemm_tn_contiguous,
     m_grouped_bf16_gemm_nn_contiguous,
     m_grouped_bf16_gemm_nt_contiguous,
     m_grouped_bf16_gemm_nt_masked,
+    m_grouped_fp8_fp4_gemm_nn_contiguous,
+    m_grouped_fp8_fp4_gemm_nt_contiguous,
+    m_grouped_fp8_fp4_gemm_nt_masked,
     m_grouped_fp8_gemm_nn_contiguous,
     m_grouped_fp8_gemm_nt_contiguous,
     m_grouped_fp8_gemm_nt_masked,
+    tf32_hc_prenorm_gemm,
 )
 from tilegemm.quant import (
-    get_mk_alignment_for_contiguous_layout,
+    ceil_to_ue8m0,
+    get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor,
+    get_mn_major_tma_aligned_packed_ue8m0_tensor,
     get_mn_major_tma_aligned_tensor,
     get_tma_aligned_size,
+    pack_ue8m0_to_int,
     per_block_cast_to_fp8,
+    per_channel_cast_to_fp8,
     per_token_cast_to_fp8,
     transform_sf_into_required_layout,
 )
 from tilegemm.testing import calc_diff
+
+#: DeepGEMM's aliases of the contiguous-layout alignment.
+get_m_alignment_for_contiguous_layout = get_mk_alignment_for_contiguous_layout
+get_k_alignment_for_contiguous_layout = get_mk_alignment_for_contiguous_layout
 
 __version__ = "0.1.0"
 
@@ -46,39 +84,72 @@ __all__ = [
     "bf16_gemm_nt",
     "bf16_gemm_tn",
     "bf16_gemm_tt",
+    "bf16_m_grouped_gemm_nt_masked",
+    "bf16_mega_moe",
     "calc_diff",
+    "ceil_to_ue8m0",
+    "einsum",
+    "fp8_einsum",
+    "fp8_fp4_gemm_nn",
+    "fp8_fp4_gemm_nt",
+    "fp8_fp4_gemm_tn",
+    "fp8_fp4_gemm_tt",
+    "fp8_fp4_mega_moe",
+    "fp8_fp4_mqa_logits",
+    "fp8_fp4_paged_mqa_logits",
     "fp8_gemm_nn",
-    "fp8_linear",
     "fp8_gemm_nt",
+    "fp8_gemm_nt_skip_head_mid",
     "fp8_gemm_tn",
     "fp8_gemm_tt",
+    "fp8_linear",
+    "fp8_m_grouped_gemm_nt_masked",
     "fp8_mqa_logits",
     "fp8_paged_mqa_logits",
     "get_available_backends",
     "get_available_backends_for_op",
     "get_current_backend",
+    "get_k_alignment_for_contiguous_layout",
+    "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor",
+    "get_m_alignment_for_contiguous_layout",
     "get_mk_alignment_for_contiguous_layout",
+    "get_mn_major_tma_aligned_packed_ue8m0_tensor",
     "get_mn_major_tma_aligned_tensor",
     "get_num_sms",
     "get_paged_mqa_logits_metadata",
+    "get_pdl",
+    "get_symm_buffer_for_mega_moe",
     "get_tc_util",
+    "get_theoretical_mk_alignment_for_contiguous_layout",
     "get_tma_aligned_size",
     "grouped_matmul",
     "k_grouped_bf16_gemm_tn_contiguous",
+    "k_grouped_fp8_gemm_nt_contiguous",
     "k_grouped_fp8_gemm_tn_contiguous",
     "list_ops",
     "m_grouped_bf16_gemm_nn_contiguous",
     "m_grouped_bf16_gemm_nt_contiguous",
     "m_grouped_bf16_gemm_nt_masked",
+    "m_grouped_fp8_fp4_gemm_nn_contiguous",
+    "m_grouped_fp8_fp4_gemm_nt_contiguous",
+    "m_grouped_fp8_fp4_gemm_nt_masked",
     "m_grouped_fp8_gemm_nn_contiguous",
     "m_grouped_fp8_gemm_nt_contiguous",
     "m_grouped_fp8_gemm_nt_masked",
     "matmul",
+    "pack_ue8m0_to_int",
     "per_block_cast_to_fp8",
+    "per_channel_cast_to_fp8",
     "per_token_cast_to_fp8",
     "set_backend",
+    "set_block_size_multiple_of",
+    "set_ignore_compile_dims",
+    "set_mk_alignment_for_contiguous_layout",
     "set_num_sms",
+    "set_pdl",
     "set_tc_util",
+    "tf32_hc_prenorm_gemm",
     "transform_sf_into_required_layout",
+    "transform_weights_for_mega_moe",
     "use_backend",
 ]

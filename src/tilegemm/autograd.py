@@ -9,7 +9,8 @@ backend (``set_backend`` / ``use_backend``).
   ``bf16_gemm_nt`` / ``bf16_gemm_tn`` backward.
 * :func:`grouped_matmul` ``(x [M, K], w [G, N, K], offs [G]) -> [M, N]``, bf16: row r of group g
   (rows ``offs[g-1] <= r < offs[g]``, ``torch._grouped_mm``'s meaning) gets ``x[r] @ w[g].T``;
-  rows past ``offs[-1]`` get 0. Forward ``m_grouped_bf16_gemm_nt_contiguous`` (psum layout),
+  rows past ``offs[-1]`` get 0. Forward ``m_grouped_bf16_gemm_nt_contiguous`` (psum layout,
+  ``alignment=1``),
   input gradient ``m_grouped_bf16_gemm_nn_contiguous``, weight gradient
   ``k_grouped_bf16_gemm_tn_contiguous``. The weight gradient needs the group sizes on the host
   (one device-to-host copy of ``offs`` per backward).
@@ -24,24 +25,17 @@ from __future__ import annotations
 import torch
 
 from tilegemm.ops import api
-from tilegemm.ops.checks import check_group_offsets, skip_value_checks
+from tilegemm.ops.checks import LAYOUTS, check_group_offsets, skip_value_checks
 from tilegemm.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
 
 Tensor = torch.Tensor
 
-_LAYOUT_OUT = {  # (a dim, b dim) holding M and N in each layout
-    "nt": (0, 0),
-    "nn": (0, 1),
-    "tn": (1, 1),
-    "tt": (1, 0),
-}
-
 
 def _gemm_out_shape(a: Tensor, b: Tensor, layout: str) -> tuple[int, int]:
-    if layout not in _LAYOUT_OUT:
-        raise ValueError(f"layout: got {layout!r}, expected one of {sorted(_LAYOUT_OUT)}")
-    dim_m, dim_n = _LAYOUT_OUT[layout]
-    return a.shape[dim_m], b.shape[dim_n]
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: got {layout!r}, expected one of {sorted(LAYOUTS)}")
+    flip_a, flip_b = LAYOUTS[layout]  # stored transposed relative to a [M, K], b [N, K]
+    return a.shape[int(flip_a)], b.shape[int(flip_b)]
 
 
 # ------------------------------------------------------------------------------ custom ops
@@ -62,11 +56,11 @@ def _(a: Tensor, b: Tensor, layout: str) -> Tensor:
 
 @torch.library.custom_op("tilegemm::grouped_gemm", mutates_args=())
 def grouped_gemm(a: Tensor, b: Tensor, offs: Tensor, layout: str) -> Tensor:
-    """Out-of-place ``m_grouped_bf16_gemm_<layout>_contiguous`` in the psum layout: bf16 [M, N]."""
+    """Out-of-place ``m_grouped_bf16_gemm_<layout>_contiguous`` with torch-style (unaligned) psum ends: bf16 [M, N]."""
     n = b.shape[1] if layout == "nt" else b.shape[2]
     d = a.new_empty(a.shape[0], n)
     with skip_value_checks():  # offs was validated once by grouped_matmul; the backward reuses it
-        getattr(api, f"m_grouped_bf16_gemm_{layout}_contiguous")(a, b, d, offs, use_psum_layout=True)
+        getattr(api, f"m_grouped_bf16_gemm_{layout}_contiguous")(a, b, d, offs, use_psum_layout=True, alignment=1)
     return d
 
 
@@ -80,8 +74,10 @@ def grouped_weight_grad(grad: Tensor, x: Tensor, offs: Tensor) -> Tensor:
     """``dw[g] = grad_g.T @ x_g`` over the psum groups of ``offs``: fp32 [G, N, K] (``k_grouped`` TN)."""
     ends = offs.tolist()
     ks = [end - start for start, end in zip([0, *ends[:-1]], ends)]
+    ks_device = torch.diff(offs, prepend=offs.new_zeros(1)).to(torch.int32)
     dw = grad.new_empty(len(ks), grad.shape[1], x.shape[1], dtype=torch.float32)
-    api.k_grouped_bf16_gemm_tn_contiguous(grad[: sum(ks)], x[: sum(ks)], dw, ks)
+    with skip_value_checks():  # ks_device is ks by construction
+        api.k_grouped_bf16_gemm_tn_contiguous(grad[: sum(ks)], x[: sum(ks)], dw, ks, ks_device)
     return dw
 
 

@@ -37,6 +37,13 @@ def _operands(layout: str, a_log: torch.Tensor, b_log: torch.Tensor):
     return _store(a_log, layout[0] == "t"), _store(b_log, layout[1] == "n")
 
 
+def _fp8_operands(layout: str, aq, sa, bq, sb):
+    """Logical FP8 operands -> the layout's ``(data, scales)``: a transposed operand's scales are transposed
+    too (DeepGEMM's orientation: nn sb [K/128, N/128], tn/tt sa [K/128, M])."""
+    ta, tb = layout[0] == "t", layout[1] == "n"
+    return (_store(aq, ta), sa.t() if ta else sa), (_store(bq, tb), sb.t() if tb else sb)
+
+
 def _check_written_and_rerun(fn, d: torch.Tensor) -> None:
     assert not torch.isnan(d).any(), "d has unwritten (NaN) elements"
     first = d.clone()
@@ -134,16 +141,16 @@ def test_fp8_gemm(backend, device, layout, recipe, pass_recipe, out_dtype, shape
     b_log = torch.randn(n, k, device=device).bfloat16()
     aq, sa = per_token_cast_to_fp8(a_log)
     bq, sb = quantize_rhs(b_log, recipe)
-    a_data, b_data = _operands(layout, aq, bq)
+    a, b = _fp8_operands(layout, aq, sa, bq, sb)
     d = poisoned((m, n), out_dtype, device)
     op = getattr(tg, f"fp8_gemm_{layout}")
     kwargs = {"recipe": recipe} if pass_recipe else {}
-    op((a_data, sa), (b_data, sb), d, backend=backend, **kwargs)
+    op(a, b, d, backend=backend, **kwargs)
     ref = fp8_formula(aq, sa, bq, sb, recipe[1])
     assert calc_diff(d, ref) < BAR_EXACT[out_dtype]
     if k > 0:
         assert calc_diff(d, a_log.double() @ b_log.double().T) < BAR_FP8_VS_UNQUANTIZED
-    _check_written_and_rerun(lambda: op((a_data, sa), (b_data, sb), d, backend=backend, **kwargs), d)
+    _check_written_and_rerun(lambda: op(a, b, d, backend=backend, **kwargs), d)
 
 
 @pytest.mark.parametrize("backend,device", BACKENDS)
@@ -155,10 +162,10 @@ def test_fp8_gemm_epilogue(backend, device, layout, mode, out_dtype):
     torch.manual_seed(4)
     aq, sa = per_token_cast_to_fp8(torch.randn(m, k, device=device))
     bq, sb = per_block_cast_to_fp8(torch.randn(n, k, device=device))
-    a_data, b_data = _operands(layout, aq, bq)
+    a, b = _fp8_operands(layout, aq, sa, bq, sb)
     c, alpha, beta, c_term, d = _epilogue_case(mode, m, n, out_dtype, device)
     ref = alpha * fp8_formula(aq, sa, bq, sb, 128) + c_term
-    getattr(tg, f"fp8_gemm_{layout}")((a_data, sa), (b_data, sb), d, c=c, alpha=alpha, beta=beta, backend=backend)
+    getattr(tg, f"fp8_gemm_{layout}")(a, b, d, c=c, alpha=alpha, beta=beta, backend=backend)
     assert not torch.isnan(d).any()
     assert calc_diff(d, ref) < BAR_EXACT[out_dtype]
 
@@ -173,3 +180,41 @@ def test_strided_inputs(backend, device):
     d = poisoned((40, 72), torch.float32, device)
     tg.bf16_gemm_nt(a, b, d, backend=backend)
     assert calc_diff(d, a.double() @ b.double().T) < 1e-6
+
+
+@pytest.mark.parametrize("backend,device", BACKENDS)
+@pytest.mark.parametrize("layout", ["nn", "tn", "tt"])
+def test_fp8_transposed_scales_square(backend, device, layout):
+    """N == K (and M == K): a transposed operand's scales are read in the data's orientation.
+
+    With square scale grids both orientations have the same shape, so reading them the other way
+    round passes every shape check; the blocks get distinct scales so that mistake changes the result.
+    """
+    m = n = k = 384
+    torch.manual_seed(6)
+    a_log = torch.randn(m, k, device=device) * torch.logspace(-2, 2, m, device=device)[:, None]
+    b_log = torch.randn(n, k, device=device) * torch.logspace(-2, 2, k, device=device)[None, :]
+    aq, sa = per_token_cast_to_fp8(a_log)
+    bq, sb = per_block_cast_to_fp8(b_log)
+    assert not torch.allclose(sb, sb.t())
+    a, b = _fp8_operands(layout, aq, sa, bq, sb)
+    d = poisoned((m, n), torch.float32, device)
+    getattr(tg, f"fp8_gemm_{layout}")(a, b, d, backend=backend)
+    assert calc_diff(d, fp8_formula(aq, sa, bq, sb, 128)) < BAR_EXACT[torch.float32]
+
+
+def test_fp8_gemm_deepgemm_positional_order():
+    """DeepGEMM's positional order: (a, b, d, c, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast)."""
+    torch.manual_seed(7)
+    m, n, k = 32, 256, 256
+    aq, sa = per_token_cast_to_fp8(torch.randn(m, k))
+    bq, sb = per_token_cast_to_fp8(torch.randn(n, k))
+    c = torch.randn(m, n)
+    d = poisoned((m, n), torch.float32, "cpu")
+    tg.fp8_gemm_nt((aq, sa), (bq, sb), d, c, (1, 1, 128), None, None, "nk", True, backend="pytorch")
+    assert calc_diff(d, fp8_formula(aq, sa, bq, sb, 1) + c.double()) < BAR_EXACT[torch.float32]
+    d2 = poisoned((m, n), torch.float32, "cpu")
+    tg.fp8_fp4_gemm_nt((aq, sa), (bq, sb), d2, c=c, recipe_a=(1, 128), recipe_b=(1, 128), backend="pytorch")
+    assert torch.equal(d, d2)
+    with pytest.raises(TypeError):  # alpha and beta are keyword-only extensions
+        tg.bf16_gemm_nt(torch.zeros(2, 2).bfloat16(), torch.zeros(2, 2).bfloat16(), torch.zeros(2, 2), None, "nk", 1.0)

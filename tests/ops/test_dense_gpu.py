@@ -73,8 +73,11 @@ def _fp8_case(layout, recipe, m, n, k, seed=0):
         qb, sb = per_token_cast_to_fp8(xb)
         deq_b = qb.double() * sb.double().repeat_interleave(128, 1)[:, :k]
     deq_a = qa.double() * sa.double().repeat_interleave(128, 1)[:, :k]
-    a = (_store(qa, layout[0] == "t"), get_mn_major_tma_aligned_tensor(sa))
-    b = (_store(qb, layout[1] == "n"), sb)
+    ta, tb = layout[0] == "t", layout[1] == "n"
+    sa_mn = get_mn_major_tma_aligned_tensor(sa)
+    # a transposed operand's scales are transposed too (DeepGEMM's orientation)
+    a = (_store(qa, ta), sa_mn.t() if ta else sa_mn)
+    b = (_store(qb, tb), sb.t() if tb else sb)
     return a, b, deq_a, deq_b, xa.double(), xb.double()
 
 

@@ -97,8 +97,8 @@ def _fp8_operands(rows, groups, n, k, nn, seed):
     qb, sb = per_block_cast_to_fp8(xb)
     a_deq = qa.double() * sa.double().repeat_interleave(128, 1)[:, :k]
     b_deq = qb.double() * sb.double().repeat_interleave(128, 1).repeat_interleave(128, 2)[:, :n, :k]
-    b_data = qb.transpose(1, 2).contiguous() if nn else qb
-    return (qa, sa), (b_data, sb), a_deq, b_deq, xa.double(), xb.double()
+    b = (qb.transpose(1, 2).contiguous(), sb.transpose(1, 2).contiguous()) if nn else (qb, sb)  # data + scales
+    return (qa, sa), b, a_deq, b_deq, xa.double(), xb.double()
 
 
 def _contiguous_op(fp8: bool, layout: str):
@@ -134,7 +134,10 @@ def test_m_grouped_bf16_contiguous(gm, nk, layout):
         a, b, b_nt = _bf16_operands(rows, groups, n, k, layout == "nn", seed=rows)
         d = poisoned((rows, n), torch.bfloat16, "cuda")
         out = _run_twice(
-            lambda dd, a=a, b=b, i=index, p=psum: _contiguous_op(False, layout)(a, b, dd, i, use_psum_layout=p), d
+            lambda dd, a=a, b=b, i=index, p=psum: _contiguous_op(False, layout)(
+                a, b, dd, i, use_psum_layout=p, alignment=1
+            ),
+            d,
         )
         ref = _ref_contiguous(a, b_nt, index, psum)
         assert not out.isnan().any(), "rows left unwritten"
@@ -162,7 +165,10 @@ def test_m_grouped_fp8_contiguous(case, layout, out_dtype):
         a, b, a_deq, b_deq, xa, xb = _fp8_operands(rows, groups, n, k, layout == "nn", seed=rows + n)
         d = poisoned((rows, n), out_dtype, "cuda")
         out = _run_twice(
-            lambda dd, a=a, b=b, i=index, p=psum: _contiguous_op(True, layout)(a, b, dd, i, use_psum_layout=p), d
+            lambda dd, a=a, b=b, i=index, p=psum: _contiguous_op(True, layout)(
+                a, b, dd, i, use_psum_layout=p, alignment=1
+            ),
+            d,
         )
         assert not out.isnan().any(), "rows left unwritten"
         exact = _ref_contiguous(a_deq, b_deq, index, psum)
@@ -198,7 +204,7 @@ def test_m_grouped_out_of_range_ids_skip_tiles():
     assert calc_diff(d[ok], ref[ok]) < BAR_BF16
     # psum offsets that are not monotone / exceed the rows are clamped, never out of bounds
     offs = torch.tensor([300, 100, 10**6], dtype=torch.int32, device="cuda")
-    tg.m_grouped_bf16_gemm_nt_contiguous(a, b, d, offs, use_psum_layout=True)
+    tg.m_grouped_bf16_gemm_nt_contiguous(a, b, d, offs, use_psum_layout=True, alignment=1)
     torch.cuda.synchronize()
 
 
@@ -315,8 +321,9 @@ def test_k_grouped_fp8(with_c):
     b_deq = qb.double() * sb.double().repeat_interleave(128, 0)
     c = torch.randn(groups, m, n, device="cuda", generator=gen) if with_c else None
     c64 = c.double() if c is not None else None
+    ks_t = torch.tensor(ks, dtype=torch.int32, device="cuda")
     out = _run_twice(
-        lambda dd: tg.k_grouped_fp8_gemm_tn_contiguous((qa, sa), (qb, sb), dd, ks, c=c),
+        lambda dd: tg.k_grouped_fp8_gemm_tn_contiguous((qa, sa), (qb, sb), dd, ks, ks_t, c=c),
         poisoned((groups, m, n), torch.float32, "cuda"),
     )
     assert calc_diff(out, _k_ref(a_deq, b_deq, ks, c64)) < BAR_FP8_EXACT[torch.float32]
@@ -341,7 +348,7 @@ def test_routing_to_grouped_gemm_in_cuda_graph(layout):
         xs = permute_tokens(x, r, layout)
         ys = torch.empty(xs.shape[0], n, dtype=torch.bfloat16, device="cuda")
         index = r.m_indices if layout == "indices" else r.psum_offsets
-        tg.m_grouped_bf16_gemm_nt_contiguous(xs, w, ys, index, use_psum_layout=layout == "psum")
+        tg.m_grouped_bf16_gemm_nt_contiguous(xs, w, ys, index, use_psum_layout=layout == "psum", alignment=1)
         return unpermute_tokens(ys, r, weights, layout, out_dtype=torch.float32)
 
     ids.copy_(torch.rand(t, e, device="cuda", generator=gen).topk(topk, dim=1).indices)

@@ -40,7 +40,7 @@ def test_weight_past_int32_elements(fp8):
             data[e], scales[e] = tilegemm.per_block_cast_to_fp8(torch.randn(N, K, device="cuda").bfloat16())
         a = tilegemm.per_token_cast_to_fp8(x)
         tilegemm.m_grouped_fp8_gemm_nt_contiguous(
-            a, (data, scales), d, _offsets(), use_psum_layout=True, backend="cutile"
+            a, (data, scales), d, _offsets(), use_psum_layout=True, alignment=1, backend="cutile"
         )
         xs = dequant_per_token(*a).double()
         ws = [dequant_per_block(data[e], scales[e]).double() for e in POPULATED]
@@ -48,7 +48,9 @@ def test_weight_past_int32_elements(fp8):
         w = torch.zeros(EXPERTS, N, K, device="cuda", dtype=torch.bfloat16)
         for e in POPULATED:
             w[e].normal_()
-        tilegemm.m_grouped_bf16_gemm_nt_contiguous(x, w, d, _offsets(), use_psum_layout=True, backend="cutile")
+        tilegemm.m_grouped_bf16_gemm_nt_contiguous(
+            x, w, d, _offsets(), use_psum_layout=True, alignment=1, backend="cutile"
+        )
         xs, ws = x.double(), [w[e].double() for e in POPULATED]
     assert not d.isnan().any()
     ref = torch.cat([xs[i * ROWS : (i + 1) * ROWS] @ ws[i].T for i in range(len(POPULATED))])

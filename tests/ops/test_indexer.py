@@ -94,7 +94,7 @@ def test_reference_paged_op_over_built_cache_equals_plain_op(next_n, two_d):
         ctx_arg = ctx
     width = max(lens) + 7
     meta = api.get_paged_mqa_logits_metadata(ctx_arg, block_kv, 4, backend="pytorch")
-    paged = api.fp8_paged_mqa_logits(q, cache, w, ctx_arg, table, meta, width, backend="pytorch")
+    paged = api.fp8_paged_mqa_logits(q, cache, w, ctx_arg, table, meta, width, clean_logits=True, backend="pytorch")
     assert paged.shape == (batch * next_n, width)
     for b in range(batch):
         kv = indexer.quantize_keys(keys[b])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -49,19 +51,18 @@ def _c_and_d(mode, groups, m, n, device):
 
 
 @pytest.mark.parametrize("backend,device", BACKENDS)
-@pytest.mark.parametrize("with_ks_tensor", [False, True], ids=["ks", "ks_tensor"])
 @pytest.mark.parametrize("c_mode", C_MODES)
 @pytest.mark.parametrize("case", BF16_CASES, ids=[c[0] for c in BF16_CASES])
-def test_k_grouped_bf16(backend, device, case, c_mode, with_ks_tensor):
+def test_k_grouped_bf16(backend, device, case, c_mode):
     _, ks, m, n = case
     torch.manual_seed(31)
     k_sum, groups = sum(ks), len(ks)
     a = torch.randn(k_sum, m, device=device).bfloat16()
     b = torch.randn(k_sum, n, device=device).bfloat16()
     c, c64, d = _c_and_d(c_mode, groups, m, n, device)
-    ks_tensor = torch.tensor(ks, dtype=torch.int32, device=device) if with_ks_tensor else None
+    grouped_layout = torch.tensor(ks, dtype=torch.int32, device=device)
     ref = _ref(a.double(), b.double(), ks, c64)
-    out = tg.k_grouped_bf16_gemm_tn_contiguous(a, b, d, ks, ks_tensor=ks_tensor, c=c, backend=backend)
+    out = tg.k_grouped_bf16_gemm_tn_contiguous(a, b, d, ks, grouped_layout, c, backend=backend)
     assert out is d
     assert not torch.isnan(d).any()
     empty = torch.tensor([kg == 0 for kg in ks], device=device)
@@ -91,8 +92,46 @@ def test_k_grouped_fp8(backend, device, case, c_mode):
     b64 = bq.double() * sb.double().repeat_interleave(128, dim=0)
     ref = _ref(a64, b64, ks, c64)
     unquantized = _ref(a_raw.double(), b_raw.double(), ks, c64)
-    tg.k_grouped_fp8_gemm_tn_contiguous((aq, sa), (bq, sb), d, ks, c=c, backend=backend)
+    grouped_layout = torch.tensor(ks, dtype=torch.int32, device=device)
+    tg.k_grouped_fp8_gemm_tn_contiguous(
+        (aq, sa), (bq, sb), d, ks, grouped_layout, c, recipe=(1, 1, 128), backend=backend
+    )
     assert not torch.isnan(d).any()
     assert calc_diff(d, ref) < BAR_EXACT
     if k_sum > 0 and c_mode == "none":
         assert calc_diff(d, unquantized) < 1e-3
+
+
+@pytest.mark.parametrize("backend,device", BACKENDS)
+@pytest.mark.parametrize("case", FP8_CASES, ids=[c[0] for c in FP8_CASES])
+def test_k_grouped_fp8_nt(backend, device, case):
+    """DeepGEMM's SM90 k-grouped op: each group's K-major [M, K_g] / [N, K_g] block back to back in a flat
+    buffer, scales [M, K_sum/128] (a transposed view, as DeepGEMM's generator passes ``sfa.T``); c is d."""
+    _, ks, m, n = case
+    torch.manual_seed(33)
+    k_sum, groups = sum(ks), len(ks)
+    (aq, sa), (bq, sb) = (
+        _per_k_cast(torch.randn(k_sum, m, device=device)),
+        _per_k_cast(torch.randn(k_sum, n, device=device)),
+    )
+    flat_a = torch.cat([aq[k0 : k0 + kg].t().flatten() for k0, kg in zip([0, *itertools.accumulate(ks)], ks)])
+    flat_b = torch.cat([bq[k0 : k0 + kg].t().flatten() for k0, kg in zip([0, *itertools.accumulate(ks)], ks)])
+    c = torch.randn(groups, m, n, device=device) * 4
+    a64 = aq.double() * sa.double().repeat_interleave(128, dim=0)
+    b64 = bq.double() * sb.double().repeat_interleave(128, dim=0)
+    ref = _ref(a64, b64, ks, c.double())
+    d = c
+    grouped_layout = torch.tensor(ks, dtype=torch.int32, device=device)
+    tg.k_grouped_fp8_gemm_nt_contiguous(
+        (flat_a, sa.T), (flat_b, sb.T), d, ks, grouped_layout, c, recipe=(1, 1, 128), backend=backend
+    )
+    assert calc_diff(d, ref) < BAR_EXACT
+
+
+def test_k_grouped_psum_is_not_implemented():
+    a = torch.zeros(128, 8).bfloat16()
+    d = torch.zeros(1, 8, 8)
+    with pytest.raises(NotImplementedError, match="psum"):
+        tg.k_grouped_bf16_gemm_tn_contiguous(
+            a, a, d, [128], torch.tensor([128], dtype=torch.int32), use_psum_layout=True
+        )

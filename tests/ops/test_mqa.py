@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import tilegemm as tg
+from tilegemm.ops.common import PAGED_MQA_SPLIT_KV, paged_mqa_split_kv
 from tilegemm.ops.reference import _common
-from tilegemm.ops.reference.mqa import PAGED_MQA_SPLIT_KV, paged_mqa_split_kv
 from tilegemm.testing import backend_device_params, calc_diff
 
 BACKENDS = backend_device_params()
@@ -251,8 +251,8 @@ def test_paged_reference_chunks(monkeypatch):
     weights = torch.randn(4, 4, generator=gen)
     ctx = torch.tensor([150, 40], dtype=torch.int32)
     meta = tg.get_paged_mqa_logits_metadata(ctx, 16, 2)
-    whole = tg.fp8_paged_mqa_logits(q, cache, weights, ctx, table, meta, 160, backend="pytorch")
+    whole = tg.fp8_paged_mqa_logits(q, cache, weights, ctx, table, meta, 160, True, backend="pytorch")
     monkeypatch.setattr(_common, "CHUNK_BYTES", 1)
-    chunked = tg.fp8_paged_mqa_logits(q, cache, weights, ctx, table, meta, 160, backend="pytorch")
+    chunked = tg.fp8_paged_mqa_logits(q, cache, weights, ctx, table, meta, 160, True, backend="pytorch")
     assert torch.equal(whole, chunked)
     assert math.isinf(float(whole[0, 155])) and float(whole[0, 155]) < 0

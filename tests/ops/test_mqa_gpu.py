@@ -102,7 +102,7 @@ def test_fp8_mqa_logits_out_of_range_windows_do_not_fault():
     w = torch.randn(s, h, generator=g).to(DEV)
     ks = torch.randint(-1000, 100, (s,), generator=g, dtype=torch.int32).to(DEV)
     ke = torch.randint(200, 5000, (s,), generator=g, dtype=torch.int32).to(DEV)
-    out = mqa.fp8_mqa_logits(q8, kv, w, ks, ke, True, None)
+    out = mqa.fp8_mqa_logits(q8, kv, w, ks, ke, True, 0, torch.float32, None)
     ref = api.fp8_mqa_logits(q8, kv, w, ks.clamp_min(0), ke.clamp_max(s_kv), backend="pytorch")
     torch.cuda.synchronize()
     assert torch.equal(torch.isneginf(out), torch.isneginf(ref))
@@ -157,8 +157,8 @@ def test_fp8_paged_mqa_logits_matches_math(b, next_n, h, d, block_kv, two_d, num
     meta = api.get_paged_mqa_logits_metadata(ctx_d, block_kv, num_sms, backend="cutile")
     meta_ref = api.get_paged_mqa_logits_metadata(ctx_d, block_kv, num_sms, backend="pytorch")
     assert torch.equal(meta, meta_ref)
-    out = api.fp8_paged_mqa_logits(q_d, cache_d, w_d, ctx_d, table_d, meta, width, backend="cutile")
-    ref = api.fp8_paged_mqa_logits(q_d, cache_d, w_d, ctx_d, table_d, meta, width, backend="pytorch")
+    out = api.fp8_paged_mqa_logits(q_d, cache_d, w_d, ctx_d, table_d, meta, width, clean_logits=True, backend="cutile")
+    ref = api.fp8_paged_mqa_logits(q_d, cache_d, w_d, ctx_d, table_d, meta, width, clean_logits=True, backend="pytorch")
     torch.cuda.synchronize()
     assert out.shape == (b * next_n, width)
     assert torch.equal(torch.isneginf(out), torch.isneginf(ref)), "-inf mask differs from the reference"
@@ -181,7 +181,9 @@ def test_fp8_paged_mqa_logits_matches_math(b, next_n, h, d, block_kv, two_d, num
     assert torch.equal(torch.isneginf(out), ~valid)
     assert _valid_diff(out, exact, valid) < 1e-6
     assert _valid_diff(out, unquant, valid) < 1e-3
-    again = api.fp8_paged_mqa_logits(q_d, cache_d, w_d, ctx_d, table_d, meta, width, backend="cutile")
+    again = api.fp8_paged_mqa_logits(
+        q_d, cache_d, w_d, ctx_d, table_d, meta, width, clean_logits=True, backend="cutile"
+    )
     assert torch.equal(again, out)
     raw = api.fp8_paged_mqa_logits(q_d, cache_d, w_d, ctx_d, table_d, meta, width, clean_logits=False, backend="cutile")
     assert torch.equal(raw[valid], out[valid])
@@ -197,7 +199,9 @@ def test_fp8_paged_mqa_logits_cuda_graph():
 
     def step():
         meta = api.get_paged_mqa_logits_metadata(ctx_s, block_kv, num_sms, backend="cutile")
-        return api.fp8_paged_mqa_logits(q_s, cache_d, w_s, ctx_s, table_d, meta, width, backend="cutile")
+        return api.fp8_paged_mqa_logits(
+            q_s, cache_d, w_s, ctx_s, table_d, meta, width, clean_logits=True, backend="cutile"
+        )
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -219,7 +223,9 @@ def test_fp8_paged_mqa_logits_cuda_graph():
         torch.cuda.synchronize()
         assert torch.equal(out_s, eager)
         meta = api.get_paged_mqa_logits_metadata(ctx_s, block_kv, num_sms, backend="pytorch")
-        ref = api.fp8_paged_mqa_logits(q_s, cache_d, w_s, ctx_s, table_d, meta, width, backend="pytorch")
+        ref = api.fp8_paged_mqa_logits(
+            q_s, cache_d, w_s, ctx_s, table_d, meta, width, clean_logits=True, backend="pytorch"
+        )
         assert torch.equal(torch.isneginf(out_s), torch.isneginf(ref))
         fin = torch.isfinite(ref)
         assert calc_diff(out_s[fin], ref[fin]) < 1e-6

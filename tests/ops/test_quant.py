@@ -97,7 +97,7 @@ def test_alignment_helpers():
         get_tma_aligned_size(4, 3)
 
 
-@pytest.mark.parametrize("shape", [(301, 3), (300, 56), (2, 129, 5), (1, 7, 2)], ids=str)
+@pytest.mark.parametrize("shape", [(301, 3), (300, 56), (2, 129, 5), (1, 7, 2), (4097, 1), (3, 4096, 1)], ids=str)
 def test_mn_major_tma_aligned(shape):
     torch.manual_seed(53)
     sf = torch.rand(*shape)
@@ -120,19 +120,24 @@ def test_transform_sf():
     out = transform_sf_into_required_layout(sfa, m, k, (1, 128, 128), is_sfa=True)
     assert torch.equal(out, sfa) and out.stride() == (1, get_tma_aligned_size(m, 4))
     sfb_block = torch.rand(3, 5)
-    out = transform_sf_into_required_layout(sfb_block, n, k, (1, 128, 128))
+    out = transform_sf_into_required_layout(sfb_block, n, k, (1, 128, 128), is_sfa=False)
     assert torch.equal(out, sfb_block) and out.is_contiguous()
+    assert torch.equal(transform_sf_into_required_layout(sfb_block, n, k, (128, 128)), sfb_block)  # 2-element form
     sfb_rows = torch.rand(4, n, 5)
-    out = transform_sf_into_required_layout(sfb_rows, n, k, (1, 1, 128), num_groups=4)
+    out = transform_sf_into_required_layout(sfb_rows, n, k, (1, 1, 128), num_groups=4, is_sfa=False)
     assert torch.equal(out, sfb_rows) and out.stride(-2) == 1 and out.stride(0) == get_tma_aligned_size(n, 4) * 5
     with pytest.raises(ValueError, match="shape"):
-        transform_sf_into_required_layout(torch.rand(3, 4), n, k, (1, 128, 128))
+        transform_sf_into_required_layout(torch.rand(3, 4), n, k, (1, 128, 128), is_sfa=False)
     with pytest.raises(ValueError, match="shape"):
-        transform_sf_into_required_layout(sfb_rows, n, k, (1, 1, 128), num_groups=3)
+        transform_sf_into_required_layout(sfb_rows, n, k, (1, 1, 128), num_groups=3, is_sfa=False)
     with pytest.raises(ValueError, match="granularity"):
-        transform_sf_into_required_layout(torch.rand(n, 9), n, k, (1, 1, 64))
+        transform_sf_into_required_layout(torch.rand(n, 9), n, k, (1, 1, 64), is_sfa=False)
+    with pytest.raises(ValueError, match="is_sfa"):
+        transform_sf_into_required_layout(sfb_block, n, k, (1, 128, 128))
     with pytest.raises(TypeError):
-        transform_sf_into_required_layout(torch.ones(3, 5, dtype=torch.int32), n, k, (1, 128, 128))
+        transform_sf_into_required_layout(torch.ones(3, 5, dtype=torch.float16), n, k, (1, 128, 128), is_sfa=False)
+    with pytest.raises(NotImplementedError, match="UE8M0"):
+        transform_sf_into_required_layout(torch.ones(3, 5, dtype=torch.int32), n, k, (1, 128, 128), is_sfa=False)
 
 
 def test_calc_diff():

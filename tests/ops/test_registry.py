@@ -14,108 +14,57 @@ import tilegemm
 from tilegemm.backend import registry, selector
 from tilegemm.backend.registry import FallbackWarning, Unsupported, dispatch, register_impl
 
-DESIGN_OPS = {
-    "bf16_gemm_nt",
-    "bf16_gemm_nn",
-    "bf16_gemm_tn",
-    "bf16_gemm_tt",
-    "fp8_gemm_nt",
-    "fp8_gemm_nn",
-    "fp8_gemm_tn",
-    "fp8_gemm_tt",
-    "m_grouped_bf16_gemm_nt_contiguous",
-    "m_grouped_bf16_gemm_nn_contiguous",
-    "m_grouped_fp8_gemm_nt_contiguous",
-    "m_grouped_fp8_gemm_nn_contiguous",
-    "m_grouped_bf16_gemm_nt_masked",
-    "m_grouped_fp8_gemm_nt_masked",
-    "k_grouped_bf16_gemm_tn_contiguous",
-    "k_grouped_fp8_gemm_tn_contiguous",
-    "fp8_mqa_logits",
-    "get_paged_mqa_logits_metadata",
-    "fp8_paged_mqa_logits",
-}
-
-# The public signatures: (name, default) per parameter, in order.
-_DENSE_BF16 = [("a", None), ("b", None), ("d", None), ("c", None), ("alpha", 1.0), ("beta", 1.0), ("stream", None)]
-_DENSE_FP8 = _DENSE_BF16[:-1] + [("recipe", None), ("disable_ue8m0_cast", False), ("stream", None)]
+# DeepGEMM v2.6.1's ops (csrc/apis/*.hpp py::arg lists): name -> DeepGEMM's positional parameters as
+# (name, default) (None: no default), then tilegemm's keyword-only extensions (before the registry's backend).
+_NO = inspect.Parameter.empty
+_A_B_D = [("a", _NO), ("b", _NO), ("d", _NO)]
+_RECIPES = [("recipe", None), ("recipe_a", None), ("recipe_b", None)]
+_DENSE_EXT = [("alpha", 1.0), ("beta", 1.0), ("stream", None)]
+_M_EXT = [("alignment", None), ("stream", None)]
+_STREAM = [("stream", None)]
+_K_GROUPED = [("ks_cpu", _NO), ("grouped_layout", _NO), ("c", None)]
+_MQA = [("q", _NO), ("kv", _NO), ("weights", _NO), ("cu_seq_len_k_start", _NO), ("cu_seq_len_k_end", _NO)]
+_PAGED = [("q", _NO), ("kv_cache", _NO), ("weights", _NO), ("context_lens", _NO), ("block_table", _NO)]
+_PAGED += [("schedule_meta", _NO), ("max_context_len", _NO), ("clean_logits", False)]
 SIGNATURES = {
-    **{f"bf16_gemm_{lay}": _DENSE_BF16 for lay in ("nt", "nn", "tn", "tt")},
-    **{f"fp8_gemm_{lay}": _DENSE_FP8 for lay in ("nt", "nn", "tn", "tt")},
-    **{
-        f"m_grouped_bf16_gemm_{lay}_contiguous": [
-            ("a", None),
-            ("b", None),
-            ("d", None),
-            ("m_indices", None),
-            ("use_psum_layout", False),
-            ("stream", None),
-        ]
-        for lay in ("nt", "nn")
-    },
-    **{
-        f"m_grouped_fp8_gemm_{lay}_contiguous": [
-            ("a", None),
-            ("b", None),
-            ("d", None),
-            ("m_indices", None),
-            ("use_psum_layout", False),
-            ("disable_ue8m0_cast", False),
-            ("stream", None),
-        ]
-        for lay in ("nt", "nn")
-    },
-    "m_grouped_bf16_gemm_nt_masked": [
-        ("a", None),
-        ("b", None),
-        ("d", None),
-        ("masked_m", None),
-        ("expected_m", None),
-        ("stream", None),
-    ],
-    "m_grouped_fp8_gemm_nt_masked": [
-        ("a", None),
-        ("b", None),
-        ("d", None),
-        ("masked_m", None),
-        ("expected_m", None),
-        ("disable_ue8m0_cast", False),
-        ("stream", None),
-    ],
-    **{
-        f"k_grouped_{dt}_gemm_tn_contiguous": [
-            ("a", None),
-            ("b", None),
-            ("d", None),
-            ("ks", None),
-            ("ks_tensor", None),
-            ("c", None),
-            ("stream", None),
-        ]
-        for dt in ("bf16", "fp8")
-    },
-    "fp8_mqa_logits": [
-        ("q", None),
-        ("kv", None),
-        ("weights", None),
-        ("cu_seq_len_k_start", None),
-        ("cu_seq_len_k_end", None),
-        ("clean_logits", True),
-        ("stream", None),
-    ],
-    "get_paged_mqa_logits_metadata": [("context_lens", None), ("block_kv", None), ("num_sms", None)],
-    "fp8_paged_mqa_logits": [
-        ("q", None),
-        ("kv_cache", None),
-        ("weights", None),
-        ("context_lens", None),
-        ("block_table", None),
-        ("schedule_meta", None),
-        ("max_context_len", None),
-        ("clean_logits", True),
-        ("stream", None),
-    ],
-}
+    **{f"bf16_gemm_{lay}": (_A_B_D + [("c", None), ("compiled_dims", cd)], _DENSE_EXT) for lay, cd in
+       (("nt", "nk"), ("nn", "nk"), ("tn", "mn"), ("tt", "mn"))},
+    **{f"{pre}_gemm_{lay}": (_A_B_D + [("c", None), *_RECIPES, ("compiled_dims", cd), ("disable_ue8m0_cast", False)],
+                             _DENSE_EXT) for pre in ("fp8_fp4", "fp8") for lay, cd in
+       (("nt", "nk"), ("nn", "nk"), ("tn", "mn"), ("tt", "mn"))},
+    "fp8_gemm_nt_skip_head_mid": (_A_B_D + [("head_splits", _NO), ("recipe", None), ("compiled_dims", "nk"),
+                                            ("disable_ue8m0_cast", False)], _STREAM),
+    "m_grouped_bf16_gemm_nt_contiguous": (_A_B_D + [("grouped_layout", _NO), ("compiled_dims", "nk"),
+        ("use_psum_layout", False), ("ensure_zero_padding", True), ("expected_m_for_psum_layout", None)], _M_EXT),
+    "m_grouped_bf16_gemm_nn_contiguous": (_A_B_D + [("grouped_layout", _NO), ("compiled_dims", "nk"),
+        ("use_psum_layout", False), ("ensure_zero_padding", True)], _M_EXT),
+    **{f"m_grouped_{pre}_gemm_nt_contiguous": (_A_B_D + [("grouped_layout", _NO), *_RECIPES, ("compiled_dims", "nk"),
+        ("disable_ue8m0_cast", False), ("use_psum_layout", False), ("ensure_zero_padding", True),
+        ("expected_m_for_psum_layout", None)], _M_EXT) for pre in ("fp8_fp4", "fp8")},
+    **{f"m_grouped_{pre}_gemm_nn_contiguous": (_A_B_D + [("grouped_layout", _NO), *_RECIPES, ("compiled_dims", "nk"),
+        ("disable_ue8m0_cast", False), ("use_psum_layout", False), ("ensure_zero_padding", True)], _M_EXT)
+       for pre in ("fp8_fp4", "fp8")},
+    "m_grouped_bf16_gemm_nt_masked": (_A_B_D + [("masked_m", _NO), ("expected_m", _NO), ("compiled_dims", "nk")],
+                                      _STREAM),
+    **{f"m_grouped_{pre}_gemm_nt_masked": (_A_B_D + [("masked_m", _NO), ("expected_m", _NO), *_RECIPES,
+        ("compiled_dims", "nk"), ("disable_ue8m0_cast", False)], _STREAM) for pre in ("fp8_fp4", "fp8")},
+    "k_grouped_bf16_gemm_tn_contiguous": (_A_B_D + _K_GROUPED + [("compiled_dims", "mn"), ("use_psum_layout", False)],
+                                          _STREAM),
+    **{f"k_grouped_fp8_gemm_{lay}_contiguous": (_A_B_D + _K_GROUPED + [("recipe", (1, 1, 128)), ("compiled_dims", "mn"),
+        ("use_psum_layout", False)], _STREAM) for lay in ("tn", "nt")},
+    "fp8_fp4_mqa_logits": (_MQA + [("clean_logits", True), ("max_seqlen_k", 0), ("logits_dtype", torch.float32)],
+                           _STREAM),
+    "fp8_mqa_logits": (_MQA + [("clean_logits", True), ("max_seqlen_k", 0)], _STREAM),
+    "get_paged_mqa_logits_metadata": ([("context_lens", _NO), ("block_kv", _NO), ("num_sms", _NO), ("indices", None)],
+                                      []),
+    "fp8_fp4_paged_mqa_logits": (_PAGED + [("logits_dtype", torch.float32), ("indices", None)], _STREAM),
+    "fp8_paged_mqa_logits": (_PAGED + [("indices", None)], _STREAM),
+    "einsum": ([("expr", _NO), ("a", _NO), ("b", _NO), ("d", _NO), ("c", None), ("use_cublaslt", False)], _STREAM),
+    "fp8_einsum": ([("expr", _NO), ("a", _NO), ("b", _NO), ("d", _NO), ("c", None), ("recipe", (1, 128, 128))],
+                   _STREAM),
+    "tf32_hc_prenorm_gemm": (_A_B_D + [("sqr_sum", _NO), ("num_splits", None)], _STREAM),
+}  # fmt: skip
+DESIGN_OPS = set(SIGNATURES)
 
 
 @pytest.fixture
@@ -153,17 +102,25 @@ def cutile_present(monkeypatch):
 
 
 def test_public_api_has_every_design_op():
-    assert DESIGN_OPS <= set(tilegemm.list_ops())
+    ops = set(tilegemm.list_ops())
     for name in DESIGN_OPS:
-        assert callable(getattr(tilegemm, name))
+        assert getattr(tilegemm, name).op_name in ops  # fp8_* names are aliases of the fp8_fp4_* ops
+    assert tilegemm.fp8_gemm_nt is tilegemm.fp8_fp4_gemm_nt
+    assert tilegemm.fp8_m_grouped_gemm_nt_masked is tilegemm.m_grouped_fp8_fp4_gemm_nt_masked
 
 
 @pytest.mark.parametrize("name", sorted(SIGNATURES))
-def test_signatures_match_design(name):
+def test_signatures_match_deepgemm(name):
+    """DeepGEMM's parameters (names, order, defaults) are positional-or-keyword; the extensions keyword-only."""
     params = list(inspect.signature(getattr(tilegemm, name)).parameters.values())
     assert params[-1].name == "backend" and params[-1].kind is inspect.Parameter.KEYWORD_ONLY
-    got = [(p.name, None if p.default is inspect.Parameter.empty else p.default) for p in params[:-1]]
-    assert got == SIGNATURES[name]
+    positional, extensions = SIGNATURES[name]
+    kinds = [p.kind for p in params[:-1]]
+    got = [(p.name, p.default) for p in params[:-1]]
+    assert got == positional + extensions
+    assert kinds == [inspect.Parameter.POSITIONAL_OR_KEYWORD] * len(positional) + [
+        inspect.Parameter.KEYWORD_ONLY
+    ] * len(extensions)
     assert getattr(tilegemm, name).__doc__ and len(getattr(tilegemm, name).__doc__) > 80
 
 
@@ -413,7 +370,7 @@ def test_failed_backend_import_falls_back(toy_op, monkeypatch):
 
 
 def test_every_op_has_a_pytorch_impl():
-    for name in DESIGN_OPS:
+    for name in tilegemm.list_ops():
         assert "pytorch" in registry.get_registered_backends_for_op(name)
 
 
@@ -432,10 +389,41 @@ def test_config_setters():
     with pytest.raises(TypeError):
         tilegemm.set_num_sms(1.5)
     tilegemm.set_tc_util(50)
-    assert tilegemm.get_tc_util() == 0.5
+    assert tilegemm.get_tc_util() == 50  # DeepGEMM's int percentage
+    tilegemm.set_tc_util(0)
+    assert tilegemm.get_tc_util() == 100  # DeepGEMM: 0 means 100
     tilegemm.set_tc_util(0.75)
-    assert tilegemm.get_tc_util() == 0.75
-    for bad in (0.0, 1.5, 1, 101):
+    assert tilegemm.get_tc_util() == 75
+    for bad in (0.0, 1.5, -1, 101):
         with pytest.raises(ValueError):
             tilegemm.set_tc_util(bad)
-    tilegemm.set_tc_util(1.0)
+    tilegemm.set_tc_util(100)
+
+
+def test_deepgemm_runtime_setters():
+    """DeepGEMM's JIT/launch settings are accepted and read back; the alignment is the psum default."""
+    assert tilegemm.get_mk_alignment_for_contiguous_layout() == 128
+    assert tilegemm.get_theoretical_mk_alignment_for_contiguous_layout() == 128
+    assert tilegemm.get_theoretical_mk_alignment_for_contiguous_layout(expected_m=32) == 128
+    tilegemm.set_mk_alignment_for_contiguous_layout(64)
+    assert tilegemm.get_m_alignment_for_contiguous_layout() == tilegemm.get_k_alignment_for_contiguous_layout() == 64
+    tilegemm.set_mk_alignment_for_contiguous_layout(128)
+    assert tilegemm.get_pdl() is False
+    tilegemm.set_pdl(True)
+    assert tilegemm.get_pdl() is True
+    tilegemm.set_pdl(False)
+    tilegemm.set_ignore_compile_dims(True)
+    tilegemm.set_ignore_compile_dims(False)
+    tilegemm.set_block_size_multiple_of(64)
+    tilegemm.set_block_size_multiple_of((64, 32))
+    tilegemm.set_block_size_multiple_of(1)
+    with pytest.raises(TypeError):
+        tilegemm.set_pdl(1)
+    with pytest.raises(ValueError):
+        tilegemm.set_mk_alignment_for_contiguous_layout(0)
+
+
+def test_mega_moe_raises_naming_the_feature():
+    for fn in (tilegemm.fp8_fp4_mega_moe, tilegemm.bf16_mega_moe, tilegemm.get_symm_buffer_for_mega_moe):
+        with pytest.raises(NotImplementedError, match="mega-MoE"):
+            fn()

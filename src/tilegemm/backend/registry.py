@@ -7,7 +7,9 @@ A call flows one way::
 * ``@dispatch(name, check=fn)`` wraps a stub. The wrapper binds the call to the stub's
   signature (so the stub's defaults and keyword names hold for every backend), runs the
   shared input check ``fn(**arguments)``, picks the backend and calls its implementation
-  with every argument as a keyword. It also accepts ``backend=`` to override the choice.
+  with every argument as a keyword. When the check returns a dict, that dict (what the
+  check derived: the logical form of the operands, a resolved recipe) is what the backend
+  receives instead. The wrapper also accepts ``backend=`` to override the choice.
 * ``@register_impl(name, backend)`` registers an implementation. It may raise
   :class:`Unsupported` before writing anything to say "not this case" (a dtype, arch or
   layout it lacks); the call then falls back to ``pytorch``.
@@ -174,14 +176,18 @@ def call_backend(name: str, backend: str, arguments: dict[str, Any]) -> Any:
 
 
 def _fast_binder(name: str, signature: inspect.Signature) -> Callable[[tuple, dict], dict[str, Any]]:
-    """``signature.bind`` + ``apply_defaults`` for positional-or-keyword stubs, without its per-call cost.
+    """``signature.bind`` + ``apply_defaults`` for stubs of positional-or-keyword and keyword-only
+    parameters, without its per-call cost.
 
     Any call it cannot bind (too many arguments, unknown or repeated names, a missing one) goes
     through ``inspect`` to raise the standard ``TypeError``.
     """
+    params = signature.parameters.values()
     names = tuple(signature.parameters)
+    positional = tuple(p.name for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)
     defaults = {n: p.default for n, p in signature.parameters.items() if p.default is not inspect.Parameter.empty}
-    simple = all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in signature.parameters.values())
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    simple = all(p.kind in kinds for p in params)
 
     def slow(args: tuple, kwargs: dict) -> dict[str, Any]:
         try:
@@ -192,20 +198,20 @@ def _fast_binder(name: str, signature: inspect.Signature) -> Callable[[tuple, di
         return dict(bound.arguments)
 
     def bind(args: tuple, kwargs: dict) -> dict[str, Any]:
-        if not simple or len(args) > len(names):
+        if not simple or len(args) > len(positional):
             return slow(args, kwargs)
-        arguments = dict(zip(names, args))
+        arguments = dict(zip(positional, args))
         for key, value in kwargs.items():
             if key in arguments or key not in signature.parameters:
                 return slow(args, kwargs)
             arguments[key] = value
         if len(arguments) < len(names):
-            for key in names[len(args) :]:
+            for key in names:
                 if key not in arguments:
                     if key not in defaults:
                         return slow(args, kwargs)
                     arguments[key] = defaults[key]
-        return arguments
+        return {key: arguments[key] for key in names}
 
     return bind
 
@@ -215,7 +221,8 @@ def dispatch(name: str, *, check: Callable[..., None] | None = None) -> Callable
 
     The returned function has the stub's signature plus a keyword-only ``backend``
     (``None``, ``"cutile"`` or ``"pytorch"``). ``check`` receives every bound argument by
-    keyword and raises ``TypeError``/``ValueError`` for bad input before any backend runs.
+    keyword and raises ``TypeError``/``ValueError`` for bad input before any backend runs; when
+    it returns a dict, the backend implementation is called with that dict instead.
     """
 
     def decorator(stub: F) -> F:
@@ -227,7 +234,9 @@ def dispatch(name: str, *, check: Callable[..., None] | None = None) -> Callable
         def wrapper(*args: Any, backend: str | None = None, **kwargs: Any) -> Any:
             arguments = bind(args, kwargs)
             if check is not None:
-                check(**arguments)
+                derived = check(**arguments)
+                if derived is not None:
+                    arguments = derived
             chosen = selector.validate_backend_name(backend) if backend is not None else selector.get_current_backend()
             return call_backend(name, chosen, arguments)
 

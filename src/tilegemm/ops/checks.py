@@ -1,13 +1,25 @@
 """Input validation shared by all backends; runs in the dispatch wrapper before any backend.
 
+Each op's check validates the call and returns what it derived, which is what the backends
+receive (they trust it and never check again):
+
+* the logical form of the operands: every layout collapses here into one form per family, as
+  DeepGEMM's own ``nn``/``tn``/``tt`` ops call ``nt`` on transposed views. A transposed operand's
+  FP8 scales are in the data's own orientation, so the logical form is a plain transpose of data
+  and scales together (dense: a [M, K], b [N, K]; m-grouped: b [G, N, K]; k-grouped: the ``tn``
+  form a [K_sum, M], b [K_sum, N]);
+* resolved settings: the FP8 recipe, the psum alignment;
+* nothing that only steers DeepGEMM's JIT (``compiled_dims``, ...): those are validated and dropped.
+
 Errors name the argument, what it got and what it needs: ``TypeError`` for a wrong type or
-dtype, ``ValueError`` for shape, device, range and value faults. Nothing is written before
-a check fails.
+dtype, ``ValueError`` for shape, device, range and value faults, ``NotImplementedError`` for
+DeepGEMM features tilegemm does not have (FP4 operands, packed UE8M0 scales, SM100-only paths).
+Nothing is written before a check fails.
 
 Two kinds of check:
 
 * metadata (types, dtypes, shapes, devices): free, always on;
-* values (index ranges, alignment, ``ks_tensor == ks``, MQA windows, block tables): they
+* values (index ranges, alignment, ``grouped_layout == ks_cpu``, MQA windows, block tables): they
   read tensor memory. On CPU tensors they always run (free). On CUDA tensors they cost a host
   sync, so they are off by default and run only with ``TILEGEMM_CHECK_VALUES=1``, never during
   CUDA-graph capture. Inside :func:`skip_value_checks` (internal callers that built the indices
@@ -24,6 +36,7 @@ from typing import Any
 
 import torch
 
+from tilegemm import config
 from tilegemm.env import CHECK_VALUES, env_flag
 
 FP8 = torch.float8_e4m3fn
@@ -46,6 +59,20 @@ def skip_value_checks() -> Iterator[None]:
         yield
     finally:
         _local.skip -= 1
+
+
+@contextlib.contextmanager
+def allow_float_operands() -> Iterator[None]:
+    """Inside this context, the operands of BF16 ops may also be fp16 or fp32 (on this thread).
+
+    For callers that route such inputs to the ``pytorch`` backend, which computes in fp32 from any
+    float input (the model integration's fp16/fp32 models); the kernels never see them.
+    """
+    _local.any_float = getattr(_local, "any_float", 0) + 1
+    try:
+        yield
+    finally:
+        _local.any_float -= 1
 
 
 def value_checks_enabled(device: torch.device | None = None) -> bool:
@@ -76,13 +103,15 @@ def _describe(x: Any) -> str:
     return f"{type(x).__name__} {x!r}"
 
 
-def _tensor(name: str, x: Any, dtypes: Sequence[torch.dtype], ndim: int) -> torch.Tensor:
+def _tensor(name: str, x: Any, dtypes: Sequence[torch.dtype], ndim: int | None) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: got {_describe(x)}, expected a torch.Tensor")
+    if getattr(_local, "any_float", 0) and torch.bfloat16 in dtypes:
+        dtypes = (*dtypes, torch.float16, torch.float32)
     if x.dtype not in dtypes:
         need = " or ".join(str(d) for d in dtypes)
         raise TypeError(f"{name}: got dtype {x.dtype}, expected {need}")
-    if x.dim() != ndim:
+    if ndim is not None and x.dim() != ndim:
         raise ValueError(f"{name}: got a {x.dim()}-D tensor of shape {list(x.shape)}, expected {ndim}-D")
     return x
 
@@ -92,9 +121,13 @@ def _shape(name: str, x: torch.Tensor, expected: Sequence[int], meaning: str) ->
         raise ValueError(f"{name}: got shape {list(x.shape)}, expected {list(expected)} ({meaning})")
 
 
-def _fp8_operand(name: str, x: Any, ndim: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _fp8_operand(name: str, x: Any, ndim: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     if not (isinstance(x, (tuple, list)) and len(x) == 2):
         raise TypeError(f"{name}: got {_describe(x)}, expected a (float8_e4m3fn data, float32 scales) tuple")
+    if isinstance(x[0], torch.Tensor) and x[0].dtype in (torch.int8, torch.uint8):
+        raise NotImplementedError(f"{name}: FP4 operands (packed e2m1 in {x[0].dtype}) are DeepGEMM's SM100 path")
+    if isinstance(x[1], torch.Tensor) and x[1].dtype == torch.int32:
+        raise NotImplementedError(f"{name}[1]: packed UE8M0 (int32) scale factors are DeepGEMM's SM100 path")
     data = _tensor(f"{name}[0] (data)", x[0], (FP8,), ndim)
     if not isinstance(x[1], torch.Tensor):
         raise TypeError(f"{name}[1] (scales): got {_describe(x[1])}, expected a float32 torch.Tensor")
@@ -139,6 +172,17 @@ def _stream(stream: Any) -> None:
         raise TypeError(f"stream: got {_describe(stream)}, expected None or a torch.cuda.Stream")
 
 
+def _string(name: str, x: Any) -> None:
+    if not isinstance(x, str):
+        raise TypeError(f"{name}: got {_describe(x)}, expected a str (it only steers DeepGEMM's JIT)")
+
+
+def _dtype_arg(name: str, x: Any, allowed: Sequence[torch.dtype]) -> torch.dtype:
+    if x not in allowed:
+        raise TypeError(f"{name}: got {x!r}, expected one of {list(allowed)}")
+    return x
+
+
 def _addend(c: Any, dtypes: Sequence[torch.dtype], expected: Sequence[int], meaning: str) -> None:
     if c is None:
         return
@@ -146,15 +190,12 @@ def _addend(c: Any, dtypes: Sequence[torch.dtype], expected: Sequence[int], mean
     _shape("c", c, expected, meaning)
 
 
-# ----------------------------------------------------------------------------- dense GEMMs
+# --------------------------------------------------------------------------------- layouts
 
-_LAYOUT_DIMS = {  # which dims of a and b hold (M, K) and (N, K)
-    "nt": ((0, 1), (0, 1)),
-    "nn": ((0, 1), (1, 0)),
-    "tn": ((1, 0), (1, 0)),
-    "tt": ((1, 0), (0, 1)),
-}
-_LAYOUT_SHAPES = {
+#: Layout suffix -> (a is stored transposed, b is stored transposed) relative to the logical ``nt`` form.
+LAYOUTS = {"nt": (False, False), "nn": (False, True), "tn": (True, True), "tt": (True, False)}
+#: The shapes of a and b as the caller stores them, per layout.
+LAYOUT_SHAPES = {
     "nt": ("[M, K]", "[N, K]"),
     "nn": ("[M, K]", "[K, N]"),
     "tn": ("[K, M]", "[K, N]"),
@@ -162,73 +203,194 @@ _LAYOUT_SHAPES = {
 }
 
 
-def _mnk(layout: str, a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int]:
-    (am, ak), (bn, bk) = _LAYOUT_DIMS[layout]
-    m, k, n, kb = a.shape[am], a.shape[ak], b.shape[bn], b.shape[bk]
-    if k != kb:
-        a_shape, b_shape = _LAYOUT_SHAPES[layout]
+def _t(x: torch.Tensor, flip: bool) -> torch.Tensor:
+    """``x`` with its last two dims swapped when ``flip`` (a view)."""
+    return x.transpose(-1, -2) if flip else x
+
+
+def _as_given(shape: Sequence[int], flip: bool) -> list[int]:
+    shape = list(shape)
+    return [*shape[:-2], shape[-1], shape[-2]] if flip else shape
+
+
+def _logical_shape(name: str, x: torch.Tensor, expected: Sequence[int], meaning: str, flip: bool) -> None:
+    """Check the logical view ``x`` against ``expected``; the message shows the caller's orientation."""
+    if list(x.shape) != list(expected):
         raise ValueError(
-            f"a and b disagree on K for layout {layout} (a {a_shape}, b {b_shape}): "
-            f"a has shape {list(a.shape)} (K={k}), b has shape {list(b.shape)} (K={kb})"
+            f"{name}: got shape {_as_given(x.shape, flip)}, expected {_as_given(expected, flip)} ({meaning})"
         )
-    return m, n, k
 
 
-def infer_recipe(sb: torch.Tensor, n: int, k: int, recipe: Any, lead: Sequence[int] = ()) -> tuple[int, int, int]:
-    """Validate RHS scales ``sb`` (shape ``lead + [.., ceil(K/128)]``) against ``recipe``; return the recipe."""
+# ----------------------------------------------------------------------------- FP8 recipes
+
+
+def _gran_k(name: str, gran_k: Any) -> None:
+    if gran_k == 32:
+        raise NotImplementedError(f"{name}: gran_k=32 scales are DeepGEMM's SM100 FP4/UE8M0 recipe; only 128 here")
+    if gran_k != BLOCK:
+        raise ValueError(f"{name}: got gran_k={gran_k!r}, expected 128")
+
+
+def _int_tuple(name: str, x: Any, length: int) -> tuple[int, ...]:
+    ok = isinstance(x, (tuple, list)) and len(x) == length
+    if not ok or any(isinstance(v, bool) or not isinstance(v, numbers.Integral) for v in x):
+        raise ValueError(f"{name}: got {x!r}, expected a tuple of {length} ints")
+    return tuple(int(v) for v in x)
+
+
+def resolve_recipe(
+    sb: torch.Tensor,
+    n: int,
+    k: int,
+    recipe: Any,
+    recipe_a: Any = None,
+    recipe_b: Any = None,
+    lead: Sequence[int] = (),
+    flip: bool = False,
+) -> tuple[int, int, int]:
+    """The recipe of an FP8 GEMM from its arguments and the logical RHS scales ``sb`` (``lead + [.., K/128]``).
+
+    DeepGEMM's rule: either ``recipe`` ``(gran_m, gran_n, gran_k)`` or the pair ``recipe_a``
+    ``(gran_m, gran_k)`` + ``recipe_b`` ``(gran_n, gran_k)``; neither means "inferred from ``sb``'s
+    shape". Supported: ``(1, 128, 128)`` (128x128 RHS blocks) and ``(1, 1, 128)`` (1x128 RHS rows).
+    """
+    if recipe_a is not None or recipe_b is not None:
+        if recipe is not None or recipe_a is None or recipe_b is None:
+            raise ValueError("recipe, recipe_a, recipe_b: give either recipe, or both recipe_a and recipe_b")
+        gran_m, gran_ka = _int_tuple("recipe_a", recipe_a, 2)
+        gran_n, gran_kb = _int_tuple("recipe_b", recipe_b, 2)
+        _gran_k("recipe_a", gran_ka)
+        _gran_k("recipe_b", gran_kb)
+        recipe = (gran_m, gran_n, BLOCK)
     kb = _ceil_div(k, BLOCK)
     shapes = {(1, 128, 128): [*lead, _ceil_div(n, BLOCK), kb], (1, 1, 128): [*lead, n, kb]}
     if recipe is not None:
-        if not (isinstance(recipe, (tuple, list)) and tuple(recipe) in shapes):
-            raise ValueError(f"recipe: got {recipe!r}, expected None, (1, 128, 128) or (1, 1, 128)")
-        recipe = tuple(recipe)
-        _shape("b[1] (scales)", sb, shapes[recipe], f"recipe {recipe}")
+        recipe = _int_tuple("recipe", recipe, 3)
+        _gran_k("recipe", recipe[2])
+        if recipe not in shapes:
+            raise ValueError(f"recipe: got {recipe}, expected None, (1, 128, 128) or (1, 1, 128)")
+        _logical_shape("b[1] (scales)", sb, shapes[recipe], f"recipe {recipe}", flip)
         return recipe
     for candidate, shape in shapes.items():
         if list(sb.shape) == shape:
             return candidate
     raise ValueError(
-        f"b[1] (scales): got shape {list(sb.shape)}, expected {shapes[(1, 128, 128)]} (128x128 blocks) "
-        f"or {shapes[(1, 1, 128)]} (1x128 rows)"
+        f"b[1] (scales): got shape {_as_given(sb.shape, flip)}, expected {_as_given(shapes[(1, 128, 128)], flip)} "
+        f"(128x128 blocks) or {_as_given(shapes[(1, 1, 128)], flip)} (1x128 rows), in the data's orientation"
     )
 
 
-def dense_gemm_check(layout: str, fp8: bool) -> Callable[..., None]:
-    """The check of ``{bf16,fp8}_gemm_<layout>``."""
+def _block_recipe(rec: tuple[int, int, int], op: str) -> None:
+    if rec != (1, 128, 128):
+        raise ValueError(f"recipe: {op} takes 128x128 RHS scales (recipe (1, 128, 128)), got {rec}")
 
-    def check(a, b, d, c, alpha, beta, stream, recipe=None, disable_ue8m0_cast=False) -> None:
+
+def _operands(fp8: bool, a: Any, b: Any, ndim_a: int | None, ndim_b: int | None):
+    """(a data, a scales or None, b data, b scales or None) after the type checks."""
+    if fp8:
+        a_data, sa = _fp8_operand("a", a, ndim_a)
+        b_data, sb = _fp8_operand("b", b, ndim_b)
+        return a_data, sa, b_data, sb
+    return _tensor("a", a, (torch.bfloat16,), ndim_a), None, _tensor("b", b, (torch.bfloat16,), ndim_b), None
+
+
+def _pack(data: torch.Tensor, scales: torch.Tensor | None) -> Any:
+    return data if scales is None else (data, scales)
+
+
+# ----------------------------------------------------------------------------- dense GEMMs
+
+
+def dense_gemm_check(layout: str, fp8: bool) -> Callable[..., dict[str, Any]]:
+    """The check of ``{bf16,fp8_fp4}_gemm_<layout>``; returns the logical ``nt`` form.
+
+    Derived: ``a`` [M, K] (``(data, sa [M, K/128])`` for FP8), ``b`` [N, K] (``(data, sb)``, sb
+    ``[N/128, K/128]`` or ``[N, K/128]``), ``d``, ``c``, ``recipe`` (FP8, resolved), ``alpha``,
+    ``beta``, ``stream``.
+    """
+    flip_a, flip_b = LAYOUTS[layout]
+    a_shape, b_shape = LAYOUT_SHAPES[layout]
+
+    def check(
+        a,
+        b,
+        d,
+        c=None,
+        recipe=None,
+        recipe_a=None,
+        recipe_b=None,
+        compiled_dims="nk",
+        disable_ue8m0_cast=False,
+        *,
+        alpha=1.0,
+        beta=1.0,
+        stream=None,
+    ) -> dict[str, Any]:
+        a_data, sa, b_data, sb = _operands(fp8, a, b, 2, 2)
+        la, lb = _t(a_data, flip_a), _t(b_data, flip_b)
+        (m, k), (n, kb) = la.shape, lb.shape
+        if k != kb:
+            raise ValueError(
+                f"a and b disagree on K for layout {layout} (a {a_shape}, b {b_shape}): "
+                f"a has shape {list(a_data.shape)} (K={k}), b has shape {list(b_data.shape)} (K={kb})"
+            )
+        derived: dict[str, Any] = {}
         if fp8:
-            a_data, sa = _fp8_operand("a", a, 2)
-            b_data, sb = _fp8_operand("b", b, 2)
-        else:
-            a_data = _tensor("a", a, (torch.bfloat16,), 2)
-            b_data = _tensor("b", b, (torch.bfloat16,), 2)
-        m, n, k = _mnk(layout, a_data, b_data)
-        if fp8:
-            _shape("a[1] (scales)", sa, [m, _ceil_div(k, BLOCK)], "[M, ceil(K/128)], 1x128 per row")
-            infer_recipe(sb, n, k, recipe)
+            sa, sb = _t(sa, flip_a), _t(sb, flip_b)
+            meaning = "1x128 LHS scales, in the data's orientation"
+            _logical_shape("a[1] (scales)", sa, [m, _ceil_div(k, BLOCK)], meaning, flip_a)
+            derived["recipe"] = resolve_recipe(sb, n, k, recipe, recipe_a, recipe_b, flip=flip_b)
             _bool("disable_ue8m0_cast", disable_ue8m0_cast)
+        _string("compiled_dims", compiled_dims)
         _output("d", d, OUT_DTYPES, [m, n], "[M, N]")
         _addend(c, OUT_DTYPES, [m, n], "[M, N]")
         _scalar("alpha", alpha)
         _scalar("beta", beta)
         _stream(stream)
-        _same_device(a=a_data, b=b_data, d=d, c=c, **({"a_scales": sa, "b_scales": sb} if fp8 else {}))
+        _same_device(a=a_data, b=b_data, d=d, c=c, a_scales=sa, b_scales=sb)
+        return dict(a=_pack(la, sa), b=_pack(lb, sb), d=d, c=c, **derived, alpha=alpha, beta=beta, stream=stream)
 
     return check
+
+
+def skip_head_mid_check(
+    a, b, d, head_splits, recipe=None, compiled_dims="nk", disable_ue8m0_cast=False, *, stream=None
+) -> dict[str, Any]:
+    """The check of ``fp8_gemm_nt_skip_head_mid``: d [M, N + N / (left + right) * mid].
+
+    Derived: ``a``, ``b`` (``nt`` FP8 operands), ``d``, ``head_splits`` (a tuple), ``recipe``, ``stream``.
+    """
+    a_data, sa, b_data, sb = _operands(True, a, b, 2, 2)
+    (m, k), (n, kb) = a_data.shape, b_data.shape
+    if k != kb:
+        raise ValueError(f"a [M, K] has shape {list(a_data.shape)} but b [N, K] has {list(b_data.shape)}")
+    left, mid, right = _int_tuple("head_splits", head_splits, 3)
+    if min(left, mid, right) < 0 or left + right == 0 or n % (left + right):
+        raise ValueError(
+            f"head_splits: got {(left, mid, right)}, expected non-negative (left, mid, right) with N={n} "
+            "a multiple of left + right"
+        )
+    _shape("a[1] (scales)", sa, [m, _ceil_div(k, BLOCK)], "[M, ceil(K/128)]")
+    rec = resolve_recipe(sb, n, k, recipe)
+    _bool("disable_ue8m0_cast", disable_ue8m0_cast)
+    _string("compiled_dims", compiled_dims)
+    _output("d", d, OUT_DTYPES, [m, n + n // (left + right) * mid], "[M, N + N / (left + right) * mid]")
+    _stream(stream)
+    _same_device(a=a_data, b=b_data, d=d, a_scales=sa, b_scales=sb)
+    return dict(a=(a_data, sa), b=(b_data, sb), d=d, head_splits=(left, mid, right), recipe=rec, stream=stream)
 
 
 # ---------------------------------------------------------------------- m-grouped contiguous
 
 
 def _check_m_indices(m_indices: torch.Tensor, m_sum: int, groups: int) -> None:
-    _shape("m_indices", m_indices, [m_sum], "[M_sum], one group id per row")
+    _shape("grouped_layout", m_indices, [m_sum], "[M_sum], one group id per row")
     if not value_checks_enabled(m_indices.device) or m_sum == 0:
         return
     bad = (m_indices < -1) | (m_indices >= groups)
     if bool(bad.any()):
         row = int(bad.nonzero()[0, 0])
-        raise ValueError(f"m_indices: row {row} has group {int(m_indices[row])}, expected -1 or 0..{groups - 1}")
+        raise ValueError(f"grouped_layout: row {row} has group {int(m_indices[row])}, expected -1 or 0..{groups - 1}")
     blocks = _ceil_div(m_sum, M_ALIGNMENT)
     padded = torch.full((blocks * M_ALIGNMENT,), -1, dtype=m_indices.dtype, device=m_indices.device)
     padded[:m_sum] = m_indices
@@ -238,36 +400,61 @@ def _check_m_indices(m_indices: torch.Tensor, m_sum: int, groups: int) -> None:
     if bool(mixed.any()):
         blk = int(mixed.nonzero()[0, 0])
         raise ValueError(
-            f"m_indices: rows {blk * M_ALIGNMENT}..{min(m_sum, (blk + 1) * M_ALIGNMENT) - 1} mix groups; every "
+            f"grouped_layout: rows {blk * M_ALIGNMENT}..{min(m_sum, (blk + 1) * M_ALIGNMENT) - 1} mix groups; every "
             f"{M_ALIGNMENT}-row block must hold one group's rows, padded with -1"
         )
 
 
 def check_group_offsets(offs: torch.Tensor, m_sum: int, groups: int) -> None:
-    """psum-layout ``offs``: int32 [G], non-decreasing, within ``0..m_sum`` (the values only when enabled)."""
-    _shape("m_indices", offs, [groups], "[G] cumulative group end rows (use_psum_layout=True)")
+    """psum-layout ends: int32 [G], non-decreasing, within ``0..m_sum`` (the values only when enabled)."""
+    _shape("grouped_layout", offs, [groups], "[G] cumulative group end rows (use_psum_layout=True)")
     if not value_checks_enabled(offs.device) or groups == 0:
         return
     prev = torch.cat([offs.new_zeros(1), offs[:-1]])
     if bool((offs < prev).any()) or bool((offs > m_sum).any()):
         raise ValueError(
-            f"m_indices (psum offsets): got {offs.tolist()[:16]}..., expected non-decreasing values in 0..{m_sum}"
+            f"grouped_layout (psum ends): got {offs.tolist()[:16]}..., expected non-decreasing values in 0..{m_sum}"
         )
 
 
-def m_grouped_contiguous_check(layout: str, fp8: bool) -> Callable[..., None]:
-    """The check of ``m_grouped_{bf16,fp8}_gemm_<layout>_contiguous``."""
-    b_meaning = "[G, N, K]" if layout == "nt" else "[G, K, N]"
+def resolve_alignment(alignment: Any) -> int:
+    """The psum group-start alignment: ``alignment``, or ``get_mk_alignment_for_contiguous_layout()`` for None."""
+    if alignment is None:
+        return config.get_mk_alignment_for_contiguous_layout()
+    _int("alignment", alignment, 1)
+    return int(alignment)
 
-    def check(a, b, d, m_indices, use_psum_layout, stream, disable_ue8m0_cast=False) -> None:
-        if fp8:
-            a_data, sa = _fp8_operand("a", a, 2)
-            b_data, sb = _fp8_operand("b", b, 3)
-        else:
-            a_data = _tensor("a", a, (torch.bfloat16,), 2)
-            b_data = _tensor("b", b, (torch.bfloat16,), 3)
-        m_sum, k = a_data.shape
-        groups, n, kb = b_data.shape if layout == "nt" else (b_data.shape[0], b_data.shape[2], b_data.shape[1])
+
+def m_grouped_contiguous_check(layout: str, fp8: bool) -> Callable[..., dict[str, Any]]:
+    """The check of ``m_grouped_{bf16,fp8_fp4}_gemm_<layout>_contiguous``; returns the logical ``nt`` form.
+
+    Derived: ``a`` [M_sum, K] (FP8: ``(data, sa [M_sum, K/128])``), ``b`` [G, N, K] (FP8: ``(data,
+    sb [G, N/128, K/128])``), ``d``, ``grouped_layout``, ``use_psum_layout``, ``alignment`` (resolved),
+    ``stream``.
+    """
+    flip_b = layout == "nn"
+    b_meaning = "[G, K, N]" if flip_b else "[G, N, K]"
+
+    def check(
+        a,
+        b,
+        d,
+        grouped_layout,
+        recipe=None,
+        recipe_a=None,
+        recipe_b=None,
+        compiled_dims="nk",
+        disable_ue8m0_cast=False,
+        use_psum_layout=False,
+        ensure_zero_padding=True,
+        expected_m_for_psum_layout=None,
+        *,
+        alignment=None,
+        stream=None,
+    ) -> dict[str, Any]:
+        a_data, sa, b_data, sb = _operands(fp8, a, b, 2, 3)
+        lb = _t(b_data, flip_b)
+        (m_sum, k), (groups, n, kb) = a_data.shape, lb.shape
         if k != kb:
             raise ValueError(
                 f"a and b disagree on K: a [M_sum, K] has shape {list(a_data.shape)}, "
@@ -275,17 +462,35 @@ def m_grouped_contiguous_check(layout: str, fp8: bool) -> Callable[..., None]:
             )
         if fp8:
             _shape("a[1] (scales)", sa, [m_sum, _ceil_div(k, BLOCK)], "[M_sum, ceil(K/128)]")
-            _shape("b[1] (scales)", sb, [groups, _ceil_div(n, BLOCK), _ceil_div(k, BLOCK)], "[G, N/128, K/128]")
+            sb = _t(sb, flip_b)
+            rec = resolve_recipe(sb, n, k, recipe, recipe_a, recipe_b, lead=[groups], flip=flip_b)
+            _block_recipe(rec, "m-grouped FP8")
             _bool("disable_ue8m0_cast", disable_ue8m0_cast)
+        _string("compiled_dims", compiled_dims)
         _output("d", d, OUT_DTYPES, [m_sum, n], "[M_sum, N]")
         _bool("use_psum_layout", use_psum_layout)
-        _tensor("m_indices", m_indices, (torch.int32,), 1)
+        _bool("ensure_zero_padding", ensure_zero_padding)
+        if expected_m_for_psum_layout is not None:
+            if not use_psum_layout:
+                raise ValueError("expected_m_for_psum_layout: only taken with use_psum_layout=True")
+            _int("expected_m_for_psum_layout", expected_m_for_psum_layout, 0)
+        align = resolve_alignment(alignment)
+        _tensor("grouped_layout", grouped_layout, (torch.int32,), 1)
         _stream(stream)
-        _same_device(a=a_data, b=b_data, d=d, m_indices=m_indices)
+        _same_device(a=a_data, b=b_data, d=d, grouped_layout=grouped_layout)
         if use_psum_layout:
-            check_group_offsets(m_indices, m_sum, groups)
+            check_group_offsets(grouped_layout, m_sum, groups)
         else:
-            _check_m_indices(m_indices, m_sum, groups)
+            _check_m_indices(grouped_layout, m_sum, groups)
+        return dict(
+            a=_pack(a_data, sa),
+            b=_pack(lb, sb),
+            d=d,
+            grouped_layout=grouped_layout,
+            use_psum_layout=use_psum_layout,
+            alignment=align,
+            stream=stream,
+        )
 
     return check
 
@@ -293,16 +498,27 @@ def m_grouped_contiguous_check(layout: str, fp8: bool) -> Callable[..., None]:
 # -------------------------------------------------------------------------- m-grouped masked
 
 
-def m_grouped_masked_check(fp8: bool) -> Callable[..., None]:
-    """The check of ``m_grouped_{bf16,fp8}_gemm_nt_masked``."""
+def m_grouped_masked_check(fp8: bool) -> Callable[..., dict[str, Any]]:
+    """The check of ``m_grouped_{bf16,fp8_fp4}_gemm_nt_masked``.
 
-    def check(a, b, d, masked_m, expected_m, stream, disable_ue8m0_cast=False) -> None:
-        if fp8:
-            a_data, sa = _fp8_operand("a", a, 3)
-            b_data, sb = _fp8_operand("b", b, 3)
-        else:
-            a_data = _tensor("a", a, (torch.bfloat16,), 3)
-            b_data = _tensor("b", b, (torch.bfloat16,), 3)
+    Derived: ``a``, ``b``, ``d``, ``masked_m``, ``expected_m``, ``stream``.
+    """
+
+    def check(
+        a,
+        b,
+        d,
+        masked_m,
+        expected_m,
+        recipe=None,
+        recipe_a=None,
+        recipe_b=None,
+        compiled_dims="nk",
+        disable_ue8m0_cast=False,
+        *,
+        stream=None,
+    ) -> dict[str, Any]:
+        a_data, sa, b_data, sb = _operands(fp8, a, b, 3, 3)
         groups, m_max, k = a_data.shape
         if b_data.shape[0] != groups or b_data.shape[2] != k:
             raise ValueError(
@@ -312,8 +528,9 @@ def m_grouped_masked_check(fp8: bool) -> Callable[..., None]:
         n = b_data.shape[1]
         if fp8:
             _shape("a[1] (scales)", sa, [groups, m_max, _ceil_div(k, BLOCK)], "[G, Mmax, ceil(K/128)]")
-            _shape("b[1] (scales)", sb, [groups, _ceil_div(n, BLOCK), _ceil_div(k, BLOCK)], "[G, N/128, K/128]")
+            _block_recipe(resolve_recipe(sb, n, k, recipe, recipe_a, recipe_b, lead=[groups]), "masked FP8")
             _bool("disable_ue8m0_cast", disable_ue8m0_cast)
+        _string("compiled_dims", compiled_dims)
         _output("d", d, OUT_DTYPES, [groups, m_max, n], "[G, Mmax, N]")
         _tensor("masked_m", masked_m, (torch.int32,), 1)
         _shape("masked_m", masked_m, [groups], "[G], valid rows per group")
@@ -325,6 +542,7 @@ def m_grouped_masked_check(fp8: bool) -> Callable[..., None]:
             if bool(bad.any()):
                 g = int(bad.nonzero()[0, 0])
                 raise ValueError(f"masked_m: group {g} has {int(masked_m[g])} rows, expected 0..Mmax={m_max}")
+        return dict(a=a, b=b, d=d, masked_m=masked_m, expected_m=expected_m, stream=stream)
 
     return check
 
@@ -332,64 +550,161 @@ def m_grouped_masked_check(fp8: bool) -> Callable[..., None]:
 # ------------------------------------------------------------------------------- k-grouped
 
 
-def k_grouped_check(fp8: bool) -> Callable[..., None]:
-    """The check of ``k_grouped_{bf16,fp8}_gemm_tn_contiguous``."""
+def _ks(ks_cpu: Any) -> list[int]:
+    if not isinstance(ks_cpu, (list, tuple)) or any(
+        isinstance(x, bool) or not isinstance(x, numbers.Integral) for x in ks_cpu
+    ):
+        raise TypeError(f"ks_cpu: got {_describe(ks_cpu)}, expected a list of ints (per-group K)")
+    if any(x < 0 for x in ks_cpu):
+        raise ValueError(f"ks_cpu: got {list(ks_cpu)}, expected every per-group K >= 0")
+    return [int(x) for x in ks_cpu]
 
-    def check(a, b, d, ks, ks_tensor, c, stream) -> None:
+
+def _k_major_groups(name: str, data: torch.Tensor, ks: list[int], mn: int) -> torch.Tensor:
+    """DeepGEMM's per-group K-major buffer (group g: ``[MN, K_g]`` row-major, groups back to back) as [MN, K_sum]."""
+    if data.numel() != sum(ks) * mn:
+        raise ValueError(
+            f"{name}: holds {data.numel()} elements, expected sum(ks_cpu) * {mn} = {sum(ks) * mn} "
+            "(each group's [MN, K_g] block, K-major, back to back)"
+        )
+    if not data.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous (each group's [MN, K_g] block, K-major, back to back)")
+    flat, parts, start = data.reshape(-1), [], 0
+    for kg in ks:
+        parts.append(flat[start * mn : (start + kg) * mn].view(mn, kg))
+        start += kg
+    return torch.cat(parts, dim=1) if parts else flat.new_empty(mn, 0)
+
+
+def k_grouped_check(fp8: bool, layout: str = "tn") -> Callable[..., dict[str, Any]]:
+    """The check of ``k_grouped_{bf16,fp8}_gemm_<layout>_contiguous``; returns the ``tn`` form.
+
+    ``tn``: a [K_sum, M], b [K_sum, N] (FP8 scales [K_sum/128, M] / [K_sum/128, N]). ``nt`` (FP8,
+    DeepGEMM's SM90 op): a and b hold each group's K-major ``[M, K_g]`` / ``[N, K_g]`` block back to
+    back, scales [M, K_sum/128] / [N, K_sum/128]; they are gathered into the ``tn`` form (one copy).
+    Derived: ``a``, ``b``, ``d``, ``ks_cpu`` (a list), ``grouped_layout``, ``c``, ``stream``.
+    """
+
+    def check(
+        a,
+        b,
+        d,
+        ks_cpu,
+        grouped_layout,
+        c=None,
+        recipe=(1, 1, 128),
+        compiled_dims="mn",
+        use_psum_layout=False,
+        *,
+        stream=None,
+    ) -> dict[str, Any]:
+        _bool("use_psum_layout", use_psum_layout)
+        if use_psum_layout:
+            raise NotImplementedError("k-grouped use_psum_layout=True is DeepGEMM's SM100 path; pass ks_cpu instead")
+        ks = _ks(ks_cpu)
+        _tensor("d", d, (torch.float32,), 3)
+        groups, m, n = d.shape
+        if len(ks) != groups:
+            raise ValueError(f"ks_cpu: got {len(ks)} groups, expected G={groups} (d is [G, M, N])")
+        k_sum = sum(ks)
+        ndim = 2 if layout == "tn" else None
+        a_data, sa, b_data, sb = _operands(fp8, a, b, ndim, ndim)
         if fp8:
-            a_data, sa = _fp8_operand("a", a, 2)
-            b_data, sb = _fp8_operand("b", b, 2)
-        else:
-            a_data = _tensor("a", a, (torch.bfloat16,), 2)
-            b_data = _tensor("b", b, (torch.bfloat16,), 2)
-        if not isinstance(ks, (list, tuple)) or any(
-            isinstance(x, bool) or not isinstance(x, numbers.Integral) for x in ks
-        ):
-            raise TypeError(f"ks: got {_describe(ks)}, expected a list of ints (per-group K)")
-        if any(x < 0 for x in ks):
-            raise ValueError(f"ks: got {list(ks)}, expected every per-group K >= 0")
-        if fp8 and any(x % BLOCK for x in ks):
-            raise ValueError(f"ks: got {list(ks)}, expected multiples of {BLOCK} for the FP8 op")
-        k_sum, m = a_data.shape
-        if b_data.shape[0] != k_sum:
-            raise ValueError(f"a [K_sum, M] has shape {list(a_data.shape)} but b [K_sum, N] has {list(b_data.shape)}")
-        if sum(ks) != k_sum:
-            raise ValueError(f"ks: sums to {sum(ks)}, expected K_sum={k_sum} (rows of a and b)")
-        n, groups = b_data.shape[1], len(ks)
+            rec = _int_tuple("recipe", recipe, 3)
+            _gran_k("recipe", rec[2])
+            if rec != (1, 1, 128):
+                raise ValueError(f"recipe: k-grouped FP8 takes 1x128 scales on both sides (1, 1, 128), got {rec}")
+            if any(x % BLOCK for x in ks):
+                raise ValueError(f"ks_cpu: got {ks}, expected multiples of {BLOCK} for the FP8 op")
+        if layout == "nt":
+            a_data = _k_major_groups("a[0] (data)", a_data, ks, m).t()
+            b_data = _k_major_groups("b[0] (data)", b_data, ks, n).t()
+            sa, sb = _t(sa, True), _t(sb, True)
+        elif a_data.shape[0] != k_sum or b_data.shape[0] != k_sum:
+            raise ValueError(
+                f"a [K_sum, M] has shape {list(a_data.shape)} and b [K_sum, N] has {list(b_data.shape)}, "
+                f"expected K_sum = sum(ks_cpu) = {k_sum}"
+            )
+        if list(a_data.shape) != [k_sum, m] or list(b_data.shape) != [k_sum, n]:
+            raise ValueError(
+                f"a and b: got shapes {list(a_data.shape)}, {list(b_data.shape)} for d [G, M, N] {[groups, m, n]}"
+            )
         if fp8:
-            _shape("a[1] (scales)", sa, [k_sum // BLOCK, m], "[K_sum/128, M]")
-            _shape("b[1] (scales)", sb, [k_sum // BLOCK, n], "[K_sum/128, N]")
+            flip = layout == "nt"
+            _logical_shape("a[1] (scales)", sa, [k_sum // BLOCK, m], "1x128 along K", flip)
+            _logical_shape("b[1] (scales)", sb, [k_sum // BLOCK, n], "1x128 along K", flip)
+        _string("compiled_dims", compiled_dims)
         _output("d", d, (torch.float32,), [groups, m, n], "[G, M, N]")
         _addend(c, (torch.float32,), [groups, m, n], "[G, M, N]")
+        _tensor("grouped_layout", grouped_layout, (torch.int32,), 1)
+        _shape("grouped_layout", grouped_layout, [groups], "[G], the device mirror of ks_cpu")
         _stream(stream)
-        _same_device(a=a_data, b=b_data, d=d, c=c, ks_tensor=ks_tensor)
-        if ks_tensor is not None:
-            _tensor("ks_tensor", ks_tensor, (torch.int32,), 1)
-            _shape("ks_tensor", ks_tensor, [groups], "[G], the device mirror of ks")
-            if value_checks_enabled(ks_tensor.device) and groups and ks_tensor.cpu().tolist() != list(ks):
-                raise ValueError(f"ks_tensor: holds {ks_tensor.cpu().tolist()}, expected ks={list(ks)}")
+        _same_device(a=a_data, b=b_data, d=d, c=c, grouped_layout=grouped_layout)
+        if value_checks_enabled(grouped_layout.device) and groups and grouped_layout.cpu().tolist() != ks:
+            raise ValueError(f"grouped_layout: holds {grouped_layout.cpu().tolist()}, expected ks_cpu={ks}")
+        return dict(
+            a=_pack(a_data, sa), b=_pack(b_data, sb), d=d, ks_cpu=ks, grouped_layout=grouped_layout, c=c, stream=stream
+        )
 
     return check
 
 
 # ------------------------------------------------------------------------------ MQA logits
 
+LOGITS_DTYPES = (torch.float32, torch.bfloat16)
 
-def mqa_logits_check(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits, stream) -> None:
-    """The check of ``fp8_mqa_logits``."""
-    _tensor("q", q, (FP8,), 3)
+
+def _q_operand(q: Any, ndim: int) -> torch.Tensor:
+    """``q`` as an FP8 tensor: DeepGEMM's ``(q, None)`` tuple or the tensor itself; FP4 ``(q, sf)`` is refused."""
+    if isinstance(q, (tuple, list)):
+        if len(q) != 2:
+            raise TypeError(f"q: got {_describe(q)}, expected an fp8 tensor or a (fp8 tensor, None) tuple")
+        if q[1] is not None:
+            raise NotImplementedError("q: FP4 queries with scale factors are DeepGEMM's SM100 path; pass (q, None)")
+        q = q[0]
+    if isinstance(q, torch.Tensor) and q.dtype in (torch.int8, torch.uint8):
+        raise NotImplementedError(f"q: FP4 queries (packed e2m1 in {q.dtype}) are DeepGEMM's SM100 path")
+    return _tensor("q", q, (FP8,), ndim)
+
+
+def _weights(weights: Any, shape: Sequence[int], meaning: str, logits_dtype: torch.dtype) -> None:
+    _tensor("weights", weights, (torch.float32, torch.bfloat16), 2)
+    _shape("weights", weights, shape, meaning)
+    if weights.dtype == torch.bfloat16 and logits_dtype != torch.bfloat16:
+        raise TypeError("weights: bf16 weights need logits_dtype=torch.bfloat16 (DeepGEMM's rule)")
+
+
+def mqa_logits_check(
+    q,
+    kv,
+    weights,
+    cu_seq_len_k_start,
+    cu_seq_len_k_end,
+    clean_logits=True,
+    max_seqlen_k=0,
+    logits_dtype=torch.float32,
+    *,
+    stream=None,
+) -> dict[str, Any]:
+    """The check of ``fp8_fp4_mqa_logits`` / ``fp8_mqa_logits``.
+
+    Derived: ``q`` (the fp8 tensor), ``kv``, ``weights``, ``cu_seq_len_k_start``, ``cu_seq_len_k_end``,
+    ``clean_logits``, ``max_seqlen_k``, ``logits_dtype``, ``stream``.
+    """
+    q = _q_operand(q, 3)
     kv_data, kv_scale = _fp8_operand("kv", kv, 2)
     s, h, dim = q.shape
     s_kv = kv_data.shape[0]
     _shape("kv[0] (data)", kv_data, [s_kv, dim], f"[S_kv, D={dim}]")
     _tensor("kv[1] (scales)", kv_scale, (torch.float32,), 1)
     _shape("kv[1] (scales)", kv_scale, [s_kv], "[S_kv], one per key")
-    _tensor("weights", weights, (torch.float32,), 2)
-    _shape("weights", weights, [s, h], "[S, H]")
+    _dtype_arg("logits_dtype", logits_dtype, LOGITS_DTYPES)
+    _weights(weights, [s, h], "[S, H]", logits_dtype)
     for name, x in (("cu_seq_len_k_start", cu_seq_len_k_start), ("cu_seq_len_k_end", cu_seq_len_k_end)):
         _tensor(name, x, (torch.int32,), 1)
         _shape(name, x, [s], "[S], one per query")
     _bool("clean_logits", clean_logits)
+    _int("max_seqlen_k", max_seqlen_k, 0)
     _stream(stream)
     _same_device(q=q, kv=kv_data, kv_scale=kv_scale, weights=weights, ks=cu_seq_len_k_start, ke=cu_seq_len_k_end)
     if value_checks_enabled(cu_seq_len_k_start.device) and s:
@@ -401,6 +716,17 @@ def mqa_logits_check(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean
                 f"cu_seq_len_k_start/end: query {i} has window [{int(ks[i])}, {int(ke[i])}), "
                 f"expected 0 <= start <= end <= S_kv={s_kv}"
             )
+    return dict(
+        q=q,
+        kv=(kv_data, kv_scale),
+        weights=weights,
+        cu_seq_len_k_start=cu_seq_len_k_start,
+        cu_seq_len_k_end=cu_seq_len_k_end,
+        clean_logits=clean_logits,
+        max_seqlen_k=int(max_seqlen_k),
+        logits_dtype=logits_dtype,
+        stream=stream,
+    )
 
 
 def _context_lens(context_lens: Any, batch: int | None, next_n: int | None) -> None:
@@ -415,13 +741,23 @@ def _context_lens(context_lens: Any, batch: int | None, next_n: int | None) -> N
         _shape("context_lens", context_lens, expected, "[B] or [B, next_n]")
 
 
-def paged_mqa_metadata_check(context_lens, block_kv, num_sms) -> None:
-    """The check of ``get_paged_mqa_logits_metadata``."""
+def _indices(indices: Any, batch: int) -> None:
+    """DeepGEMM's varlen ``indices`` (int32 [B], each row's sequence): validated; the math does not depend on it."""
+    if indices is None:
+        return
+    _tensor("indices", indices, (torch.int32,), 1)
+    _shape("indices", indices, [batch], "[B], the sequence of each row")
+
+
+def paged_mqa_metadata_check(context_lens, block_kv, num_sms, indices=None) -> dict[str, Any]:
+    """The check of ``get_paged_mqa_logits_metadata``; derived: ``context_lens``, ``block_kv``, ``num_sms``."""
     _context_lens(context_lens, None, None)
     _int("block_kv", block_kv, 1)
     _int("num_sms", num_sms, 1)
+    _indices(indices, context_lens.shape[0])
     if value_checks_enabled(context_lens.device) and context_lens.numel() and bool((context_lens < 0).any()):
         raise ValueError(f"context_lens: got a negative length (min {int(context_lens.min())}), expected >= 0")
+    return dict(context_lens=context_lens, block_kv=block_kv, num_sms=num_sms)
 
 
 def visible_lengths(context_lens: torch.Tensor, next_n: int) -> torch.Tensor:
@@ -433,10 +769,25 @@ def visible_lengths(context_lens: torch.Tensor, next_n: int) -> torch.Tensor:
 
 
 def paged_mqa_logits_check(
-    q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, clean_logits, stream
-) -> None:
-    """The check of ``fp8_paged_mqa_logits``."""
-    _tensor("q", q, (FP8,), 4)
+    q,
+    kv_cache,
+    weights,
+    context_lens,
+    block_table,
+    schedule_meta,
+    max_context_len,
+    clean_logits=False,
+    logits_dtype=torch.float32,
+    indices=None,
+    *,
+    stream=None,
+) -> dict[str, Any]:
+    """The check of ``fp8_fp4_paged_mqa_logits`` / ``fp8_paged_mqa_logits``.
+
+    Derived: ``q`` (the fp8 tensor), ``kv_cache``, ``weights``, ``context_lens``, ``block_table``,
+    ``schedule_meta``, ``max_context_len``, ``clean_logits``, ``logits_dtype``, ``stream``.
+    """
+    q = _q_operand(q, 4)
     batch, next_n, h, dim = q.shape
     _tensor("kv_cache", kv_cache, (torch.uint8,), 4)
     num_blocks, block_kv = kv_cache.shape[0], kv_cache.shape[1]
@@ -446,8 +797,8 @@ def paged_mqa_logits_check(
         )
     if not kv_cache.is_contiguous():
         raise ValueError("kv_cache: must be contiguous (its bytes hold keys then scales per block)")
-    _tensor("weights", weights, (torch.float32,), 2)
-    _shape("weights", weights, [batch * next_n, h], "[B * next_n, H]")
+    _dtype_arg("logits_dtype", logits_dtype, LOGITS_DTYPES)
+    _weights(weights, [batch * next_n, h], "[B * next_n, H]", logits_dtype)
     _context_lens(context_lens, batch, next_n)
     _tensor("block_table", block_table, (torch.int32,), 2)
     if block_table.shape[0] != batch:
@@ -457,10 +808,23 @@ def paged_mqa_logits_check(
         raise ValueError(f"schedule_meta: got shape {list(schedule_meta.shape)}, expected [num_sms + 1, 2]")
     _int("max_context_len", max_context_len, 0)
     _bool("clean_logits", clean_logits)
+    _indices(indices, batch)
     _stream(stream)
     _same_device(q=q, kv_cache=kv_cache, weights=weights, context_lens=context_lens, block_table=block_table)
+    derived = dict(
+        q=q,
+        kv_cache=kv_cache,
+        weights=weights,
+        context_lens=context_lens,
+        block_table=block_table,
+        schedule_meta=schedule_meta,
+        max_context_len=max_context_len,
+        clean_logits=clean_logits,
+        logits_dtype=logits_dtype,
+        stream=stream,
+    )
     if not value_checks_enabled(block_table.device) or batch == 0:
-        return
+        return derived
     visible = visible_lengths(context_lens, next_n)
     longest = int(visible.max())
     if int(context_lens.min()) < 0:
@@ -482,3 +846,107 @@ def paged_mqa_logits_check(
             f"block_table: batch {b} slot {col} holds block {int(block_table[b, col])}, "
             f"expected 0..{num_blocks - 1} (kv_cache has {num_blocks} blocks)"
         )
+    return derived
+
+
+# ----------------------------------------------------------------------- einsum, prenorm
+
+#: DeepGEMM's einsum expressions: expr -> (a dims, b dims, d dims), each a string of dim letters.
+EINSUM_EXPRS = {
+    "bmk,bnk->mn": ("bmk", "bnk", "mn"),
+    "bhr,hdr->bhd": ("bhr", "hdr", "bhd"),
+    "bhd,hdr->bhr": ("bhd", "hdr", "bhr"),
+}
+#: DeepGEMM's FP8 einsum expressions: expr -> (a dims, b dims, d dims, K letter).
+FP8_EINSUM_EXPRS = {
+    "bhr,hdr->bhd": ("bhr", "hdr", "bhd", "r"),
+    "bhd,hdr->bhr": ("bhd", "hdr", "bhr", "d"),
+    "bhd,bhr->hdr": ("bhd", "bhr", "hdr", "b"),
+}
+
+
+def _einsum_sizes(expr: str, a_dims: str, b_dims: str, a: torch.Tensor, b: torch.Tensor) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    for name, dims, x in (("a", a_dims, a), ("b", b_dims, b)):
+        for letter, size in zip(dims, x.shape):
+            if sizes.setdefault(letter, size) != size:
+                raise ValueError(
+                    f"{name}: dim {letter!r} has size {size}, but another operand has {sizes[letter]} ({expr})"
+                )
+    return sizes
+
+
+def _einsum_expr(expr: Any, table: dict[str, tuple]) -> tuple:
+    if expr not in table:
+        raise ValueError(f"expr: got {expr!r}, expected one of {sorted(table)} (DeepGEMM's einsum expressions)")
+    return table[expr]
+
+
+def einsum_check(expr, a, b, d, c=None, use_cublaslt=False, *, stream=None) -> dict[str, Any]:
+    """The check of ``einsum`` (BF16); derived: ``expr``, ``a``, ``b``, ``d``, ``c``, ``stream``."""
+    a_dims, b_dims, d_dims = _einsum_expr(expr, EINSUM_EXPRS)
+    _tensor("a", a, (torch.bfloat16,), 3)
+    _tensor("b", b, (torch.bfloat16,), 3)
+    sizes = _einsum_sizes(expr, a_dims, b_dims, a, b)
+    out_shape = [sizes[x] for x in d_dims]
+    _tensor("d", d, OUT_DTYPES, len(out_shape))
+    _shape("d", d, out_shape, f"[{', '.join(d_dims.upper())}]")
+    if c is not None:
+        _tensor("c", c, (d.dtype,), len(out_shape))
+        _shape("c", c, out_shape, "d's shape")
+    _bool("use_cublaslt", use_cublaslt)
+    _stream(stream)
+    _same_device(a=a, b=b, d=d, c=c)
+    return dict(expr=expr, a=a, b=b, d=d, c=c, stream=stream)
+
+
+def fp8_einsum_check(expr, a, b, d, c=None, recipe=(1, 128, 128), *, stream=None) -> dict[str, Any]:
+    """The check of ``fp8_einsum``: scales in the data's orientation, ``/128`` along K (and along N for 128x128).
+
+    ``bhr,hdr->bhd`` / ``bhd,hdr->bhr``: sa ``[B, H, K/128]``; sb ``[H, D/128, R/128]`` (recipe
+    ``(1, 128, 128)``). ``bhd,bhr->hdr`` (recipe ``(1, 1, 128)``): sa ``[B/128, H, D]``, sb ``[B/128, H, R]``.
+    Derived: ``expr``, ``a``, ``b``, ``d``, ``c``, ``recipe``, ``stream``.
+    """
+    a_dims, b_dims, d_dims, k_dim = _einsum_expr(expr, FP8_EINSUM_EXPRS)
+    a_data, sa, b_data, sb = _operands(True, a, b, 3, 3)
+    sizes = _einsum_sizes(expr, a_dims, b_dims, a_data, b_data)
+    rec = _int_tuple("recipe", recipe, 3)
+    _gran_k("recipe", rec[2])
+    want = (1, 1, 128) if k_dim == "b" else (1, 128, 128)
+    if rec != want:
+        raise ValueError(f"recipe: {expr} takes recipe {want}, got {rec}")
+
+    def scale_shape(dims: str, per_block: str) -> list[int]:
+        return [_ceil_div(sizes[x], BLOCK) if x in per_block else sizes[x] for x in dims]
+
+    if k_dim == "b":
+        sa_shape, sb_shape = scale_shape(a_dims, "b"), scale_shape(b_dims, "b")
+    else:
+        sa_shape, sb_shape = scale_shape(a_dims, k_dim), scale_shape(b_dims, "dr")
+    _shape("a[1] (scales)", sa, sa_shape, "in the data's orientation")
+    _shape("b[1] (scales)", sb, sb_shape, "in the data's orientation")
+    out_shape = [sizes[x] for x in d_dims]
+    _output("d", d, OUT_DTYPES, out_shape, f"[{', '.join(d_dims.upper())}]")
+    _addend(c, OUT_DTYPES, out_shape, "d's shape")
+    _stream(stream)
+    _same_device(a=a_data, b=b_data, d=d, c=c, a_scales=sa, b_scales=sb)
+    return dict(expr=expr, a=(a_data, sa), b=(b_data, sb), d=d, c=c, recipe=rec, stream=stream)
+
+
+def tf32_hc_prenorm_gemm_check(a, b, d, sqr_sum, num_splits=None, *, stream=None) -> dict[str, Any]:
+    """The check of ``tf32_hc_prenorm_gemm``; derived: ``a``, ``b``, ``d``, ``sqr_sum``, ``num_splits``, ``stream``."""
+    _tensor("a", a, (torch.bfloat16,), 2)
+    _tensor("b", b, (torch.float32,), 2)
+    (m, k), (n, kb) = a.shape, b.shape
+    if k != kb:
+        raise ValueError(f"a [M, K] has shape {list(a.shape)} but b [N, K] has {list(b.shape)}")
+    if num_splits is None:
+        _output("d", d, (torch.float32,), [m, n], "[M, N]")
+        _output("sqr_sum", sqr_sum, (torch.float32,), [m], "[M]")
+    else:
+        _int("num_splits", num_splits, 1)
+        _output("d", d, (torch.float32,), [num_splits, m, n], "[num_splits, M, N]")
+        _output("sqr_sum", sqr_sum, (torch.float32,), [num_splits, m], "[num_splits, M]")
+    _stream(stream)
+    _same_device(a=a, b=b, d=d, sqr_sum=sqr_sum)
+    return dict(a=a, b=b, d=d, sqr_sum=sqr_sum, num_splits=num_splits, stream=stream)

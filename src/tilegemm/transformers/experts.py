@@ -106,12 +106,13 @@ def grouped_linear(
     """``y[r] = x[r] @ W[g(r)].T`` (or ``@ W[g(r)]`` when ``transposed``) for rows grouped by ``offs``.
 
     x: [S, K] sorted by group; weight: [E, N, K] (``[E, K, N]`` when ``transposed``); offs: int32 [E]
-    cumulative ends. Rows past ``offs[-1]`` come out 0. Returns [S, N] in ``x.dtype``.
+    cumulative ends in ``torch._grouped_mm``'s unaligned meaning (``alignment=1``). Rows past ``offs[-1]``
+    come out 0. Returns [S, N] in ``x.dtype``.
     """
     n = weight.shape[-1] if transposed else weight.shape[-2]
     d = torch.empty(x.shape[0], n, dtype=out_dtype(x.dtype), device=x.device)
     name = "m_grouped_bf16_gemm_nn_contiguous" if transposed else "m_grouped_bf16_gemm_nt_contiguous"
-    run_op(name, backend, a=x, b=weight, d=d, m_indices=offs, use_psum_layout=True)
+    run_op(name, backend, a=x, b=weight, d=d, grouped_layout=offs, use_psum_layout=True, alignment=1)
     return d if d.dtype == x.dtype else d.to(x.dtype)
 
 
@@ -132,9 +133,9 @@ def grouped_linear_fp8(
         a=x_fp8,
         b=weight_fp8,
         d=d,
-        m_indices=offs,
+        grouped_layout=offs,
         use_psum_layout=True,
-        disable_ue8m0_cast=False,
+        alignment=1,
     )
     return d if d.dtype == x.dtype else d.to(x.dtype)
 

@@ -39,7 +39,7 @@ class TileGemmLinear(nn.Linear):
 
             a = per_token_cast_to_fp8(x2.contiguous())
             w = cached_fp8_weight(self, "weight")
-            run_op("fp8_gemm_nt", self._tilegemm_backend, a=a, b=w, **common, recipe=None, disable_ue8m0_cast=False)
+            run_op("fp8_gemm_nt", self._tilegemm_backend, a=a, b=w, **common)
         else:
             run_op("bf16_gemm_nt", self._tilegemm_backend, a=x2, b=self.weight, **common)
         y = d.to(x2.dtype) if d.dtype != x2.dtype else d

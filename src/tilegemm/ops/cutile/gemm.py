@@ -31,6 +31,7 @@ import torch
 
 from tilegemm import config as tg_config
 from tilegemm.backend.registry import Unsupported, register_impl
+from tilegemm.ops.common import write_head_splits
 from tilegemm.ops.cutile import decode, heuristics, launch
 
 ConstInt = ct.Constant[int]
@@ -549,8 +550,9 @@ def fp8_gemm(
 ) -> torch.Tensor:
     """FP8 block-scaled GEMM for ``layout`` in nt/nn/tn/tt (see ops/api.py); operands are (fp8, fp32 scales).
 
-    Non-K-major operands are copied to K-major (Hopper FP8 MMAs read K-major data only).
-    ``config`` as in :func:`bf16_gemm`.
+    ``a``/``b`` data are stored in ``layout``; their scales are logical (sa [M, K/128], sb [N/128, K/128]
+    or [N, K/128]) and ``recipe`` is resolved (the checks do both). Non-K-major operands are copied to
+    K-major (Hopper FP8 MMAs read K-major data only). ``config`` as in :func:`bf16_gemm`.
     """
     has_c = _has_c(c, beta)
     a_data, sa = a
@@ -578,13 +580,12 @@ def fp8_gemm(
 
 def _fp8_plan(layout: str, a_data, sa, b_data, sb, d, c, recipe, config) -> Runner:
     """Build the launch plan of an FP8 call (see :func:`fp8_gemm`)."""
-    from tilegemm.ops import checks
 
     la = _logical(a_data, layout[0] == "t")
     lb = _logical(b_data, layout[1] == "n")
     m, k = la.shape
     n = lb.shape[0]
-    rec = checks.infer_recipe(sb, n, k, recipe)
+    rec = tuple(recipe)
     trivial = _trivial_plan(m, n, k)
     if trivial is not None:
         return trivial
@@ -634,15 +635,25 @@ def _fp8_swap(a, b) -> tuple:
 # --------------------------------------------------------------------------- registration
 
 
-def _register(layout: str) -> None:
-    @register_impl(f"bf16_gemm_{layout}", "cutile")
-    def _bf16(a, b, d, c=None, alpha=1.0, beta=1.0, stream=None):
-        return bf16_gemm(layout, a, b, d, c, alpha, beta)
+def _bf16_gemm(a, b, d, c, alpha, beta, stream):
+    """cuTile BF16 GEMM of any layout, in the logical ``nt`` form the checks derive (a [M, K], b [N, K] views)."""
+    return bf16_gemm("nt", a, b, d, c, alpha, beta)
 
-    @register_impl(f"fp8_gemm_{layout}", "cutile")
-    def _fp8(a, b, d, c=None, alpha=1.0, beta=1.0, recipe=None, disable_ue8m0_cast=False, stream=None):
-        return fp8_gemm(layout, a, b, d, c, alpha, beta, recipe)
+
+def _fp8_gemm(a, b, d, c, recipe, alpha, beta, stream):
+    """cuTile FP8 GEMM of any layout, in the logical ``nt`` form (data and scales transposed together)."""
+    return fp8_gemm("nt", a, b, d, c, alpha, beta, recipe)
+
+
+@register_impl("fp8_gemm_nt_skip_head_mid", "cutile")
+def _fp8_gemm_skip_head_mid(a, b, d, head_splits, recipe, stream):
+    """The FP8 ``nt`` GEMM into a temporary [M, N] of ``d``'s dtype, then placed around each head's gap."""
+    out = torch.empty(a[0].shape[0], b[0].shape[0], dtype=d.dtype, device=d.device)
+    fp8_gemm("nt", a, b, out, None, 1.0, 0.0, recipe)
+    return write_head_splits(d, out, head_splits)
 
 
 for _layout in ("nt", "nn", "tn", "tt"):
-    _register(_layout)
+    register_impl(f"bf16_gemm_{_layout}", "cutile")(_bf16_gemm)
+    register_impl(f"fp8_fp4_gemm_{_layout}", "cutile")(_fp8_gemm)
+del _layout

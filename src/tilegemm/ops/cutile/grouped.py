@@ -680,32 +680,39 @@ def _contiguous_kind(use_psum_layout: bool) -> int:
     return KIND_PSUM if use_psum_layout else KIND_INDICES
 
 
-@register_impl("m_grouped_bf16_gemm_nt_contiguous", "cutile")
-def m_grouped_bf16_gemm_nt_contiguous(a, b, d, m_indices, use_psum_layout, stream):
-    """``d[r] = a[r] @ b[group(r)].T``; see ``tilegemm.ops.api``."""
+def _stored_weights(b: Any) -> tuple[Any, bool]:
+    """The logical [G, N, K] weights (or (data, scales)) as the kernel takes them: (operand, trans_b).
+
+    A transposed view of [G, K, N] storage (the ``nn`` ops) goes in as that storage with
+    ``trans_b=False``, so it is not copied; the scales stay logical.
+    """
+    data = b[0] if isinstance(b, tuple) else b
+    if data.stride(-1) != 1 and data.stride(-2) == 1:
+        stored = data.transpose(1, 2)
+        return ((stored, b[1]) if isinstance(b, tuple) else stored), False
+    return b, True
+
+
+def _m_grouped_bf16(a, b, d, grouped_layout, use_psum_layout, alignment, stream):
+    """BF16 m-grouped contiguous (nt and nn): ``d[r] = a[r] @ b[group(r)].T`` with logical b [G, N, K]."""
+    op = "m_grouped_bf16_gemm_contiguous"
+    b, trans_b = _stored_weights(b)
     kind = _contiguous_kind(use_psum_layout)
-    return _m_grouped("m_grouped_bf16_gemm_nt_contiguous", a, b, d, m_indices, kind, True, False, 0, 1)
+    return _m_grouped(op, a, b, d, grouped_layout, kind, trans_b, False, 0, alignment)
 
 
-@register_impl("m_grouped_bf16_gemm_nn_contiguous", "cutile")
-def m_grouped_bf16_gemm_nn_contiguous(a, b, d, m_indices, use_psum_layout, stream):
-    """``d[r] = a[r] @ b[group(r)]``; see ``tilegemm.ops.api``."""
+def _m_grouped_fp8(a, b, d, grouped_layout, use_psum_layout, alignment, stream):
+    """FP8 m-grouped contiguous (nt and nn), 1x128 LHS / 128x128 RHS scales, logical b [G, N, K]."""
+    op = "m_grouped_fp8_fp4_gemm_contiguous"
+    b, trans_b = _stored_weights(b)
     kind = _contiguous_kind(use_psum_layout)
-    return _m_grouped("m_grouped_bf16_gemm_nn_contiguous", a, b, d, m_indices, kind, False, False, 0, 1)
+    return _m_grouped(op, a, b, d, grouped_layout, kind, trans_b, True, 0, alignment)
 
 
-@register_impl("m_grouped_fp8_gemm_nt_contiguous", "cutile")
-def m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices, use_psum_layout, disable_ue8m0_cast, stream):
-    """FP8 m-grouped NT, 1x128 LHS / 128x128 RHS scales; see ``tilegemm.ops.api``."""
-    kind = _contiguous_kind(use_psum_layout)
-    return _m_grouped("m_grouped_fp8_gemm_nt_contiguous", a, b, d, m_indices, kind, True, True, 0, 1)
-
-
-@register_impl("m_grouped_fp8_gemm_nn_contiguous", "cutile")
-def m_grouped_fp8_gemm_nn_contiguous(a, b, d, m_indices, use_psum_layout, disable_ue8m0_cast, stream):
-    """FP8 m-grouped NN, 1x128 LHS / 128x128 RHS scales; see ``tilegemm.ops.api``."""
-    kind = _contiguous_kind(use_psum_layout)
-    return _m_grouped("m_grouped_fp8_gemm_nn_contiguous", a, b, d, m_indices, kind, False, True, 0, 1)
+for _layout in ("nt", "nn"):
+    register_impl(f"m_grouped_bf16_gemm_{_layout}_contiguous", "cutile")(_m_grouped_bf16)
+    register_impl(f"m_grouped_fp8_fp4_gemm_{_layout}_contiguous", "cutile")(_m_grouped_fp8)
+del _layout
 
 
 @register_impl("m_grouped_bf16_gemm_nt_masked", "cutile")
@@ -714,21 +721,22 @@ def m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, expected_m, stream):
     return _m_grouped("m_grouped_bf16_gemm_nt_masked", a, b, d, masked_m, KIND_MASKED, True, False, expected_m)
 
 
-@register_impl("m_grouped_fp8_gemm_nt_masked", "cutile")
-def m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m, disable_ue8m0_cast, stream):
+@register_impl("m_grouped_fp8_fp4_gemm_nt_masked", "cutile")
+def m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m, stream):
     """Masked FP8 m-grouped NT: rows ``>= masked_m[g]`` untouched; see ``tilegemm.ops.api``."""
-    return _m_grouped("m_grouped_fp8_gemm_nt_masked", a, b, d, masked_m, KIND_MASKED, True, True, expected_m)
+    return _m_grouped("m_grouped_fp8_fp4_gemm_nt_masked", a, b, d, masked_m, KIND_MASKED, True, True, expected_m)
 
 
 @register_impl("k_grouped_bf16_gemm_tn_contiguous", "cutile")
-def k_grouped_bf16_gemm_tn_contiguous(a, b, d, ks, ks_tensor, c, stream):
+def k_grouped_bf16_gemm_tn_contiguous(a, b, d, ks_cpu, grouped_layout, c, stream):
     """``d[g] = a_g.T @ b_g (+ c[g])``, fp32 out; see ``tilegemm.ops.api``."""
-    return _k_grouped("k_grouped_bf16_gemm_tn_contiguous", a, b, d, ks, ks_tensor, c, False)
+    return _k_grouped("k_grouped_bf16_gemm_tn_contiguous", a, b, d, ks_cpu, grouped_layout, c, False)
 
 
-@register_impl("k_grouped_fp8_gemm_tn_contiguous", "cutile")
-def k_grouped_fp8_gemm_tn_contiguous(a, b, d, ks, ks_tensor, c, stream):
-    """FP8 k-grouped TN with 1x128 scales along K; see ``tilegemm.ops.api``."""
-    if any(k % 128 for k in ks):
-        raise Unsupported("k-grouped FP8 needs every ks[g] to be a multiple of 128")
-    return _k_grouped("k_grouped_fp8_gemm_tn_contiguous", a, b, d, ks, ks_tensor, c, True)
+def _k_grouped_fp8(a, b, d, ks_cpu, grouped_layout, c, stream):
+    """FP8 k-grouped in the ``tn`` form (the ``nt`` op's groups gathered by the checks), 1x128 scales along K."""
+    return _k_grouped("k_grouped_fp8_gemm_contiguous", a, b, d, ks_cpu, grouped_layout, c, True)
+
+
+register_impl("k_grouped_fp8_gemm_tn_contiguous", "cutile")(_k_grouped_fp8)
+register_impl("k_grouped_fp8_gemm_nt_contiguous", "cutile")(_k_grouped_fp8)

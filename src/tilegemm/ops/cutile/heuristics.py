@@ -11,6 +11,7 @@ Other kernel families add their own section below (grouped, MQA).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from tilegemm.env import PRINT_CONFIGS, env_flag

@@ -13,7 +13,7 @@ the padded heads load as zeros with zero weights.
   so cost follows the valid pairs. ``-inf`` outside the windows comes from the output's
   initial fill (``torch.full``) plus the in-tile mask.
 * ``get_paged_mqa_logits_metadata``: torch ops on the device (no host sync), the same balanced
-  split as the reference backend (split size from :func:`paged_mqa_split_kv`).
+  split as the reference backend (split size from ``ops.common.paged_mqa_split_kv``).
 * ``fp8_paged_mqa_logits``: a persistent kernel; ``parts`` CTAs share schedule row i (the splits
   from row i to row i + 1, round-robin), so several dependent gathers are in flight per SM; each
   chunk of a split gathers its KV-cache blocks with one indexed (TMA) load.
@@ -28,6 +28,7 @@ import cuda.tile as ct
 import torch
 
 from tilegemm.backend.registry import Unsupported, register_impl
+from tilegemm.ops.common import compress_logits, paged_mqa_split_kv
 from tilegemm.ops.cutile.heuristics import (
     MqaConfig,
     PagedMqaConfig,
@@ -35,7 +36,6 @@ from tilegemm.ops.cutile.heuristics import (
     mqa_logits_config,
     paged_mqa_config,
 )
-from tilegemm.ops.reference.mqa import paged_mqa_split_kv
 
 ZERO = ct.PaddingMode.ZERO
 NEG_INF = float("-inf")
@@ -253,23 +253,40 @@ def launch_mqa_logits(
     _launch((ct.cdiv(s, conf.bq), 1, 1), kernel or mqa_logits_kernel, args)
 
 
-@register_impl("fp8_mqa_logits", "cutile")
-def fp8_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits, stream):
-    """cuTile ``fp8_mqa_logits``: fp32 [S, S_kv]; ``-inf`` outside ``[ks, ke)`` when ``clean_logits``."""
+def _pad_head_dim(x: torch.Tensor, d: int) -> torch.Tensor:
+    """``x [..., D]`` zero-padded to ``[..., d]`` (dot products are unchanged: the padding adds exact zeros)."""
+    return x if x.shape[-1] == d else torch.nn.functional.pad(x, (0, d - x.shape[-1]))
+
+
+def fp8_mqa_logits(
+    q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits, max_seqlen_k, logits_dtype, stream
+):
+    """cuTile MQA logits: the fp32 [S, S_kv] kernel, then (host side) compression and the cast to ``logits_dtype``.
+
+    Head dim 32 runs the D = 64 kernel on zero-padded ``q`` and ``kv``; bf16 weights are read as fp32.
+    """
     kv_data, kv_scale = kv
     if q.dtype != torch.float8_e4m3fn or kv_data.dtype != torch.float8_e4m3fn:
         raise Unsupported(f"fp8_mqa_logits needs float8_e4m3fn q and kv, got {q.dtype} and {kv_data.dtype}")
     s, h, d = q.shape
+    if d == 32:
+        q, kv_data, d = _pad_head_dim(q, 64), _pad_head_dim(kv_data, 64), 64
     s_kv = kv_data.shape[0]
     conf = mqa_logits_config(h, d)
     if conf is None:
-        raise Unsupported(f"fp8_mqa_logits: H={h}, D={d} not supported (H <= 128, D in {{64, 128}})")
+        raise Unsupported(f"fp8_mqa_logits: H={h}, D={d} not supported (H <= 128, D in {{32, 64, 128}})")
     _check_arch(q)
     maybe_print_mqa_config("fp8_mqa_logits", {"S": s, "S_kv": s_kv, "H": h, "D": d}, conf)
     out = _new_logits(s, s_kv, clean_logits, q.device)
     if s and s_kv:
         launch_mqa_logits(q, kv_data, kv_scale, weights, cu_seq_len_k_start, cu_seq_len_k_end, out, conf)
-    return out
+    if max_seqlen_k:
+        out = compress_logits(out, cu_seq_len_k_start, max_seqlen_k)
+    return out.to(logits_dtype)
+
+
+register_impl("fp8_fp4_mqa_logits", "cutile")(fp8_mqa_logits)
+register_impl("fp8_mqa_logits", "cutile")(fp8_mqa_logits)
 
 
 @register_impl("get_paged_mqa_logits_metadata", "cutile")
@@ -341,11 +358,10 @@ def launch_paged_mqa_logits(
     _launch(grid, kernel or paged_kernel_for(conf.occupancy), args)
 
 
-@register_impl("fp8_paged_mqa_logits", "cutile")
 def fp8_paged_mqa_logits(
-    q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, clean_logits, stream
+    q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, clean_logits, logits_dtype, stream
 ):
-    """cuTile ``fp8_paged_mqa_logits``: fp32 [B * next_n, max_context_len] over DeepGEMM's cache layout."""
+    """cuTile paged MQA logits: the fp32 [B * next_n, max_context_len] kernel, then the cast to ``logits_dtype``."""
     if q.dtype != torch.float8_e4m3fn:
         raise Unsupported(f"fp8_paged_mqa_logits needs float8_e4m3fn q, got {q.dtype}")
     batch, next_n, h, d = q.shape
@@ -365,4 +381,8 @@ def fp8_paged_mqa_logits(
     out = _new_logits(batch * next_n, int(max_context_len), clean_logits, q.device)
     if out.numel() and num_blocks and schedule_meta.shape[0] > 1:
         launch_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, schedule_meta, out, conf)
-    return out
+    return out.to(logits_dtype)
+
+
+register_impl("fp8_fp4_paged_mqa_logits", "cutile")(fp8_paged_mqa_logits)
+register_impl("fp8_paged_mqa_logits", "cutile")(fp8_paged_mqa_logits)

@@ -31,6 +31,13 @@ def exact_matmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.matmul(x, y)
 
 
+def exact_einsum(expr: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``torch.einsum(expr, x, y)`` of fp32 inputs with full fp32 products (float64 where TF32 is enabled)."""
+    if x.is_cuda and _cuda_tf32_enabled():
+        return torch.einsum(expr, x.double(), y.double()).float()
+    return torch.einsum(expr, x, y)
+
+
 def expand_scales(sf: torch.Tensor, rows: int, cols: int, gran_rows: int, gran_cols: int) -> torch.Tensor:
     """Broadcast per-block scales ``[..., ceil(rows/gran_rows), ceil(cols/gran_cols)]`` to ``[..., rows, cols]``.
 

@@ -1,69 +1,71 @@
-"""Dense BF16 and FP8 GEMMs of the ``pytorch`` backend, in the four layouts nt/nn/tn/tt.
+"""Dense GEMMs of the ``pytorch`` backend: BF16, FP8, skip-head-mid FP8, and the TF32 pre-norm GEMM.
 
-``D = alpha * A @ B.T + beta * C`` with A logical [M, K] and B logical [N, K], computed in fp32
-on the inputs' device and rounded once into ``d``. FP8 operands are dequantized with their
-fp32 scales first (1x128 LHS; 128x128 or 1x128 RHS), which is the block-scaled formula of
-docs/design.md up to fp32 rounding.
+Every layout reaches here in the logical ``nt`` form (``ops/checks.py`` collapses them): A [M, K],
+B [N, K], ``D = alpha * A @ B.T + beta * C`` computed in fp32 on the inputs' device and rounded
+once into ``d``. FP8 operands are dequantized with their fp32 scales first (1x128 LHS; 128x128 or
+1x128 RHS), which is the block-scaled formula of docs/design.md up to fp32 rounding.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from tilegemm.backend.registry import register_impl
-from tilegemm.ops.reference._common import SCALE_K, SCALE_MN, dequant, epilogue, exact_matmul
+from tilegemm.ops.common import write_head_splits
+from tilegemm.ops.reference._common import SCALE_K, dequant, epilogue, exact_matmul
 
 LAYOUTS = ("nt", "nn", "tn", "tt")
 
 
-def logical_lhs(a: torch.Tensor, layout: str) -> torch.Tensor:
-    """A as [M, K]: ``a`` for ``n*`` layouts, ``a.T`` for ``t*`` layouts (a view)."""
-    return a if layout[0] == "n" else a.t()
+def dense_bf16(a, b, d, c, alpha, beta, stream):
+    """Reference BF16 GEMM (any layout, logical form): fp32 product of the inputs, one rounding into ``d``."""
+    acc = exact_matmul(a.float(), b.float().t())
+    return epilogue(d, acc, c, alpha, beta)
 
 
-def logical_rhs(b: torch.Tensor, layout: str) -> torch.Tensor:
-    """B as [N, K]: ``b`` for ``*t`` layouts, ``b.T`` for ``*n`` layouts (a view)."""
-    return b if layout[1] == "t" else b.t()
+def fp8_product(a, b, recipe) -> torch.Tensor:
+    """fp32 ``A @ B.T`` of the dequantized logical operands ``(data, scales)`` under ``recipe``."""
+    (a_data, sa), (b_data, sb) = a, b
+    return exact_matmul(dequant(a_data, sa, 1, SCALE_K), dequant(b_data, sb, recipe[1], SCALE_K).t())
 
 
-def rhs_scale_granularity(sb: torch.Tensor, n: int, recipe: tuple[int, int, int] | None) -> int:
-    """Rows of B per RHS scale row: 1 for recipe (1, 1, 128), 128 for (1, 128, 128).
-
-    With ``recipe=None`` it is inferred from ``sb``'s shape: ``[N, ...]`` means per-row unless
-    ``N == ceil(N/128)`` (N <= 1), where both readings give the same math.
-    """
-    if recipe is not None:
-        return int(recipe[1])
-    return 1 if sb.shape[-2] == n and n > 1 else SCALE_MN
-
-
-def _dense_bf16(layout: str) -> Callable[..., torch.Tensor]:
-    def impl(a, b, d, c, alpha, beta, stream):
-        acc = exact_matmul(logical_lhs(a, layout).float(), logical_rhs(b, layout).float().t())
-        return epilogue(d, acc, c, alpha, beta)
-
-    impl.__name__ = f"bf16_gemm_{layout}"
-    impl.__doc__ = f"Reference ``bf16_gemm_{layout}``: fp32 product of the bf16 inputs, one rounding into ``d``."
-    return impl
-
-
-def _dense_fp8(layout: str) -> Callable[..., torch.Tensor]:
-    def impl(a, b, d, c, alpha, beta, recipe, disable_ue8m0_cast, stream):
-        (a_data, sa), (b_data, sb) = a, b
-        lhs = logical_lhs(a_data, layout)
-        rhs = logical_rhs(b_data, layout)
-        gran_n = rhs_scale_granularity(sb, rhs.shape[0], recipe)
-        acc = exact_matmul(dequant(lhs, sa, 1, SCALE_K), dequant(rhs, sb, gran_n, SCALE_K).t())
-        return epilogue(d, acc, c, alpha, beta)
-
-    impl.__name__ = f"fp8_gemm_{layout}"
-    impl.__doc__ = f"Reference ``fp8_gemm_{layout}``: fp32 product of the dequantized operands."
-    return impl
+def dense_fp8(a, b, d, c, recipe, alpha, beta, stream):
+    """Reference FP8 GEMM (any layout, logical form): fp32 product of the dequantized operands."""
+    return epilogue(d, fp8_product(a, b, recipe), c, alpha, beta)
 
 
 for _layout in LAYOUTS:
-    register_impl(f"bf16_gemm_{_layout}", "pytorch")(_dense_bf16(_layout))
-    register_impl(f"fp8_gemm_{_layout}", "pytorch")(_dense_fp8(_layout))
+    register_impl(f"bf16_gemm_{_layout}", "pytorch")(dense_bf16)
+    register_impl(f"fp8_fp4_gemm_{_layout}", "pytorch")(dense_fp8)
 del _layout
+
+
+@register_impl("fp8_gemm_nt_skip_head_mid", "pytorch")
+def fp8_gemm_nt_skip_head_mid(a, b, d, head_splits, recipe, stream):
+    """Reference skip-head-mid GEMM: the FP8 ``nt`` product rounded once, placed around each head's gap."""
+    return write_head_splits(d, fp8_product(a, b, recipe).to(d.dtype), head_splits)
+
+
+def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
+    """fp32 ``x`` rounded to TF32 (10 mantissa bits), to nearest with ties away from zero (``cvt.rna``)."""
+    bits = x.float().contiguous().view(torch.int32)
+    finite = (bits & 0x7F800000) != 0x7F800000
+    rounded = (bits + 0x1000) & ~0x1FFF
+    return torch.where(finite, rounded, bits).view(torch.float32)
+
+
+@register_impl("tf32_hc_prenorm_gemm", "pytorch")
+def tf32_hc_prenorm_gemm(a, b, d, sqr_sum, num_splits, stream):
+    """Reference pre-norm GEMM: ``a @ tf32(b).T`` and ``sum_k a^2`` in fp32; K split evenly for ``num_splits``."""
+    a32, b32 = a.float(), round_to_tf32(b)
+    if num_splits is None:
+        d.copy_(exact_matmul(a32, b32.t()))
+        sqr_sum.copy_(a32.square().sum(-1))
+        return d
+    k = a.shape[1]
+    step = -(-k // num_splits)
+    for s in range(num_splits):
+        k0, k1 = min(k, s * step), min(k, (s + 1) * step)
+        d[s].copy_(exact_matmul(a32[:, k0:k1], b32[:, k0:k1].t()))
+        sqr_sum[s].copy_(a32[:, k0:k1].square().sum(-1))
+    return d

@@ -3,15 +3,17 @@
 All of it runs on the inputs' device in fp32 without host synchronisation (no ``.item()``,
 no boolean indexing), chunked so temporaries stay near ``CHUNK_BYTES``:
 
-* m-grouped contiguous: the rows are cut into 128-row blocks; a work item is a (block, group)
-  pair, computed as ``a_block @ b[group].T`` and kept only on the rows of that group. With the
-  ``m_indices`` layout there is one item per block (its group is the largest id in the block,
-  the aligned-segment contract); with ``use_psum_layout`` a block may span several groups and
-  there are at most ``num_blocks + G`` items. Rows marked ``-1`` (or past ``offs[-1]``) are
+* m-grouped contiguous (B in the logical [G, N, K] form for both layouts): the rows are cut into
+  128-row blocks; a work item is a (block, group) pair, computed as ``a_block @ b[group].T`` and
+  kept only on the rows of that group. With the row-index layout there is one item per block
+  (its group is the largest id in the block, the aligned-segment contract); with
+  ``use_psum_layout`` a block may span several groups and there are at most ``num_blocks + G``
+  items. Group g of the psum layout is rows ``[align(ends[g-1], alignment), ends[g])``. Rows of
+  no group (``-1`` rows, psum gaps before an aligned start, rows past the last group) are
   written as 0. A row whose id breaks the contract (out of range, or a different group than its
   block, only possible with value checks off) is written as NaN: never a silent wrong answer.
 * masked: one batched product per chunk of groups; rows ``>= masked_m[g]`` keep ``d``'s bits.
-* k-grouped: one product per group over its K slice (``ks`` is a host list).
+* k-grouped (the ``tn`` form): one product per group over its K slice (``ks_cpu`` is a host list).
 """
 
 from __future__ import annotations
@@ -31,24 +33,28 @@ LoadB = Callable[[torch.Tensor], torch.Tensor]
 
 
 def _row_groups_and_items(
-    m_indices: torch.Tensor, m_sum: int, num_groups: int, use_psum_layout: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    grouped_layout: torch.Tensor, m_sum: int, num_groups: int, use_psum_layout: bool, alignment: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-row group ids and the (block, group) work items of an m-grouped contiguous call.
 
-    Returns ``row_group`` int64 [num_blocks * 128] (padded rows get -1), ``zero_rows`` bool (rows
-    written as 0), and the items ``item_block``, ``item_group`` (int64) and ``item_valid`` (bool).
+    Returns ``row_group`` int64 [num_blocks * 128] (-1 for rows of no group: padding, psum gaps, rows
+    past the end) and the items ``item_block``, ``item_group`` (int64) and ``item_valid`` (bool).
     """
-    device = m_indices.device
+    device = grouped_layout.device
     num_blocks = -(-m_sum // BLOCK_M)
     rows_padded = num_blocks * BLOCK_M
     if use_psum_layout:
+        ends = grouped_layout.long().contiguous()
         rows = torch.arange(rows_padded, device=device, dtype=torch.int64)
-        row_group = torch.searchsorted(m_indices.long().contiguous(), rows, right=True)
-        row_group[m_sum:] = -1
-        zero_rows = row_group >= num_groups
-        starts = torch.arange(num_blocks, device=device, dtype=torch.int64) * BLOCK_M
-        g_lo = row_group[starts]
-        g_hi = row_group[(starts + BLOCK_M - 1).clamp(max=m_sum - 1)].clamp(max=num_groups - 1)
+        seg = torch.searchsorted(ends, rows, right=True)  # g with ends[g-1] <= r < ends[g] (non-decreasing)
+        seg[m_sum:] = num_groups
+        prev = torch.cat([ends.new_zeros(1), ends[:-1]])
+        starts = (prev + alignment - 1) // alignment * alignment
+        gap = rows < starts[seg.clamp(max=num_groups - 1)]
+        row_group = torch.where((seg >= num_groups) | gap, -1, seg)
+        blocks = torch.arange(num_blocks, device=device, dtype=torch.int64) * BLOCK_M
+        g_lo = seg[blocks]
+        g_hi = seg[(blocks + BLOCK_M - 1).clamp(max=m_sum - 1)].clamp(max=num_groups - 1)
         count = (g_hi - g_lo + 1).clamp(min=0)
         cum = count.cumsum(0)
         t = torch.arange(num_blocks + num_groups, device=device, dtype=torch.int64)
@@ -57,19 +63,24 @@ def _row_groups_and_items(
         item_block = item_block.clamp(max=num_blocks - 1)
         item_group = g_lo[item_block] + t - (cum - count)[item_block]
     else:
-        row_group = F.pad(m_indices.long(), (0, rows_padded - m_sum), value=-1)
-        zero_rows = row_group == -1
+        row_group = F.pad(grouped_layout.long(), (0, rows_padded - m_sum), value=-1)
         item_block = torch.arange(num_blocks, device=device, dtype=torch.int64)
         item_group = row_group.view(num_blocks, BLOCK_M).amax(dim=1)
         item_valid = item_group >= 0
     item_valid = item_valid & (item_group < num_groups)
-    return row_group, zero_rows, item_block, item_group, item_valid
+    return row_group, item_block, item_group, item_valid
 
 
 def m_grouped_contiguous(
-    a32: torch.Tensor, load_b: LoadB, num_groups: int, d: torch.Tensor, m_indices: torch.Tensor, use_psum_layout: bool
+    a32: torch.Tensor,
+    load_b: LoadB,
+    num_groups: int,
+    d: torch.Tensor,
+    grouped_layout: torch.Tensor,
+    use_psum_layout: bool,
+    alignment: int,
 ) -> torch.Tensor:
-    """Write ``d[r] = a32[r] @ load_b(group(r)).T`` (0 for padding rows); see the module doc.
+    """Write ``d[r] = a32[r] @ load_b(group(r)).T`` (0 for rows of no group); see the module doc.
 
     ``a32``: fp32 [M_sum, K]. ``load_b(idx)``: fp32 [len(idx), N, K] for an int64 group-index tensor.
     """
@@ -77,9 +88,12 @@ def m_grouped_contiguous(
     n = d.shape[1]
     if m_sum == 0:
         return d
-    row_group, zero_rows, item_block, item_group, item_valid = _row_groups_and_items(
-        m_indices, m_sum, num_groups, use_psum_layout
+    if num_groups == 0:  # every row is padding (or, unchecked, an out-of-range id)
+        return d.zero_()
+    row_group, item_block, item_group, item_valid = _row_groups_and_items(
+        grouped_layout, m_sum, num_groups, use_psum_layout, alignment
     )
+    zero_rows = row_group == -1
     num_blocks = row_group.numel() // BLOCK_M
     a_blocks = F.pad(a32, (0, 0, 0, num_blocks * BLOCK_M - m_sum)).view(num_blocks, BLOCK_M, k)
     group_blocks = row_group.view(num_blocks, BLOCK_M)
@@ -103,44 +117,30 @@ def m_grouped_contiguous(
     return d
 
 
-@register_impl("m_grouped_bf16_gemm_nt_contiguous", "pytorch")
-def m_grouped_bf16_gemm_nt_contiguous(a, b, d, m_indices, use_psum_layout, stream):
-    """Reference m-grouped BF16 NT: b [G, N, K]."""
-    return m_grouped_contiguous(
-        a.float(), lambda idx: b.index_select(0, idx).float(), b.shape[0], d, m_indices, use_psum_layout
-    )
+def m_grouped_bf16(a, b, d, grouped_layout, use_psum_layout, alignment, stream):
+    """Reference m-grouped BF16 (nt and nn): b in the logical [G, N, K] form."""
+
+    def load_b(idx: torch.Tensor) -> torch.Tensor:
+        return b.index_select(0, idx).float()
+
+    return m_grouped_contiguous(a.float(), load_b, b.shape[0], d, grouped_layout, use_psum_layout, alignment)
 
 
-@register_impl("m_grouped_bf16_gemm_nn_contiguous", "pytorch")
-def m_grouped_bf16_gemm_nn_contiguous(a, b, d, m_indices, use_psum_layout, stream):
-    """Reference m-grouped BF16 NN: b [G, K, N]."""
-    return m_grouped_contiguous(
-        a.float(), lambda idx: b.index_select(0, idx).float().transpose(1, 2), b.shape[0], d, m_indices, use_psum_layout
-    )
+def m_grouped_fp8(a, b, d, grouped_layout, use_psum_layout, alignment, stream):
+    """Reference m-grouped FP8 (nt and nn): 1x128 LHS scales, 128x128 RHS scales [G, N/128, K/128] (logical)."""
+    (a_data, sa), (b_data, sb) = a, b
+
+    def load_b(idx: torch.Tensor) -> torch.Tensor:
+        return dequant(b_data.index_select(0, idx), sb.index_select(0, idx), SCALE_MN, SCALE_K)
+
+    a32 = dequant(a_data, sa, 1, SCALE_K)
+    return m_grouped_contiguous(a32, load_b, b_data.shape[0], d, grouped_layout, use_psum_layout, alignment)
 
 
-def _fp8_rhs_loader(b: tuple[torch.Tensor, torch.Tensor], transposed: bool) -> LoadB:
-    data, sf = b
-
-    def load(idx: torch.Tensor) -> torch.Tensor:
-        x = data.index_select(0, idx)
-        return dequant(x.transpose(1, 2) if transposed else x, sf.index_select(0, idx), SCALE_MN, SCALE_K)
-
-    return load
-
-
-@register_impl("m_grouped_fp8_gemm_nt_contiguous", "pytorch")
-def m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices, use_psum_layout, disable_ue8m0_cast, stream):
-    """Reference m-grouped FP8 NT: 1x128 LHS scales, 128x128 RHS scales, b [G, N, K]."""
-    a32 = dequant(a[0], a[1], 1, SCALE_K)
-    return m_grouped_contiguous(a32, _fp8_rhs_loader(b, False), b[0].shape[0], d, m_indices, use_psum_layout)
-
-
-@register_impl("m_grouped_fp8_gemm_nn_contiguous", "pytorch")
-def m_grouped_fp8_gemm_nn_contiguous(a, b, d, m_indices, use_psum_layout, disable_ue8m0_cast, stream):
-    """Reference m-grouped FP8 NN: 1x128 LHS scales, 128x128 RHS scales (logical [N/128, K/128]), b [G, K, N]."""
-    a32 = dequant(a[0], a[1], 1, SCALE_K)
-    return m_grouped_contiguous(a32, _fp8_rhs_loader(b, True), b[0].shape[0], d, m_indices, use_psum_layout)
+for _layout in ("nt", "nn"):
+    register_impl(f"m_grouped_bf16_gemm_{_layout}_contiguous", "pytorch")(m_grouped_bf16)
+    register_impl(f"m_grouped_fp8_fp4_gemm_{_layout}_contiguous", "pytorch")(m_grouped_fp8)
+del _layout
 
 
 # ------------------------------------------------------------------------------------ masked
@@ -174,8 +174,8 @@ def m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, expected_m, stream):
     return m_grouped_masked(lambda g0, g1: a[g0:g1].float(), lambda g0, g1: b[g0:g1].float(), d, masked_m, a.shape[2])
 
 
-@register_impl("m_grouped_fp8_gemm_nt_masked", "pytorch")
-def m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m, disable_ue8m0_cast, stream):
+@register_impl("m_grouped_fp8_fp4_gemm_nt_masked", "pytorch")
+def m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m, stream):
     """Reference masked FP8 NT: 1x128 LHS scales [G, Mmax, K/128], 128x128 RHS scales [G, N/128, K/128]."""
     (a_data, sa), (b_data, sb) = a, b
     return m_grouped_masked(
@@ -218,18 +218,21 @@ def k_grouped(
 
 
 @register_impl("k_grouped_bf16_gemm_tn_contiguous", "pytorch")
-def k_grouped_bf16_gemm_tn_contiguous(a, b, d, ks, ks_tensor, c, stream):
+def k_grouped_bf16_gemm_tn_contiguous(a, b, d, ks_cpu, grouped_layout, c, stream):
     """Reference k-grouped BF16 TN: a [K_sum, M], b [K_sum, N], d fp32 [G, M, N]."""
-    return k_grouped(lambda k0, k1: a[k0:k1].float(), lambda k0, k1: b[k0:k1].float(), d, ks, c)
+    return k_grouped(lambda k0, k1: a[k0:k1].float(), lambda k0, k1: b[k0:k1].float(), d, ks_cpu, c)
 
 
-@register_impl("k_grouped_fp8_gemm_tn_contiguous", "pytorch")
-def k_grouped_fp8_gemm_tn_contiguous(a, b, d, ks, ks_tensor, c, stream):
-    """Reference k-grouped FP8 TN: scales sa [K_sum/128, M], sb [K_sum/128, N] (1x128 along K)."""
+def k_grouped_fp8(a, b, d, ks_cpu, grouped_layout, c, stream):
+    """Reference k-grouped FP8 (tn form): scales sa [K_sum/128, M], sb [K_sum/128, N] (1x128 along K)."""
     (a_data, sa), (b_data, sb) = a, b
 
     def load(data: torch.Tensor, sf: torch.Tensor) -> Callable[[int, int], torch.Tensor]:
         # Scales are [K/128, MN]: transpose to the [MN, K] view that ``dequant`` expects.
         return lambda k0, k1: dequant(data[k0:k1].t(), sf[k0 // SCALE_K : -(-k1 // SCALE_K)].t(), 1, SCALE_K).t()
 
-    return k_grouped(load(a_data, sa), load(b_data, sb), d, ks, c)
+    return k_grouped(load(a_data, sa), load(b_data, sb), d, ks_cpu, c)
+
+
+register_impl("k_grouped_fp8_gemm_tn_contiguous", "pytorch")(k_grouped_fp8)
+register_impl("k_grouped_fp8_gemm_nt_contiguous", "pytorch")(k_grouped_fp8)

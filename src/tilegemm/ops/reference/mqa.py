@@ -1,46 +1,35 @@
 """MQA-logits ops of the ``pytorch`` backend (DeepSeek sparse-attention indexer).
 
-* ``fp8_mqa_logits``: ``logits[i, j] = kv_scale[j] * sum_h w[i, h] * relu(q[i, h] . kv[j])`` inside
-  each row's window ``[ks[i], ke[i])``; computed over chunks of query rows so the ``[chunk, H, S_kv]``
-  score temporary stays near ``CHUNK_BYTES``.
-* ``get_paged_mqa_logits_metadata``: the balanced split schedule (see :func:`paged_mqa_split_kv`).
-* ``fp8_paged_mqa_logits``: the same logits over a paged FP8 KV cache, chunked over key columns.
+* ``fp8_fp4_mqa_logits`` / ``fp8_mqa_logits``: ``logits[i, j] = kv_scale[j] * sum_h w[i, h] *
+  relu(q[i, h] . kv[j])`` inside each row's window ``[ks[i], ke[i])``; computed over chunks of query
+  rows so the ``[chunk, H, S_kv]`` score temporary stays near ``CHUNK_BYTES``; compressed
+  (``max_seqlen_k > 0``) and cast to ``logits_dtype`` (one rounding from fp32) at the end.
+* ``get_paged_mqa_logits_metadata``: the balanced split schedule (see ``ops.common.paged_mqa_split_kv``).
+* ``fp8_fp4_paged_mqa_logits`` / ``fp8_paged_mqa_logits``: the same logits over a paged FP8 KV cache,
+  chunked over key columns.
 
 Nothing here synchronises the host, so the ops can be captured in CUDA graphs.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from tilegemm.backend.registry import register_impl
+from tilegemm.ops.common import compress_logits, paged_mqa_split_kv
 from tilegemm.ops.reference._common import chunk_count, exact_matmul
 
-#: Keys per split of the paged-MQA schedule (DeepGEMM's ``SPLIT_KV``), before rounding to ``block_kv``.
-PAGED_MQA_SPLIT_KV = 256
 
-
-def paged_mqa_split_kv(block_kv: int) -> int:
-    """Keys per split of the paged-MQA schedule: ``lcm(PAGED_MQA_SPLIT_KV, block_kv)``.
-
-    That is 256 for every ``block_kv`` dividing 256 (16, 32, 64, 128, 256) and a whole number of
-    KV-cache blocks otherwise, so a split never cuts a block.
-    """
-    return math.lcm(PAGED_MQA_SPLIT_KV, int(block_kv))
-
-
-@register_impl("fp8_mqa_logits", "pytorch")
-def fp8_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits, stream):
-    """Reference ``fp8_mqa_logits``: fp32 [S, S_kv], ``-inf`` outside the windows when ``clean_logits``."""
+def fp8_mqa_logits(
+    q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits, max_seqlen_k, logits_dtype, stream
+):
+    """Reference MQA logits: [S, S_kv] (or [S, max_seqlen_k]) of ``logits_dtype``, ``-inf`` outside the
+    windows when ``clean_logits``."""
     kv_data, kv_scale = kv
     s, h, dim = q.shape
     s_kv = kv_data.shape[0]
     device = q.device
     out = torch.empty(s, s_kv, dtype=torch.float32, device=device)
-    if s == 0:
-        return out
     keys_t = kv_data.float().t()  # [D, S_kv]
     scale = kv_scale.float()
     cols = torch.arange(s_kv, device=device)
@@ -53,7 +42,13 @@ def fp8_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_l
             inside = (cols >= cu_seq_len_k_start[s0:s1, None]) & (cols < cu_seq_len_k_end[s0:s1, None])
             logits = torch.where(inside, logits, float("-inf"))
         out[s0:s1] = logits
-    return out
+    if max_seqlen_k:
+        out = compress_logits(out, cu_seq_len_k_start, max_seqlen_k)
+    return out.to(logits_dtype)
+
+
+register_impl("fp8_fp4_mqa_logits", "pytorch")(fp8_mqa_logits)
+register_impl("fp8_mqa_logits", "pytorch")(fp8_mqa_logits)
 
 
 @register_impl("get_paged_mqa_logits_metadata", "pytorch")
@@ -86,11 +81,10 @@ def _visible_lengths(context_lens: torch.Tensor, next_n: int) -> torch.Tensor:
     return context_lens.long()[:, None] - next_n + t[None, :] + 1
 
 
-@register_impl("fp8_paged_mqa_logits", "pytorch")
 def fp8_paged_mqa_logits(
-    q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, clean_logits, stream
+    q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, clean_logits, logits_dtype, stream
 ):
-    """Reference ``fp8_paged_mqa_logits``: fp32 [B * next_n, max_context_len].
+    """Reference paged MQA logits: [B * next_n, max_context_len] of ``logits_dtype`` (rounded once from fp32).
 
     The KV cache is read in DeepGEMM's byte layout: block ``blk`` holds ``block_kv * D`` FP8 key bytes
     (token-major) and then ``block_kv`` fp32 scales. Block-table entries past a row's visible keys are
@@ -103,7 +97,7 @@ def fp8_paged_mqa_logits(
     device = q.device
     out = torch.empty(batch * next_n, width, dtype=torch.float32, device=device)
     if out.numel() == 0:
-        return out
+        return out.to(logits_dtype)
     raw = kv_cache.reshape(num_blocks, -1)
     key_bytes = raw[:, : block_kv * dim]
     key_scales = raw[:, block_kv * dim : block_kv * (dim + 4)].contiguous().view(torch.float32)  # [blocks, block_kv]
@@ -132,4 +126,8 @@ def fp8_paged_mqa_logits(
             cols = torch.arange(j0, j1, device=device)
             logits = torch.where(cols < visible[..., None], logits, float("-inf"))
         out[:, j0:j1] = logits.reshape(batch * next_n, j1 - j0)
-    return out
+    return out.to(logits_dtype)
+
+
+register_impl("fp8_fp4_paged_mqa_logits", "pytorch")(fp8_paged_mqa_logits)
+register_impl("fp8_paged_mqa_logits", "pytorch")(fp8_paged_mqa_logits)
