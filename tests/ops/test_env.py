@@ -99,7 +99,7 @@ def test_cpu_value_check_runs_with_check_values_off(monkeypatch):
     a = torch.randn(128, 64).bfloat16()
     b = torch.randn(2, 32, 64).bfloat16()
     d = torch.full((128, 32), float("nan"))
-    m_indices = torch.full((128,), 5, dtype=torch.int32)  # group 5 of 2
-    with pytest.raises(ValueError, match="m_indices"):
-        tilegemm.m_grouped_bf16_gemm_nt_contiguous(a, b, d, m_indices, backend="pytorch")
+    grouped_layout = torch.full((128,), 5, dtype=torch.int32)  # group 5 of 2
+    with pytest.raises(ValueError, match="grouped_layout"):
+        tilegemm.m_grouped_bf16_gemm_nt_contiguous(a, b, d, grouped_layout, backend="pytorch")
     assert d.isnan().all()

@@ -304,7 +304,7 @@ def decode_plan(kind: str, cfg: DecodeConfig, m: int, n: int, k: int, sms: int) 
 
 def print_decode_plan(op: str, shape: tuple[int, ...], plan: DecodePlan) -> None:
     """Print a decode plan once per new (op, shape) when ``TILEGEMM_PRINT_CONFIGS=1``."""
-    if os.environ.get("TILEGEMM_PRINT_CONFIGS", "0") in ("", "0"):
+    if not env_flag(PRINT_CONFIGS):
         return
     key = (op, shape, plan)
     if key in _printed:
