@@ -270,11 +270,12 @@ def _m_grouped_body(
             zero = e == -1
         valid = (e >= 0) & (e < num_groups)
 
-        if FP8:
-            if zero:
-                for h in ct.static_iter(range(BM // 64)):
-                    _store_rows(d, g, rb * (BM // 64) + h, nb, ct.full((64, BN), 0.0, dtype=d.dtype), KIND)
-            elif valid:
+        if zero:
+            # One whole-tile store of zeros (two 64-row zero stores in a static loop lost the first one's
+            # data on sm_90: that half of the rows read back as garbage).
+            _store_rows(d, g, rb, nb, ct.full((BM, BN), 0.0, dtype=d.dtype), KIND)
+        elif FP8:
+            if valid:
                 if BM == 128:
                     acc0, acc1 = _fp8_rows2(a, sa, b, sb, g, e, 2 * rb, nb, nk, BN, BK, TRANS_B, FAST, KIND)
                     if KIND == KIND_INDICES:
@@ -293,9 +294,7 @@ def _m_grouped_body(
                         acc0 = _zero_rows_from(acc0, row0, end)
                     _store_rows(d, g, rb, nb, ct.astype(acc0, d.dtype), KIND)
         else:
-            if zero:
-                _store_rows(d, g, rb, nb, ct.full((BM, BN), 0.0, dtype=d.dtype), KIND)
-            elif valid:
+            if valid:
                 acc = _mma_bf16(a, b, g, e, rb, nb, nk, BM, BN, BK, TRANS_B, KIND)
                 if KIND == KIND_INDICES:
                     acc = _mask_padding_rows(acc, index, rb, e, BM)
