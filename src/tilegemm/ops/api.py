@@ -22,6 +22,8 @@ GEMM ops write the caller's ``d`` and return it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from tilegemm.backend.registry import dispatch
@@ -140,6 +142,29 @@ def bf16_gemm_tt(
     beta: float = 1.0,
     stream=None,
 ) -> Tensor: ...
+
+
+# ------------------------------------------------------------------------- cuBLASLt GEMMs
+
+_CUBLASLT_DOC = """DeepGEMM's ``cublaslt_gemm_{layout}``: the BF16 ``{layout}`` GEMM ``D = A @ B.T (+ C)`` by cuBLAS, not a kernel of ours.
+
+    Shapes, dtypes and layouts as :func:`bf16_gemm_{layout}` (``alpha = beta = 1``). Only the ``pytorch``
+    backend implements it: an fp32 product by ``torch.matmul`` (cuBLAS on CUDA), rounded once into ``d``.
+    """
+
+
+def _cublaslt_stub(layout: str) -> Any:
+    def stub(a: Tensor, b: Tensor, d: Tensor, c: Tensor | None = None, *, stream=None) -> Tensor: ...
+
+    stub.__name__ = stub.__qualname__ = f"cublaslt_gemm_{layout}"
+    stub.__doc__ = _CUBLASLT_DOC.format(layout=layout)
+    return dispatch(f"cublaslt_gemm_{layout}", check=checks.dense_gemm_check(layout, fp8=False))(stub)
+
+
+cublaslt_gemm_nt = _cublaslt_stub("nt")
+cublaslt_gemm_nn = _cublaslt_stub("nn")
+cublaslt_gemm_tn = _cublaslt_stub("tn")
+cublaslt_gemm_tt = _cublaslt_stub("tt")
 
 
 # ----------------------------------------------------------------------------- dense FP8
@@ -395,7 +420,7 @@ def m_grouped_bf16_gemm_nt_masked(
     Args:
         a: bf16 [G, Mmax, K].
         b: bf16 [G, N, K].
-        d: bf16 or fp32 [G, Mmax, N], contiguous; rows ``>= masked_m[g]`` are not written.
+        d: bf16 or fp32 [G, Mmax, N], contiguous; rows ``>= masked_m[g]`` are unspecified (a kernel may write them, as DeepGEMM's does).
         masked_m: int32 [G] on the device, valid rows per group, each in ``[0, Mmax]``.
         expected_m: host-side hint of the typical ``masked_m`` (picks the kernel config).
         compiled_dims: DeepGEMM's JIT hint; no effect.
@@ -423,7 +448,7 @@ def m_grouped_fp8_fp4_gemm_nt_masked(
     Args:
         a: ``(fp8 [G, Mmax, K], fp32 [G, Mmax, ceil(K/128)])``.
         b: ``(fp8 [G, N, K], fp32 [G, ceil(N/128), ceil(K/128)])``.
-        d: bf16 or fp32 [G, Mmax, N], contiguous; rows ``>= masked_m[g]`` are not written.
+        d: bf16 or fp32 [G, Mmax, N], contiguous; rows ``>= masked_m[g]`` are unspecified (a kernel may write them, as DeepGEMM's does).
         masked_m: int32 [G] on the device, valid rows per group, each in ``[0, Mmax]``.
         expected_m: host-side hint of the typical ``masked_m``.
         recipe, recipe_a, recipe_b: as :func:`fp8_fp4_gemm_nt`; must resolve to ``(1, 128, 128)``.

@@ -36,6 +36,7 @@ def dense_fp8(a, b, d, c, recipe, alpha, beta, stream):
 
 for _layout in LAYOUTS:
     register_impl(f"bf16_gemm_{_layout}", "pytorch")(dense_bf16)
+    register_impl(f"cublaslt_gemm_{_layout}", "pytorch")(dense_bf16)
     register_impl(f"fp8_fp4_gemm_{_layout}", "pytorch")(dense_fp8)
 del _layout
 
