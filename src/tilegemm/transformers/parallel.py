@@ -44,7 +44,8 @@ and dense layers, experts split by expert."""
 
 MIN_TRANSFORMERS_PARALLEL = (5, 21)
 """The first transformers release with ``DistributedConfig(tp_size, ep_size)`` and the expert-parallel styles
-``grouped_gemm`` / ``ep_dispatch_experts`` in ``transformers.distributed`` (the installed source's own notes)."""
+``grouped_gemm`` / ``ep_dispatch_experts`` in ``transformers.distributed``, per the deprecation notes of
+5.23's source."""
 
 _PLAN_ATTR = {"tp": "base_model_tp_plan", "ep": "base_model_ep_plan"}
 
