@@ -13,6 +13,12 @@ Quick start::
 
 or select the registered experts function by name after :func:`register_experts_functions`:
 ``model.set_experts_implementation("tilegemm")`` / ``"tilegemm_fp8"``.
+
+Sharded over ``torchrun`` ranks by transformers' own tensor / expert parallel plans (:mod:`.parallel`)::
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16,
+                                                 distributed_config=make_distributed_config("ep", world_size))
+    apply_tilegemm_to_model(model)                      # each rank runs its local experts
 """
 
 from tilegemm.transformers.compat import UnsupportedTransformersError
@@ -38,12 +44,19 @@ from tilegemm.transformers.monkey_patch import (
     revert_tilegemm_kernel_patches,
     revert_tilegemm_model,
 )
+from tilegemm.transformers.parallel import (
+    PARALLEL_MODES,
+    distribute_model,
+    make_distributed_config,
+    parallel_unavailable_reason,
+)
 
 __all__ = [
     "EXPERTS_NAME",
     "FAMILIES",
     "FP8_EXPERTS_NAME",
     "MODEL_TYPE_TO_PATCHER",
+    "PARALLEL_MODES",
     "SUPPORTED_MODEL_TYPES",
     "ModelFamily",
     "TileGemmLinear",
@@ -56,6 +69,9 @@ __all__ = [
     "apply_tilegemm_kernel_to_qwen3_moe",
     "apply_tilegemm_to_model",
     "clear_fp8_cache",
+    "distribute_model",
+    "make_distributed_config",
+    "parallel_unavailable_reason",
     "register_experts_functions",
     "restore_linear_layers",
     "revert_tilegemm_kernel_patches",
