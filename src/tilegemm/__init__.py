@@ -61,6 +61,7 @@ from tilegemm.ops.api import (
     m_grouped_fp8_gemm_nn_contiguous,
     m_grouped_fp8_gemm_nt_contiguous,
     m_grouped_fp8_gemm_nt_masked,
+    moe_experts,
     tf32_hc_prenorm_gemm,
 )
 from tilegemm.quant import (
@@ -145,6 +146,7 @@ __all__ = [
     "m_grouped_fp8_gemm_nt_contiguous",
     "m_grouped_fp8_gemm_nt_masked",
     "matmul",
+    "moe_experts",
     "pack_ue8m0_to_int",
     "per_block_cast_to_fp8",
     "per_channel_cast_to_fp8",

@@ -1,6 +1,6 @@
 """tilegemm-bench: the one benchmark harness (``tilegemm-bench`` / ``python -m tilegemm.bench`` / ``make bench``).
 
-One module per family (``dense``, ``m_grouped``, ``masked``, ``k_grouped``, ``mqa``), each with
+One module per family (``dense``, ``m_grouped``, ``masked``, ``k_grouped``, ``mqa``, ``moe``), each with
 ``specs(size)`` (the rows of a ``quick`` / ``full`` run) and ``case(spec, dg, dg_reason)`` (a
 :class:`~tilegemm.bench.core.Case`); shared modules: ``core`` (one row: correctness, eager,
 kernel-only and first-call times of tilegemm and each peer), ``timing``, ``device`` (machine and

@@ -22,6 +22,7 @@ FAMILIES = {
     "masked": "masked",
     "k_grouped": "k_grouped",
     "mqa": "mqa",
+    "moe": "moe",
 }
 #: Fraction of the time budget each family gets (renormalised over the selected families).
 BUDGET_SHARE = {"dense": 0.35, "m_grouped": 0.2, "masked": 0.15, "k_grouped": 0.1, "mqa": 0.12, "moe": 0.08}

@@ -744,3 +744,41 @@ def tf32_hc_prenorm_gemm(
             only the sum over splits is defined).
         stream: CUDA stream (``None``: current).
     """
+
+
+# ------------------------------------------------------------------------------- MoE experts
+
+
+@dispatch("moe_experts", check=checks.moe_experts_check)
+def moe_experts(
+    hidden: Tensor,
+    topk_ids: Tensor,
+    topk_weights: Tensor,
+    w13: Tensor,
+    w2: Tensor,
+    activation: str = "silu",
+    *,
+    stream=None,
+) -> Tensor:
+    """Fused MoE experts (tilegemm's extension; no DeepGEMM counterpart): routing, gated MLPs and combine.
+
+    Args:
+        hidden: [T, H] token hidden states, bf16 (the ``pytorch`` backend also takes fp16/fp32).
+        topk_ids: int32/int64 [T, k] expert of each (token, slot); ids outside ``[0, E)`` (expert-parallel
+            sentinels such as -1 or E) drop the slot.
+        topk_weights: float [T, k] routing weights (fp32 or the hidden dtype).
+        w13: [E, 2I, H], ``hidden.dtype``: each expert's gate rows ``[0, I)`` then up rows ``[I, 2I)``
+            (transformers' ``gate_up_proj`` of Qwen3-MoE, DeepSeek-V3, Mixtral).
+        w2: [E, H, I], ``hidden.dtype``: each expert's down projection (transformers' ``down_proj``).
+        activation: the gated activation ``act(gate) * up``: ``"silu"``, ``"gelu"`` (erf; the ``pytorch``
+            backend only) or ``"gelu_tanh"`` (tanh approximation).
+        stream: CUDA stream (``None``: current).
+
+    Returns:
+        A new [T, H] tensor in ``hidden.dtype``. Per slot with expert e: ``h = round(act(x @ w13[e, :I].T) *
+        (x @ w13[e, I:].T))``, ``y_j = round(w[t, j] * (h @ w2[e].T))``, both accumulated in fp32; then
+        ``out[t] = round(sum_j y_j)``, an fp32 sum in slot order (no atomics: reruns are bitwise identical).
+
+    No host synchronisation: routing (sort by expert, counts, offsets) runs on the device, buffer sizes
+    depend only on ``(T, k, E)``, so the call is CUDA-graph capturable.
+    """

@@ -950,3 +950,36 @@ def tf32_hc_prenorm_gemm_check(a, b, d, sqr_sum, num_splits=None, *, stream=None
     _stream(stream)
     _same_device(a=a, b=b, d=d, sqr_sum=sqr_sum)
     return dict(a=a, b=b, d=d, sqr_sum=sqr_sum, num_splits=num_splits, stream=stream)
+
+
+# ----------------------------------------------------------------------------- MoE experts
+
+#: Gated activations ``moe_experts`` knows (the reference implements all of them).
+MOE_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+_FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def moe_experts_check(hidden, topk_ids, topk_weights, w13, w2, activation="silu", *, stream=None) -> dict[str, Any]:
+    """The check of ``moe_experts`` (shapes, dtypes, devices; no value checks: any expert id is allowed)."""
+    _tensor("hidden", hidden, _FLOATS, 2)
+    tokens, hidden_dim = hidden.shape
+    _tensor("topk_ids", topk_ids, (torch.int32, torch.int64), 2)
+    if topk_ids.shape[0] != tokens:
+        raise ValueError(f"topk_ids: got shape {list(topk_ids.shape)}, expected [T={tokens}, k] to match hidden")
+    top_k = topk_ids.shape[1]
+    _tensor("topk_weights", topk_weights, _FLOATS, 2)
+    _shape("topk_weights", topk_weights, [tokens, top_k], "[T, k], like topk_ids")
+    _tensor("w13", w13, (hidden.dtype,), 3)
+    experts, two_inter, h13 = w13.shape
+    if two_inter % 2 or h13 != hidden_dim:
+        raise ValueError(f"w13: got shape {list(w13.shape)}, expected [E, 2I, H={hidden_dim}] (gate rows then up rows)")
+    _tensor("w2", w2, (hidden.dtype,), 3)
+    _shape("w2", w2, [experts, hidden_dim, two_inter // 2], "[E, H, I] to match w13 [E, 2I, H]")
+    if activation not in MOE_ACTIVATIONS:
+        raise ValueError(f"activation: got {activation!r}, expected one of {list(MOE_ACTIVATIONS)}")
+    _stream(stream)
+    _same_device(hidden=hidden, topk_ids=topk_ids, topk_weights=topk_weights, w13=w13, w2=w2)
+    return dict(
+        hidden=hidden, topk_ids=topk_ids, topk_weights=topk_weights, w13=w13, w2=w2, activation=activation,
+        stream=stream,
+    )  # fmt: skip

@@ -3,5 +3,5 @@
 import cuda.tile  # noqa: F401  (fail early: the registry records why cutile is unavailable)
 
 # Each kernel-family module registers its cutile implementations when imported:
-# gemm (dense GEMMs), grouped (m-/k-grouped GEMMs), mqa (MQA logits).
-from tilegemm.ops.cutile import gemm, grouped, mqa  # noqa: E402, F401
+# gemm (dense GEMMs), grouped (m-/k-grouped GEMMs), moe (fused MoE experts), mqa (MQA logits).
+from tilegemm.ops.cutile import gemm, grouped, moe, mqa  # noqa: E402, F401

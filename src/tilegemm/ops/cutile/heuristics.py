@@ -439,6 +439,59 @@ def maybe_print_grouped_config(op: str, shape: dict[str, int], cfg: GroupedConfi
     print(f"[tilegemm] {op} shape={shape} config={cfg.name}", flush=True)
 
 
+# ----------------------------------------------------------------------------- fused MoE experts
+# (used by ops/cutile/moe.py and tests/kernels/test_compile_moe.py)
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Configs of the fused experts kernels (``ops/cutile/moe.py``).
+
+    ``up``: the gate/up GEMM (two ``bm x bn`` fp32 accumulators: gate and up columns); ``down``: the down
+    GEMM; both share ``bm``, which is also the row alignment of each expert's segment.
+    ``combine_bt x combine_bn``: the combine kernel's tile (tokens x columns; ``combine_bn`` divides H).
+    """
+
+    up: GroupedConfig
+    down: GroupedConfig
+    combine_bt: int = 16
+    combine_bn: int = 256
+
+    @property
+    def bm(self) -> int:
+        return self.up.bm
+
+
+# Two 128x64 accumulators next to a register gather need 8 warps (4 spill ~400 words); wider gate/up
+# tiles spill with 8 (docs/kernels.md, "Fused MoE experts").
+MOE_UP_CONFIGS = {64: GroupedConfig(64, 64, 64), 128: GroupedConfig(128, 64, 64, num_worker_warps=8)}
+MOE_DOWN_CONFIGS = {64: GroupedConfig(64, 128, 64), 128: GroupedConfig(128, 128, 64)}
+#: Mean rows per expert at or below which experts' segments are 64-row aligned (64-row tiles).
+MOE_SMALL_ROWS = 64
+#: The combine kernel's tile: tokens, and the widest column count (a power of two dividing H).
+MOE_COMBINE_BT = 16
+MOE_COMBINE_MAX_BN = 256
+
+
+def all_moe_configs() -> tuple[MoEConfig, ...]:
+    """Every (gate/up, down) pair :func:`moe_config` can return (the CPU gate compiles each kernel variant)."""
+    return tuple(MoEConfig(MOE_UP_CONFIGS[bm], MOE_DOWN_CONFIGS[bm]) for bm in MOE_UP_CONFIGS)
+
+
+def moe_config(tokens: int, top_k: int, experts: int, hidden: int) -> MoEConfig:
+    """Config of the fused experts from host sizes only.
+
+    64-row tiles when the experts average at most :data:`MOE_SMALL_ROWS` rows each (decode: a 128-row
+    tile would be mostly padding), else 128. The combine's column tile is the largest power of two
+    dividing H, at most :data:`MOE_COMBINE_MAX_BN` (its loads then need no column bounds).
+    """
+    bm = 64 if tokens * top_k <= MOE_SMALL_ROWS * experts else 128
+    bn = MOE_COMBINE_MAX_BN
+    while bn > 1 and hidden % bn:
+        bn //= 2
+    return MoEConfig(MOE_UP_CONFIGS[bm], MOE_DOWN_CONFIGS[bm], MOE_COMBINE_BT, bn)
+
+
 # ------------------------------------------------------------------------------- MQA logits
 # (used by ops/cutile/mqa.py,
 #  tests/kernels/test_compile_mqa.py and tests/benchmark/bench_mqa.py. Static: derived from the

@@ -1,0 +1,219 @@
+"""cuTile fused MoE experts (``tilegemm.moe_experts``), BF16: three kernels around the device-side routing.
+
+Routing (``tilegemm.routing.moe_route`` with ``alignment = BM``, all on the device, sizes fixed by
+``(T, k, E, BM)``): the aligned ``m_indices`` layout of ``M`` rows where each expert's rows start on a
+BM-row block; per row its token (``tokens``, 0 for padding), its routing weight (``row_weight``, 0 for
+padding) and, per (token, slot), the row holding its result (``dest`` [T, k], -1 for a dropped slot).
+
+1. **gate/up** (``_gate_up``): ``h[r] = act(x[tok(r)] @ Wg_e.T) * (x[tok(r)] @ Wu_e.T)`` for every row r of
+   a block of expert e. The A rows are gathered straight from the hidden states by token index
+   (``ct.load_advanced_indexing``: no permuted copy); two fp32 accumulators, one over the gate rows
+   ``[n, n + BN)`` of ``w13[e]`` and one over the up rows ``[I + n, I + n + BN)`` (the host passes the two
+   halves of ``w13`` as two ``[E, I, H]`` views, so I need not be a multiple of BN); the gated
+   activation runs on the accumulators and ``h`` [M, I] bf16 is written once.
+2. **down** (``_down``): ``y[r] = bf16(w(r) * (h[r] @ W2_e.T))``: the grouped GEMM of ``grouped.py`` with
+   the routing weight applied to the fp32 accumulator before the rounding.
+3. **combine** (``_combine``): ``out[t] = bf16(sum_{j=0..k-1} y[dest[t, j]])`` in fp32, slots in order:
+   no atomics, reruns are bitwise identical. Dropped slots (``dest = -1``) gather 0.
+
+Blocks whose expert id is -1 (the unused tail of the worst-case ``M``) are skipped by both GEMMs: no
+one reads their rows. Padding rows inside a block (an expert's last block) are computed from token 0
+and never read either (``dest`` never points at them). Every index read from device memory is clamped
+(tokens into ``[0, T)``) or bounds-checked (expert ids, ``dest``), so no value makes a kernel read out
+of bounds. No host synchronisation anywhere: the op is CUDA-graph capturable after its first call.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import cuda.tile as ct
+import torch
+
+from tilegemm import config
+from tilegemm.backend.registry import Unsupported, register_impl
+from tilegemm.ops.cutile import heuristics
+from tilegemm.ops.cutile.grouped import KIND_INDICES, _check_tma_weight, _mma_bf16, _swizzle
+from tilegemm.routing import max_padded_rows, moe_route
+
+ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
+
+_ZERO = ct.PaddingMode.ZERO
+
+#: Activations of the gate/up epilogue: name -> kernel constant.
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def _activation(g, ACT: int):
+    """``silu(g) = g * sigmoid(g)`` or the tanh GELU ``0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))``, fp32."""
+    if ACT == 0:
+        return g / (1.0 + ct.exp(-g))
+    return 0.5 * g * (1.0 + ct.tanh(_GELU_C * (g + 0.044715 * g * g * g)))
+
+
+def _gather_rows(x, tok, kb, BM: int, BK: int, EVEN_K: bool):
+    """``x[tok[i], kb*BK + c]`` as a ``[BM, BK]`` tile, ``tok`` already clamped into ``[0, T)``.
+
+    A register gather (``ct.gather``). With ``EVEN_K`` (``H % BK == 0``) every column is in bounds, so the
+    bounds check is dropped and the gather compiles to 16-byte ``cp.async`` copies into shared memory
+    (``LDGSTS.E.BYPASS.128``), pipelined with the MMAs; otherwise each element is checked (scalar loads,
+    columns past H read 0). The TMA form (``load_advanced_indexing``: one copy per row) keeps ``BM`` row
+    coordinates live per K step and spills on sm_90.
+    """
+    cols = ct.reshape(kb * BK + ct.arange(BK, dtype=ct.int32), (1, BK))
+    rows = ct.reshape(tok, (BM, 1))
+    if EVEN_K:
+        return ct.gather(x, (rows, cols), padding_value=0, check_bounds=False)
+    return ct.gather(x, (rows, cols), padding_value=0)
+
+
+def _gate_up(
+    x, wg, wu, h, tokens, m_indices, num_experts: int,
+    ACT: ConstInt, BM: ConstInt, BN: ConstInt, BK: ConstInt, GM: ConstInt, EVEN_K: ConstBool,
+):  # fmt: skip
+    """Persistent over (row block, column block) tiles of ``h [M, I]``; see the module docstring."""
+    rows_total = h.shape[0]
+    n_dim = h.shape[1]
+    k_dim = x.shape[1]
+    last_token = x.shape[0] - 1
+    n_tiles = ct.cdiv(n_dim, BN)
+    nk = ct.cdiv(k_dim, BK)
+    mblocks = ct.cdiv(rows_total, BM)
+    total = mblocks * n_tiles
+    t = ct.bid(0)
+    step = ct.num_blocks(0)
+    while t < total:
+        mb, nb = _swizzle(t, mblocks, n_tiles, GM)
+        e = ct.load(m_indices, (mb * BM,), shape=())
+        if (e >= 0) & (e < num_experts):
+            tok = ct.load(tokens, (mb,), shape=(BM,), padding_mode=_ZERO)
+            tok = ct.minimum(ct.maximum(tok, 0), last_token)
+            acc_g = ct.full((BM, BN), 0.0, dtype=ct.float32)
+            acc_u = ct.full((BM, BN), 0.0, dtype=ct.float32)
+            for kb in range(nk):
+                at = _gather_rows(x, tok, kb, BM, BK, EVEN_K)
+                gt = ct.load(wg, (e, kb, nb), shape=(1, BK, BN), order=(0, 2, 1), padding_mode=_ZERO)
+                ut = ct.load(wu, (e, kb, nb), shape=(1, BK, BN), order=(0, 2, 1), padding_mode=_ZERO)
+                acc_g = ct.mma(at, ct.reshape(gt, (BK, BN)), acc_g)
+                acc_u = ct.mma(at, ct.reshape(ut, (BK, BN)), acc_u)
+            ct.store(h, (mb, nb), ct.astype(_activation(acc_g, ACT) * acc_u, h.dtype))
+        t = t + step
+
+
+def _down(h, w2, y, m_indices, row_weight, num_experts: int, BM: ConstInt, BN: ConstInt, BK: ConstInt, GM: ConstInt):
+    """Persistent over tiles of ``y [M, H]``: ``y[r] = bf16(row_weight[r] * (h[r] @ w2[e].T))``."""
+    rows_total = y.shape[0]
+    n_tiles = ct.cdiv(y.shape[1], BN)
+    nk = ct.cdiv(h.shape[1], BK)
+    mblocks = ct.cdiv(rows_total, BM)
+    total = mblocks * n_tiles
+    t = ct.bid(0)
+    step = ct.num_blocks(0)
+    while t < total:
+        mb, nb = _swizzle(t, mblocks, n_tiles, GM)
+        e = ct.load(m_indices, (mb * BM,), shape=())
+        if (e >= 0) & (e < num_experts):
+            acc = _mma_bf16(h, w2, 0, e, mb, nb, nk, BM, BN, BK, True, KIND_INDICES)
+            wt = ct.reshape(ct.load(row_weight, (mb,), shape=(BM,), padding_mode=_ZERO), (BM, 1))
+            ct.store(y, (mb, nb), ct.astype(acc * wt, y.dtype))
+        t = t + step
+
+
+def _combine(y, dest, out, TOPK: ConstInt, BT: ConstInt, BN: ConstInt):
+    """``out`` tile (bid 0: BT tokens, bid 1: BN columns) = the fp32 sum over j = 0..k-1 of ``y[dest[t, j]]``."""
+    tok = ct.bid(0) * BT + ct.arange(BT, dtype=ct.int32)
+    cols = ct.reshape(ct.bid(1) * BN + ct.arange(BN, dtype=ct.int32), (1, BN))
+    acc = ct.full((BT, BN), 0.0, dtype=ct.float32)
+    for j in range(TOPK):
+        rows = ct.reshape(ct.gather(dest, (tok, j), padding_value=-1), (BT, 1))
+        live = (rows >= 0) & (rows < y.shape[0])
+        vals = ct.gather(y, (ct.where(live, rows, 0), cols), mask=live, padding_value=0, check_bounds=False)
+        acc = acc + ct.astype(vals, ct.float32)
+    ct.store(out, (ct.bid(0), ct.bid(1)), ct.astype(acc, out.dtype))
+
+
+_KERNEL_FNS = {"gate_up": _gate_up, "down": _down, "combine": _combine}
+
+
+@functools.cache
+def get_kernel(name: str, num_worker_warps: int | None = None, occupancy: int | None = None) -> Any:
+    """The ``@ct.kernel`` object of kernel ``name`` (``gate_up``, ``down``, ``combine``) with these hints (cached)."""
+    return ct.kernel(_KERNEL_FNS[name], num_worker_warps=num_worker_warps, occupancy=occupancy)
+
+
+# ------------------------------------------------------------------------------------- host side
+
+
+def _grid(ctas_per_sm: int, tiles: int) -> tuple[int, int, int]:
+    sms = config.get_num_sms() or 1
+    return (max(1, min(sms * ctas_per_sm, tiles)), 1, 1)
+
+
+def _launch(kernel: Any, grid: tuple[int, int, int], args: tuple[Any, ...]) -> None:
+    ct.launch(torch.cuda.current_stream(), grid, kernel, args)
+
+
+def _supported(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, activation: str) -> None:
+    """Raise :class:`Unsupported` (before anything is written) for what the kernels do not take."""
+    if activation not in ACTIVATIONS:
+        raise Unsupported(f"activation {activation!r} (the kernels take {sorted(ACTIVATIONS)})")
+    if any(t.dtype != torch.bfloat16 for t in (hidden, w13, w2)):
+        raise Unsupported("the fused experts kernels take bf16 hidden states and weights")
+    hidden_dim, inter = hidden.shape[1], w2.shape[2]
+    if hidden_dim % 8 or inter % 8:
+        raise Unsupported("H and I must be multiples of 8 (16-byte rows for TMA)")
+    for t in (w13, w2):
+        if t.stride(-1) != 1 or t.stride(-2) != t.shape[-1] or t.stride(0) != t.shape[1] * t.shape[2]:
+            raise Unsupported("w13 and w2 must be contiguous")
+        if t.data_ptr() % 16:
+            raise Unsupported("weights must be 16-byte aligned")
+    _check_tma_weight(w13)
+    _check_tma_weight(w2)
+
+
+@register_impl("moe_experts", "cutile")
+def moe_experts(hidden, topk_ids, topk_weights, w13, w2, activation, stream):
+    """Fused BF16 MoE experts; see ``tilegemm.ops.api.moe_experts`` and the module docstring."""
+    _supported(hidden, w13, w2, activation)
+    num_tokens, hidden_dim = hidden.shape
+    num_experts, top_k, inter = w13.shape[0], topk_ids.shape[1], w2.shape[2]
+    out = torch.empty(num_tokens, hidden_dim, dtype=hidden.dtype, device=hidden.device)
+    if num_tokens == 0 or hidden_dim == 0:
+        return out
+    if top_k == 0 or inter == 0 or num_experts == 0:
+        return out.zero_()
+    cfg = heuristics.moe_config(num_tokens, top_k, num_experts, hidden_dim)
+    rows = max_padded_rows(num_tokens, top_k, num_experts, cfg.bm)
+    if rows * max(hidden_dim, inter) >= 2**31 or hidden.numel() >= 2**31:
+        raise Unsupported("a buffer has >= 2**31 elements (int32 indexing)")
+    shape = {"t": num_tokens, "k": top_k, "e": num_experts, "h": hidden_dim, "i": inter}
+    heuristics.maybe_print_grouped_config("moe_experts", shape, cfg.up)
+
+    routing = moe_route(topk_ids, num_experts, alignment=cfg.bm)
+    slot = routing.src_slot.clamp(min=0)
+    tokens = torch.div(slot, top_k, rounding_mode="floor").to(torch.int32)
+    weights = topk_weights.reshape(-1).to(torch.float32).index_select(0, slot)
+    row_weight = torch.where(routing.src_slot >= 0, weights, torch.zeros((), dtype=torch.float32, device=slot.device))
+    dest = routing.dest_row.view(num_tokens, top_k).to(torch.int32)
+
+    x = hidden if hidden.is_contiguous() and hidden.data_ptr() % 16 == 0 else hidden.contiguous()
+    h = torch.empty(rows, inter, dtype=torch.bfloat16, device=hidden.device)
+    y = torch.empty(rows, hidden_dim, dtype=torch.bfloat16, device=hidden.device)
+
+    up, down = cfg.up, cfg.down
+    tiles = rows // up.bm * -(-inter // up.bn)
+    args = (x, w13[:, :inter], w13[:, inter:], h, tokens, routing.m_indices, num_experts, ACTIVATIONS[activation])
+    consts = (up.bm, up.bn, up.bk, up.gm, hidden_dim % up.bk == 0)
+    _launch(get_kernel("gate_up", up.num_worker_warps, up.occupancy), _grid(up.ctas_per_sm, tiles), (*args, *consts))
+
+    tiles = rows // down.bm * -(-hidden_dim // down.bn)
+    args = (h, w2, y, routing.m_indices, row_weight, num_experts, down.bm, down.bn, down.bk, down.gm)
+    _launch(get_kernel("down", down.num_worker_warps, down.occupancy), _grid(down.ctas_per_sm, tiles), args)
+
+    grid = (-(-num_tokens // cfg.combine_bt), hidden_dim // cfg.combine_bn, 1)
+    _launch(get_kernel("combine"), grid, (y, dest, out, top_k, cfg.combine_bt, cfg.combine_bn))
+    return out

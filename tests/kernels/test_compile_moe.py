@@ -1,0 +1,116 @@
+"""CPU compile gate for the fused MoE experts kernels (``ops/cutile/moe.py``), sm_90 and sm_100.
+
+Variants: the gate/up GEMM for every config of ``heuristics.all_moe_configs`` with H a multiple of the K
+tile (unchecked 16-byte gathers) and not (bounds-checked gathers), both activations; the down GEMM for
+every config; the combine for top-k 1, 2, 8 and the widest and narrowest column tiles. Checked: tensor-core
+MMAs, TMA loads of the weights (UTMALDG), the gathered rows as 16-byte ``cp.async`` copies
+(``LDGSTS.E.BYPASS.128``) when H allows it, no register spills, no TMA descriptor built on the device.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+ct = pytest.importorskip("cuda.tile")
+
+from kernels.sass import dump_sass, opcode_counts, sass_summary  # noqa: E402
+from tilegemm.ops.cutile import aot, heuristics, moe  # noqa: E402
+
+ARCHS = aot.ARCHS
+_A = aot.array
+
+
+def _index(ndim: int = 1):
+    return aot.array(ct.int32, ndim, align_bytes=4)
+
+
+def _up_params(cfg: heuristics.GroupedConfig, act: int, even_k: bool) -> list:
+    bf = [_A(ct.bfloat16, 2), _A(ct.bfloat16, 3), _A(ct.bfloat16, 3), _A(ct.bfloat16, 2)]
+    return [*bf, _index(), _index(), aot.scalar(ct.int32), act, cfg.bm, cfg.bn, cfg.bk, cfg.gm, even_k]
+
+
+def _down_params(cfg: heuristics.GroupedConfig) -> list:
+    bf = [_A(ct.bfloat16, 2), _A(ct.bfloat16, 3), _A(ct.bfloat16, 2)]
+    return [
+        *bf,
+        _index(),
+        aot.array(ct.float32, 1, align_bytes=4),
+        aot.scalar(ct.int32),
+        cfg.bm,
+        cfg.bn,
+        cfg.bk,
+        cfg.gm,
+    ]
+
+
+def _combine_params(top_k: int, bt: int, bn: int) -> list:
+    return [_A(ct.bfloat16, 2), _index(2), _A(ct.bfloat16, 2), top_k, bt, bn]
+
+
+def _variants():
+    """(id, kernel name, compiler hints (warps, occupancy), params) of every variant a call can launch."""
+    out = []
+    for cfg in heuristics.all_moe_configs():
+        up, down = cfg.up, cfg.down
+        hints = (up.num_worker_warps, up.occupancy)
+        for act_name, act in moe.ACTIVATIONS.items():
+            for even_k in (True, False):
+                vid = f"up-{up.name}-{act_name}-{'evenk' if even_k else 'raggedk'}"
+                out.append((vid, "gate_up", hints, _up_params(up, act, even_k)))
+        out.append((f"down-{down.name}", "down", (down.num_worker_warps, down.occupancy), _down_params(down)))
+    for top_k in (1, 2, 8):
+        for bn in (heuristics.MOE_COMBINE_MAX_BN, 8):
+            bt = heuristics.MOE_COMBINE_BT
+            out.append((f"combine-k{top_k}-{bt}x{bn}", "combine", (None, None), _combine_params(top_k, bt, bn)))
+    return out
+
+
+VARIANTS = _variants()
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """(SASS summary, opcode counts) of every (variant, arch), compiled in parallel threads."""
+    jobs = [(vid, name, hints, params, arch) for vid, name, hints, params in VARIANTS for arch in ARCHS]
+
+    def work(job):
+        vid, name, hints, params, arch = job
+        try:
+            cubin = aot.compile_cubin(moe.get_kernel(name, *hints), params, arch)
+            return (vid, arch), (sass_summary(cubin), opcode_counts(dump_sass(cubin)))
+        except Exception as exc:  # reported by the test of that variant
+            return (vid, arch), exc
+
+    workers = int(os.environ.get("TILEGEMM_COMPILE_THREADS", "2"))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return dict(pool.map(work, jobs))
+
+
+def test_heuristics_only_pick_gated_configs():
+    allowed = set(heuristics.all_moe_configs())
+    for t, k, e in ((1, 8, 128), (64, 8, 256), (4096, 8, 128), (16384, 2, 8), (3, 1, 1)):
+        for h in (2048, 7168, 4096, 136):
+            cfg = heuristics.moe_config(t, k, e, h)
+            assert heuristics.MoEConfig(cfg.up, cfg.down) in allowed, (t, k, e, cfg)
+            assert h % cfg.combine_bn == 0 and cfg.combine_bn <= heuristics.MOE_COMBINE_MAX_BN
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("vid", [v[0] for v in VARIANTS])
+def test_moe_kernel_sass(compiled, vid, arch):
+    result = compiled[(vid, arch)]
+    if isinstance(result, Exception):
+        raise result
+    s, ops = result
+    assert s["ldl"] == 0 and s["stl"] == 0, f"{vid} {arch}: register spills to local memory: {s}"
+    assert s["tensormap_writes"] == 0, f"{vid} {arch}: TMA descriptors built on the device: {s}"
+    if vid.startswith("combine"):
+        return
+    mma = s["hgmma"] if arch == "sm_90" else s["utchmma"]
+    assert mma > 0 and s["hmma"] == 0, f"{vid} {arch}: no warpgroup / tcgen05 MMA: {s}"
+    assert s["utmaldg"] >= 2, f"{vid} {arch}: weights not loaded with TMA: {s}"
+    if vid.endswith("evenk"):
+        assert ops["LDGSTS.E.BYPASS.128"] > 0, f"{vid} {arch}: gathered rows not copied 16 bytes at a time: {ops}"
