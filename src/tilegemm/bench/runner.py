@@ -25,7 +25,7 @@ FAMILIES = {
     "moe": "moe",
 }
 #: Fraction of the time budget each family gets (renormalised over the selected families).
-BUDGET_SHARE = {"dense": 0.35, "m_grouped": 0.2, "masked": 0.15, "k_grouped": 0.1, "mqa": 0.12, "moe": 0.08}
+BUDGET_SHARE = {"dense": 0.3, "m_grouped": 0.18, "masked": 0.12, "k_grouped": 0.08, "mqa": 0.12, "moe": 0.2}
 
 
 def family_module(name: str) -> Any:
