@@ -46,7 +46,8 @@ def _inputs(t, k, e, h, i, sentinels, dtype, device, seed=0):
 
 
 def _formula(x, ids, weights, w13, w2, activation="silu"):
-    """float64 ``sum_j w * down(act(gate) * up)`` per token, dropped slots contributing nothing."""
+    """float64 ``sum_j w * down(act(gate) * up)`` per token, dropped slots contributing nothing (on ``x``'s device)."""
+    device = x.device
     x, weights, w13, w2 = (z.double().cpu() for z in (x, weights, w13, w2))
     ids = ids.cpu()
     inter = w2.shape[2]
@@ -58,7 +59,7 @@ def _formula(x, ids, weights, w13, w2, activation="silu"):
             if 0 <= e < w13.shape[0]:
                 gu = w13[e] @ x[t]
                 out[t] += weights[t, j] * (w2[e] @ (act(gu[:inter]) * gu[inter:]))
-    return out
+    return out.to(device)
 
 
 def _backends():
