@@ -39,7 +39,7 @@ _DENSE_BF16_DOC = """BF16 dense GEMM, layout ``{layout}``: ``d = alpha * op(a) @
         d: bf16 or fp32 [M, N], contiguous; written and returned.
         c: optional bf16/fp32 [M, N] added as ``beta * c`` (not read when ``beta == 0``); may be ``d``.
         compiled_dims: DeepGEMM's JIT hint; no effect.
-        alpha, beta: scalars (BLAS meaning; keyword-only extensions).
+        alpha, beta: real numbers a float can hold (BLAS meaning; keyword-only extensions).
         stream: CUDA stream to run on (``None``: the current stream).
 
     Math: ``d[m, n] = alpha * sum_k A[m, k] * B[n, k] + beta * c[m, n]`` accumulated in fp32,
@@ -60,7 +60,7 @@ _DENSE_FP8_DOC = """FP8 block-scaled dense GEMM, layout ``{layout}`` (DeepGEMM's
             (instead of ``recipe``).
         compiled_dims: DeepGEMM's JIT hint; no effect.
         disable_ue8m0_cast: accepted for DeepGEMM compatibility; no effect on fp32 scales.
-        alpha, beta: scalars (BLAS meaning; keyword-only extensions).
+        alpha, beta: real numbers a float can hold (BLAS meaning; keyword-only extensions).
         stream: CUDA stream to run on (``None``: the current stream).
 
     Math: ``d[m, n] = alpha * sum_kb sa[m, kb] * sb[n or n // 128, kb] * sum_(k in kb) A[m, k] * B[n, k]
@@ -617,7 +617,8 @@ _PAGED_DOC = """FP8 MQA logits over a paged KV cache (decode); returns a new [B 
         weights: fp32 [B * next_n, H] (bf16 with ``logits_dtype=torch.bfloat16``).
         context_lens: int32 [B] or [B, next_n].
         block_table: int32 [B, max_blocks].
-        schedule_meta: int32 [num_sms + 1, 2] from :func:`get_paged_mqa_logits_metadata`.
+        schedule_meta: int32 [num_sms + 1, 2] from :func:`get_paged_mqa_logits_metadata` for these
+            ``context_lens`` and ``block_kv`` (checked when value checks run).
         max_context_len: output width (>= every visible length).
         clean_logits: write ``-inf`` past each row's visible length.{dtype_doc}
         indices: DeepGEMM's varlen sequence index per row (int32 [B]); validated, no effect (the
