@@ -25,7 +25,13 @@ from __future__ import annotations
 import torch
 
 from tilegemm.ops import api
-from tilegemm.ops.checks import LAYOUTS, check_group_offsets, skip_value_checks
+from tilegemm.ops.checks import (
+    LAYOUTS,
+    fp8_linear_check,
+    grouped_matmul_check,
+    matmul_check,
+    skip_value_checks,
+)
 from tilegemm.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
 
 Tensor = torch.Tensor
@@ -144,7 +150,12 @@ fp8_linear_forward.register_autograd(_fp8_linear_backward, setup_context=_save_i
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
-    """Differentiable ``a @ b`` for bf16 ``a [M, K]`` and ``b [K, N]``; returns bf16 [M, N] (fp32 accumulate)."""
+    """Differentiable ``a @ b`` for bf16 ``a [M, K]`` and ``b [K, N]``; returns bf16 [M, N] (fp32 accumulate).
+
+    Raises:
+        TypeError, ValueError: ``a`` or ``b`` is not a bf16 matrix, K differs, or they are on two devices.
+    """
+    matmul_check(a, b)
     return gemm(a, b, "nn")
 
 
@@ -160,9 +171,12 @@ def grouped_matmul(x: Tensor, w: Tensor, offs: Tensor) -> Tensor:
     ``offs`` is validated here when value checks run (always on the CPU; on CUDA with
     ``TILEGEMM_CHECK_VALUES=1``, never inside ``skip_value_checks()``, CUDA-graph capture or ``torch.compile``
     tracing); the GEMMs of the forward and backward then trust it.
+
+    Raises:
+        TypeError, ValueError: a wrong type, dtype, shape or device of ``x``, ``w`` or ``offs``, or (value
+            checks) ``offs`` decreasing or past M; the message names the argument.
     """
-    if isinstance(offs, torch.Tensor) and offs.dtype == torch.int32 and not torch.compiler.is_compiling():
-        check_group_offsets(offs, x.shape[0], w.shape[0])
+    grouped_matmul_check(x, w, offs)
     return grouped_gemm(x, w, offs, "nt")
 
 
@@ -171,6 +185,11 @@ def fp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
     The forward casts ``x`` per token (1x128 scales) and ``weight`` per 128x128 block, then runs
     ``fp8_gemm_nt`` (fp32 accumulation); the backward is straight-through in BF16.
+
+    Raises:
+        TypeError, ValueError: ``x`` or ``weight`` not bf16, K differs, ``bias`` not bf16 ``[N]``, or tensors
+            on two devices; checked before any GEMM runs.
     """
+    fp8_linear_check(x, weight, bias)
     out = fp8_linear_forward(x.reshape(-1, x.shape[-1]), weight).reshape(*x.shape[:-1], weight.shape[0])
     return out if bias is None else out + bias

@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tilegemm.ops.checks import quant_input_check, scale_tensor_check
+
 FP8_DTYPE = torch.float8_e4m3fn
 #: Largest finite ``float8_e4m3fn`` value.
 FP8_MAX = 448.0
@@ -70,6 +72,7 @@ def per_token_cast_to_fp8(
         ``(q, s)``: ``q`` float8_e4m3fn ``[..., K]`` and ``s`` fp32 ``[..., ceil(K/gran_k)]`` with
         ``x[..., k] ~= q[..., k] * s[..., k // gran_k]`` (int32 ``[..., ceil(K/gran_k) / 4]`` when packed).
     """
+    quant_input_check("per_token_cast_to_fp8", x, 1, None, gran_k, use_ue8m0)
     if use_packed_ue8m0 and not use_ue8m0:
         raise ValueError("per_token_cast_to_fp8: use_packed_ue8m0 needs use_ue8m0=True")
     k = x.shape[-1]
@@ -89,8 +92,7 @@ def per_channel_cast_to_fp8(
     Returns ``(q, s)``: ``q`` float8_e4m3fn ``[K, N]`` and ``s`` fp32 ``[ceil(K/gran_k), N]`` with
     ``x[k, n] ~= q[k, n] * s[k // gran_k, n]``.
     """
-    if x.dim() != 2:
-        raise ValueError(f"per_channel_cast_to_fp8: x must be 2-D [K, N], got shape {tuple(x.shape)}")
+    quant_input_check("per_channel_cast_to_fp8", x, 2, 2, gran_k, use_ue8m0)
     k, n = x.shape
     kb = _ceil_div(k, gran_k)
     xf = F.pad(x.float(), (0, 0, 0, kb * gran_k - k)).view(kb, gran_k, n)
@@ -113,8 +115,7 @@ def per_block_cast_to_fp8(
         ``(q, s)``: ``q`` float8_e4m3fn ``[..., N, K]`` and ``s`` fp32 ``[..., ceil(N/gran_k), ceil(K/gran_k)]``
         with ``x[..., n, k] ~= q[..., n, k] * s[..., n // gran_k, k // gran_k]``.
     """
-    if x.dim() < 2:
-        raise ValueError(f"per_block_cast_to_fp8: x must have at least 2 dims [..., N, K], got shape {tuple(x.shape)}")
+    quant_input_check("per_block_cast_to_fp8", x, 2, None, gran_k, use_ue8m0)
     n, k = x.shape[-2], x.shape[-1]
     nb, kb = _ceil_div(n, gran_k), _ceil_div(k, gran_k)
     lead = x.shape[:-2]
@@ -147,8 +148,7 @@ def get_mn_major_tma_aligned_tensor(sf: torch.Tensor) -> torch.Tensor:
         element_size)``. The padding rows ``MN..A`` of the storage are unspecified. ``sf`` itself
         is returned when it already has that layout.
     """
-    if sf.dim() not in (2, 3):
-        raise ValueError(f"get_mn_major_tma_aligned_tensor: sf must be 2-D or 3-D, got shape {tuple(sf.shape)}")
+    scale_tensor_check("get_mn_major_tma_aligned_tensor", sf, 2, 3)
     batched = sf.unsqueeze(0) if sf.dim() == 2 else sf
     groups, mn, sf_k = batched.shape
     aligned = get_tma_aligned_size(mn, sf.element_size())
@@ -254,8 +254,7 @@ def get_mn_major_tma_aligned_packed_ue8m0_tensor(
     ``A = get_tma_aligned_size(MN, 4)``. ``psum_layout`` is accepted for compatibility: gap rows are
     packed like any other row.
     """
-    if sf.dim() not in (2, 3):
-        raise ValueError(f"get_mn_major_tma_aligned_packed_ue8m0_tensor: sf must be 2-D or 3-D, got {list(sf.shape)}")
+    scale_tensor_check("get_mn_major_tma_aligned_packed_ue8m0_tensor", sf, 2, 3)
     batched = sf.unsqueeze(0) if sf.dim() == 2 else sf
     groups, mn, sf_k = batched.shape
     packed = _pack_last_dim(_ue8m0_bytes(batched))  # [G, MN, ceil(SF_K/4)]

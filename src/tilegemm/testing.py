@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from tilegemm.ops.checks import calc_diff_check
+
 #: (backend, device) pairs the per-op tests run: the pytorch reference on the CPU and on CUDA,
 #: and the cutile backend on CUDA.
 BACKEND_DEVICES = (("pytorch", "cpu"), ("pytorch", "cuda"), ("cutile", "cuda"))
@@ -25,6 +27,7 @@ def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
     ``|x - y|^2 / (2 |x|^2)`` for close ones; NaN or inf anywhere gives NaN, so a NaN never passes a
     ``calc_diff(...) < bar`` check.
     """
+    calc_diff_check(x, y)
     x64, y64 = x.double(), y.double()
     denom = (x64 * x64 + y64 * y64).sum().item()
     num = (x64 * y64).sum().item()

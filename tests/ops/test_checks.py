@@ -82,7 +82,7 @@ def paged(**over):
     ctx = torch.tensor([20, 5], dtype=torch.int32)
     kw = dict(q=fp8(b, next_n, h, dim), kv_cache=torch.randint(0, 255, (4, block_kv, 1, dim + 4), dtype=torch.uint8))
     kw.update(weights=torch.randn(b * next_n, h), context_lens=ctx, block_table=torch.tensor([[0, 1], [2, 3]]).int())
-    kw.update(schedule_meta=torch.zeros(3, 2, dtype=torch.int32), max_context_len=32)
+    kw.update(schedule_meta=tilegemm.get_paged_mqa_logits_metadata(ctx, block_kv, 2), max_context_len=32)
     kw.update(over)
     return kw
 
@@ -101,7 +101,7 @@ CASES = [
     ("alpha-type", "bf16_gemm_nt", dense_bf16(alpha="2"), TypeError, "alpha"),
     ("beta-bool", "bf16_gemm_nt", dense_bf16(beta=True), TypeError, "beta"),
     ("stream-type", "bf16_gemm_nt", dense_bf16(stream=0), TypeError, "stream"),
-    ("device-mix", "bf16_gemm_nt", dense_bf16(d=torch.empty(8, 16, device="meta")), ValueError, "one device"),
+    ("device-mix", "bf16_gemm_nt", dense_bf16(d=torch.empty(8, 16, device="meta")), ValueError, "d: expected device cpu"),
     ("fp8-not-tuple", "fp8_gemm_nt", dense_fp8(a=fp8(8, 256)), TypeError, "a:"),
     ("fp8-data-dtype", "fp8_gemm_nt", dense_fp8(a=(torch.randn(8, 256), scales(8, 2))), TypeError, "a[0]"),
     ("fp8-scale-dtype", "fp8_gemm_nt", dense_fp8(a=(fp8(8, 256), scales(8, 2).half())), TypeError, "a[1]"),

@@ -41,7 +41,7 @@ _DENSE_BF16_DOC = """BF16 dense GEMM, layout ``{layout}``: ``d = alpha * op(a) @
         d: bf16 or fp32 [M, N], contiguous; written and returned.
         c: optional bf16/fp32 [M, N] added as ``beta * c`` (not read when ``beta == 0``); may be ``d``.
         compiled_dims: DeepGEMM's JIT hint; no effect.
-        alpha, beta: scalars (BLAS meaning; keyword-only extensions).
+        alpha, beta: real numbers a float can hold (BLAS meaning; keyword-only extensions).
         stream: CUDA stream to run on (``None``: the current stream).
 
     Math: ``d[m, n] = alpha * sum_k A[m, k] * B[n, k] + beta * c[m, n]`` accumulated in fp32,
@@ -62,7 +62,7 @@ _DENSE_FP8_DOC = """FP8 block-scaled dense GEMM, layout ``{layout}`` (DeepGEMM's
             (instead of ``recipe``).
         compiled_dims: DeepGEMM's JIT hint; no effect.
         disable_ue8m0_cast: accepted for DeepGEMM compatibility; no effect on fp32 scales.
-        alpha, beta: scalars (BLAS meaning; keyword-only extensions).
+        alpha, beta: real numbers a float can hold (BLAS meaning; keyword-only extensions).
         stream: CUDA stream to run on (``None``: the current stream).
 
     Math: ``d[m, n] = alpha * sum_kb sa[m, kb] * sb[n or n // 128, kb] * sum_(k in kb) A[m, k] * B[n, k]
@@ -146,7 +146,7 @@ def bf16_gemm_tt(
 
 # ------------------------------------------------------------------------- cuBLASLt GEMMs
 
-_CUBLASLT_DOC = """DeepGEMM's ``cublaslt_gemm_{layout}``: the BF16 ``{layout}`` GEMM ``D = A @ B.T (+ C)`` by cuBLAS, not a kernel of ours.
+_CUBLASLT_DOC = """DeepGEMM's ``cublaslt_gemm_{layout}``: the BF16 ``{layout}`` GEMM ``D = A @ B.T (+ C)`` by cuBLAS.
 
     Shapes, dtypes and layouts as :func:`bf16_gemm_{layout}` (``alpha = beta = 1``). Only the ``pytorch``
     backend implements it: an fp32 product by ``torch.matmul`` (cuBLAS on CUDA), rounded once into ``d``.
@@ -420,7 +420,8 @@ def m_grouped_bf16_gemm_nt_masked(
     Args:
         a: bf16 [G, Mmax, K].
         b: bf16 [G, N, K].
-        d: bf16 or fp32 [G, Mmax, N], contiguous; rows ``>= masked_m[g]`` are unspecified (a kernel may write them, as DeepGEMM's does).
+        d: bf16 or fp32 [G, Mmax, N], contiguous; rows ``>= masked_m[g]``
+            are unspecified (a kernel may write them, as DeepGEMM's does).
         masked_m: int32 [G] on the device, valid rows per group, each in ``[0, Mmax]``.
         expected_m: host-side hint of the typical ``masked_m`` (picks the kernel config).
         compiled_dims: DeepGEMM's JIT hint; no effect.
@@ -448,7 +449,8 @@ def m_grouped_fp8_fp4_gemm_nt_masked(
     Args:
         a: ``(fp8 [G, Mmax, K], fp32 [G, Mmax, ceil(K/128)])``.
         b: ``(fp8 [G, N, K], fp32 [G, ceil(N/128), ceil(K/128)])``.
-        d: bf16 or fp32 [G, Mmax, N], contiguous; rows ``>= masked_m[g]`` are unspecified (a kernel may write them, as DeepGEMM's does).
+        d: bf16 or fp32 [G, Mmax, N], contiguous; rows ``>= masked_m[g]``
+            are unspecified (a kernel may write them, as DeepGEMM's does).
         masked_m: int32 [G] on the device, valid rows per group, each in ``[0, Mmax]``.
         expected_m: host-side hint of the typical ``masked_m``.
         recipe, recipe_a, recipe_b: as :func:`fp8_fp4_gemm_nt`; must resolve to ``(1, 128, 128)``.
@@ -642,7 +644,8 @@ _PAGED_DOC = """FP8 MQA logits over a paged KV cache (decode); returns a new [B 
         weights: fp32 [B * next_n, H] (bf16 with ``logits_dtype=torch.bfloat16``).
         context_lens: int32 [B] or [B, next_n].
         block_table: int32 [B, max_blocks].
-        schedule_meta: int32 [num_sms + 1, 2] from :func:`get_paged_mqa_logits_metadata`.
+        schedule_meta: int32 [num_sms + 1, 2] from :func:`get_paged_mqa_logits_metadata` for these
+            ``context_lens`` and ``block_kv`` (checked when value checks run).
         max_context_len: output width (>= every visible length).
         clean_logits: write ``-inf`` past each row's visible length.{dtype_doc}
         indices: DeepGEMM's varlen sequence index per row (int32 [B]); validated, no effect (the

@@ -38,6 +38,7 @@ import torch
 
 from tilegemm import config
 from tilegemm.env import CHECK_VALUES, env_flag
+from tilegemm.ops.common import paged_mqa_schedule
 
 FP8 = torch.float8_e4m3fn
 OUT_DTYPES = (torch.bfloat16, torch.float32)
@@ -100,7 +101,8 @@ def _ceil_div(x: int, y: int) -> int:
 def _describe(x: Any) -> str:
     if isinstance(x, torch.Tensor):
         return f"Tensor(shape={list(x.shape)}, dtype={x.dtype}, device={x.device})"
-    return f"{type(x).__name__} {x!r}"
+    text = repr(x)
+    return f"{type(x).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
 
 
 def _tensor(name: str, x: Any, dtypes: Sequence[torch.dtype], ndim: int | None) -> torch.Tensor:
@@ -141,25 +143,56 @@ def _output(name: str, d: Any, dtypes: Sequence[torch.dtype], expected: Sequence
     _shape(name, d, expected, meaning)
     if not d.is_contiguous():
         raise ValueError(f"{name}: must be contiguous row-major, got strides {list(d.stride())}")
+    if d.requires_grad and torch.is_grad_enabled():
+        raise ValueError(
+            f"{name}: requires grad, but the op writes it in place and is not differentiable "
+            "(use tilegemm.matmul / grouped_matmul / fp8_linear, or call under torch.no_grad())"
+        )
 
 
-def _same_device(**tensors: Any) -> None:
-    devices = {n: t.device for n, t in tensors.items() if isinstance(t, torch.Tensor)}
-    if len(set(devices.values())) > 1:
-        listing = ", ".join(f"{n} on {dev}" for n, dev in devices.items())
-        raise ValueError(f"all tensors must be on one device, got {listing}")
+def _same_device(tensors: dict[str, Any]) -> None:
+    """Every tensor of ``tensors`` (argument name -> value; ``None`` skipped) on the first one's device."""
+    present = [(n, t) for n, t in tensors.items() if isinstance(t, torch.Tensor)]
+    if not present:
+        return
+    first, ref = present[0][0], present[0][1].device
+    for name, t in present[1:]:
+        if t.device != ref:
+            raise ValueError(f"{name}: expected device {ref} (all tensors on {first}'s device), got {t.device}")
 
 
-def _scalar(name: str, x: Any) -> None:
+def _operand_devices(
+    a: torch.Tensor, sa: torch.Tensor | None, b: torch.Tensor, sb: torch.Tensor | None, **others: Any
+) -> dict[str, Any]:
+    """The tensors of a GEMM call by argument name, FP8 data and scales apart, for :func:`_same_device`."""
+    if sa is None:
+        return dict(a=a, b=b, **others)
+    return {"a[0] (data)": a, "a[1] (scales)": sa, "b[0] (data)": b, "b[1] (scales)": sb, **others}
+
+
+def _scalar(name: str, x: Any) -> float:
+    """``x`` as a float: any real number (int, float, Fraction, numpy scalar) that a float can hold."""
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise TypeError(f"{name}: got {_describe(x)}, expected a real number")
+    try:
+        return float(x)
+    except (OverflowError, ValueError, TypeError):
+        text = str(x)
+        text = text if len(text) <= 24 else f"{text[:12]}...({len(text)} digits)"
+        raise ValueError(f"{name}: got {type(x).__name__} {text}, outside the range of a float") from None
 
 
-def _int(name: str, x: Any, minimum: int) -> None:
+#: The largest value of the int arguments that become sizes (output widths, SM counts): int32, as in DeepGEMM.
+INT32_MAX = 2**31 - 1
+
+
+def _int(name: str, x: Any, minimum: int, maximum: int | None = None) -> None:
     if isinstance(x, bool) or not isinstance(x, numbers.Integral):
         raise TypeError(f"{name}: got {_describe(x)}, expected an int")
     if x < minimum:
         raise ValueError(f"{name}: got {x}, expected an int >= {minimum}")
+    if maximum is not None and x > maximum:
+        raise ValueError(f"{name}: got {x}, expected an int <= {maximum}")
 
 
 def _bool(name: str, x: Any) -> None:
@@ -344,10 +377,9 @@ def dense_gemm_check(layout: str, fp8: bool) -> Callable[..., dict[str, Any]]:
         _string("compiled_dims", compiled_dims)
         _output("d", d, OUT_DTYPES, [m, n], "[M, N]")
         _addend(c, OUT_DTYPES, [m, n], "[M, N]")
-        _scalar("alpha", alpha)
-        _scalar("beta", beta)
+        alpha, beta = _scalar("alpha", alpha), _scalar("beta", beta)
         _stream(stream)
-        _same_device(a=a_data, b=b_data, d=d, c=c, a_scales=sa, b_scales=sb)
+        _same_device(_operand_devices(a_data, sa, b_data, sb, d=d, c=c))
         return dict(a=_pack(la, sa), b=_pack(lb, sb), d=d, c=c, **derived, alpha=alpha, beta=beta, stream=stream)
 
     return check
@@ -376,7 +408,7 @@ def skip_head_mid_check(
     _string("compiled_dims", compiled_dims)
     _output("d", d, OUT_DTYPES, [m, n + n // (left + right) * mid], "[M, N + N / (left + right) * mid]")
     _stream(stream)
-    _same_device(a=a_data, b=b_data, d=d, a_scales=sa, b_scales=sb)
+    _same_device(_operand_devices(a_data, sa, b_data, sb, d=d))
     return dict(a=(a_data, sa), b=(b_data, sb), d=d, head_splits=(left, mid, right), recipe=rec, stream=stream)
 
 
@@ -405,16 +437,14 @@ def _check_m_indices(m_indices: torch.Tensor, m_sum: int, groups: int) -> None:
         )
 
 
-def check_group_offsets(offs: torch.Tensor, m_sum: int, groups: int) -> None:
-    """psum-layout ends: int32 [G], non-decreasing, within ``0..m_sum`` (the values only when enabled)."""
-    _shape("grouped_layout", offs, [groups], "[G] cumulative group end rows (use_psum_layout=True)")
+def check_group_offsets(offs: torch.Tensor, m_sum: int, groups: int, name: str = "grouped_layout") -> None:
+    """psum-layout ends ``name``: int32 [G], non-decreasing, within ``0..m_sum`` (the values only when enabled)."""
+    _shape(name, offs, [groups], "[G] cumulative group end rows")
     if not value_checks_enabled(offs.device) or groups == 0:
         return
     prev = torch.cat([offs.new_zeros(1), offs[:-1]])
     if bool((offs < prev).any()) or bool((offs > m_sum).any()):
-        raise ValueError(
-            f"grouped_layout (psum ends): got {offs.tolist()[:16]}..., expected non-decreasing values in 0..{m_sum}"
-        )
+        raise ValueError(f"{name} (psum ends): got {offs.tolist()[:16]}, expected non-decreasing values in 0..{m_sum}")
 
 
 def resolve_alignment(alignment: Any) -> int:
@@ -477,7 +507,7 @@ def m_grouped_contiguous_check(layout: str, fp8: bool) -> Callable[..., dict[str
         align = resolve_alignment(alignment)
         _tensor("grouped_layout", grouped_layout, (torch.int32,), 1)
         _stream(stream)
-        _same_device(a=a_data, b=b_data, d=d, grouped_layout=grouped_layout)
+        _same_device(_operand_devices(a_data, sa, b_data, sb, d=d, grouped_layout=grouped_layout))
         if use_psum_layout:
             check_group_offsets(grouped_layout, m_sum, groups)
         else:
@@ -536,7 +566,7 @@ def m_grouped_masked_check(fp8: bool) -> Callable[..., dict[str, Any]]:
         _shape("masked_m", masked_m, [groups], "[G], valid rows per group")
         _int("expected_m", expected_m, 0)
         _stream(stream)
-        _same_device(a=a_data, b=b_data, d=d, masked_m=masked_m)
+        _same_device(_operand_devices(a_data, sa, b_data, sb, d=d, masked_m=masked_m))
         if value_checks_enabled(masked_m.device) and groups:
             bad = (masked_m < 0) | (masked_m > m_max)
             if bool(bad.any()):
@@ -639,7 +669,7 @@ def k_grouped_check(fp8: bool, layout: str = "tn") -> Callable[..., dict[str, An
         _tensor("grouped_layout", grouped_layout, (torch.int32,), 1)
         _shape("grouped_layout", grouped_layout, [groups], "[G], the device mirror of ks_cpu")
         _stream(stream)
-        _same_device(a=a_data, b=b_data, d=d, c=c, grouped_layout=grouped_layout)
+        _same_device(_operand_devices(a_data, sa, b_data, sb, d=d, c=c, grouped_layout=grouped_layout))
         if value_checks_enabled(grouped_layout.device) and groups and grouped_layout.cpu().tolist() != ks:
             raise ValueError(f"grouped_layout: holds {grouped_layout.cpu().tolist()}, expected ks_cpu={ks}")
         return dict(
@@ -657,7 +687,7 @@ LOGITS_DTYPES = (torch.float32, torch.bfloat16)
 def _q_operand(q: Any, ndim: int) -> torch.Tensor:
     """``q`` as an FP8 tensor: DeepGEMM's ``(q, None)`` tuple or the tensor itself; FP4 ``(q, sf)`` is refused."""
     if isinstance(q, (tuple, list)):
-        if len(q) != 2:
+        if len(q) != 2 or not (q[1] is None or isinstance(q[1], torch.Tensor)):
             raise TypeError(f"q: got {_describe(q)}, expected an fp8 tensor or a (fp8 tensor, None) tuple")
         if q[1] is not None:
             raise NotImplementedError("q: FP4 queries with scale factors are DeepGEMM's SM100 path; pass (q, None)")
@@ -704,16 +734,25 @@ def mqa_logits_check(
         _tensor(name, x, (torch.int32,), 1)
         _shape(name, x, [s], "[S], one per query")
     _bool("clean_logits", clean_logits)
-    _int("max_seqlen_k", max_seqlen_k, 0)
+    _int("max_seqlen_k", max_seqlen_k, 0, INT32_MAX)
     _stream(stream)
-    _same_device(q=q, kv=kv_data, kv_scale=kv_scale, weights=weights, ks=cu_seq_len_k_start, ke=cu_seq_len_k_end)
+    _same_device(
+        {
+            "q": q,
+            "kv[0] (data)": kv_data,
+            "kv[1] (scales)": kv_scale,
+            "weights": weights,
+            "cu_seq_len_k_start": cu_seq_len_k_start,
+            "cu_seq_len_k_end": cu_seq_len_k_end,
+        }
+    )
     if value_checks_enabled(cu_seq_len_k_start.device) and s:
         ks, ke = cu_seq_len_k_start, cu_seq_len_k_end
         bad = (ks < 0) | (ks > ke) | (ke > s_kv)
         if bool(bad.any()):
             i = int(bad.nonzero()[0, 0])
             raise ValueError(
-                f"cu_seq_len_k_start/end: query {i} has window [{int(ks[i])}, {int(ke[i])}), "
+                f"cu_seq_len_k_start, cu_seq_len_k_end: query {i} has window [{int(ks[i])}, {int(ke[i])}), "
                 f"expected 0 <= start <= end <= S_kv={s_kv}"
             )
     return dict(
@@ -752,12 +791,18 @@ def _indices(indices: Any, batch: int) -> None:
 def paged_mqa_metadata_check(context_lens, block_kv, num_sms, indices=None) -> dict[str, Any]:
     """The check of ``get_paged_mqa_logits_metadata``; derived: ``context_lens``, ``block_kv``, ``num_sms``."""
     _context_lens(context_lens, None, None)
-    _int("block_kv", block_kv, 1)
-    _int("num_sms", num_sms, 1)
+    _int("block_kv", block_kv, 1, INT32_MAX)
+    _int("num_sms", num_sms, 1, INT32_MAX)
     _indices(indices, context_lens.shape[0])
-    if value_checks_enabled(context_lens.device) and context_lens.numel() and bool((context_lens < 0).any()):
-        raise ValueError(f"context_lens: got a negative length (min {int(context_lens.min())}), expected >= 0")
+    _same_device(dict(context_lens=context_lens, indices=indices))
+    if value_checks_enabled(context_lens.device):
+        _nonnegative_lengths(context_lens)
     return dict(context_lens=context_lens, block_kv=block_kv, num_sms=num_sms)
+
+
+def _nonnegative_lengths(context_lens: torch.Tensor) -> None:
+    if context_lens.numel() and bool((context_lens < 0).any()):
+        raise ValueError(f"context_lens: got a negative length (min {int(context_lens.min())}), expected >= 0")
 
 
 def visible_lengths(context_lens: torch.Tensor, next_n: int) -> torch.Tensor:
@@ -806,12 +851,24 @@ def paged_mqa_logits_check(
     _tensor("schedule_meta", schedule_meta, (torch.int32,), 2)
     if schedule_meta.shape[0] < 2 or schedule_meta.shape[1] != 2:
         raise ValueError(f"schedule_meta: got shape {list(schedule_meta.shape)}, expected [num_sms + 1, 2]")
-    _int("max_context_len", max_context_len, 0)
+    _int("max_context_len", max_context_len, 0, INT32_MAX)
     _bool("clean_logits", clean_logits)
     _indices(indices, batch)
     _stream(stream)
-    _same_device(q=q, kv_cache=kv_cache, weights=weights, context_lens=context_lens, block_table=block_table)
-    derived = dict(
+    _same_device(
+        dict(
+            q=q,
+            kv_cache=kv_cache,
+            weights=weights,
+            context_lens=context_lens,
+            block_table=block_table,
+            schedule_meta=schedule_meta,
+            indices=indices,
+        )
+    )
+    if value_checks_enabled(block_table.device):
+        _paged_values(context_lens, block_table, schedule_meta, next_n, num_blocks, block_kv, max_context_len)
+    return dict(
         q=q,
         kv_cache=kv_cache,
         weights=weights,
@@ -823,12 +880,35 @@ def paged_mqa_logits_check(
         logits_dtype=logits_dtype,
         stream=stream,
     )
-    if not value_checks_enabled(block_table.device) or batch == 0:
-        return derived
+
+
+def _paged_values(
+    context_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    schedule_meta: torch.Tensor,
+    next_n: int,
+    num_blocks: int,
+    block_kv: int,
+    max_context_len: int,
+) -> None:
+    """The value checks of the paged MQA logits: lengths, the block table, the schedule."""
+    _nonnegative_lengths(context_lens)
     visible = visible_lengths(context_lens, next_n)
+    if visible.numel():
+        _paged_block_table(visible, block_table, num_blocks, block_kv, max_context_len)
+    expected = paged_mqa_schedule(context_lens, block_kv, schedule_meta.shape[0] - 1)
+    if not torch.equal(schedule_meta, expected):
+        raise ValueError(
+            "schedule_meta: does not match get_paged_mqa_logits_metadata(context_lens, block_kv="
+            f"{block_kv}, num_sms={schedule_meta.shape[0] - 1}) (built for other lengths or another block size?)"
+        )
+
+
+def _paged_block_table(
+    visible: torch.Tensor, block_table: torch.Tensor, num_blocks: int, block_kv: int, max_context_len: int
+) -> None:
+    """Every row's visible keys fit ``max_context_len`` and the table, whose used entries name real blocks."""
     longest = int(visible.max())
-    if int(context_lens.min()) < 0:
-        raise ValueError(f"context_lens: got a negative length (min {int(context_lens.min())}), expected >= 0")
     if longest > max_context_len:
         raise ValueError(f"max_context_len: got {max_context_len}, but a row sees {longest} keys")
     if longest > block_table.shape[1] * block_kv:
@@ -846,7 +926,6 @@ def paged_mqa_logits_check(
             f"block_table: batch {b} slot {col} holds block {int(block_table[b, col])}, "
             f"expected 0..{num_blocks - 1} (kv_cache has {num_blocks} blocks)"
         )
-    return derived
 
 
 # ----------------------------------------------------------------------- einsum, prenorm
@@ -889,14 +968,13 @@ def einsum_check(expr, a, b, d, c=None, use_cublaslt=False, *, stream=None) -> d
     _tensor("b", b, (torch.bfloat16,), 3)
     sizes = _einsum_sizes(expr, a_dims, b_dims, a, b)
     out_shape = [sizes[x] for x in d_dims]
-    _tensor("d", d, OUT_DTYPES, len(out_shape))
-    _shape("d", d, out_shape, f"[{', '.join(d_dims.upper())}]")
+    _output("d", d, OUT_DTYPES, out_shape, f"[{', '.join(d_dims.upper())}]")
     if c is not None:
         _tensor("c", c, (d.dtype,), len(out_shape))
         _shape("c", c, out_shape, "d's shape")
     _bool("use_cublaslt", use_cublaslt)
     _stream(stream)
-    _same_device(a=a, b=b, d=d, c=c)
+    _same_device(dict(a=a, b=b, d=d, c=c))
     return dict(expr=expr, a=a, b=b, d=d, c=c, stream=stream)
 
 
@@ -929,7 +1007,7 @@ def fp8_einsum_check(expr, a, b, d, c=None, recipe=(1, 128, 128), *, stream=None
     _output("d", d, OUT_DTYPES, out_shape, f"[{', '.join(d_dims.upper())}]")
     _addend(c, OUT_DTYPES, out_shape, "d's shape")
     _stream(stream)
-    _same_device(a=a_data, b=b_data, d=d, c=c, a_scales=sa, b_scales=sb)
+    _same_device(_operand_devices(a_data, sa, b_data, sb, d=d, c=c))
     return dict(expr=expr, a=(a_data, sa), b=(b_data, sb), d=d, c=c, recipe=rec, stream=stream)
 
 
@@ -948,7 +1026,7 @@ def tf32_hc_prenorm_gemm_check(a, b, d, sqr_sum, num_splits=None, *, stream=None
         _output("d", d, (torch.float32,), [num_splits, m, n], "[num_splits, M, N]")
         _output("sqr_sum", sqr_sum, (torch.float32,), [num_splits, m], "[num_splits, M]")
     _stream(stream)
-    _same_device(a=a, b=b, d=d, sqr_sum=sqr_sum)
+    _same_device(dict(a=a, b=b, d=d, sqr_sum=sqr_sum))
     return dict(a=a, b=b, d=d, sqr_sum=sqr_sum, num_splits=num_splits, stream=stream)
 
 
@@ -978,8 +1056,96 @@ def moe_experts_check(hidden, topk_ids, topk_weights, w13, w2, activation="silu"
     if activation not in MOE_ACTIVATIONS:
         raise ValueError(f"activation: got {activation!r}, expected one of {list(MOE_ACTIVATIONS)}")
     _stream(stream)
-    _same_device(hidden=hidden, topk_ids=topk_ids, topk_weights=topk_weights, w13=w13, w2=w2)
+    _same_device(dict(hidden=hidden, topk_ids=topk_ids, topk_weights=topk_weights, w13=w13, w2=w2))
     return dict(
         hidden=hidden, topk_ids=topk_ids, topk_weights=topk_weights, w13=w13, w2=w2, activation=activation,
         stream=stream,
     )  # fmt: skip
+
+
+# ------------------------------------------------------------------ differentiable functions
+
+
+def matmul_check(a: Any, b: Any) -> None:
+    """The check of ``tilegemm.matmul``: bf16 ``a [M, K]``, ``b [K, N]`` on one device."""
+    _tensor("a", a, (torch.bfloat16,), 2)
+    _tensor("b", b, (torch.bfloat16,), 2)
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"a [M, K] has shape {list(a.shape)} but b [K, N] has {list(b.shape)}: K differs")
+    _same_device(dict(a=a, b=b))
+
+
+def grouped_matmul_check(x: Any, w: Any, offs: Any) -> None:
+    """The check of ``tilegemm.grouped_matmul``: bf16 ``x [M, K]``, ``w [G, N, K]``, int32 ``offs [G]``.
+
+    The values of ``offs`` (non-decreasing, within ``0..M``) are checked when value checks run and the
+    call is not being traced by ``torch.compile``.
+    """
+    _tensor("x", x, (torch.bfloat16,), 2)
+    _tensor("w", w, (torch.bfloat16,), 3)
+    if x.shape[1] != w.shape[2]:
+        raise ValueError(f"x [M, K] has shape {list(x.shape)} but w [G, N, K] has {list(w.shape)}: K differs")
+    _tensor("offs", offs, (torch.int32,), 1)
+    _same_device(dict(x=x, w=w, offs=offs))
+    if torch.compiler.is_compiling():
+        _shape("offs", offs, [w.shape[0]], "[G] cumulative group end rows")
+    else:
+        check_group_offsets(offs, x.shape[0], w.shape[0], name="offs")
+
+
+def fp8_linear_check(x: Any, weight: Any, bias: Any) -> None:
+    """The check of ``tilegemm.fp8_linear``: bf16 ``x [..., K]``, ``weight [N, K]``, ``bias`` None or bf16 [N]."""
+    _tensor("x", x, (torch.bfloat16,), None)
+    if x.dim() == 0:
+        raise ValueError("x: got a 0-D tensor, expected [..., K]")
+    _tensor("weight", weight, (torch.bfloat16,), 2)
+    if x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"x [..., K] has shape {list(x.shape)} but weight [N, K] has {list(weight.shape)}: K differs")
+    if bias is not None:
+        _tensor("bias", bias, (torch.bfloat16,), 1)
+        _shape("bias", bias, [weight.shape[0]], "[N], one per output feature")
+    _same_device(dict(x=x, weight=weight, bias=bias))
+
+
+# ------------------------------------------------------------------- quantization helpers
+
+
+def _real_tensor(fn: str, name: str, x: Any, min_dim: int, max_dim: int | None = None) -> torch.Tensor:
+    """``x`` as a floating tensor with ``min_dim..max_dim`` dims and values (not on the meta device)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{fn}: {name}: got {_describe(x)}, expected a floating torch.Tensor")
+    if not x.is_floating_point():
+        raise TypeError(f"{fn}: {name}: got dtype {x.dtype}, expected a floating dtype")
+    if x.dim() < min_dim or (max_dim is not None and x.dim() > max_dim):
+        dims = (
+            f"{min_dim}"
+            if max_dim == min_dim
+            else f"at least {min_dim}"
+            if max_dim is None
+            else f"{min_dim} to {max_dim}"
+        )
+        raise ValueError(f"{fn}: {name}: got shape {list(x.shape)}, expected {dims} dims")
+    return x
+
+
+def quant_input_check(fn: str, x: Any, min_dim: int, max_dim: int | None, gran_k: Any, use_ue8m0: Any) -> None:
+    """The check of the FP8 casts: a floating ``x`` of ``min_dim..max_dim`` dims, ``gran_k >= 1``, a bool flag."""
+    _real_tensor(fn, "x", x, min_dim, max_dim)
+    _int(f"{fn}: gran_k", gran_k, 1)
+    _bool(f"{fn}: use_ue8m0", use_ue8m0)
+
+
+def scale_tensor_check(fn: str, sf: Any, min_dim: int, max_dim: int | None) -> None:
+    """The check of the scale-layout helpers' ``sf``: a floating tensor of ``min_dim..max_dim`` dims."""
+    _real_tensor(fn, "sf", sf, min_dim, max_dim)
+
+
+def calc_diff_check(x: Any, y: Any) -> None:
+    """The check of ``calc_diff``: two tensors of one shape, with values (not on the meta device)."""
+    for name, t in (("x", x), ("y", y)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"calc_diff: {name}: got {_describe(t)}, expected a torch.Tensor")
+        if t.device.type == "meta":
+            raise ValueError(f"calc_diff: {name}: a meta tensor has no values")
+    if x.shape != y.shape:
+        raise ValueError(f"calc_diff: x has shape {list(x.shape)} but y has {list(y.shape)}, expected one shape")

@@ -1,6 +1,7 @@
 """Host-side definitions both backends share (neither imports the other, nor ``checks``).
 
 * :func:`paged_mqa_split_kv`: keys per split of the paged-MQA schedule.
+* :func:`paged_mqa_schedule`: the paged-MQA schedule itself (``get_paged_mqa_logits_metadata``).
 * :func:`write_head_splits`: the output placement of ``fp8_gemm_nt_skip_head_mid``.
 * :func:`compress_logits`: the ``max_seqlen_k > 0`` form of the MQA logits.
 """
@@ -22,6 +23,33 @@ def paged_mqa_split_kv(block_kv: int) -> int:
     KV-cache blocks otherwise, so a split never cuts a block.
     """
     return math.lcm(PAGED_MQA_SPLIT_KV, int(block_kv))
+
+
+def paged_mqa_schedule(context_lens: torch.Tensor, block_kv: int, num_sms: int) -> torch.Tensor:
+    """The balanced paged-MQA schedule on ``context_lens``' device (no host sync): int32 [num_sms + 1, 2].
+
+    Batch b has ``ceil(max(len_b, 0) / split)`` splits, ``split = paged_mqa_split_kv(block_kv)``; ``len_b``
+    is ``context_lens[b]``, or the row max for 2-D lengths. With ``total`` splits in all, SM i starts at
+    global split ``i * (total // num_sms) + min(i, total % num_sms)``, so SM counts differ by at most one;
+    that split is named by its batch and its index within the batch. Row ``num_sms`` is ``(B, 0)``.
+    Batches with no splits are never a start.
+    """
+    if context_lens.dim() == 1:
+        lens = context_lens
+    elif context_lens.shape[1]:
+        lens = context_lens.amax(dim=1)
+    else:  # next_n == 0: no rows, no keys
+        lens = context_lens.new_zeros(context_lens.shape[0])
+    split = paged_mqa_split_kv(block_kv)
+    counts = torch.div(lens.to(torch.int64).clamp_min(0) + (split - 1), split, rounding_mode="floor")
+    ends = torch.cumsum(counts, 0)
+    total = counts.sum()
+    sm = torch.arange(num_sms + 1, device=lens.device, dtype=torch.int64)
+    base = torch.div(total, num_sms, rounding_mode="floor")
+    start = sm * base + torch.minimum(sm, total - base * num_sms)
+    batch = torch.searchsorted(ends, start, right=True)
+    first = torch.cat([ends - counts, total.reshape(1)])[batch]
+    return torch.stack([batch, start - first], dim=1).to(torch.int32)
 
 
 def write_head_splits(d: torch.Tensor, out: torch.Tensor, head_splits: tuple[int, int, int]) -> torch.Tensor:

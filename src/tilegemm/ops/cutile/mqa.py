@@ -13,7 +13,7 @@ the padded heads load as zeros with zero weights.
   so cost follows the valid pairs. ``-inf`` outside the windows comes from the output's
   initial fill (``torch.full``) plus the in-tile mask.
 * ``get_paged_mqa_logits_metadata``: torch ops on the device (no host sync), the same balanced
-  split as the reference backend (split size from ``ops.common.paged_mqa_split_kv``).
+  split as the reference backend (``ops.common.paged_mqa_schedule``).
 * ``fp8_paged_mqa_logits``: a persistent kernel; ``parts`` CTAs share schedule row i (the splits
   from row i to row i + 1, round-robin), so several dependent gathers are in flight per SM; each
   chunk of a split gathers its KV-cache blocks with one indexed (TMA) load.
@@ -28,7 +28,7 @@ import cuda.tile as ct
 import torch
 
 from tilegemm.backend.registry import Unsupported, register_impl
-from tilegemm.ops.common import compress_logits, paged_mqa_split_kv
+from tilegemm.ops.common import compress_logits, paged_mqa_schedule, paged_mqa_split_kv
 from tilegemm.ops.cutile.heuristics import (
     MqaConfig,
     PagedMqaConfig,
@@ -291,25 +291,8 @@ register_impl("fp8_mqa_logits", "cutile")(fp8_mqa_logits)
 
 @register_impl("get_paged_mqa_logits_metadata", "cutile")
 def get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms):
-    """Balanced schedule on the device (no host sync): int32 [num_sms + 1, 2] of (batch, split).
-
-    Batch b has ``ceil(max(len_b, 0) / split)`` splits, ``split = paged_mqa_split_kv(block_kv)``
-    (the reference backend's); ``len_b`` is the row max for 2-D lengths. SM i starts at global
-    split ``i * (total // num_sms) + min(i, total % num_sms)``, named as (batch, split within the
-    batch); row ``num_sms`` is ``(B, 0)``.
-    """
-    lens = context_lens if context_lens.dim() == 1 else context_lens.amax(dim=1)
-    split = paged_mqa_split_kv(block_kv)
-    counts = torch.div(lens.to(torch.int64).clamp_min(0) + (split - 1), split, rounding_mode="floor")
-    ends = torch.cumsum(counts, 0)
-    starts = ends - counts
-    total = counts.sum()
-    sm = torch.arange(num_sms + 1, device=lens.device, dtype=torch.int64)
-    base = torch.div(total, num_sms, rounding_mode="floor")
-    start = sm * base + torch.minimum(sm, total - base * num_sms)
-    batch = torch.searchsorted(ends, start, right=True)
-    first = torch.cat([starts, total.reshape(1)])[batch]
-    return torch.stack([batch, start - first], dim=1).to(torch.int32)
+    """Balanced schedule on the device (no host sync): ``ops.common.paged_mqa_schedule``, as the reference."""
+    return paged_mqa_schedule(context_lens, block_kv, num_sms)
 
 
 def paged_views(kv_cache: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -86,7 +86,7 @@ def m_grouped_contiguous(
     """
     m_sum, k = a32.shape
     n = d.shape[1]
-    if m_sum == 0:
+    if m_sum == 0 or n == 0:  # nothing to write
         return d
     if num_groups == 0:  # every row is padding (or, unchecked, an out-of-range id)
         return d.zero_()

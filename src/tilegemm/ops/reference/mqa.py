@@ -4,7 +4,7 @@
   relu(q[i, h] . kv[j])`` inside each row's window ``[ks[i], ke[i])``; computed over chunks of query
   rows so the ``[chunk, H, S_kv]`` score temporary stays near ``CHUNK_BYTES``; compressed
   (``max_seqlen_k > 0``) and cast to ``logits_dtype`` (one rounding from fp32) at the end.
-* ``get_paged_mqa_logits_metadata``: the balanced split schedule (see ``ops.common.paged_mqa_split_kv``).
+* ``get_paged_mqa_logits_metadata``: the balanced split schedule (``ops.common.paged_mqa_schedule``).
 * ``fp8_fp4_paged_mqa_logits`` / ``fp8_paged_mqa_logits``: the same logits over a paged FP8 KV cache,
   chunked over key columns.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from tilegemm.backend.registry import register_impl
-from tilegemm.ops.common import compress_logits, paged_mqa_split_kv
+from tilegemm.ops.common import compress_logits, paged_mqa_schedule
 from tilegemm.ops.reference._common import chunk_count, exact_matmul
 
 
@@ -53,24 +53,9 @@ register_impl("fp8_mqa_logits", "pytorch")(fp8_mqa_logits)
 
 @register_impl("get_paged_mqa_logits_metadata", "pytorch")
 def get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms):
-    """Reference schedule: int32 [num_sms + 1, 2], row i = (batch, split) where SM i starts.
-
-    Batch b has ``ceil(len_b / split)`` splits (``split = paged_mqa_split_kv(block_kv)``; ``len_b`` is
-    ``context_lens[b]``, or the row max for 2-D lengths). With ``total`` splits in all, SM i starts
-    at global split ``i * (total // num_sms) + min(i, total % num_sms)``, so SM counts differ by at
-    most one; that split is named by its batch and its index within the batch. Row ``num_sms`` is
-    ``(B, 0)``. Batches with no splits are never a start.
-    """
-    lens = context_lens if context_lens.dim() == 1 else context_lens.amax(dim=1)
-    split = paged_mqa_split_kv(block_kv)
-    segments = (lens.long().clamp(min=0) + split - 1) // split
-    cum = segments.cumsum(0)
-    total = segments.sum()
-    sm = torch.arange(num_sms + 1, device=lens.device, dtype=torch.int64)
-    start = sm * (total // num_sms) + torch.minimum(sm, total % num_sms)
-    batch = torch.searchsorted(cum, start, right=True)
-    before = torch.cat([cum.new_zeros(1), cum])[batch]
-    return torch.stack([batch, start - before], dim=1).to(torch.int32)
+    """Reference schedule: int32 [num_sms + 1, 2], row i = (batch, split) where SM i starts
+    (``ops.common.paged_mqa_schedule``)."""
+    return paged_mqa_schedule(context_lens, block_kv, num_sms)
 
 
 def _visible_lengths(context_lens: torch.Tensor, next_n: int) -> torch.Tensor:

@@ -1,0 +1,167 @@
+"""Regression tests of issue 16's reproducers: each bad input is a clear error, each edge input works."""
+
+from __future__ import annotations
+
+import fractions
+import math
+
+import pytest
+import torch
+
+import tilegemm as tg
+
+FP8 = torch.float8_e4m3fn
+
+
+def fp8(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape).clamp(-400, 400).to(FP8)
+
+
+def scales(*shape: int) -> torch.Tensor:
+    return torch.rand(*shape) + 0.5
+
+
+def paged(**over):
+    ctx = torch.tensor([20, 5], dtype=torch.int32)
+    kw = dict(q=fp8(2, 1, 2, 64), kv_cache=torch.randint(0, 255, (4, 16, 1, 68), dtype=torch.uint8))
+    kw.update(weights=torch.randn(2, 2), context_lens=ctx, block_table=torch.tensor([[0, 1], [2, 3]]).int())
+    kw.update(schedule_meta=tg.get_paged_mqa_logits_metadata(ctx, 16, 2), max_context_len=32)
+    kw.update(over)
+    return kw
+
+
+def test_k_grouped_fp8_scales_on_another_device_write_nothing():
+    d = torch.full((2, 16, 24), math.nan)
+    a, b = (fp8(256, 16), torch.empty(2, 16, device="meta")), (fp8(256, 24), scales(2, 24))
+    with pytest.raises(ValueError, match=r"a\[1\] \(scales\): expected device cpu"):
+        tg.k_grouped_fp8_gemm_tn_contiguous(a, b, d, [0, 256], torch.tensor([0, 256]).int(), backend="pytorch")
+    assert d.isnan().all()
+
+
+@pytest.mark.parametrize("op", ["m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked"])
+def test_grouped_fp8_scales_device_is_checked(op):
+    masked = "masked" in op
+    a = (fp8(1, 128, 128), scales(1, 128, 1)) if masked else (fp8(128, 128), scales(128, 1))
+    b = (fp8(1, 32, 128), torch.empty(1, 1, 1, device="meta"))
+    d = torch.full((1, 128, 32) if masked else (128, 32), math.nan)
+    layout = torch.tensor([128]).int() if masked else torch.zeros(128).int()
+    with pytest.raises(ValueError, match=r"b\[1\] \(scales\): expected device cpu"):
+        getattr(tg, op)(a, b, d, layout, *([64] if masked else []), backend="pytorch")
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        torch.randint(-5, 99, (3, 2)).int(),  # garbage
+        tg.get_paged_mqa_logits_metadata(torch.tensor([2000, 5]).int(), 16, 2),  # built for other lengths
+    ],
+    ids=["garbage", "other-lengths"],
+)
+def test_paged_schedule_meta_values_are_checked(meta):
+    with pytest.raises(ValueError, match="schedule_meta"):
+        tg.fp8_paged_mqa_logits(**paged(schedule_meta=meta), backend="pytorch")
+
+
+def test_paged_schedule_meta_for_another_block_size():
+    ctx = torch.tensor([600, 5], dtype=torch.int32)
+    kw = paged(context_lens=ctx, kv_cache=torch.zeros(40, 16, 1, 68, dtype=torch.uint8), max_context_len=600)
+    kw["block_table"] = torch.arange(80, dtype=torch.int32).view(2, 40) % 40
+    for block_kv, ok in ((16, True), (512, False)):
+        kw["schedule_meta"] = tg.get_paged_mqa_logits_metadata(ctx, block_kv, 2)
+        if ok:
+            tg.fp8_paged_mqa_logits(**kw, backend="pytorch")
+        else:
+            with pytest.raises(ValueError, match="schedule_meta"):
+                tg.fp8_paged_mqa_logits(**kw, backend="pytorch")
+
+
+def test_paged_schedule_meta_on_the_meta_device():
+    meta = torch.empty(3, 2, dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match="schedule_meta: expected device cpu"):
+        tg.fp8_paged_mqa_logits(**paged(schedule_meta=meta), backend="pytorch")
+
+
+def test_paged_next_n_zero_is_an_empty_result():
+    out = tg.fp8_paged_mqa_logits(**paged(q=fp8(2, 0, 2, 64), weights=torch.randn(0, 2)), backend="pytorch")
+    assert out.shape == (0, 32)
+
+
+def test_fp8_linear_checks_before_the_gemm():
+    x, w = torch.randn(4, 256).bfloat16(), torch.randn(8, 256).bfloat16()
+    with pytest.raises(TypeError, match="x: got dtype torch.float32"):
+        tg.fp8_linear(x.float(), w)
+    with pytest.raises(ValueError, match="bias: got shape"):
+        tg.fp8_linear(x, w, torch.randn(7).bfloat16())
+
+
+@pytest.mark.parametrize("psum", [False, True])
+def test_m_grouped_n_zero(psum):
+    layout = torch.tensor([64, 128]).int() if psum else torch.zeros(128).int()
+    d = torch.empty(128, 0)
+    a, b = torch.randn(128, 64).bfloat16(), torch.randn(2, 0, 64).bfloat16()
+    assert tg.m_grouped_bf16_gemm_nt_contiguous(a, b, d, layout, use_psum_layout=psum, backend="pytorch") is d
+
+
+@pytest.mark.parametrize("alpha", [fractions.Fraction(1, 3), 2**64])
+def test_real_alpha_beta(alpha):
+    a, b, c = torch.randn(8, 256).bfloat16(), torch.randn(16, 256).bfloat16(), torch.randn(8, 16)
+    d = tg.bf16_gemm_nt(a, b, torch.empty(8, 16), c, alpha=alpha, beta=alpha, backend="pytorch")
+    want = float(alpha) * (a.double() @ b.double().T + c.double())
+    assert tg.calc_diff(d, want) < 1e-6
+
+
+def test_alpha_outside_a_float():
+    a, b = torch.randn(8, 256).bfloat16(), torch.randn(16, 256).bfloat16()
+    with pytest.raises(ValueError, match="alpha: got int"):
+        tg.bf16_gemm_nt(a, b, torch.empty(8, 16), alpha=10**400, backend="pytorch")
+
+
+def test_d_that_requires_grad():
+    a, b = torch.randn(8, 256).bfloat16(), torch.randn(16, 256).bfloat16()
+    with pytest.raises(ValueError, match="d: requires grad"):
+        tg.bf16_gemm_nt(a, b, torch.empty(8, 16, requires_grad=True), backend="pytorch")
+    with torch.no_grad():
+        tg.bf16_gemm_nt(a, b, torch.empty(8, 16, requires_grad=True), backend="pytorch")
+
+
+def _mqa_wide() -> torch.Tensor:
+    q, kv, w = fp8(4, 2, 64), (fp8(32, 64), scales(32)), torch.randn(4, 2)
+    return tg.fp8_mqa_logits(q, kv, w, torch.zeros(4).int(), torch.zeros(4).int(), max_seqlen_k=2**62)
+
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (_mqa_wide, "max_seqlen_k"),
+        (lambda: tg.fp8_paged_mqa_logits(**paged(max_context_len=2**62)), "max_context_len"),
+        (lambda: tg.get_paged_mqa_logits_metadata(torch.tensor([20, 5]).int(), 16, 2**62), "num_sms"),
+    ],
+    ids=["mqa", "paged", "metadata"],
+)
+def test_huge_outputs_are_refused(call, name):
+    with tg.use_backend("pytorch"), pytest.raises(ValueError, match=name):
+        call()
+
+
+@pytest.mark.parametrize("fn", [tg.per_token_cast_to_fp8, tg.per_block_cast_to_fp8, tg.per_channel_cast_to_fp8])
+@pytest.mark.parametrize("x, error", [(torch.tensor(1.0), ValueError), ([[1.0] * 128], TypeError)], ids=["0-d", "list"])
+def test_quant_helpers_name_x(fn, x, error):
+    with pytest.raises(error, match=rf"{fn.__name__}: x:"):
+        fn(x)
+
+
+def test_calc_diff_refuses_meta_and_mismatched_shapes():
+    with pytest.raises(ValueError, match="meta"):
+        tg.calc_diff(torch.ones(3, device="meta"), torch.ones(3, device="meta"))
+    with pytest.raises(ValueError, match="shape"):
+        tg.calc_diff(torch.ones(3), torch.ones(4))
+
+
+def test_grouped_matmul_errors_name_its_arguments():
+    x, w = torch.randn(8, 16).bfloat16(), torch.randn(2, 4, 16).bfloat16()
+    with pytest.raises(ValueError, match="offs"):
+        tg.grouped_matmul(x, w, torch.tensor([4, 9]).int())
+    with pytest.raises(TypeError, match="offs"):
+        tg.grouped_matmul(x, w, torch.tensor([4, 8]))
+    with pytest.raises(ValueError, match="x .* w"):
+        tg.grouped_matmul(x, torch.randn(2, 4, 15).bfloat16(), torch.tensor([4, 8]).int())
