@@ -281,12 +281,12 @@ def use_decode(kind: str, m: int, n: int, k: int) -> bool:
 def decode_plan(kind: str, cfg: DecodeConfig, m: int, n: int, k: int, sms: int) -> DecodePlan:
     """Tiles and K split of a decode GEMM, sized from the weight bytes per SM.
 
-    Tiles: ``cdiv(N, bw) x cdiv(M, bm)``. Without enough tiles to give every SM one, K is split
-    so that the units cover the SMs, within the bounds above (a split's partial costs
-    ``2 * bw * bm * 4`` bytes of traffic against the ``bw * per * step_k * elt`` weight bytes it
-    streams). One streaming CTA per SM is what counts: on the H100 (2026-11-23) splitting 112 tiles
-    four ways to fill ``sms * occupancy`` slots took 15.4 us at 1x7168x2048 BF16 against 13.3 us
-    unsplit, and 30.1 against 16.1 us at 128x7168x2048 (``tests/benchmark/decode_variants.py``).
+    Tiles: ``cdiv(N, bw) x cdiv(M, bm)``. With at least 3/4 of an SM's worth of tiles, K is not
+    split; with fewer, K is split so that the units fill the CTA slots (``sms * occupancy``), within
+    the bounds above (a split's partial costs ``2 * bw * bm * 4`` bytes of traffic against the
+    ``bw * per * step_k * elt`` weight bytes it streams). H100, BF16, 2026-11-23: 112 tiles unsplit
+    took 13.3 us at 1x7168x2048 (4 splits: 15.4) and 16.1 us at 128x7168x2048 (2 splits: 30.1);
+    64 tiles at 1x4096x7168 took 29.3 us in 8 splits and 42.5 us in 2.
     """
     bm = cfg.tile_m(m)
     num_m, num_n = _cdiv(m, bm), _cdiv(n, cfg.bw)
@@ -294,8 +294,8 @@ def decode_plan(kind: str, cfg: DecodeConfig, m: int, n: int, k: int, sms: int) 
     steps = max(1, _cdiv(k, step))
     tiles = num_m * num_n
     splits = 1
-    if cfg.splitk:
-        slots = max(1, sms)
+    if cfg.splitk and 4 * tiles < 3 * max(1, sms):
+        slots = max(1, sms) * cfg.occupancy_for(bm)
         step_bytes = cfg.bw * step * (1 if kind == "fp8" else 2)
         partial_bytes = 2 * cfg.bw * bm * 4
         min_steps = max(DECODE_MIN_STEPS, _cdiv(DECODE_PARTIAL_RATIO * partial_bytes, step_bytes))
