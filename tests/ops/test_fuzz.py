@@ -173,6 +173,61 @@ def dense(draw, fp8_op: bool) -> Case:
     return Case(op, kw, dims, lambda call, _: finish(call, product()), bar=bar, scalars=("alpha", "beta"))
 
 
+def cublaslt(draw) -> Case:
+    layout = draw(st.sampled_from(list(LAYOUT_DIMS)))
+    m, n, k = draw(st.integers(0, 24)), draw(st.integers(3, 40)), draw(st.sampled_from([0, 1, 7, 64, 130]))
+    out_dtype = draw(st.sampled_from([torch.float32, torch.bfloat16]))
+    a, b = rand(m, k), rand(n, k)
+    c = rand(m, n, dtype=draw(st.sampled_from([torch.float32, torch.bfloat16]))) if draw(st.booleans()) else None
+    da, db = LAYOUT_DIMS[layout]
+    kw = dict(a=_as_layout(a, layout[0] == "t"), b=_as_layout(b, layout[1] == "n"), c=c)
+    kw["d"] = torch.full((m, n), math.nan, dtype=out_dtype)
+
+    def reference(call: dict[str, Any], _: Any) -> torch.Tensor:
+        return d64(a) @ d64(b).T + (d64(call["c"]) if call["c"] is not None else 0)
+
+    bar = 1e-6 if out_dtype == torch.float32 else 1e-5
+    dims = {"a": da, "b": db, "d": "MN", "c": "MN"}
+    return Case(getattr(tg, f"cublaslt_gemm_{layout}"), kw, dims, reference, bar=bar)
+
+
+def moe_experts(draw) -> Case:
+    tokens, top_k, experts = draw(st.integers(0, 6)), draw(st.integers(1, 3)), draw(st.integers(1, 4))
+    hidden, inter = draw(st.integers(1, 24)), draw(st.integers(1, 12))
+    dtype = draw(st.sampled_from([torch.bfloat16, torch.float32]))
+    activation = draw(st.sampled_from(["silu", "gelu", "gelu_tanh"]))
+    ids = torch.randint(-1, experts + 1, (tokens, top_k))
+    act = {
+        "silu": torch.nn.functional.silu,
+        "gelu": torch.nn.functional.gelu,
+        "gelu_tanh": lambda v: torch.nn.functional.gelu(v, approximate="tanh"),
+    }[activation]
+
+    def reference(call: dict[str, Any], _: Any) -> torch.Tensor:
+        x, w, w13, w2 = (d64(call[name]) for name in ("hidden", "topk_weights", "w13", "w2"))
+        ids_, inter_ = call["topk_ids"], w2.shape[2]
+        out = torch.zeros(x.shape, dtype=torch.float64)
+        for t in range(x.shape[0]):
+            for j in range(ids_.shape[1]):
+                e = int(ids_[t, j])
+                if 0 <= e < w13.shape[0]:
+                    gu = w13[e] @ x[t]
+                    out[t] += w[t, j] * (w2[e] @ (act(gu[:inter_]) * gu[inter_:]))
+        return out
+
+    kw = dict(
+        hidden=rand(tokens, hidden, dtype=dtype), topk_ids=ids, topk_weights=rand(tokens, top_k, dtype=torch.float32),
+        w13=rand(experts, 2 * inter, hidden, dtype=dtype), w2=rand(experts, hidden, inter, dtype=dtype),
+        activation=activation,
+    )  # fmt: skip
+    dims = {"hidden": "TH", "topk_ids": "TK", "topk_weights": "TK", "w13": "EJH", "w2": "EHI"}
+    bar = 1e-5 if dtype == torch.bfloat16 else 1e-9
+    return Case(
+        tg.moe_experts, kw, dims, reference, out=None, bar=bar, related={"I": "J", "J": "I"},
+        bad_dtype=torch.int16, meta_ok=False,
+    )  # fmt: skip
+
+
 def skip_head_mid(draw) -> Case:
     left, mid, right = draw(st.integers(0, 3)), draw(st.integers(0, 3)), draw(st.integers(1, 3))
     heads, m, k = draw(st.integers(3, 4)), draw(st.integers(0, 16)), draw(st.sampled_from([64, 128, 256]))
@@ -682,6 +737,8 @@ def diff(draw) -> Case:
 FAMILIES: dict[str, Callable[[Any], Case]] = {
     "dense_bf16": lambda draw: dense(draw, False),
     "dense_fp8": lambda draw: dense(draw, True),
+    "cublaslt": cublaslt,
+    "moe_experts": moe_experts,
     "skip_head_mid": skip_head_mid,
     "m_grouped_bf16": lambda draw: m_grouped(draw, False),
     "m_grouped_fp8": lambda draw: m_grouped(draw, True),
@@ -861,7 +918,8 @@ def test_every_public_tensor_op_is_fuzzed():
         "fp8_mqa_logits", "fp8_fp4_mqa_logits", "get_paged_mqa_logits_metadata", "fp8_paged_mqa_logits",
         "fp8_fp4_paged_mqa_logits", "einsum", "fp8_einsum", "tf32_hc_prenorm_gemm", "matmul", "grouped_matmul",
         "fp8_linear", "per_token_cast_to_fp8", "per_channel_cast_to_fp8", "per_block_cast_to_fp8",
-        "get_mn_major_tma_aligned_tensor", "calc_diff",
+        "get_mn_major_tma_aligned_tensor", "calc_diff", "cublaslt_gemm_nn", "cublaslt_gemm_nt", "cublaslt_gemm_tn",
+        "cublaslt_gemm_tt", "moe_experts",
     }  # fmt: skip
     aliases = {
         "m_grouped_fp8_fp4_gemm_nt_contiguous",
