@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -97,7 +98,7 @@ def build_shim(deepgemm_src: Path, root: Path) -> Path:
 def run_function(shim: Path, tests: Path, module: str, seed: int, function: str, timeout: float, log: Path) -> dict:
     """Run one test function in a fresh process; returns its row."""
     code = _RUNNER.format(tests=str(tests), seed=seed, module=module, function=function)
-    env = {**__import__("os").environ, "DG_USE_NVIDIA_TOOLS": "1"}
+    env = {**os.environ, "DG_USE_NVIDIA_TOOLS": "1"}
     env["PYTHONPATH"] = f"{shim}:{env.get('PYTHONPATH', '')}"
     start = time.perf_counter()
     try:

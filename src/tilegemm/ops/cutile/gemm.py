@@ -485,15 +485,9 @@ def bf16_gemm(
 
 def _bf16_plan(layout: str, a, b, d, c, config) -> Runner:
     """Build the launch plan of a BF16 call (see :func:`bf16_gemm`)."""
-    la = _logical(a, layout[0] == "t")  # [M, K]
-    lb = _logical(b, layout[1] == "n")  # [N, K]
-    m, k = la.shape
-    n = lb.shape[0]
-    trivial = _trivial_plan(m, n, k)
+    m, n, k, trivial = _plan_dims(layout, a, b, d)
     if trivial is not None:
         return trivial
-    if not d.is_contiguous():
-        raise Unsupported("d must be contiguous")
     fa, a_kmajor = _operand_fn(a, layout[0] == "t", need_kmajor=False)
     fb, b_kmajor = _operand_fn(b, layout[1] == "n", need_kmajor=False)
     c_fn = _addend_fn(d, c)
@@ -516,6 +510,18 @@ def _bf16_plan(layout: str, a, b, d, c, config) -> Runner:
         return kernel_constants(cfg, a_kmajor=a_kmajor, b_kmajor=b_kmajor, has_c=has_c, splitk=splitk)
 
     return _dense_runner(op, cfg, m, n, k, consts, lambda a, b: (_apply(fa, a), _apply(fb, b)), c_fn, has_c)
+
+
+def _plan_dims(layout: str, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor) -> tuple[int, int, int, Runner | None]:
+    """``(M, N, K, trivial)`` of a dense call stored in ``layout``: ``trivial`` is the plan of an empty
+    problem (else ``None``); a non-contiguous ``d`` of a non-trivial call is ``Unsupported``."""
+    la = _logical(a, layout[0] == "t")  # [M, K]
+    lb = _logical(b, layout[1] == "n")  # [N, K]
+    (m, k), n = la.shape, lb.shape[0]
+    trivial = _trivial_plan(m, n, k)
+    if trivial is None and not d.is_contiguous():
+        raise Unsupported("d must be contiguous")
+    return m, n, k, trivial
 
 
 def _swap_pair(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -581,17 +587,10 @@ def fp8_gemm(
 def _fp8_plan(layout: str, a_data, sa, b_data, sb, d, c, recipe, config) -> Runner:
     """Build the launch plan of an FP8 call (see :func:`fp8_gemm`)."""
 
-    la = _logical(a_data, layout[0] == "t")
-    lb = _logical(b_data, layout[1] == "n")
-    m, k = la.shape
-    n = lb.shape[0]
-    rec = tuple(recipe)
-    trivial = _trivial_plan(m, n, k)
+    m, n, k, trivial = _plan_dims(layout, a_data, b_data, d)
     if trivial is not None:
         return trivial
-    if not d.is_contiguous():
-        raise Unsupported("d must be contiguous")
-    sb_rows = rec == (1, 1, 128)
+    sb_rows = tuple(recipe) == (1, 1, 128)
     fa, _ = _operand_fn(a_data, layout[0] == "t", need_kmajor=True)
     fb, _ = _operand_fn(b_data, layout[1] == "n", need_kmajor=True)
     c_fn = _addend_fn(d, c)
