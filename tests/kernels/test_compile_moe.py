@@ -2,7 +2,8 @@
 
 Variants: the gate/up GEMM for every config of ``heuristics.all_moe_configs`` with H a multiple of the K
 tile (unchecked 16-byte gathers) and not (bounds-checked gathers), both activations; the down GEMM for
-every config; the combine for top-k 1, 2, 8 and the widest and narrowest column tiles. Checked: tensor-core
+every config; the combine for top-k 1, 2, 8 and the widest and narrowest column tiles; the per-slot kernels
+(``ops/cutile/moe_slots.py``) with int64 and int32 ids, even and ragged K. Checked: tensor-core
 MMAs, TMA loads of the weights (UTMALDG), the gathered rows as 16-byte ``cp.async`` copies
 (``LDGSTS.E.BYPASS.128``) when H allows it, no register spills, no TMA descriptor built on the device.
 """
@@ -17,7 +18,7 @@ import pytest
 ct = pytest.importorskip("cuda.tile")
 
 from kernels.sass import dump_sass, opcode_counts, sass_summary  # noqa: E402
-from tilegemm.ops.cutile import aot, heuristics, moe  # noqa: E402
+from tilegemm.ops.cutile import aot, heuristics, moe, moe_slots  # noqa: E402
 
 ARCHS = aot.ARCHS
 _A = aot.array
@@ -68,18 +69,49 @@ def _variants():
     return out
 
 
+def _slot_variants():
+    """The per-slot kernels (``moe_slots.py``) with the default tiles: int64 and int32 ids, K even and ragged."""
+    cfg = heuristics.moe_slots_config(2048)
+    bf, out = ct.bfloat16, []
+    for id_dtype in (ct.int64, ct.int32):
+        ids = aot.array(id_dtype, 1, align_bytes=4)
+        for even_k in (True, False):
+            tag = f"{id_dtype}-{'evenk' if even_k else 'raggedk'}"
+            for act_name, act in moe.ACTIVATIONS.items():
+                up = [_A(bf, 2), _A(bf, 3), _A(bf, 3), _A(bf, 2), ids, aot.scalar(ct.int32), aot.scalar(ct.int32)]
+                out.append((f"slots-up-{act_name}-{tag}", "gate_up", [*up, act, cfg.bw, cfg.bk, cfg.bt, even_k]))
+            for w_dtype in (ct.float32, bf):
+                down = [
+                    _A(bf, 2),
+                    _A(bf, 3),
+                    _A(bf, 2),
+                    ids,
+                    aot.array(w_dtype, 1, align_bytes=2),
+                    aot.scalar(ct.int32),
+                ]
+                out.append((f"slots-down-{w_dtype}-{tag}", "down", [*down, cfg.bw, cfg.bk, cfg.bt, even_k]))
+    for top_k in (1, 8):
+        params = [_A(bf, 3), _A(bf, 2), top_k, cfg.combine_bt, cfg.combine_bn]
+        out.append((f"slots-combine-k{top_k}", "combine", params))
+    return out
+
+
 VARIANTS = _variants()
+SLOT_VARIANTS = _slot_variants()
 
 
 @pytest.fixture(scope="module")
 def compiled():
     """(SASS summary, opcode counts) of every (variant, arch), compiled in parallel threads."""
-    jobs = [(vid, name, hints, params, arch) for vid, name, hints, params in VARIANTS for arch in ARCHS]
+    jobs = [
+        (vid, moe.get_kernel(name, *hints), params, arch) for vid, name, hints, params in VARIANTS for arch in ARCHS
+    ]
+    jobs += [(vid, moe_slots.get_kernel(name), params, arch) for vid, name, params in SLOT_VARIANTS for arch in ARCHS]
 
     def work(job):
-        vid, name, hints, params, arch = job
+        vid, kernel, params, arch = job
         try:
-            cubin = aot.compile_cubin(moe.get_kernel(name, *hints), params, arch)
+            cubin = aot.compile_cubin(kernel, params, arch)
             return (vid, arch), (sass_summary(cubin), opcode_counts(dump_sass(cubin)))
         except Exception as exc:  # reported by the test of that variant
             return (vid, arch), exc
@@ -99,7 +131,7 @@ def test_heuristics_only_pick_gated_configs():
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("vid", [v[0] for v in VARIANTS])
+@pytest.mark.parametrize("vid", [v[0] for v in VARIANTS] + [v[0] for v in SLOT_VARIANTS])
 def test_moe_kernel_sass(compiled, vid, arch):
     result = compiled[(vid, arch)]
     if isinstance(result, Exception):
@@ -107,10 +139,10 @@ def test_moe_kernel_sass(compiled, vid, arch):
     s, ops = result
     assert s["ldl"] == 0 and s["stl"] == 0, f"{vid} {arch}: register spills to local memory: {s}"
     assert s["tensormap_writes"] == 0, f"{vid} {arch}: TMA descriptors built on the device: {s}"
-    if vid.startswith("combine"):
+    if "combine" in vid:
         return
     mma = s["hgmma"] if arch == "sm_90" else s["utchmma"]
     assert mma > 0 and s["hmma"] == 0, f"{vid} {arch}: no warpgroup / tcgen05 MMA: {s}"
-    assert s["utmaldg"] >= 2, f"{vid} {arch}: weights not loaded with TMA: {s}"
+    assert s["utmaldg"] >= (1 if vid.startswith("slots-down") else 2), f"{vid} {arch}: weights not loaded with TMA: {s}"
     if vid.endswith("evenk"):
         assert ops["LDGSTS.E.BYPASS.128"] > 0, f"{vid} {arch}: gathered rows not copied 16 bytes at a time: {ops}"

@@ -20,25 +20,34 @@ NEW_TOKENS = 5
 
 
 class RouteRecorder:
-    """Wraps the experts' ``moe_route`` to record what the experts function saw (calls, ids, expert count)."""
+    """Wraps what the experts function routes with (``moe_route`` on the unfused path, ``moe_experts`` on the
+    fused one) to record what it saw (calls, ids, expert count)."""
 
     def __init__(self):
         import tilegemm.transformers.experts as experts
 
-        self.module = experts
-        self.original = experts.moe_route
+        self.original_route = experts.moe_route
+        self.original_fused = experts.api.moe_experts
         self.reset()
-        experts.moe_route = self
+        experts.moe_route = self.route
+        experts.api.moe_experts = self.fused
 
     def reset(self) -> None:
         """Forget what was recorded."""
         self.calls, self.sentinels, self.num_experts = 0, 0, set()
 
-    def __call__(self, top_k_index, num_experts, *args, **kwargs):
+    def _record(self, top_k_index, num_experts: int) -> None:
         self.calls += 1
         self.num_experts.add(int(num_experts))
         self.sentinels += int(((top_k_index < 0) | (top_k_index >= num_experts)).sum())
-        return self.original(top_k_index, num_experts, *args, **kwargs)
+
+    def route(self, top_k_index, num_experts, *args, **kwargs):
+        self._record(top_k_index, num_experts)
+        return self.original_route(top_k_index, num_experts, *args, **kwargs)
+
+    def fused(self, hidden, top_k_index, top_k_weights, w13, *args, **kwargs):
+        self._record(top_k_index, w13.shape[0])
+        return self.original_fused(hidden, top_k_index, top_k_weights, w13, *args, **kwargs)
 
 
 def _run(model, sequence, ids):
@@ -74,6 +83,7 @@ def _case(family: str, mode: str, world_size: int, dtype: torch.dtype, recorder:
     recorder.reset()
     patched_logits, patched_tokens = _run(model, sequence, ids)
     scale = float(ref_logits.abs().max())
+    unfused_logits = _run_unfused(model, sequence, ids)[0]
     return {
         "experts_implementation": model.config._experts_implementation,
         "local": local_experts(experts_modules(model)[0]),
@@ -91,7 +101,20 @@ def _case(family: str, mode: str, world_size: int, dtype: torch.dtype, recorder:
         },
         "patched_vs_stock_max_diff": float((patched_logits - stock_logits).abs().max()) / scale,
         "patched_vs_stock_calc_diff": measure.compare_logits(patched_logits, stock_logits)["calc_diff"],
+        "unfused_vs_stock_max_diff": float((unfused_logits - stock_logits).abs().max()) / scale,
     }
+
+
+def _run_unfused(model, sequence, ids):
+    """:func:`_run` with the experts' unfused path (the fused ``moe_experts`` op switched off)."""
+    import tilegemm.transformers.experts as experts
+
+    fused = experts.fused_activation
+    experts.fused_activation = lambda module, hidden_states: None
+    try:
+        return _run(model, sequence, ids)
+    finally:
+        experts.fused_activation = fused
 
 
 def worker(rank: int, world_size: int, init_file: str, out: str, cases: list[tuple[str, str, str]]) -> None:

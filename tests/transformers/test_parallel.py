@@ -91,13 +91,17 @@ def test_all_to_all_expert_parallel(results):
 
 
 @pytest.mark.parametrize("key", [f"{f}/{m}/{d}" for f, m, d in CASES if d == "bfloat16"])
-def test_bf16_sharded_patched_equals_sharded_stock(results, key):
-    """bf16: patched equals the sharded stock model bit for bit (as in one process on the CPU); both differ from
-    one process by the rounding of the sum of the ranks' partial outputs, which is the sharding's own."""
+def test_bf16_sharded_patched_matches_sharded_stock(results, key):
+    """bf16. The unfused experts path keeps transformers' rounding sequence: it equals the sharded stock model bit
+    for bit (as in one process on the CPU). The fused op (the default) rounds less often, so it moves the logits by
+    bf16 steps: on these hidden-size-64 models, teacher-forced calc_diff against stock of about 1e-5 in one process
+    as sharded (tests/transformers/test_models.py); bound here at 1e-4. Both differ from one process by the
+    rounding of the sum of the ranks' partial outputs, which is the sharding's own."""
     for r in _result(results, key):
         assert r["tilegemm_calls"] > 0
-        assert r["patched_vs_stock_max_diff"] == 0.0, r
-        assert r["patched"]["calc_diff"] == r["stock"]["calc_diff"] < 1e-3, r
+        assert r["unfused_vs_stock_max_diff"] == 0.0, r
+        assert r["patched_vs_stock_calc_diff"] < 1e-4, r
+        assert r["patched"]["calc_diff"] < 1e-3 and r["stock"]["calc_diff"] < 1e-3, r
 
 
 def test_plan_problems_are_reasons():

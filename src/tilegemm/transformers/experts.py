@@ -2,7 +2,14 @@
 
 ``tilegemm_experts_forward(self, hidden_states [T, H], top_k_index [T, k], top_k_weights [T, k]) -> [T, H]``
 follows transformers' experts contract (``self`` is a ``@use_experts_implementation`` experts module with
-``gate_up_proj [E, 2I, H]`` and ``down_proj [E, H, I]``). Per call:
+``gate_up_proj [E, 2I, H]`` and ``down_proj [E, H, I]``).
+
+Inference on a bf16 model whose experts are the plain gated form (:func:`fused_activation`: no biases, no
+post-expert norm, transformers' default gate, silu or tanh-GELU) runs one op, :func:`tilegemm.moe_experts`:
+routing, both GEMMs, the activation and the weighted combine fused (per slot at decode sizes, sorted by
+expert above). It rounds the intermediate once and each weighted slot once, where transformers' path rounds
+gate, up, the activation and the weighted product: closer to the float64 formula, and bf16 steps away from
+stock. Every other case (training, fp16/fp32, biases, other activations) runs the unfused path, per call:
 
 1. sort the ``T*k`` (token, expert) pairs by expert on the device (``tilegemm.routing``, psum layout);
 2. ``m_grouped_bf16_gemm_nt_contiguous`` on the gathered rows with ``gate_up_proj`` (psum layout);
@@ -42,6 +49,8 @@ import warnings
 
 import torch
 
+from tilegemm.ops import api
+from tilegemm.ops.checks import skip_value_checks
 from tilegemm.routing import MoERouting, moe_route, permute_tokens, unpermute_tokens
 from tilegemm.transformers.fp8_weights import cached_fp8_weight
 from tilegemm.transformers.op_call import out_dtype, run_op
@@ -71,6 +80,35 @@ def _stock_forward(module, hidden_states, top_k_index, top_k_weights):
             stacklevel=3,
         )
     return grouped_mm_experts_forward(module, hidden_states, top_k_index, top_k_weights)
+
+
+#: transformers activation classes whose gated form ``act(gate) * up`` :func:`tilegemm.moe_experts` computes.
+FUSED_ACTIVATIONS = {"SiLUActivation": "silu", "SiLU": "silu", "GELUTanh": "gelu_tanh"}
+
+
+def fused_activation(module: torch.nn.Module, hidden_states: torch.Tensor) -> str | None:
+    """The :func:`tilegemm.moe_experts` activation that computes this experts module exactly, or ``None``.
+
+    ``None`` unless the module is the plain gated form: bf16 ``gate_up_proj [E, 2I, H]`` (gate rows first)
+    and ``down_proj [E, H, I]``, bf16 hidden states, no biases, no post-expert norm, transformers' default
+    ``_apply_gate`` and an activation in :data:`FUSED_ACTIVATIONS`.
+    """
+    from transformers.integrations import moe as hf_moe
+
+    plain = not (
+        getattr(module, "is_transposed", False)
+        or getattr(module, "has_bias", False)
+        or getattr(module, "has_post_expert_norm", False)
+        or not getattr(module, "has_gate", True)
+    )
+    default_gate = getattr(hf_moe, "_default_apply_gate", None)
+    if not plain or default_gate is None or getattr(type(module), "_apply_gate", None) is not default_gate:
+        return None
+    if hidden_states.dtype != torch.bfloat16 or module.gate_up_proj.dtype != torch.bfloat16:
+        return None
+    if module.down_proj.dtype != torch.bfloat16:
+        return None
+    return FUSED_ACTIVATIONS.get(type(getattr(module, "act_fn", None)).__name__)
 
 
 def _backend_for(module: torch.nn.Module) -> str | None:
@@ -195,6 +233,13 @@ def tilegemm_experts_forward(
     training = _needs_grad(self, hidden_states)
     if training and not _differentiable(self):
         return _stock_forward(self, hidden_states, top_k_index, top_k_weights)
+    activation = None if training else fused_activation(self, hidden_states)
+    if activation is not None:
+        with skip_value_checks():  # the ids come from the model's own router
+            return api.moe_experts(
+                hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj, activation,
+                backend=_backend_for(self),
+            )  # fmt: skip
     up_name, down_name = _weight_names(self)
     w_up, w_down = getattr(self, up_name), getattr(self, down_name)
     x = hidden_states.to(w_up.dtype)

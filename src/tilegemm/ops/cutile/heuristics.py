@@ -492,6 +492,39 @@ def moe_config(tokens: int, top_k: int, experts: int, hidden: int) -> MoEConfig:
     return MoEConfig(MOE_UP_CONFIGS[bm], MOE_DOWN_CONFIGS[bm], MOE_COMBINE_BT, bn)
 
 
+@dataclass(frozen=True)
+class MoESlotsConfig:
+    """Tiles of the per-slot experts kernels (``ops/cutile/moe_slots.py``): ``bw`` weight rows x ``bk`` K per
+    MMA (the weight tile, TMA), ``bt`` the MMA's N side (the token row repeated), and the combine's tile."""
+
+    bw: int = 64
+    bk: int = 256
+    bt: int = 8
+    combine_bt: int = 16
+    combine_bn: int = 256
+
+
+#: Slots per expert at or below which the fused experts skip the routing sort (``moe_use_slots``). On an
+#: H100 (docs/kernels.md, "Fused MoE experts"), the per-slot path beat the sorted one at 2 slots per expert
+#: (Mixtral, 8 tokens: 982 vs 1461 us) and lost at 4 (1541 vs 1472 us).
+MOE_SLOTS_PER_EXPERT = 2
+
+
+def moe_use_slots(tokens: int, top_k: int, experts: int) -> bool:
+    """Per-slot path (no routing) when the ``T * k`` slots are few against the experts: at most
+    :data:`MOE_SLOTS_PER_EXPERT` per expert (each slot reads its expert's weights, so an expert shared by
+    several slots is read again; the sort that would save it costs a dozen small launches)."""
+    return tokens * top_k <= MOE_SLOTS_PER_EXPERT * experts
+
+
+def moe_slots_config(hidden: int, bw: int = 64, bk: int = 256) -> MoESlotsConfig:
+    """Config of the per-slot experts kernels; the combine's column tile as in :func:`moe_config`."""
+    bn = MOE_COMBINE_MAX_BN
+    while bn > 1 and hidden % bn:
+        bn //= 2
+    return MoESlotsConfig(bw=bw, bk=bk, combine_bt=MOE_COMBINE_BT, combine_bn=bn)
+
+
 # ------------------------------------------------------------------------------- MQA logits
 # (used by ops/cutile/mqa.py,
 #  tests/kernels/test_compile_mqa.py and tests/benchmark/bench_mqa.py. Static: derived from the

@@ -34,7 +34,7 @@ import torch
 
 from tilegemm import config
 from tilegemm.backend.registry import Unsupported, register_impl
-from tilegemm.ops.cutile import heuristics
+from tilegemm.ops.cutile import heuristics, moe_slots
 from tilegemm.ops.cutile.grouped import KIND_INDICES, _check_tma_weight, _mma_bf16, _swizzle
 from tilegemm.routing import max_padded_rows, moe_route
 
@@ -186,6 +186,11 @@ def moe_experts(hidden, topk_ids, topk_weights, w13, w2, activation, stream):
         return out
     if top_k == 0 or inter == 0 or num_experts == 0:
         return out.zero_()
+    x = hidden if hidden.is_contiguous() and hidden.data_ptr() % 16 == 0 else hidden.contiguous()
+    if heuristics.moe_use_slots(num_tokens, top_k, num_experts):
+        slots_cfg = heuristics.moe_slots_config(hidden_dim)
+        act = ACTIVATIONS[activation]
+        return moe_slots.slot_experts(x, topk_ids, topk_weights, w13, w2, act, slots_cfg, out, _launch)
     cfg = heuristics.moe_config(num_tokens, top_k, num_experts, hidden_dim)
     rows = max_padded_rows(num_tokens, top_k, num_experts, cfg.bm)
     if rows * max(hidden_dim, inter) >= 2**31 or hidden.numel() >= 2**31:
@@ -200,7 +205,6 @@ def moe_experts(hidden, topk_ids, topk_weights, w13, w2, activation, stream):
     row_weight = torch.where(routing.src_slot >= 0, weights, torch.zeros((), dtype=torch.float32, device=slot.device))
     dest = routing.dest_row.view(num_tokens, top_k).to(torch.int32)
 
-    x = hidden if hidden.is_contiguous() and hidden.data_ptr() % 16 == 0 else hidden.contiguous()
     h = torch.empty(rows, inter, dtype=torch.bfloat16, device=hidden.device)
     y = torch.empty(rows, hidden_dim, dtype=torch.bfloat16, device=hidden.device)
 
