@@ -20,7 +20,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tilegemm.ops.checks import quant_input_check, scale_tensor_check
+from tilegemm.ops.checks import (
+    ceil_to_ue8m0_check,
+    k_grouped_ue8m0_check,
+    pack_ue8m0_check,
+    quant_input_check,
+    scale_tensor_check,
+    tma_aligned_size_check,
+    transform_sf_check,
+)
 
 FP8_DTYPE = torch.float8_e4m3fn
 #: Largest finite ``float8_e4m3fn`` value.
@@ -38,7 +46,11 @@ def _ceil_div(x: int, y: int) -> int:
 
 
 def ceil_to_ue8m0(x: torch.Tensor) -> torch.Tensor:
-    """Round fp32 ``|x|`` up to a power of two (an UE8M0 value); exponents clamped to ``2**-126 .. 2**127``."""
+    """Round fp32 ``|x|`` up to a power of two (an UE8M0 value); exponents clamped to ``2**-126 .. 2**127``.
+
+    ``x`` is any real tensor (0-d included; computed in fp32); the result is fp32 of ``x``'s shape.
+    """
+    ceil_to_ue8m0_check(x)
     bits = x.abs().float().view(torch.int32)
     exp = ((bits >> 23) & 0xFF) + (bits & 0x7FFFFF).bool().int()
     return (exp.clamp(1, 254) << 23).view(torch.float32)
@@ -46,8 +58,7 @@ def ceil_to_ue8m0(x: torch.Tensor) -> torch.Tensor:
 
 def pack_ue8m0_to_int(x: torch.Tensor) -> torch.Tensor:
     """Pack fp32 powers of 2 ``[..., K]`` (K a multiple of 4) into int32 ``[..., K / 4]``, four exponent bytes each."""
-    if x.dtype != torch.float32 or x.shape[-1] % 4:
-        raise ValueError(f"pack_ue8m0_to_int: need fp32 [..., K] with K % 4 == 0, got {x.dtype} {list(x.shape)}")
+    pack_ue8m0_check(x)
     bits = x.contiguous().view(torch.int32)
     return (bits >> 23).to(torch.uint8).view(torch.int32)
 
@@ -130,6 +141,7 @@ def get_tma_aligned_size(x: int, element_size: int) -> int:
 
     ``element_size`` must divide 16 (1, 2, 4, 8 or 16 bytes).
     """
+    tma_aligned_size_check(x, element_size)
     if element_size <= 0 or TMA_ALIGNMENT_BYTES % element_size != 0:
         raise ValueError(f"get_tma_aligned_size: element_size must divide 16, got {element_size}")
     step = TMA_ALIGNMENT_BYTES // element_size
@@ -193,7 +205,8 @@ def transform_sf_into_required_layout(
 
     Raises:
         NotImplementedError: packed UE8M0 (int32) scale factors (DeepGEMM's SM100 form).
-        TypeError: ``sf`` is not an fp32 tensor.
+        TypeError: ``sf`` is not an fp32 tensor; ``mn``, ``k``, ``num_groups`` or ``recipe`` are not ints,
+            ``is_sfa`` or ``disable_ue8m0_cast`` not bools.
         ValueError: a shape that does not match the recipe, an unsupported recipe, or ``is_sfa``
             inconsistent with the recipe's form.
     """
@@ -202,6 +215,7 @@ def transform_sf_into_required_layout(
     if not isinstance(sf, torch.Tensor) or sf.dtype != torch.float32:
         got = sf.dtype if isinstance(sf, torch.Tensor) else type(sf).__name__
         raise TypeError(f"transform_sf_into_required_layout: sf must be a float32 tensor, got {got}")
+    recipe = transform_sf_check(mn, k, recipe, num_groups, is_sfa, disable_ue8m0_cast)
     if len(recipe) == 3:
         if is_sfa is None:
             raise ValueError("transform_sf_into_required_layout: a 3-element recipe needs is_sfa=True or False")
@@ -281,10 +295,7 @@ def get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(
     size from the cumulative ends ``grouped_layout`` (group g spans ``[align(end[g-1], k_alignment), end[g])``;
     this reads ``grouped_layout`` on the host).
     """
-    if sf.dim() != 2:
-        raise ValueError(
-            f"get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor: sf must be 2-D, got {list(sf.shape)}"
-        )
+    k_grouped_ue8m0_check(sf, grouped_layout, ks_cpu, gran_k, k_alignment, use_psum_layout)
     if use_psum_layout:
         ends = [int(e) for e in grouped_layout.tolist()]
         starts = [0] + [_ceil_div(e, k_alignment) * k_alignment for e in ends[:-1]]

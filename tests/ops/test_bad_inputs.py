@@ -157,6 +157,67 @@ def test_calc_diff_refuses_meta_and_mismatched_shapes():
         tg.calc_diff(torch.ones(3), torch.ones(4))
 
 
+KG = "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor"
+TSF = "transform_sf_into_required_layout"
+LAYOUT = torch.tensor([128]).int()
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda: tg.ceil_to_ue8m0([1.0, 3.0]), TypeError, "ceil_to_ue8m0: x: got list"),
+        (lambda: tg.ceil_to_ue8m0(3.0), TypeError, "ceil_to_ue8m0: x: got float"),
+        (lambda: tg.ceil_to_ue8m0(torch.tensor([True])), TypeError, "ceil_to_ue8m0: x: got dtype torch.bool"),
+        (lambda: tg.pack_ue8m0_to_int([1.0] * 4), TypeError, "pack_ue8m0_to_int: x: got list"),
+        (lambda: tg.pack_ue8m0_to_int(torch.tensor(1.0)), ValueError, r"pack_ue8m0_to_int: x: got shape \[\]"),
+        (lambda: tg.pack_ue8m0_to_int(torch.ones(4).bfloat16()), TypeError, "pack_ue8m0_to_int: x: got dtype"),
+        (lambda: tg.get_tma_aligned_size([5], 4), TypeError, "get_tma_aligned_size: x: got list"),
+        (lambda: tg.get_tma_aligned_size(5, 4.0), TypeError, "get_tma_aligned_size: element_size: got float"),
+        (lambda: tg.get_mn_major_tma_aligned_tensor([[1.0]]), TypeError, "get_mn_major_tma_aligned_tensor: sf:"),
+        (lambda: tg.get_mn_major_tma_aligned_tensor(torch.tensor(1.0)), ValueError, "tma_aligned_tensor: sf:"),
+        (lambda: tg.get_mn_major_tma_aligned_packed_ue8m0_tensor([[1.0]]), TypeError, "packed_ue8m0_tensor: sf:"),
+        (lambda: tg.get_mn_major_tma_aligned_packed_ue8m0_tensor(torch.tensor(1.0)), ValueError, "ue8m0_tensor: sf:"),
+        (lambda: getattr(tg, KG)([[1.0]], LAYOUT, None, 128, 128), TypeError, f"{KG}: sf: got list"),
+        (lambda: getattr(tg, KG)(torch.tensor(1.0), LAYOUT, None, 128, 128), ValueError, f"{KG}: sf: got shape"),
+        (lambda: getattr(tg, KG)(torch.ones(1, 4), [128], None, 128, 128), TypeError, f"{KG}: grouped_layout:"),
+        (lambda: getattr(tg, KG)(torch.ones(1, 4), LAYOUT, 128, 128, 128), TypeError, f"{KG}: ks_cpu: got int"),
+        (lambda: getattr(tg, TSF)([[1.0]], 1, 128, (1, 128, 128), is_sfa=True), TypeError, f"{TSF}: sf must"),
+        (lambda: getattr(tg, TSF)(torch.tensor(1.0), 1, 128, (1, 128, 128), is_sfa=True), ValueError, "sf has shape"),
+        (lambda: getattr(tg, TSF)(torch.ones(1, 1), 1, 128, 128, is_sfa=True), TypeError, f"{TSF}: recipe: got int"),
+        (lambda: getattr(tg, TSF)(torch.ones(1, 1), [1], 128, (1, 128, 128), is_sfa=True), TypeError, f"{TSF}: mn:"),
+    ],
+    ids=[
+        "ceil-list", "ceil-float", "ceil-bool", "pack-list", "pack-0d", "pack-bf16", "tma-size-list",
+        "tma-size-float", "mn-major-list", "mn-major-0d", "packed-list", "packed-0d", "k-grouped-list",
+        "k-grouped-0d", "k-grouped-layout-list", "k-grouped-ks-int", "transform-list", "transform-0d",
+        "transform-recipe-int", "transform-mn-list",
+    ],
+)  # fmt: skip
+def test_ue8m0_and_layout_helpers_name_their_arguments(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_ceil_to_ue8m0_takes_0d_and_integer_tensors():
+    out = tg.ceil_to_ue8m0(torch.tensor(3.0))
+    assert out.shape == () and out.dtype == torch.float32 and float(out) == 4.0
+    assert torch.equal(tg.ceil_to_ue8m0(torch.tensor([3, -5, 8])), torch.tensor([4.0, 8.0, 8.0]))
+
+
+def test_calc_diff_refuses_tensors_on_two_devices():
+    with pytest.raises(ValueError, match="x is on cpu but y is on meta"):
+        tg.calc_diff(torch.ones(3), torch.ones(3, device="meta"))
+    with pytest.raises(ValueError, match="x is on meta but y is on cpu"):
+        tg.calc_diff(torch.ones(3, device="meta"), torch.ones(3))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_calc_diff_refuses_cuda_and_cpu():
+    with pytest.raises(ValueError, match="x is on cuda:0 but y is on cpu"):
+        tg.calc_diff(torch.ones(3, device="cuda"), torch.ones(3))
+
+
 def test_grouped_matmul_errors_name_its_arguments():
     x, w = torch.randn(8, 16).bfloat16(), torch.randn(2, 4, 16).bfloat16()
     with pytest.raises(ValueError, match="offs"):
