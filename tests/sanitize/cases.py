@@ -189,6 +189,29 @@ for _fp8 in (False, True):
             return _cutile_vs_reference(tg.bf16_gemm_nt, a.bfloat16(), b.bfloat16(), d, bar=1e-5)
 
 
+for _t in (1, 3, 40):
+
+    @case(f"moe_experts: {_t} tokens (the {'per-slot' if _t <= 3 else 'sorted'} path), then garbage expert ids")
+    def _moe(tokens=_t) -> str:
+        experts, top_k, hidden, inter = 16, 4, 264, 200  # neither a multiple of the tiles
+        g = _gen(tokens)
+        x = torch.randn(tokens, hidden, device=DEV, generator=g).bfloat16()
+        w13 = (torch.randn(experts, 2 * inter, hidden, device=DEV, generator=g) / hidden**0.5).bfloat16()
+        w2 = (torch.randn(experts, hidden, inter, device=DEV, generator=g) / inter**0.5).bfloat16()
+        ids = torch.stack([torch.randperm(experts, device=DEV, generator=g)[:top_k] for _ in range(tokens)])
+        ids[0, -1] = -1  # an expert-parallel sentinel
+        w = torch.rand(tokens, top_k, device=DEV, generator=g)
+        out = tg.moe_experts(x, ids, w, w13, w2, backend="cutile")
+        ref = tg.moe_experts(x, ids, w, w13, w2, backend="pytorch")
+        diff = calc_diff(out, ref)
+        if diff > 1e-5:
+            raise AssertionError(f"cutile differs from pytorch: calc_diff {diff:.2e}")
+        garbage = torch.randint(-(2**31), 2**31 - 1, ids.shape, device=DEV, generator=g, dtype=torch.int64)
+        tg.moe_experts(x, garbage, w, w13, w2, backend="cutile")
+        torch.cuda.synchronize()
+        return f"calc_diff {diff:.1e}"
+
+
 @case("mqa logits: windows past both ends")
 def _mqa() -> str:
     g = torch.Generator().manual_seed(1)

@@ -79,3 +79,16 @@ def compress_logits(full: torch.Tensor, starts: torch.Tensor, width: int) -> tor
         return full.new_full((s, width), float("-inf"))
     picked = full.gather(1, cols.clamp(max=s_kv - 1))
     return picked.masked_fill_(cols >= s_kv, float("-inf"))
+
+
+#: Routed slots per expert at or below which an MoE call is decode-sized (:func:`moe_decode_sized`). On an H100
+#: (docs/kernels.md, "Fused MoE experts") the fused experts' per-slot path beat the sorted one at 2 slots per
+#: expert (Mixtral, 8 tokens: 982 vs 1461 us) and lost at 4 (1541 vs 1472 us).
+MOE_DECODE_SLOTS_PER_EXPERT = 2
+
+
+def moe_decode_sized(tokens: int, top_k: int, experts: int) -> bool:
+    """True when the ``tokens * top_k`` routed slots are at most :data:`MOE_DECODE_SLOTS_PER_EXPERT` per expert:
+    reading each slot's expert weights directly (an expert shared by several slots is read again) costs less than
+    sorting the slots by expert, which is a dozen small launches."""
+    return tokens * top_k <= MOE_DECODE_SLOTS_PER_EXPERT * experts

@@ -4,12 +4,14 @@
 follows transformers' experts contract (``self`` is a ``@use_experts_implementation`` experts module with
 ``gate_up_proj [E, 2I, H]`` and ``down_proj [E, H, I]``).
 
-Inference on a bf16 model whose experts are the plain gated form (:func:`fused_activation`: no biases, no
-post-expert norm, transformers' default gate, silu or tanh-GELU) runs one op, :func:`tilegemm.moe_experts`:
-routing, both GEMMs, the activation and the weighted combine fused (per slot at decode sizes, sorted by
-expert above). It rounds the intermediate once and each weighted slot once, where transformers' path rounds
-gate, up, the activation and the weighted product: closer to the float64 formula, and bf16 steps away from
-stock. Every other case (training, fp16/fp32, biases, other activations) runs the unfused path, per call:
+Decode-sized inference (at most two routed slots per expert, ``tilegemm.ops.common.moe_decode_sized``) on a
+bf16 model whose experts are the plain gated form (:func:`fused_activation`: no biases, no post-expert norm,
+transformers' default gate, silu or tanh-GELU) runs one op, :func:`tilegemm.moe_experts`: both GEMMs, the
+activation and the weighted combine, one weight stream per slot, no routing sort. It rounds the intermediate
+once and each weighted slot once, where transformers' path rounds gate, up, the activation and the weighted
+product: closer to the float64 formula, and bf16 steps away from stock. Every other case (prefill sizes,
+where the fused op's sorted path is slower than this one at the largest sizes; training; fp16/fp32; biases;
+other activations) runs the unfused path, per call:
 
 1. sort the ``T*k`` (token, expert) pairs by expert on the device (``tilegemm.routing``, psum layout);
 2. ``m_grouped_bf16_gemm_nt_contiguous`` on the gathered rows with ``gate_up_proj`` (psum layout);
@@ -51,6 +53,7 @@ import torch
 
 from tilegemm.ops import api
 from tilegemm.ops.checks import skip_value_checks
+from tilegemm.ops.common import moe_decode_sized
 from tilegemm.routing import MoERouting, moe_route, permute_tokens, unpermute_tokens
 from tilegemm.transformers.fp8_weights import cached_fp8_weight
 from tilegemm.transformers.op_call import out_dtype, run_op
@@ -109,6 +112,11 @@ def fused_activation(module: torch.nn.Module, hidden_states: torch.Tensor) -> st
     if module.down_proj.dtype != torch.bfloat16:
         return None
     return FUSED_ACTIVATIONS.get(type(getattr(module, "act_fn", None)).__name__)
+
+
+def w_experts(module: torch.nn.Module) -> int:
+    """The experts this module holds (its local slice under expert parallelism)."""
+    return module.gate_up_proj.shape[0]
 
 
 def _backend_for(module: torch.nn.Module) -> str | None:
@@ -234,7 +242,7 @@ def tilegemm_experts_forward(
     if training and not _differentiable(self):
         return _stock_forward(self, hidden_states, top_k_index, top_k_weights)
     activation = None if training else fused_activation(self, hidden_states)
-    if activation is not None:
+    if activation is not None and moe_decode_sized(*top_k_index.shape, w_experts(self)):
         with skip_value_checks():  # the ids come from the model's own router
             return api.moe_experts(
                 hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj, activation,

@@ -210,7 +210,9 @@ def _fp8_part(a, sa, B, SB, acc, kb, jn, HN: ConstInt, SB_ROWS: ConstBool, FAST_
     if SB_ROWS:
         sb = ct.load(SB, (kb, jn), (1, HN), padding_mode=_ZERO, allow_tma=SCALE_TMA)
     else:
-        sb = ct.load(SB, (jn, kb), (1, 1), padding_mode=_ZERO, allow_tma=SCALE_TMA)
+        # One word: never through TMA (too small, it becomes an LDGSTS that every thread of a warp issues to the
+        # same shared-memory word, which racecheck reports as write-write hazards; docs/kernels.md, racecheck).
+        sb = ct.load(SB, (jn, kb), (1, 1), padding_mode=_ZERO, allow_tma=False)
     p = ct.mma(a, b, ct.zeros(acc.shape, dtype=ct.float32), use_fast_acc=FAST_ACC)
     return acc + p * (sa * sb)
 

@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 
 from tilegemm.env import PRINT_CONFIGS, env_flag
+from tilegemm.ops.common import moe_decode_sized
 
 __all__ = [
     "DenseConfig",
@@ -504,17 +505,9 @@ class MoESlotsConfig:
     combine_bn: int = 256
 
 
-#: Slots per expert at or below which the fused experts skip the routing sort (``moe_use_slots``). On an
-#: H100 (docs/kernels.md, "Fused MoE experts"), the per-slot path beat the sorted one at 2 slots per expert
-#: (Mixtral, 8 tokens: 982 vs 1461 us) and lost at 4 (1541 vs 1472 us).
-MOE_SLOTS_PER_EXPERT = 2
-
-
 def moe_use_slots(tokens: int, top_k: int, experts: int) -> bool:
-    """Per-slot path (no routing) when the ``T * k`` slots are few against the experts: at most
-    :data:`MOE_SLOTS_PER_EXPERT` per expert (each slot reads its expert's weights, so an expert shared by
-    several slots is read again; the sort that would save it costs a dozen small launches)."""
-    return tokens * top_k <= MOE_SLOTS_PER_EXPERT * experts
+    """The per-slot path (``moe_slots.py``, no routing sort) for decode-sized calls (:func:`moe_decode_sized`)."""
+    return moe_decode_sized(tokens, top_k, experts)
 
 
 def moe_slots_config(hidden: int, bw: int = 64, bk: int = 256) -> MoESlotsConfig:
