@@ -29,6 +29,7 @@ from tilegemm.ops.checks import (
     tma_aligned_size_check,
     transform_sf_check,
 )
+from tilegemm.ops.common import cdiv
 
 FP8_DTYPE = torch.float8_e4m3fn
 #: Largest finite ``float8_e4m3fn`` value.
@@ -39,10 +40,6 @@ AMAX_EPS = 1e-4
 BLOCK = 128
 #: TMA needs 16-byte aligned strides.
 TMA_ALIGNMENT_BYTES = 16
-
-
-def _ceil_div(x: int, y: int) -> int:
-    return -(-x // y)
 
 
 def ceil_to_ue8m0(x: torch.Tensor) -> torch.Tensor:
@@ -87,7 +84,7 @@ def per_token_cast_to_fp8(
     if use_packed_ue8m0 and not use_ue8m0:
         raise ValueError("per_token_cast_to_fp8: use_packed_ue8m0 needs use_ue8m0=True")
     k = x.shape[-1]
-    kb = _ceil_div(k, gran_k)
+    kb = cdiv(k, gran_k)
     xf = F.pad(x.float(), (0, kb * gran_k - k)).view(*x.shape[:-1], kb, gran_k)
     scale = _scale(xf.abs().amax(dim=-1, keepdim=True), use_ue8m0)
     q = (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
@@ -105,7 +102,7 @@ def per_channel_cast_to_fp8(
     """
     quant_input_check("per_channel_cast_to_fp8", x, 2, 2, gran_k, use_ue8m0)
     k, n = x.shape
-    kb = _ceil_div(k, gran_k)
+    kb = cdiv(k, gran_k)
     xf = F.pad(x.float(), (0, 0, 0, kb * gran_k - k)).view(kb, gran_k, n)
     scale = _scale(xf.abs().amax(dim=1, keepdim=True), use_ue8m0)
     q = (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).view(kb * gran_k, n)
@@ -128,7 +125,7 @@ def per_block_cast_to_fp8(
     """
     quant_input_check("per_block_cast_to_fp8", x, 2, None, gran_k, use_ue8m0)
     n, k = x.shape[-2], x.shape[-1]
-    nb, kb = _ceil_div(n, gran_k), _ceil_div(k, gran_k)
+    nb, kb = cdiv(n, gran_k), cdiv(k, gran_k)
     lead = x.shape[:-2]
     xf = F.pad(x.float(), (0, kb * gran_k - k, 0, nb * gran_k - n)).view(*lead, nb, gran_k, kb, gran_k)
     scale = _scale(xf.abs().amax(dim=(-3, -1), keepdim=True), use_ue8m0)
@@ -145,7 +142,7 @@ def get_tma_aligned_size(x: int, element_size: int) -> int:
     if element_size <= 0 or TMA_ALIGNMENT_BYTES % element_size != 0:
         raise ValueError(f"get_tma_aligned_size: element_size must divide 16, got {element_size}")
     step = TMA_ALIGNMENT_BYTES // element_size
-    return _ceil_div(x, step) * step
+    return cdiv(x, step) * step
 
 
 def get_mn_major_tma_aligned_tensor(sf: torch.Tensor) -> torch.Tensor:
@@ -232,7 +229,7 @@ def transform_sf_into_required_layout(
             f"transform_sf_into_required_layout: unsupported granularity (mn={gran_mn}, k={gran_k}) from recipe "
             f"{tuple(recipe)} (is_sfa={is_sfa}); need (1, 128) or (128, 128)"
         )
-    expected = (_ceil_div(mn, gran_mn), _ceil_div(k, gran_k))
+    expected = (cdiv(mn, gran_mn), cdiv(k, gran_k))
     if num_groups is not None:
         expected = (num_groups, *expected)
     if tuple(sf.shape) != expected:
@@ -255,7 +252,7 @@ def _ue8m0_bytes(sf: torch.Tensor) -> torch.Tensor:
 def _pack_last_dim(e: torch.Tensor) -> torch.Tensor:
     """uint8 ``[..., K]`` -> int32 ``[..., ceil(K/4)]``: bytes ``4i .. 4i+3`` (zero-padded), little-endian, in int i."""
     k = e.shape[-1]
-    return F.pad(e, (0, _ceil_div(k, 4) * 4 - k)).contiguous().view(torch.int32)
+    return F.pad(e, (0, cdiv(k, 4) * 4 - k)).contiguous().view(torch.int32)
 
 
 def get_mn_major_tma_aligned_packed_ue8m0_tensor(
@@ -298,14 +295,14 @@ def get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(
     k_grouped_ue8m0_check(sf, grouped_layout, ks_cpu, gran_k, k_alignment, use_psum_layout)
     if use_psum_layout:
         ends = [int(e) for e in grouped_layout.tolist()]
-        starts = [0] + [_ceil_div(e, k_alignment) * k_alignment for e in ends[:-1]]
+        starts = [0] + [cdiv(e, k_alignment) * k_alignment for e in ends[:-1]]
         ks = [max(0, e - s) for s, e in zip(starts, ends)]
     else:
         ks = list(ks_cpu) if ks_cpu else [int(k) for k in grouped_layout.tolist()]
     e = _ue8m0_bytes(sf)
     parts, row = [], 0
     for k in ks:
-        rows = _ceil_div(k, gran_k)
+        rows = cdiv(k, gran_k)
         parts.append(_pack_last_dim(e[row : row + rows].t()).t())
         row += rows
     if not parts:

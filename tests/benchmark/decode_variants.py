@@ -193,7 +193,7 @@ def _variants(args) -> list[str]:
 
 
 def run(args) -> list[dict]:
-    from tilegemm.ops.cutile import gemm, heuristics, launch
+    from tilegemm.ops.cutile import heuristics, launch
 
     t0 = time.time()
     ms = QUICK_MS if args.quick else MS
@@ -215,15 +215,16 @@ def run(args) -> list[dict]:
                 ref = a64 @ case.w64.T
                 d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
                 row = {"dtype": kind, "m": m, "n": n, "k": k, "weight_bytes": case.weight_bytes, "variants": {}}
+                problem = heuristics.Problem("dense", kind, m, n, k, launch.num_sms())
                 for name in variants:
                     rec: dict = {}
                     try:
                         if name == "tile":
-                            cfg = heuristics.choose_dense_config(kind, m, n, k, launch.num_sms())
+                            cfg = heuristics.dense_tile_config(problem)
                             rec["config"] = cfg.name
                         else:
                             cfg = heuristics.decode_config(name)
-                            plan = heuristics.decode_plan(kind, cfg, m, n, k, launch.num_sms())
+                            plan = heuristics.decode_plan(problem, cfg)
                             rec["config"] = f"{cfg.bw}x{plan.bm} split={plan.splits} grid={plan.grid[0]}"
                         fn = _variant_call(kind, cfg, a, case, d)
                         rec["calc_diff"], rec["bitwise"] = _check(fn, d, ref)
@@ -238,7 +239,8 @@ def run(args) -> list[dict]:
                     pub = _public_call(kind, a, case, d)
                     row["public_eager_us"] = _eager_us(pub, len(case.weights))
                     row["public_graph_us"] = _graph_us(pub, len(case.weights))
-                    row["public_variant"] = default_name if heuristics.use_decode(kind, m, n, k) else "tile"
+                    public = heuristics.choose(problem)
+                    row["public_variant"] = default_name if isinstance(public, heuristics.DecodeConfig) else "tile"
                 except Exception as exc:
                     row["public_error"] = f"{type(exc).__name__}: {exc}"[:200]
                 peer, note = _peer_call(kind, a, case, m, d)
@@ -256,7 +258,7 @@ def run(args) -> list[dict]:
                 del a, a64, ref, d
             del case
             torch.cuda.empty_cache()
-    gemm.clear_plans()
+    launch.clear_plans()
     return rows
 
 

@@ -16,7 +16,7 @@ import pytest
 ct = pytest.importorskip("cuda.tile")
 
 from kernels.sass import sass_summary  # noqa: E402
-from tilegemm.ops.cutile import aot, decode, gemm, heuristics  # noqa: E402
+from tilegemm.ops.cutile import aot, decode, gemm, heuristics, launch  # noqa: E402
 
 ARCHS = aot.ARCHS
 _A = aot.array
@@ -109,7 +109,7 @@ def _variants():
     out = []
     for cfg in heuristics.all_dense_configs():
         k = gemm.get_kernel(cfg)
-        if cfg.kind == "bf16":
+        if cfg.dtype == "bf16":
             for a_k in (True, False):
                 for b_k in (True, False):
                     lay = ("n" if a_k else "t") + ("t" if b_k else "n")
@@ -117,11 +117,11 @@ def _variants():
             out.append((f"{cfg.name}-nt-c-f32", "bf16", k, _bf16_params(cfg, True, True, True, ct.float32)))
             out.append((f"{cfg.name}-nt-splitk", "bf16", k, _bf16_params(cfg, True, True, False, ct.bfloat16, True)))
         else:
-            rows_opts = [True] + ([False] if cfg.tn // cfg.nh == 128 else [])
+            rows_opts = [True] + ([False] if cfg.bn // cfg.nh == 128 else [])
             for rows in rows_opts:
                 tag = "1x128" if rows else "128x128"
                 out.append((f"{cfg.name}-{tag}", "fp8", k, _fp8_params(cfg, rows, ct.bfloat16)))
-            rows = cfg.tn // cfg.nh != 128
+            rows = cfg.bn // cfg.nh != 128
             out.append((f"{cfg.name}-f32", "fp8", k, _fp8_params(cfg, rows, ct.float32)))
             out.append((f"{cfg.name}-splitk", "fp8", k, _fp8_params(cfg, rows, ct.bfloat16, True)))
         red = gemm.get_reduce_kernel()
@@ -230,8 +230,8 @@ def test_host_plan_arguments_compile(monkeypatch, kind, m, n, k):
 
     calls = []
     monkeypatch.setattr(ct, "launch", lambda stream, grid, kernel, args: calls.append((grid, kernel, args)))
-    monkeypatch.setattr(gemm.launch, "current_stream", lambda: type("S", (), {"cuda_stream": 1})())
-    monkeypatch.setattr(gemm, "_PLANS", {})
+    monkeypatch.setattr(launch, "current_stream", lambda: type("S", (), {"cuda_stream": 1})())
+    monkeypatch.setattr(launch, "_PLANS", {})
     monkeypatch.setattr(tilegemm.config, "_num_sms", 132)
     d = torch.empty(m, n, dtype=torch.bfloat16)
     if kind == "bf16":
@@ -244,7 +244,7 @@ def test_host_plan_arguments_compile(monkeypatch, kind, m, n, k):
     call()
     first = list(calls)
     call()
-    assert len(gemm._PLANS) == 1 and len(calls) == 2 * len(first)
+    assert len(launch._PLANS) == 1 and len(calls) == 2 * len(first)
     for grid, kernel, args in first:
         assert len(grid) == 3 and grid[0] >= 1
         s = sass_summary(aot.compile_cubin(kernel, _constraints(kernel, args), "sm_90"))

@@ -22,16 +22,17 @@ from tilegemm.ops.cutile import aot, grouped, heuristics  # noqa: E402
 
 ARCHS = aot.ARCHS
 _A = aot.array
-KINDS = {"indices": grouped.KIND_INDICES, "psum": grouped.KIND_PSUM, "masked": grouped.KIND_MASKED}
+Kind = heuristics.Kind
+KINDS = {"indices": Kind.INDICES, "psum": Kind.PSUM, "masked": Kind.MASKED}
 
 
 def _index():
     return aot.array(ct.int32, 1, align_bytes=4)
 
 
-def _m_params(fp8: bool, kind: int, trans_b: bool, cfg: heuristics.GroupedConfig) -> list:
-    consts = [kind, trans_b, cfg.bm, cfg.bn, cfg.bk, cfg.gm]
-    rank = 3 if kind == grouped.KIND_MASKED else 2  # masked a, sa and d are [G, Mmax, *] ([G, K/128, Mmax])
+def _m_params(fp8: bool, kind: Kind, trans_b: bool, cfg: heuristics.TileConfig) -> list:
+    consts = [int(kind), trans_b, cfg.bm, cfg.bn, cfg.bk, cfg.gm]
+    rank = 3 if kind == Kind.MASKED else 2  # masked a, sa and d are [G, Mmax, *] ([G, K/128, Mmax])
     tail = [_index(), *(aot.scalar(ct.int32) for _ in range(4))]  # index, mmax, groups, align, zero_tail
     if fp8:
         return [
@@ -47,7 +48,7 @@ def _m_params(fp8: bool, kind: int, trans_b: bool, cfg: heuristics.GroupedConfig
     return [_A(ct.bfloat16, rank), _A(ct.bfloat16, 3), _A(ct.bfloat16, rank), *tail, *consts]
 
 
-def _k_params(fp8: bool, has_c: bool, c_is_d: bool, cfg: heuristics.GroupedConfig) -> list:
+def _k_params(fp8: bool, has_c: bool, c_is_d: bool, cfg: heuristics.TileConfig) -> list:
     consts = [has_c, c_is_d, cfg.bm, cfg.bn, cfg.bk, cfg.gm]
     out = [_A(ct.float32, 3, alias_groups=("cd",)), _A(ct.float32, 3, alias_groups=("cd",)), _index()]
     if fp8:
@@ -56,24 +57,26 @@ def _k_params(fp8: bool, has_c: bool, c_is_d: bool, cfg: heuristics.GroupedConfi
     return [_A(ct.bfloat16, 2), _A(ct.bfloat16, 2), *out, *consts]
 
 
+def _problem(dtype: str, kind: Kind, rows: int, n: int, groups: int, expected_m: int, has_c: bool):
+    """A grouped problem (K does not steer the choice) on 132 SMs."""
+    return heuristics.Problem("grouped", dtype, rows, n, 8192, 132, groups, kind, expected_m, has_c)
+
+
 def _variants():
     """(id, kernel family, config, params, fp8) for every grouped kernel variant a call can launch."""
     out = []
     for fp8 in (False, True):
         dt = "fp8" if fp8 else "bf16"
         for kname, kind in KINDS.items():
-            layouts = ("nt",) if (fp8 or kind == grouped.KIND_MASKED) else ("nt", "nn")
-            for cfg in heuristics.all_grouped_configs(fp8, kind):
+            layouts = ("nt",) if (fp8 or kind == Kind.MASKED) else ("nt", "nn")
+            for cfg in heuristics.all_grouped_configs(dt, kind):
                 for lay in layouts:
                     vid = f"m-{dt}-{kname}-{lay}-{cfg.name}"
                     out.append((vid, f"m_{dt}", cfg, _m_params(fp8, kind, lay == "nt", cfg), fp8))
-        k_cfgs = heuristics.all_grouped_configs(fp8, heuristics.GROUPED_KIND_K)
+        k_cfgs = heuristics.all_grouped_configs(dt, Kind.K)
         for c_mode in ("noc", "c", "c_is_d"):
             has_c = c_mode != "noc"
-            cfg = heuristics.grouped_config(
-                "k", kind=heuristics.GROUPED_KIND_K, fp8=fp8, rows=4096, n=4096, k=8192, groups=4,
-                expected_m=4096, has_c=has_c,
-            )  # fmt: skip
+            cfg = heuristics.choose(_problem(dt, Kind.K, 4096, 4096, 4, 4096, has_c))
             assert cfg in k_cfgs
             vid = f"k-{dt}-{c_mode}-{cfg.name}"
             out.append((vid, f"k_{dt}", cfg, _k_params(fp8, has_c, c_mode == "c_is_d", cfg), fp8))
@@ -102,17 +105,15 @@ def compiled():
 
 
 def test_heuristics_only_pick_gated_configs():
-    """Every config grouped_config returns over a sweep of shapes is one the gate compiles."""
-    for fp8 in (False, True):
-        for kind in (*KINDS.values(), heuristics.GROUPED_KIND_K):
-            allowed = set(heuristics.all_grouped_configs(fp8, kind))
+    """Every config choose returns for a grouped problem over a sweep of shapes is one the gate compiles."""
+    for dtype in ("bf16", "fp8"):
+        for kind in Kind:
+            allowed = set(heuristics.all_grouped_configs(dtype, kind))
             for rows, groups, em in ((8192 * 4, 4, 8192), (256 * 128, 128, 256), (128 * 256, 256, 128), (20, 32, 20)):
                 for n in (512, 2048, 4096, 7168):
                     for has_c in (False, True):
-                        cfg = heuristics.grouped_config(
-                            "x", kind=kind, fp8=fp8, rows=rows, n=n, k=2048, groups=groups, expected_m=em, has_c=has_c
-                        )
-                        assert cfg in allowed, (fp8, kind, rows, n, cfg)
+                        cfg = heuristics.choose(_problem(dtype, kind, rows, n, groups, em, has_c))
+                        assert cfg in allowed, (dtype, kind, rows, n, cfg)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

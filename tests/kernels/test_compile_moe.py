@@ -28,12 +28,12 @@ def _index(ndim: int = 1):
     return aot.array(ct.int32, ndim, align_bytes=4)
 
 
-def _up_params(cfg: heuristics.GroupedConfig, act: int, even_k: bool) -> list:
+def _up_params(cfg: heuristics.TileConfig, act: int, even_k: bool) -> list:
     bf = [_A(ct.bfloat16, 2), _A(ct.bfloat16, 3), _A(ct.bfloat16, 3), _A(ct.bfloat16, 2)]
     return [*bf, _index(), _index(), aot.scalar(ct.int32), act, cfg.bm, cfg.bn, cfg.bk, cfg.gm, even_k]
 
 
-def _down_params(cfg: heuristics.GroupedConfig) -> list:
+def _down_params(cfg: heuristics.TileConfig) -> list:
     bf = [_A(ct.bfloat16, 2), _A(ct.bfloat16, 3), _A(ct.bfloat16, 2)]
     return [
         *bf,
@@ -125,7 +125,7 @@ def test_heuristics_only_pick_gated_configs():
     allowed = set(heuristics.all_moe_configs())
     for t, k, e in ((1, 8, 128), (64, 8, 256), (4096, 8, 128), (16384, 2, 8), (3, 1, 1)):
         for h in (2048, 7168, 4096, 136):
-            cfg = heuristics.moe_config(t, k, e, h)
+            cfg = heuristics.choose(heuristics.Problem("moe", "bf16", t * k, h, 1024, 132, groups=e))
             assert heuristics.MoEConfig(cfg.up, cfg.down) in allowed, (t, k, e, cfg)
             assert h % cfg.combine_bn == 0 and cfg.combine_bn <= heuristics.MOE_COMBINE_MAX_BN
 

@@ -267,14 +267,14 @@ def test_every_config(cfg, shape):
     from tilegemm.ops.cutile import gemm
 
     m, n, k = shape
-    if cfg.kind == "bf16":
+    if cfg.dtype == "bf16":
         a_log, b_log, a, b = _bf16_case("nt", m, n, k, seed=9)
         d = poisoned((m, n), torch.float32, "cuda")
         gemm.bf16_gemm("nt", a, b, d, None, 1.0, 1.0, config=cfg)
         assert calc_diff(d, a_log.double() @ b_log.double().T) < BAR_BF16
         return
     for recipe in RECIPES:
-        if recipe == (1, 128, 128) and cfg.tn // cfg.nh != 128:
+        if recipe == (1, 128, 128) and cfg.bn // cfg.nh != 128:
             continue
         a, b, deq_a, deq_b, _, _ = _fp8_case("nt", recipe, m, n, k, seed=9)
         d = poisoned((m, n), torch.bfloat16, "cuda")

@@ -38,7 +38,7 @@ import torch
 
 from tilegemm import config
 from tilegemm.env import CHECK_VALUES, env_flag
-from tilegemm.ops.common import paged_mqa_schedule
+from tilegemm.ops.common import cdiv, paged_mqa_schedule
 
 FP8 = torch.float8_e4m3fn
 OUT_DTYPES = (torch.bfloat16, torch.float32)
@@ -92,10 +92,6 @@ def value_checks_enabled(device: torch.device | None = None) -> bool:
 
 
 # --------------------------------------------------------------------------------- primitives
-
-
-def _ceil_div(x: int, y: int) -> int:
-    return -(-x // y)
 
 
 def _describe(x: Any) -> str:
@@ -295,8 +291,8 @@ def resolve_recipe(
         _gran_k("recipe_a", gran_ka)
         _gran_k("recipe_b", gran_kb)
         recipe = (gran_m, gran_n, BLOCK)
-    kb = _ceil_div(k, BLOCK)
-    shapes = {(1, 128, 128): [*lead, _ceil_div(n, BLOCK), kb], (1, 1, 128): [*lead, n, kb]}
+    kb = cdiv(k, BLOCK)
+    shapes = {(1, 128, 128): [*lead, cdiv(n, BLOCK), kb], (1, 1, 128): [*lead, n, kb]}
     if recipe is not None:
         recipe = _int_tuple("recipe", recipe, 3)
         _gran_k("recipe", recipe[2])
@@ -371,7 +367,7 @@ def dense_gemm_check(layout: str, fp8: bool) -> Callable[..., dict[str, Any]]:
         if fp8:
             sa, sb = _t(sa, flip_a), _t(sb, flip_b)
             meaning = "1x128 LHS scales, in the data's orientation"
-            _logical_shape("a[1] (scales)", sa, [m, _ceil_div(k, BLOCK)], meaning, flip_a)
+            _logical_shape("a[1] (scales)", sa, [m, cdiv(k, BLOCK)], meaning, flip_a)
             derived["recipe"] = resolve_recipe(sb, n, k, recipe, recipe_a, recipe_b, flip=flip_b)
             _bool("disable_ue8m0_cast", disable_ue8m0_cast)
         _string("compiled_dims", compiled_dims)
@@ -402,7 +398,7 @@ def skip_head_mid_check(
             f"head_splits: got {(left, mid, right)}, expected non-negative (left, mid, right) with N={n} "
             "a multiple of left + right"
         )
-    _shape("a[1] (scales)", sa, [m, _ceil_div(k, BLOCK)], "[M, ceil(K/128)]")
+    _shape("a[1] (scales)", sa, [m, cdiv(k, BLOCK)], "[M, ceil(K/128)]")
     rec = resolve_recipe(sb, n, k, recipe)
     _bool("disable_ue8m0_cast", disable_ue8m0_cast)
     _string("compiled_dims", compiled_dims)
@@ -423,7 +419,7 @@ def _check_m_indices(m_indices: torch.Tensor, m_sum: int, groups: int) -> None:
     if bool(bad.any()):
         row = int(bad.nonzero()[0, 0])
         raise ValueError(f"grouped_layout: row {row} has group {int(m_indices[row])}, expected -1 or 0..{groups - 1}")
-    blocks = _ceil_div(m_sum, M_ALIGNMENT)
+    blocks = cdiv(m_sum, M_ALIGNMENT)
     padded = torch.full((blocks * M_ALIGNMENT,), -1, dtype=m_indices.dtype, device=m_indices.device)
     padded[:m_sum] = m_indices
     padded = padded.view(blocks, M_ALIGNMENT)
@@ -491,7 +487,7 @@ def m_grouped_contiguous_check(layout: str, fp8: bool) -> Callable[..., dict[str
                 f"b {b_meaning} has shape {list(b_data.shape)}"
             )
         if fp8:
-            _shape("a[1] (scales)", sa, [m_sum, _ceil_div(k, BLOCK)], "[M_sum, ceil(K/128)]")
+            _shape("a[1] (scales)", sa, [m_sum, cdiv(k, BLOCK)], "[M_sum, ceil(K/128)]")
             sb = _t(sb, flip_b)
             rec = resolve_recipe(sb, n, k, recipe, recipe_a, recipe_b, lead=[groups], flip=flip_b)
             _block_recipe(rec, "m-grouped FP8")
@@ -557,7 +553,7 @@ def m_grouped_masked_check(fp8: bool) -> Callable[..., dict[str, Any]]:
             )
         n = b_data.shape[1]
         if fp8:
-            _shape("a[1] (scales)", sa, [groups, m_max, _ceil_div(k, BLOCK)], "[G, Mmax, ceil(K/128)]")
+            _shape("a[1] (scales)", sa, [groups, m_max, cdiv(k, BLOCK)], "[G, Mmax, ceil(K/128)]")
             _block_recipe(resolve_recipe(sb, n, k, recipe, recipe_a, recipe_b, lead=[groups]), "masked FP8")
             _bool("disable_ue8m0_cast", disable_ue8m0_cast)
         _string("compiled_dims", compiled_dims)
@@ -995,7 +991,7 @@ def fp8_einsum_check(expr, a, b, d, c=None, recipe=(1, 128, 128), *, stream=None
         raise ValueError(f"recipe: {expr} takes recipe {want}, got {rec}")
 
     def scale_shape(dims: str, per_block: str) -> list[int]:
-        return [_ceil_div(sizes[x], BLOCK) if x in per_block else sizes[x] for x in dims]
+        return [cdiv(sizes[x], BLOCK) if x in per_block else sizes[x] for x in dims]
 
     if k_dim == "b":
         sa_shape, sb_shape = scale_shape(a_dims, "b"), scale_shape(b_dims, "b")

@@ -1,5 +1,6 @@
 """Host-side definitions both backends share (neither imports the other, nor ``checks``).
 
+* :func:`cdiv`: ceiling division of sizes.
 * :func:`paged_mqa_split_kv`: keys per split of the paged-MQA schedule.
 * :func:`paged_mqa_schedule`: the paged-MQA schedule itself (``get_paged_mqa_logits_metadata``).
 * :func:`write_head_splits`: the output placement of ``fp8_gemm_nt_skip_head_mid``.
@@ -11,6 +12,12 @@ from __future__ import annotations
 import math
 
 import torch
+
+
+def cdiv(x: int, y: int) -> int:
+    """Ceiling division of non-negative ints: ``ceil(x / y)``."""
+    return -(-x // y)
+
 
 #: Keys per split of the paged-MQA schedule (DeepGEMM's ``SPLIT_KV``), before rounding to ``block_kv``.
 PAGED_MQA_SPLIT_KV = 256

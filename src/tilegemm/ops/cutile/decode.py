@@ -194,9 +194,9 @@ def _promote(w, a, sb, sa, acc, FAST_ACC: ConstBool):
 
 
 @functools.cache
-def get_kernel(kind: str, cfg: heuristics.DecodeConfig, bm: int) -> Any:
-    """The ``@ct.kernel`` of ``kind`` ("bf16"/"fp8") with ``cfg``'s compiler hints for activation tile ``bm``."""
-    body = _decode_bf16_body if kind == "bf16" else _decode_fp8_body
+def get_kernel(dtype: str, cfg: heuristics.DecodeConfig, bm: int) -> Any:
+    """The ``@ct.kernel`` for ``dtype`` ("bf16"/"fp8") with ``cfg``'s compiler hints for activation tile ``bm``."""
+    body = _decode_bf16_body if dtype == "bf16" else _decode_fp8_body
     return ct.kernel(body, **cfg.compiler_options(bm))
 
 

@@ -29,7 +29,6 @@ from typing import Any
 import cuda.tile as ct
 import torch
 
-from tilegemm import config as tg_config
 from tilegemm.backend.registry import Unsupported, register_impl
 from tilegemm.ops.common import write_head_splits
 from tilegemm.ops.cutile import decode, heuristics, launch
@@ -252,7 +251,7 @@ def _splitk_reduce_body(
 @functools.cache
 def get_kernel(cfg: heuristics.DenseConfig) -> Any:
     """The ``@ct.kernel`` for ``cfg`` (its compiler hints applied), built once per config."""
-    body = _bf16_gemm_body if cfg.kind == "bf16" else _fp8_gemm_body
+    body = _bf16_gemm_body if cfg.dtype == "bf16" else _fp8_gemm_body
     return ct.kernel(body, **cfg.compiler_options())
 
 
@@ -272,41 +271,30 @@ def kernel_constants(
     splitk: bool = False,
 ) -> list[Any]:
     """The ``ct.Constant`` arguments of ``cfg``'s kernel, in parameter order (``has_c``: BF16 only)."""
-    if cfg.kind == "bf16":
-        return [cfg.tm, cfg.tn, cfg.tk, cfg.group_m, a_kmajor, b_kmajor, has_c, splitk]
-    return [cfg.tm, cfg.tn, cfg.nh, cfg.group_m, sb_rows, cfg.fast_acc, cfg.scale_tma, splitk]
+    if cfg.dtype == "bf16":
+        return [cfg.bm, cfg.bn, cfg.bk, cfg.gm, a_kmajor, b_kmajor, has_c, splitk]
+    return [cfg.bm, cfg.bn, cfg.nh, cfg.gm, sb_rows, cfg.fast_acc, cfg.scale_tma, splitk]
 
 
 def reduce_rows(cfg: heuristics.DenseConfig) -> int:
     """Rows per reduce CTA: its (MAX_SPLITS, rows, TN) fp32 tile stays at 8192 elements (64 registers a thread)."""
-    return max(1, min(cfg.tm, 8192 // (heuristics.MAX_SPLITS * cfg.tn)))
+    return max(1, min(cfg.bm, 8192 // (heuristics.MAX_SPLITS * cfg.bn)))
 
 
 def reduce_constants(cfg: heuristics.DenseConfig, *, has_c: bool = False) -> list[Any]:
     """The ``ct.Constant`` arguments of the split-K reduce kernel for ``cfg``."""
-    return [cfg.tm, cfg.tn, cfg.group_m, has_c, heuristics.MAX_SPLITS, reduce_rows(cfg)]
+    return [cfg.bm, cfg.bn, cfg.gm, has_c, heuristics.MAX_SPLITS, reduce_rows(cfg)]
 
 
 # --------------------------------------------------------------------------- host side
 #
 # A call builds a launch plan once per (op, layout, operand shapes/strides/dtypes/alignment,
 # epilogue, config, SM count): the config, grid, kernel object, constant arguments and how each
-# operand reaches the kernel. A repeated call only looks its plan up and launches: no heuristics,
-# no allocations (split-K workspaces and counters are cached per device and stream), no views.
+# operand reaches the kernel (``launch.cached_plan``). A repeated call only looks its plan up and
+# launches: no heuristics, no allocations (split-K workspaces and counters are cached per device and
+# stream), no views.
 
-_FP8 = torch.float8_e4m3fn
-_PLANS: dict[tuple, Callable[..., Any]] = {}
-Runner = Callable[..., Any]
-
-
-def clear_plans() -> None:
-    """Forget every cached launch plan (after changing ``TILEGEMM_DECODE_VARIANT`` or the device)."""
-    _PLANS.clear()
-
-
-def _tkey(x: torch.Tensor) -> tuple:
-    """What a plan depends on in a tensor: shape, strides, dtype, 16-byte aligned base."""
-    return (x.shape, x.stride(), x.dtype, x.data_ptr() % 16 == 0)
+Runner = launch.Runner
 
 
 def _logical(x: torch.Tensor, transposed: bool) -> torch.Tensor:
@@ -373,20 +361,17 @@ def _stream_buffers(d: torch.Tensor, handle: int, ws_elems: int, ws_shape: tuple
 
 def _decode_runner(
     op: str,
-    kind: str,
+    p: heuristics.Problem,
     cfg: heuristics.DecodeConfig,
-    m: int,
-    n: int,
-    k: int,
     consts: Callable[[int, bool], list[Any]],
     operands: Callable[..., tuple],
     c_fn: Callable,
 ) -> Runner:
     """The launch of a decode-size GEMM: one swap-AB kernel (split-K reduced inside it)."""
-    plan = heuristics.decode_plan(kind, cfg, m, n, k, launch.num_sms())
-    heuristics.print_decode_plan(op, (m, n, k), plan)
-    kernel = decode.get_kernel(kind, cfg, plan.bm)
-    tail = (k, plan.splits, plan.per, *consts(plan.bm, plan.splitk))
+    plan = heuristics.decode_plan(p, cfg)
+    heuristics.print_once(op, (p.m, p.n, p.k), plan.summary)
+    kernel = decode.get_kernel(p.dtype, cfg, plan.bm)
+    tail = (p.k, plan.splits, plan.per, *consts(plan.bm, plan.splitk))
     grid = plan.grid
     ws_shape = (plan.splits * plan.tiles, cfg.bw, plan.bm) if plan.splitk else (1, 1, 1)
     per_stream: dict[int, tuple] = {}
@@ -399,17 +384,15 @@ def _decode_runner(
                 d, stream.cuda_stream, plan.workspace_elems, ws_shape, plan.tiles
             )
         args = (*operands(a, b), d, c_fn(d, c), *bufs, float(alpha), float(beta), *tail)
-        ct.launch(stream, grid, kernel, args)
+        launch.launch(kernel, grid, args, stream)
 
     return run
 
 
 def _dense_runner(
     op: str,
+    p: heuristics.Problem,
     cfg: heuristics.DenseConfig,
-    m: int,
-    n: int,
-    k: int,
     consts: Callable[[bool], list[Any]],
     operands: Callable[..., list],
     c_fn: Callable,
@@ -421,20 +404,20 @@ def _dense_runner(
     ``c_in_reduce``: with a ``c``, every tile goes through the fp32 workspace so that the reduce
     kernel applies the epilogue (the FP8 kernel has no ``c`` epilogue).
     """
-    sms = launch.num_sms()
-    plan = heuristics.split_plan(cfg, m, n, k, sms)
+    plan = heuristics.split_plan(p, cfg)
     if c_in_reduce and has_c:
         plan = heuristics.SplitPlan(plan.tiles, 0, plan.splits if plan.full == 0 else 1)
     splitk = plan.splits > 1 or plan.full < plan.tiles
     tail = plan.tiles - plan.full
-    grid = launch.persistent_grid(plan.units, sms * cfg.ctas_per_sm)
-    heuristics.print_config(op, (m, n, k), cfg, grid, plan)
+    grid = launch.persistent_grid(plan.units, cfg.ctas_per_sm, p.sms)
+    split = f"split={plan.splits} full_tiles={plan.full}/{plan.tiles}"
+    heuristics.print_once(op, (p.m, p.n, p.k), f"{cfg.name} grid={grid} {split}")
     kernel = get_kernel(cfg)
-    main_tail = (k, plan.full, plan.splits, *consts(splitk))
-    red_grid = (tail * (cfg.tm // reduce_rows(cfg)), 1, 1)
+    main_tail = (p.k, plan.full, plan.splits, *consts(splitk))
+    red_grid = (tail * (cfg.bm // reduce_rows(cfg)), 1, 1)
     red_tail = (plan.full, *reduce_constants(cfg, has_c=has_c))
-    ws_elems = plan.splits * tail * cfg.tm * cfg.tn if splitk else 0
-    ws_shape = (plan.splits, tail, cfg.tm, cfg.tn) if splitk else (1, 1, 1, 1)
+    ws_elems = plan.splits * tail * cfg.bm * cfg.bn if splitk else 0
+    ws_shape = (plan.splits, tail, cfg.bm, cfg.bn) if splitk else (1, 1, 1, 1)
     per_stream: dict[int, tuple] = {}
 
     def run(a, b, d, c, alpha, beta):
@@ -445,15 +428,11 @@ def _dense_runner(
         work = bufs[0]  # not read without split-K
         c_arg = c_fn(d, c)
         alpha, beta = float(alpha), float(beta)
-        ct.launch(stream, grid, kernel, (*operands(a, b), d, c_arg, work, alpha, beta, *main_tail))
+        launch.launch(kernel, grid, (*operands(a, b), d, c_arg, work, alpha, beta, *main_tail), stream)
         if splitk:
-            ct.launch(stream, red_grid, get_reduce_kernel(), (work, d, c_arg, alpha, beta, *red_tail))
+            launch.launch(get_reduce_kernel(), red_grid, (work, d, c_arg, alpha, beta, *red_tail), stream)
 
     return run
-
-
-def _sms_key(d: torch.Tensor) -> tuple:
-    return (d.device.index, tg_config._num_sms)
 
 
 def _has_c(c: torch.Tensor | None, beta: float) -> bool:
@@ -476,11 +455,9 @@ def bf16_gemm(
     persistent-tile kernel, a ``DecodeConfig`` the swap-AB decode kernel.
     """
     has_c = _has_c(c, beta)
-    key = ("bf16", layout, _tkey(a), _tkey(b), _tkey(d), _tkey(c) if has_c else None, config, _sms_key(d))
-    run = _PLANS.get(key)
-    if run is None:
-        run = _bf16_plan(layout, a, b, d, c if has_c else None, config)
-        _PLANS[key] = run
+    tk = launch.tensor_key
+    key = ("bf16", layout, tk(a), tk(b), tk(d), tk(c) if has_c else None, config, launch.sms_key(d.device))
+    run = launch.cached_plan(key, _bf16_plan, layout, a, b, d, c if has_c else None, config)
     run(a, b, d, c, alpha, beta)
     return d
 
@@ -490,28 +467,23 @@ def _bf16_plan(layout: str, a, b, d, c, config) -> Runner:
     m, n, k, trivial = _plan_dims(layout, a, b, d)
     if trivial is not None:
         return trivial
-    fa, a_kmajor = _operand_fn(a, layout[0] == "t", need_kmajor=False)
-    fb, b_kmajor = _operand_fn(b, layout[1] == "n", need_kmajor=False)
-    c_fn = _addend_fn(d, c)
+    op, p, cfg, (fa, a_kmajor), (fb, b_kmajor), c_fn = _prepare("bf16", layout, a, b, d, c, config, m, n, k)
     has_c = c is not None
-    op = f"bf16_gemm_{layout}"
-    dcfg = _decode_choice("bf16", m, n, k, config)
-    if dcfg is not None:
+    if isinstance(cfg, heuristics.DecodeConfig):
 
         def dconsts(bm: int, splitk: bool) -> list[Any]:
-            return decode.bf16_constants(dcfg, bm, a_kmajor=a_kmajor, b_kmajor=b_kmajor, has_c=has_c, splitk=splitk)
+            return decode.bf16_constants(cfg, bm, a_kmajor=a_kmajor, b_kmajor=b_kmajor, has_c=has_c, splitk=splitk)
 
         if fa is None and fb is None:
             operands = _swap_pair
         else:
             operands = lambda a, b: (_apply(fb, b), _apply(fa, a))  # noqa: E731
-        return _decode_runner(op, "bf16", dcfg, m, n, k, dconsts, operands, c_fn)
-    cfg = config or heuristics.choose_dense_config("bf16", m, n, k, launch.num_sms())
+        return _decode_runner(op, p, cfg, dconsts, operands, c_fn)
 
     def consts(splitk: bool) -> list[Any]:
         return kernel_constants(cfg, a_kmajor=a_kmajor, b_kmajor=b_kmajor, has_c=has_c, splitk=splitk)
 
-    return _dense_runner(op, cfg, m, n, k, consts, lambda a, b: (_apply(fa, a), _apply(fb, b)), c_fn, has_c)
+    return _dense_runner(op, p, cfg, consts, lambda a, b: (_apply(fa, a), _apply(fb, b)), c_fn, has_c)
 
 
 def _plan_dims(layout: str, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor) -> tuple[int, int, int, Runner | None]:
@@ -526,23 +498,26 @@ def _plan_dims(layout: str, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor) -
     return m, n, k, trivial
 
 
+def _prepare(dtype: str, layout: str, a, b, d, c, config, m: int, n: int, k: int) -> tuple:
+    """What a dense plan starts from: ``(op, problem, config, (fa, a_kmajor), (fb, b_kmajor), c_fn)``.
+
+    The config is ``config`` when forced, else the heuristics' choice; ``fa``/``fb`` and ``c_fn`` as
+    :func:`_operand_fn` and :func:`_addend_fn` give them (FP8 operands must reach the kernel K-major).
+    """
+    need_kmajor = dtype == "fp8"
+    fa = _operand_fn(a, layout[0] == "t", need_kmajor)
+    fb = _operand_fn(b, layout[1] == "n", need_kmajor)
+    p = heuristics.Problem("dense", dtype, m, n, k, launch.num_sms())
+    return f"{dtype}_gemm_{layout}", p, config or heuristics.choose(p), fa, fb, _addend_fn(d, c)
+
+
 def _swap_pair(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return b, a
 
 
-def _decode_choice(kind: str, m: int, n: int, k: int, config) -> heuristics.DecodeConfig | None:
-    """The decode variant a call takes: the forced one, else the default when the heuristics route M there."""
-    if isinstance(config, heuristics.DecodeConfig):
-        return config
-    if config is None and heuristics.use_decode(kind, m, n, k):
-        return heuristics.decode_config()
-    return None
-
-
 def _mn_major_scales(s: torch.Tensor) -> torch.Tensor:
     """[rows, KB] fp32 scales as the [KB, rows] row-major array the kernel reads (zero-copy when MN-major)."""
-    st = s.t()
-    return st if launch.tma_ready(st) else launch.aligned_copy(st)
+    return launch.as_row_major(s.t())
 
 
 def fp8_gemm(
@@ -565,45 +540,38 @@ def fp8_gemm(
     has_c = _has_c(c, beta)
     a_data, sa = a
     b_data, sb = b
+    tk = launch.tensor_key
     key = (
         "fp8",
         layout,
-        _tkey(a_data),
-        _tkey(sa),
-        _tkey(b_data),
-        _tkey(sb),
-        _tkey(d),
-        _tkey(c) if has_c else None,
+        tk(a_data),
+        tk(sa),
+        tk(b_data),
+        tk(sb),
+        tk(d),
+        tk(c) if has_c else None,
         None if recipe is None else tuple(recipe),
         config,
-        _sms_key(d),
+        launch.sms_key(d.device),
     )
-    run = _PLANS.get(key)
-    if run is None:
-        run = _fp8_plan(layout, a_data, sa, b_data, sb, d, c if has_c else None, recipe, config)
-        _PLANS[key] = run
+    run = launch.cached_plan(key, _fp8_plan, layout, a_data, sa, b_data, sb, d, c if has_c else None, recipe, config)
     run(a, b, d, c, alpha, beta)
     return d
 
 
 def _fp8_plan(layout: str, a_data, sa, b_data, sb, d, c, recipe, config) -> Runner:
     """Build the launch plan of an FP8 call (see :func:`fp8_gemm`)."""
-
     m, n, k, trivial = _plan_dims(layout, a_data, b_data, d)
     if trivial is not None:
         return trivial
     sb_rows = tuple(recipe) == (1, 1, 128)
-    fa, _ = _operand_fn(a_data, layout[0] == "t", need_kmajor=True)
-    fb, _ = _operand_fn(b_data, layout[1] == "n", need_kmajor=True)
-    c_fn = _addend_fn(d, c)
+    op, p, cfg, (fa, _), (fb, _), c_fn = _prepare("fp8", layout, a_data, b_data, d, c, config, m, n, k)
     has_c = c is not None
-    op = f"fp8_gemm_{layout}"
-    dcfg = _decode_choice("fp8", m, n, k, config)
-    if dcfg is not None:
+    if isinstance(cfg, heuristics.DecodeConfig):
         to_f32 = sa.dtype != torch.float32
 
         def dconsts(bm: int, splitk: bool) -> list[Any]:
-            return decode.fp8_constants(dcfg, bm, sb_rows=sb_rows, has_c=has_c, splitk=splitk)
+            return decode.fp8_constants(cfg, bm, sb_rows=sb_rows, has_c=has_c, splitk=splitk)
 
         if fa is None and fb is None and not to_f32:
             operands = _fp8_swap
@@ -613,9 +581,8 @@ def _fp8_plan(layout: str, a_data, sa, b_data, sb, d, c, recipe, config) -> Runn
                 sa_arr = a[1].to(torch.float32) if to_f32 else a[1]
                 return (_apply(fb, b[0]), _apply(fa, a[0]), b[1], sa_arr)
 
-        return _decode_runner(op, "fp8", dcfg, m, n, k, dconsts, operands, c_fn)
-    cfg = config or heuristics.choose_dense_config("fp8", m, n, k, launch.num_sms())
-    if not sb_rows and cfg.tn // cfg.nh != 128:
+        return _decode_runner(op, p, cfg, dconsts, operands, c_fn)
+    if not sb_rows and cfg.bn // cfg.nh != 128:
         raise Unsupported(f"config {cfg.name}: 128x128 RHS scales need 128-wide N parts")
 
     def consts(splitk: bool) -> list[Any]:
@@ -626,7 +593,7 @@ def _fp8_plan(layout: str, a_data, sa, b_data, sb, d, c, recipe, config) -> Runn
         arr_sb = _mn_major_scales(b[1]) if sb_rows else b[1].contiguous()
         return (_apply(fa, a[0]), _apply(fb, b[0]), arr_sa, arr_sb)
 
-    return _dense_runner(op, cfg, m, n, k, consts, operands, c_fn, has_c, c_in_reduce=True)
+    return _dense_runner(op, p, cfg, consts, operands, c_fn, has_c, c_in_reduce=True)
 
 
 def _fp8_swap(a, b) -> tuple:

@@ -1,26 +1,27 @@
 """cuTile grouped GEMMs for MoE: m-grouped contiguous / psum / masked and k-grouped, BF16 and FP8.
 
-One persistent scheduler serves every layout. The grid has at most ``num_sms`` programs; each
-walks a virtual list of (group, tile) pairs in strides of the grid size. A group is a range of
+One persistent scheduler serves every layout. The grid has at most ``SMs * ctas_per_sm`` CTAs (the
+config's occupancy hint, 1 when unset; fewer when a bound on the tile count is smaller); each walks a
+virtual list of (group, tile) pairs in strides of the grid size. A group is a range of
 rows ``[start, end)`` of a 2-D row space (``a`` rows for m-grouped, ``d[g]`` rows for k-grouped)
 and owns ``cdiv(end - start, BM) * cdiv(N, BN)`` tiles; the walk advances its group pointer
 while the tile index passes the group's end, so empty groups cost one comparison and the total
 tile count never has to be known on the host (no host sync, CUDA-graph capturable). Within a
 group, tiles are swizzled in bands of ``GM`` row blocks so that neighbours share B in L2.
 
-Layouts (``KIND``):
+Layouts (``KIND``, a :class:`~tilegemm.ops.cutile.heuristics.Kind`):
 
-* ``KIND_INDICES``: ``m_indices[M]`` layout, one walk group of rows ``[0, M)``; each row block's
+* ``Kind.INDICES``: ``m_indices[M]`` layout, one walk group of rows ``[0, M)``; each row block's
   expert is its first row's ``m_indices`` entry (-1: the tile is written as zeros; any other
   out-of-range id: the tile is skipped); rows of a computed tile whose own entry differs (the
   ``-1`` padding that ends a group's last block) are written as 0.
-* ``KIND_PSUM``: ``offs[G]`` cumulative ends; group g is rows ``[align_up(offs[g-1], A), offs[g])``
+* ``Kind.PSUM``: ``offs[G]`` cumulative ends; group g is rows ``[align_up(offs[g-1], A), offs[g])``
   (``A`` = the ``align`` argument: DeepGEMM's psum layout uses 128, ``torch._grouped_mm`` offsets 1).
   A group's tiles run on to the next group's start (the last group's to ``M``), and those rows,
   which belong to no group, are written as zeros.
-* ``KIND_MASKED``: group g is rows ``[g * Mmax, g * Mmax + masked_m[g])`` of ``a`` viewed as
+* ``Kind.MASKED``: group g is rows ``[g * Mmax, g * Mmax + masked_m[g])`` of ``a`` viewed as
   ``[G * Mmax, K]``; rows past it are never touched.
-* ``KIND_K``: k-grouped; group g is all of ``d[g]``, its K range ``[koffs[g], koffs[g+1])``.
+* ``Kind.K``: k-grouped; group g is all of ``d[g]``, its K range ``[koffs[g], koffs[g+1])``.
 
 Every row range and index read from device memory is clamped into the arrays' bounds, so
 no value of ``m_indices``/``offs``/``masked_m``/``ks`` makes a kernel access memory out of
@@ -43,17 +44,12 @@ from typing import Any
 import cuda.tile as ct
 import torch
 
-from tilegemm import config
 from tilegemm.backend.registry import Unsupported, register_impl
-from tilegemm.ops.cutile import heuristics
+from tilegemm.ops.cutile import heuristics, launch
+from tilegemm.ops.cutile.heuristics import Kind
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
-
-KIND_INDICES = 0
-KIND_PSUM = 1
-KIND_MASKED = 2
-KIND_K = 3
 
 _ZERO = ct.PaddingMode.ZERO
 _FP8 = torch.float8_e4m3fn
@@ -88,7 +84,7 @@ def _group_rows(KIND: int, g, index, rows_total, mmax, align, zero_tail):
     its own end rounded up to ``align``); with ``align % BM == 0`` every tile starts on a row block.
     Masked: rows ``[0, masked_m[g])`` of ``d[g]``.
     """
-    if KIND == KIND_PSUM:
+    if KIND == Kind.PSUM:
         start = _group_start(g, index, rows_total, align)
         end = _clamp(ct.load(index, (g,), shape=()), start, rows_total)
         store_end = ct.minimum(_align_up(end, align), rows_total)
@@ -97,14 +93,14 @@ def _group_rows(KIND: int, g, index, rows_total, mmax, align, zero_tail):
         elif zero_tail != 0:
             store_end = rows_total
         return start, end, store_end
-    if KIND == KIND_MASKED:  # rows of d[g]
+    if KIND == Kind.MASKED:  # rows of d[g]
         end = _clamp(ct.load(index, (g,), shape=()), 0, mmax)
         return 0, end, end
-    return 0, rows_total, rows_total  # KIND_INDICES: one walk group, every row block names its expert
+    return 0, rows_total, rows_total  # Kind.INDICES: one walk group, every row block names its expert
 
 
 def _num_walk_groups(KIND: int, num_groups):
-    if KIND == KIND_INDICES:
+    if KIND == Kind.INDICES:
         return 1
     return num_groups
 
@@ -121,7 +117,7 @@ def _swizzle(lt, mblocks, n_tiles, GM: int):
 def _load_rows(x, g, rb, kb, ROWS: int, COLS: int, KIND: int):
     """The ``[ROWS, COLS]`` tile (row block ``rb``, column block ``kb``) of ``x``: ``[rows, cols]``, or for masked
     ``[G, Mmax, cols]`` with ``rb`` counted inside group ``g`` (loads past Mmax read 0)."""
-    if KIND == KIND_MASKED:
+    if KIND == Kind.MASKED:
         return ct.reshape(ct.load(x, (g, rb, kb), shape=(1, ROWS, COLS), padding_mode=_ZERO), (ROWS, COLS))
     return ct.load(x, (rb, kb), shape=(ROWS, COLS), padding_mode=_ZERO)
 
@@ -129,14 +125,14 @@ def _load_rows(x, g, rb, kb, ROWS: int, COLS: int, KIND: int):
 def _load_sa(sa, g, kb, rb, ROWS: int, KIND: int):
     """LHS scales of a ROWS-row block as a ``(1, ROWS)`` tile: ``sa`` is MN-major ``[K/128, rows]`` (masked:
     ``[G, K/128, Mmax]``)."""
-    if KIND == KIND_MASKED:
+    if KIND == Kind.MASKED:
         return ct.reshape(ct.load(sa, (g, kb, rb), shape=(1, 1, ROWS), padding_mode=_ZERO), (1, ROWS))
     return ct.load(sa, (kb, rb), shape=(1, ROWS), padding_mode=_ZERO)
 
 
 def _store_rows(d, g, rb, nb, tile, KIND: int):
     """Store a ``[ROWS, BN]`` tile at row block ``rb`` (masked: inside group ``g``; stores stop at Mmax)."""
-    if KIND == KIND_MASKED:
+    if KIND == Kind.MASKED:
         ct.store(d, (g, rb, nb), ct.reshape(tile, (1, tile.shape[0], tile.shape[1])))
     else:
         ct.store(d, (rb, nb), tile)
@@ -234,8 +230,8 @@ def _m_grouped_body(
     KIND: int, FP8: bool, TRANS_B: bool, BM: int, BN: int, BK: int, GM: int, FAST: bool,
 ):  # fmt: skip
     rows_total = a.shape[0]  # masked: a is [G, Mmax, K] and rows are counted inside a group
-    n_dim = d.shape[2] if KIND == KIND_MASKED else d.shape[1]
-    k_dim = a.shape[2] if KIND == KIND_MASKED else a.shape[1]
+    n_dim = d.shape[2] if KIND == Kind.MASKED else d.shape[1]
+    k_dim = a.shape[2] if KIND == Kind.MASKED else a.shape[1]
     n_tiles = ct.cdiv(n_dim, BN)
     nk = ct.cdiv(k_dim, BK)
     num_walk = _num_walk_groups(KIND, num_groups)
@@ -265,7 +261,7 @@ def _m_grouped_body(
         # Which expert's B, and whether the tile is computed, zeroed or skipped.
         e = g
         zero = row0 >= end  # every row of the tile belongs to no group
-        if KIND == KIND_INDICES:
+        if KIND == Kind.INDICES:
             e = ct.load(index, (_clamp(row0, 0, rows_total - 1),), shape=())
             zero = e == -1
         valid = (e >= 0) & (e < num_groups)
@@ -278,7 +274,7 @@ def _m_grouped_body(
             if valid:
                 if BM == 128:
                     acc0, acc1 = _fp8_rows2(a, sa, b, sb, g, e, 2 * rb, nb, nk, BN, BK, TRANS_B, FAST, KIND)
-                    if KIND == KIND_INDICES:
+                    if KIND == Kind.INDICES:
                         acc0 = _mask_padding_rows(acc0, index, 2 * rb, e, 64)
                         acc1 = _mask_padding_rows(acc1, index, 2 * rb + 1, e, 64)
                     else:
@@ -288,7 +284,7 @@ def _m_grouped_body(
                     _store_rows(d, g, 2 * rb + 1, nb, ct.astype(acc1, d.dtype), KIND)
                 else:
                     acc0 = _fp8_rows(a, sa, b, sb, g, e, rb, nb, nk, BN, BK, TRANS_B, FAST, KIND)
-                    if KIND == KIND_INDICES:
+                    if KIND == Kind.INDICES:
                         acc0 = _mask_padding_rows(acc0, index, rb, e, 64)
                     else:
                         acc0 = _zero_rows_from(acc0, row0, end)
@@ -296,7 +292,7 @@ def _m_grouped_body(
         else:
             if valid:
                 acc = _mma_bf16(a, b, g, e, rb, nb, nk, BM, BN, BK, TRANS_B, KIND)
-                if KIND == KIND_INDICES:
+                if KIND == Kind.INDICES:
                     acc = _mask_padding_rows(acc, index, rb, e, BM)
                 else:
                     acc = _zero_rows_from(acc, row0, end)
@@ -426,11 +422,9 @@ def get_kernel(name: str, num_worker_warps: int | None = None, occupancy: int | 
 # ------------------------------------------------------------------------------------- host side
 
 
-def _tma_ready(x: torch.Tensor) -> torch.Tensor:
-    """``x`` with unit last stride and 16-byte row strides (a copy only when needed)."""
-    elem = x.element_size()
-    ok = x.stride(-1) == 1 and all(s * elem % 16 == 0 for s in x.stride()[:-1]) and x.data_ptr() % 16 == 0
-    return x if ok else x.contiguous()
+def _row_major(x: torch.Tensor) -> torch.Tensor:
+    """``x``, or its contiguous copy when it is not TMA ready (:func:`launch.as_row_major`, rows not padded)."""
+    return launch.as_row_major(x, pad_rows=False)
 
 
 def _check_sizes(*tensors: torch.Tensor) -> None:
@@ -448,13 +442,9 @@ def _check_tma_weight(b: torch.Tensor) -> None:
         raise Unsupported("a weight dimension or stride is >= 2**31 (int32 indexing)")
 
 
-def _grid(cfg: heuristics.GroupedConfig, upper_tiles: int) -> tuple[int, int, int]:
-    sms = config.get_num_sms() or 1
-    return (max(1, min(sms * cfg.ctas_per_sm, upper_tiles)), 1, 1)
-
-
-def _launch(kernel: Any, grid: tuple[int, int, int], args: tuple[Any, ...]) -> None:
-    ct.launch(torch.cuda.current_stream(), grid, kernel, args)
+def _launch(kernel: Any, cfg: heuristics.TileConfig, upper_tiles: int, args: tuple[Any, ...]) -> None:
+    """Launch a persistent grouped kernel: at most ``upper_tiles`` CTAs (a bound on the tiles it walks)."""
+    launch.launch(kernel, launch.persistent_grid(upper_tiles, cfg.ctas_per_sm), args)
 
 
 def _m_grouped(
@@ -463,12 +453,12 @@ def _m_grouped(
     b: Any,
     d: torch.Tensor,
     index: torch.Tensor,
-    kind: int,
+    kind: Kind,
     trans_b: bool,
     fp8: bool,
     expected_m: int,
     alignment: int = 128,
-    cfg: heuristics.GroupedConfig | None = None,
+    cfg: heuristics.TileConfig | None = None,
     zero_tail: bool = True,
 ) -> torch.Tensor:
     """Shared host path of the m-grouped ops (``a``/``b`` are tensors or (data, scale) tuples).
@@ -486,45 +476,46 @@ def _m_grouped(
     else:
         a_data, b_data, sa, sb = a, b, None, None
     num_groups = b_data.shape[0]
-    mmax = a_data.shape[1] if kind == KIND_MASKED else 0
-    rows = a_data.shape[0] * a_data.shape[1] if kind == KIND_MASKED else a_data.shape[0]
+    mmax = a_data.shape[1] if kind == Kind.MASKED else 0
+    rows = a_data.shape[0] * a_data.shape[1] if kind == Kind.MASKED else a_data.shape[0]
     k_dim = a_data.shape[-1]
     n_dim = d.shape[-1]
     if rows == 0 or n_dim == 0:
         return d
     if k_dim == 0 or num_groups == 0:  # every written row is an empty sum (or padding): 0, no kernel
-        if kind == KIND_MASKED:
+        if kind == Kind.MASKED:
             valid = torch.arange(mmax, device=d.device)[None, :, None] < index[:, None, None]
             return d.masked_fill_(valid, 0)
         return d.zero_()
     _check_sizes(a_data, d)
     _check_tma_weight(b_data)
-    if fp8 and sb.shape[-2] != -(-n_dim // 128):
+    if fp8 and sb.shape[-2] != launch.cdiv(n_dim, 128):
         raise Unsupported("m-grouped FP8 takes 128x128 RHS scales only")
     if cfg is None:
-        hint = expected_m if kind == KIND_MASKED else rows // num_groups
-        cfg = heuristics.grouped_config(
-            op, kind=kind, fp8=fp8, rows=rows, n=n_dim, k=k_dim, groups=num_groups, expected_m=hint
+        dtype = "fp8" if fp8 else "bf16"
+        problem = heuristics.Problem(
+            "grouped", dtype, rows, n_dim, k_dim, launch.num_sms(), num_groups, kind, expected_m=expected_m
         )
-    if kind == KIND_PSUM and alignment % cfg.bm:
+        cfg = heuristics.choose(problem)
+    if kind == Kind.PSUM and alignment % cfg.bm:
         return _m_grouped_repacked(op, a_data, sa, b, d, index, trans_b, fp8, cfg)
-    heuristics.maybe_print_grouped_config(op, {"rows": rows, "n": n_dim, "k": k_dim, "groups": num_groups}, cfg)
+    heuristics.print_once(op, {"rows": rows, "n": n_dim, "k": k_dim, "groups": num_groups}, cfg.name)
     if fp8 and not trans_b:
         # Hopper FP8 MMAs take K-major operands only: NN weights are copied to [G, N, K] (as DeepGEMM requires).
         b_data = b_data.transpose(1, 2).contiguous()
         trans_b = True
-    a_data = _tma_ready(a_data)
-    b_data = _tma_ready(b_data)
+    a_data = _row_major(a_data)
+    b_data = _row_major(b_data)
     index = index.contiguous()
-    n_tiles = -(-n_dim // cfg.bn)
-    if kind == KIND_MASKED:
-        upper = num_groups * -(-mmax // cfg.bm) * n_tiles
-    elif kind == KIND_PSUM:
-        upper = (-(-rows // cfg.bm) + num_groups) * n_tiles  # each group adds at most one partial row block
+    n_tiles = launch.cdiv(n_dim, cfg.bn)
+    if kind == Kind.MASKED:
+        upper = num_groups * launch.cdiv(mmax, cfg.bm) * n_tiles
+    elif kind == Kind.PSUM:
+        upper = (launch.cdiv(rows, cfg.bm) + num_groups) * n_tiles  # each group adds at most one partial row block
     else:
-        upper = -(-rows // cfg.bm) * n_tiles
+        upper = launch.cdiv(rows, cfg.bm) * n_tiles
     runtime = (index, mmax, num_groups, alignment, int(zero_tail))
-    consts = (kind, trans_b, cfg.bm, cfg.bn, cfg.bk, cfg.gm)
+    consts = (int(kind), trans_b, cfg.bm, cfg.bn, cfg.bk, cfg.gm)
     if fp8:
         # MN-major LHS scales, one TMA row per 64-row part: [K/128, rows] (masked: [G, K/128, Mmax])
         sa_t = sa.transpose(-1, -2).contiguous()
@@ -533,7 +524,7 @@ def _m_grouped(
     else:
         kernel = get_kernel("m_bf16", cfg.num_worker_warps, cfg.occupancy)
         args = (a_data, b_data, d, *runtime, *consts)
-    _launch(kernel, _grid(cfg, upper), args)
+    _launch(kernel, cfg, upper, args)
     return d
 
 
@@ -568,7 +559,7 @@ def _m_grouped_repacked(
     offs: torch.Tensor,
     trans_b: bool,
     fp8: bool,
-    cfg: heuristics.GroupedConfig,
+    cfg: heuristics.TileConfig,
 ) -> torch.Tensor:
     """psum layout with unaligned group starts: rows are copied into a layout whose groups start on whole
     tiles (:func:`_aligned_rows`), the aligned kernel runs there, and ``d`` gathers the rows back; rows of no
@@ -585,7 +576,7 @@ def _m_grouped_repacked(
     d_pad = d.new_empty(rows_aligned + 1, d.shape[1])
     d_pad[rows_aligned].zero_()
     # Rows of the aligned layout past its last group are read by no one: the kernel leaves them alone.
-    _m_grouped(op, a_arg, b, d_pad[:rows_aligned], offs_aligned, KIND_PSUM, trans_b, fp8, 0, cfg.bm, cfg, False)
+    _m_grouped(op, a_arg, b, d_pad[:rows_aligned], offs_aligned, Kind.PSUM, trans_b, fp8, 0, cfg.bm, cfg, False)
     return torch.index_select(d_pad, 0, dst, out=d)
 
 
@@ -609,7 +600,7 @@ def _cached_offsets(ks: tuple[int, ...], device: torch.device) -> torch.Tensor:
 def _k_block_rows(ks: tuple[int, ...], block: int, device: torch.device) -> tuple[torch.Tensor, list[int]]:
     """Rows of a ``[sum(ks), *]`` operand in a layout whose groups start on multiples of ``block`` (int64 on
     ``device``), and the per-group K of that layout (each ``ks[g]`` rounded up, the last one kept)."""
-    padded = [-(-k // block) * block for k in ks[:-1]] + list(ks[-1:])
+    padded = [launch.cdiv(k, block) * block for k in ks[:-1]] + list(ks[-1:])
     starts = [0]
     for k in padded[:-1]:
         starts.append(starts[-1] + k)
@@ -626,7 +617,7 @@ def _k_grouped(
     ks_tensor: torch.Tensor | None,
     c: torch.Tensor | None,
     fp8: bool,
-    cfg: heuristics.GroupedConfig | None = None,
+    cfg: heuristics.TileConfig | None = None,
 ) -> torch.Tensor:
     """Shared host path of the k-grouped ops: ``d[g] = a_g.T @ b_g (+ c[g])`` in fp32."""
     if fp8:
@@ -642,10 +633,12 @@ def _k_grouped(
     _check_sizes(a_data, b_data, d)
     has_c = c is not None
     if cfg is None:
-        cfg = heuristics.grouped_config(
-            op, kind=KIND_K, fp8=fp8, rows=m_dim, n=n_dim, k=k_sum, groups=num_groups, expected_m=m_dim, has_c=has_c
+        dtype = "fp8" if fp8 else "bf16"
+        problem = heuristics.Problem(
+            "grouped", dtype, m_dim, n_dim, k_sum, launch.num_sms(), num_groups, Kind.K, has_c=has_c
         )
-    heuristics.maybe_print_grouped_config(op, {"m": m_dim, "n": n_dim, "k_sum": k_sum, "groups": num_groups}, cfg)
+        cfg = heuristics.choose(problem)
+    heuristics.print_once(op, {"m": m_dim, "n": n_dim, "k_sum": k_sum, "groups": num_groups}, cfg.name)
     if any(k % cfg.bk for k in ks[:-1]):
         # A group starting inside a K block: copy each group to a K range of whole blocks (zero filled), so
         # the kernel's K blocks are plain tile indices (the FP8 op takes multiples of 128 only).
@@ -657,26 +650,26 @@ def _k_grouped(
     c_is_d = has_c and c.data_ptr() == d.data_ptr() and c.stride() == d.stride()
     # When c is d the kernel reads C from d itself (no aliased pair of arrays); otherwise a row-major c.
     c_arg = c.contiguous() if has_c and not c_is_d else d
-    upper = num_groups * -(-m_dim // cfg.bm) * -(-n_dim // cfg.bn)
+    upper = num_groups * launch.cdiv(m_dim, cfg.bm) * launch.cdiv(n_dim, cfg.bn)
     consts = (has_c, c_is_d, cfg.bm, cfg.bn, cfg.bk, cfg.gm)
     if fp8:
         # Hopper FP8 MMAs take K-major operands only: copy a, b to [M, K_sum], [N, K_sum].
-        a_k = _tma_ready(a_data.t().contiguous())
-        b_k = _tma_ready(b_data.t().contiguous())
+        a_k = _row_major(a_data.t().contiguous())
+        b_k = _row_major(b_data.t().contiguous())
         kernel = get_kernel("k_fp8", cfg.num_worker_warps, cfg.occupancy)
         args = (a_k, sa.contiguous(), b_k, sb.contiguous(), c_arg, d, koffs, *consts, cfg.fast_acc)
     else:
         kernel = get_kernel("k_bf16", cfg.num_worker_warps, cfg.occupancy)
-        args = (_tma_ready(a_data), _tma_ready(b_data), c_arg, d, koffs, *consts)
-    _launch(kernel, _grid(cfg, upper), args)
+        args = (_row_major(a_data), _row_major(b_data), c_arg, d, koffs, *consts)
+    _launch(kernel, cfg, upper, args)
     return d
 
 
 # ------------------------------------------------------------------------------ registrations
 
 
-def _contiguous_kind(use_psum_layout: bool) -> int:
-    return KIND_PSUM if use_psum_layout else KIND_INDICES
+def _contiguous_kind(use_psum_layout: bool) -> Kind:
+    return Kind.PSUM if use_psum_layout else Kind.INDICES
 
 
 def _stored_weights(b: Any) -> tuple[Any, bool]:
@@ -717,13 +710,13 @@ del _layout
 @register_impl("m_grouped_bf16_gemm_nt_masked", "cutile")
 def m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, expected_m, stream):
     """Masked BF16 m-grouped NT: rows ``>= masked_m[g]`` untouched; see ``tilegemm.ops.api``."""
-    return _m_grouped("m_grouped_bf16_gemm_nt_masked", a, b, d, masked_m, KIND_MASKED, True, False, expected_m)
+    return _m_grouped("m_grouped_bf16_gemm_nt_masked", a, b, d, masked_m, Kind.MASKED, True, False, expected_m)
 
 
 @register_impl("m_grouped_fp8_fp4_gemm_nt_masked", "cutile")
 def m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m, stream):
     """Masked FP8 m-grouped NT: rows ``>= masked_m[g]`` untouched; see ``tilegemm.ops.api``."""
-    return _m_grouped("m_grouped_fp8_fp4_gemm_nt_masked", a, b, d, masked_m, KIND_MASKED, True, True, expected_m)
+    return _m_grouped("m_grouped_fp8_fp4_gemm_nt_masked", a, b, d, masked_m, Kind.MASKED, True, True, expected_m)
 
 
 @register_impl("k_grouped_bf16_gemm_tn_contiguous", "cutile")

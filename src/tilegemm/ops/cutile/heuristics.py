@@ -1,65 +1,128 @@
-"""Kernel config choice for the cutile backend (no runtime search: a first call never autotunes).
+"""Kernel config choice for the cutile backend: one problem description in, one config out.
 
-Dense GEMMs: a fixed, measured table. BF16 uses one 128x128x64 tile; FP8 picks by M and K
-among three configs (see ``choose_dense_config``). Grids smaller than half the machine
-(``tiles < SMs * ctas_per_sm / 2``) are split along K into enough units to fill it, with a
-deterministic reduce (``split_plan``). ``TILEGEMM_PRINT_CONFIGS=1`` prints the chosen config
-and split once per new (op, shape).
+A host path describes its GEMM as a :class:`Problem` (family, dtype, M, N, K, groups, SMs; the layout
+:class:`Kind` for grouped GEMMs) and :func:`choose` returns the config from host sizes only: no
+device reads, no runtime search (a first call never autotunes). The rules, per family:
 
-Other kernel families add their own section below (grouped, MQA).
+* ``dense``: at most :data:`DECODE_MAX_M` rows take a swap-AB decode kernel (:class:`DecodeConfig`,
+  launch shape from :func:`decode_plan`); others a fixed, measured table of tile configs
+  (:class:`DenseConfig`: BF16 one 128x128x64 tile, FP8 by M and K), whose grids are split along K
+  when they fill less than half the machine (:func:`split_plan`).
+* ``grouped``: m-grouped (``m_indices``, psum, masked) and k-grouped tiles (:class:`TileConfig`).
+* ``moe``: the fused experts' gate/up and down tiles (:class:`MoEConfig`).
+
+MQA logits (not GEMMs) are chosen from heads and head size: :func:`mqa_logits_config`,
+:func:`paged_mqa_config`. ``TILEGEMM_PRINT_CONFIGS=1`` makes :func:`print_once` print each choice once.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from enum import IntEnum
 
 from tilegemm.env import PRINT_CONFIGS, env_flag
-from tilegemm.ops.common import moe_decode_sized
+from tilegemm.ops.common import cdiv, moe_decode_sized
 
 __all__ = [
+    "Kind",
+    "Problem",
+    "choose",
+    "TileConfig",
     "DenseConfig",
     "SplitPlan",
+    "DecodeConfig",
+    "DecodePlan",
+    "MoEConfig",
+    "MqaConfig",
+    "PagedMqaConfig",
     "BF16_CONFIGS",
     "FP8_CONFIGS",
-    "choose_dense_config",
-    "split_plan",
     "SMALL_M",
+    "DECODE_CONFIGS",
     "all_dense_configs",
-    "print_config",
+    "all_grouped_configs",
+    "all_moe_configs",
+    "dense_tile_config",
+    "split_plan",
+    "decode_config",
+    "decode_plan",
+    "mqa_logits_config",
+    "paged_mqa_config",
+    "print_once",
 ]
 
 
-def _cdiv(x: int, y: int) -> int:
-    return -(-x // y)
+class Kind(IntEnum):
+    """Layout of a grouped GEMM: the ``KIND`` constant of the grouped kernels (``ops/cutile/grouped.py``).
 
+    Kernel code compares ``KIND`` with the members; a launch passes ``int(kind)`` (a cuTile constant
+    argument must be a plain int: an enum member fails the JIT's name mangling).
+    """
 
-# ------------------------------------------------------------------------------ dense GEMMs
+    INDICES = 0  # m-grouped, ``m_indices[M]``: every row block names its expert
+    PSUM = 1  # m-grouped, ``offs[G]`` cumulative group ends
+    MASKED = 2  # m-grouped, ``[G, Mmax, *]`` with ``masked_m[G]`` valid rows
+    K = 3  # k-grouped, one output per group
 
 
 @dataclass(frozen=True)
-class DenseConfig:
-    """Tile config of a dense GEMM kernel.
+class Problem:
+    """A GEMM as the config choice sees it: host sizes only.
 
-    ``tm x tn`` output tile, ``tk`` K step (128 for FP8: one scale block), ``group_m`` row-tiles
-    per swizzle group, ``num_worker_warps``/``occupancy``/``num_ctas`` the cuTile compiler hints
-    (``None``: auto), ``fast_acc`` FP8 MMA mode, ``scale_tma`` whether FP8 scale tiles may use
-    TMA, ``nh`` the number of column parts (FP8 promotion chains) of a tile, ``min_split_kb`` the
-    fewest K blocks a split-K unit gets.
+    ``family``: ``"dense"``, ``"grouped"`` or ``"moe"``; ``dtype``: ``"bf16"`` or ``"fp8"``; ``sms``: SMs
+    persistent kernels may use. ``m, n, k``: dense, ``D [M, N]`` over ``K``; grouped, ``m`` the rows of the
+    row space (``M_sum``, ``G * Mmax``, or each k-grouped output's M) and ``k`` the inner size (``K_sum``
+    k-grouped); moe, ``m = T * top_k`` routed rows, ``n = H``, ``k = I`` (the down GEMM). ``groups``: G
+    (moe: experts). ``kind``: the grouped layout; ``expected_m``: the masked op's rows-per-group hint;
+    ``has_c``: a k-grouped addend.
     """
 
-    kind: str  # "bf16" or "fp8"
-    tm: int
-    tn: int
-    tk: int
-    group_m: int = 8
+    family: str
+    dtype: str
+    m: int
+    n: int
+    k: int
+    sms: int
+    groups: int = 1
+    kind: Kind | None = None
+    expected_m: int = 0
+    has_c: bool = False
+
+
+def choose(p: Problem) -> TileConfig | DecodeConfig | MoEConfig | MoESlotsConfig:
+    """The config of problem ``p``: a :class:`DenseConfig` or :class:`DecodeConfig` (dense), a
+    :class:`TileConfig` (grouped) or a :class:`MoEConfig` / :class:`MoESlotsConfig` (moe, the latter at decode
+    sizes)."""
+    if p.family == "dense":
+        return decode_config() if p.m <= DECODE_MAX_M else dense_tile_config(p)
+    if p.family == "grouped":
+        return _grouped_config(p)
+    if p.family == "moe":
+        return _moe_config(p)
+    raise ValueError(f"Problem.family: got {p.family!r}, expected 'dense', 'grouped' or 'moe'")
+
+
+# ------------------------------------------------------------------------------ tile configs
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Tile config of a persistent GEMM kernel (dense, grouped, fused MoE).
+
+    ``bm x bn`` output tile, ``bk`` K step (128 for FP8: one scale block), ``gm`` row blocks per
+    swizzle band, ``fast_acc`` FP8 MMA mode (promoted every 128 of K), ``num_worker_warps``/
+    ``occupancy``/``num_ctas`` the cuTile compiler hints (``None``: auto).
+    """
+
+    bm: int
+    bn: int
+    bk: int
+    gm: int = 8
+    fast_acc: bool = False
     num_worker_warps: int | None = None
     occupancy: int | None = None
     num_ctas: int | None = None
-    fast_acc: bool = False
-    scale_tma: bool = True
-    nh: int = 1
-    min_split_kb: int = 4
 
     @property
     def ctas_per_sm(self) -> int:
@@ -67,7 +130,7 @@ class DenseConfig:
 
     @property
     def name(self) -> str:
-        parts = [f"{self.kind}_{self.tm}x{self.tn}x{self.tk}", f"g{self.group_m}"]
+        parts = [f"{self.bm}x{self.bn}x{self.bk}", f"g{self.gm}"]
         if self.num_worker_warps:
             parts.append(f"w{self.num_worker_warps}")
         if self.occupancy:
@@ -76,16 +139,39 @@ class DenseConfig:
             parts.append(f"c{self.num_ctas}")
         if self.fast_acc:
             parts.append("fa")
-        if self.kind == "fp8" and not self.scale_tma:
-            parts.append("ldgscale")
-        if self.nh > 1:
-            parts.append(f"nh{self.nh}")
         return "_".join(parts)
 
     def compiler_options(self) -> dict[str, int]:
         """Keyword arguments for ``ct.kernel`` (only the hints that are set)."""
         opts = {"num_worker_warps": self.num_worker_warps, "occupancy": self.occupancy, "num_ctas": self.num_ctas}
         return {k: v for k, v in opts.items() if v is not None}
+
+
+# ------------------------------------------------------------------------------ dense GEMMs
+
+
+@dataclass(frozen=True, kw_only=True)
+class DenseConfig(TileConfig):
+    """Tile config of a dense GEMM kernel: a :class:`TileConfig` and
+
+    ``dtype`` the kernel (``"bf16"``/``"fp8"``), ``scale_tma`` whether FP8 scale tiles may use TMA,
+    ``nh`` the number of column parts (FP8 promotion chains) of a tile, ``min_split_kb`` the fewest K
+    blocks a split-K unit gets.
+    """
+
+    dtype: str
+    scale_tma: bool = True
+    nh: int = 1
+    min_split_kb: int = 4
+
+    @property
+    def name(self) -> str:
+        parts = [f"{self.dtype}_{super().name}"]
+        if self.dtype == "fp8" and not self.scale_tma:
+            parts.append("ldgscale")
+        if self.nh > 1:
+            parts.append(f"nh{self.nh}")
+        return "_".join(parts)
 
 
 @dataclass(frozen=True)
@@ -108,59 +194,60 @@ class SplitPlan:
 
 
 # Measured on an H100 (docs/kernels.md, tests/benchmark/results/dense_h100.*).
-BF16_CONFIGS: tuple[DenseConfig, ...] = (DenseConfig("bf16", 128, 128, 64),)
+BF16_CONFIGS: tuple[DenseConfig, ...] = (DenseConfig(128, 128, 64, dtype="bf16"),)
 
 #: FP8, M > SMALL_M, K > 4096: 64x128 tiles, two CTAs per SM (their MMA and promotion phases
 #: interleave), scale tiles through TMA.
-FP8_LARGE_K = DenseConfig("fp8", 64, 128, 128, num_worker_warps=4, occupancy=2, fast_acc=True)
+FP8_LARGE_K = DenseConfig(64, 128, 128, fast_acc=True, num_worker_warps=4, occupancy=2, dtype="fp8")
 #: FP8, M > SMALL_M, K <= 4096: the same with scales read by plain loads (fewer barrier waits
 #: per K block; +5-12% at K = 1536/2048, -4-6% at K = 7168).
-FP8_SMALL_K = DenseConfig("fp8", 64, 128, 128, num_worker_warps=4, occupancy=2, fast_acc=True, scale_tma=False)
+FP8_SMALL_K = DenseConfig(64, 128, 128, fast_acc=True, num_worker_warps=4, occupancy=2, dtype="fp8", scale_tma=False)
 #: FP8, M <= SMALL_M: 128x256 tiles as two 128-wide promotion chains over two warpgroups.
-FP8_SMALL_M = DenseConfig("fp8", 128, 256, 128, num_worker_warps=8, fast_acc=True, nh=2)
+FP8_SMALL_M = DenseConfig(128, 256, 128, fast_acc=True, num_worker_warps=8, dtype="fp8", nh=2)
 FP8_CONFIGS: tuple[DenseConfig, ...] = (FP8_LARGE_K, FP8_SMALL_K, FP8_SMALL_M)
 SMALL_M = 256
 
 
 def all_dense_configs() -> tuple[DenseConfig, ...]:
-    """Every config :func:`choose_dense_config` can return (the CPU compile gate compiles each)."""
+    """Every config :func:`dense_tile_config` can return (the CPU compile gate compiles each)."""
     return BF16_CONFIGS + FP8_CONFIGS
+
+
+def dense_tile_config(p: Problem) -> DenseConfig:
+    """The persistent-tile config of dense problem ``p`` (what :func:`choose` takes above the decode sizes).
+
+    BF16: one config (128x128x64). FP8: by M and K, see :data:`FP8_LARGE_K`, :data:`FP8_SMALL_K`,
+    :data:`FP8_SMALL_M`.
+    """
+    if p.dtype == "bf16":
+        return BF16_CONFIGS[0]
+    if p.m <= SMALL_M:
+        return FP8_SMALL_M
+    return FP8_LARGE_K if p.k > 4096 else FP8_SMALL_K
 
 
 MAX_SPLITS = 32  # the reduce kernel sums up to this many partials per tile in one load
 SPLIT_BELOW = 0.5  # split-K only grids that fill less than this share of the CTA slots
 
 
-def split_plan(cfg: DenseConfig, m: int, n: int, k: int, sms: int) -> SplitPlan:
-    """Split-K plan: a grid that fills less than half the CTA slots is split along K.
+def split_plan(p: Problem, cfg: DenseConfig) -> SplitPlan:
+    """Split-K plan of dense problem ``p`` under ``cfg``: a grid that fills less than half the CTA slots is
+    split along K.
 
     Each split gets at least ``cfg.min_split_kb`` K blocks; at most :data:`MAX_SPLITS`. Grids
     of a wave or more are not split: splitting only a partial last wave (stream-K style) was
     measured slower on the H100 (bf16 4096x2112x7168: 408 TFLOP/s with it, 536 without), since
     the split-capable kernel and the extra reduce launch cost more than the idle tail.
     """
-    tiles = _cdiv(m, cfg.tm) * _cdiv(n, cfg.tn)
-    slots = max(1, sms) * cfg.ctas_per_sm
-    num_kb = _cdiv(k, cfg.tk)
+    tiles = cdiv(p.m, cfg.bm) * cdiv(p.n, cfg.bn)
+    slots = max(1, p.sms) * cfg.ctas_per_sm
+    num_kb = cdiv(p.k, cfg.bk)
     if tiles >= SPLIT_BELOW * slots:
         return SplitPlan(tiles, tiles, 1)
     splits = min(slots // tiles, num_kb // max(1, cfg.min_split_kb), MAX_SPLITS)
     if splits < 2:
         return SplitPlan(tiles, tiles, 1)
     return SplitPlan(tiles, 0, splits)
-
-
-def choose_dense_config(kind: str, m: int, n: int, k: int, sms: int) -> DenseConfig:
-    """The config for a ``kind`` ("bf16"/"fp8") GEMM of output ``m x n`` with inner size ``k`` on ``sms`` SMs.
-
-    BF16: one config (128x128x64). FP8: by M and K, see :data:`FP8_LARGE_K`,
-    :data:`FP8_SMALL_K`, :data:`FP8_SMALL_M`.
-    """
-    if kind == "bf16":
-        return BF16_CONFIGS[0]
-    if m <= SMALL_M:
-        return FP8_SMALL_M
-    return FP8_LARGE_K if k > 4096 else FP8_SMALL_K
 
 
 # ------------------------------------------------------------------------ decode-size dense GEMMs
@@ -208,9 +295,9 @@ class DecodeConfig:
         """Keyword arguments for ``ct.kernel`` of the kernel with activation tile ``bm``."""
         return {"num_worker_warps": self.warps_for(bm), "occupancy": self.occupancy_for(bm)}
 
-    def step_k(self, kind: str) -> int:
+    def step_k(self, dtype: str) -> int:
         """K elements per main-loop step."""
-        return 128 * self.ku if kind == "fp8" else self.bk_bf16
+        return 128 * self.ku if dtype == "fp8" else self.bk_bf16
 
 
 #: Swap-AB variants. ``w64k256``: 64 weight rows x 256 of K per step (32 KiB FP8 / 16 KiB BF16 per
@@ -264,6 +351,16 @@ class DecodePlan:
         """fp32 elements of the split-K partials (0 without split-K)."""
         return self.splits * self.tiles * self.cfg.bw * self.bm if self.splitk else 0
 
+    @property
+    def summary(self) -> str:
+        """The plan in one line (what :func:`print_once` shows)."""
+        cfg = self.cfg
+        return (
+            f"decode_{cfg.name} tile={cfg.bw}x{self.bm} warps={cfg.warps_for(self.bm)} "
+            f"occupancy={cfg.occupancy_for(self.bm)} grid={self.grid} "
+            f"split={self.splits}x{self.per} steps of {self.steps}"
+        )
+
 
 def decode_config(name: str | None = None) -> DecodeConfig:
     """The decode variant called ``name``; ``None``: ``$TILEGEMM_DECODE_VARIANT`` or the default."""
@@ -274,13 +371,8 @@ def decode_config(name: str | None = None) -> DecodeConfig:
     raise ValueError(f"{DECODE_VARIANT_ENV}: got {name!r}, expected one of {[c.name for c in DECODE_CONFIGS]}")
 
 
-def use_decode(kind: str, m: int, n: int, k: int) -> bool:
-    """Whether a dense ``kind`` GEMM of ``m x n x k`` takes the decode kernels (few rows)."""
-    return m <= DECODE_MAX_M
-
-
-def decode_plan(kind: str, cfg: DecodeConfig, m: int, n: int, k: int, sms: int) -> DecodePlan:
-    """Tiles and K split of a decode GEMM, sized from the weight bytes per SM.
+def decode_plan(p: Problem, cfg: DecodeConfig) -> DecodePlan:
+    """Tiles and K split of dense problem ``p`` on decode variant ``cfg``, sized from the weight bytes per SM.
 
     Tiles: ``cdiv(N, bw) x cdiv(M, bm)``. With at least 3/4 of an SM's worth of tiles, K is not
     split; with fewer, K is split so that the units fill the CTA slots (``sms * occupancy``), within
@@ -289,155 +381,61 @@ def decode_plan(kind: str, cfg: DecodeConfig, m: int, n: int, k: int, sms: int) 
     took 13.3 us at 1x7168x2048 (4 splits: 15.4) and 16.1 us at 128x7168x2048 (2 splits: 30.1);
     64 tiles at 1x4096x7168 took 29.3 us in 8 splits and 42.5 us in 2.
     """
-    bm = cfg.tile_m(m)
-    num_m, num_n = _cdiv(m, bm), _cdiv(n, cfg.bw)
-    step = cfg.step_k(kind)
-    steps = max(1, _cdiv(k, step))
+    bm = cfg.tile_m(p.m)
+    num_m, num_n = cdiv(p.m, bm), cdiv(p.n, cfg.bw)
+    step = cfg.step_k(p.dtype)
+    steps = max(1, cdiv(p.k, step))
     tiles = num_m * num_n
     splits = 1
-    if cfg.splitk and 4 * tiles < 3 * max(1, sms):
-        slots = max(1, sms) * cfg.occupancy_for(bm)
-        step_bytes = cfg.bw * step * (1 if kind == "fp8" else 2)
+    if cfg.splitk and 4 * tiles < 3 * max(1, p.sms):
+        slots = max(1, p.sms) * cfg.occupancy_for(bm)
+        step_bytes = cfg.bw * step * (1 if p.dtype == "fp8" else 2)
         partial_bytes = 2 * cfg.bw * bm * 4
-        min_steps = max(DECODE_MIN_STEPS, _cdiv(DECODE_PARTIAL_RATIO * partial_bytes, step_bytes))
+        min_steps = max(DECODE_MIN_STEPS, cdiv(DECODE_PARTIAL_RATIO * partial_bytes, step_bytes))
         splits = max(1, min(slots // tiles, steps // min_steps, DECODE_MAX_SPLITS))
-    per = _cdiv(steps, splits)
-    return DecodePlan(cfg, bm, num_m, num_n, steps, _cdiv(steps, per), per)
-
-
-def print_decode_plan(op: str, shape: tuple[int, ...], plan: DecodePlan) -> None:
-    """Print a decode plan once per new (op, shape) when ``TILEGEMM_PRINT_CONFIGS=1``."""
-    if not env_flag(PRINT_CONFIGS):
-        return
-    key = (op, shape, plan)
-    if key in _printed:
-        return
-    _printed.add(key)
-    cfg = plan.cfg
-    print(
-        f"[tilegemm] {op} shape={shape} config=decode_{cfg.name} tile={cfg.bw}x{plan.bm} "
-        f"warps={cfg.warps_for(plan.bm)} occupancy={cfg.occupancy_for(plan.bm)} grid={plan.grid} "
-        f"split={plan.splits}x{plan.per} steps of {plan.steps}",
-        flush=True,
-    )
-
-
-_printed: set[tuple] = set()
-
-
-def print_config(op: str, shape: tuple[int, ...], cfg: DenseConfig, grid: tuple[int, ...], plan=None) -> None:
-    """Print ``cfg`` once per new (op, shape) when ``TILEGEMM_PRINT_CONFIGS=1``."""
-    if not env_flag(PRINT_CONFIGS):
-        return
-    key = (op, shape, cfg.name)
-    if key in _printed:
-        return
-    _printed.add(key)
-    extra = f" split={plan.splits} full_tiles={plan.full}/{plan.tiles}" if plan is not None else ""
-    print(f"[tilegemm] {op} shape={shape} config={cfg.name} grid={grid}{extra}", flush=True)
+    per = cdiv(steps, splits)
+    return DecodePlan(cfg, bm, num_m, num_n, steps, cdiv(steps, per), per)
 
 
 # ---------------------------------------------------------------------------- grouped GEMMs
-# (used by ops/cutile/grouped.py
-#  and tests/kernels/test_compile_grouped.py.)
+# (used by ops/cutile/grouped.py and tests/kernels/test_compile_grouped.py.)
+
+GROUPED_BF16_BIG = TileConfig(128, 256, 64, num_worker_warps=8)
+GROUPED_BF16 = TileConfig(128, 128, 64)
+GROUPED_BF16_SMALL_M = TileConfig(64, 128, 64)
+GROUPED_BF16_K_WITH_C = TileConfig(128, 128, 64, num_worker_warps=8)  # default warps spill with a C tile
+GROUPED_FP8 = TileConfig(128, 128, 128, fast_acc=True)
+GROUPED_FP8_SMALL_M = TileConfig(64, 128, 128, fast_acc=True, num_worker_warps=4, occupancy=2)
+GROUPED_FP8_K = TileConfig(128, 128, 128, fast_acc=True, num_worker_warps=8)  # default warps spill without C
 
 
-@dataclass(frozen=True)
-class GroupedConfig:
-    """Tile config of a grouped GEMM kernel (``ops/cutile/grouped.py``).
-
-    ``bm x bn`` output tile, ``bk`` K step (128 for FP8: one scale block), ``gm`` row blocks per
-    swizzle band inside a group, ``fast_acc`` FP8 MMA mode (promoted every 128 of K),
-    ``num_worker_warps``/``occupancy`` the cuTile compiler hints (``None``: auto).
-    """
-
-    bm: int
-    bn: int
-    bk: int
-    gm: int = 8
-    fast_acc: bool = False
-    num_worker_warps: int | None = None
-    occupancy: int | None = None
-
-    @property
-    def ctas_per_sm(self) -> int:
-        return self.occupancy or 1
-
-    @property
-    def name(self) -> str:
-        parts = [f"{self.bm}x{self.bn}x{self.bk}", f"g{self.gm}"]
-        if self.num_worker_warps:
-            parts.append(f"w{self.num_worker_warps}")
-        if self.occupancy:
-            parts.append(f"o{self.occupancy}")
-        if self.fast_acc:
-            parts.append("fa")
-        return "_".join(parts)
-
-
-# Layout kinds, as ops/cutile/grouped.py numbers them.
-GROUPED_KIND_INDICES, GROUPED_KIND_PSUM, GROUPED_KIND_MASKED, GROUPED_KIND_K = 0, 1, 2, 3
-
-GROUPED_BF16_BIG = GroupedConfig(128, 256, 64, num_worker_warps=8)
-GROUPED_BF16 = GroupedConfig(128, 128, 64)
-GROUPED_BF16_SMALL_M = GroupedConfig(64, 128, 64)
-GROUPED_BF16_K_WITH_C = GroupedConfig(128, 128, 64, num_worker_warps=8)  # default warps spill with a C tile
-GROUPED_FP8 = GroupedConfig(128, 128, 128, fast_acc=True)
-GROUPED_FP8_SMALL_M = GroupedConfig(64, 128, 128, fast_acc=True, num_worker_warps=4, occupancy=2)
-GROUPED_FP8_K = GroupedConfig(128, 128, 128, fast_acc=True, num_worker_warps=8)  # default warps spill without C
-
-
-def all_grouped_configs(fp8: bool, kind: int) -> tuple[GroupedConfig, ...]:
-    """Every config :func:`grouped_config` can return for (``fp8``, ``kind``) (the CPU gate compiles each)."""
-    if kind == GROUPED_KIND_K:
+def all_grouped_configs(dtype: str, kind: Kind) -> tuple[TileConfig, ...]:
+    """Every config :func:`choose` can return for a grouped ``dtype`` GEMM of layout ``kind`` (the CPU gate
+    compiles each)."""
+    fp8 = dtype == "fp8"
+    if kind == Kind.K:
         return (GROUPED_FP8_K,) if fp8 else (GROUPED_BF16, GROUPED_BF16_K_WITH_C)
     if fp8:
         return (GROUPED_FP8, GROUPED_FP8_SMALL_M)
     return (GROUPED_BF16_BIG, GROUPED_BF16, GROUPED_BF16_SMALL_M)
 
 
-def grouped_config(
-    op: str, *, kind: int, fp8: bool, rows: int, n: int, k: int, groups: int, expected_m: int, has_c: bool = False
-) -> GroupedConfig:
-    """Config for a grouped GEMM from host-side sizes only (no device reads).
-
-    ``rows``: rows of the row space (M_sum, G * Mmax, or M of each k-grouped output); ``expected_m``:
-    typical rows per group (the masked op's hint; ``rows / groups`` for contiguous layouts). Rules:
-    small groups (<= 64 expected rows) take 64-row tiles so a 128-row tile is not mostly padding;
-    otherwise the widest tile that still gives every SM at least one tile.
-    """
-    sms = max(1, _grouped_sms())
-    if kind == GROUPED_KIND_K:
+def _grouped_config(p: Problem) -> TileConfig:
+    """Grouped GEMMs: small groups (<= 64 expected rows: ``p.expected_m`` for masked, ``m / groups`` for
+    contiguous layouts) take 64-row tiles so a 128-row tile is not mostly padding; otherwise the widest
+    tile that still gives every SM at least one tile. k-grouped: by dtype and the addend."""
+    fp8 = p.dtype == "fp8"
+    if p.kind == Kind.K:
         if fp8:
             return GROUPED_FP8_K
-        return GROUPED_BF16_K_WITH_C if has_c else GROUPED_BF16
-    per_group = expected_m if kind == GROUPED_KIND_MASKED else max(1, rows // max(1, groups))
+        return GROUPED_BF16_K_WITH_C if p.has_c else GROUPED_BF16
+    per_group = p.expected_m if p.kind == Kind.MASKED else max(1, p.m // max(1, p.groups))
     if fp8:
         return GROUPED_FP8_SMALL_M if per_group <= 64 else GROUPED_FP8
     if per_group <= 64:
         return GROUPED_BF16_SMALL_M
-    tiles_wide = groups * _cdiv(per_group, 128) * _cdiv(n, 256)
-    return GROUPED_BF16_BIG if tiles_wide >= sms else GROUPED_BF16
-
-
-def _grouped_sms() -> int:
-    from tilegemm import config
-
-    return config.get_num_sms()
-
-
-_grouped_printed: set[tuple] = set()
-
-
-def maybe_print_grouped_config(op: str, shape: dict[str, int], cfg: GroupedConfig) -> None:
-    """Print ``cfg`` once per new (op, shape) when ``TILEGEMM_PRINT_CONFIGS=1``."""
-    if not env_flag(PRINT_CONFIGS):
-        return
-    key = (op, tuple(sorted(shape.items())), cfg.name)
-    if key in _grouped_printed:
-        return
-    _grouped_printed.add(key)
-    print(f"[tilegemm] {op} shape={shape} config={cfg.name}", flush=True)
+    tiles_wide = p.groups * cdiv(per_group, 128) * cdiv(p.n, 256)
+    return GROUPED_BF16_BIG if tiles_wide >= max(1, p.sms) else GROUPED_BF16
 
 
 # ----------------------------------------------------------------------------- fused MoE experts
@@ -453,8 +451,8 @@ class MoEConfig:
     ``combine_bt x combine_bn``: the combine kernel's tile (tokens x columns; ``combine_bn`` divides H).
     """
 
-    up: GroupedConfig
-    down: GroupedConfig
+    up: TileConfig
+    down: TileConfig
     combine_bt: int = 16
     combine_bn: int = 256
 
@@ -465,8 +463,8 @@ class MoEConfig:
 
 # Two 128x64 accumulators next to a register gather need 8 warps (4 spill ~400 words); wider gate/up
 # tiles spill with 8 (docs/kernels.md, "Fused MoE experts").
-MOE_UP_CONFIGS = {64: GroupedConfig(64, 64, 64), 128: GroupedConfig(128, 64, 64, num_worker_warps=8)}
-MOE_DOWN_CONFIGS = {64: GroupedConfig(64, 128, 64), 128: GroupedConfig(128, 128, 64)}
+MOE_UP_CONFIGS = {64: TileConfig(64, 64, 64), 128: TileConfig(128, 64, 64, num_worker_warps=8)}
+MOE_DOWN_CONFIGS = {64: TileConfig(64, 128, 64), 128: TileConfig(128, 128, 64)}
 #: Mean rows per expert at or below which experts' segments are 64-row aligned (64-row tiles).
 MOE_SMALL_ROWS = 64
 #: The combine kernel's tile: tokens, and the widest column count (a power of two dividing H).
@@ -475,22 +473,26 @@ MOE_COMBINE_MAX_BN = 256
 
 
 def all_moe_configs() -> tuple[MoEConfig, ...]:
-    """Every (gate/up, down) pair :func:`moe_config` can return (the CPU gate compiles each kernel variant)."""
+    """Every (gate/up, down) pair :func:`choose` can return for ``moe`` (the CPU gate compiles each kernel variant)."""
     return tuple(MoEConfig(MOE_UP_CONFIGS[bm], MOE_DOWN_CONFIGS[bm]) for bm in MOE_UP_CONFIGS)
 
 
-def moe_config(tokens: int, top_k: int, experts: int, hidden: int) -> MoEConfig:
-    """Config of the fused experts from host sizes only.
+def _moe_config(p: Problem) -> MoEConfig | MoESlotsConfig:
+    """Fused experts (``p.m`` routed slots, ``p.groups`` experts, ``p.n`` = H): the per-slot kernels when
+    decode-sized (``ops.common.moe_decode_sized``); else the sorted path, 64-row tiles when the experts average
+    at most :data:`MOE_SMALL_ROWS` rows each (a 128-row tile would be mostly padding), else 128. The combine's
+    column tile is the largest power of two dividing H, at most :data:`MOE_COMBINE_MAX_BN` (no column bounds)."""
+    if moe_decode_sized(p.m, 1, p.groups):
+        return moe_slots_config(p.n)
+    bm = 64 if p.m <= MOE_SMALL_ROWS * p.groups else 128
+    return MoEConfig(MOE_UP_CONFIGS[bm], MOE_DOWN_CONFIGS[bm], MOE_COMBINE_BT, _combine_bn(p.n))
 
-    64-row tiles when the experts average at most :data:`MOE_SMALL_ROWS` rows each (decode: a 128-row
-    tile would be mostly padding), else 128. The combine's column tile is the largest power of two
-    dividing H, at most :data:`MOE_COMBINE_MAX_BN` (its loads then need no column bounds).
-    """
-    bm = 64 if tokens * top_k <= MOE_SMALL_ROWS * experts else 128
+
+def _combine_bn(hidden: int) -> int:
     bn = MOE_COMBINE_MAX_BN
     while bn > 1 and hidden % bn:
         bn //= 2
-    return MoEConfig(MOE_UP_CONFIGS[bm], MOE_DOWN_CONFIGS[bm], MOE_COMBINE_BT, bn)
+    return bn
 
 
 @dataclass(frozen=True)
@@ -504,18 +506,14 @@ class MoESlotsConfig:
     combine_bt: int = 16
     combine_bn: int = 256
 
-
-def moe_use_slots(tokens: int, top_k: int, experts: int) -> bool:
-    """The per-slot path (``moe_slots.py``, no routing sort) for decode-sized calls (:func:`moe_decode_sized`)."""
-    return moe_decode_sized(tokens, top_k, experts)
+    @property
+    def name(self) -> str:
+        return f"slots_w{self.bw}_k{self.bk}_t{self.bt}"
 
 
 def moe_slots_config(hidden: int, bw: int = 64, bk: int = 256) -> MoESlotsConfig:
-    """Config of the per-slot experts kernels; the combine's column tile as in :func:`moe_config`."""
-    bn = MOE_COMBINE_MAX_BN
-    while bn > 1 and hidden % bn:
-        bn //= 2
-    return MoESlotsConfig(bw=bw, bk=bk, combine_bt=MOE_COMBINE_BT, combine_bn=bn)
+    """Config of the per-slot experts kernels; the combine's column tile as in the sorted path."""
+    return MoESlotsConfig(bw=bw, bk=bk, combine_bt=MOE_COMBINE_BT, combine_bn=_combine_bn(hidden))
 
 
 # ------------------------------------------------------------------------------- MQA logits
@@ -594,15 +592,16 @@ def paged_mqa_config(h: int, d: int, next_n: int, block_kv: int, split: int = 25
     return PagedMqaConfig(nnp=nnp, rg=rg, hp=hp, ck=ck, split=split, parts=parts, occupancy=occupancy)
 
 
-_mqa_printed: set[tuple] = set()
+# ------------------------------------------------------------------------------- printing
+
+_printed: set[str] = set()
 
 
-def maybe_print_mqa_config(op: str, shape: dict[str, int], cfg: MqaConfig | PagedMqaConfig) -> None:
-    """Print ``cfg`` once per new (op, shape) when ``TILEGEMM_PRINT_CONFIGS=1``."""
+def print_once(op: str, shape: object, config: object) -> None:
+    """Print ``[tilegemm] {op} shape={shape} config={config}`` when ``TILEGEMM_PRINT_CONFIGS=1``, once per line."""
     if not env_flag(PRINT_CONFIGS):
         return
-    key = (op, tuple(sorted(shape.items())), cfg)
-    if key in _mqa_printed:
-        return
-    _mqa_printed.add(key)
-    print(f"[tilegemm] {op} shape={shape} config={cfg}", flush=True)
+    line = f"[tilegemm] {op} shape={shape} config={config}"
+    if line not in _printed:
+        _printed.add(line)
+        print(line, flush=True)

@@ -1,33 +1,43 @@
-"""Host-side launch helpers shared by the cutile kernel families: stream, persistent grid, operand prep."""
+"""The launch layer every cutile kernel family goes through.
+
+* Where and how wide: :func:`current_stream`, :func:`num_sms`, :func:`persistent_grid` (``SMs * ctas_per_sm``).
+* Launching: :func:`launch` (a kernel ``tileiras`` rejects becomes :class:`Unsupported`, so the call falls back).
+* Operands: one TMA contract, :func:`tma_ready`, and the copies that meet it (:func:`as_row_major`).
+* Launch plans: :func:`cached_plan` builds a call's plan once per key (shapes, strides, config, SMs).
+* Buffers: :func:`scratch`, cached per device and stream.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import Any
 
 import cuda.tile as ct
 import torch
 
-from tilegemm.config import get_num_sms
+from tilegemm import config
+from tilegemm.backend.registry import Unsupported
+from tilegemm.ops.common import cdiv
 
 __all__ = [
     "current_stream",
     "num_sms",
     "persistent_grid",
     "launch",
-    "launch_on",
     "tma_ready",
     "aligned_copy",
+    "as_row_major",
+    "cached_plan",
+    "clear_plans",
+    "tensor_key",
+    "sms_key",
     "cdiv",
     "scratch",
 ]
 
 _ALIGN_BYTES = 16
 
-
-def cdiv(x: int, y: int) -> int:
-    """Ceiling division of non-negative ints."""
-    return -(-x // y)
+Runner = Callable[..., Any]
 
 
 def current_stream() -> torch.cuda.Stream:
@@ -37,24 +47,105 @@ def current_stream() -> torch.cuda.Stream:
 
 def num_sms() -> int:
     """SMs that persistent kernels may use (``tilegemm.set_num_sms`` or the device's count)."""
-    return max(1, get_num_sms())
+    return max(1, config.get_num_sms())
 
 
-def persistent_grid(num_tiles: int, sms: int | None = None) -> tuple[int, int, int]:
-    """Grid of a persistent kernel: ``min(num_tiles, SMs * ctas_per_sm)`` CTAs (at least one)."""
+def persistent_grid(units: int, ctas_per_sm: int = 1, sms: int | None = None) -> tuple[int, int, int]:
+    """Grid of a persistent kernel over ``units`` work units: ``min(units, sms * ctas_per_sm)`` CTAs, at least one.
+
+    ``sms``: :func:`num_sms` when ``None``.
+    """
     sms = num_sms() if sms is None else sms
-    return (max(1, min(num_tiles, sms)), 1, 1)
+    return (max(1, min(units, sms * ctas_per_sm)), 1, 1)
 
 
-def launch(kernel: Any, grid: Sequence[int], args: Sequence[Any]) -> None:
-    """Launch a cuTile kernel on the current stream (JIT-compiles on first use; capturable in CUDA graphs)."""
-    ct.launch(current_stream(), tuple(grid), kernel, tuple(args))
+def launch(kernel: Any, grid: tuple[int, int, int], args: tuple, stream: torch.cuda.Stream | None = None) -> None:
+    """Launch a cuTile kernel on ``stream`` (the current stream when ``None``); capturable in CUDA graphs.
+
+    The first launch of a variant JIT-compiles it, specialized on the arguments' strides and alignment,
+    so a variant the CPU compile gate did not cover could still fail in ``tileiras``: that failure is
+    raised as :class:`Unsupported`, before the kernel has written anything, and the call falls back.
+    """
+    try:
+        ct.launch(current_stream() if stream is None else stream, grid, kernel, args)
+    except ct.TileCompilerExecutionError as exc:
+        raise Unsupported(f"tileiras could not compile this variant ({str(exc).splitlines()[0]})") from exc
 
 
-def launch_on(stream: torch.cuda.Stream, kernel: Any, grid: tuple[int, int, int], args: tuple) -> None:
-    """Launch a cuTile kernel on ``stream`` with a prepared grid and argument tuple (no conversions)."""
-    ct.launch(stream, grid, kernel, args)
+# ------------------------------------------------------------------------------------- operands
 
+
+def tma_ready(x: torch.Tensor) -> bool:
+    """True if ``x`` is what the JIT needs to see to read it with TMA.
+
+    Unit last stride, every other stride a multiple of 16 bytes, a 16-byte aligned base (the strides of
+    dimensions of size 1 are never used, so they do not count).
+    """
+    es = x.element_size()
+    for dim, (size, stride) in enumerate(zip(x.shape, x.stride())):
+        if size > 1 and (stride != 1 if dim == x.dim() - 1 else (stride * es) % _ALIGN_BYTES != 0):
+            return False
+    return x.data_ptr() % _ALIGN_BYTES == 0
+
+
+def aligned_copy(x: torch.Tensor) -> torch.Tensor:
+    """Row-major copy of 2-D ``x`` whose row pitch is padded to 16 bytes (same logical shape).
+
+    The padding columns are zero; kernels never read them (tile loads are bounded by the shape).
+    """
+    rows, cols = x.shape
+    per = _ALIGN_BYTES // x.element_size()
+    pitch = max(per, cdiv(cols, per) * per)
+    buf = torch.empty((rows, pitch), dtype=x.dtype, device=x.device)
+    out = buf[:, :cols]
+    out.copy_(x)
+    return out
+
+
+def as_row_major(x: torch.Tensor, pad_rows: bool = True) -> torch.Tensor:
+    """``x`` itself when it is :func:`tma_ready`, else a row-major copy.
+
+    ``pad_rows`` (2-D ``x``): the copy's rows are padded to 16 bytes (:func:`aligned_copy`), so it is TMA
+    ready. Otherwise (any rank) the copy is ``x.contiguous()``, TMA ready when a row is a multiple of 16 bytes.
+    """
+    if tma_ready(x):
+        return x
+    return aligned_copy(x) if pad_rows else x.contiguous()
+
+
+# -------------------------------------------------------------------------------- launch plans
+
+_PLANS: dict[tuple, Runner] = {}
+
+
+def cached_plan(key: tuple, build: Callable[..., Runner], *args: Any) -> Runner:
+    """The launch plan (a runner) stored under ``key``, built by ``build(*args)`` on the first call with it.
+
+    The key must hold everything the plan depends on (see :func:`tensor_key`, :func:`sms_key`): a repeated
+    call then only looks its plan up and launches.
+    """
+    run = _PLANS.get(key)
+    if run is None:
+        run = _PLANS[key] = build(*args)
+    return run
+
+
+def clear_plans() -> None:
+    """Forget every cached launch plan (after changing ``TILEGEMM_DECODE_VARIANT`` or the device)."""
+    _PLANS.clear()
+
+
+def tensor_key(x: torch.Tensor) -> tuple:
+    """What a plan depends on in a tensor: shape, strides, dtype, 16-byte aligned base."""
+    return (x.shape, x.stride(), x.dtype, x.data_ptr() % _ALIGN_BYTES == 0)
+
+
+def sms_key(device: torch.device) -> tuple:
+    """What a plan depends on in the machine: the device and the ``set_num_sms`` setting."""
+    return (device.index, config._num_sms)
+
+
+# ------------------------------------------------------------------------------------- buffers
 
 _SCRATCH: dict[tuple[str, int, torch.dtype], torch.Tensor] = {}
 _RETIRED: list[torch.Tensor] = []
@@ -77,37 +168,3 @@ def scratch(device: torch.device, stream: int, dtype: torch.dtype, numel: int) -
         buf = torch.zeros(size, dtype=dtype, device=device)
         _SCRATCH[key] = buf
     return buf
-
-
-def tma_ready(x: torch.Tensor) -> bool:
-    """True if ``x`` (2-D) is row-major with unit last stride, 16-byte row pitch and a 16-byte aligned base.
-
-    Those are what the JIT needs to see to use TMA for the tensor.
-    """
-    if x.dim() != 2:
-        return False
-    es = x.element_size()
-    if x.shape[1] > 1 and x.stride(1) != 1:
-        return False
-    if x.shape[0] > 1 and (x.stride(0) * es) % _ALIGN_BYTES != 0:
-        return False
-    return x.data_ptr() % _ALIGN_BYTES == 0
-
-
-def aligned_copy(x: torch.Tensor) -> torch.Tensor:
-    """Row-major copy of 2-D ``x`` whose row pitch is padded to 16 bytes (same logical shape).
-
-    The padding columns are zero; kernels never read them (tile loads are bounded by the shape).
-    """
-    rows, cols = x.shape
-    per = _ALIGN_BYTES // x.element_size()
-    pitch = max(per, cdiv(cols, per) * per)
-    buf = torch.empty((rows, pitch), dtype=x.dtype, device=x.device)
-    out = buf[:, :cols]
-    out.copy_(x)
-    return out
-
-
-def as_row_major(x: torch.Tensor) -> torch.Tensor:
-    """``x`` itself when it is :func:`tma_ready`, else an aligned row-major copy."""
-    return x if tma_ready(x) else aligned_copy(x)

@@ -32,10 +32,10 @@ from typing import Any
 import cuda.tile as ct
 import torch
 
-from tilegemm import config
 from tilegemm.backend.registry import Unsupported, register_impl
-from tilegemm.ops.cutile import heuristics, moe_slots
-from tilegemm.ops.cutile.grouped import KIND_INDICES, _check_tma_weight, _mma_bf16, _swizzle
+from tilegemm.ops.cutile import heuristics, launch, moe_slots
+from tilegemm.ops.cutile.grouped import _check_tma_weight, _mma_bf16, _swizzle
+from tilegemm.ops.cutile.heuristics import Kind
 from tilegemm.routing import max_padded_rows, moe_route
 
 ConstInt = ct.Constant[int]
@@ -117,7 +117,7 @@ def _down(h, w2, y, m_indices, row_weight, num_experts: int, BM: ConstInt, BN: C
         mb, nb = _swizzle(t, mblocks, n_tiles, GM)
         e = ct.load(m_indices, (mb * BM,), shape=())
         if (e >= 0) & (e < num_experts):
-            acc = _mma_bf16(h, w2, 0, e, mb, nb, nk, BM, BN, BK, True, KIND_INDICES)
+            acc = _mma_bf16(h, w2, 0, e, mb, nb, nk, BM, BN, BK, True, Kind.INDICES)
             wt = ct.reshape(ct.load(row_weight, (mb,), shape=(BM,), padding_mode=_ZERO), (BM, 1))
             ct.store(y, (mb, nb), ct.astype(acc * wt, y.dtype))
         t = t + step
@@ -146,15 +146,6 @@ def get_kernel(name: str, num_worker_warps: int | None = None, occupancy: int | 
 
 
 # ------------------------------------------------------------------------------------- host side
-
-
-def _grid(ctas_per_sm: int, tiles: int) -> tuple[int, int, int]:
-    sms = config.get_num_sms() or 1
-    return (max(1, min(sms * ctas_per_sm, tiles)), 1, 1)
-
-
-def _launch(kernel: Any, grid: tuple[int, int, int], args: tuple[Any, ...]) -> None:
-    ct.launch(torch.cuda.current_stream(), grid, kernel, args)
 
 
 def _supported(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, activation: str) -> None:
@@ -186,17 +177,20 @@ def moe_experts(hidden, topk_ids, topk_weights, w13, w2, activation, stream):
         return out
     if top_k == 0 or inter == 0 or num_experts == 0:
         return out.zero_()
-    x = hidden if hidden.is_contiguous() and hidden.data_ptr() % 16 == 0 else hidden.contiguous()
-    if heuristics.moe_use_slots(num_tokens, top_k, num_experts):
-        slots_cfg = heuristics.moe_slots_config(hidden_dim)
+    problem = heuristics.Problem(
+        "moe", "bf16", num_tokens * top_k, hidden_dim, inter, launch.num_sms(), groups=num_experts
+    )
+    cfg = heuristics.choose(problem)
+    shape = {"t": num_tokens, "k": top_k, "e": num_experts, "h": hidden_dim, "i": inter}
+    x = launch.as_row_major(hidden, pad_rows=False)
+    if isinstance(cfg, heuristics.MoESlotsConfig):
+        heuristics.print_once("moe_experts", shape, cfg.name)
         act = ACTIVATIONS[activation]
-        return moe_slots.slot_experts(x, topk_ids, topk_weights, w13, w2, act, slots_cfg, out, _launch)
-    cfg = heuristics.moe_config(num_tokens, top_k, num_experts, hidden_dim)
+        return moe_slots.slot_experts(x, topk_ids, topk_weights, w13, w2, act, cfg, out)
     rows = max_padded_rows(num_tokens, top_k, num_experts, cfg.bm)
     if rows * max(hidden_dim, inter) >= 2**31 or hidden.numel() >= 2**31:
         raise Unsupported("a buffer has >= 2**31 elements (int32 indexing)")
-    shape = {"t": num_tokens, "k": top_k, "e": num_experts, "h": hidden_dim, "i": inter}
-    heuristics.maybe_print_grouped_config("moe_experts", shape, cfg.up)
+    heuristics.print_once("moe_experts", shape, cfg.up.name)
 
     routing = moe_route(topk_ids, num_experts, alignment=cfg.bm)
     slot = routing.src_slot.clamp(min=0)
@@ -209,15 +203,15 @@ def moe_experts(hidden, topk_ids, topk_weights, w13, w2, activation, stream):
     y = torch.empty(rows, hidden_dim, dtype=torch.bfloat16, device=hidden.device)
 
     up, down = cfg.up, cfg.down
-    tiles = rows // up.bm * -(-inter // up.bn)
+    grid = launch.persistent_grid(rows // up.bm * launch.cdiv(inter, up.bn), up.ctas_per_sm)
     args = (x, w13[:, :inter], w13[:, inter:], h, tokens, routing.m_indices, num_experts, ACTIVATIONS[activation])
     consts = (up.bm, up.bn, up.bk, up.gm, hidden_dim % up.bk == 0)
-    _launch(get_kernel("gate_up", up.num_worker_warps, up.occupancy), _grid(up.ctas_per_sm, tiles), (*args, *consts))
+    launch.launch(get_kernel("gate_up", up.num_worker_warps, up.occupancy), grid, (*args, *consts))
 
-    tiles = rows // down.bm * -(-hidden_dim // down.bn)
+    grid = launch.persistent_grid(rows // down.bm * launch.cdiv(hidden_dim, down.bn), down.ctas_per_sm)
     args = (h, w2, y, routing.m_indices, row_weight, num_experts, down.bm, down.bn, down.bk, down.gm)
-    _launch(get_kernel("down", down.num_worker_warps, down.occupancy), _grid(down.ctas_per_sm, tiles), args)
+    launch.launch(get_kernel("down", down.num_worker_warps, down.occupancy), grid, args)
 
-    grid = (-(-num_tokens // cfg.combine_bt), hidden_dim // cfg.combine_bn, 1)
-    _launch(get_kernel("combine"), grid, (y, dest, out, top_k, cfg.combine_bt, cfg.combine_bn))
+    grid = (launch.cdiv(num_tokens, cfg.combine_bt), hidden_dim // cfg.combine_bn, 1)
+    launch.launch(get_kernel("combine"), grid, (y, dest, out, top_k, cfg.combine_bt, cfg.combine_bn))
     return out

@@ -16,8 +16,8 @@ aligned layout are a dozen small launches. Here every slot is its own one-row GE
 
 A slot whose id is outside ``[0, E)`` (expert parallelism's sentinel) writes zero rows and reads no weight.
 The roundings are those of ``moe.py`` (``h`` and ``y`` in bf16, the sum in fp32), so both paths compute
-the same function. Config: ``heuristics.moe_slots_config``; the choice between the two paths:
-``heuristics.moe_use_slots``.
+the same function. Config and the choice between the two paths: ``heuristics.choose`` (``family="moe"``),
+by ``ops.common.moe_decode_sized``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 import cuda.tile as ct
 import torch
 
-from tilegemm.ops.cutile import heuristics
+from tilegemm.ops.cutile import heuristics, launch
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -127,12 +127,11 @@ def slot_experts(
     act: int,
     cfg: heuristics.MoESlotsConfig,
     out: torch.Tensor,
-    launch: Any,
 ) -> torch.Tensor:
     """Fill ``out [T, H]`` with the experts' combined output, one weight stream per slot (module docstring).
 
     ``x`` [T, H] bf16 contiguous, ``topk_ids`` / ``topk_weights`` [T, k], ``w13`` [E, 2I, H] and ``w2``
-    [E, H, I] bf16 contiguous (checked by the caller); ``launch(kernel, grid, args)`` runs a kernel.
+    [E, H, I] bf16 contiguous (checked by the caller).
     """
     num_tokens, hidden_dim = x.shape
     top_k, inter, num_experts = topk_ids.shape[1], w2.shape[2], w13.shape[0]
@@ -144,11 +143,11 @@ def slot_experts(
     bw, bk, bt = cfg.bw, cfg.bk, cfg.bt
 
     args = (x, w13[:, :inter], w13[:, inter:], h, ids, num_experts, top_k, act, bw, bk, bt, hidden_dim % bk == 0)
-    launch(get_kernel("gate_up"), (slots, -(-inter // bw), 1), args)
+    launch.launch(get_kernel("gate_up"), (slots, launch.cdiv(inter, bw), 1), args)
     args = (h, w2, y, ids, weights, num_experts, bw, bk, bt, inter % bk == 0)
-    launch(get_kernel("down"), (slots, -(-hidden_dim // bw), 1), args)
-    grid = (-(-num_tokens // cfg.combine_bt), hidden_dim // cfg.combine_bn, 1)
-    launch(
+    launch.launch(get_kernel("down"), (slots, launch.cdiv(hidden_dim, bw), 1), args)
+    grid = (launch.cdiv(num_tokens, cfg.combine_bt), hidden_dim // cfg.combine_bn, 1)
+    launch.launch(
         get_kernel("combine"), grid, (y.view(num_tokens, top_k, hidden_dim), out, top_k, cfg.combine_bt, cfg.combine_bn)
     )
     return out

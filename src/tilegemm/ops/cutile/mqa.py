@@ -28,14 +28,9 @@ import cuda.tile as ct
 import torch
 
 from tilegemm.backend.registry import Unsupported, register_impl
-from tilegemm.ops.common import compress_logits, paged_mqa_schedule, paged_mqa_split_kv
-from tilegemm.ops.cutile.heuristics import (
-    MqaConfig,
-    PagedMqaConfig,
-    maybe_print_mqa_config,
-    mqa_logits_config,
-    paged_mqa_config,
-)
+from tilegemm.ops.common import cdiv, compress_logits, paged_mqa_schedule, paged_mqa_split_kv
+from tilegemm.ops.cutile.heuristics import MqaConfig, PagedMqaConfig, mqa_logits_config, paged_mqa_config, print_once
+from tilegemm.ops.cutile.launch import launch
 
 ZERO = ct.PaddingMode.ZERO
 NEG_INF = float("-inf")
@@ -205,18 +200,6 @@ def _check_arch(t: torch.Tensor) -> None:
         raise Unsupported(f"FP8 MMA needs compute capability >= 8.9, got {major}.{minor}")
 
 
-def _launch(grid: tuple[int, int, int], kernel, args: tuple) -> None:
-    """``ct.launch`` on the current stream; a kernel the compiler rejects becomes :class:`Unsupported`.
-
-    The JIT specializes on the arguments' strides and alignment, so a variant the CPU gate did not
-    cover could still fail in ``tileiras``; nothing has been written then, so the call falls back.
-    """
-    try:
-        ct.launch(torch.cuda.current_stream(), grid, kernel, args)
-    except ct.TileCompilerExecutionError as exc:
-        raise Unsupported(f"tileiras could not compile this variant ({str(exc).splitlines()[0]})") from exc
-
-
 def _new_logits(rows: int, cols: int, clean: bool, device: torch.device) -> torch.Tensor:
     """The fp32 output; pre-filled with ``-inf`` when ``clean`` (the kernels write only the window tiles)."""
     if clean:
@@ -250,7 +233,7 @@ def launch_mqa_logits(
         d,
         conf.bk,
     )
-    _launch((ct.cdiv(s, conf.bq), 1, 1), kernel or mqa_logits_kernel, args)
+    launch(kernel or mqa_logits_kernel, (cdiv(s, conf.bq), 1, 1), args)
 
 
 def _pad_head_dim(x: torch.Tensor, d: int) -> torch.Tensor:
@@ -276,7 +259,7 @@ def fp8_mqa_logits(
     if conf is None:
         raise Unsupported(f"fp8_mqa_logits: H={h}, D={d} not supported (H <= 128, D in {{32, 64, 128}})")
     _check_arch(q)
-    maybe_print_mqa_config("fp8_mqa_logits", {"S": s, "S_kv": s_kv, "H": h, "D": d}, conf)
+    print_once("fp8_mqa_logits", {"S": s, "S_kv": s_kv, "H": h, "D": d}, conf)
     out = _new_logits(s, s_kv, clean_logits, q.device)
     if s and s_kv:
         launch_mqa_logits(q, kv_data, kv_scale, weights, cu_seq_len_k_start, cu_seq_len_k_end, out, conf)
@@ -338,7 +321,7 @@ def launch_paged_mqa_logits(
         context_lens.dim() == 2,
     )
     grid = (schedule_meta.shape[0] - 1, conf.parts, 1)
-    _launch(grid, kernel or paged_kernel_for(conf.occupancy), args)
+    launch(kernel or paged_kernel_for(conf.occupancy), grid, args)
 
 
 def fp8_paged_mqa_logits(
@@ -360,7 +343,7 @@ def fp8_paged_mqa_logits(
         raise Unsupported("fp8_paged_mqa_logits: kv_cache must be contiguous (DeepGEMM's byte layout)")
     _check_arch(q)
     shape = {"B": batch, "next_n": next_n, "H": h, "D": d, "block_kv": block_kv}
-    maybe_print_mqa_config("fp8_paged_mqa_logits", shape, conf)
+    print_once("fp8_paged_mqa_logits", shape, conf)
     out = _new_logits(batch * next_n, int(max_context_len), clean_logits, q.device)
     if out.numel() and num_blocks and schedule_meta.shape[0] > 1:
         launch_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, schedule_meta, out, conf)

@@ -1,0 +1,95 @@
+"""CPU tests of the cutile host layer: the config path (``heuristics``) and the launch layer (``launch``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+ct = pytest.importorskip("cuda.tile")
+
+from tilegemm.backend.registry import Unsupported  # noqa: E402
+from tilegemm.ops.cutile import heuristics, launch  # noqa: E402
+from tilegemm.ops.cutile.heuristics import Kind, Problem  # noqa: E402
+
+
+def test_choose_routes_each_family():
+    dense = Problem("dense", "fp8", 4096, 4096, 7168, 132)
+    assert heuristics.choose(dense) == heuristics.FP8_LARGE_K
+    assert isinstance(heuristics.choose(Problem("dense", "bf16", 16, 4096, 7168, 132)), heuristics.DecodeConfig)
+    masked = Problem("grouped", "bf16", 8 * 256, 4096, 7168, 132, groups=8, kind=Kind.MASKED, expected_m=32)
+    assert heuristics.choose(masked) == heuristics.GROUPED_BF16_SMALL_M
+    k_grouped = Problem("grouped", "bf16", 4096, 4096, 8192, 132, groups=4, kind=Kind.K, has_c=True)
+    assert heuristics.choose(k_grouped) == heuristics.GROUPED_BF16_K_WITH_C
+    moe = heuristics.choose(Problem("moe", "bf16", 8 * 4, 7168, 2048, 132, groups=256))
+    assert moe.bm == 64 and moe.combine_bn == 256
+    with pytest.raises(ValueError, match="family"):
+        heuristics.choose(Problem("conv", "bf16", 1, 1, 1, 1))
+
+
+def test_config_names_are_stable():
+    """Names show up in printed choices and compile-gate ids: the shared tile fields keep them."""
+    assert heuristics.FP8_SMALL_K.name == "fp8_64x128x128_g8_w4_o2_fa_ldgscale"
+    assert heuristics.FP8_SMALL_M.name == "fp8_128x256x128_g8_w8_fa_nh2"
+    assert heuristics.GROUPED_FP8_SMALL_M.name == "64x128x128_g8_w4_o2_fa"
+    assert [int(k) for k in Kind] == [0, 1, 2, 3]
+
+
+def test_print_once(monkeypatch, capsys):
+    monkeypatch.setattr(heuristics, "_printed", set())
+    monkeypatch.setenv("TILEGEMM_PRINT_CONFIGS", "0")
+    heuristics.print_once("op", (1, 2, 3), "cfg")
+    assert capsys.readouterr().out == ""
+    monkeypatch.setenv("TILEGEMM_PRINT_CONFIGS", "1")
+    for _ in range(3):
+        heuristics.print_once("op", (1, 2, 3), "cfg")
+    heuristics.print_once("op", (1, 2, 4), "cfg")
+    assert capsys.readouterr().out.splitlines() == [
+        "[tilegemm] op shape=(1, 2, 3) config=cfg",
+        "[tilegemm] op shape=(1, 2, 4) config=cfg",
+    ]
+
+
+def test_persistent_grid(monkeypatch):
+    monkeypatch.setattr("tilegemm.config._num_sms", 132)
+    assert launch.persistent_grid(1000) == (132, 1, 1)
+    assert launch.persistent_grid(1000, ctas_per_sm=2) == (264, 1, 1)
+    assert launch.persistent_grid(100, ctas_per_sm=2) == (100, 1, 1)
+    assert launch.persistent_grid(0, sms=8) == (1, 1, 1)
+
+
+def test_tma_ready_contract():
+    x = torch.zeros(64, 64, dtype=torch.bfloat16)
+    assert launch.tma_ready(x) and launch.tma_ready(x[:, :8])
+    assert not launch.tma_ready(x[:, :4].t())  # unit stride on the first dimension
+    assert not launch.tma_ready(torch.zeros(64, 12, dtype=torch.bfloat16))  # 24-byte rows
+    assert launch.tma_ready(torch.zeros(64, 12, dtype=torch.bfloat16)[:1])  # one row: its stride is never used
+    assert not launch.tma_ready(x.view(-1)[1:].view(63, 65)[:, :8])  # 2-byte aligned base
+    assert launch.tma_ready(torch.zeros(4, 16, 8, dtype=torch.bfloat16)[:, :, :4].transpose(0, 1)[:, :1])
+    odd = torch.zeros(64, 12, dtype=torch.bfloat16)
+    assert launch.as_row_major(x) is x
+    assert launch.tma_ready(launch.as_row_major(odd)) and launch.as_row_major(odd).shape == odd.shape
+    assert launch.as_row_major(odd.t(), pad_rows=False).is_contiguous()
+
+
+def test_launch_turns_compile_errors_into_unsupported(monkeypatch):
+    def rejected(stream, grid, kernel, args):
+        raise ct.TileCompilerExecutionError(1, "tileiras: no\ndetails", None, "", None)
+
+    monkeypatch.setattr(ct, "launch", rejected)
+    with pytest.raises(Unsupported, match="tileiras could not compile"):
+        launch.launch(object(), (1, 1, 1), (), stream=object())
+
+
+def test_cached_plan_builds_once(monkeypatch):
+    monkeypatch.setattr(launch, "_PLANS", {})
+    built = []
+
+    def build(x):
+        built.append(x)
+        return lambda: x
+
+    assert launch.cached_plan(("k", 1), build, 7)() == 7
+    assert launch.cached_plan(("k", 1), build, 8)() == 7
+    assert built == [7]
+    launch.clear_plans()
+    assert launch.cached_plan(("k", 1), build, 9)() == 9
