@@ -101,7 +101,7 @@ def test_bf16_sharded_patched_equals_sharded_stock(results, key):
 
 
 def test_plan_problems_are_reasons():
-    from modeling.transformers import presets
+    from tilegemm.transformers import presets
     from tilegemm.transformers.parallel import family_plan, parallel_unavailable_reason
 
     for family in FAMILIES:
