@@ -1,4 +1,5 @@
-"""Patched-vs-stock HuggingFace MoE inference: presets, measurements, report tables and the ``infer.py`` CLI.
+"""Patched-vs-stock HuggingFace MoE inference: measurements, report tables and the ``infer.py`` CLI (the model
+presets are :mod:`tilegemm.transformers.presets`, shared with ``tilegemm-bench``'s ``models`` family).
 
 Run from the repository root: ``python modeling/transformers/infer.py --help``.
 """

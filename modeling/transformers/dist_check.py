@@ -38,9 +38,9 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from modeling.transformers import measure, presets  # noqa: E402
+from modeling.transformers import measure  # noqa: E402
 from tilegemm.backend.selector import BACKENDS, get_current_backend  # noqa: E402
-from tilegemm.transformers import apply_tilegemm_to_model, revert_tilegemm_model  # noqa: E402
+from tilegemm.transformers import apply_tilegemm_to_model, presets, revert_tilegemm_model  # noqa: E402
 from tilegemm.transformers.monkey_patch import experts_modules  # noqa: E402
 from tilegemm.transformers.parallel import (  # noqa: E402
     PARALLEL_MODES,

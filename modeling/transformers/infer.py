@@ -33,9 +33,9 @@ from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
-from modeling.transformers import measure, presets  # noqa: E402
+from modeling.transformers import measure  # noqa: E402
 from tilegemm.backend.selector import BACKENDS, cutile_unavailable_reason, get_current_backend  # noqa: E402
-from tilegemm.transformers import apply_tilegemm_to_model, revert_tilegemm_model  # noqa: E402
+from tilegemm.transformers import apply_tilegemm_to_model, presets, revert_tilegemm_model  # noqa: E402
 from tilegemm.transformers.compat import UnsupportedTransformersError, transformers_version  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tilegemm.transformers.compat import rewind_static_cache
+
 
 def sync(device: torch.device) -> None:
     """Wait for the device (no-op on the CPU)."""
@@ -84,23 +86,6 @@ def generate_greedy(model, input_ids: torch.Tensor, new_tokens: int, cache: str 
     return DecodeResult(out[:, input_ids.shape[1] :], seconds, steps)
 
 
-def _rewind_static_cache(cache, length: int) -> None:
-    """Set the write position of every static cache layer back to ``length``.
-
-    transformers' ``StaticLayer`` (5.2x) writes at its own ``cumulative_length`` counter and advances it on
-    every update, whatever ``cache_position`` says; the warm-up steps before a CUDA-graph capture would
-    advance it past the real position. Layers that write at ``cache_position`` have no counter: no-op.
-    """
-    for layer in getattr(cache, "layers", ()):
-        counter = getattr(layer, "cumulative_length", None)
-        if isinstance(counter, torch.Tensor):
-            counter.fill_(length)
-        elif isinstance(counter, int):
-            layer.cumulative_length = length
-        if isinstance(getattr(layer, "cumulative_length_int", None), int):
-            layer.cumulative_length_int = length
-
-
 @torch.no_grad()
 def static_greedy(model, input_ids: torch.Tensor, new_tokens: int, cuda_graph: bool = False) -> DecodeResult:
     """Greedy decode with a ``StaticCache`` and a fixed-shape step, replayed from a CUDA graph if asked.
@@ -140,7 +125,7 @@ def static_greedy(model, input_ids: torch.Tensor, new_tokens: int, cuda_graph: b
             step()
     if side is not None:
         torch.cuda.current_stream(device).wait_stream(side)
-    _rewind_static_cache(cache, prompt)
+    rewind_static_cache(cache, prompt)
     if use_graph:
         try:
             graph = torch.cuda.CUDAGraph()

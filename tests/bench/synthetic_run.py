@@ -34,8 +34,17 @@ def _peer(ms: float) -> dict[str, Any]:
     return {"ms": ms * 1.2, "graph_ms": ms, "calc_diff": 3e-7, "correct": True, "jit_ms": 5.0}
 
 
+def _model_row(op: str, ms: float, peer_ms: float) -> dict[str, Any]:
+    """A ``models`` row: prefill and decode rows share a shape and differ by their op."""
+    row = _row("models", op, "bf16", {"model": "qwen3-30b-a3b", "layers": 4, "batch": 1, "prompt": 512}, ms,
+               {"transformers": _peer(peer_ms)})  # fmt: skip
+    row.update(bar=1e-3, calc_diff=1e-6, greedy_agreement=0.9375)
+    row["peers"]["transformers"].update(calc_diff=0.0, note="experts_implementation=grouped_mm")
+    return row
+
+
 def make_doc(scale: float = 1.0) -> dict[str, Any]:
-    """A results document with dense, masked and mqa rows; tilegemm's times multiplied by ``scale``."""
+    """A results document with dense, masked, mqa and models rows; tilegemm's times multiplied by ``scale``."""
     rows = [
         _row("dense", "bf16_gemm_nt", "bf16", {"m": 1, "n": 4096, "k": 7168}, 0.020 * scale,
              {"cublas": _peer(0.025), "deepgemm": _peer(0.022)}),
@@ -48,6 +57,8 @@ def make_doc(scale: float = 1.0) -> dict[str, Any]:
              {"cublas_loop": _peer(1.1), "deepgemm": _peer(0.8)}),
         _row("mqa", "fp8_mqa_logits", "fp8", {"S": 2048, "S_kv": 8192, "H": 64, "D": 128, "pairs": 10}, 0.3 * scale,
              {"deepgemm": None}, {"deepgemm": "disabled (--deepgemm off)"}),
+        _model_row("decode", 2.0 * scale, 5.0),
+        _model_row("prefill", 40.0 * scale, 44.0),
     ]  # fmt: skip
     meta = {
         "gpu": "NVIDIA H100 80GB HBM3",

@@ -11,7 +11,7 @@ from tilegemm.bench.__main__ import main
 
 def test_same_run_compares_to_one():
     result = compare.compare(make_doc(), make_doc())
-    assert len(result["rows"]) == 5
+    assert len(result["rows"]) == 7
     assert all(c["ratio"] == pytest.approx(1.0) for c in result["rows"])
     assert result["geomean"] == pytest.approx(1.0)
     assert compare.regressions(result, 0.0) == []
@@ -21,10 +21,10 @@ def test_slower_run_is_flagged_per_row():
     result = compare.compare(make_doc(scale=1.2), make_doc())
     assert all(c["ratio"] == pytest.approx(1.2) for c in result["rows"])
     assert all(c["kind"] == "graph_ms" for c in result["rows"])
-    assert len(compare.regressions(result, 10.0)) == 5
+    assert len(compare.regressions(result, 10.0)) == 7
     assert compare.regressions(result, 25.0) == []
     md = compare.markdown(result, 10.0)
-    assert md.count("REGRESSION") == 5 and "1.200" in md
+    assert md.count("REGRESSION") == 7 and "1.200" in md
 
 
 def test_rows_only_on_one_side_are_counted_not_compared():
@@ -34,7 +34,7 @@ def test_rows_only_on_one_side_are_counted_not_compared():
     base["rows"][0]["shape"] = {"m": 2, "n": 4096, "k": 7168}
     result = compare.compare(new, base)
     assert len(result["rows"]) == 2
-    assert result["only_new"] == 1 and result["only_base"] == 3
+    assert result["only_new"] == 1 and result["only_base"] == 5
 
 
 def test_a_row_that_stopped_running_is_a_regression():
@@ -66,7 +66,7 @@ def test_cli_gate_exit_code(tmp_path, scale, code, capsys):
     ]
     assert main(argv) == code
     out = capsys.readouterr().out
-    assert "Compared 5 rows" in out
+    assert "Compared 7 rows" in out
     assert ("regressed by more than 10.0%" in out) == bool(code)
 
 
@@ -86,7 +86,7 @@ def test_merge_runs_of_several_families(tmp_path, capsys):
     ]
     assert main(argv) == 0
     merged = schema.load(tmp_path / "all.json")
-    assert len(merged["rows"]) == 5 and len(merged["meta"]["merged_from"]) == 2
+    assert len(merged["rows"]) == 7 and len(merged["meta"]["merged_from"]) == 2
     first = next(r for r in merged["rows"] if schema.row_key(r) == schema.row_key(a["rows"][0]))
     assert first["graph_ms"] == pytest.approx(2 * a["rows"][0]["graph_ms"])  # the later run wins
     b["meta"]["gpu"] = "NVIDIA H200"

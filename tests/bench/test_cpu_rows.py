@@ -27,7 +27,14 @@ SPECS = [
         "moe",
         {"dtype": "bf16", "model": "mixtral-8x7b", "tokens": 3, "hidden": 64, "experts": 4, "top_k": 2, "inter": 48},
     ),
+    ("models", {"dtype": "bf16", "model": "tiny-qwen3-moe", "layers": 2, "phase": "decode", "batch": 2, "prompt": 8}),
+    (
+        "models",
+        {"dtype": "bf16", "model": "tiny-deepseek-v3", "layers": 3, "phase": "prefill", "batch": 2, "prompt": 8},
+    ),
 ]
+#: Families without a DeepGEMM peer: the MoE layer and whole models.
+NO_DEEPGEMM = ("moe", "models")
 
 
 @pytest.fixture
@@ -45,7 +52,7 @@ def test_row_on_cpu(on_cpu, family, spec):
     assert row.get("error") is None, row["error"]
     assert row["correct"] is True and row["calc_diff"] < row["bar"]
     assert row["ms"] > 0 and row["graph_ms"] is None and "CUDA graphs need a GPU" in row["graph_error"]
-    if family != "moe":  # the MoE layer has no DeepGEMM peer
+    if family not in NO_DEEPGEMM:
         assert row["peers"]["deepgemm"] is None and row["peer_notes"]["deepgemm"] == "disabled (--deepgemm off)"
     assert row["tflops"] >= 0 and row["gbps"] >= 0 and "frac_copy_bw" in row and "frac_peak_flops" in row
     for name, peer in row["peers"].items():
@@ -53,6 +60,11 @@ def test_row_on_cpu(on_cpu, family, spec):
             assert peer["correct"] is True, (name, peer)
     if spec.get("kind") == "plain":
         assert row["same_inf_mask"] is True
+    if family == "models":  # the stock model is the reference; only the patched one has a greedy agreement
+        assert 0.0 <= row["greedy_agreement"] <= 1.0
+        peer = row["peers"]["transformers"]
+        assert peer["calc_diff"] == 0.0 and "greedy_agreement" not in peer
+        assert peer["note"].startswith("experts_implementation=")
 
 
 def test_a_wrong_implementation_is_flagged(on_cpu):
@@ -128,7 +140,7 @@ def _fake_deepgemm():
     )
 
 
-DG_SPECS = [(f, s) for f, s in SPECS if f != "moe"]  # the MoE layer has no DeepGEMM peer
+DG_SPECS = [(f, s) for f, s in SPECS if f not in NO_DEEPGEMM]
 
 
 @pytest.mark.parametrize(

@@ -38,7 +38,7 @@ def test_markdown_has_every_family_peer_and_reason(doc):
     md = report.markdown(doc)
     for text in ("## dense", "## masked", "## mqa", "NVIDIA H100", "copy 3000 GB/s", "cublas us (x)",
                  "deepgemm us (x)", "cuBLAS blockwise refuses M=1", "disabled (--deepgemm off)", "25.0 (1.25)",
-                 "Not run (1 rows)"):  # fmt: skip
+                 "Not run (1 rows)", "## models", "transformers us (x)", "greedy tokens equal 0.938"):  # fmt: skip
         assert text in md, text
     table_lines = [ln for ln in md.splitlines() if ln.startswith("| dense |") or ln.startswith("| bf16_gemm_nt")]
     assert table_lines

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from modeling.transformers import presets
+from tilegemm.transformers import presets
 from tilegemm.transformers.families import FAMILIES as MODEL_FAMILIES
 
 FAMILIES: tuple[str, ...] = tuple(presets.TINY_BY_MODEL_TYPE.get(f.model_type, f.model_type) for f in MODEL_FAMILIES)

@@ -7,8 +7,7 @@ import test_models
 from hf_models import FAMILIES as TINY_FAMILIES
 
 import tilegemm.transformers as integration
-from modeling.transformers import presets
-from tilegemm.transformers import FAMILIES, MODEL_TYPE_TO_PATCHER, SUPPORTED_MODEL_TYPES, monkey_patch
+from tilegemm.transformers import FAMILIES, MODEL_TYPE_TO_PATCHER, SUPPORTED_MODEL_TYPES, monkey_patch, presets
 
 
 def test_table_has_unique_model_types():
@@ -39,7 +38,7 @@ def test_family_class_exists(family):
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.model_type)
 def test_family_has_tiny_preset(family):
     name = presets.TINY_BY_MODEL_TYPE.get(family.model_type)
-    assert name is not None, f"no tiny preset for {family.model_type} in modeling/transformers/presets.py"
+    assert name is not None, f"no tiny preset for {family.model_type} in tilegemm/transformers/presets.py"
     assert presets.PRESETS[name].config().model_type == family.model_type
 
 

@@ -105,7 +105,7 @@ def test_bf16_sharded_patched_matches_sharded_stock(results, key):
 
 
 def test_plan_problems_are_reasons():
-    from modeling.transformers import presets
+    from tilegemm.transformers import presets
     from tilegemm.transformers.parallel import family_plan, parallel_unavailable_reason
 
     for family in FAMILIES:

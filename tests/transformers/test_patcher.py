@@ -7,7 +7,6 @@ import torch
 from hf_models import FAMILIES, build, prompt
 
 import tilegemm.transformers.compat as compat
-from modeling.transformers.presets import PRESETS
 from tilegemm.transformers import (
     TileGemmLinear,
     UnsupportedTransformersError,
@@ -16,6 +15,7 @@ from tilegemm.transformers import (
     apply_tilegemm_to_model,
     revert_tilegemm_kernel_patches,
 )
+from tilegemm.transformers.presets import PRESETS
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -28,7 +28,8 @@ class Impl:
     ``sets`` holds the argument tuple of each rotating input set in this implementation's own
     formats (or a string: why it cannot run this row); ``call(*args)`` is what is timed;
     ``result(returned, *args)`` gives, after a call, the tensor compared with the reference (it may
-    crop); ``None`` compares what the call returned.
+    crop); ``None`` compares what the call returned. ``check`` replaces :attr:`Built.check` for this
+    implementation (e.g. to add measurements that only it has).
     """
 
     name: str
@@ -37,6 +38,7 @@ class Impl:
     result: Callable[..., torch.Tensor] | None = None
     note: str | None = None
     reset: Callable[[], Any] | None = None  # run before the checked first call (e.g. zero an accumulator)
+    check: Callable[[torch.Tensor], dict[str, Any]] | None = None
 
 
 @dataclass
@@ -99,7 +101,7 @@ def measure_impl(impl: Impl, built: Built, bar: float, graph_calls: int | None =
             impl.reset()
         entry["jit_ms"] = round(timing.first_call_ms(lambda: held.setdefault("out", impl.call(*sets[0]))), 3)
         out = held["out"] if impl.result is None else impl.result(held["out"], *sets[0])
-        checked = built.check(out)
+        checked = (impl.check or built.check)(out)
         entry.update(checked)
         diff = entry["calc_diff"]
         entry["correct"] = diff is not None and math.isfinite(diff) and diff < bar and checked.get("ok", True)

@@ -53,12 +53,17 @@ def _sizes(spec: dict[str, Any]) -> tuple[int, int, int, int]:
     return spec.get("hidden", h), spec.get("experts", e), spec.get("top_k", k), spec.get("inter", i)
 
 
+def touched_experts(experts: int, top_k: int, tokens: int) -> float:
+    """Expected number of distinct experts ``tokens`` tokens route to under a uniform top-``top_k`` routing."""
+    return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
+
+
 def case(spec: dict[str, Any], dg: Any = None, dg_reason: str = "DeepGEMM not loaded") -> Case:
     """The benchmark row of one spec. FLOPs count the three GEMMs of every routed slot; bytes the weights
     of the experts a uniform routing is expected to touch plus the hidden states in and out."""
     t = spec["tokens"]
     h, e, k, i = _sizes(spec)
-    touched = e * (1.0 - (1.0 - k / e) ** t)
+    touched = touched_experts(e, k, t)
     shape = {"model": spec.get("model", "custom"), "tokens": t, "hidden": h, "experts": e, "top_k": k, "inter": i}
     nbytes = touched * 3 * i * h * 2 + 2.0 * t * h * 2
     build = lambda: _build(spec, t, h, e, k, i)  # noqa: E731

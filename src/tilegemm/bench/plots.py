@@ -14,7 +14,13 @@ from typing import Any
 from tilegemm.bench.report import peer_names
 from tilegemm.bench.schema import shape_label
 
-_COLORS = {"tilegemm": "#d62728", "deepgemm": "#1f77b4", "cublas": "#2ca02c", "cublas_loop": "#2ca02c"}
+_COLORS = {
+    "tilegemm": "#d62728",
+    "deepgemm": "#1f77b4",
+    "cublas": "#2ca02c",
+    "cublas_loop": "#2ca02c",
+    "transformers": "#9467bd",
+}
 
 
 def _series(rows: list[dict[str, Any]], name: str) -> list[dict[str, Any] | None]:
@@ -36,6 +42,15 @@ def _rate(entry: dict[str, Any] | None, row: dict[str, Any], what: str) -> float
     return (row["flops"] / 1e12 if what == "tflops" else row["bytes"] / 1e9) / (t * 1e-3)
 
 
+def row_labels(rows: list[dict[str, Any]]) -> list[str]:
+    """The x-axis label of each row: dtype and shape, led by the op where rows differ by it alone
+    (``models``: prefill and decode of one shape)."""
+    labels = [f"{r['dtype']} {shape_label(r['shape'])}" for r in rows]
+    if len(set(labels)) < len(labels):
+        labels = [f"{r['op']} {label}" for r, label in zip(rows, labels)]
+    return labels
+
+
 def family_figure(rows: list[dict[str, Any]], meta: dict[str, Any], family: str, path: str | Path) -> Path:
     """Draw ``family``'s rows into ``path`` (PNG); returns the path."""
     import matplotlib
@@ -44,7 +59,7 @@ def family_figure(rows: list[dict[str, Any]], meta: dict[str, Any], family: str,
     import matplotlib.pyplot as plt
 
     names = ["tilegemm"] + peer_names(rows)
-    labels = [f"{r['dtype']} {shape_label(r['shape'])}" for r in rows]
+    labels = row_labels(rows)
     x = list(range(len(rows)))
     width = max(10.0, min(60.0, 0.22 * len(rows) + 6))
     fig, axes = plt.subplots(2, 2, figsize=(width, 11))

@@ -125,6 +125,8 @@ def family_table(rows: list[dict[str, Any]]) -> str:
             notes.append("tilegemm FAILS its bar")
         if r.get("settings"):
             notes.append(", ".join(f"{k}={v}" for k, v in r["settings"].items()))
+        if r.get("greedy_agreement") is not None:
+            notes.append(f"greedy tokens equal {r['greedy_agreement']:.3f}")
         cells = [
             r["op"],
             r["dtype"],
@@ -173,7 +175,8 @@ def markdown(doc: dict[str, Any], title: str = "tilegemm-bench results") -> str:
     parts += [
         "Times in microseconds. `(x)` after a peer's time is peer time / tilegemm time (above 1: tilegemm "
         "faster), kernel-only (CUDA-graph replay) where both were captured, eager otherwise. `calc_diff` is "
-        "tilegemm's output against a float64 formula on the same inputs; rates use the kernel-only time.",
+        "tilegemm's output against a float64 formula on the same inputs (`models`: the stock model's logits); "
+        "rates use the kernel-only time.",
         "",
         "## Summary",
         "",

@@ -23,9 +23,18 @@ FAMILIES = {
     "k_grouped": "k_grouped",
     "mqa": "mqa",
     "moe": "moe",
+    "models": "models",
 }
 #: Fraction of the time budget each family gets (renormalised over the selected families).
-BUDGET_SHARE = {"dense": 0.3, "m_grouped": 0.18, "masked": 0.12, "k_grouped": 0.08, "mqa": 0.12, "moe": 0.2}
+BUDGET_SHARE = {
+    "dense": 0.27,
+    "m_grouped": 0.16,
+    "masked": 0.1,
+    "k_grouped": 0.07,
+    "mqa": 0.1,
+    "moe": 0.17,
+    "models": 0.13,
+}
 
 
 def family_module(name: str) -> Any:

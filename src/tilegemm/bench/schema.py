@@ -2,9 +2,9 @@
 
 A row (one shape of one op) carries at least ``family``, ``op``, ``dtype``, ``shape`` (dict), ``ms``
 (eager median), ``graph_ms`` (kernel-only, CUDA-graph replay), ``calc_diff`` (vs a float64 formula on
-the same inputs) and ``peers`` = ``{name: {"ms", "graph_ms", "calc_diff", ...} or None}``; a peer
-that is None has its reason in ``peer_notes[name]``. Times are milliseconds; ``None`` means not
-measured (the reason is in ``error`` / ``peer_notes``).
+the same inputs; ``models`` rows: vs the stock model's logits) and ``peers`` = ``{name: {"ms",
+"graph_ms", "calc_diff", ...} or None}``; a peer that is None has its reason in ``peer_notes[name]``.
+Times are milliseconds; ``None`` means not measured (the reason is in ``error`` / ``peer_notes``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """tilegemm inside HuggingFace transformers (>= 5.7) MoE models: DeepSeek-V2/V3, Qwen2-MoE, Qwen3-MoE, Mixtral.
 
-The integration only: the experts functions, the patchers (one per row of :data:`FAMILIES`), cached FP8
-expert weights and the ``nn.Linear`` swap. The inference comparison harness (presets, timing, reports) is
+The integration: the experts functions, the patchers (one per row of :data:`FAMILIES`), cached FP8
+expert weights and the ``nn.Linear`` swap, plus the random-weight model presets (:mod:`.presets`, read by
+``tilegemm-bench``'s ``models`` family and the tests). The inference comparison harness (timing, reports) is
 ``modeling/transformers/`` in the repository.
 
 Quick start::

@@ -2,13 +2,16 @@
 
 The integration needs transformers' experts registry (``transformers.integrations.moe.ExpertsInterface``)
 and MoE models whose experts are fused 3-D parameters dispatched through ``@use_experts_implementation``
-(``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``): transformers >= 5.7.
+(``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``): transformers >= 5.7. :func:`rewind_static_cache` hides
+how a version's ``StaticCache`` keeps its write position.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+
+import torch
 
 MIN_TRANSFORMERS = (5, 7)
 
@@ -47,3 +50,22 @@ def transformers_version() -> tuple[int, int]:
             f"transformers {transformers.__version__} has no transformers.integrations.moe.ExpertsInterface ({exc})"
         ) from None
     return version
+
+
+def rewind_static_cache(cache, length: int) -> None:
+    """Set the write position of every layer of a transformers ``StaticCache`` back to ``length``.
+
+    transformers' ``StaticLayer`` (5.2x) writes at its own ``cumulative_length`` counter (a device tensor) and
+    advances it on every update, whatever ``cache_position`` says, so a decode step repeated at one position
+    (warm-up before a CUDA-graph capture, a timed step) must rewind it first. With a tensor counter the rewind
+    is a device op, so it is captured with the step. Layers that write at ``cache_position`` have no counter:
+    no-op.
+    """
+    for layer in getattr(cache, "layers", ()):
+        counter = getattr(layer, "cumulative_length", None)
+        if isinstance(counter, torch.Tensor):
+            counter.fill_(length)
+        elif isinstance(counter, int):
+            layer.cumulative_length = length
+        if isinstance(getattr(layer, "cumulative_length_int", None), int):
+            layer.cumulative_length_int = length

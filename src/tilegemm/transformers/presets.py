@@ -1,11 +1,14 @@
-"""Model presets for ``modeling/transformers/infer.py``: random-weight configs, nothing downloaded.
+"""Random-weight model presets (configs only, nothing downloaded), one table read by ``tilegemm-bench``'s
+``models`` family, ``modeling/transformers/`` (``infer.py``, ``dist_check.py``) and the tests.
 
 * ``tiny-<family>``: a few-layer model of each supported family with tiny dimensions (runs on a CPU in
   well under a second per forward); ``tiny`` means all five.
-* realistic dimensions, random weights, ``layers`` decoder layers (default 4): ``qwen3-30b-a3b``
+* realistic dimensions, random weights, ``layers`` decoder layers (the harnesses default to 4): ``qwen3-30b-a3b``
   (Qwen3-30B-A3B: H=2048, 128 experts of I=768, top-8), ``deepseek-v3`` (DeepSeek-V3: H=7168, MLA,
   256 experts of I=2048, top-8, group-limited routing, 1 shared expert; the first 3 layers dense as in the
   real model, so 4 layers hold one MoE layer), ``qwen2-moe-a2.7b``, ``mixtral-8x7b``.
+
+Building a config imports transformers; importing this module does not.
 """
 
 from __future__ import annotations
