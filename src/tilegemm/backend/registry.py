@@ -266,6 +266,23 @@ def get_available_backends_for_op(name: str) -> list[str]:
     return [b for b in selector.BACKENDS if b in impls and selector.is_backend_available(b)]
 
 
+def get_impl(name: str, backend: str) -> Callable[..., Any]:
+    """Backend ``backend``'s registered implementation of op ``name``, for composing one op from another.
+
+    It takes what the op's check derives, by keyword (``stream`` included), and skips the public checks:
+    the caller vouches for its arguments (views such as a permuted ``d`` the public op would refuse are
+    fine where the implementation allows them). It may raise :class:`Unsupported`.
+
+    Raises:
+        ValueError: no such op, or ``backend`` has no implementation of it.
+    """
+    _load_backends()
+    impl = _IMPLS.get(name, {}).get(backend)
+    if impl is None:
+        raise ValueError(f"op {name!r}: no {backend!r} implementation (registered: {sorted(_IMPLS.get(name, {}))})")
+    return impl
+
+
 def get_registered_backends_for_op(name: str) -> list[str]:
     """Backends that implement op ``name``, whether or not they can run here."""
     _load_backends()
