@@ -20,8 +20,11 @@ def test_choose_routes_each_family():
     assert heuristics.choose(masked) == heuristics.GROUPED_BF16_SMALL_M
     k_grouped = Problem("grouped", "bf16", 4096, 4096, 8192, 132, groups=4, kind=Kind.K, has_c=True)
     assert heuristics.choose(k_grouped) == heuristics.GROUPED_BF16_K_WITH_C
-    moe = heuristics.choose(Problem("moe", "bf16", 8 * 4, 7168, 2048, 132, groups=256))
+    decode = heuristics.choose(Problem("moe", "bf16", 8 * 4, 7168, 2048, 132, groups=256))
+    assert isinstance(decode, heuristics.MoESlotsConfig) and decode.combine_bn == 256
+    moe = heuristics.choose(Problem("moe", "bf16", 8 * 128, 7168, 2048, 132, groups=256))
     assert moe.bm == 64 and moe.combine_bn == 256
+    assert heuristics.choose(Problem("moe", "bf16", 8 * 4096, 7168, 2048, 132, groups=256)).bm == 128
     with pytest.raises(ValueError, match="family"):
         heuristics.choose(Problem("conv", "bf16", 1, 1, 1, 1))
 
