@@ -91,8 +91,9 @@ def _slot_variants():
                 ]
                 out.append((f"slots-down-{w_dtype}-{tag}", "down", [*down, cfg.bw, cfg.bk, cfg.bt, even_k]))
     for top_k in (1, 8):
-        params = [_A(bf, 3), _A(bf, 2), top_k, cfg.combine_bt, cfg.combine_bn]
-        out.append((f"slots-combine-k{top_k}", "combine", params))
+        for bn in (heuristics.MOE_COMBINE_MAX_BN, 8):
+            params = [_A(bf, 3), _A(bf, 2), top_k, cfg.combine_bt, bn]
+            out.append((f"slots-combine-k{top_k}-{bn}", "combine", params))
     return out
 
 
@@ -126,7 +127,10 @@ def test_heuristics_only_pick_gated_configs():
     for t, k, e in ((1, 8, 128), (64, 8, 256), (4096, 8, 128), (16384, 2, 8), (3, 1, 1)):
         for h in (2048, 7168, 4096, 136):
             cfg = heuristics.choose(heuristics.Problem("moe", "bf16", t * k, h, 1024, 132, groups=e))
-            assert heuristics.MoEConfig(cfg.up, cfg.down) in allowed, (t, k, e, cfg)
+            if isinstance(cfg, heuristics.MoESlotsConfig):  # the per-slot kernels, compiled with this config
+                assert cfg == heuristics.moe_slots_config(h), (t, k, e, cfg)
+            else:
+                assert heuristics.MoEConfig(cfg.up, cfg.down) in allowed, (t, k, e, cfg)
             assert h % cfg.combine_bn == 0 and cfg.combine_bn <= heuristics.MOE_COMBINE_MAX_BN
 
 

@@ -8,7 +8,7 @@ Peers, each given the same inputs through transformers' experts contract
 ``forward(module, hidden [T, H], top_k_index [T, k], top_k_weights [T, k])`` on a stock experts module of
 the model (its ``gate_up_proj [E, 2I, H]`` / ``down_proj [E, H, I]`` are the op's ``w13`` / ``w2``):
 transformers' ``grouped_mm`` and ``batched_mm`` experts forwards, and tilegemm's unfused experts path
-(``tilegemm.transformers.experts.tilegemm_experts_forward``: routing, permute copy, two m-grouped GEMMs,
+(``tilegemm.transformers.experts.unfused_experts_forward``: routing, permute copy, two m-grouped GEMMs,
 torch activation and combine). ``batched_mm`` copies every (token, slot)'s expert weights and is skipped
 where that copy would not fit. The harness times every implementation eagerly and in a CUDA graph.
 """
@@ -123,12 +123,12 @@ def _peer(name: str, sets: list[tuple], model_type: str) -> Impl:
     try:
         from transformers.integrations import moe as hf_moe
 
-        from tilegemm.transformers.experts import tilegemm_experts_forward
+        from tilegemm.transformers.experts import unfused_experts_forward
 
         fn = {
             "transformers_grouped_mm": getattr(hf_moe, "grouped_mm_experts_forward", None),
             "transformers_batched_mm": getattr(hf_moe, "batched_mm_experts_forward", None),
-            "tilegemm_unfused": tilegemm_experts_forward,
+            "tilegemm_unfused": unfused_experts_forward,
         }[name]
         if fn is None:
             return Impl(name, f"this transformers has no {name[len('transformers_') :]} experts forward", None)

@@ -248,6 +248,19 @@ def tilegemm_experts_forward(
                 hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj, activation,
                 backend=_backend_for(self),
             )  # fmt: skip
+    return unfused_experts_forward(self, hidden_states, top_k_index, top_k_weights)
+
+
+def unfused_experts_forward(
+    self: torch.nn.Module,
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+) -> torch.Tensor:
+    """The unfused path of :func:`tilegemm_experts_forward` (same arguments and result): routing, a permuted copy,
+    two m-grouped GEMMs, the module's activation and the weighted combine as separate steps (module docstring);
+    differentiable through :func:`tilegemm.grouped_matmul` when autograd needs gradients."""
+    training = _needs_grad(self, hidden_states)
     up_name, down_name = _weight_names(self)
     w_up, w_down = getattr(self, up_name), getattr(self, down_name)
     x = hidden_states.to(w_up.dtype)
