@@ -16,6 +16,10 @@ def test_choose_routes_each_family():
     dense = Problem("dense", "fp8", 4096, 4096, 7168, 132)
     assert heuristics.choose(dense) == heuristics.FP8_LARGE_K
     assert isinstance(heuristics.choose(Problem("dense", "bf16", 16, 4096, 7168, 132)), heuristics.DecodeConfig)
+    # BF16 above 128 rows with a short K: the tile kernel; with a long K, and FP8, the decode kernel.
+    assert heuristics.choose(Problem("dense", "bf16", 256, 7168, 2048, 132)) == heuristics.BF16_CONFIGS[0]
+    assert isinstance(heuristics.choose(Problem("dense", "bf16", 256, 2112, 7168, 132)), heuristics.DecodeConfig)
+    assert isinstance(heuristics.choose(Problem("dense", "fp8", 256, 7168, 2048, 132)), heuristics.DecodeConfig)
     masked = Problem("grouped", "bf16", 8 * 256, 4096, 7168, 132, groups=8, kind=Kind.MASKED, expected_m=32)
     assert heuristics.choose(masked) == heuristics.GROUPED_BF16_SMALL_M
     k_grouped = Problem("grouped", "bf16", 4096, 4096, 8192, 132, groups=4, kind=Kind.K, has_c=True)
@@ -27,6 +31,15 @@ def test_choose_routes_each_family():
     assert heuristics.choose(Problem("moe", "bf16", 8 * 4096, 7168, 2048, 132, groups=256)).bm == 128
     with pytest.raises(ValueError, match="family"):
         heuristics.choose(Problem("conv", "bf16", 1, 1, 1, 1))
+
+
+def test_decode_activation_tile():
+    """Powers of two from 16 to 128 covering M; FP8 skips 32 (its 32-row kernels measured slower than 64)."""
+    cfg = heuristics.decode_config()
+    assert [cfg.tile_m(m) for m in (1, 16, 17, 32, 33, 64, 65, 256)] == [16, 16, 32, 32, 64, 64, 128, 128]
+    assert [cfg.tile_m(m, "fp8") for m in (1, 16, 17, 32, 33, 64, 65, 256)] == [16, 16, 64, 64, 64, 64, 128, 128]
+    plan = heuristics.decode_plan(Problem("dense", "fp8", 32, 7168, 2048, 132), cfg)
+    assert plan.bm == 64 and plan.num_m == 1
 
 
 def test_config_names_are_stable():

@@ -4,8 +4,8 @@ A host path describes its GEMM as a :class:`Problem` (family, dtype, M, N, K, gr
 :class:`Kind` for grouped GEMMs) and :func:`choose` returns the config from host sizes only: no
 device reads, no runtime search (a first call never autotunes). The rules, per family:
 
-* ``dense``: at most :data:`DECODE_MAX_M` rows take a swap-AB decode kernel (:class:`DecodeConfig`,
-  launch shape from :func:`decode_plan`); others a fixed, measured table of tile configs
+* ``dense``: at most :data:`DECODE_MAX_M` rows (:func:`takes_decode`) take a swap-AB decode kernel
+  (:class:`DecodeConfig`, launch shape from :func:`decode_plan`); others a fixed, measured table of tile configs
   (:class:`DenseConfig`: BF16 one 128x128x64 tile, FP8 by M and K), whose grids are split along K
   when they fill less than half the machine (:func:`split_plan`).
 * ``grouped``: m-grouped (``m_indices``, psum, masked) and k-grouped tiles (:class:`TileConfig`).
@@ -95,7 +95,7 @@ def choose(p: Problem) -> TileConfig | DecodeConfig | MoEConfig | MoESlotsConfig
     :class:`TileConfig` (grouped) or a :class:`MoEConfig` / :class:`MoESlotsConfig` (moe, the latter at decode
     sizes)."""
     if p.family == "dense":
-        return decode_config() if p.m <= DECODE_MAX_M else dense_tile_config(p)
+        return decode_config() if takes_decode(p) else dense_tile_config(p)
     if p.family == "grouped":
         return _grouped_config(p)
     if p.family == "moe":
@@ -273,11 +273,17 @@ class DecodeConfig:
     occupancy: int = 4
     occupancy_wide: int = 2
 
-    def tile_m(self, m: int) -> int:
-        """The activation tile (MMA N side) for ``m`` rows: a power of two in [DECODE_MIN_BM, bm_max]."""
+    def tile_m(self, m: int, dtype: str = "bf16") -> int:
+        """The activation tile (MMA N side) for ``m`` rows: a power of two in [DECODE_MIN_BM, bm_max].
+
+        FP8 skips the 32-row tile: on an H100 (2026-11-23, kernel-only) its kernels ran 1.1-2x slower
+        than the 64-row ones on the same shapes (32x7168x2048: 19.7 us; 64x7168x2048: 10.6 us).
+        """
         bm = DECODE_MIN_BM
         while bm < m and bm < self.bm_max:
             bm *= 2
+        if dtype == "fp8" and bm == 32 and self.bm_max >= 64:
+            bm = 64
         return bm
 
     def occupancy_for(self, bm: int) -> int:
@@ -313,6 +319,18 @@ DECODE_CONFIGS: tuple[DecodeConfig, ...] = (DECODE_W64_K256, DECODE_W64_K128, DE
 DECODE_MIN_BM = 16
 #: Dense GEMMs with at most this many rows take the decode kernels.
 DECODE_MAX_M = 256
+#: ... except BF16 ones with more than DECODE_BF16_TILE_M rows and K <= DECODE_BF16_TILE_K: the persistent
+#: tile kernel was faster there (H100, 2026-11-23, kernel-only: 256x7168x2048 16.6 us vs 18.0,
+#: 256x24576x1536 37.6 vs 44.8; at K = 7168 it was 1.3-2x slower, at M = 128 no faster).
+DECODE_BF16_TILE_M = 128
+DECODE_BF16_TILE_K = 2048
+
+
+def takes_decode(p: Problem) -> bool:
+    """Whether dense problem ``p`` takes a swap-AB decode kernel (else the persistent-tile kernel)."""
+    if p.m > DECODE_MAX_M:
+        return False
+    return not (p.dtype == "bf16" and p.m > DECODE_BF16_TILE_M and p.k <= DECODE_BF16_TILE_K)
 #: Split-K bounds: at most this many splits, each of at least DECODE_MIN_STEPS K steps, and
 #: the fp32 partial a split writes and its tile's last unit reads back at most
 #: 1 / DECODE_PARTIAL_RATIO of the weight bytes the split streams.
@@ -381,7 +399,7 @@ def decode_plan(p: Problem, cfg: DecodeConfig) -> DecodePlan:
     took 13.3 us at 1x7168x2048 (4 splits: 15.4) and 16.1 us at 128x7168x2048 (2 splits: 30.1);
     64 tiles at 1x4096x7168 took 29.3 us in 8 splits and 42.5 us in 2.
     """
-    bm = cfg.tile_m(p.m)
+    bm = cfg.tile_m(p.m, p.dtype)
     num_m, num_n = cdiv(p.m, bm), cdiv(p.n, cfg.bw)
     step = cfg.step_k(p.dtype)
     steps = max(1, cdiv(p.k, step))
