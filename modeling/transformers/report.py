@@ -50,7 +50,7 @@ def benchmark_rows(row: dict[str, Any], date: str | None = None) -> list[dict[st
             "op": "moe_decode",
             "shape": {**shape, "new_tokens": row["new_tokens"], "mode": patched["decode_mode"]},
             "tok_s": patched["decode_tok_s"],
-            "peer": "transformers: faster of dynamic cache (batched_mm) and static cache (compiled)",
+            "peer": "stock model in the same decode loop (see peer_mode)",
             "peer_tok_s": stock["decode_peer_tok_s"],
             "peer_mode": stock.get("decode_peer_mode"),
             "peer_dynamic_tok_s": stock["decode_tok_s"],
@@ -58,6 +58,7 @@ def benchmark_rows(row: dict[str, Any], date: str | None = None) -> list[dict[st
             "peer_static_error": stock.get("decode_static_error"),
             "stock_graph_tok_s": stock.get("decode_graph_tok_s"),
             "ratio": row["decode_ratio"],
+            "ratio_vs_generate": row.get("decode_ratio_vs_generate"),
             "target": DECODE_TARGET.get(row["batch"], DECODE_TARGET_DEFAULT),
         },
     ]
@@ -113,9 +114,9 @@ def markdown(rows: list[dict[str, Any]], title: str = "MoE inference, tilegemm v
         lines += [
             "",
             f"GPU: {rows[0]['gpu']}, date {rows[0]['date']}, backend {rows[0]['backend']}. Peer: transformers "
-            "grouped_mm (prefill); decode peer = faster of generate() with the dynamic cache (transformers switches "
-            "to batched_mm) and with the static cache (compiled), '-' where not run. 'graph' = the stock experts "
-            "in infer.py's CUDA-graph decode loop (informational, not the peer). calc_diff / top1: "
-            "teacher-forced logits of the stock greedy tokens; greedy: free-running token agreement.",
+            "grouped_mm (prefill); decode peer = the stock model in the same loop: in infer.py's static-cache "
+            "CUDA-graph loop when the patched model ran there ('graph'), else the faster of generate() with the "
+            "dynamic cache (transformers switches to batched_mm) and with the static cache (compiled). "
+            "calc_diff / top1: teacher-forced logits of the stock greedy tokens; greedy: free-running token agreement.",
         ]
     return "\n".join(lines) + "\n"

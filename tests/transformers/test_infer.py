@@ -109,3 +109,16 @@ def test_script_from_a_checkout_exits_2_without_traceback():
     cmd = [sys.executable, "modeling/transformers/infer.py", "--backend", "cutile"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "cutile backend cannot run" in proc.stderr
+
+
+def test_decode_peer_is_the_same_loop():
+    """Under CUDA graphs the ratio is against the stock experts in the graph loop, not generate()."""
+    stock = {"decode_tok_s": 128.8, "decode_static_tok_s": 356.8, "decode_graph_tok_s": 576.4}
+    out = infer._decode_peer(stock, 682.7, "static+cuda_graph")
+    assert stock["decode_peer_mode"] == "static+cuda_graph" and stock["decode_peer_tok_s"] == 576.4
+    assert out["decode_ratio"] == pytest.approx(682.7 / 576.4)
+    assert out["decode_ratio_vs_generate"] == pytest.approx(682.7 / 356.8)
+    # without the graph loop: the faster of transformers' dynamic and static-cache generate()
+    stock = {"decode_tok_s": 128.8, "decode_static_tok_s": 356.8}
+    out = infer._decode_peer(stock, 300.0, "dynamic")
+    assert stock["decode_peer_mode"] == "static" and out == {"decode_ratio": pytest.approx(300.0 / 356.8)}

@@ -331,6 +331,8 @@ def takes_decode(p: Problem) -> bool:
     if p.m > DECODE_MAX_M:
         return False
     return not (p.dtype == "bf16" and p.m > DECODE_BF16_TILE_M and p.k <= DECODE_BF16_TILE_K)
+
+
 #: Split-K bounds: at most this many splits, each of at least DECODE_MIN_STEPS K steps, and
 #: the fp32 partial a split writes and its tile's last unit reads back at most
 #: 1 / DECODE_PARTIAL_RATIO of the weight bytes the split streams.
