@@ -40,12 +40,11 @@ def case(spec: dict[str, Any], dg: Any = None, dg_reason: str = "DeepGEMM not lo
     """The benchmark row of one spec (see :func:`specs`); ``dg`` is the DeepGEMM module or None."""
     m, n, k, dt = spec["m"], spec["n"], spec["k"], spec["dtype"]
     flops = 2.0 * m * n * k
+    nbytes = inputs.gemm_bytes(dt, m, 1, n, k)
     if dt == "bf16":
-        nbytes = 2.0 * (m * k + n * k + m * n)
         build = lambda: _build_bf16(m, n, k, dg, dg_reason)  # noqa: E731
         op = "bf16_gemm_nt"
     else:
-        nbytes = m * k + n * k + 2.0 * m * n + 4.0 * (m * -(-k // 128) + -(-n // 128) * -(-k // 128))
         build = lambda: _build_fp8(m, n, k, dg, dg_reason)  # noqa: E731
         op = "fp8_gemm_nt"
     shape = {"m": m, "n": n, "k": k}

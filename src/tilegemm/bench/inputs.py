@@ -61,3 +61,13 @@ def cuda_bytes(*tensors: torch.Tensor) -> int:
         elif t is not None:
             total += t.numel() * t.element_size()
     return total
+
+
+def gemm_bytes(dtype: str, rows: int, weights: int, n: int, k: int) -> float:
+    """Bytes an (m-grouped) GEMM moves at least once: ``rows`` activation rows of K, ``weights`` weight matrices of
+    [N, K] (bf16 or fp8 with fp32 1x128 / 128x128 scales), and the bf16 output ``[rows, N]``."""
+    elt = 2 if dtype == "bf16" else 1
+    nbytes = elt * (rows * k + weights * n * k) + 2.0 * rows * n
+    if dtype == "fp8":
+        nbytes += 4.0 * (rows * -(-k // 128) + weights * -(-n // 128) * -(-k // 128))
+    return nbytes

@@ -35,10 +35,7 @@ def case(spec: dict[str, Any], dg: Any = None, dg_reason: str = "DeepGEMM not lo
     g, m, n, k, dt = spec["groups"], spec["m_per_group"], spec["n"], spec["k"], spec["dtype"]
     sizes = inputs.group_sizes(g, m, inputs.seed_of("m_grouped", g, m, n, k), align=128)
     rows = sum(sizes)
-    elt = 2 if dt == "bf16" else 1
-    nbytes = elt * (rows * k + g * n * k) + 2.0 * rows * n
-    if dt == "fp8":
-        nbytes += 4.0 * (rows * -(-k // 128) + g * -(-n // 128) * -(-k // 128))
+    nbytes = inputs.gemm_bytes(dt, rows, g, n, k)
     shape = {"groups": g, "m_per_group": m, "n": n, "k": k, "m_sum": rows}
     op = f"m_grouped_{dt}_gemm_nt_contiguous"
     return Case(FAMILY, op, dt, shape, 2.0 * rows * n * k, nbytes, lambda: _build(dt, sizes, n, k, dg, dg_reason))

@@ -45,10 +45,7 @@ def case(spec: dict[str, Any], dg: Any = None, dg_reason: str = "DeepGEMM not lo
     g, e, n, k, dt = spec["groups"], spec["expected_m"], spec["n"], spec["k"], spec["dtype"]
     sizes = masked_sizes(g, e, inputs.seed_of("masked", g, e, n, k))
     valid, active = sum(sizes), sum(1 for s in sizes if s)
-    elt = 2 if dt == "bf16" else 1
-    nbytes = elt * (valid * k + active * n * k) + 2.0 * valid * n
-    if dt == "fp8":
-        nbytes += 4.0 * (valid * -(-k // 128) + active * -(-n // 128) * -(-k // 128))
+    nbytes = inputs.gemm_bytes(dt, valid, active, n, k)
     shape = {"groups": g, "expected_m": e, "n": n, "k": k, "valid_rows": valid}
     op = f"m_grouped_{dt}_gemm_nt_masked"
     settings = {"mmax": MMAX}

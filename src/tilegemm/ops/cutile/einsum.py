@@ -27,8 +27,8 @@ import cuda.tile as ct
 import torch
 
 from tilegemm.backend.registry import Unsupported, get_impl, register_impl
-from tilegemm.env import PRINT_CONFIGS, env_flag
-from tilegemm.ops.cutile import launch
+from tilegemm.ops.cutile import heuristics, launch
+from tilegemm.ops.cutile.gemm import _tile_coords
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -115,29 +115,7 @@ def split_steps(tiles: int, steps: int, slots: int) -> tuple[int, int]:
     return launch.cdiv(steps, per), per
 
 
-_printed: set[tuple] = set()
-
-
-def print_config(op: str, shape: tuple[int, ...], cfg: EinsumConfig, grid: tuple[int, ...], splits: int = 1) -> None:
-    """Print the config of a new (op, shape) once when ``TILEGEMM_PRINT_CONFIGS=1``."""
-    if not env_flag(PRINT_CONFIGS):
-        return
-    key = (op, shape, cfg.name, splits)
-    if key not in _printed:
-        _printed.add(key)
-        print(f"[tilegemm] {op} shape={shape} config={cfg.name} grid={grid} split={splits}", flush=True)
-
-
 # ---------------------------------------------------------------------------------------- kernels
-
-
-def _tile_coords(tile, num_m, num_n, GM: ConstInt):
-    """Grouped (swizzled) order: ``GM`` row tiles share each column sweep, so the RHS stays in L2."""
-    per_band = GM * num_n
-    first_m = (tile // per_band) * GM
-    rows = ct.minimum(num_m - first_m, GM)
-    local = tile % per_band
-    return first_m + local % rows, local // rows
 
 
 def _add_c(acc, D, C, index, HAS_C: ConstBool, C_IS_D: ConstBool):
@@ -374,7 +352,7 @@ def bmk_bnk_mn(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tenso
     split = splits > 1
     cfg = bmk_config(has_c and not split)  # a split call adds c in the reduce kernel
     grid = launch.persistent_grid(tiles * splits, cfg.ctas_per_sm, sms)
-    print_config("einsum bmk,bnk->mn", (s_dim, m, n, k), cfg, grid, splits)
+    heuristics.print_once("einsum bmk,bnk->mn", (s_dim, m, n, k), f"{cfg.name} grid={grid} split={splits}")
     work = _workspace(d, splits if split else 0)
     consts = bmk_constants(cfg, split=split, has_c=has_c and not split, c_is_d=c_is_d and not split)
     launch.launch(get_kernel("bmk", cfg), grid, (a, b, d, c_arg, work, per, *consts))
@@ -401,7 +379,7 @@ def bhd_hdr_bhr(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tens
     sms = launch.num_sms()
     tiles = heads * launch.cdiv(batch, cfg.tm) * launch.cdiv(n, cfg.tn)
     grid = launch.persistent_grid(tiles, cfg.ctas_per_sm, sms)
-    print_config("einsum bhd,hdr->bhr", (batch, heads, k, n), cfg, grid)
+    heuristics.print_once("einsum bhd,hdr->bhr", (batch, heads, k, n), f"{cfg.name} grid={grid} split=1")
     consts = heads_constants(cfg, has_c=has_c, c_is_d=c_is_d)
     launch.launch(get_kernel("heads", cfg), grid, (a, b, d, c_arg, *consts))
     return d
