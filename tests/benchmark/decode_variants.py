@@ -3,6 +3,7 @@
 Run (from the repository root, no network needed)::
 
     PYTHONPATH=src python3 tests/benchmark/decode_variants.py [--quick] [--budget-s 270]
+    PYTHONPATH=src python3 tests/benchmark/decode_variants.py --variants w64k256,w64k256/bm64,w64k256/bm64/s2,tile
 
 For M in {1, 4, 16, 64, 128, 256} x (N, K) in {(7168, 2048), (4096, 7168), (2112, 7168),
 (24576, 1536)}, BF16 and FP8 (1x128 activation / 128x128 weight scales), NT, bf16 output:
@@ -25,6 +26,7 @@ once ``--budget-s`` seconds have passed (JIT compiles included).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -178,6 +180,23 @@ def _check(fn, d, ref) -> tuple[float | None, bool]:
     return (diff if math.isfinite(diff) else None), same
 
 
+def _decode_variant(name: str):
+    """The decode config a variant name describes: a shipped variant, then optional ``/bm<N>`` (activation tile
+    capped at N rows) and ``/s<N>`` (N K splits forced), e.g. ``w64k256/bm64/s2``."""
+    from tilegemm.ops.cutile import heuristics
+
+    base, *mods = name.split("/")
+    cfg = heuristics.decode_config(base)
+    for mod in mods:
+        if mod.startswith("bm") and mod[2:].isdigit() and int(mod[2:]) >= heuristics.DECODE_MIN_BM:
+            cfg = dataclasses.replace(cfg, bm_max=int(mod[2:]))
+        elif mod.startswith("s") and mod[1:].isdigit() and int(mod[1:]) >= 1:
+            cfg = dataclasses.replace(cfg, splits=int(mod[1:]))
+        else:
+            raise ValueError(f"variant {name!r}: {mod!r} is neither /bm<rows> nor /s<splits>")
+    return dataclasses.replace(cfg, name=name)
+
+
 def _variants(args) -> list[str]:
     """The variants to time: ``--variants`` (comma-separated) or every decode variant and ``tile``."""
     from tilegemm.ops.cutile import heuristics
@@ -186,9 +205,15 @@ def _variants(args) -> list[str]:
     if not args.variants:
         return every
     chosen = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = [v for v in chosen if v not in every]
+    unknown = []
+    for v in chosen:
+        try:
+            if v != "tile":
+                _decode_variant(v)
+        except ValueError as exc:
+            unknown.append(f"{v} ({exc})")
     if unknown:
-        raise SystemExit(f"--variants: unknown {unknown}, expected names from {every}")
+        raise SystemExit(f"--variants: unknown {unknown}, expected names from {every} (+ /bm<N>, /s<N>)")
     return chosen
 
 
@@ -223,7 +248,7 @@ def run(args) -> list[dict]:
                             cfg = heuristics.dense_tile_config(problem)
                             rec["config"] = cfg.name
                         else:
-                            cfg = heuristics.decode_config(name)
+                            cfg = _decode_variant(name)
                             plan = heuristics.decode_plan(problem, cfg)
                             rec["config"] = f"{cfg.bw}x{plan.bm} split={plan.splits} grid={plan.grid[0]}"
                         fn = _variant_call(kind, cfg, a, case, d)
@@ -271,7 +296,7 @@ def _line(row: dict, variants: list[str]) -> str:
     for name in variants:
         rec = row["variants"].get(name, {})
         mark = "" if rec.get("ok", False) else ("!" if "us" in rec else "x")
-        cells.append(" " + _fmt(rec.get("us")) + (mark or " "))
+        cells.append(" " * (max(9, len(name)) - 7) + _fmt(rec.get("us")) + (mark or " "))
     peer = _fmt(row.get("peer_us"))
     shape = f"{row['dtype']:4s} {row['m']:3d}x{row['n']:5d}x{row['k']:5d}".ljust(24)
     timed = [(r["us"], nm) for nm, r in row["variants"].items() if r.get("ok") and "us" in r]
@@ -283,7 +308,7 @@ def _line(row: dict, variants: list[str]) -> str:
 
 
 def _header(variants: list[str]) -> str:
-    names = " ".join(f"{v[:9]:>9s}" for v in variants)
+    names = " ".join(f"{v:>9s}" for v in variants)
     return (
         f"{'shape (us, kernel-only)':24s} | {names} |    peer |   public: graph   eager | best      GB/s(w)\n"
         "(! = wrong or not bitwise-reproducible, x = failed; GB/s = weight bytes / best variant's time)"
@@ -295,7 +320,12 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="M in {1, 16, 128}, two (N, K)")
     p.add_argument("--budget-s", type=float, default=270.0, help="stop adding shapes after this many seconds")
     p.add_argument("--out", default=os.environ.get("OUT", "."), help="directory for decode.json (default $OUT)")
-    p.add_argument("--variants", default="", help="comma-separated subset of the variants (default: all)")
+    p.add_argument(
+        "--variants",
+        default="",
+        help="comma-separated variants (default: every shipped one and tile); a decode variant may add "
+        "/bm<N> (activation tile capped at N rows) and /s<N> (N K splits), e.g. w64k256/bm64/s2",
+    )
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failing variants")
     args = p.parse_args()
     if not torch.cuda.is_available():

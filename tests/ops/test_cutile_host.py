@@ -42,6 +42,21 @@ def test_decode_activation_tile():
     assert plan.bm == 64 and plan.num_m == 1
 
 
+def test_decode_plan_split_override():
+    """``DecodeConfig.splits`` fixes the K split (benchmark sweeps); 0 sizes it; never more splits than K steps."""
+    import dataclasses
+
+    p = Problem("dense", "fp8", 128, 2112, 7168, 132)
+    auto = heuristics.decode_plan(p, heuristics.decode_config())
+    assert auto.splits > 1
+    cfg = dataclasses.replace(heuristics.decode_config(), bm_max=64, splits=2)
+    plan = heuristics.decode_plan(p, cfg)
+    assert (plan.bm, plan.num_m, plan.splits, plan.per) == (64, 2, 2, 14)
+    assert plan.splits * plan.per >= plan.steps
+    assert heuristics.decode_plan(p, dataclasses.replace(cfg, splits=1000)).splits == plan.steps
+    assert heuristics.decode_plan(p, dataclasses.replace(cfg, splitk=False, splits=4)).splits == 1
+
+
 def test_config_names_are_stable():
     """Names show up in printed choices and compile-gate ids: the shared tile fields keep them."""
     assert heuristics.FP8_SMALL_K.name == "fp8_64x128x128_g8_w4_o2_fa_ldgscale"

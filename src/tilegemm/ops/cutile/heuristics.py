@@ -261,7 +261,8 @@ class DecodeConfig:
     N side) is the power of two covering M, between :data:`DECODE_MIN_BM` and ``bm_max``; ``ku``
     128-wide K blocks per FP8 step, ``bk_bf16`` the BF16 K step; ``splitk`` whether K may be split
     (reduced in the same launch); ``occupancy`` the CTAs-per-SM hint for activation tiles of at
-    most 32 rows (``occupancy_wide`` above).
+    most 32 rows (``occupancy_wide`` above); ``splits`` a fixed K split count (0: sized by
+    :func:`decode_plan`; the shipped variants use 0, the benchmark sweeps set it).
     """
 
     name: str
@@ -272,6 +273,7 @@ class DecodeConfig:
     splitk: bool = True
     occupancy: int = 4
     occupancy_wide: int = 2
+    splits: int = 0
 
     def tile_m(self, m: int, dtype: str = "bf16") -> int:
         """The activation tile (MMA N side) for ``m`` rows: a power of two in [DECODE_MIN_BM, bm_max].
@@ -413,6 +415,8 @@ def decode_plan(p: Problem, cfg: DecodeConfig) -> DecodePlan:
         partial_bytes = 2 * cfg.bw * bm * 4
         min_steps = max(DECODE_MIN_STEPS, cdiv(DECODE_PARTIAL_RATIO * partial_bytes, step_bytes))
         splits = max(1, min(slots // tiles, steps // min_steps, DECODE_MAX_SPLITS))
+    if cfg.splitk and cfg.splits > 0:
+        splits = min(cfg.splits, steps)
     per = cdiv(steps, splits)
     return DecodePlan(cfg, bm, num_m, num_n, steps, cdiv(steps, per), per)
 
