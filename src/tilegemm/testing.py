@@ -63,6 +63,15 @@ def poisoned(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype, device: An
     return torch.full(tuple(shape), float("nan"), dtype=dtype, device=device)
 
 
+def assert_rerun_identical(fn: Callable[[], Any], d: torch.Tensor) -> None:
+    """Assert that ``d`` (after a first ``fn()`` into a :func:`poisoned` ``d``) holds no NaN (every element was
+    written) and that calling ``fn()`` again leaves its bytes unchanged (a bitwise-identical rerun)."""
+    assert not torch.isnan(d).any(), "d has unwritten (NaN) elements"
+    first = d.clone()
+    fn()
+    assert torch.equal(first.view(torch.uint8), d.view(torch.uint8)), "rerun is not bitwise identical"
+
+
 def backend_device_params() -> list[Any]:
     """``pytest.param(backend, device)`` per :data:`BACKEND_DEVICES`; CUDA ones are ``gpu``-marked, skip w/o CUDA."""
     import pytest

@@ -16,7 +16,7 @@ import torch
 
 from tilegemm.ops import api as tg
 from tilegemm.quant import get_mn_major_tma_aligned_tensor, per_block_cast_to_fp8, per_token_cast_to_fp8
-from tilegemm.testing import calc_diff, poisoned
+from tilegemm.testing import assert_rerun_identical, calc_diff, poisoned
 
 pytestmark = [
     pytest.mark.gpu,
@@ -81,13 +81,6 @@ def _fp8_case(layout, recipe, m, n, k, seed=0):
     return a, b, deq_a, deq_b, xa.double(), xb.double()
 
 
-def _rerun_identical(fn, d):
-    assert not torch.isnan(d).any(), "d has unwritten (NaN) elements"
-    first = d.clone()
-    fn()
-    assert torch.equal(first.view(torch.uint8), d.view(torch.uint8)), "rerun is not bitwise identical"
-
-
 @pytest.mark.parametrize("shape", SHAPES, ids=_sid)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_bf16(layout, shape):
@@ -99,7 +92,7 @@ def test_bf16(layout, shape):
     ref = a_log.double() @ b_log.double().T
     diff = calc_diff(d, ref)
     assert diff < BAR_BF16, f"calc_diff {diff:.3g}"
-    _rerun_identical(lambda: op(a, b, d, backend="cutile"), d)
+    assert_rerun_identical(lambda: op(a, b, d, backend="cutile"), d)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=_sid)
@@ -115,7 +108,7 @@ def test_fp8(layout, recipe, shape):
     assert exact < BAR_FP8_EXACT[torch.bfloat16], f"vs dequantized formula: {exact:.3g}"
     unquant = calc_diff(d, xa @ xb.T)
     assert unquant < BAR_FP8_UNQUANT, f"vs unquantized math: {unquant:.3g}"
-    _rerun_identical(lambda: op(a, b, d, recipe=recipe, backend="cutile"), d)
+    assert_rerun_identical(lambda: op(a, b, d, recipe=recipe, backend="cutile"), d)
 
 
 OUT_SHAPES = [(333, 777, 1000), (4096, 4096, 7168), (64, 2112, 7168)]
@@ -313,7 +306,7 @@ def test_decode_bf16(cfg, shape):
     gemm.bf16_gemm("nt", a, b, d, None, 1.0, 1.0, config=cfg)
     diff = calc_diff(d, a_log.double() @ b_log.double().T)
     assert diff < BAR_BF16, f"calc_diff {diff:.3g}"
-    _rerun_identical(lambda: gemm.bf16_gemm("nt", a, b, d, None, 1.0, 1.0, config=cfg), d)
+    assert_rerun_identical(lambda: gemm.bf16_gemm("nt", a, b, d, None, 1.0, 1.0, config=cfg), d)
 
 
 @pytest.mark.parametrize("shape", DECODE_SHAPES, ids=_sid)
@@ -328,7 +321,7 @@ def test_decode_fp8(cfg, recipe, shape):
     gemm.fp8_gemm("nt", a, b, d, None, 1.0, 1.0, recipe, config=cfg)
     exact = calc_diff(d, deq_a @ deq_b.T)
     assert exact < BAR_FP8_EXACT[torch.bfloat16], f"vs dequantized formula: {exact:.3g}"
-    _rerun_identical(lambda: gemm.fp8_gemm("nt", a, b, d, None, 1.0, 1.0, recipe, config=cfg), d)
+    assert_rerun_identical(lambda: gemm.fp8_gemm("nt", a, b, d, None, 1.0, 1.0, recipe, config=cfg), d)
 
 
 @pytest.mark.parametrize("scale_layout", ["mn_major", "row_major"])

@@ -20,7 +20,7 @@ import tilegemm as tg
 from tilegemm.backend import registry
 from tilegemm.backend.registry import Unsupported
 from tilegemm.ops.reference.gemm import round_to_tf32
-from tilegemm.testing import backend_device_params, calc_diff, dequantize, poisoned
+from tilegemm.testing import assert_rerun_identical, backend_device_params, calc_diff, dequantize, poisoned
 
 BACKENDS = backend_device_params()
 BAR = {torch.float32: 1e-6, torch.bfloat16: 1e-5}
@@ -33,13 +33,6 @@ def strict(monkeypatch, backend):
     """On cutile a fallback would test the reference twice: make it an error."""
     if backend == "cutile":
         monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
-
-
-def _rerun_identical(fn, d: torch.Tensor) -> None:
-    assert not torch.isnan(d).any(), "d has unwritten (NaN) elements"
-    first = d.clone()
-    fn()
-    assert torch.equal(first.view(torch.uint8), d.view(torch.uint8)), "rerun is not bitwise identical"
 
 
 def _sid(shape) -> str:
@@ -76,7 +69,7 @@ def test_bmk_bnk_mn(backend, device, strict, shape, mode):
     assert tg.einsum("bmk,bnk->mn", a, b, d, c=c, backend=backend) is d
     assert calc_diff(d, ref) < BAR[dtype]
     if c is None:
-        _rerun_identical(lambda: tg.einsum("bmk,bnk->mn", a, b, d, backend=backend), d)
+        assert_rerun_identical(lambda: tg.einsum("bmk,bnk->mn", a, b, d, backend=backend), d)
 
 
 def _head_operands(expr: str, shape, device, dtype=torch.bfloat16):
@@ -107,7 +100,7 @@ def test_heads(backend, device, strict, expr, shape, mode):
     assert tg.einsum(expr, x, y, d, c, backend=backend) is d
     assert calc_diff(d, ref) < BAR[dtype]
     if c is None:
-        _rerun_identical(lambda: tg.einsum(expr, x, y, d, backend=backend), d)
+        assert_rerun_identical(lambda: tg.einsum(expr, x, y, d, backend=backend), d)
 
 
 # -------------------------------------------------------------------------------------- FP8 einsum
@@ -147,7 +140,7 @@ def test_fp8_heads(backend, device, strict, expr, shape, mode):
     assert calc_diff(d, ref) < BAR[dtype]
     assert calc_diff(d, unquant) < BAR_FP8_VS_UNQUANTIZED
     if c is None:
-        _rerun_identical(lambda: tg.fp8_einsum(expr, a, b, d, backend=backend), d)
+        assert_rerun_identical(lambda: tg.fp8_einsum(expr, a, b, d, backend=backend), d)
 
 
 def _fp8_channels(bsz: int, h: int, dd: int, r: int, device):
@@ -222,7 +215,7 @@ def test_prenorm(backend, device, strict, shape, num_splits):
     got_d, got_s = (d, s) if num_splits is None else (d.double().sum(0), s.double().sum(0))
     assert calc_diff(got_d, ref_d) < 1e-9
     assert calc_diff(got_s, ref_s) < 1e-9
-    _rerun_identical(lambda: tg.tf32_hc_prenorm_gemm(a, b, d, s, num_splits=num_splits, backend=backend), d)
+    assert_rerun_identical(lambda: tg.tf32_hc_prenorm_gemm(a, b, d, s, num_splits=num_splits, backend=backend), d)
 
 
 @pytest.mark.parametrize("backend,device", BACKENDS)

@@ -16,7 +16,7 @@ import torch
 
 import tilegemm as tg
 from tilegemm.ops.reference.gemm import round_to_tf32
-from tilegemm.testing import calc_diff, dequantize, poisoned
+from tilegemm.testing import assert_rerun_identical, calc_diff, dequantize, poisoned
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -36,13 +36,6 @@ BAR_EXACT = {torch.float32: 1e-6, torch.bfloat16: 1e-5}
 def _no_fallback(monkeypatch):
     """A fallback to the pytorch backend would make these tests meaningless: make it an error."""
     monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
-
-
-def _rerun_identical(fn, d: torch.Tensor) -> None:
-    assert not torch.isnan(d).any(), "d has unwritten (NaN) elements"
-    first = d.clone()
-    fn()
-    assert torch.equal(first.view(torch.uint8), d.view(torch.uint8)), "rerun is not bitwise identical"
 
 
 def _bmk_ref(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -69,7 +62,7 @@ def test_bmk_bnk_mn(s, mnk, dtype):
     assert calc_diff(d, _bmk_ref(a, b) + c0) < BAR_EXACT[dtype]
     assert calc_diff(d, dg_ref) < 1e-5  # DeepGEMM's check
     if c is None:
-        _rerun_identical(lambda: tg.einsum("bmk,bnk->mn", a, b, d), d)
+        assert_rerun_identical(lambda: tg.einsum("bmk,bnk->mn", a, b, d), d)
 
 
 def _heads_case(expr: str, b: int, h: int, r: int, dd: int):
@@ -89,7 +82,7 @@ def test_heads(expr, hrd, b):
     x, y, z = _heads_case(expr, b, h, r, dd)
     tg.einsum(expr, x, y, z)
     assert calc_diff(z, torch.einsum(expr, x.double(), y.double())) < BAR_EXACT[torch.bfloat16]
-    _rerun_identical(lambda: tg.einsum(expr, x, y, z), z)
+    assert_rerun_identical(lambda: tg.einsum(expr, x, y, z), z)
 
 
 @pytest.mark.parametrize("b", HEADS_B)
@@ -129,7 +122,7 @@ def test_fp8_heads(expr, hrd, b):
     tg.fp8_einsum(expr, x_fp8, y_fp8, z)
     assert calc_diff(z, torch.einsum(expr, x64, y64)) < BAR_EXACT[torch.bfloat16]
     assert calc_diff(z, torch.einsum(expr, x, y)) < 1e-3  # DeepGEMM's check
-    _rerun_identical(lambda: tg.fp8_einsum(expr, x_fp8, y_fp8, z), z)
+    assert_rerun_identical(lambda: tg.fp8_einsum(expr, x_fp8, y_fp8, z), z)
 
 
 @pytest.mark.parametrize("b", HDR_B)
@@ -168,7 +161,7 @@ def test_prenorm(m, nk, num_splits):
     ref_d = a.double() @ round_to_tf32(b).double().T
     ref_s = a.double().square().sum(-1)
     assert max(calc_diff(final_d, ref_d), calc_diff(final_s, ref_s)) < 1e-8  # DeepGEMM's bar, here vs float64
-    _rerun_identical(lambda: tg.tf32_hc_prenorm_gemm(a, b, d, s, num_splits=num_splits), d)
+    assert_rerun_identical(lambda: tg.tf32_hc_prenorm_gemm(a, b, d, s, num_splits=num_splits), d)
 
 
 def test_bmk_split_graph_capture():

@@ -15,7 +15,14 @@ from tilegemm import (
     per_token_cast_to_fp8,
     transform_sf_into_required_layout,
 )
-from tilegemm.testing import bench_kernel, calc_diff, dequant_per_block, dequant_per_token, poisoned
+from tilegemm.testing import (
+    assert_rerun_identical,
+    bench_kernel,
+    calc_diff,
+    dequant_per_block,
+    dequant_per_token,
+    poisoned,
+)
 
 FP8 = torch.float8_e4m3fn
 DEVICES = [
@@ -161,3 +168,16 @@ def test_poisoned_and_bench():
     a = torch.randn(64, 64)
     ms = bench_kernel(lambda: a @ a, warmup=1, rep=5, device="cpu")
     assert isinstance(ms, float) and 0 < ms < 1000
+
+
+def test_assert_rerun_identical():
+    """Passes for a deterministic full write; fails on an unwritten element and on a rerun that changes bytes."""
+    d = poisoned((2, 3), torch.float32)
+    d.fill_(1.0)
+    assert_rerun_identical(lambda: d.fill_(1.0), d)
+    d[0, 0] = float("nan")
+    with pytest.raises(AssertionError, match="unwritten"):
+        assert_rerun_identical(lambda: None, d)
+    d.fill_(1.0)
+    with pytest.raises(AssertionError, match="bitwise"):
+        assert_rerun_identical(lambda: d.add_(1e-6), d)
