@@ -15,7 +15,10 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 _OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 
@@ -82,3 +85,24 @@ def sass_summary(cubin: bytes) -> dict[str, int]:
         "stl": _count(ops, ("STL",)),
         "instructions": sum(ops.values()),
     }
+
+
+def compile_all(
+    jobs: Iterable[tuple[str, Any, Any, str]],
+    compile_cubin: Callable[[Any, Any, str], bytes],
+    summarize: Callable[[bytes], Any] = sass_summary,
+) -> dict[tuple[str, str], Any]:
+    """``{(variant id, arch): summarize(cubin)}`` of every ``(variant id, kernel, params, arch)`` job, compiled by
+    ``compile_cubin(kernel, params, arch)`` in ``$TILEGEMM_COMPILE_THREADS`` (default 2) threads (tileiras runs out
+    of process). A job that fails maps to its exception, for the test of that variant to report."""
+
+    def work(job):
+        vid, kernel, params, arch = job
+        try:
+            return (vid, arch), summarize(compile_cubin(kernel, params, arch))
+        except Exception as exc:
+            return (vid, arch), exc
+
+    workers = int(os.environ.get("TILEGEMM_COMPILE_THREADS", "2"))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return dict(pool.map(work, jobs))

@@ -10,15 +10,12 @@ byte-wide FP8 loads, no TMA descriptors built on the device.
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 import torch
 
 ct = pytest.importorskip("cuda.tile")
 
-from kernels.sass import sass_summary  # noqa: E402
+from kernels.sass import compile_all  # noqa: E402
 from tilegemm.ops.cutile import aot, einsum, grouped, heuristics, launch, prenorm  # noqa: E402
 
 ARCHS = aot.ARCHS
@@ -124,17 +121,7 @@ VARIANTS = _variants()
 def compiled():
     """SASS summaries of every (variant, arch), compiled in parallel threads (tileiras runs out of process)."""
     jobs = [(vid, kernel, params, arch) for vid, kernel, params, _ in VARIANTS for arch in ARCHS]
-
-    def work(job):
-        vid, kernel, params, arch = job
-        try:
-            return (vid, arch), sass_summary(aot.compile_cubin(kernel, params, arch))
-        except Exception as exc:  # reported by the test of that variant
-            return (vid, arch), exc
-
-    workers = int(os.environ.get("TILEGEMM_COMPILE_THREADS", "2"))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return dict(pool.map(work, jobs))
+    return compile_all(jobs, aot.compile_cubin)
 
 
 def test_configs_are_gated():

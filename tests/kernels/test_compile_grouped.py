@@ -10,14 +10,11 @@ no byte-wide LDG.E.U8 loads of FP8 operands.
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 
 ct = pytest.importorskip("cuda.tile")
 
-from kernels.sass import sass_summary  # noqa: E402
+from kernels.sass import compile_all  # noqa: E402
 from tilegemm.ops.cutile import aot, grouped, heuristics  # noqa: E402
 
 ARCHS = aot.ARCHS
@@ -89,19 +86,12 @@ VARIANTS = _variants()
 @pytest.fixture(scope="module")
 def compiled():
     """SASS summaries of every (variant, arch), compiled in parallel threads (tileiras runs out of process)."""
-    jobs = [(vid, fam, cfg, params, arch) for vid, fam, cfg, params, _ in VARIANTS for arch in ARCHS]
-
-    def work(job):
-        vid, fam, cfg, params, arch = job
-        kernel = grouped.get_kernel(fam, cfg.num_worker_warps, cfg.occupancy)
-        try:
-            return (vid, arch), sass_summary(aot.compile_cubin(kernel, params, arch))
-        except Exception as exc:  # reported by the test of that variant
-            return (vid, arch), exc
-
-    workers = int(os.environ.get("TILEGEMM_COMPILE_THREADS", "2"))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return dict(pool.map(work, jobs))
+    jobs = [
+        (vid, grouped.get_kernel(fam, cfg.num_worker_warps, cfg.occupancy), params, arch)
+        for vid, fam, cfg, params, _ in VARIANTS
+        for arch in ARCHS
+    ]
+    return compile_all(jobs, aot.compile_cubin)
 
 
 def test_heuristics_only_pick_gated_configs():

@@ -10,14 +10,11 @@ MMAs, TMA loads of the weights (UTMALDG), the gathered rows as 16-byte ``cp.asyn
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 
 ct = pytest.importorskip("cuda.tile")
 
-from kernels.sass import dump_sass, opcode_counts, sass_summary  # noqa: E402
+from kernels.sass import compile_all, dump_sass, opcode_counts, sass_summary  # noqa: E402
 from tilegemm.ops.cutile import aot, heuristics, moe, moe_slots  # noqa: E402
 
 ARCHS = aot.ARCHS
@@ -109,17 +106,7 @@ def compiled():
     ]
     jobs += [(vid, moe_slots.get_kernel(name), params, arch) for vid, name, params in SLOT_VARIANTS for arch in ARCHS]
 
-    def work(job):
-        vid, kernel, params, arch = job
-        try:
-            cubin = aot.compile_cubin(kernel, params, arch)
-            return (vid, arch), (sass_summary(cubin), opcode_counts(dump_sass(cubin)))
-        except Exception as exc:  # reported by the test of that variant
-            return (vid, arch), exc
-
-    workers = int(os.environ.get("TILEGEMM_COMPILE_THREADS", "2"))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return dict(pool.map(work, jobs))
+    return compile_all(jobs, aot.compile_cubin, lambda cubin: (sass_summary(cubin), opcode_counts(dump_sass(cubin))))
 
 
 def test_heuristics_only_pick_gated_configs():
