@@ -75,17 +75,19 @@ def _decode_fp8_params(cfg, bm, splitk, *, sb_rows=False, has_c=False, out_dtype
 
 def _decode_variants():
     """Every decode variant at the narrowest and widest activation tile (split-K where it splits),
-    plus the default variant's other cases: every activation tile width, the [K, N] BF16 weight,
-    the c epilogue with an fp32 d, the 1x128 FP8 weight scales."""
+    plus the default variant's other cases: every activation tile width its ``tile_m`` can pick per dtype,
+    the [K, N] BF16 weight, the c epilogue with an fp32 d, the 1x128 FP8 weight scales."""
     out = []
     default = heuristics.decode_config()
     for cfg in heuristics.DECODE_CONFIGS:
-        bms = (heuristics.DECODE_MIN_BM, 128) if cfg is not default else (heuristics.DECODE_MIN_BM, 32, 64, 128)
-        for bm in bms:
-            sk = cfg.splitk
-            tag = f"decode-{cfg.name}-bm{bm}" + ("-splitk" if sk else "")
-            out.append((f"{tag}-bf16", "bf16", decode.get_kernel("bf16", cfg, bm), _decode_bf16_params(cfg, bm, sk)))
-            out.append((f"{tag}-fp8", "fp8", decode.get_kernel("fp8", cfg, bm), _decode_fp8_params(cfg, bm, sk)))
+        for dt, params in (("bf16", _decode_bf16_params), ("fp8", _decode_fp8_params)):
+            bms = {heuristics.DECODE_MIN_BM, 128}
+            if cfg is default:
+                bms = {cfg.tile_m(m, dt) for m in range(1, heuristics.DECODE_MAX_M + 1)}
+            for bm in sorted(bms):
+                sk = cfg.splitk
+                tag = f"decode-{cfg.name}-bm{bm}" + ("-splitk" if sk else "")
+                out.append((f"{tag}-{dt}", dt, decode.get_kernel(dt, cfg, bm), params(cfg, bm, sk)))
     bm = heuristics.DECODE_MIN_BM
     kb, kf = decode.get_kernel("bf16", default, bm), decode.get_kernel("fp8", default, bm)
     tag = f"decode-{default.name}-bm{bm}"
