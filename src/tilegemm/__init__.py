@@ -5,7 +5,7 @@ lists what matches, what is accepted without effect and what raises). Every op i
 backend (``cutile`` or ``pytorch``); see ``tilegemm.backend``. This module only re-exports the public API.
 """
 
-from tilegemm.autograd import fp8_linear, grouped_matmul, matmul
+from tilegemm.autograd import fp8_grouped_matmul, fp8_linear, grouped_matmul, matmul
 from tilegemm.backend.registry import get_available_backends_for_op, list_ops
 from tilegemm.backend.selector import get_available_backends, get_current_backend, set_backend, use_backend
 from tilegemm.config import (
@@ -111,6 +111,7 @@ __all__ = [
     "fp8_gemm_nt_skip_head_mid",
     "fp8_gemm_tn",
     "fp8_gemm_tt",
+    "fp8_grouped_matmul",
     "fp8_linear",
     "fp8_m_grouped_gemm_nt_masked",
     "fp8_mqa_logits",

@@ -7,13 +7,18 @@ backend (``set_backend`` / ``use_backend``).
 
 * :func:`matmul` ``(a [M, K], b [K, N]) -> [M, N]``, bf16: ``bf16_gemm_nn`` forward,
   ``bf16_gemm_nt`` / ``bf16_gemm_tn`` backward.
-* :func:`grouped_matmul` ``(x [M, K], w [G, N, K], offs [G]) -> [M, N]``, bf16: row r of group g
-  (rows ``offs[g-1] <= r < offs[g]``, ``torch._grouped_mm``'s meaning) gets ``x[r] @ w[g].T``;
-  rows past ``offs[-1]`` get 0. Forward ``m_grouped_bf16_gemm_nt_contiguous`` (psum layout,
-  ``alignment=1``),
-  input gradient ``m_grouped_bf16_gemm_nn_contiguous``, weight gradient
-  ``k_grouped_bf16_gemm_tn_contiguous``. The weight gradient needs the group sizes on the host
-  (one device-to-host copy of ``offs`` per backward).
+* :func:`grouped_matmul` ``(x [M, K], w [G, N, K], offs [G]) -> [M, N]``: row r of group g
+  (rows ``offs[g-1] <= r < offs[g]``, ``torch._grouped_mm``'s meaning) gets ``x[r] @ w[g].T``
+  (``x[r] @ w[g]`` for ``transposed`` ``w [G, K, N]``); rows past ``offs[-1]`` get 0. Forward
+  ``m_grouped_bf16_gemm_nt_contiguous`` (``_nn_`` when transposed; psum layout, ``alignment=1``),
+  input gradient the other of the two, weight gradient ``k_grouped_bf16_gemm_tn_contiguous``. The
+  weight gradient needs the group sizes on the host (one device-to-host copy of ``offs`` per
+  backward). bf16 runs on the current backend; fp16 and fp32 run the same ops on the ``pytorch``
+  backend (:func:`tilegemm.ops.op_call.run_op`: fp32 products and sums, rounded once), so fp16/fp32
+  models train through the same formulas.
+* :func:`fp8_grouped_matmul` ``(x, w, offs, w_fp8=None)``: :func:`grouped_matmul` with the FP8 forward
+  ``m_grouped_fp8_gemm_nt_contiguous`` (``x`` cast per token, ``w`` per 128x128 block or a cached copy)
+  and :func:`grouped_matmul`'s backward on the unquantized tensors (straight-through).
 * :func:`fp8_linear` ``(x [..., K], weight [N, K], bias=None) -> [..., N]``, bf16 in and out:
   ``x`` is cast per token (1x128) and ``weight`` per 128x128 block to FP8, then
   ``fp8_gemm_nt``. The backward is straight-through: gradients are the BF16 GEMMs of the
@@ -25,13 +30,8 @@ from __future__ import annotations
 import torch
 
 from tilegemm.ops import api
-from tilegemm.ops.checks import (
-    LAYOUTS,
-    fp8_linear_check,
-    grouped_matmul_check,
-    matmul_check,
-    skip_value_checks,
-)
+from tilegemm.ops.checks import LAYOUTS, fp8_linear_check, fp8_weight_check, grouped_matmul_check, matmul_check
+from tilegemm.ops.op_call import grouped_linear_fp8, out_dtype, run_op
 from tilegemm.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
 
 Tensor = torch.Tensor
@@ -62,12 +62,14 @@ def _(a: Tensor, b: Tensor, layout: str) -> Tensor:
 
 @torch.library.custom_op("tilegemm::grouped_gemm", mutates_args=())
 def grouped_gemm(a: Tensor, b: Tensor, offs: Tensor, layout: str) -> Tensor:
-    """Out-of-place ``m_grouped_bf16_gemm_<layout>_contiguous`` with torch-style (unaligned) psum ends: bf16 [M, N]."""
+    """Out-of-place ``m_grouped_bf16_gemm_<layout>_contiguous`` with torch-style (unaligned) psum ends: [M, N] in
+    ``a.dtype`` (bf16, fp16 or fp32; see :func:`tilegemm.ops.op_call.run_op`)."""
     n = b.shape[1] if layout == "nt" else b.shape[2]
-    d = a.new_empty(a.shape[0], n)
-    with skip_value_checks():  # offs was validated once by grouped_matmul; the backward reuses it
-        getattr(api, f"m_grouped_bf16_gemm_{layout}_contiguous")(a, b, d, offs, use_psum_layout=True, alignment=1)
-    return d
+    d = a.new_empty(a.shape[0], n, dtype=out_dtype(a.dtype))
+    # offs was validated once by grouped_matmul; run_op skips the value checks and the backward reuses it
+    run_op(f"m_grouped_bf16_gemm_{layout}_contiguous", None, a=a, b=b, d=d, grouped_layout=offs,
+           use_psum_layout=True, alignment=1)  # fmt: skip
+    return d.to(a.dtype)
 
 
 @grouped_gemm.register_fake
@@ -82,14 +84,27 @@ def grouped_weight_grad(grad: Tensor, x: Tensor, offs: Tensor) -> Tensor:
     ks = [end - start for start, end in zip([0, *ends[:-1]], ends)]
     ks_device = torch.diff(offs, prepend=offs.new_zeros(1)).to(torch.int32)
     dw = grad.new_empty(len(ks), grad.shape[1], x.shape[1], dtype=torch.float32)
-    with skip_value_checks():  # ks_device is ks by construction
-        api.k_grouped_bf16_gemm_tn_contiguous(grad[: sum(ks)], x[: sum(ks)], dw, ks, ks_device)
+    # ks_device is ks by construction (run_op skips the value checks)
+    run_op("k_grouped_bf16_gemm_tn_contiguous", None, a=grad[: sum(ks)], b=x[: sum(ks)], d=dw, ks_cpu=ks,
+           grouped_layout=ks_device)  # fmt: skip
     return dw
 
 
 @grouped_weight_grad.register_fake
 def _(grad: Tensor, x: Tensor, offs: Tensor) -> Tensor:
     return grad.new_empty(offs.shape[0], grad.shape[1], x.shape[1], dtype=torch.float32)
+
+
+@torch.library.custom_op("tilegemm::fp8_grouped_gemm", mutates_args=())
+def fp8_grouped_gemm(x: Tensor, w: Tensor, w_data: Tensor, w_scale: Tensor, offs: Tensor) -> Tensor:
+    """``m_grouped_fp8_gemm_nt_contiguous`` of ``x`` (cast per token) and ``(w_data, w_scale)`` (the FP8 blocks
+    of ``w [G, N, K]``, which only the backward reads): [M, N] in ``x.dtype``."""
+    return grouped_linear_fp8(x, (w_data, w_scale), offs, None)
+
+
+@fp8_grouped_gemm.register_fake
+def _(x: Tensor, w: Tensor, w_data: Tensor, w_scale: Tensor, offs: Tensor) -> Tensor:
+    return x.new_empty(x.shape[0], w.shape[1])
 
 
 @torch.library.custom_op("tilegemm::fp8_linear_forward", mutates_args=())
@@ -124,13 +139,28 @@ def _gemm_backward(ctx, grad):
 
 
 def _grouped_backward(ctx, grad):
+    """``nt`` (``y = x @ w[g].T``, w [G, N, K]): dx = grad @ w[g] (``nn``), dw[g] = grad_g.T @ x_g.
+    ``nn`` (``y = x @ w[g]``, w [G, K, N]): dx = grad @ w[g].T (``nt``), dw[g] = x_g.T @ grad_g."""
     x, w, offs = ctx.saved_tensors
-    if ctx.layout != "nt":
-        raise NotImplementedError("tilegemm::grouped_gemm is differentiable in the 'nt' layout")
     grad = grad.contiguous()
-    grad_x = grouped_gemm(grad, w, offs, "nn") if ctx.needs_input_grad[0] else None
-    grad_w = grouped_weight_grad(grad, x, offs).to(w.dtype) if ctx.needs_input_grad[1] else None
+    other = "nn" if ctx.layout == "nt" else "nt"
+    grad_x = grouped_gemm(grad, w, offs, other) if ctx.needs_input_grad[0] else None
+    grad_w = None
+    if ctx.needs_input_grad[1]:
+        grad_w = grouped_weight_grad(grad, x, offs) if ctx.layout == "nt" else grouped_weight_grad(x, grad, offs)
+        grad_w = grad_w.to(w.dtype)
     return grad_x, grad_w, None, None
+
+
+def _save_fp8_grouped(ctx, inputs, output) -> None:
+    x, w, _, _, offs = inputs
+    ctx.save_for_backward(x, w, offs)
+    ctx.layout = "nt"
+
+
+def _fp8_grouped_backward(ctx, grad):
+    grad_x, grad_w, _, _ = _grouped_backward(ctx, grad)
+    return grad_x, grad_w, None, None, None
 
 
 def _fp8_linear_backward(ctx, grad):
@@ -144,6 +174,7 @@ def _fp8_linear_backward(ctx, grad):
 gemm.register_autograd(_gemm_backward, setup_context=_save_inputs)
 grouped_gemm.register_autograd(_grouped_backward, setup_context=_save_inputs)
 fp8_linear_forward.register_autograd(_fp8_linear_backward, setup_context=_save_inputs)
+fp8_grouped_gemm.register_autograd(_fp8_grouped_backward, setup_context=_save_fp8_grouped)
 
 
 # ----------------------------------------------------------------------- functional API
@@ -159,14 +190,19 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     return gemm(a, b, "nn")
 
 
-def grouped_matmul(x: Tensor, w: Tensor, offs: Tensor) -> Tensor:
-    """Differentiable grouped ``x @ w[g].T`` (MoE experts); returns bf16 [M, N].
+def grouped_matmul(x: Tensor, w: Tensor, offs: Tensor, transposed: bool = False) -> Tensor:
+    """Differentiable grouped ``x @ w[g].T`` (MoE experts); returns [M, N] in ``x.dtype``.
 
     Args:
-        x: bf16 [M, K], rows sorted by group.
-        w: bf16 [G, N, K], one weight per group (``nn.Linear`` layout).
+        x: [M, K] bf16, fp16 or fp32, rows sorted by group.
+        w: [G, N, K] of ``x``'s dtype, one weight per group (``nn.Linear`` layout); ``[G, K, N]`` with
+            ``transposed`` (the product is then ``x @ w[g]``).
         offs: int32 [G] cumulative group end rows (``torch._grouped_mm``'s ``offs``); rows past
             ``offs[-1]`` get 0 and no gradient.
+        transposed: ``w`` is stored ``[G, K, N]``.
+
+    bf16 runs on the current backend (the cuTile grouped kernels on a GPU); fp16 and fp32 run the same ops
+    on the ``pytorch`` backend with fp32 products and sums, rounded once to ``x.dtype``.
 
     ``offs`` is validated here when value checks run (always on the CPU; on CUDA with
     ``TILEGEMM_CHECK_VALUES=1``, never inside ``skip_value_checks()``, CUDA-graph capture or ``torch.compile``
@@ -176,8 +212,37 @@ def grouped_matmul(x: Tensor, w: Tensor, offs: Tensor) -> Tensor:
         TypeError, ValueError: a wrong type, dtype, shape or device of ``x``, ``w`` or ``offs``, or (value
             checks) ``offs`` decreasing or past M; the message names the argument.
     """
+    grouped_matmul_check(x, w, offs, transposed)
+    return grouped_gemm(x, w, offs, "nn" if transposed else "nt")
+
+
+def fp8_grouped_matmul(x: Tensor, w: Tensor, offs: Tensor, w_fp8: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """:func:`grouped_matmul` (``x @ w[g].T``) with an FP8 forward and a straight-through backward.
+
+    The forward casts ``x`` per token (1x128 scales) and multiplies by ``w``'s 128x128-block FP8 copy
+    (``m_grouped_fp8_gemm_nt_contiguous``, fp32 accumulation); the gradients are those of
+    :func:`grouped_matmul` on the unquantized ``x`` and ``w`` (the usual FP8 training recipe).
+
+    Args:
+        x: [M, K] bf16, fp16 or fp32, rows sorted by group.
+        w: [G, N, K] of ``x``'s dtype; gradients flow to it.
+        offs: int32 [G] cumulative group end rows (``torch._grouped_mm``'s ``offs``); rows past ``offs[-1]``
+            get 0 and no gradient.
+        w_fp8: ``w``'s FP8 copy ``(float8_e4m3fn [G, N, K], fp32 scales [G, ceil(N/128), ceil(K/128)])``, as
+            :func:`tilegemm.per_block_cast_to_fp8` makes it; ``None`` quantizes ``w`` on this call. Pass a
+            cached copy to quantize once per weight update.
+
+    Returns:
+        [M, N] in ``x.dtype``.
+
+    Raises:
+        TypeError, ValueError: as :func:`grouped_matmul`, or ``w_fp8`` not matching ``w``.
+    """
     grouped_matmul_check(x, w, offs)
-    return grouped_gemm(x, w, offs, "nt")
+    if w_fp8 is None:
+        w_fp8 = per_block_cast_to_fp8(w.detach())
+    fp8_weight_check(w_fp8, w)
+    return fp8_grouped_gemm(x, w, w_fp8[0], w_fp8[1], offs)
 
 
 def fp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

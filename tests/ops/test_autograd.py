@@ -36,29 +36,90 @@ def test_matmul_forward_and_grads(backend, m, k, n):
     assert calc_diff(b.grad, b64.grad) < 1e-5
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("sizes", [[5, 0, 130, 1], [64], [0, 0, 3]])
-def test_grouped_matmul_forward_and_grads(backend, sizes):
-    dev = _device(backend)
-    groups, k, n, tail = len(sizes), 96, 48, 7  # `tail` rows past offs[-1] get 0 and no gradient
-    x, w = _leaf(sum(sizes) + tail, k, device=dev), _leaf(groups, n, k, device=dev)
-    offs = torch.tensor(sizes, device=dev).cumsum(0).int()
-    grad = torch.randn(x.shape[0], n, device=dev).bfloat16()
-    with tilegemm.use_backend(backend):
-        out = autograd.grouped_matmul(x, w, offs)
-        out.backward(grad)
+def _grouped_float64(x, w, sizes, tail, transposed, grad):
+    """Float64 autograd of the grouped product: (out, dx, dw)."""
     x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
     parts, start = [], 0
     for g, size in enumerate(sizes):
-        parts.append(x64[start : start + size] @ w64[g].T)
+        parts.append(x64[start : start + size] @ (w64[g] if transposed else w64[g].T))
         start += size
-    parts.append(x64.new_zeros(tail, n))  # rows past offs[-1]: zero output, zero gradient
+    parts.append(x64.new_zeros(tail, parts[0].shape[1]))  # rows past offs[-1]: zero output, zero gradient
     ref = torch.cat(parts)
     ref.backward(grad.double())
+    return ref, x64.grad, w64.grad
+
+
+# fp32 is exact to float64 up to fp32 sums; fp16 and bf16 round the output and the gradients once.
+GROUPED_DTYPES = [
+    pytest.param(torch.bfloat16, 1e-5, id="bf16"),
+    pytest.param(torch.float16, 1e-6, id="fp16"),
+    pytest.param(torch.float32, 1e-10, id="fp32"),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype,bar", GROUPED_DTYPES)
+@pytest.mark.parametrize("transposed", [False, True], ids=["nk", "kn"])
+@pytest.mark.parametrize("sizes", [[5, 0, 130, 1], [64], [0, 0, 3]])
+def test_grouped_matmul_forward_and_grads(backend, dtype, bar, transposed, sizes):
+    dev = _device(backend)
+    groups, k, n, tail = len(sizes), 96, 48, 7  # `tail` rows past offs[-1] get 0 and no gradient
+    x = torch.randn(sum(sizes) + tail, k, device=dev).to(dtype).requires_grad_()
+    w = torch.randn(groups, *((k, n) if transposed else (n, k)), device=dev).to(dtype).requires_grad_()
+    offs = torch.tensor(sizes, device=dev).cumsum(0).int()
+    grad = torch.randn(x.shape[0], n, device=dev).to(dtype)
+    with tilegemm.use_backend(backend):
+        out = autograd.grouped_matmul(x, w, offs, transposed)
+        out.backward(grad)
+    ref, dx, dw = _grouped_float64(x, w, sizes, tail, transposed, grad)
+    assert out.dtype == x.grad.dtype == w.grad.dtype == dtype
     assert torch.equal(out[sum(sizes) :].float(), torch.zeros(tail, n, device=dev))
-    assert calc_diff(out, ref) < 1e-5
-    assert calc_diff(x.grad, x64.grad) < 1e-5
-    assert calc_diff(w.grad, w64.grad) < 1e-5
+    assert calc_diff(out, ref) < bar
+    assert calc_diff(x.grad, dx) < bar
+    assert calc_diff(w.grad, dw) < bar
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("cached", [False, True], ids=["quantize", "cached"])
+def test_fp8_grouped_matmul_forward_and_straight_through_grads(backend, cached):
+    dev = _device(backend)
+    sizes, k, n, tail = [5, 0, 130, 1], 256, 192, 7
+    x, w = _leaf(sum(sizes) + tail, k, device=dev), _leaf(len(sizes), n, k, device=dev)
+    offs = torch.tensor(sizes, device=dev).cumsum(0).int()
+    grad = torch.randn(x.shape[0], n, device=dev).bfloat16()
+    w_fp8 = tilegemm.per_block_cast_to_fp8(w.detach()) if cached else None
+    with tilegemm.use_backend(backend):
+        out = autograd.fp8_grouped_matmul(x, w, offs, w_fp8)
+        out.backward(grad)
+        with torch.no_grad():  # the forward is the FP8 grouped GEMM itself
+            d = torch.empty(x.shape[0], n, device=dev, dtype=torch.bfloat16)
+            tilegemm.m_grouped_fp8_gemm_nt_contiguous(
+                tilegemm.per_token_cast_to_fp8(x.detach()), tilegemm.per_block_cast_to_fp8(w.detach()), d, offs,
+                use_psum_layout=True, alignment=1,
+            )  # fmt: skip
+    ref, dx, dw = _grouped_float64(x, w, sizes, tail, False, grad)
+    assert torch.equal(out.detach(), d)
+    assert calc_diff(out, ref) < 1e-3  # FP8 quantization of both operands
+    assert calc_diff(x.grad, dx) < 1e-5  # straight-through: exact BF16 GEMMs
+    assert calc_diff(w.grad, dw) < 1e-5
+
+
+def test_fp8_grouped_matmul_rejects_a_foreign_fp8_copy():
+    x, w = torch.randn(8, 256).bfloat16(), torch.randn(2, 128, 256).bfloat16()
+    offs = torch.tensor([3, 8]).int()
+    wrong = tilegemm.per_block_cast_to_fp8(torch.randn(2, 256, 256))
+    with pytest.raises(ValueError, match=r"w_fp8\[0\]: got shape \[2, 256, 256\]"):
+        autograd.fp8_grouped_matmul(x, w, offs, wrong)
+    with pytest.raises(TypeError, match="w_fp8"):
+        autograd.fp8_grouped_matmul(x, w, offs, w.float())
+
+
+def test_grouped_matmul_rejects_mixed_dtypes():
+    x, w = torch.randn(8, 64), torch.randn(2, 32, 64).bfloat16()
+    with pytest.raises(TypeError, match="w: got dtype torch.bfloat16, expected x.s dtype torch.float32"):
+        autograd.grouped_matmul(x, w, torch.tensor([3, 8]).int())
+    with pytest.raises(ValueError, match=r"w \[G, K, N\] has \[2, 32, 64\]: K differs"):
+        autograd.grouped_matmul(x.bfloat16(), w, torch.tensor([3, 8]).int(), transposed=True)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -94,6 +155,11 @@ def test_custom_ops_pass_opcheck():
     x, w = torch.randn(40, 64).bfloat16().requires_grad_(), torch.randn(3, 32, 64).bfloat16().requires_grad_()
     offs = torch.tensor([10, 10, 33]).int()
     torch.library.opcheck(autograd.grouped_gemm, (x, w, offs, "nt"))
+    torch.library.opcheck(autograd.grouped_gemm, (x, w.detach().transpose(1, 2).contiguous(), offs, "nn"))
+    w_fp8 = tilegemm.per_block_cast_to_fp8(w.detach())
+    # test_schema compares inputs before and after with arithmetic torch lacks for float8 on the CPU
+    not_schema = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    torch.library.opcheck(autograd.fp8_grouped_gemm, (x, w, *w_fp8, offs), test_utils=not_schema)
     torch.library.opcheck(autograd.fp8_linear_forward, (x.detach().requires_grad_(), torch.randn(32, 64).bfloat16()))
 
 

@@ -623,21 +623,50 @@ def grouped_matmul(draw) -> Case:
     groups, k, n = draw(st.integers(1, 3)), draw(st.integers(1, 40)), draw(st.integers(1, 12))
     ends = np.cumsum([draw(st.integers(0, 10)) for _ in range(groups)]).tolist()
     m = ends[-1] + draw(st.integers(0, 3))
-    w = rand(groups, n, k)
+    dtype = draw(st.sampled_from([torch.bfloat16, torch.float16, torch.float32]))
+    transposed = draw(st.booleans())
+    w = rand(groups, k, n, dtype=dtype) if transposed else rand(groups, n, k, dtype=dtype)
 
     def reference(call: dict[str, Any], _: Any) -> torch.Tensor:
-        x, width = call["x"], call["w"].shape[1]
-        ref, start = torch.zeros(x.shape[0], width, dtype=torch.float64), 0
+        x, w = call["x"], d64(call["w"]) if call["transposed"] else d64(call["w"]).mT
+        ref, start = torch.zeros(x.shape[0], w.shape[2], dtype=torch.float64), 0
         for g, end in enumerate(ends):
-            ref[start:end] = d64(x[start:end]) @ d64(call["w"][g]).T
+            ref[start:end] = d64(x[start:end]) @ w[g]
             start = end
         return ref
 
-    kw = dict(x=rand(m, k), w=w, offs=torch.tensor(ends, dtype=torch.int32))
-    dims, bad = {"x": "MK", "w": "GNK", "offs": "G"}, {"offs": lambda t: t + m + 1}
+    kw = dict(x=rand(m, k, dtype=dtype), w=w, offs=torch.tensor(ends, dtype=torch.int32), transposed=transposed)
+    dims = {"x": "MK", "w": "GKN" if transposed else "GNK", "offs": "G"}
+    bad = {"offs": lambda t: t + m + 1}
     return Case(
-        tg.grouped_matmul, kw, dims, reference, out=None, bar=1e-5, values=bad, free="MN", dispatched=False,
-        meta_ok=False,
+        tg.grouped_matmul, kw, dims, reference, out=None, bar=1e-5, values=bad, free="MN", bad_dtype=torch.int16,
+        dispatched=False, meta_ok=False,
+    )  # fmt: skip
+
+
+def fp8_grouped_matmul(draw) -> Case:
+    groups, k, n = draw(st.integers(1, 3)), draw(st.sampled_from([64, 200])), draw(st.integers(1, 20))
+    ends = np.cumsum([draw(st.integers(0, 10)) for _ in range(groups)]).tolist()
+    m = ends[-1] + draw(st.integers(0, 3))
+    w = rand(groups, n, k)
+    wq, sw = tg.per_block_cast_to_fp8(w)
+
+    def reference(call: dict[str, Any], _: Any) -> torch.Tensor:
+        x, (wq, sw) = call["x"], call["w_fp8"]
+        xq, sx = tg.per_token_cast_to_fp8(x)
+        xd, wd = dequantize(xq, sx, 1), dequantize(wq, sw, 128)
+        ref, start = torch.zeros(x.shape[0], wq.shape[1], dtype=torch.float64), 0
+        for g, end in enumerate(ends):
+            ref[start:end] = xd[start:end] @ wd[g].T
+            start = end
+        return ref
+
+    kw = dict(x=rand(m, k), w=w, offs=torch.tensor(ends, dtype=torch.int32), w_fp8=(wq, sw))
+    dims = {"x": "MK", "w": "GNK", "offs": "G", "w_fp8[0]": "GNK", "w_fp8[1]": "Gnk"}
+    bad = {"offs": lambda t: t + m + 1}
+    return Case(
+        tg.fp8_grouped_matmul, kw, dims, reference, out=None, bar=1e-5, values=bad, free="MN",
+        bad_dtype=torch.int16, dispatched=False, meta_ok=False,
     )  # fmt: skip
 
 
@@ -755,6 +784,7 @@ FAMILIES: dict[str, Callable[[Any], Case]] = {
     "tf32_hc_prenorm_gemm": prenorm,
     "matmul": matmul,
     "grouped_matmul": grouped_matmul,
+    "fp8_grouped_matmul": fp8_grouped_matmul,
     "fp8_linear": fp8_linear,
     "casts": casts,
     "tma_aligned": tma_aligned,
@@ -917,7 +947,7 @@ def test_every_public_tensor_op_is_fuzzed():
         "k_grouped_bf16_gemm_tn_contiguous", "k_grouped_fp8_gemm_tn_contiguous", "k_grouped_fp8_gemm_nt_contiguous",
         "fp8_mqa_logits", "fp8_fp4_mqa_logits", "get_paged_mqa_logits_metadata", "fp8_paged_mqa_logits",
         "fp8_fp4_paged_mqa_logits", "einsum", "fp8_einsum", "tf32_hc_prenorm_gemm", "matmul", "grouped_matmul",
-        "fp8_linear", "per_token_cast_to_fp8", "per_channel_cast_to_fp8", "per_block_cast_to_fp8",
+        "fp8_grouped_matmul", "fp8_linear", "per_token_cast_to_fp8", "per_channel_cast_to_fp8", "per_block_cast_to_fp8",
         "get_mn_major_tma_aligned_tensor", "calc_diff", "cublaslt_gemm_nn", "cublaslt_gemm_nt", "cublaslt_gemm_tn",
         "cublaslt_gemm_tt", "moe_experts",
     }  # fmt: skip
@@ -926,6 +956,6 @@ def test_every_public_tensor_op_is_fuzzed():
         "m_grouped_fp8_fp4_gemm_nn_contiguous",
         "m_grouped_fp8_fp4_gemm_nt_masked",
     }
-    ops = set(tg.list_ops()) | {"matmul", "grouped_matmul", "fp8_linear"}
+    ops = set(tg.list_ops()) | {"matmul", "grouped_matmul", "fp8_grouped_matmul", "fp8_linear"}
     assert ops - reached - aliases == set()
     assert reached <= set(tg.__all__)

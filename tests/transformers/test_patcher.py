@@ -15,6 +15,7 @@ from tilegemm.transformers import (
     apply_tilegemm_to_model,
     revert_tilegemm_kernel_patches,
 )
+from tilegemm.transformers.monkey_patch import experts_modules
 from tilegemm.transformers.presets import PRESETS
 
 
@@ -29,6 +30,26 @@ def test_before_creation_patch(family, restore_patches):
         assert torch.isfinite(model(prompt()).logits).all()
     assert revert_tilegemm_kernel_patches() == 1
     assert build(family).config._experts_implementation == "grouped_mm"
+
+
+@pytest.mark.parametrize("explicit", ["grouped_mm", "batched_mm", "eager", "tilegemm"])
+def test_before_creation_patch_keeps_an_explicit_experts_implementation(explicit, restore_patches, tmp_path):
+    """The family patcher changes the default; ``experts_implementation=`` passed by the user wins."""
+    from transformers import AutoModelForCausalLM
+
+    apply_tilegemm_kernel_to_qwen3_moe(fp8=True)
+    config = PRESETS["tiny-qwen3-moe"].config()
+    model = AutoModelForCausalLM.from_config(config, experts_implementation=explicit)
+    assert model.config._experts_implementation == explicit
+    backends = {getattr(m, "_tilegemm_backend", "unset") for m in experts_modules(model)}
+    assert backends == ({None} if explicit == "tilegemm" else {"unset"})
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, experts_implementation=explicit)
+    assert loaded.config._experts_implementation == explicit
+    assert AutoModelForCausalLM.from_pretrained(tmp_path).config._experts_implementation == "tilegemm_fp8"
+    ids = prompt()
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
 
 
 def test_before_creation_patch_only_touches_its_family(restore_patches):

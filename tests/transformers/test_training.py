@@ -1,13 +1,17 @@
-"""Training through the patched experts: bf16 gradients via tilegemm.grouped_matmul match stock and float64."""
+"""Training through the patched experts: gradients via tilegemm.grouped_matmul (bf16, fp16, fp32) and
+tilegemm.fp8_grouped_matmul (the FP8 variant) match stock and float64, with no hand-off to transformers."""
 
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
 from hf_models import build, routing
+from transformers.integrations.moe import grouped_mm_experts_forward
 
 from tilegemm.testing import calc_diff
-from tilegemm.transformers.experts import _stock_forward, tilegemm_experts_forward
+from tilegemm.transformers.experts import tilegemm_experts_forward, tilegemm_fp8_experts_forward
 from tilegemm.transformers.monkey_patch import experts_modules
 
 FAMILIES = ["tiny-qwen3-moe", "tiny-mixtral", "tiny-deepseek-v3"]
@@ -51,7 +55,7 @@ def test_bf16_gradients_match_stock_and_float64(family):
     index, weights = routing(module, TOKENS)
     grad = torch.randn(TOKENS, module.hidden_dim).bfloat16()
     ours = _run(tilegemm_experts_forward, module, x, index, weights, grad)
-    stock = _run(_stock_forward, module, x, index, weights, grad)
+    stock = _run(grouped_mm_experts_forward, module, x, index, weights, grad)
     truth = _float64_truth(module, x, index, weights, grad)
     for name, mine, theirs, exact in zip(["out", "dx", "d_gate_up", "d_down", "d_routing"], ours, stock, truth):
         assert mine is not None, name
@@ -61,3 +65,67 @@ def test_bf16_gradients_match_stock_and_float64(family):
         assert err < 5e-5, (name, err)
         assert err <= 1.1 * stock_err + 1e-7, (name, err, stock_err)
         assert calc_diff(mine, theirs) < 1e-5, name
+
+
+def _no_stock_hand_off(forward):
+    """``forward`` with every warning an error: tilegemm's path warns when it hands training to transformers."""
+
+    def run(*args):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            return forward(*args)
+
+    return run
+
+
+# fp32 trains exactly (fp32 products and sums; float64 agreement is fp32 rounding); fp16 rounds the
+# intermediates once each, as stock does.
+@pytest.mark.parametrize("dtype,bar", [(torch.float32, 1e-9), (torch.float16, 1e-5)], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fp32_fp16_gradients_match_float64(family, dtype, bar):
+    module = experts_modules(build(family, dtype=dtype))[0]
+    module._tilegemm_backend = "cutile"  # fp16/fp32 run the pytorch backend's exact ops whatever is asked
+    x = torch.randn(TOKENS, module.hidden_dim).to(dtype)
+    index, weights = routing(module, TOKENS)
+    grad = torch.randn(TOKENS, module.hidden_dim).to(dtype)
+    ours = _run(_no_stock_hand_off(tilegemm_experts_forward), module, x, index, weights, grad)
+    truth = _float64_truth(module, x, index, weights, grad)
+    for name, mine, exact in zip(["out", "dx", "d_gate_up", "d_down", "d_routing"], ours, truth):
+        assert mine is not None and mine.dtype == (torch.float32 if name == "d_routing" else dtype), name
+        assert calc_diff(mine, exact) < bar, (name, calc_diff(mine, exact))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fp8_training_is_the_fp8_forward_with_straight_through_gradients(family):
+    module = experts_modules(build(family, dtype=torch.bfloat16))[0]
+    module._tilegemm_backend = "pytorch"
+    x = torch.randn(TOKENS, module.hidden_dim).bfloat16()
+    index, weights = routing(module, TOKENS)
+    grad = torch.randn(TOKENS, module.hidden_dim).bfloat16()
+    out, *grads = _run(_no_stock_hand_off(tilegemm_fp8_experts_forward), module, x, index, weights, grad)
+    with torch.no_grad():
+        inference = tilegemm_fp8_experts_forward(module, x, index, weights)
+    assert torch.equal(out, inference)  # the same FP8 forward as inference
+    bf16 = _run(tilegemm_experts_forward, module, x, index, weights, grad)
+    truth = _float64_truth(module, x, index, weights, grad)
+    for name, mine, exact, plain in zip(["dx", "d_gate_up", "d_down", "d_routing"], grads, truth[1:], bf16[1:]):
+        # Straight-through: the backward GEMMs are bf16's on the FP8 forward's intermediates, so the gradients
+        # sit within FP8 quantization error (the FP8-experts bar, tests/transformers/test_fp8.py) of float64.
+        assert mine is not None and torch.isfinite(mine).all(), name
+        assert calc_diff(mine, exact) < 1e-2, (name, calc_diff(mine, exact))
+        assert calc_diff(mine, plain) < 1e-2, name
+
+
+def test_fp8_training_requantizes_after_an_optimizer_step():
+    module = experts_modules(build("tiny-qwen3-moe", dtype=torch.bfloat16))[0]
+    module._tilegemm_backend = "pytorch"
+    x = torch.randn(TOKENS, module.hidden_dim).bfloat16()
+    index, weights = routing(module, TOKENS)
+    opt = torch.optim.SGD(module.parameters(), lr=0.5)
+    tilegemm_fp8_experts_forward(module, x, index, weights).float().square().sum().backward()
+    opt.step()
+    with torch.no_grad():
+        after = tilegemm_fp8_experts_forward(module, x, index, weights)
+        module.__dict__.pop("_tilegemm_fp8_cache")  # quantize the stepped weights from scratch
+        fresh = tilegemm_fp8_experts_forward(module, x, index, weights)
+    assert torch.equal(after, fresh)

@@ -1071,22 +1071,42 @@ def matmul_check(a: Any, b: Any) -> None:
     _same_device(dict(a=a, b=b))
 
 
-def grouped_matmul_check(x: Any, w: Any, offs: Any) -> None:
-    """The check of ``tilegemm.grouped_matmul``: bf16 ``x [M, K]``, ``w [G, N, K]``, int32 ``offs [G]``.
+#: The dtypes :func:`tilegemm.grouped_matmul` trains in (fp16/fp32 on the ``pytorch`` backend's exact ops).
+GROUPED_MATMUL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def grouped_matmul_check(x: Any, w: Any, offs: Any, transposed: bool = False) -> None:
+    """The check of ``tilegemm.grouped_matmul``: ``x [M, K]`` and ``w [G, N, K]`` (``[G, K, N]`` when
+    ``transposed``) of one dtype among :data:`GROUPED_MATMUL_DTYPES`, int32 ``offs [G]``.
 
     The values of ``offs`` (non-decreasing, within ``0..M``) are checked when value checks run and the
     call is not being traced by ``torch.compile``.
     """
-    _tensor("x", x, (torch.bfloat16,), 2)
-    _tensor("w", w, (torch.bfloat16,), 3)
-    if x.shape[1] != w.shape[2]:
-        raise ValueError(f"x [M, K] has shape {list(x.shape)} but w [G, N, K] has {list(w.shape)}: K differs")
+    _tensor("x", x, GROUPED_MATMUL_DTYPES, 2)
+    _tensor("w", w, GROUPED_MATMUL_DTYPES, 3)
+    if w.dtype != x.dtype:
+        raise TypeError(f"w: got dtype {w.dtype}, expected x's dtype {x.dtype} (one dtype for x and w)")
+    if not isinstance(transposed, bool):
+        raise TypeError(f"transposed: got {type(transposed).__name__}, expected bool")
+    k_dim, form = (1, "[G, K, N]") if transposed else (2, "[G, N, K]")
+    if x.shape[1] != w.shape[k_dim]:
+        raise ValueError(f"x [M, K] has shape {list(x.shape)} but w {form} has {list(w.shape)}: K differs")
     _tensor("offs", offs, (torch.int32,), 1)
     _same_device(dict(x=x, w=w, offs=offs))
     if torch.compiler.is_compiling():
         _shape("offs", offs, [w.shape[0]], "[G] cumulative group end rows")
     else:
         check_group_offsets(offs, x.shape[0], w.shape[0], name="offs")
+
+
+def fp8_weight_check(w_fp8: Any, w: torch.Tensor) -> None:
+    """``w_fp8`` is the 128x128-block FP8 copy of ``w [..., N, K]``: ``(float8_e4m3fn [..., N, K], fp32
+    [..., ceil(N/128), ceil(K/128)])`` on ``w``'s device."""
+    data, scale = _fp8_operand("w_fp8", w_fp8, w.dim())
+    _shape("w_fp8[0]", data, list(w.shape), "the shape of w")
+    blocks = [*w.shape[:-2], cdiv(w.shape[-2], BLOCK), cdiv(w.shape[-1], BLOCK)]
+    _shape("w_fp8[1]", scale, blocks, "one fp32 scale per 128x128 block of w")
+    _same_device({"w": w, "w_fp8[0]": data, "w_fp8[1]": scale})
 
 
 def fp8_linear_check(x: Any, weight: Any, bias: Any) -> None:

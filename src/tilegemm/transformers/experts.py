@@ -35,12 +35,13 @@ past the last group, which the grouped GEMM zero-fills, and their weights are ze
 ``tilegemm_fp8_experts_forward`` is the same with FP8 GEMMs: expert weights quantized once to 128x128
 blocks (``fp8_weights.cached_fp8_weight``), activations cast per token (1x128 scales) on every call.
 
-Training: when autograd needs gradients and the experts hold bf16 ``[E, N, K]`` weights, both GEMMs run
-through :func:`tilegemm.grouped_matmul` (a custom op whose backward is the m-grouped NN GEMM for the input
-and the k-grouped TN GEMM for the weights; the latter reads the group sizes on the host, one sync per
-backward), and permutation, activation and combine are differentiable torch ops, so gradients reach the
-tokens, both weights and the routing weights. Other models (fp16/fp32, transposed weights) and the FP8
-variant run transformers' ``grouped_mm`` path when gradients are needed.
+Training: when autograd needs gradients, both GEMMs run through :func:`tilegemm.grouped_matmul` (a custom
+op whose backward is the other m-grouped GEMM for the input and the k-grouped TN GEMM for the weights; the
+latter reads the group sizes on the host, one sync per backward) for bf16, fp16 and fp32 weights, ``[E, N, K]``
+or transposed; permutation, activation and combine are differentiable torch ops, so gradients reach the
+tokens, both weights and the routing weights. The FP8 variant trains through
+:func:`tilegemm.fp8_grouped_matmul` (its FP8 forward, straight-through gradients). transformers' ``grouped_mm``
+path, with a warning, is left only for weights of two dtypes and FP8 training of transposed weights.
 """
 
 from __future__ import annotations
@@ -52,11 +53,11 @@ import warnings
 import torch
 
 from tilegemm.ops import api
-from tilegemm.ops.checks import skip_value_checks
+from tilegemm.ops.checks import GROUPED_MATMUL_DTYPES, skip_value_checks
 from tilegemm.ops.common import moe_decode_sized
+from tilegemm.ops.op_call import grouped_linear_fp8, out_dtype, run_op
 from tilegemm.routing import MoERouting, moe_route, permute_tokens, unpermute_tokens
 from tilegemm.transformers.fp8_weights import cached_fp8_weight
-from tilegemm.transformers.op_call import out_dtype, run_op
 
 EXPERTS_NAME = "tilegemm"
 FP8_EXPERTS_NAME = "tilegemm_fp8"
@@ -72,14 +73,18 @@ _warned_grad = False
 
 
 def _stock_forward(module, hidden_states, top_k_index, top_k_weights):
+    """transformers' ``grouped_mm`` forward, with a warning (once): training a module tilegemm cannot
+    differentiate (weights of two dtypes, or FP8 training of transposed weights)."""
     global _warned_grad
     from transformers.integrations.moe import grouped_mm_experts_forward
 
     if not _warned_grad:
         _warned_grad = True
+        dtypes = sorted(str(getattr(module, name).dtype) for name in _weight_names(module))
         warnings.warn(
-            "tilegemm experts: autograd needs gradients here (wrap inference in torch.no_grad() or "
-            "torch.inference_mode()); running transformers' grouped_mm path instead",
+            f"tilegemm experts: autograd needs gradients through {type(module).__name__} (weights {dtypes}, "
+            f"transposed={bool(getattr(module, 'is_transposed', False))}), which tilegemm's differentiable ops "
+            "do not cover; running transformers' grouped_mm path instead",
             stacklevel=3,
         )
     return grouped_mm_experts_forward(module, hidden_states, top_k_index, top_k_weights)
@@ -124,26 +129,25 @@ def _backend_for(module: torch.nn.Module) -> str | None:
 
 
 def _differentiable(module: torch.nn.Module) -> bool:
-    """True when :func:`tilegemm.grouped_matmul` can carry this module's gradients (bf16 ``[E, N, K]`` weights)."""
-    if getattr(module, "is_transposed", False):
-        return False
-    return all(getattr(module, name).dtype == torch.bfloat16 for name in _weight_names(module))
+    """True when :func:`tilegemm.grouped_matmul` can carry this module's gradients: both weights of one dtype
+    among bf16, fp16 and fp32 (``[E, N, K]``, or ``[E, K, N]`` for a transposed module)."""
+    dtypes = {getattr(module, name).dtype for name in _weight_names(module)}
+    return len(dtypes) == 1 and dtypes <= set(GROUPED_MATMUL_DTYPES)
 
 
 def grouped_linear_differentiable(
-    x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, backend: str | None
+    x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, transposed: bool, backend: str | None
 ) -> torch.Tensor:
-    """:func:`grouped_linear` for bf16 ``x [S, K]`` and ``weight [E, N, K]`` with autograd (training).
+    """:func:`grouped_linear` with autograd (training): ``x [S, K]`` and ``weight`` of one dtype (bf16, fp16, fp32).
 
     The forward runs on ``backend`` (or the current one); the backward runs on the backend current when
-    ``backward()`` is called.
+    ``backward()`` is called. fp16/fp32 run on the ``pytorch`` backend (:func:`tilegemm.grouped_matmul`).
     """
     from tilegemm.autograd import grouped_matmul
     from tilegemm.backend.selector import use_backend
-    from tilegemm.ops.checks import skip_value_checks
 
     with use_backend(backend) if backend else contextlib.nullcontext(), skip_value_checks():  # offs is ours
-        return grouped_matmul(x, weight, offs)
+        return grouped_matmul(x, weight, offs, transposed)
 
 
 def grouped_linear(
@@ -162,28 +166,20 @@ def grouped_linear(
     return d if d.dtype == x.dtype else d.to(x.dtype)
 
 
-def grouped_linear_fp8(
-    x: torch.Tensor, weight_fp8: tuple[torch.Tensor, torch.Tensor], offs: torch.Tensor, backend: str | None
+def _fp8_grouped_differentiable(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_fp8: tuple[torch.Tensor, torch.Tensor],
+    offs: torch.Tensor,
+    backend: str | None,
 ) -> torch.Tensor:
-    """FP8 ``y[r] = x[r] @ W[g(r)].T``: x cast per token (1x128 scales), W pre-quantized ``(fp8 [E,N,K], sb)``.
+    """:func:`grouped_linear_fp8` with straight-through gradients to ``x`` and ``weight [E, N, K]``
+    (:func:`tilegemm.fp8_grouped_matmul`; ``weight_fp8`` is its cached FP8 copy)."""
+    from tilegemm.autograd import fp8_grouped_matmul
+    from tilegemm.backend.selector import use_backend
 
-    Returns [S, N] in ``x.dtype`` (the op writes bf16, or fp32 for fp32/fp16 inputs).
-    """
-    from tilegemm.quant import per_token_cast_to_fp8
-
-    x_fp8 = per_token_cast_to_fp8(x.contiguous())
-    d = torch.empty(x.shape[0], weight_fp8[0].shape[-2], dtype=out_dtype(x.dtype), device=x.device)
-    run_op(
-        "m_grouped_fp8_gemm_nt_contiguous",
-        backend,
-        a=x_fp8,
-        b=weight_fp8,
-        d=d,
-        grouped_layout=offs,
-        use_psum_layout=True,
-        alignment=1,
-    )
-    return d if d.dtype == x.dtype else d.to(x.dtype)
+    with use_backend(backend) if backend else contextlib.nullcontext(), skip_value_checks():  # offs is ours
+        return fp8_grouped_matmul(x, weight, offs, weight_fp8)
 
 
 def _weight_names(module: torch.nn.Module) -> tuple[str, str]:
@@ -268,10 +264,8 @@ def unfused_experts_forward(
     transposed = bool(getattr(self, "is_transposed", False))
     routing = moe_route(top_k_index, self.num_experts)
     offs = routing.psum_offsets
-    if training:
-        linear = functools.partial(grouped_linear_differentiable, offs=offs, backend=backend)
-    else:
-        linear = functools.partial(grouped_linear, offs=offs, transposed=transposed, backend=backend)
+    linear = grouped_linear_differentiable if training else grouped_linear
+    linear = functools.partial(linear, offs=offs, transposed=transposed, backend=backend)
 
     y = linear(permute_tokens(x, routing, layout="psum"), w_up)
     y = _activate(self, _add_bias(y, self, up_name, routing))
@@ -291,19 +285,26 @@ def tilegemm_fp8_experts_forward(
     Same arguments and result as :func:`tilegemm_experts_forward`; the GEMMs follow the FP8 math of
     ``m_grouped_fp8_gemm_nt_contiguous``, so results differ from the bf16 model by FP8 quantization error.
     """
-    if _needs_grad(self, hidden_states):
-        return _stock_forward(self, hidden_states, top_k_index, top_k_weights)
     up_name, down_name = _weight_names(self)
     transposed = bool(getattr(self, "is_transposed", False))
+    training = _needs_grad(self, hidden_states)
+    if training and (transposed or not _differentiable(self)):
+        return _stock_forward(self, hidden_states, top_k_index, top_k_weights)
     w_up = cached_fp8_weight(self, up_name, transpose=transposed)
     w_down = cached_fp8_weight(self, down_name, transpose=transposed)
-    x = hidden_states
     backend = _backend_for(self)
     routing = moe_route(top_k_index, self.num_experts)
     offs = routing.psum_offsets
-    y = grouped_linear_fp8(permute_tokens(x, routing, layout="psum"), w_up, offs, backend)
-    y = _activate(self, _add_bias(y, self, up_name, routing))
-    y = grouped_linear_fp8(y, w_down, offs, backend)
+    if training:  # FP8 forward, straight-through gradients to the unquantized weights
+        weights = getattr(self, up_name), getattr(self, down_name)
+        linear = functools.partial(_fp8_grouped_differentiable, offs=offs, backend=backend)
+        y = linear(permute_tokens(hidden_states.to(weights[0].dtype), routing, layout="psum"), weights[0], w_up)
+        y = _activate(self, _add_bias(y, self, up_name, routing))
+        y = linear(y.to(weights[1].dtype), weights[1], w_down)
+    else:
+        y = grouped_linear_fp8(permute_tokens(hidden_states, routing, layout="psum"), w_up, offs, backend)
+        y = _activate(self, _add_bias(y, self, up_name, routing))
+        y = grouped_linear_fp8(y, w_down, offs, backend)
     y = _add_bias(y, self, down_name, routing)
     return _finish(self, y, routing, top_k_weights, hidden_states)
 

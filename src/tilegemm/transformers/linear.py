@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tilegemm.ops.op_call import out_dtype, run_op
 from tilegemm.transformers.fp8_weights import cached_fp8_weight
-from tilegemm.transformers.op_call import out_dtype, run_op
 
 MIN_OUT_FEATURES = 8
 """Layers with fewer outputs (router-style gates such as Qwen's ``shared_expert_gate``, N=1) stay stock."""

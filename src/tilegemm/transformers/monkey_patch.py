@@ -24,8 +24,11 @@ from tilegemm.transformers.experts import EXPERTS_NAME, FP8_EXPERTS_NAME, regist
 from tilegemm.transformers.families import FAMILIES, FAMILY_BY_MODEL_TYPE, SUPPORTED_MODEL_TYPES, ModelFamily
 from tilegemm.transformers.linear import restore_linear_layers, swap_linear_layers
 
-_ORIGINAL_POST_INIT: dict[type, tuple[bool, Callable]] = {}
-"""Family class -> (whether it defined its own ``post_init``, the ``post_init`` before patching)."""
+_PATCHED_METHODS = ("post_init", "get_correct_experts_implementation")
+"""The methods a family patcher replaces on the family's ``PreTrainedModel`` base class."""
+
+_ORIGINALS: dict[type, dict[str, tuple[bool, Callable]]] = {}
+"""Family class -> method name -> (whether the class defined it itself, the method before patching)."""
 
 
 def _unsupported(model_type: object) -> ValueError:
@@ -102,23 +105,45 @@ def revert_tilegemm_model(model: nn.Module, experts_implementation: str = "group
 
 
 def _patch_family(family: ModelFamily, experts: bool, linear: bool, fp8: bool, backend: str | None) -> None:
+    """Make tilegemm's experts function the family's default experts implementation and patch its ``post_init``.
+
+    The default is what transformers resolves an experts implementation nobody asked for to
+    (``get_correct_experts_implementation(None)``, stock ``"grouped_mm"``): an ``experts_implementation=``
+    passed to ``from_pretrained`` / ``from_config``, or set on the config, is kept, and the experts modules of
+    such a model are left alone. ``post_init`` then gives the modules of a model that runs tilegemm's experts
+    their ``backend`` and swaps the linear layers.
+    """
     transformers_version()
     if experts:
         register_experts_functions()
     cls = family.load_class()
-    if cls not in _ORIGINAL_POST_INIT:
-        _ORIGINAL_POST_INIT[cls] = ("post_init" in cls.__dict__, cls.post_init)
-    original = _ORIGINAL_POST_INIT[cls][1]
+    if cls not in _ORIGINALS:
+        _ORIGINALS[cls] = {name: (name in cls.__dict__, getattr(cls, name)) for name in _PATCHED_METHODS}
+    original_post_init = _ORIGINALS[cls]["post_init"][1]
+    original_resolve = _ORIGINALS[cls]["get_correct_experts_implementation"][1]
+    default = FP8_EXPERTS_NAME if fp8 else EXPERTS_NAME
 
-    @functools.wraps(original)
+    @functools.wraps(original_resolve)
+    def get_correct_experts_implementation(self, requested_experts, *args, **kwargs):
+        if requested_experts is None and experts:
+            requested_experts = default
+        return original_resolve(self, requested_experts, *args, **kwargs)
+
+    @functools.wraps(original_post_init)
     def post_init(self, *args, **kwargs):
-        result = original(self, *args, **kwargs)
-        has_experts = bool(experts_modules(self))
-        apply_tilegemm_to_model(self, experts=experts and has_experts, linear=linear, fp8=fp8, backend=backend)
+        result = original_post_init(self, *args, **kwargs)
+        chosen = getattr(self.config, "_experts_implementation", None)
+        if experts and chosen in (EXPERTS_NAME, FP8_EXPERTS_NAME):
+            for module in experts_modules(self):
+                module._tilegemm_backend = backend
+        if linear:
+            swap_linear_layers(self, fp8=fp8, backend=backend)
         return result
 
-    post_init._tilegemm_patched = True  # type: ignore[attr-defined]
+    for method in (post_init, get_correct_experts_implementation):
+        method._tilegemm_patched = True  # type: ignore[attr-defined]
     cls.post_init = post_init
+    cls.get_correct_experts_implementation = get_correct_experts_implementation
 
 
 def _make_family_patcher(family: ModelFamily) -> Callable[..., None]:
@@ -130,6 +155,8 @@ def _make_family_patcher(family: ModelFamily) -> Callable[..., None]:
     patcher.__doc__ = f"""Patch every {family.model_type} model created afterwards (at the end of its ``post_init``).
 
     Same switches as :func:`apply_tilegemm_to_model`; a model without MoE layers gets only the linear swap.
+    ``experts=True`` makes ``"tilegemm"`` (``"tilegemm_fp8"`` with ``fp8``) the family's default experts
+    implementation: an explicit ``experts_implementation=`` given to ``from_pretrained`` / ``from_config`` wins.
     Calling it again replaces the settings; :func:`revert_tilegemm_kernel_patches` undoes it.
     """
     return patcher
@@ -156,11 +183,12 @@ def apply_tilegemm_kernel_to_model_type(model_type: str, **kwargs) -> None:
 def revert_tilegemm_kernel_patches() -> int:
     """Undo every ``apply_tilegemm_kernel_to_*`` (models already built stay patched); returns how many."""
     count = 0
-    for cls, (had_own, original) in list(_ORIGINAL_POST_INIT.items()):
-        if had_own:
-            cls.post_init = original
-        else:
-            del cls.post_init
-        del _ORIGINAL_POST_INIT[cls]
+    for cls, methods in list(_ORIGINALS.items()):
+        for name, (had_own, original) in methods.items():
+            if had_own:
+                setattr(cls, name, original)
+            else:
+                delattr(cls, name)
+        del _ORIGINALS[cls]
         count += 1
     return count

@@ -1,4 +1,4 @@
-"""Calling tilegemm's public ops from the model integration, for any model dtype, without host syncs."""
+"""Calling public ops on any float dtype: bf16 on the chosen backend, fp16/fp32 exactly; no host syncs."""
 
 from __future__ import annotations
 
@@ -26,3 +26,28 @@ def run_op(name: str, backend: str | None, **arguments) -> torch.Tensor:
             return getattr(api, name)(**arguments, backend=backend)
         with allow_float_operands():
             return getattr(api, name)(**arguments, backend="pytorch")
+
+
+def grouped_linear_fp8(
+    x: torch.Tensor, weight_fp8: tuple[torch.Tensor, torch.Tensor], offs: torch.Tensor, backend: str | None
+) -> torch.Tensor:
+    """FP8 ``y[r] = x[r] @ W[g(r)].T``: x cast per token (1x128 scales), W pre-quantized ``(fp8 [E,N,K], sb)``.
+
+    x: [S, K] bf16/fp16/fp32 sorted by group; offs: int32 [E] cumulative ends (``alignment=1``; rows past
+    ``offs[-1]`` come out 0). Returns [S, N] in ``x.dtype`` (the op writes bf16, or fp32 for fp32/fp16 inputs).
+    """
+    from tilegemm.quant import per_token_cast_to_fp8
+
+    x_fp8 = per_token_cast_to_fp8(x.contiguous())
+    d = torch.empty(x.shape[0], weight_fp8[0].shape[-2], dtype=out_dtype(x.dtype), device=x.device)
+    run_op(
+        "m_grouped_fp8_gemm_nt_contiguous",
+        backend,
+        a=x_fp8,
+        b=weight_fp8,
+        d=d,
+        grouped_layout=offs,
+        use_psum_layout=True,
+        alignment=1,
+    )
+    return d if d.dtype == x.dtype else d.to(x.dtype)
