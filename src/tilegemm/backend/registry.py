@@ -104,14 +104,15 @@ def register_impl(name: str, backend: str) -> Callable[[F], F]:
     return decorator
 
 
-def _tensors_in(value: Any) -> list[Any]:
+def _off_cuda(value: Any) -> bool:
+    """True if ``value`` is, or (in tuples and lists) holds, a tensor that is not on a CUDA device."""
     import torch
 
     if isinstance(value, torch.Tensor):
-        return [value]
+        return not value.is_cuda
     if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors_in(v)]
-    return []
+        return any(_off_cuda(v) for v in value)
+    return False
 
 
 def _stream_context(arguments: dict[str, Any]) -> contextlib.AbstractContextManager[Any]:
@@ -133,7 +134,7 @@ def _unavailable_reason(name: str, backend: str, arguments: dict[str, Any]) -> s
         reason = selector.cutile_unavailable_reason()
         if reason is not None:
             return f"cutile unavailable: {reason}"
-        if any(t.device.type != "cuda" for v in arguments.values() for t in _tensors_in(v)):
+        if any(_off_cuda(v) for v in arguments.values()):
             return "cutile needs CUDA tensors"
     return None
 
@@ -159,8 +160,11 @@ def call_backend(name: str, backend: str, arguments: dict[str, Any]) -> Any:
         reason = _unavailable_reason(name, backend, arguments)
         if reason is None:
             try:
-                with _stream_context(arguments):
+                if arguments.get("stream") is None:
                     result = _IMPLS[name][backend](**arguments)
+                else:
+                    with _stream_context(arguments):
+                        result = _IMPLS[name][backend](**arguments)
                 if _debug_enabled():
                     log.debug("%s -> %s", name, backend)
                 return result

@@ -104,11 +104,12 @@ def _describe(x: Any) -> str:
 def _tensor(name: str, x: Any, dtypes: Sequence[torch.dtype], ndim: int | None) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: got {_describe(x)}, expected a torch.Tensor")
-    if getattr(_local, "any_float", 0) and torch.bfloat16 in dtypes:
-        dtypes = (*dtypes, torch.float16, torch.float32)
     if x.dtype not in dtypes:
-        need = " or ".join(str(d) for d in dtypes)
-        raise TypeError(f"{name}: got dtype {x.dtype}, expected {need}")
+        if getattr(_local, "any_float", 0) and torch.bfloat16 in dtypes:
+            dtypes = (*dtypes, torch.float16, torch.float32)
+        if x.dtype not in dtypes:
+            need = " or ".join(str(d) for d in dtypes)
+            raise TypeError(f"{name}: got dtype {x.dtype}, expected {need}")
     if ndim is not None and x.dim() != ndim:
         raise ValueError(f"{name}: got a {x.dim()}-D tensor of shape {list(x.shape)}, expected {ndim}-D")
     return x
@@ -122,6 +123,15 @@ def _shape(name: str, x: torch.Tensor, expected: Sequence[int], meaning: str) ->
 def _fp8_operand(name: str, x: Any, ndim: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     if not (isinstance(x, (tuple, list)) and len(x) == 2):
         raise TypeError(f"{name}: got {_describe(x)}, expected a (float8_e4m3fn data, float32 scales) tuple")
+    data, scales = x
+    if (
+        isinstance(data, torch.Tensor)
+        and isinstance(scales, torch.Tensor)
+        and data.dtype == FP8
+        and scales.dtype == torch.float32
+        and (ndim is None or data.dim() == ndim)
+    ):
+        return data, scales  # the common case; anything else gets the detailed checks below
     if isinstance(x[0], torch.Tensor) and x[0].dtype in (torch.int8, torch.uint8):
         raise NotImplementedError(f"{name}: FP4 operands (packed e2m1 in {x[0].dtype}) are DeepGEMM's SM100 path")
     if isinstance(x[1], torch.Tensor) and x[1].dtype == torch.int32:
@@ -148,13 +158,15 @@ def _output(name: str, d: Any, dtypes: Sequence[torch.dtype], expected: Sequence
 
 def _same_device(tensors: dict[str, Any]) -> None:
     """Every tensor of ``tensors`` (argument name -> value; ``None`` skipped) on the first one's device."""
-    present = [(n, t) for n, t in tensors.items() if isinstance(t, torch.Tensor)]
-    if not present:
-        return
-    first, ref = present[0][0], present[0][1].device
-    for name, t in present[1:]:
-        if t.device != ref:
-            raise ValueError(f"{name}: expected device {ref} (all tensors on {first}'s device), got {t.device}")
+    first = ref = None
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            continue
+        device = t.device
+        if ref is None:
+            first, ref = name, device
+        elif device != ref:
+            raise ValueError(f"{name}: expected device {ref} (all tensors on {first}'s device), got {device}")
 
 
 def _operand_devices(
@@ -168,6 +180,8 @@ def _operand_devices(
 
 def _scalar(name: str, x: Any) -> float:
     """``x`` as a float: any real number (int, float, Fraction, numpy scalar) that a float can hold."""
+    if type(x) is float:  # the common case, without the ABC check below
+        return x
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise TypeError(f"{name}: got {_describe(x)}, expected a real number")
     try:

@@ -1,0 +1,29 @@
+"""tests/benchmark/host_overhead.py --stub: the host-path table runs on the CPU and leaves nothing patched."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import pytest
+
+SCRIPT = pathlib.Path(__file__).parents[1] / "benchmark" / "host_overhead.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("host_overhead", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_stub_table_measures_every_stage_and_restores_the_launch():
+    ct = pytest.importorskip("cuda.tile")
+    from tilegemm.backend import registry
+
+    launch_before, reason_before = ct.launch, registry._unavailable_reason
+    rows = _load().stub_table(calls=200)
+    assert {row["op"] for row in rows} == {"bf16_gemm_nt", "fp8_gemm_nt"}
+    for row in rows:
+        assert 0 < row["check_us"] < row["public_us"] and 0 < row["backend_us"] < row["public_us"]
+    assert ct.launch is launch_before and registry._unavailable_reason is reason_before
