@@ -29,6 +29,7 @@ from unittest import mock
 import torch
 
 import tilegemm as tg
+from tilegemm.bench import timing
 
 SHAPES = [(1, 4096, 7168), (128, 7168, 2048)]
 """Dense shapes of the ``--stub`` table (the host path does not depend on the size: it never touches data)."""
@@ -136,13 +137,7 @@ def gpu_table(calls: int) -> list[dict]:
     rows = []
     for name, fn in impls.items():
         eager = _per_call_us(fn, calls, sync=torch.cuda.synchronize)
-        graph = torch.cuda.CUDAGraph()
-        fn()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph):
-            for _ in range(100):
-                fn()
-        kernel = _per_call_us(graph.replay, max(1, calls // 100), sync=torch.cuda.synchronize) / 100
+        kernel = timing.graph_ms(fn, calls=100) * 1e3  # the harness's kernel-only timer
         rows.append(
             dict(impl=name, shape=list(TINY), loop_us=eager, graph_us=kernel, host_above_kernel_us=eager - kernel)
         )

@@ -47,13 +47,20 @@ def _float64_truth(module, x, index, weights, grad):
     return out.detach(), x.grad, up.grad, down.grad, weights.grad
 
 
+def _case(family: str, dtype: torch.dtype, backend: str = "pytorch"):
+    """The first experts module of tiny model ``family`` in ``dtype`` on ``backend``, with random tokens,
+    routing and output gradient: ``(module, x, index, weights, grad)``."""
+    module = experts_modules(build(family, dtype=dtype))[0]
+    module._tilegemm_backend = backend
+    x = torch.randn(TOKENS, module.hidden_dim).to(dtype)
+    index, weights = routing(module, TOKENS)
+    grad = torch.randn(TOKENS, module.hidden_dim).to(dtype)
+    return module, x, index, weights, grad
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_bf16_gradients_match_stock_and_float64(family):
-    module = experts_modules(build(family, dtype=torch.bfloat16))[0]
-    module._tilegemm_backend = "pytorch"
-    x = torch.randn(TOKENS, module.hidden_dim).bfloat16()
-    index, weights = routing(module, TOKENS)
-    grad = torch.randn(TOKENS, module.hidden_dim).bfloat16()
+    module, x, index, weights, grad = _case(family, torch.bfloat16)
     ours = _run(tilegemm_experts_forward, module, x, index, weights, grad)
     stock = _run(grouped_mm_experts_forward, module, x, index, weights, grad)
     truth = _float64_truth(module, x, index, weights, grad)
@@ -83,11 +90,8 @@ def _no_stock_hand_off(forward):
 @pytest.mark.parametrize("dtype,bar", [(torch.float32, 1e-9), (torch.float16, 1e-5)], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_fp32_fp16_gradients_match_float64(family, dtype, bar):
-    module = experts_modules(build(family, dtype=dtype))[0]
-    module._tilegemm_backend = "cutile"  # fp16/fp32 run the pytorch backend's exact ops whatever is asked
-    x = torch.randn(TOKENS, module.hidden_dim).to(dtype)
-    index, weights = routing(module, TOKENS)
-    grad = torch.randn(TOKENS, module.hidden_dim).to(dtype)
+    # fp16/fp32 run the pytorch backend's exact ops whatever backend the module asks for
+    module, x, index, weights, grad = _case(family, dtype, backend="cutile")
     ours = _run(_no_stock_hand_off(tilegemm_experts_forward), module, x, index, weights, grad)
     truth = _float64_truth(module, x, index, weights, grad)
     for name, mine, exact in zip(["out", "dx", "d_gate_up", "d_down", "d_routing"], ours, truth):
@@ -97,11 +101,7 @@ def test_fp32_fp16_gradients_match_float64(family, dtype, bar):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_fp8_training_is_the_fp8_forward_with_straight_through_gradients(family):
-    module = experts_modules(build(family, dtype=torch.bfloat16))[0]
-    module._tilegemm_backend = "pytorch"
-    x = torch.randn(TOKENS, module.hidden_dim).bfloat16()
-    index, weights = routing(module, TOKENS)
-    grad = torch.randn(TOKENS, module.hidden_dim).bfloat16()
+    module, x, index, weights, grad = _case(family, torch.bfloat16)
     out, *grads = _run(_no_stock_hand_off(tilegemm_fp8_experts_forward), module, x, index, weights, grad)
     with torch.no_grad():
         inference = tilegemm_fp8_experts_forward(module, x, index, weights)
@@ -117,10 +117,7 @@ def test_fp8_training_is_the_fp8_forward_with_straight_through_gradients(family)
 
 
 def test_fp8_training_requantizes_after_an_optimizer_step():
-    module = experts_modules(build("tiny-qwen3-moe", dtype=torch.bfloat16))[0]
-    module._tilegemm_backend = "pytorch"
-    x = torch.randn(TOKENS, module.hidden_dim).bfloat16()
-    index, weights = routing(module, TOKENS)
+    module, x, index, weights, _ = _case("tiny-qwen3-moe", torch.bfloat16)
     opt = torch.optim.SGD(module.parameters(), lr=0.5)
     tilegemm_fp8_experts_forward(module, x, index, weights).float().square().sum().backward()
     opt.step()
