@@ -8,6 +8,8 @@ unset or empty means the default; anything else is a ``ValueError`` naming the v
 * ``TILEGEMM_CHECK_VALUES``: value checks of CUDA tensors (host-syncing) on (default off; CPU always on).
 * ``TILEGEMM_DEBUG``: log dispatch decisions at DEBUG level to ``tilegemm.dispatch`` (default off).
 * ``TILEGEMM_PRINT_CONFIGS``: print the kernel config chosen per new shape (default off).
+* ``TILEGEMM_DECODE_VARIANT``, ``TILEGEMM_MOE_VARIANT``: force a kernel variant (benchmarks, tests); defined and
+  read in :mod:`tilegemm.ops.cutile.heuristics`.
 """
 
 from __future__ import annotations

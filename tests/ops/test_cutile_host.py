@@ -20,12 +20,17 @@ def test_choose_routes_each_family():
     assert heuristics.choose(Problem("dense", "bf16", 256, 7168, 2048, 132)) == heuristics.BF16_CONFIGS[0]
     assert isinstance(heuristics.choose(Problem("dense", "bf16", 256, 2112, 7168, 132)), heuristics.DecodeConfig)
     assert isinstance(heuristics.choose(Problem("dense", "fp8", 256, 7168, 2048, 132)), heuristics.DecodeConfig)
+    # ... unless N is small: the weight rows alone do not fill the SMs, the tile kernel measured 5x slower there.
+    assert isinstance(heuristics.choose(Problem("dense", "bf16", 256, 2048, 768, 132)), heuristics.DecodeConfig)
     masked = Problem("grouped", "bf16", 8 * 256, 4096, 7168, 132, groups=8, kind=Kind.MASKED, expected_m=32)
     assert heuristics.choose(masked) == heuristics.GROUPED_BF16_SMALL_M
     k_grouped = Problem("grouped", "bf16", 4096, 4096, 8192, 132, groups=4, kind=Kind.K, has_c=True)
     assert heuristics.choose(k_grouped) == heuristics.GROUPED_BF16_K_WITH_C
     decode = heuristics.choose(Problem("moe", "bf16", 8 * 4, 7168, 2048, 132, groups=256))
     assert isinstance(decode, heuristics.MoESlotsConfig) and decode.combine_bn == 256
+    # 2 slots per expert but 512 in all (DeepSeek-V3 at 64 tokens): the sorted path.
+    assert isinstance(heuristics.choose(Problem("moe", "bf16", 8 * 32, 7168, 2048, 132, groups=256)), type(decode))
+    assert not isinstance(heuristics.choose(Problem("moe", "bf16", 8 * 64, 7168, 2048, 132, groups=256)), type(decode))
     moe = heuristics.choose(Problem("moe", "bf16", 8 * 128, 7168, 2048, 132, groups=256))
     assert moe.bm == 64 and moe.combine_bn == 256
     assert heuristics.choose(Problem("moe", "bf16", 8 * 4096, 7168, 2048, 132, groups=256)).bm == 128
@@ -40,6 +45,18 @@ def test_decode_activation_tile():
     assert [cfg.tile_m(m, "fp8") for m in (1, 16, 17, 32, 33, 64, 65, 256)] == [16, 16, 64, 64, 64, 64, 128, 128]
     plan = heuristics.decode_plan(Problem("dense", "fp8", 32, 7168, 2048, 132), cfg)
     assert plan.bm == 64 and plan.num_m == 1
+
+
+def test_decode_plan_narrows_few_tiles_and_keeps_wide_bf16_tiles_whole():
+    """64-row activation tiles while the tiles stay within two per SM; BF16 tiles of 64+ rows are not split."""
+    cfg = heuristics.decode_config()
+    for dtype in ("bf16", "fp8"):
+        plan = heuristics.decode_plan(Problem("dense", dtype, 128, 4096, 7168, 132), cfg)
+        assert (plan.bm, plan.num_m) == (64, 2)
+    assert heuristics.decode_plan(Problem("dense", "fp8", 256, 24576, 1536, 132), cfg).bm == 128
+    assert heuristics.decode_plan(Problem("dense", "bf16", 64, 2112, 7168, 132), cfg).splits == 1
+    assert heuristics.decode_plan(Problem("dense", "fp8", 64, 2112, 7168, 132), cfg).splits > 1
+    assert heuristics.decode_plan(Problem("dense", "bf16", 16, 2112, 7168, 132), cfg).splits > 1
 
 
 def test_decode_plan_split_override():

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import tilegemm
+from tilegemm.ops.cutile import heuristics
 from tilegemm.testing import calc_diff
 
 BAR = 1e-5  # bf16 intermediate and bf16 per-slot outputs vs exact float64 math
@@ -168,6 +169,27 @@ def test_cutile_graph_capture_replays_new_routing(strict):
     graph.replay()
     torch.cuda.synchronize()
     assert calc_diff(out, _formula(x, ids, w, w13, w2)) < BAR
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", heuristics.MOE_VARIANTS)
+@pytest.mark.parametrize("shape", [*SHAPES, (40, 8, 16, 256, 128, True)], ids=[*IDS, "T40-k8-E16-sentinel"])
+def test_cutile_every_path(strict, monkeypatch, variant, shape):
+    """Each fused path forced (``TILEGEMM_MOE_VARIANT``) on every shape, whichever the heuristics would pick, and on
+    experts with 20 routed slots each and sentinels: formula, bitwise reruns."""
+    if not CUDA:
+        pytest.skip("needs CUDA")
+    monkeypatch.setenv(heuristics.MOE_VARIANT_ENV, variant)
+    args = _inputs(*shape, torch.bfloat16, "cuda")
+    out = tilegemm.moe_experts(*args, backend="cutile")
+    assert calc_diff(out, _formula(*args)) < BAR
+    assert torch.equal(out, tilegemm.moe_experts(*args, backend="cutile"))
+
+
+def test_moe_variant_env_is_checked(monkeypatch):
+    monkeypatch.setenv(heuristics.MOE_VARIANT_ENV, "fastest")
+    with pytest.raises(ValueError, match="TILEGEMM_MOE_VARIANT"):
+        heuristics.choose(heuristics.Problem("moe", "bf16", 8, 256, 128, 132, groups=16))
 
 
 @pytest.mark.gpu

@@ -88,14 +88,20 @@ def compress_logits(full: torch.Tensor, starts: torch.Tensor, width: int) -> tor
     return picked.masked_fill_(cols >= s_kv, float("-inf"))
 
 
-#: Routed slots per expert at or below which an MoE call is decode-sized (:func:`moe_decode_sized`). On an H100
-#: (docs/kernels.md, "Fused MoE experts") the fused experts' per-slot path beat the sorted one at 2 slots per
-#: expert (Mixtral, 8 tokens: 982 vs 1461 us) and lost at 4 (1541 vs 1472 us).
+#: Routed slots per expert, and routed slots in all, up to which an MoE call is decode-sized
+#: (:func:`moe_decode_sized`). H100, 2026-11-23, kernel-only, bf16 (``tests/benchmark/results/moe/paths_h100.md``):
+#: the per-slot path beat the sorted one up to 2 slots per expert (Mixtral 8 tokens: 988 vs 1472 us; Qwen3 32
+#: tokens, 256 slots: 535 vs 677) and lost at 4 (Mixtral 16: 1562 vs 1452; Qwen3 64: 986 vs 749). DeepSeek-V3's
+#: 88 MB experts tie at 256 slots (32 tokens: 6165 vs 6133 us) and lose beyond (64 tokens, 512 slots, 2 per
+#: expert: 11902 vs 8573): past a few hundred slots, a slot that shares its expert no longer finds the weights
+#: in L2, and the per-slot path reads them again from memory.
 MOE_DECODE_SLOTS_PER_EXPERT = 2
+MOE_DECODE_MAX_SLOTS = 256
 
 
 def moe_decode_sized(tokens: int, top_k: int, experts: int) -> bool:
-    """True when the ``tokens * top_k`` routed slots are at most :data:`MOE_DECODE_SLOTS_PER_EXPERT` per expert:
-    reading each slot's expert weights directly (an expert shared by several slots is read again) costs less than
-    sorting the slots by expert, which is a dozen small launches."""
-    return tokens * top_k <= MOE_DECODE_SLOTS_PER_EXPERT * experts
+    """True when the ``tokens * top_k`` routed slots are at most :data:`MOE_DECODE_SLOTS_PER_EXPERT` per expert
+    and :data:`MOE_DECODE_MAX_SLOTS` in all: reading each slot's expert weights directly (an expert shared by
+    several slots is read again) costs less than sorting the slots by expert, which is a dozen small launches."""
+    slots = tokens * top_k
+    return slots <= MOE_DECODE_SLOTS_PER_EXPERT * experts and slots <= MOE_DECODE_MAX_SLOTS

@@ -4,14 +4,14 @@
 follows transformers' experts contract (``self`` is a ``@use_experts_implementation`` experts module with
 ``gate_up_proj [E, 2I, H]`` and ``down_proj [E, H, I]``).
 
-Decode-sized inference (at most two routed slots per expert, ``tilegemm.ops.common.moe_decode_sized``) on a
-bf16 model whose experts are the plain gated form (:func:`fused_activation`: no biases, no post-expert norm,
-transformers' default gate, silu or tanh-GELU) runs one op, :func:`tilegemm.moe_experts`: both GEMMs, the
-activation and the weighted combine, one weight stream per slot, no routing sort. It rounds the intermediate
-once and each weighted slot once, where transformers' path rounds gate, up, the activation and the weighted
-product: closer to the float64 formula, and bf16 steps away from stock. Every other case (prefill sizes,
-where the fused op's sorted path is slower than this one at the largest sizes; training; fp16/fp32; biases;
-other activations) runs the unfused path, per call:
+Decode-sized inference (at most two routed slots per expert and 256 in all,
+``tilegemm.ops.common.moe_decode_sized``) on a bf16 model whose experts are the plain gated form
+(:func:`fused_activation`: no biases, no post-expert norm, transformers' default gate, silu or tanh-GELU) runs one
+op, :func:`tilegemm.moe_experts`: both GEMMs, the activation and the weighted combine, one weight stream per slot,
+no routing sort. It rounds the intermediate once and each weighted slot once, where transformers' path rounds gate,
+up, the activation and the weighted product: closer to the float64 formula, and bf16 steps away from stock. Every
+other case (prefill sizes, where the fused op's sorted path is slower than this one at the largest sizes; training;
+fp16/fp32; biases; other activations) runs the unfused path, per call:
 
 1. sort the ``T*k`` (token, expert) pairs by expert on the device (``tilegemm.routing``, psum layout);
 2. ``m_grouped_bf16_gemm_nt_contiguous`` on the gathered rows with ``gate_up_proj`` (psum layout);

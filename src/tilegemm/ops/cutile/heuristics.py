@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 from enum import IntEnum
 
-from tilegemm.env import PRINT_CONFIGS, env_flag
+from tilegemm.env import PRINT_CONFIGS, env_choice, env_flag
 from tilegemm.ops.common import cdiv, moe_decode_sized
 
 __all__ = [
@@ -319,11 +319,16 @@ DECODE_W128_K128 = DecodeConfig("w128k128", bw=128, ku=1, bk_bf16=64, occupancy=
 DECODE_W64_NOSPLIT = DecodeConfig("w64k256ns", bw=64, ku=2, bk_bf16=128, splitk=False)
 DECODE_CONFIGS: tuple[DecodeConfig, ...] = (DECODE_W64_K256, DECODE_W64_K128, DECODE_W128_K128, DECODE_W64_NOSPLIT)
 DECODE_MIN_BM = 16
+#: The activation tile :func:`decode_plan` narrows to, and the tiles per SM up to which it does.
+DECODE_NARROW_BM = 64
+DECODE_NARROW_WAVES = 2
 #: Dense GEMMs with at most this many rows take the decode kernels.
 DECODE_MAX_M = 256
-#: ... except BF16 ones with more than DECODE_BF16_TILE_M rows and K <= DECODE_BF16_TILE_K: the persistent
-#: tile kernel was faster there (H100, 2026-11-23, kernel-only: 256x7168x2048 16.6 us vs 18.0,
-#: 256x24576x1536 37.6 vs 44.8; at K = 7168 it was 1.3-2x slower, at M = 128 no faster).
+#: ... except BF16 ones with more than DECODE_BF16_TILE_M rows and K <= DECODE_BF16_TILE_K whose weight rows
+#: alone fill the SMs (more tiles than :func:`decode_plan` narrows): the persistent tile kernel was faster there
+#: (H100, 2026-11-23, kernel-only: 256x7168x2048 16.6 us vs 18.0, 256x24576x1536 37.6 vs 44.8; at K = 7168 it
+#: was 1.3-2x slower, at M = 128 no faster) and 5-6x slower where N is small (256x2048x768 32.7 us, cuBLAS 5.5;
+#: 256x1536x2048 29.8 us, cuBLAS 7.6).
 DECODE_BF16_TILE_M = 128
 DECODE_BF16_TILE_K = 2048
 
@@ -332,7 +337,8 @@ def takes_decode(p: Problem) -> bool:
     """Whether dense problem ``p`` takes a swap-AB decode kernel (else the persistent-tile kernel)."""
     if p.m > DECODE_MAX_M:
         return False
-    return not (p.dtype == "bf16" and p.m > DECODE_BF16_TILE_M and p.k <= DECODE_BF16_TILE_K)
+    wide = cdiv(p.n, DECODE_CONFIGS[0].bw) * cdiv(p.m, DECODE_NARROW_BM) > DECODE_NARROW_WAVES * p.sms
+    return not (p.dtype == "bf16" and p.m > DECODE_BF16_TILE_M and p.k <= DECODE_BF16_TILE_K and wide)
 
 
 #: Split-K bounds: at most this many splits, each of at least DECODE_MIN_STEPS K steps, and
@@ -396,6 +402,14 @@ def decode_config(name: str | None = None) -> DecodeConfig:
 def decode_plan(p: Problem, cfg: DecodeConfig) -> DecodePlan:
     """Tiles and K split of dense problem ``p`` on decode variant ``cfg``, sized from the weight bytes per SM.
 
+    The activation tile is capped at :data:`DECODE_NARROW_BM` rows while that keeps the tiles within
+    :data:`DECODE_NARROW_WAVES` per SM: more, narrower tiles stream the weight from more SMs at once (H100,
+    2026-11-23, kernel-only, FP8: 128x2112x7168 31.3 -> 17.3 us, 128x4096x7168 42.9 -> 29.2, 256x2112x7168
+    35.3 -> 25.7; BF16 128x4096x7168 49.6 -> 29.4; where N / bw alone fills two waves, e.g. 256x24576x1536,
+    it lost: 44.8 -> 63.8). BF16 tiles of 64 or more rows are not split along K: they lost to one unit per
+    tile at every measured shape (64x4096x7168 40.5 vs 29.3 us, 128x2112x7168 31.1 vs 22.7) and were never
+    more than 3% ahead.
+
     Tiles: ``cdiv(N, bw) x cdiv(M, bm)``. With at least 3/4 of an SM's worth of tiles, K is not
     split; with fewer, K is split so that the units fill the CTA slots (``sms * occupancy``), within
     the bounds above (a split's partial costs ``2 * bw * bm * 4`` bytes of traffic against the
@@ -404,12 +418,14 @@ def decode_plan(p: Problem, cfg: DecodeConfig) -> DecodePlan:
     64 tiles at 1x4096x7168 took 29.3 us in 8 splits and 42.5 us in 2.
     """
     bm = cfg.tile_m(p.m, p.dtype)
+    if bm > DECODE_NARROW_BM and cdiv(p.n, cfg.bw) * cdiv(p.m, DECODE_NARROW_BM) <= DECODE_NARROW_WAVES * p.sms:
+        bm = DECODE_NARROW_BM
     num_m, num_n = cdiv(p.m, bm), cdiv(p.n, cfg.bw)
     step = cfg.step_k(p.dtype)
     steps = max(1, cdiv(p.k, step))
     tiles = num_m * num_n
     splits = 1
-    if cfg.splitk and 4 * tiles < 3 * max(1, p.sms):
+    if cfg.splitk and 4 * tiles < 3 * max(1, p.sms) and not (p.dtype == "bf16" and bm >= DECODE_NARROW_BM):
         slots = max(1, p.sms) * cfg.occupancy_for(bm)
         step_bytes = cfg.bw * step * (1 if p.dtype == "fp8" else 2)
         partial_bytes = 2 * cfg.bw * bm * 4
@@ -489,6 +505,10 @@ class MoEConfig:
 # tiles spill with 8 (docs/kernels.md, "Fused MoE experts").
 MOE_UP_CONFIGS = {64: TileConfig(64, 64, 64), 128: TileConfig(128, 64, 64, num_worker_warps=8)}
 MOE_DOWN_CONFIGS = {64: TileConfig(64, 128, 64), 128: TileConfig(128, 128, 64)}
+#: Names the fused-experts path every call takes (benchmarks, tests): ``slots`` (one weight stream per routed
+#: slot, ``ops/cutile/moe_slots.py``) or ``sorted`` (device-side sort, persistent tiles, ``ops/cutile/moe.py``).
+MOE_VARIANT_ENV = "TILEGEMM_MOE_VARIANT"
+MOE_VARIANTS = ("slots", "sorted")
 #: Mean rows per expert at or below which experts' segments are 64-row aligned (64-row tiles).
 MOE_SMALL_ROWS = 64
 #: The combine kernel's tile: tokens, and the widest column count (a power of two dividing H).
@@ -502,11 +522,13 @@ def all_moe_configs() -> tuple[MoEConfig, ...]:
 
 
 def _moe_config(p: Problem) -> MoEConfig | MoESlotsConfig:
-    """Fused experts (``p.m`` routed slots, ``p.groups`` experts, ``p.n`` = H): the per-slot kernels when
-    decode-sized (``ops.common.moe_decode_sized``); else the sorted path, 64-row tiles when the experts average
-    at most :data:`MOE_SMALL_ROWS` rows each (a 128-row tile would be mostly padding), else 128. The combine's
-    column tile is the largest power of two dividing H, at most :data:`MOE_COMBINE_MAX_BN` (no column bounds)."""
-    if moe_decode_sized(p.m, 1, p.groups):
+    """Fused experts (``p.m`` routed slots, ``p.groups`` experts, ``p.n`` = H): the per-slot kernels when decode-sized
+    (``ops.common.moe_decode_sized``) or forced by ``TILEGEMM_MOE_VARIANT``; else the sorted path, 64-row tiles
+    when the experts average at most :data:`MOE_SMALL_ROWS` rows each (a 128-row tile would be mostly padding),
+    else 128. The combine's column tile is the largest power of two dividing H, at most
+    :data:`MOE_COMBINE_MAX_BN` (no column bounds)."""
+    forced = env_choice(MOE_VARIANT_ENV, MOE_VARIANTS)
+    if forced == "slots" or (forced is None and moe_decode_sized(p.m, 1, p.groups)):
         return moe_slots_config(p.n)
     bm = 64 if p.m <= MOE_SMALL_ROWS * p.groups else 128
     return MoEConfig(MOE_UP_CONFIGS[bm], MOE_DOWN_CONFIGS[bm], MOE_COMBINE_BT, _combine_bn(p.n))

@@ -1,0 +1,125 @@
+"""Fused experts paths, each forced, beside transformers' ``grouped_mm`` experts forward on one GPU.
+
+For each model's full-size experts (one layer's weights; ``tilegemm.bench.moe.MODELS``) and token count, times
+``tilegemm.moe_experts`` with ``TILEGEMM_MOE_VARIANT`` set to each path, and transformers'
+``grouped_mm_experts_forward`` on a stock experts module holding the same weights: eager (a loop of calls) and
+kernel-only (median of 5 replays of a CUDA graph of 5 calls), in us. Checks each output against the float64
+formula (``calc_diff``) and each tilegemm output against a rerun (bitwise). Prints one markdown table.
+
+    PYTHONPATH=src python3 tests/benchmark/moe_paths.py [--paths slots,sorted] [--budget-s 170]
+
+Results: ``tests/benchmark/results/moe/paths_h100.md``. The path the heuristics take is
+``tilegemm.ops.common.moe_decode_sized``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+TOKENS = {
+    "deepseek-v3": (1, 8, 16, 32, 64, 128),
+    "qwen3-30b-a3b": (1, 8, 16, 32, 64, 128),
+    "mixtral-8x7b": (1, 2, 4, 8, 16),
+}
+
+
+def _times_us(fn, calls: int = 20) -> tuple[float, float]:
+    """(eager us per call over a loop of ``calls``, kernel-only us: median of 5 replays of a 5-call graph)."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    eager = (time.perf_counter() - start) / calls * 1e6
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        for _ in range(5):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    replays = []
+    for _ in range(5):
+        start = time.perf_counter()
+        graph.replay()
+        torch.cuda.synchronize()
+        replays.append((time.perf_counter() - start) / 5 * 1e6)
+    return eager, statistics.median(replays)
+
+
+def _model_rows(model: str, tokens: tuple[int, ...], paths: list[str], deadline: float) -> list[tuple]:
+    from transformers.integrations import moe as hf_moe
+
+    import tilegemm
+    from tilegemm.bench import moe as bench_moe
+    from tilegemm.ops.cutile import heuristics
+
+    h, e, k, i, model_type = bench_moe.MODELS[model]
+    torch.manual_seed(0)
+    w13 = torch.randn(e, 2 * i, h, device="cuda", dtype=torch.bfloat16) / math.sqrt(h)
+    w2 = torch.randn(e, h, i, device="cuda", dtype=torch.bfloat16) / math.sqrt(i)
+    module = bench_moe.experts_module(model_type, w13, w2)
+    rows = []
+    for t in tokens:
+        if time.time() > deadline:
+            print(f"budget spent: skipping {model} {t}", flush=True)
+            continue
+        x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
+        ids, weights = bench_moe._routing(t, e, k, 1234 + t)
+        ref = bench_moe._reference(x, ids, weights, w13, w2)
+        args = (x, ids, weights)
+        with torch.inference_mode():
+            stock = lambda a=args: hf_moe.grouped_mm_experts_forward(module, *a)  # noqa: E731
+            rows.append((model, t, "stock grouped_mm", *_times_us(stock), tilegemm.calc_diff(stock(), ref), None))
+            for path in paths:
+                os.environ[heuristics.MOE_VARIANT_ENV] = path
+                try:
+                    fused = lambda a=args: tilegemm.moe_experts(*a, w13, w2)  # noqa: E731
+                    first, again = fused(), fused()
+                    timed = _times_us(fused)
+                    rows.append((model, t, path, *timed, tilegemm.calc_diff(first, ref), torch.equal(first, again)))
+                finally:
+                    del os.environ[heuristics.MOE_VARIANT_ENV]
+        print(model, t, [f"{r[2]} {r[4]:.0f}" for r in rows if r[1] == t], flush=True)
+    return rows
+
+
+def run(paths: list[str], budget_s: float) -> list[tuple]:
+    """Rows ``(model, tokens, path, eager us, graph us, calc_diff, bitwise rerun)``, one model's weights at a time."""
+    deadline, rows = time.time() + budget_s, []
+    for model, tokens in TOKENS.items():
+        rows += _model_rows(model, tokens, paths, deadline)
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--paths", default="slots,sorted", help="comma-separated TILEGEMM_MOE_VARIANT values")
+    p.add_argument("--budget-s", type=float, default=170.0, help="start no new token count after this many seconds")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    rows = run([v.strip() for v in args.paths.split(",") if v.strip()], args.budget_s)
+    print("\n| model | T | path | eager us | graph us | calc_diff vs f64 | bitwise rerun |")
+    print("|---|---|---|---|---|---|---|")
+    for model, t, path, eager, graph, diff, same in rows:
+        print(f"| {model} | {t} | {path} | {eager:.1f} | {graph:.1f} | {diff:.1e} | {'-' if same is None else same} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
