@@ -8,8 +8,9 @@ Two measurements, one table each:
   the CPU (the host cost of one small torch op on this machine, as a yardstick).
 * default (a CUDA machine): back-to-back calls of a tiny problem (the kernel takes a few microseconds, so a
   loop of calls without synchronisation runs at the host's pace): per-call time of tilegemm, ``torch.matmul``
-  (and DeepGEMM when importable) minus their CUDA-graph replay time (kernel only) = host time above the
-  kernel.
+  (and DeepGEMM when its loader finds it) minus their CUDA-graph replay time (kernel only) = host time above
+  the kernel. tilegemm's is split into ``python_us`` (the call with ``cuda.tile.launch`` a no-op) and
+  ``ct_launch_us`` (``cuda.tile.launch`` alone on the arguments the call passed it).
 
     PYTHONPATH=src python3 tests/benchmark/host_overhead.py --stub
     PYTHONPATH=src python3 tests/benchmark/host_overhead.py --out $OUT/host.json
@@ -127,21 +128,39 @@ def gpu_table(calls: int) -> list[dict]:
         "tilegemm fp8_gemm_nt": lambda: tg.fp8_gemm_nt(a8, b8, d),
         "torch.matmul": lambda: torch.matmul(a, b.T, out=d),
     }
-    try:
-        import deep_gemm  # type: ignore[import-not-found]
+    from tilegemm.bench import peers
 
-        impls["deep_gemm bf16_gemm_nt"] = lambda: deep_gemm.bf16_gemm_nt(a, b, d)
-        impls["deep_gemm fp8_gemm_nt"] = lambda: deep_gemm.fp8_gemm_nt(a8, b8, d)
-    except ImportError:
-        pass
+    dg, why = peers.load_deepgemm("auto")
+    if dg is not None:
+        a8_dg, b8_dg = peers.dg_quant_a(dg, a), peers.dg_quant_b(dg, b)
+        impls["deep_gemm bf16_gemm_nt"] = lambda: dg.bf16_gemm_nt(a, b, d)
+        impls["deep_gemm fp8_gemm_nt"] = lambda: dg.fp8_gemm_nt(a8_dg, b8_dg, d)
+    else:
+        print(f"DeepGEMM not timed: {why}")
     rows = []
     for name, fn in impls.items():
         eager = _per_call_us(fn, calls, sync=torch.cuda.synchronize)
         kernel = timing.graph_ms(fn, calls=100) * 1e3  # the harness's kernel-only timer
-        rows.append(
-            dict(impl=name, shape=list(TINY), loop_us=eager, graph_us=kernel, host_above_kernel_us=eager - kernel)
-        )
+        row = dict(impl=name, shape=list(TINY), loop_us=eager, graph_us=kernel, host_above_kernel_us=eager - kernel)
+        if name.startswith("tilegemm"):
+            row.update(_split_launch(fn, calls))
+        rows.append(row)
     return rows
+
+
+def _split_launch(fn: Callable[[], object], calls: int) -> dict:
+    """The host time of a tilegemm call split in two: ``python_us`` (the call with ``cuda.tile.launch`` a no-op)
+    and ``ct_launch_us`` (``cuda.tile.launch`` alone, replaying the arguments the call passed it)."""
+    import cuda.tile as ct
+
+    launches = []
+    real = ct.launch
+    with mock.patch.object(ct, "launch", lambda *args: launches.append(args)):
+        fn()
+    with mock.patch.object(ct, "launch", lambda *args: None):
+        python_us = _per_call_us(fn, calls)
+    ct_launch_us = _per_call_us(lambda: [real(*args) for args in launches], calls, sync=torch.cuda.synchronize)
+    return dict(python_us=python_us, ct_launch_us=ct_launch_us, launches_per_call=len(launches))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -40,9 +40,22 @@ _ALIGN_BYTES = 16
 Runner = Callable[..., Any]
 
 
+_STREAMS: dict[tuple[int, int], torch.cuda.Stream] = {}
+
+
 def current_stream() -> torch.cuda.Stream:
-    """The stream kernels run on: the current CUDA stream (the registry has already made ``stream=`` current)."""
-    return torch.cuda.current_stream()
+    """The stream kernels run on: the current CUDA stream (the registry has already made ``stream=`` current).
+
+    ``torch.cuda.current_stream()`` without its per-call cost (device-index resolution and a new ``Stream``
+    object, a fifth of a small call's host time on an H100 machine): the current stream's id on the current
+    device, its ``Stream`` object made once per (id, device).
+    """
+    stream_id, index, device_type = torch._C._cuda_getCurrentStream(torch._C._cuda_getDevice())
+    stream = _STREAMS.get((stream_id, index))
+    if stream is None:
+        stream = torch.cuda.Stream(stream_id=stream_id, device_index=index, device_type=device_type)
+        _STREAMS[(stream_id, index)] = stream
+    return stream
 
 
 def num_sms() -> int:
