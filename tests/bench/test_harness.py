@@ -39,6 +39,26 @@ def test_list_prints_the_plan(capsys):
     assert "masked: 48 rows" in out
 
 
+def test_where_filters_the_plan(capsys):
+    where = runner.parse_where(["m=64,128", "dtype=fp8"])
+    assert where == {"m": ("64", "128"), "dtype": ("fp8",)}
+    rows = runner.plan(["dense"], "full", where)["dense"]
+    assert rows and all(r["m"] in (64, 128) and r["dtype"] == "fp8" for r in rows)
+    full = runner.plan(["dense"], "full")["dense"]
+    assert len(rows) == sum(r["m"] in (64, 128) and r["dtype"] == "fp8" for r in full)
+    assert runner.plan(["dense"], "full", {"no_such_key": ("1",)})["dense"] == []
+    assert main(["--family", "dense", "--full", "--where", "m=256", "--list"]) == 0
+    assert "m': 256" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("clause", ["m", "m=", "=64", " = , "])
+def test_where_rejects_malformed_clauses(clause, capsys):
+    with pytest.raises(ValueError, match="--where"):
+        runner.parse_where([clause])
+    assert main(["--family", "dense", "--where", clause, "--list"]) == 2
+    assert "--where" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("family", list(runner.FAMILIES))
 def test_family_specs_are_well_formed(family):
     mod = importlib.import_module(f"tilegemm.bench.{runner.FAMILIES[family]}")

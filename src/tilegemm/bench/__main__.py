@@ -41,6 +41,13 @@ def _parser() -> argparse.ArgumentParser:
     size.add_argument("--full", action="store_const", const="full", dest="size", help="the full shape sets")
     p.add_argument("--family", action="append", choices=sorted(FAMILIES), help="only this family (repeatable)")
     p.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="only rows whose shape has one of these values of KEY (repeatable), e.g. --where m=64,128,256",
+    )
+    p.add_argument(
         "--time-budget",
         type=float,
         default=None,
@@ -123,10 +130,15 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     size = args.size or "quick"
     families = args.family or [f for f in FAMILIES if f in _available_families()]
-    if args.list:
-        from tilegemm.bench import runner
+    from tilegemm.bench import runner
 
-        for fam, specs in runner.plan(families, size).items():
+    try:
+        where = runner.parse_where(args.where)
+    except ValueError as exc:
+        print(f"tilegemm-bench: {exc}", file=sys.stderr)
+        return 2
+    if args.list:
+        for fam, specs in runner.plan(families, size, where).items():
             print(f"{fam}: {len(specs)} rows")
             for s in specs:
                 print("   ", s)
@@ -149,11 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     if not device.has_gpu():
         print(device.NO_GPU_MESSAGE, file=sys.stderr)
         return 2
-    from tilegemm.bench import runner
-
     save = (lambda d: schema.save(d, args.save)) if args.save else None
     budget = args.time_budget if args.time_budget is not None else (QUICK_BUDGET_S if size == "quick" else None)
-    doc = runner.run(families, size, budget, args.deepgemm, not args.no_progress, on_row=save)
+    doc = runner.run(families, size, budget, args.deepgemm, not args.no_progress, on_row=save, where=where)
     if args.save:
         schema.save(doc, args.save)
         print(f"wrote {args.save}")

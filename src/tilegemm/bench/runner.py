@@ -42,9 +42,30 @@ def family_module(name: str) -> Any:
     return importlib.import_module(f"tilegemm.bench.{FAMILIES[name]}")
 
 
-def plan(families: list[str], size: str) -> dict[str, list[dict[str, Any]]]:
-    """The specs each family would run at ``size`` (``quick`` / ``full``), in run order."""
-    return {f: family_module(f).specs(size) for f in families}
+def plan(
+    families: list[str], size: str, where: dict[str, tuple[str, ...]] | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """The specs each family would run at ``size`` (``quick`` / ``full``), in run order; with ``where`` only
+    those whose value of every named key, as a string, is one of the listed ones (``{"m": ("64", "128")}``)."""
+    where = where or {}
+
+    def kept(spec: dict[str, Any]) -> bool:
+        return all(key in spec and str(spec[key]) in values for key, values in where.items())
+
+    return {f: [s for s in family_module(f).specs(size) if kept(s)] for f in families}
+
+
+def parse_where(clauses: list[str]) -> dict[str, tuple[str, ...]]:
+    """``["m=64,128", "dtype=fp8"]`` -> ``{"m": ("64", "128"), "dtype": ("fp8",)}``; ``ValueError`` on a clause
+    that is not ``KEY=V1[,V2...]``."""
+    where: dict[str, tuple[str, ...]] = {}
+    for clause in clauses:
+        key, sep, values = clause.partition("=")
+        picked = tuple(v.strip() for v in values.split(",") if v.strip())
+        if not sep or not key.strip() or not picked:
+            raise ValueError(f"--where: expected KEY=V1[,V2...], got {clause!r}")
+        where[key.strip()] = picked
+    return where
 
 
 def run(
@@ -54,10 +75,12 @@ def run(
     deepgemm: str = "auto",
     progress: bool = True,
     on_row: Callable[[dict[str, Any]], None] | None = None,
+    where: dict[str, tuple[str, ...]] | None = None,
 ) -> dict[str, Any]:
     """Measure ``families`` at ``size``; returns the results document (``meta``, ``rows``, ``skipped``).
 
-    ``on_row(doc)`` is called after every row (e.g. to save partial results).
+    ``on_row(doc)`` is called after every row (e.g. to save partial results); ``where`` filters the rows
+    (:func:`plan`).
     """
     from tilegemm.bench import device, peers, timing
     from tilegemm.bench.core import measure_case
@@ -67,10 +90,12 @@ def run(
     dg, dg_desc = peers.load_deepgemm(deepgemm)
     meta = device.describe()
     meta.update(schema=SCHEMA_VERSION, size=size, families=families, deepgemm=dg_desc, time_budget_s=time_budget)
+    if where:
+        meta["where"] = {key: list(values) for key, values in where.items()}
     meta["ceilings"] = device.ceilings()
     meta["ceilings_s"] = round(time.time() - t0, 1)
     doc: dict[str, Any] = {"meta": meta, "rows": [], "skipped": []}
-    specs = plan(families, size)
+    specs = plan(families, size, where)
     bar = Progress(sum(len(v) for v in specs.values()), enabled=progress)
     bar.write(f"{meta['gpu']}: ceilings {meta['ceilings']}; DeepGEMM: {dg_desc}")
     shares = {f: BUDGET_SHARE.get(f, 0.1) for f in families}
