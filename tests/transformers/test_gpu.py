@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_models import FAMILIES, assert_max_abs_within_one_bf16_step, build, prompt, reference_experts, routing
+from hf_models import (
+    FAMILIES,
+    assert_max_abs_within_one_bf16_step,
+    bf16_step,
+    build,
+    prompt,
+    reference_experts,
+    routing,
+)
 
 from modeling.transformers import measure
 from tilegemm.testing import calc_diff
@@ -67,11 +75,32 @@ def test_model_bf16_cutile_vs_stock(family):
         apply_tilegemm_to_model(model, backend="cutile")
         out = model(ids).logits.float()
         tokens = measure.generate_greedy(model, ids, 6).tokens
-    stats = measure.compare_logits(out, ref)
-    print(family, stats, "greedy", measure.greedy_agreement(tokens, stock_tokens))
-    assert_max_abs_within_one_bf16_step(out, ref)
-    assert torch.equal(tokens, stock_tokens)
+        stats = measure.compare_logits(out, ref)
+        print(family, stats, "greedy", measure.greedy_agreement(tokens, stock_tokens))
+        assert_max_abs_within_one_bf16_step(out, ref)
+        _assert_same_or_near_tie(model, ids, tokens, stock_tokens)
     revert_tilegemm_model(model)
+
+
+def _assert_same_or_near_tie(model, ids, tokens, stock_tokens):
+    """Greedy tokens equal stock's, or each row's first divergence is a near-tie that rounding may flip: on the
+    common prefix, patched logits are within one bf16 step ``d`` of stock's (the bar every logit meets), and stock's
+    logits of its token and of patched's differ by at most ``2 d`` (a one-step error on each side can swap them)."""
+    for row in range(tokens.shape[0]):
+        differ = (tokens[row] != stock_tokens[row]).nonzero()
+        if differ.numel() == 0:
+            continue
+        step = int(differ[0])
+        prefix = torch.cat([ids[row], stock_tokens[row, :step]])[None]
+        patched = model(prefix).logits[0, -1].float()
+        revert_tilegemm_model(model)
+        stock = model(prefix).logits[0, -1].float()
+        apply_tilegemm_to_model(model, backend="cutile")
+        assert_max_abs_within_one_bf16_step(patched, stock)
+        gap = stock[stock_tokens[row, step]] - stock[tokens[row, step]]
+        bound = 2 * bf16_step(torch.maximum(patched.abs().max(), stock.abs().max()))
+        print(f"row {row}: first divergence at step {step}, stock logit gap {gap.item():.3e} <= {bound.item():.3e}?")
+        assert 0 <= gap <= bound, f"row {row}, step {step}: stock logit gap {gap.item():.3e} > {bound.item():.3e}"
 
 
 def test_experts_cuda_graph_replay_with_new_routing():
