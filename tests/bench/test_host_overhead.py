@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import pathlib
 
 import pytest
@@ -24,6 +25,7 @@ def test_stub_table_measures_every_stage_and_restores_the_launch():
     launch_before, reason_before = ct.launch, registry._unavailable_reason
     rows = _load().stub_table(calls=200)
     assert {row["op"] for row in rows} == {"bf16_gemm_nt", "fp8_gemm_nt"}
-    for row in rows:
-        assert 0 < row["check_us"] < row["public_us"] and 0 < row["backend_us"] < row["public_us"]
+    for row in rows:  # the stages' relative sizes are timings (a loaded CI machine reorders them): not asserted
+        stages = ("public_us", "check_us", "backend_us", "torch_mm_1x8x8_cpu_us")
+        assert all(math.isfinite(row[key]) and row[key] > 0 for key in stages), row
     assert ct.launch is launch_before and registry._unavailable_reason is reason_before
