@@ -31,7 +31,7 @@ import torch
 
 from tilegemm.ops import api
 from tilegemm.ops.checks import LAYOUTS, fp8_linear_check, fp8_weight_check, grouped_matmul_check, matmul_check
-from tilegemm.ops.op_call import grouped_linear_fp8, out_dtype, run_op
+from tilegemm.ops.op_call import grouped_linear, grouped_linear_fp8, run_op
 from tilegemm.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
 
 Tensor = torch.Tensor
@@ -64,12 +64,8 @@ def _(a: Tensor, b: Tensor, layout: str) -> Tensor:
 def grouped_gemm(a: Tensor, b: Tensor, offs: Tensor, layout: str) -> Tensor:
     """Out-of-place ``m_grouped_bf16_gemm_<layout>_contiguous`` with torch-style (unaligned) psum ends: [M, N] in
     ``a.dtype`` (bf16, fp16 or fp32; see :func:`tilegemm.ops.op_call.run_op`)."""
-    n = b.shape[1] if layout == "nt" else b.shape[2]
-    d = a.new_empty(a.shape[0], n, dtype=out_dtype(a.dtype))
     # offs was validated once by grouped_matmul; run_op skips the value checks and the backward reuses it
-    run_op(f"m_grouped_bf16_gemm_{layout}_contiguous", None, a=a, b=b, d=d, grouped_layout=offs,
-           use_psum_layout=True, alignment=1)  # fmt: skip
-    return d.to(a.dtype)
+    return grouped_linear(a, b, offs, layout == "nn", None)
 
 
 @grouped_gemm.register_fake

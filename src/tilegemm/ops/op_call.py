@@ -28,6 +28,22 @@ def run_op(name: str, backend: str | None, **arguments) -> torch.Tensor:
             return getattr(api, name)(**arguments, backend="pytorch")
 
 
+def grouped_linear(
+    x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, transposed: bool, backend: str | None
+) -> torch.Tensor:
+    """``y[r] = x[r] @ W[g(r)].T`` (or ``@ W[g(r)]`` when ``transposed``) for rows grouped by ``offs``.
+
+    x: [S, K] sorted by group; weight: [E, N, K] (``[E, K, N]`` when ``transposed``); offs: int32 [E]
+    cumulative ends in ``torch._grouped_mm``'s unaligned meaning (``alignment=1``). Rows past ``offs[-1]``
+    come out 0. Returns [S, N] in ``x.dtype``.
+    """
+    n = weight.shape[-1] if transposed else weight.shape[-2]
+    d = torch.empty(x.shape[0], n, dtype=out_dtype(x.dtype), device=x.device)
+    name = "m_grouped_bf16_gemm_nn_contiguous" if transposed else "m_grouped_bf16_gemm_nt_contiguous"
+    run_op(name, backend, a=x, b=weight, d=d, grouped_layout=offs, use_psum_layout=True, alignment=1)
+    return d if d.dtype == x.dtype else d.to(x.dtype)
+
+
 def grouped_linear_fp8(
     x: torch.Tensor, weight_fp8: tuple[torch.Tensor, torch.Tensor], offs: torch.Tensor, backend: str | None
 ) -> torch.Tensor:

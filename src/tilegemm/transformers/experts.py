@@ -23,8 +23,8 @@ No step reads device memory on the host, so with the cutile backend the call is 
 
 Dtypes: a bf16 model runs on the current tilegemm backend (or the module's ``_tilegemm_backend``). The
 GEMM ops take bf16 operands, so fp16 and fp32 models run their GEMMs on the ``pytorch`` backend's
-implementation (exact: fp32 products and accumulation, one rounding; see :func:`run_op`); on a GPU that
-path is correct but not fast, and it is not CUDA-graph capturable if that implementation syncs.
+implementation (exact: fp32 products and accumulation, one rounding; see :func:`tilegemm.ops.op_call.run_op`);
+on a GPU that path is correct but not fast, and it is not CUDA-graph capturable if that implementation syncs.
 Routing weights may be fp32 while hidden states are bf16 (DeepSeek, Mixtral routers) or bf16 (Qwen): the
 weighted product follows torch's promotion as in transformers' own paths, the sum over k runs in fp32 and
 is rounded once to the hidden dtype (see ``_finish``).
@@ -55,7 +55,7 @@ import torch
 from tilegemm.ops import api
 from tilegemm.ops.checks import GROUPED_MATMUL_DTYPES, skip_value_checks
 from tilegemm.ops.common import moe_decode_sized
-from tilegemm.ops.op_call import grouped_linear_fp8, out_dtype, run_op
+from tilegemm.ops.op_call import grouped_linear, grouped_linear_fp8
 from tilegemm.routing import MoERouting, moe_route, permute_tokens, unpermute_tokens
 from tilegemm.transformers.fp8_weights import cached_fp8_weight
 
@@ -148,22 +148,6 @@ def grouped_linear_differentiable(
 
     with use_backend(backend) if backend else contextlib.nullcontext(), skip_value_checks():  # offs is ours
         return grouped_matmul(x, weight, offs, transposed)
-
-
-def grouped_linear(
-    x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, transposed: bool, backend: str | None
-) -> torch.Tensor:
-    """``y[r] = x[r] @ W[g(r)].T`` (or ``@ W[g(r)]`` when ``transposed``) for rows grouped by ``offs``.
-
-    x: [S, K] sorted by group; weight: [E, N, K] (``[E, K, N]`` when ``transposed``); offs: int32 [E]
-    cumulative ends in ``torch._grouped_mm``'s unaligned meaning (``alignment=1``). Rows past ``offs[-1]``
-    come out 0. Returns [S, N] in ``x.dtype``.
-    """
-    n = weight.shape[-1] if transposed else weight.shape[-2]
-    d = torch.empty(x.shape[0], n, dtype=out_dtype(x.dtype), device=x.device)
-    name = "m_grouped_bf16_gemm_nn_contiguous" if transposed else "m_grouped_bf16_gemm_nt_contiguous"
-    run_op(name, backend, a=x, b=weight, d=d, grouped_layout=offs, use_psum_layout=True, alignment=1)
-    return d if d.dtype == x.dtype else d.to(x.dtype)
 
 
 def _fp8_grouped_differentiable(

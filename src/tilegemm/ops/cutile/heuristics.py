@@ -333,11 +333,17 @@ DECODE_BF16_TILE_M = 128
 DECODE_BF16_TILE_K = 2048
 
 
+def _narrow_fits(p: Problem, bw: int) -> bool:
+    """Whether ``bw``-row weight tiles x :data:`DECODE_NARROW_BM`-row activation tiles of ``p`` stay within
+    :data:`DECODE_NARROW_WAVES` per SM (:func:`decode_plan` then narrows the activation tile)."""
+    return cdiv(p.n, bw) * cdiv(p.m, DECODE_NARROW_BM) <= DECODE_NARROW_WAVES * p.sms
+
+
 def takes_decode(p: Problem) -> bool:
     """Whether dense problem ``p`` takes a swap-AB decode kernel (else the persistent-tile kernel)."""
     if p.m > DECODE_MAX_M:
         return False
-    wide = cdiv(p.n, DECODE_CONFIGS[0].bw) * cdiv(p.m, DECODE_NARROW_BM) > DECODE_NARROW_WAVES * p.sms
+    wide = not _narrow_fits(p, DECODE_CONFIGS[0].bw)
     return not (p.dtype == "bf16" and p.m > DECODE_BF16_TILE_M and p.k <= DECODE_BF16_TILE_K and wide)
 
 
@@ -418,7 +424,7 @@ def decode_plan(p: Problem, cfg: DecodeConfig) -> DecodePlan:
     64 tiles at 1x4096x7168 took 29.3 us in 8 splits and 42.5 us in 2.
     """
     bm = cfg.tile_m(p.m, p.dtype)
-    if bm > DECODE_NARROW_BM and cdiv(p.n, cfg.bw) * cdiv(p.m, DECODE_NARROW_BM) <= DECODE_NARROW_WAVES * p.sms:
+    if bm > DECODE_NARROW_BM and _narrow_fits(p, cfg.bw):
         bm = DECODE_NARROW_BM
     num_m, num_n = cdiv(p.m, bm), cdiv(p.n, cfg.bw)
     step = cfg.step_k(p.dtype)
