@@ -4,13 +4,16 @@ Two measurements, one table each:
 
 * ``--stub`` (any machine, no GPU needed): the public call runs through the ``cutile`` backend's host path
   (bind, checks, backend choice, plan lookup, launch arguments) on CPU tensors, with ``cuda.tile.launch``
-  replaced by a no-op. That is the Python cost of a call, stage by stage, beside a 1x8x8 ``torch.mm`` on
-  the CPU (the host cost of one small torch op on this machine, as a yardstick).
+  replaced by a no-op. That is the Python cost of a call, stage by stage (``public_us`` with the registry's
+  hot lane, ``full_path_us`` without it), beside a 1x8x8 ``torch.mm`` on the CPU (the host cost of one
+  small torch op on this machine, as a yardstick).
 * default (a CUDA machine): back-to-back calls of a tiny problem (the kernel takes a few microseconds, so a
   loop of calls without synchronisation runs at the host's pace): per-call time of tilegemm, ``torch.matmul``
   (and DeepGEMM when its loader finds it) minus their CUDA-graph replay time (kernel only) = host time above
-  the kernel. tilegemm's is split into ``python_us`` (the call with ``cuda.tile.launch`` a no-op) and
-  ``ct_launch_us`` (``cuda.tile.launch`` alone on the arguments the call passed it).
+  the kernel. tilegemm's is split into ``python_us`` (the call with ``cuda.tile.launch`` a no-op;
+  ``python_full_path_us`` with the hot lane off) and ``ct_launch_us`` (``cuda.tile.launch`` alone on the
+  arguments the call passed it). A second table times ``cuda.tile.launch`` alone on trivial kernels with
+  1 array, 5 arrays, and a dense GEMM's parameter list, and ``launch.current_stream()``.
 
     PYTHONPATH=src python3 tests/benchmark/host_overhead.py --stub
     PYTHONPATH=src python3 tests/benchmark/host_overhead.py --out $OUT/host.json
@@ -27,6 +30,7 @@ import types
 from collections.abc import Callable
 from unittest import mock
 
+import cuda.tile as ct
 import torch
 
 import tilegemm as tg
@@ -73,8 +77,6 @@ def _stub_cases(a, b, d, a8, b8) -> dict[str, tuple]:
 
 def stub_table(calls: int) -> list[dict]:
     """Python host path per call, with the launch stubbed (CPU tensors through the cutile host path)."""
-    import cuda.tile as ct
-
     from tilegemm import config
     from tilegemm.backend import registry
     from tilegemm.ops import checks
@@ -108,6 +110,7 @@ def _stub_rows(calls: int, checks, registry) -> list[dict]:
                     op=op,
                     shape=[m, n, k],
                     public_us=_per_call_us(call, calls),
+                    full_path_us=_full_path_us(call, calls, registry),
                     check_us=_per_call_us(lambda: check(*args), calls),  # noqa: B023
                     backend_us=_per_call_us(lambda: impl(**derived), calls),  # noqa: B023
                 )
@@ -117,6 +120,13 @@ def _stub_rows(calls: int, checks, registry) -> list[dict]:
     for row in rows:
         row["torch_mm_1x8x8_cpu_us"] = yardstick
     return rows
+
+
+def _full_path_us(call: Callable[[], object], calls: int, registry) -> float:
+    """:func:`_per_call_us` of ``call`` taking the full path every time: no backend offers a replay, so the
+    call computes its signature, misses, and is checked, dispatched and looked up as before the hot lane."""
+    with mock.patch.object(registry, "_REPLAYS", {}), mock.patch.object(registry, "_HOT", {}):
+        return _per_call_us(call, calls)
 
 
 def gpu_table(calls: int) -> list[dict]:
@@ -150,8 +160,11 @@ def gpu_table(calls: int) -> list[dict]:
 
 def _split_launch(fn: Callable[[], object], calls: int) -> dict:
     """The host time of a tilegemm call split in two: ``python_us`` (the call with ``cuda.tile.launch`` a no-op)
-    and ``ct_launch_us`` (``cuda.tile.launch`` alone, replaying the arguments the call passed it)."""
+    and ``ct_launch_us`` (``cuda.tile.launch`` alone, replaying the arguments the call passed it); and
+    ``python_full_path_us``, the Python time with the registry's hot lane off (checks and plan lookup per call)."""
     import cuda.tile as ct
+
+    from tilegemm.backend import registry
 
     launches = []
     real = ct.launch
@@ -159,8 +172,61 @@ def _split_launch(fn: Callable[[], object], calls: int) -> dict:
         fn()
     with mock.patch.object(ct, "launch", lambda *args: None):
         python_us = _per_call_us(fn, calls)
+        python_full_us = _full_path_us(fn, calls, registry)
     ct_launch_us = _per_call_us(lambda: [real(*args) for args in launches], calls, sync=torch.cuda.synchronize)
-    return dict(python_us=python_us, ct_launch_us=ct_launch_us, launches_per_call=len(launches))
+    return dict(
+        python_us=python_us,
+        python_full_path_us=python_full_us,
+        ct_launch_us=ct_launch_us,
+        launches_per_call=len(launches),
+    )
+
+
+ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
+
+
+def _store_one(X):
+    """A kernel of one array parameter (each launch table kernel does only this one store)."""
+    ct.store(X, (0,), ct.zeros((16,), dtype=ct.float32))
+
+
+def _store_five(X, A, B, C, D):
+    """Five array parameters."""
+    ct.store(X, (0,), ct.zeros((16,), dtype=ct.float32))
+
+
+def _store_gemm_like(
+    X, A, B, C, D, f1: float, f2: float, i1: int, i2: int, i3: int,
+    c1: ConstInt, c2: ConstInt, c3: ConstInt, c4: ConstInt, b1: ConstBool, b2: ConstBool, b3: ConstBool, b4: ConstBool,
+):  # fmt: skip
+    """A dense GEMM kernel's parameter list: five arrays, two floats, three ints, eight constants."""
+    ct.store(X, (0,), ct.zeros((16,), dtype=ct.float32))
+
+
+def launch_table(calls: int) -> list[dict]:
+    """``cuda.tile.launch`` alone on three trivial kernels that differ only in their parameters (1 array;
+    5 arrays; a dense GEMM's list), and :func:`tilegemm.ops.cutile.launch.current_stream`."""
+    from tilegemm.ops.cutile import launch
+
+    x = torch.zeros(16, device="cuda")
+    others = [torch.zeros(64, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+    cases = {
+        "1 array": (_store_one, (x,)),
+        "5 arrays": (_store_five, (x, *others)),
+        "5 arrays, 5 scalars, 8 constants": (
+            _store_gemm_like,
+            (x, *others, 1.0, 0.0, 7168, 0, 1, 128, 128, 64, 8, True, True, False, False),
+        ),
+    }
+    stream = launch.current_stream()
+    rows = []
+    for name, (body, args) in cases.items():
+        kernel = ct.kernel(body)
+        us = _per_call_us(lambda: ct.launch(stream, (1, 1, 1), kernel, args), calls, sync=torch.cuda.synchronize)  # noqa: B023
+        rows.append(dict(kernel=name, ct_launch_us=us))
+    rows.append(dict(kernel="launch.current_stream()", ct_launch_us=_per_call_us(launch.current_stream, calls)))
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -169,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calls", type=int, default=20000, help="calls per timed loop")
     parser.add_argument("--out", help="write the rows as JSON here")
     args = parser.parse_args(argv)
-    rows = stub_table(args.calls) if args.stub else gpu_table(args.calls)
+    rows = stub_table(args.calls) if args.stub else gpu_table(args.calls) + launch_table(args.calls)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(date=time.strftime("%Y-%m-%d %H:%M"), stub=args.stub, rows=rows), f, indent=1)

@@ -437,3 +437,33 @@ def test_decode_streams_and_plan_cache():
     torch.cuda.synchronize()
     for d, ref in outs:
         assert calc_diff(d, ref) < BAR_BF16
+
+
+@pytest.mark.parametrize("shape", [(8, 2112, 7168), (333, 777, 1000)], ids=_sid)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kind", ["bf16", "fp8"])
+def test_hot_lane_fresh_inputs(kind, layout, shape):
+    """Repeated calls of one signature (the registry's hot lane replays them) on fresh tensors each time, with
+    and without an addend, ``c`` being ``d`` on the first call and a separate tensor on the next ones."""
+    from tilegemm.backend import registry
+
+    m, n, k = shape
+    for seed in range(3):
+        if kind == "bf16":
+            a_log, b_log, a, b = _bf16_case(layout, m, n, k, seed=40 + seed)
+            exact = a_log.double() @ b_log.double().T
+            op, bar = getattr(tg, f"bf16_gemm_{layout}"), BAR_BF16
+        else:
+            a, b, deq_a, deq_b, _, _ = _fp8_case(layout, (1, 128, 128), m, n, k, seed=40 + seed)
+            exact = deq_a @ deq_b.T
+            op, bar = getattr(tg, f"fp8_gemm_{layout}"), BAR_FP8_EXACT[torch.float32]
+        d = poisoned((m, n), torch.float32, "cuda")
+        assert op(a, b, d) is d
+        assert calc_diff(d, exact) < bar
+        c = d.clone() if seed else d  # c is d first, then a separate tensor with the same metadata
+        addend = 0.5 * c.double()
+        if seed:
+            d = poisoned((m, n), torch.float32, "cuda")
+        op(a, b, d, c, alpha=1.0, beta=0.5)
+        assert calc_diff(d, exact + addend) < bar
+    assert ("cutile", f"{kind}_{layout}") in {(backend, key[0]) for backend, key in registry._HOT}

@@ -19,6 +19,14 @@ A call flows one way::
 * Dispatch decisions (which backend ran, why a call fell back) are logged at DEBUG level to the
   ``tilegemm.dispatch`` logger; ``TILEGEMM_DEBUG=1`` sets the ``tilegemm`` logger to DEBUG and gives it
   a stderr handler if it has none.
+
+The hot lane. A stub may also give ``signature=fn``: ``fn(*values)`` (the call's arguments in the stub's
+parameter order) returns ``(key, operands)`` or ``None``. The key must hold everything the check and the
+backend read from the call (tensor metadata, scalar values, settings), so that a key which passed them once
+passes them again. A backend may register, with ``@register_replay(name, backend)``, a factory that turns a
+call it has just run (its bound and derived arguments) into ``replay(*operands)``, the same work without
+the checks or the plan lookup. A later call with the same key whose backend (``backend=`` or the current
+choice) is the one that ran it runs the replay directly. :func:`clear_hot_lane` forgets every replay.
 """
 
 from __future__ import annotations
@@ -45,6 +53,8 @@ _BACKEND_MODULES = {"pytorch": "tilegemm.ops.reference", "cutile": "tilegemm.ops
 _STUBS: dict[str, inspect.Signature] = {}
 _IMPLS: dict[str, dict[str, Callable[..., Any]]] = {}
 _IMPORT_ERRORS: dict[str, str] = {}
+_REPLAYS: dict[tuple[str, str], Callable[[dict[str, Any], dict[str, Any]], Callable[..., Any] | None]] = {}
+_HOT: dict[tuple[str, tuple], Callable[..., Any]] = {}  # (backend, signature key) -> replay
 _WARNED: set[tuple[str, str]] = set()
 _LOCK = threading.Lock()
 _loaded = False
@@ -104,6 +114,28 @@ def register_impl(name: str, backend: str) -> Callable[[F], F]:
     return decorator
 
 
+def register_replay(name: str, backend: str) -> Callable[[F], F]:
+    """Register ``factory(bound, derived)`` as backend ``backend``'s hot-lane replay of op ``name``.
+
+    After a call of ``name`` has run on ``backend`` (no fallback), the factory gets the call's bound
+    arguments (as the stub's signature names them) and what its check derived, and returns
+    ``replay(*operands)`` (``operands`` as the op's signature function gives them) or ``None``. The replay
+    must do what the backend implementation did for every call with the same signature key.
+    """
+    selector.validate_backend_name(backend)
+
+    def decorator(factory: F) -> F:
+        _REPLAYS[(name, backend)] = factory
+        return factory
+
+    return decorator
+
+
+def clear_hot_lane() -> None:
+    """Forget every hot-lane replay (``tilegemm.ops.cutile.launch.clear_plans`` calls it with the plans)."""
+    _HOT.clear()
+
+
 def _off_cuda(value: Any) -> bool:
     """True if ``value`` is, or (in tuples and lists) holds, a tensor that is not on a CUDA device."""
     import torch
@@ -155,6 +187,11 @@ def reset_fallback_warnings() -> None:
 
 def call_backend(name: str, backend: str, arguments: dict[str, Any]) -> Any:
     """Run op ``name`` on ``backend`` with bound ``arguments``, falling back to ``pytorch``."""
+    return _run(name, backend, arguments)[0]
+
+
+def _run(name: str, backend: str, arguments: dict[str, Any]) -> tuple[Any, str]:
+    """:func:`call_backend`, and the backend that ran."""
     _load_backends()
     if backend != "pytorch":
         reason = _unavailable_reason(name, backend, arguments)
@@ -167,7 +204,7 @@ def call_backend(name: str, backend: str, arguments: dict[str, Any]) -> Any:
                         result = _IMPLS[name][backend](**arguments)
                 if _debug_enabled():
                     log.debug("%s -> %s", name, backend)
-                return result
+                return result, backend
             except Unsupported as exc:
                 reason = str(exc)
         _fall_back(name, backend, reason)
@@ -176,7 +213,7 @@ def call_backend(name: str, backend: str, arguments: dict[str, Any]) -> Any:
     elif _debug_enabled():
         log.debug("%s -> pytorch", name)
     with _stream_context(arguments):
-        return _IMPLS[name]["pytorch"](**arguments)
+        return _IMPLS[name]["pytorch"](**arguments), "pytorch"
 
 
 def _fast_binder(name: str, signature: inspect.Signature) -> Callable[[tuple, dict], dict[str, Any]]:
@@ -220,35 +257,95 @@ def _fast_binder(name: str, signature: inspect.Signature) -> Callable[[tuple, di
     return bind
 
 
-def dispatch(name: str, *, check: Callable[..., None] | None = None) -> Callable[[F], F]:
+def _choose(backend: str | None) -> str:
+    """The backend a call runs on: its ``backend=``, else the current choice."""
+    return selector.validate_backend_name(backend) if backend is not None else selector.get_current_backend()
+
+
+def _flattener(signature: inspect.Signature) -> Callable[[tuple, dict], tuple | None]:
+    """``(args, kwargs) -> values``: a call's arguments as one tuple in the stub's parameter order, defaults
+    filled in, or ``None`` for a call it does not take (a required argument given by keyword, an unknown or
+    repeated name): such a call takes the full path, which binds it or raises."""
+    names = tuple(signature.parameters)
+    index = {n: i for i, n in enumerate(names)}
+    defaults = tuple(p.default for p in signature.parameters.values())
+    required = sum(p.default is inspect.Parameter.empty for p in signature.parameters.values())
+    positional = sum(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in signature.parameters.values())
+
+    def flat(args: tuple, kwargs: dict) -> tuple | None:
+        given = len(args)
+        if given < required or given > positional:
+            return None
+        if not kwargs:
+            return args + defaults[given:]
+        values = [*args, *defaults[given:]]
+        for key, value in kwargs.items():
+            i = index.get(key)
+            if i is None or i < given:
+                return None
+            values[i] = value
+        return tuple(values)
+
+    return flat
+
+
+def dispatch(
+    name: str,
+    *,
+    check: Callable[..., Any] | None = None,
+    signature: Callable[..., tuple[tuple, tuple] | None] | None = None,
+) -> Callable[[F], F]:
     """Turn ``stub`` into public op ``name``: bind, check, route to a backend.
 
     The returned function has the stub's signature plus a keyword-only ``backend``
     (``None``, ``"cutile"`` or ``"pytorch"``). ``check`` receives every bound argument by
     keyword and raises ``TypeError``/``ValueError`` for bad input before any backend runs; when
     it returns a dict, the backend implementation is called with that dict instead.
+    ``signature`` opens the hot lane for the op (see the module docstring).
     """
 
     def decorator(stub: F) -> F:
-        signature = inspect.signature(stub)
-        _STUBS[name] = signature
-        bind = _fast_binder(name, signature)
+        stub_signature = inspect.signature(stub)
+        _STUBS[name] = stub_signature
+        bind = _fast_binder(name, stub_signature)
+        flat = _flattener(stub_signature) if signature is not None else None
 
         @functools.wraps(stub)
         def wrapper(*args: Any, backend: str | None = None, **kwargs: Any) -> Any:
-            arguments = bind(args, kwargs)
+            hot_key = chosen = None
+            if flat is not None:
+                try:
+                    chosen = _choose(backend)
+                except ValueError:  # raised again, in its turn, by the full path
+                    chosen = None
+                values = flat(args, kwargs) if (name, chosen) in _REPLAYS else None
+                found = signature(*values) if values is not None else None
+                if found is not None:
+                    hot_key = (chosen, found[0])
+                    replay = _HOT.get(hot_key)
+                    if replay is not None:
+                        if log.isEnabledFor(logging.DEBUG):
+                            log.debug("%s -> %s (hot lane)", name, chosen)
+                        return replay(*found[1])
+            bound = arguments = bind(args, kwargs)
             if check is not None:
                 derived = check(**arguments)
                 if derived is not None:
                     arguments = derived
-            chosen = selector.validate_backend_name(backend) if backend is not None else selector.get_current_backend()
-            return call_backend(name, chosen, arguments)
+            if chosen is None:
+                chosen = _choose(backend)
+            result, ran = _run(name, chosen, arguments)
+            if hot_key is not None and ran == chosen:
+                replay = _REPLAYS[(name, ran)](bound, arguments)
+                if replay is not None:
+                    _HOT[hot_key] = replay
+            return result
 
         params = [
-            *signature.parameters.values(),
+            *stub_signature.parameters.values(),
             inspect.Parameter("backend", inspect.Parameter.KEYWORD_ONLY, default=None),
         ]
-        wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        wrapper.__signature__ = stub_signature.replace(parameters=params)  # type: ignore[attr-defined]
         wrapper.op_name = name  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
 

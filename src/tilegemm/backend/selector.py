@@ -154,7 +154,7 @@ def get_current_backend() -> str:
     env = env_choice(BACKEND, BACKENDS)
     if env is not None:
         return env
-    return "cutile" if is_backend_available("cutile") else "pytorch"
+    return "cutile" if cutile_unavailable_reason() is None else "pytorch"
 
 
 class use_backend(contextlib.AbstractContextManager):  # noqa: N801 - a function-like public name

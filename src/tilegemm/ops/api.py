@@ -88,7 +88,11 @@ def _doc(template: str, layout: str) -> str:
 # ---------------------------------------------------------------------------- dense BF16
 
 
-@dispatch("bf16_gemm_nt", check=checks.dense_gemm_check("nt", fp8=False))
+@dispatch(
+    "bf16_gemm_nt",
+    check=checks.dense_gemm_check("nt", fp8=False),
+    signature=checks.dense_gemm_signature("nt", fp8=False),
+)
 def bf16_gemm_nt(
     a: Tensor,
     b: Tensor,
@@ -102,7 +106,11 @@ def bf16_gemm_nt(
 ) -> Tensor: ...
 
 
-@dispatch("bf16_gemm_nn", check=checks.dense_gemm_check("nn", fp8=False))
+@dispatch(
+    "bf16_gemm_nn",
+    check=checks.dense_gemm_check("nn", fp8=False),
+    signature=checks.dense_gemm_signature("nn", fp8=False),
+)
 def bf16_gemm_nn(
     a: Tensor,
     b: Tensor,
@@ -116,7 +124,11 @@ def bf16_gemm_nn(
 ) -> Tensor: ...
 
 
-@dispatch("bf16_gemm_tn", check=checks.dense_gemm_check("tn", fp8=False))
+@dispatch(
+    "bf16_gemm_tn",
+    check=checks.dense_gemm_check("tn", fp8=False),
+    signature=checks.dense_gemm_signature("tn", fp8=False),
+)
 def bf16_gemm_tn(
     a: Tensor,
     b: Tensor,
@@ -130,7 +142,11 @@ def bf16_gemm_tn(
 ) -> Tensor: ...
 
 
-@dispatch("bf16_gemm_tt", check=checks.dense_gemm_check("tt", fp8=False))
+@dispatch(
+    "bf16_gemm_tt",
+    check=checks.dense_gemm_check("tt", fp8=False),
+    signature=checks.dense_gemm_signature("tt", fp8=False),
+)
 def bf16_gemm_tt(
     a: Tensor,
     b: Tensor,
@@ -170,7 +186,11 @@ cublaslt_gemm_tt = _cublaslt_stub("tt")
 # ----------------------------------------------------------------------------- dense FP8
 
 
-@dispatch("fp8_fp4_gemm_nt", check=checks.dense_gemm_check("nt", fp8=True))
+@dispatch(
+    "fp8_fp4_gemm_nt",
+    check=checks.dense_gemm_check("nt", fp8=True),
+    signature=checks.dense_gemm_signature("nt", fp8=True),
+)
 def fp8_fp4_gemm_nt(
     a: FP8Operand,
     b: FP8Operand,
@@ -188,7 +208,11 @@ def fp8_fp4_gemm_nt(
 ) -> Tensor: ...
 
 
-@dispatch("fp8_fp4_gemm_nn", check=checks.dense_gemm_check("nn", fp8=True))
+@dispatch(
+    "fp8_fp4_gemm_nn",
+    check=checks.dense_gemm_check("nn", fp8=True),
+    signature=checks.dense_gemm_signature("nn", fp8=True),
+)
 def fp8_fp4_gemm_nn(
     a: FP8Operand,
     b: FP8Operand,
@@ -206,7 +230,11 @@ def fp8_fp4_gemm_nn(
 ) -> Tensor: ...
 
 
-@dispatch("fp8_fp4_gemm_tn", check=checks.dense_gemm_check("tn", fp8=True))
+@dispatch(
+    "fp8_fp4_gemm_tn",
+    check=checks.dense_gemm_check("tn", fp8=True),
+    signature=checks.dense_gemm_signature("tn", fp8=True),
+)
 def fp8_fp4_gemm_tn(
     a: FP8Operand,
     b: FP8Operand,
@@ -224,7 +252,11 @@ def fp8_fp4_gemm_tn(
 ) -> Tensor: ...
 
 
-@dispatch("fp8_fp4_gemm_tt", check=checks.dense_gemm_check("tt", fp8=True))
+@dispatch(
+    "fp8_fp4_gemm_tt",
+    check=checks.dense_gemm_check("tt", fp8=True),
+    signature=checks.dense_gemm_signature("tt", fp8=True),
+)
 def fp8_fp4_gemm_tt(
     a: FP8Operand,
     b: FP8Operand,

@@ -395,6 +395,94 @@ def dense_gemm_check(layout: str, fp8: bool) -> Callable[..., dict[str, Any]]:
     return check
 
 
+# The hot lane (see tilegemm.backend.registry): a signature holds everything a check and a launch plan read
+# from a call, so that a signature which passed once passes again. Only the canonical dtypes and 16-byte
+# aligned tensors take it (the fp16/fp32 operands that allow_float_operands admits depend on a thread-local
+# setting, not on the call). Written for speed: it runs on every call.
+
+
+def _hot_tensor(x: Any, dtypes: Sequence[torch.dtype]) -> tuple | None:
+    """Tensor ``x``'s part of a signature: shape, strides, dtype, device (``None``: not a 16-byte aligned
+    tensor of ``dtypes``)."""
+    if not isinstance(x, torch.Tensor) or x.dtype not in dtypes or x.data_ptr() & 15:
+        return None
+    return (x.shape, x.stride(), x.dtype, x.get_device())
+
+
+def _hot_ints(x: Any) -> bool:
+    """True for ``None`` or a tuple of ints (a recipe the signature may hold as it is)."""
+    return x is None or (type(x) is tuple and all(type(v) is int for v in x))
+
+
+def dense_gemm_signature(layout: str, fp8: bool) -> Callable[..., tuple[tuple, tuple] | None]:
+    """The hot-lane signature of ``{bf16,fp8_fp4}_gemm_<layout>``: ``(key, (a, b, d, c, alpha, beta))`` with
+    ``a``/``b`` in the logical ``nt`` form :func:`dense_gemm_check` derives, or ``None`` (the full path).
+
+    The key holds the shape, strides, dtype and device of every tensor, ``alpha``, ``beta``, the recipe
+    arguments and the ``set_num_sms`` setting. Calls with a ``stream``, non-float ``alpha``/``beta``, an
+    output that requires grad, a tensor not 16-byte aligned, or operands of other than the canonical dtypes
+    take the full path.
+    """
+    flip_a, flip_b = LAYOUTS[layout]
+    tag = f"{'fp8' if fp8 else 'bf16'}_{layout}"
+    tensor, bf16, fp32, fp8_dtype = torch.Tensor, torch.bfloat16, torch.float32, FP8
+
+    def output(d, c, alpha, beta, stream) -> tuple | None:
+        """The key's part for ``d``, ``c``, ``alpha``, ``beta`` (``stream`` must be ``None``)."""
+        if stream is not None or type(alpha) is not float or type(beta) is not float or not isinstance(d, tensor):
+            return None
+        dtype = d.dtype
+        if (dtype is not bf16 and dtype is not fp32) or d.requires_grad or d.data_ptr() & 15:
+            return None
+        kc = None
+        if c is not None:
+            kc = _hot_tensor(c, OUT_DTYPES)
+            if kc is None:
+                return None
+        return (dtype, d.shape, d.stride(), d.get_device(), kc, alpha, beta, config._num_sms)
+
+    def bf16_call(a, b, d, c, compiled_dims, alpha, beta, stream):
+        if not (isinstance(a, tensor) and isinstance(b, tensor)) or a.dtype is not bf16 or b.dtype is not bf16:
+            return None
+        rest = output(d, c, alpha, beta, stream)
+        if rest is None or (a.data_ptr() | b.data_ptr()) & 15 or type(compiled_dims) is not str:
+            return None
+        key = (tag, a.shape, a.stride(), a.get_device(), b.shape, b.stride(), b.get_device(), rest)
+        return key, (_t(a, flip_a), _t(b, flip_b), d, c, alpha, beta)
+
+    def fp8_call(a, b, d, c, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast, alpha, beta, stream):
+        if type(a) is not tuple or type(b) is not tuple or len(a) != 2 or len(b) != 2:
+            return None
+        (x, sx), (y, sy) = a, b
+        if not (isinstance(x, tensor) and isinstance(sx, tensor) and isinstance(y, tensor) and isinstance(sy, tensor)):
+            return None
+        if x.dtype is not fp8_dtype or y.dtype is not fp8_dtype or sx.dtype is not fp32 or sy.dtype is not fp32:
+            return None
+        rest = output(d, c, alpha, beta, stream)
+        if rest is None or (x.data_ptr() | sx.data_ptr() | y.data_ptr() | sy.data_ptr()) & 15:
+            return None
+        if type(compiled_dims) is not str or type(disable_ue8m0_cast) is not bool:
+            return None
+        if not (_hot_ints(recipe) and _hot_ints(recipe_a) and _hot_ints(recipe_b)):
+            return None
+        key = (
+            tag,
+            (x.shape, x.stride(), x.get_device(), sx.shape, sx.stride(), sx.get_device()),
+            (y.shape, y.stride(), y.get_device(), sy.shape, sy.stride(), sy.get_device()),
+            rest,
+            recipe,
+            recipe_a,
+            recipe_b,
+        )
+        if flip_a:
+            a = (_t(x, True), _t(sx, True))
+        if flip_b:
+            b = (_t(y, True), _t(sy, True))
+        return key, (a, b, d, c, alpha, beta)
+
+    return fp8_call if fp8 else bf16_call
+
+
 def skip_head_mid_check(
     a, b, d, head_splits, recipe=None, compiled_dims="nk", disable_ue8m0_cast=False, *, stream=None
 ) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from typing import Any
 import cuda.tile as ct
 import torch
 
-from tilegemm.backend.registry import Unsupported, register_impl
+from tilegemm.backend.registry import Unsupported, register_impl, register_replay
 from tilegemm.ops.common import write_head_splits
 from tilegemm.ops.cutile import decode, heuristics, launch
 
@@ -325,10 +325,9 @@ def _apply(fn: Callable | None, x: torch.Tensor) -> torch.Tensor:
 
 
 def _addend_fn(d: torch.Tensor, c: torch.Tensor | None) -> Callable[[torch.Tensor, Any], torch.Tensor]:
-    """``(d, c) -> C array``: ``d`` without a ``c`` (not read) or when ``c`` is ``d``, else ``c`` row-major."""
+    """``(d, c) -> C array``: ``d`` without a ``c`` (not read), else ``c`` itself when TMA can read it, else a
+    row-major copy. It depends on ``c``'s metadata only (the plan key), never on whether ``c`` is ``d``."""
     if c is None:
-        return lambda dd, cc: dd
-    if c.data_ptr() == d.data_ptr() and c.stride() == d.stride():
         return lambda dd, cc: dd
     if launch.tma_ready(c):
         return lambda dd, cc: cc
@@ -454,12 +453,15 @@ def bf16_gemm(
     ``config`` overrides the heuristic choice (benchmarks, tests): a ``DenseConfig`` forces the
     persistent-tile kernel, a ``DecodeConfig`` the swap-AB decode kernel.
     """
-    has_c = _has_c(c, beta)
-    tk = launch.tensor_key
-    key = ("bf16", layout, tk(a), tk(b), tk(d), tk(c) if has_c else None, config, launch.sms_key(d.device))
-    run = launch.cached_plan(key, _bf16_plan, layout, a, b, d, c if has_c else None, config)
-    run(a, b, d, c, alpha, beta)
+    bf16_plan(layout, a, b, d, c if _has_c(c, beta) else None, config)(a, b, d, c, alpha, beta)
     return d
+
+
+def bf16_plan(layout: str, a, b, d, c, config=None) -> Runner:
+    """The cached launch plan of a BF16 call (``c``: ``None`` when it is not read): ``run(a, b, d, c, alpha, beta)``."""
+    tk = launch.tensor_key
+    key = ("bf16", layout, tk(a), tk(b), tk(d), None if c is None else tk(c), config, launch.sms_key(d.device))
+    return launch.cached_plan(key, _bf16_plan, layout, a, b, d, c, config)
 
 
 def _bf16_plan(layout: str, a, b, d, c, config) -> Runner:
@@ -537,9 +539,13 @@ def fp8_gemm(
     or [N, K/128]) and ``recipe`` is resolved (the checks do both). Non-K-major operands are copied to
     K-major (Hopper FP8 MMAs read K-major data only). ``config`` as in :func:`bf16_gemm`.
     """
-    has_c = _has_c(c, beta)
-    a_data, sa = a
-    b_data, sb = b
+    fp8_plan(layout, a, b, d, c if _has_c(c, beta) else None, recipe, config)(a, b, d, c, alpha, beta)
+    return d
+
+
+def fp8_plan(layout: str, a, b, d, c, recipe, config=None) -> Runner:
+    """The cached launch plan of an FP8 call (``c``: ``None`` when it is not read): ``run(a, b, d, c, alpha, beta)``."""
+    (a_data, sa), (b_data, sb) = a, b
     tk = launch.tensor_key
     key = (
         "fp8",
@@ -549,14 +555,12 @@ def fp8_gemm(
         tk(b_data),
         tk(sb),
         tk(d),
-        tk(c) if has_c else None,
+        None if c is None else tk(c),
         None if recipe is None else tuple(recipe),
         config,
         launch.sms_key(d.device),
     )
-    run = launch.cached_plan(key, _fp8_plan, layout, a_data, sa, b_data, sb, d, c if has_c else None, recipe, config)
-    run(a, b, d, c, alpha, beta)
-    return d
+    return launch.cached_plan(key, _fp8_plan, layout, a_data, sa, b_data, sb, d, c, recipe, config)
 
 
 def _fp8_plan(layout: str, a_data, sa, b_data, sb, d, c, recipe, config) -> Runner:
@@ -613,6 +617,26 @@ def _fp8_gemm(a, b, d, c, recipe, alpha, beta, stream):
     return fp8_gemm("nt", a, b, d, c, alpha, beta, recipe)
 
 
+def _replay(plan: Runner) -> Callable[..., torch.Tensor]:
+    """The hot-lane replay of a dense call whose plan is ``plan`` (operands in the logical ``nt`` form)."""
+
+    def replay(a, b, d, c, alpha, beta) -> torch.Tensor:
+        plan(a, b, d, c, alpha, beta)
+        return d
+
+    return replay
+
+
+def _bf16_replay(bound: dict[str, Any], derived: dict[str, Any]) -> Callable[..., torch.Tensor]:
+    a, b, d, c, beta = (derived[key] for key in ("a", "b", "d", "c", "beta"))
+    return _replay(bf16_plan("nt", a, b, d, c if _has_c(c, beta) else None))
+
+
+def _fp8_replay(bound: dict[str, Any], derived: dict[str, Any]) -> Callable[..., torch.Tensor]:
+    a, b, d, c, beta, recipe = (derived[key] for key in ("a", "b", "d", "c", "beta", "recipe"))
+    return _replay(fp8_plan("nt", a, b, d, c if _has_c(c, beta) else None, recipe))
+
+
 @register_impl("fp8_gemm_nt_skip_head_mid", "cutile")
 def _fp8_gemm_skip_head_mid(a, b, d, head_splits, recipe, stream):
     """The FP8 ``nt`` GEMM into a temporary [M, N] of ``d``'s dtype, then placed around each head's gap."""
@@ -624,4 +648,6 @@ def _fp8_gemm_skip_head_mid(a, b, d, head_splits, recipe, stream):
 for _layout in ("nt", "nn", "tn", "tt"):
     register_impl(f"bf16_gemm_{_layout}", "cutile")(_bf16_gemm)
     register_impl(f"fp8_fp4_gemm_{_layout}", "cutile")(_fp8_gemm)
+    register_replay(f"bf16_gemm_{_layout}", "cutile")(_bf16_replay)
+    register_replay(f"fp8_fp4_gemm_{_layout}", "cutile")(_fp8_replay)
 del _layout

@@ -16,6 +16,7 @@ import cuda.tile as ct
 import torch
 
 from tilegemm import config
+from tilegemm.backend import registry
 from tilegemm.backend.registry import Unsupported
 from tilegemm.ops.common import cdiv
 
@@ -144,8 +145,10 @@ def cached_plan(key: tuple, build: Callable[..., Runner], *args: Any) -> Runner:
 
 
 def clear_plans() -> None:
-    """Forget every cached launch plan (after changing ``TILEGEMM_DECODE_VARIANT`` or the device)."""
+    """Forget every cached launch plan and hot-lane replay (after changing ``TILEGEMM_DECODE_VARIANT`` or the
+    device)."""
     _PLANS.clear()
+    registry.clear_hot_lane()
 
 
 def tensor_key(x: torch.Tensor) -> tuple:

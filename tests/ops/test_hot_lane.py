@@ -1,0 +1,240 @@
+"""The registry's hot lane: a call whose signature has run on a backend replays without checks or plan lookup.
+
+Registry level with a toy op (any machine), then the dense GEMMs' signatures and cutile replays with
+``cuda.tile.launch`` recorded instead of run (CPU tensors stand in for CUDA ones: only the host path is
+under test; the GPU tests run the same calls for real).
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+import tilegemm
+from tilegemm.backend import registry, selector
+from tilegemm.backend.registry import dispatch, register_impl, register_replay
+from tilegemm.ops import checks
+
+
+@pytest.fixture
+def hot_op(monkeypatch):
+    """A toy op with a signature (x's shape and scale) and a cutile replay; records checks, runs and replays."""
+    monkeypatch.setattr(selector, "cutile_unavailable_reason", lambda: None)
+    monkeypatch.setattr(registry, "_IMPORT_ERRORS", {})
+    monkeypatch.setattr(registry, "_off_cuda", lambda value: False)  # CPU tensors stand in for CUDA ones
+    monkeypatch.delenv("TILEGEMM_BACKEND", raising=False)
+    monkeypatch.setattr(registry, "_HOT", {})
+    log = []
+
+    def check(x, scale):
+        log.append("check")
+        if scale <= 0:
+            raise ValueError("scale must be positive")
+
+    def signature(x, scale):
+        if type(scale) is not float:
+            return None
+        return ("_hot_toy", x.shape, scale), (x, scale)
+
+    @dispatch("_hot_toy", check=check, signature=signature)
+    def toy(x: torch.Tensor, scale: float = 2.0) -> torch.Tensor: ...
+
+    @register_impl("_hot_toy", "pytorch")
+    def toy_pytorch(x, scale):
+        log.append("pytorch")
+        return x * scale
+
+    @register_impl("_hot_toy", "cutile")
+    def toy_cutile(x, scale):
+        log.append("cutile")
+        return x * -scale
+
+    @register_replay("_hot_toy", "cutile")
+    def toy_replay(bound, derived):
+        assert bound == derived == {"x": bound["x"], "scale": bound["scale"]}
+        log.append("replay built")
+
+        def replay(x, scale):
+            log.append("replay")
+            return x * -scale
+
+        return replay
+
+    yield toy, log
+    for table in (registry._STUBS, registry._IMPLS):
+        table.pop("_hot_toy")
+    registry._REPLAYS.pop(("_hot_toy", "cutile"))
+
+
+def test_second_call_of_a_signature_replays(hot_op):
+    toy, log = hot_op
+    x = torch.ones(3)
+    assert toy(x).tolist() == [-2.0] * 3
+    assert log == ["check", "cutile", "replay built"]
+    log.clear()
+    assert toy(x * 3, scale=2.0).tolist() == [-6.0] * 3  # same signature, by keyword: replayed with the new x
+    assert toy(x, 2.0, backend="cutile").tolist() == [-2.0] * 3  # an explicit backend= that matches
+    assert log == ["replay", "replay"]
+
+
+def test_new_signature_backend_or_unkeyed_call_takes_the_full_path(hot_op, monkeypatch):
+    toy, log = hot_op
+    toy(torch.ones(3))
+    log.clear()
+    toy(torch.ones(4))  # another shape: a new signature, checked then remembered
+    assert log == ["check", "cutile", "replay built"]
+    log.clear()
+    assert toy(torch.ones(3), backend="pytorch").tolist() == [2.0] * 3
+    with selector.use_backend("pytorch"):
+        toy(torch.ones(3))
+    monkeypatch.setenv("TILEGEMM_BACKEND", "pytorch")
+    toy(torch.ones(3))
+    monkeypatch.delenv("TILEGEMM_BACKEND")
+    assert log == ["check", "pytorch"] * 3  # the pytorch runs never make replays (none registered)
+    log.clear()
+    toy(torch.ones(3), 2)  # an int scale: no signature, the full path every time
+    toy(torch.ones(3), 2)
+    assert log == ["check", "cutile"] * 2
+
+
+def test_bad_input_is_never_replayed(hot_op):
+    toy, log = hot_op
+    toy(torch.ones(3), 1.0)
+    with pytest.raises(ValueError, match="positive"):
+        toy(torch.ones(3), -1.0)  # a different key (the scale is in it): checked
+    with pytest.raises(TypeError, match="_hot_toy"):
+        toy(torch.ones(3), 1.0, 5)  # cannot bind: the full path raises
+
+
+def test_clear_hot_lane(hot_op):
+    toy, log = hot_op
+    toy(torch.ones(3))
+    registry.clear_hot_lane()
+    log.clear()
+    toy(torch.ones(3))
+    assert log == ["check", "cutile", "replay built"]
+
+
+def test_flattener_follows_python_binding():
+    import inspect
+
+    def stub(a, b, c=1, *, k=2, s=None): ...
+
+    flat = registry._flattener(inspect.signature(stub))
+    assert flat((1, 2), {}) == (1, 2, 1, 2, None)
+    assert flat((1, 2, 3), {"s": 4}) == (1, 2, 3, 2, 4)
+    assert flat((1,), {"b": 2}) is None  # a required argument by keyword: the full path binds it
+    assert flat((1, 2), {"a": 1}) is None  # repeated
+    assert flat((1, 2), {"zz": 1}) is None  # unknown
+    assert flat((1, 2, 3, 4), {}) is None  # too many positionals
+
+
+# ------------------------------------------------------------------------------ dense GEMMs
+
+
+def _operands(m=8, n=16, k=256):
+    a = torch.randn(m, k).bfloat16()
+    b = torch.randn(n, k).bfloat16()
+    return a, b, torch.empty(m, n, dtype=torch.bfloat16)
+
+
+def test_dense_signature_refuses_what_it_cannot_vouch_for():
+    sig = checks.dense_gemm_signature("nt", fp8=False)
+    a, b, d = _operands()
+    key, operands = sig(a, b, d, None, "nk", 1.0, 1.0, None)
+    assert operands == (a, b, d, None, 1.0, 1.0)
+    assert sig(a, b, d, None, "nk", 1.0, 1.0, None)[0] == key  # same metadata, same key
+    assert sig(a.clone(), b.clone(), d.clone(), None, "nk", 1.0, 1.0, None)[0] == key  # new tensors
+    refused = {
+        "a stream": (a, b, d, None, "nk", 1.0, 1.0, object()),
+        "an int alpha": (a, b, d, None, "nk", 1, 1.0, None),
+        "a bool beta": (a, b, d, None, "nk", 1.0, True, None),
+        "an fp16 operand": (a.half(), b, d, None, "nk", 1.0, 1.0, None),
+        "an fp16 output": (a, b, d.half(), None, "nk", 1.0, 1.0, None),
+        "a misaligned operand": (torch.zeros(2049).bfloat16()[1:].view(8, 256), b, d, None, "nk", 1.0, 1.0, None),
+        "an output that requires grad": (a, b, d.float().requires_grad_(), None, "nk", 1.0, 1.0, None),
+        "a non-str compiled_dims": (a, b, d, None, 3, 1.0, 1.0, None),
+        "a non-tensor": (a.numpy, b, d, None, "nk", 1.0, 1.0, None),
+    }
+    for what, values in refused.items():
+        assert sig(*values) is None, what
+    other = [
+        sig(a[:4], b, d[:4], None, "nk", 1.0, 1.0, None)[0],  # shape
+        sig(a, b, d.float(), None, "nk", 1.0, 1.0, None)[0],  # output dtype
+        sig(a, b, d, d, "nk", 1.0, 1.0, None)[0],  # a c
+        sig(a, b, d, None, "nk", 1.0, 0.5, None)[0],  # beta
+        sig(torch.randn(256, 8).bfloat16().t(), b, d, None, "nk", 1.0, 1.0, None)[0],  # strides
+    ]
+    assert len({key, *other}) == 1 + len(other)
+
+
+def test_dense_signatures_give_the_checks_logical_form():
+    for layout, (flip_a, flip_b) in checks.LAYOUTS.items():
+        a, b, d = _operands()
+        a, b = (a.t().contiguous() if flip_a else a), (b.t().contiguous() if flip_b else b)
+        _, operands = checks.dense_gemm_signature(layout, fp8=False)(a, b, d, None, "nk", 1.0, 1.0, None)
+        derived = checks.dense_gemm_check(layout, fp8=False)(a, b, d)
+        for got, want in zip(operands[:2], (derived["a"], derived["b"])):
+            assert got.shape == want.shape and got.stride() == want.stride() and got.data_ptr() == want.data_ptr()
+        a8, b8 = tilegemm.per_token_cast_to_fp8(a.float()), tilegemm.per_block_cast_to_fp8(b.float())
+        if flip_a:
+            a8 = tuple(x.t().contiguous() for x in tilegemm.per_token_cast_to_fp8(a.t().float()))
+        if flip_b:
+            b8 = tuple(x.t().contiguous() for x in tilegemm.per_block_cast_to_fp8(b.t().float()))
+        sig8 = checks.dense_gemm_signature(layout, fp8=True)
+        _, operands = sig8(a8, b8, d, None, None, None, None, "nk", False, 1.0, 1.0, None)
+        derived = checks.dense_gemm_check(layout, fp8=True)(a8, b8, d)
+        for got, want in zip(operands[:2], (derived["a"], derived["b"])):
+            assert [(t.shape, t.stride()) for t in got] == [(t.shape, t.stride()) for t in want]
+        assert sig8(a8, b8, d, None, [1, 128, 128], None, None, "nk", False, 1.0, 1.0, None) is None  # a list
+        assert sig8(list(a8), b8, d, None, None, None, None, "nk", False, 1.0, 1.0, None) is None
+
+
+@pytest.fixture
+def recorded_launches(monkeypatch):
+    """The cutile host path on CPU tensors with ``cuda.tile.launch`` recorded instead of run."""
+    ct = pytest.importorskip("cuda.tile")
+    from tilegemm import config
+    from tilegemm.ops.cutile import launch
+
+    launches = []
+    monkeypatch.setattr(ct, "launch", lambda stream, grid, kernel, args: launches.append(args))
+    monkeypatch.setattr(launch, "current_stream", lambda: types.SimpleNamespace(cuda_stream=0))
+    monkeypatch.setattr(registry, "_unavailable_reason", lambda *args: None)
+    monkeypatch.setattr(config, "get_num_sms", lambda: 132)
+    monkeypatch.setattr(config, "_num_sms", 0)
+    launch.clear_plans()
+    yield launches
+    launch.clear_plans()
+
+
+def test_dense_calls_replay_with_the_new_tensors(recorded_launches, monkeypatch):
+    checked = []
+    original = checks._same_device
+    monkeypatch.setattr(checks, "_same_device", lambda tensors: checked.append(1) or original(tensors))
+    for call, fp8 in ((tilegemm.bf16_gemm_nt, False), (tilegemm.fp8_gemm_nt, True)):
+        recorded_launches.clear()
+        checked.clear()
+        for _ in range(3):
+            a, b, d = _operands()
+            if fp8:
+                a, b = tilegemm.per_token_cast_to_fp8(a.float()), tilegemm.per_block_cast_to_fp8(b.float())
+            assert call(a, b, d, backend="cutile") is d
+            data = (a[0], b[0]) if fp8 else (a, b)
+            launched = recorded_launches[-1]
+            assert any(x is d for x in launched)  # this call's output ...
+            assert {x.data_ptr() for x in data} <= {x.data_ptr() for x in launched if isinstance(x, torch.Tensor)}
+        assert len(checked) == 1  # ... and only the first call was checked
+        assert len(recorded_launches) == 3
+
+
+def test_plan_reads_c_not_d_after_a_call_where_c_was_d(recorded_launches):
+    """A plan is keyed by metadata only: one first built for ``c is d`` must read the next call's own ``c``."""
+    a, b, d = _operands()
+    tilegemm.bf16_gemm_nt(a, b, d, d, backend="cutile")
+    c = torch.randn_like(d)
+    tilegemm.bf16_gemm_nt(a, b, d, c, backend="cutile")
+    launched = recorded_launches[-1]
+    assert launched[2] is d and launched[3] is c  # (A, B, D, C, ...) of the kernel
