@@ -5,6 +5,7 @@ Run (from the repository root, no network needed)::
     PYTHONPATH=src python3 tests/benchmark/decode_variants.py [--quick] [--budget-s 270]
     PYTHONPATH=src python3 tests/benchmark/decode_variants.py --variants w64k256,w64k256/bm64,w64k256/bm64/s2,tile
     PYTHONPATH=src python3 tests/benchmark/decode_variants.py --ms 64,128,256 --variants w64k256/bm64,tile
+    PYTHONPATH=src python3 tests/benchmark/decode_variants.py --nk 2048x768,1536x2048 --variants w64k256/s4,w64k128
 
 For M in {1, 4, 16, 64, 128, 256} x (N, K) in {(7168, 2048), (4096, 7168), (2112, 7168),
 (24576, 1536)}, BF16 and FP8 (1x128 activation / 128x128 weight scales), NT, bf16 output:
@@ -223,7 +224,7 @@ def run(args) -> list[dict]:
 
     t0 = time.time()
     ms = args.ms or (QUICK_MS if args.quick else MS)
-    nks = QUICK_NK if args.quick else NK
+    nks = args.nk or (QUICK_NK if args.quick else NK)
     variants = _variants(args)
     default_name = heuristics.decode_config().name
     rows: list[dict] = []
@@ -320,6 +321,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="M in {1, 16, 128}, two (N, K)")
     p.add_argument("--ms", type=lambda v: tuple(int(m) for m in v.split(",")), help="the M values, e.g. 64,128,256")
+    p.add_argument(
+        "--nk",
+        type=lambda v: tuple(tuple(int(x) for x in nk.split("x")) for nk in v.split(",")),
+        help="the (N, K) pairs, e.g. 2048x768,1536x2048",
+    )
     p.add_argument("--budget-s", type=float, default=270.0, help="stop adding shapes after this many seconds")
     p.add_argument("--out", default=os.environ.get("OUT", "."), help="directory for decode.json (default $OUT)")
     p.add_argument(

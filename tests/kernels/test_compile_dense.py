@@ -73,10 +73,22 @@ def _decode_fp8_params(cfg, bm, splitk, *, sb_rows=False, has_c=False, out_dtype
     return [_A(ct.float8_e4m3fn, 2), _A(ct.float8_e4m3fn, 2), *scales, *_decode_head(out_dtype, splitk), *consts]
 
 
+def _decode_lean_params(dt, cfg, bm, *, a_kmajor=True, b_kmajor=True, sb_rows=False):
+    """The lean entry point's parameters: no C, W, CNT, beta, splits or per, nor the HAS_C/SPLITK constants."""
+    scalars = [aot.scalar(ct.float32), aot.scalar(ct.int32)]
+    if dt == "bf16":
+        consts = decode.bf16_constants(cfg, bm, a_kmajor=a_kmajor, b_kmajor=b_kmajor, has_c=False, splitk=False)
+        return [_A(ct.bfloat16, 2), _A(ct.bfloat16, 2), _A(ct.bfloat16, 2), *scalars, *consts[:-2]]
+    consts = decode.fp8_constants(cfg, bm, sb_rows=sb_rows, has_c=False, splitk=False)
+    scales = [_A(ct.float32, 2, contiguous_last=False), _A(ct.float32, 2, contiguous_last=False)]
+    return [_A(ct.float8_e4m3fn, 2), _A(ct.float8_e4m3fn, 2), *scales, _A(ct.bfloat16, 2), *scalars, *consts[:-2]]
+
+
 def _decode_variants():
     """Every decode variant at the narrowest and widest activation tile (split-K where it splits),
     plus the default variant's other cases: every activation tile width its ``tile_m`` can pick per dtype,
-    the [K, N] BF16 weight, the c epilogue with an fp32 d, the 1x128 FP8 weight scales."""
+    the [K, N] BF16 weight, the c epilogue with an fp32 d, the 1x128 FP8 weight scales. The lean entry
+    points (calls without c or split-K) at every tile width of the default and of the no-split variants."""
     out = []
     default = heuristics.decode_config()
     for cfg in heuristics.DECODE_CONFIGS:
@@ -88,6 +100,9 @@ def _decode_variants():
                 sk = cfg.splitk
                 tag = f"decode-{cfg.name}-bm{bm}" + ("-splitk" if sk else "")
                 out.append((f"{tag}-{dt}", dt, decode.get_kernel(dt, cfg, bm), params(cfg, bm, sk)))
+                if cfg is default or not sk:
+                    lean = decode.get_kernel(dt, cfg, bm, lean=True)
+                    out.append((f"decode-{cfg.name}-bm{bm}-lean-{dt}", dt, lean, _decode_lean_params(dt, cfg, bm)))
     bm = heuristics.DECODE_MIN_BM
     kb, kf = decode.get_kernel("bf16", default, bm), decode.get_kernel("fp8", default, bm)
     tag = f"decode-{default.name}-bm{bm}"
@@ -97,6 +112,9 @@ def _decode_variants():
     out.append((f"{tag}-bf16-c-f32", "bf16", kb, _decode_bf16_params(default, bm, True, **c32)))
     out.append((f"{tag}-fp8-1x128-c-f32", "fp8", kf, _decode_fp8_params(default, bm, True, sb_rows=True, **c32)))
     out.append((f"{tag}-fp8-1x128-nosplit", "fp8", kf, _decode_fp8_params(default, bm, False, sb_rows=True)))
+    lean_b, lean_f = decode.get_kernel("bf16", default, bm, lean=True), decode.get_kernel("fp8", default, bm, lean=True)
+    out.append((f"{tag}-lean-bf16-nn", "bf16", lean_b, _decode_lean_params("bf16", default, bm, b_kmajor=False)))
+    out.append((f"{tag}-lean-fp8-1x128", "fp8", lean_f, _decode_lean_params("fp8", default, bm, sb_rows=True)))
     return out
 
 
@@ -215,7 +233,14 @@ def _constraints(kernel, args):
     return out
 
 
-PLAN_CASES = [("bf16", 1, 4096, 7168), ("fp8", 4, 2112, 7168), ("fp8", 128, 7168, 2048), ("bf16", 300, 512, 512)]
+PLAN_CASES = [
+    ("bf16", 1, 4096, 7168),
+    ("fp8", 4, 2112, 7168),
+    ("fp8", 128, 7168, 2048),
+    ("bf16", 300, 512, 512),
+    ("bf16", 8, 256, 256),  # decode without split-K: the lean entry point
+    ("fp8", 8, 256, 256),
+]
 
 
 @pytest.mark.parametrize("kind,m,n,k", PLAN_CASES, ids=["-".join(map(str, c)) for c in PLAN_CASES])
@@ -247,6 +272,8 @@ def test_host_plan_arguments_compile(monkeypatch, kind, m, n, k):
     first = list(calls)
     call()
     assert len(launch._PLANS) == 1 and len(calls) == 2 * len(first)
+    if (m, n, k) == (8, 256, 256):
+        assert [kernel._pyfunc.__name__ for _, kernel, _ in first] == [f"_decode_{kind}_lean"]
     for grid, kernel, args in first:
         assert len(grid) == 3 and grid[0] >= 1
         s = sass_summary(aot.compile_cubin(kernel, _constraints(kernel, args), "sm_90"))

@@ -59,6 +59,20 @@ def test_decode_plan_narrows_few_tiles_and_keeps_wide_bf16_tiles_whole():
     assert heuristics.decode_plan(Problem("dense", "bf16", 16, 2112, 7168, 132), cfg).splits > 1
 
 
+def test_decode_plan_never_splits_small_tiles_or_in_two():
+    """A tile with under 128 KB of weight is not split; a split in two becomes none (both lost on the H100)."""
+    cfg = heuristics.decode_config()
+    small = Problem("dense", "bf16", 16, 2048, 768, 132)  # 64 x 768 bf16: 96 KB per tile
+    assert cfg.bw * small.k * 2 < heuristics.DECODE_SPLIT_MIN_TILE_BYTES
+    assert heuristics.decode_plan(small, cfg).splits == 1
+    assert heuristics.decode_plan(Problem("dense", "fp8", 256, 1536, 2048, 132), cfg).splits == 1  # was 2
+    assert heuristics.decode_plan(Problem("dense", "fp8", 1, 1536, 2048, 132), cfg).splits == 4
+    for dtype in ("bf16", "fp8"):
+        for m in (1, 16, 64, 256):
+            for n, k in ((2112, 7168), (1536, 2048), (2048, 768), (4096, 7168)):
+                assert heuristics.decode_plan(Problem("dense", dtype, m, n, k, 132), cfg).splits != 2
+
+
 def test_decode_plan_split_override():
     """``DecodeConfig.splits`` fixes the K split (benchmark sweeps); 0 sizes it; never more splits than K steps."""
     import dataclasses

@@ -108,6 +108,25 @@ def test_bad_input_is_never_replayed(hot_op):
         toy(torch.ones(3), 1.0, 5)  # cannot bind: the full path raises
 
 
+def test_a_replay_that_raises_unsupported_takes_the_full_path(hot_op):
+    """A replay may meet what its backend lacks (a JIT specialization the compiler rejects): the call then
+    takes the full path, where the backend raises again and the call falls back to pytorch."""
+    toy, log = hot_op
+    toy(torch.ones(3))
+
+    def rejected(x, scale):
+        log.append("replay")
+        raise registry.Unsupported("not this specialization")
+
+    (key,) = registry._HOT
+    registry._HOT[key] = rejected
+    registry._IMPLS["_hot_toy"]["cutile"] = rejected
+    log.clear()
+    with pytest.warns(registry.FallbackWarning, match="not this specialization"):
+        assert toy(torch.ones(3)).tolist() == [2.0] * 3
+    assert log == ["replay", "check", "replay", "pytorch"]
+
+
 def test_clear_hot_lane(hot_op):
     toy, log = hot_op
     toy(torch.ones(3))

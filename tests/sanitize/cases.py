@@ -254,17 +254,18 @@ def main() -> int:
     os.environ.setdefault("TILEGEMM_CHECK_VALUES", "0")
     os.environ.setdefault("TILEGEMM_DISABLE_FALLBACK", "1")
     only = sys.argv[1] if len(sys.argv) > 1 else ""
-    failed = 0
+    failed = ran = 0
     for name, fn in _CASES:
         if only not in name:
             continue
+        ran += 1
         try:
             note = fn()
             print(f"ok    {name}: {note}", flush=True)
         except Exception:
             failed += 1
             print(f"FAIL  {name}:\n{traceback.format_exc()}", flush=True)
-    print(f"{len(_CASES) - failed} passed, {failed} failed")
+    print(f"{ran - failed} passed, {failed} failed, {len(_CASES) - ran} not selected")
     return 1 if failed else 0
 
 

@@ -326,7 +326,10 @@ def dispatch(
                     if replay is not None:
                         if log.isEnabledFor(logging.DEBUG):
                             log.debug("%s -> %s (hot lane)", name, chosen)
-                        return replay(*found[1])
+                        try:
+                            return replay(*found[1])
+                        except Unsupported:  # e.g. a JIT specialization tileiras rejects: the full path falls back
+                            pass
             bound = arguments = bind(args, kwargs)
             if check is not None:
                 derived = check(**arguments)

@@ -184,6 +184,46 @@ def _decode_fp8_body(
     _finish_t(D, C, W, CNT, acc, pm, pn, s, num_m, splits, alpha, beta, HAS_C, SPLITK)
 
 
+# Lean entry points: a call without ``c`` and without split-K launches one of these, which pass the plain
+# kernels D for C, W and CNT (never read there: HAS_C and SPLITK are off). Three array parameters fewer:
+# ``ct.launch`` converts each array argument through DLPack, about 1 us of host time apiece on an H100
+# machine (tests/benchmark/results/host/README.md), a tenth of a small call's host time.
+
+
+def _decode_bf16_lean(
+    B,
+    A,
+    D,
+    alpha: float,
+    K: int,
+    BW: ConstInt,
+    BM: ConstInt,
+    BK: ConstInt,
+    A_KMAJOR: ConstBool,
+    B_KMAJOR: ConstBool,
+):
+    """:func:`_decode_bf16_body` without ``c`` or split-K: ``D = alpha * A @ B.T``."""
+    _decode_bf16_body(B, A, D, D, D, D, alpha, 0.0, K, 1, 0, BW, BM, BK, A_KMAJOR, B_KMAJOR, False, False)
+
+
+def _decode_fp8_lean(
+    B,
+    A,
+    SB,
+    SA,
+    D,
+    alpha: float,
+    K: int,
+    BW: ConstInt,
+    BM: ConstInt,
+    KU: ConstInt,
+    SB_ROWS: ConstBool,
+    FAST_ACC: ConstBool,
+):
+    """:func:`_decode_fp8_body` without ``c`` or split-K: ``D = alpha * sum_kb sa * sb * (A_kb @ B_kb.T)``."""
+    _decode_fp8_body(B, A, SB, SA, D, D, D, D, alpha, 0.0, K, 1, 0, BW, BM, KU, SB_ROWS, FAST_ACC, False, False)
+
+
 def _promote(w, a, sb, sa, acc, FAST_ACC: ConstBool):
     """acc + (w @ a) * sa * sb: one 128-wide K block, raw product promoted with its scales.
 
@@ -194,19 +234,25 @@ def _promote(w, a, sb, sa, acc, FAST_ACC: ConstBool):
 
 
 @functools.cache
-def get_kernel(dtype: str, cfg: heuristics.DecodeConfig, bm: int) -> Any:
-    """The ``@ct.kernel`` for ``dtype`` ("bf16"/"fp8") with ``cfg``'s compiler hints for activation tile ``bm``."""
-    body = _decode_bf16_body if dtype == "bf16" else _decode_fp8_body
+def get_kernel(dtype: str, cfg: heuristics.DecodeConfig, bm: int, lean: bool = False) -> Any:
+    """The ``@ct.kernel`` for ``dtype`` ("bf16"/"fp8") with ``cfg``'s compiler hints for activation tile ``bm``
+    (``lean``: the entry point of a call without ``c`` or split-K)."""
+    if lean:
+        body = _decode_bf16_lean if dtype == "bf16" else _decode_fp8_lean
+    else:
+        body = _decode_bf16_body if dtype == "bf16" else _decode_fp8_body
     return ct.kernel(body, **cfg.compiler_options(bm))
 
 
 def bf16_constants(
     cfg: heuristics.DecodeConfig, bm: int, *, a_kmajor: bool, b_kmajor: bool, has_c: bool, splitk: bool
 ) -> list[Any]:
-    """The ``ct.Constant`` tail of the BF16 decode kernel, in parameter order."""
+    """The ``ct.Constant`` tail of the BF16 decode kernel, in parameter order (the lean kernel's: all but
+    the last two)."""
     return [cfg.bw, bm, cfg.bk_bf16, a_kmajor, b_kmajor, has_c, splitk]
 
 
 def fp8_constants(cfg: heuristics.DecodeConfig, bm: int, *, sb_rows: bool, has_c: bool, splitk: bool) -> list[Any]:
-    """The ``ct.Constant`` tail of the FP8 decode kernel, in parameter order (fast accumulation on)."""
+    """The ``ct.Constant`` tail of the FP8 decode kernel, in parameter order, fast accumulation on (the lean
+    kernel's: all but the last two)."""
     return [cfg.bw, bm, cfg.ku, sb_rows, True, has_c, splitk]

@@ -365,13 +365,23 @@ def _decode_runner(
     consts: Callable[[int, bool], list[Any]],
     operands: Callable[..., tuple],
     c_fn: Callable,
+    has_c: bool,
 ) -> Runner:
-    """The launch of a decode-size GEMM: one swap-AB kernel (split-K reduced inside it)."""
+    """The launch of a decode-size GEMM: one swap-AB kernel (split-K reduced inside it); without ``c`` and
+    split-K, its lean entry point (no C, workspace or counter arguments)."""
     plan = heuristics.decode_plan(p, cfg)
     heuristics.print_once(op, (p.m, p.n, p.k), plan.summary)
+    grid = plan.grid
+    if not (has_c or plan.splitk):
+        lean = decode.get_kernel(p.dtype, cfg, plan.bm, lean=True)
+        lean_tail = (p.k, *consts(plan.bm, False)[:-2])
+
+        def run_lean(a, b, d, c, alpha, beta):
+            launch.launch(lean, grid, (*operands(a, b), d, float(alpha), *lean_tail))
+
+        return run_lean
     kernel = decode.get_kernel(p.dtype, cfg, plan.bm)
     tail = (p.k, plan.splits, plan.per, *consts(plan.bm, plan.splitk))
-    grid = plan.grid
     ws_shape = (plan.splits * plan.tiles, cfg.bw, plan.bm) if plan.splitk else (1, 1, 1)
     per_stream: dict[int, tuple] = {}
 
@@ -480,7 +490,7 @@ def _bf16_plan(layout: str, a, b, d, c, config) -> Runner:
             operands = _swap_pair
         else:
             operands = lambda a, b: (_apply(fb, b), _apply(fa, a))  # noqa: E731
-        return _decode_runner(op, p, cfg, dconsts, operands, c_fn)
+        return _decode_runner(op, p, cfg, dconsts, operands, c_fn, has_c)
 
     def consts(splitk: bool) -> list[Any]:
         return kernel_constants(cfg, a_kmajor=a_kmajor, b_kmajor=b_kmajor, has_c=has_c, splitk=splitk)
@@ -585,7 +595,7 @@ def _fp8_plan(layout: str, a_data, sa, b_data, sb, d, c, recipe, config) -> Runn
                 sa_arr = a[1].to(torch.float32) if to_f32 else a[1]
                 return (_apply(fb, b[0]), _apply(fa, a[0]), b[1], sa_arr)
 
-        return _decode_runner(op, p, cfg, dconsts, operands, c_fn)
+        return _decode_runner(op, p, cfg, dconsts, operands, c_fn, has_c)
     if not sb_rows and cfg.bn // cfg.nh != 128:
         raise Unsupported(f"config {cfg.name}: 128x128 RHS scales need 128-wide N parts")
 

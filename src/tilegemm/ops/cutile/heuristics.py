@@ -353,6 +353,9 @@ def takes_decode(p: Problem) -> bool:
 DECODE_MAX_SPLITS = 16
 DECODE_MIN_STEPS = 2
 DECODE_PARTIAL_RATIO = 2
+#: No split-K when a tile's whole weight slice (``bw * K`` elements) is smaller than this: the split's fixed cost
+#: (partial store, fence, counter atomic, the last unit's serial reload) outweighs the parallelism it buys.
+DECODE_SPLIT_MIN_TILE_BYTES = 128 * 1024
 DECODE_VARIANT_ENV = "TILEGEMM_DECODE_VARIANT"
 
 
@@ -422,6 +425,11 @@ def decode_plan(p: Problem, cfg: DecodeConfig) -> DecodePlan:
     ``bw * per * step_k * elt`` weight bytes it streams). H100, BF16, 2026-11-23: 112 tiles unsplit
     took 13.3 us at 1x7168x2048 (4 splits: 15.4) and 16.1 us at 128x7168x2048 (2 splits: 30.1);
     64 tiles at 1x4096x7168 took 29.3 us in 8 splits and 42.5 us in 2.
+
+    Small weights (H100, 2026-11-23, kernel-only, ``decode_variants.py --nk 2048x768,1536x2048``): a tile whose
+    weight slice is under :data:`DECODE_SPLIT_MIN_TILE_BYTES` is not split (BF16 16x2048x768, 96 KB per tile:
+    3.7 us unsplit, 5.7 in 3 splits), and a split in two becomes no split (FP8 256x1536x2048: 8.9 us unsplit,
+    11.0 in 2; two splits was never the best count in any sweep).
     """
     bm = cfg.tile_m(p.m, p.dtype)
     if bm > DECODE_NARROW_BM and _narrow_fits(p, cfg.bw):
@@ -437,6 +445,9 @@ def decode_plan(p: Problem, cfg: DecodeConfig) -> DecodePlan:
         partial_bytes = 2 * cfg.bw * bm * 4
         min_steps = max(DECODE_MIN_STEPS, cdiv(DECODE_PARTIAL_RATIO * partial_bytes, step_bytes))
         splits = max(1, min(slots // tiles, steps // min_steps, DECODE_MAX_SPLITS))
+        tile_bytes = cfg.bw * p.k * (1 if p.dtype == "fp8" else 2)
+        if splits == 2 or tile_bytes < DECODE_SPLIT_MIN_TILE_BYTES:
+            splits = 1
     if cfg.splitk and cfg.splits > 0:
         splits = min(cfg.splits, steps)
     per = cdiv(steps, splits)
