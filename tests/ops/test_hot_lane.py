@@ -52,8 +52,8 @@ def hot_op(monkeypatch):
         return x * -scale
 
     @register_replay("_hot_toy", "cutile")
-    def toy_replay(bound, derived):
-        assert bound == derived == {"x": bound["x"], "scale": bound["scale"]}
+    def toy_replay(derived):
+        assert set(derived) == {"x", "scale"}
         log.append("replay built")
 
         def replay(x, scale):

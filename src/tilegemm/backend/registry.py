@@ -24,7 +24,7 @@ The hot lane. A stub may also give ``signature=fn``: ``fn(*values)`` (the call's
 parameter order) returns ``(key, operands)`` or ``None``. The key must hold everything the check and the
 backend read from the call (tensor metadata, scalar values, settings), so that a key which passed them once
 passes them again. A backend may register, with ``@register_replay(name, backend)``, a factory that turns a
-call it has just run (its bound and derived arguments) into ``replay(*operands)``, the same work without
+call it has just run (what its check derived) into ``replay(*operands)``, the same work without
 the checks or the plan lookup. A later call with the same key whose backend (``backend=`` or the current
 choice) is the one that ran it runs the replay directly. :func:`clear_hot_lane` forgets every replay.
 """
@@ -53,7 +53,7 @@ _BACKEND_MODULES = {"pytorch": "tilegemm.ops.reference", "cutile": "tilegemm.ops
 _STUBS: dict[str, inspect.Signature] = {}
 _IMPLS: dict[str, dict[str, Callable[..., Any]]] = {}
 _IMPORT_ERRORS: dict[str, str] = {}
-_REPLAYS: dict[tuple[str, str], Callable[[dict[str, Any], dict[str, Any]], Callable[..., Any] | None]] = {}
+_REPLAYS: dict[tuple[str, str], Callable[[dict[str, Any]], Callable[..., Any] | None]] = {}
 _HOT: dict[tuple[str, tuple], Callable[..., Any]] = {}  # (backend, signature key) -> replay
 _WARNED: set[tuple[str, str]] = set()
 _LOCK = threading.Lock()
@@ -115,12 +115,12 @@ def register_impl(name: str, backend: str) -> Callable[[F], F]:
 
 
 def register_replay(name: str, backend: str) -> Callable[[F], F]:
-    """Register ``factory(bound, derived)`` as backend ``backend``'s hot-lane replay of op ``name``.
+    """Register ``factory(derived)`` as backend ``backend``'s hot-lane replay of op ``name``.
 
-    After a call of ``name`` has run on ``backend`` (no fallback), the factory gets the call's bound
-    arguments (as the stub's signature names them) and what its check derived, and returns
-    ``replay(*operands)`` (``operands`` as the op's signature function gives them) or ``None``. The replay
-    must do what the backend implementation did for every call with the same signature key.
+    After a call of ``name`` has run on ``backend`` (no fallback), the factory gets what its check derived
+    (the arguments the implementation received) and returns ``replay(*operands)`` (``operands`` as the op's
+    signature function gives them) or ``None``. The replay must do what the backend implementation did for
+    every call with the same signature key.
     """
     selector.validate_backend_name(backend)
 
@@ -330,7 +330,7 @@ def dispatch(
                             return replay(*found[1])
                         except Unsupported:  # e.g. a JIT specialization tileiras rejects: the full path falls back
                             pass
-            bound = arguments = bind(args, kwargs)
+            arguments = bind(args, kwargs)
             if check is not None:
                 derived = check(**arguments)
                 if derived is not None:
@@ -339,7 +339,7 @@ def dispatch(
                 chosen = _choose(backend)
             result, ran = _run(name, chosen, arguments)
             if hot_key is not None and ran == chosen:
-                replay = _REPLAYS[(name, ran)](bound, arguments)
+                replay = _REPLAYS[(name, ran)](arguments)
                 if replay is not None:
                     _HOT[hot_key] = replay
             return result

@@ -429,17 +429,17 @@ def dense_gemm_signature(layout: str, fp8: bool) -> Callable[..., tuple[tuple, t
 
     def output(d, c, alpha, beta, stream) -> tuple | None:
         """The key's part for ``d``, ``c``, ``alpha``, ``beta`` (``stream`` must be ``None``)."""
-        if stream is not None or type(alpha) is not float or type(beta) is not float or not isinstance(d, tensor):
+        if stream is not None or type(alpha) is not float or type(beta) is not float:
             return None
-        dtype = d.dtype
-        if (dtype is not bf16 and dtype is not fp32) or d.requires_grad or d.data_ptr() & 15:
+        kd = _hot_tensor(d, OUT_DTYPES)
+        if kd is None or d.requires_grad:
             return None
         kc = None
         if c is not None:
             kc = _hot_tensor(c, OUT_DTYPES)
             if kc is None:
                 return None
-        return (dtype, d.shape, d.stride(), d.get_device(), kc, alpha, beta, config._num_sms)
+        return (kd, kc, alpha, beta, config._num_sms)
 
     def bf16_call(a, b, d, c, compiled_dims, alpha, beta, stream):
         if not (isinstance(a, tensor) and isinstance(b, tensor)) or a.dtype is not bf16 or b.dtype is not bf16:

@@ -637,12 +637,12 @@ def _replay(plan: Runner) -> Callable[..., torch.Tensor]:
     return replay
 
 
-def _bf16_replay(bound: dict[str, Any], derived: dict[str, Any]) -> Callable[..., torch.Tensor]:
+def _bf16_replay(derived: dict[str, Any]) -> Callable[..., torch.Tensor]:
     a, b, d, c, beta = (derived[key] for key in ("a", "b", "d", "c", "beta"))
     return _replay(bf16_plan("nt", a, b, d, c if _has_c(c, beta) else None))
 
 
-def _fp8_replay(bound: dict[str, Any], derived: dict[str, Any]) -> Callable[..., torch.Tensor]:
+def _fp8_replay(derived: dict[str, Any]) -> Callable[..., torch.Tensor]:
     a, b, d, c, beta, recipe = (derived[key] for key in ("a", "b", "d", "c", "beta", "recipe"))
     return _replay(fp8_plan("nt", a, b, d, c if _has_c(c, beta) else None, recipe))
 

@@ -441,12 +441,12 @@ def decode_plan(p: Problem, cfg: DecodeConfig) -> DecodePlan:
     splits = 1
     if cfg.splitk and 4 * tiles < 3 * max(1, p.sms) and not (p.dtype == "bf16" and bm >= DECODE_NARROW_BM):
         slots = max(1, p.sms) * cfg.occupancy_for(bm)
-        step_bytes = cfg.bw * step * (1 if p.dtype == "fp8" else 2)
+        elt = 1 if p.dtype == "fp8" else 2
+        step_bytes = cfg.bw * step * elt
         partial_bytes = 2 * cfg.bw * bm * 4
         min_steps = max(DECODE_MIN_STEPS, cdiv(DECODE_PARTIAL_RATIO * partial_bytes, step_bytes))
         splits = max(1, min(slots // tiles, steps // min_steps, DECODE_MAX_SPLITS))
-        tile_bytes = cfg.bw * p.k * (1 if p.dtype == "fp8" else 2)
-        if splits == 2 or tile_bytes < DECODE_SPLIT_MIN_TILE_BYTES:
+        if splits == 2 or cfg.bw * p.k * elt < DECODE_SPLIT_MIN_TILE_BYTES:
             splits = 1
     if cfg.splitk and cfg.splits > 0:
         splits = min(cfg.splits, steps)
