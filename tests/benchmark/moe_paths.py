@@ -6,17 +6,25 @@ For each model's full-size experts (one layer's weights; ``tilegemm.bench.moe.MO
 kernel-only (median of 5 replays of a CUDA graph of 5 calls), in us. Checks each output against the float64
 formula (``calc_diff``) and each tilegemm output against a rerun (bitwise). Prints one markdown table.
 
-    PYTHONPATH=src python3 tests/benchmark/moe_paths.py [--paths slots,sorted] [--budget-s 170]
+    PYTHONPATH=src python3 tests/benchmark/moe_paths.py [--paths slots,blocks,sorted] [--budget-s 170]
+
+The path ``unfused`` is tilegemm's unfused transformers experts forward (routing, two m-grouped GEMMs, the
+activation and the combine as separate steps) on the stock module. A path ``blocks:w<BW>k<BK>[t<BT>]`` runs the
+block kernels with other tiles than the default (``BW`` weight rows, ``BK`` of K per step, row tiles of at least
+``BT``): a design sweep, labelled as such in the table.
 
 Results: ``tests/benchmark/results/moe/paths_h100.md``. The path the heuristics take is
-``tilegemm.ops.common.moe_decode_sized``.
+``tilegemm.ops.common.moe_decode_sized`` / ``moe_fused_sized``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -24,10 +32,30 @@ import time
 import torch
 
 TOKENS = {
-    "deepseek-v3": (1, 8, 16, 32, 64, 128),
-    "qwen3-30b-a3b": (1, 8, 16, 32, 64, 128),
-    "mixtral-8x7b": (1, 2, 4, 8, 16),
+    "deepseek-v3": (1, 8, 16, 32, 64, 128, 256),
+    "qwen3-30b-a3b": (1, 8, 16, 32, 64, 128, 256, 512),
+    "mixtral-8x7b": (1, 2, 4, 8, 16, 64, 256),
 }
+_BLOCKS_TILES = re.compile(r"blocks:w(\d+)k(\d+)(?:t(\d+))?")
+
+
+@contextlib.contextmanager
+def _forced(path: str):
+    """``TILEGEMM_MOE_VARIANT`` set to ``path`` (``blocks:...``: the block kernels with those tiles) for the block."""
+    from tilegemm.ops.cutile import heuristics
+
+    saved = heuristics.moe_blocks_config, heuristics.MOE_BLOCKS_MIN_BT
+    tiles = _BLOCKS_TILES.fullmatch(path)
+    if tiles:
+        bw, bk, bt = tiles.groups()
+        heuristics.moe_blocks_config = functools.partial(saved[0], bw=int(bw), bk=int(bk))
+        heuristics.MOE_BLOCKS_MIN_BT = int(bt or saved[1])
+    os.environ[heuristics.MOE_VARIANT_ENV] = "blocks" if tiles else path
+    try:
+        yield
+    finally:
+        del os.environ[heuristics.MOE_VARIANT_ENV]
+        heuristics.moe_blocks_config, heuristics.MOE_BLOCKS_MIN_BT = saved
 
 
 def _times_us(fn, calls: int = 20) -> tuple[float, float]:
@@ -64,7 +92,7 @@ def _model_rows(model: str, tokens: tuple[int, ...], paths: list[str], deadline:
 
     import tilegemm
     from tilegemm.bench import moe as bench_moe
-    from tilegemm.ops.cutile import heuristics
+    from tilegemm.transformers.experts import unfused_experts_forward
 
     h, e, k, i, model_type = bench_moe.MODELS[model]
     torch.manual_seed(0)
@@ -84,36 +112,49 @@ def _model_rows(model: str, tokens: tuple[int, ...], paths: list[str], deadline:
             stock = lambda a=args: hf_moe.grouped_mm_experts_forward(module, *a)  # noqa: E731
             rows.append((model, t, "stock grouped_mm", *_times_us(stock), tilegemm.calc_diff(stock(), ref), None))
             for path in paths:
-                os.environ[heuristics.MOE_VARIANT_ENV] = path
-                try:
+                if path == "unfused":  # tilegemm's unfused transformers experts forward on the same module
+                    unfused = lambda a=args: unfused_experts_forward(module, *a)  # noqa: E731
+                    first, again = unfused(), unfused()
+                    timed = _times_us(unfused)
+                    rows.append((model, t, path, *timed, tilegemm.calc_diff(first, ref), torch.equal(first, again)))
+                    continue
+                with _forced(path):
                     fused = lambda a=args: tilegemm.moe_experts(*a, w13, w2)  # noqa: E731
                     first, again = fused(), fused()
                     timed = _times_us(fused)
                     rows.append((model, t, path, *timed, tilegemm.calc_diff(first, ref), torch.equal(first, again)))
-                finally:
-                    del os.environ[heuristics.MOE_VARIANT_ENV]
         print(model, t, [f"{r[2]} {r[4]:.0f}" for r in rows if r[1] == t], flush=True)
     return rows
 
 
-def run(paths: list[str], budget_s: float) -> list[tuple]:
-    """Rows ``(model, tokens, path, eager us, graph us, calc_diff, bitwise rerun)``, one model's weights at a time."""
+def run(
+    paths: list[str], budget_s: float, tokens: tuple[int, ...] | None = None, models: list[str] | None = None
+) -> list[tuple]:
+    """Rows ``(model, tokens, path, eager us, graph us, calc_diff, bitwise rerun)``, one model's weights at a time
+    (``tokens``: these token counts for every model instead of :data:`TOKENS`; ``models``: these of its keys)."""
     deadline, rows = time.time() + budget_s, []
-    for model, tokens in TOKENS.items():
-        rows += _model_rows(model, tokens, paths, deadline)
+    for model, default in TOKENS.items():
+        if models and model not in models:
+            continue
+        rows += _model_rows(model, tokens or default, paths, deadline)
         torch.cuda.empty_cache()
     return rows
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--paths", default="slots,sorted", help="comma-separated TILEGEMM_MOE_VARIANT values")
+    paths_help = "TILEGEMM_MOE_VARIANT values (or blocks:w64k128t16), comma-separated"
+    p.add_argument("--paths", default="slots,blocks,sorted", help=paths_help)
     p.add_argument("--budget-s", type=float, default=170.0, help="start no new token count after this many seconds")
+    p.add_argument("--tokens", default=None, help="token counts for every model, comma-separated (default: TOKENS)")
+    p.add_argument("--models", default=None, help=f"models, comma-separated (default: all of {', '.join(TOKENS)})")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    rows = run([v.strip() for v in args.paths.split(",") if v.strip()], args.budget_s)
+    tokens = tuple(int(v) for v in args.tokens.split(",")) if args.tokens else None
+    models = args.models.split(",") if args.models else None
+    rows = run([v.strip() for v in args.paths.split(",") if v.strip()], args.budget_s, tokens, models)
     print("\n| model | T | path | eager us | graph us | calc_diff vs f64 | bitwise rerun |")
     print("|---|---|---|---|---|---|---|")
     for model, t, path, eager, graph, diff, same in rows:

@@ -3,7 +3,8 @@
 Variants: the gate/up GEMM for every config of ``heuristics.all_moe_configs`` with H a multiple of the K
 tile (unchecked 16-byte gathers) and not (bounds-checked gathers), both activations; the down GEMM for
 every config; the combine for top-k 1, 2, 8 and the widest and narrowest column tiles; the per-slot kernels
-(``ops/cutile/moe_slots.py``) with int64 and int32 ids, even and ragged K. Checked: tensor-core
+(``ops/cutile/moe_slots.py``) with int64 and int32 ids, even and ragged K; the block kernels
+(``ops/cutile/moe_blocks.py``) for every row tile. Checked: tensor-core
 MMAs, TMA loads of the weights (UTMALDG), the gathered rows as 16-byte ``cp.async`` copies
 (``LDGSTS.E.BYPASS.128``) when H allows it, no register spills, no TMA descriptor built on the device.
 """
@@ -15,7 +16,7 @@ import pytest
 ct = pytest.importorskip("cuda.tile")
 
 from kernels.sass import compile_all, dump_sass, opcode_counts, sass_summary  # noqa: E402
-from tilegemm.ops.cutile import aot, heuristics, moe, moe_slots  # noqa: E402
+from tilegemm.ops.cutile import aot, heuristics, moe, moe_blocks, moe_slots  # noqa: E402
 
 ARCHS = aot.ARCHS
 _A = aot.array
@@ -94,8 +95,37 @@ def _slot_variants():
     return out
 
 
+def _block_variants():
+    """The block kernels (``moe_blocks.py``): every row tile ``moe_blocks_config`` can pick, both activations."""
+    bf, out = ct.bfloat16, []
+    bt = heuristics.MOE_BLOCKS_MIN_BT
+    while bt <= heuristics.MOE_BLOCKS_MAX_BT:
+        cfg = heuristics.MoEBlocksConfig(bt=bt)
+        tiles = [cfg.bw, cfg.bk, cfg.bt]
+        for act_name, act in moe.ACTIVATIONS.items():
+            up = [_A(bf, 2), _A(bf, 3), _A(bf, 3), _A(bf, 2), _index(), aot.scalar(ct.int32), act]
+            out.append((f"blocks-up-{act_name}-t{bt}", "gate_up", cfg.occupancy, [*up, *tiles]))
+        weight = aot.array(ct.float32, 1, align_bytes=4)
+        down = [_A(bf, 2), _A(bf, 3), _A(bf, 2), _index(), weight, aot.scalar(ct.int32)]
+        out.append((f"blocks-down-t{bt}", "down", cfg.occupancy, [*down, *tiles]))
+        bt *= 2
+    tiles = moe_blocks.ROUTE_SC, moe_blocks.ROUTE_EC
+    for id_dtype in (ct.int64, ct.int32):
+        ids, n = aot.array(id_dtype, 1, align_bytes=4), aot.scalar(ct.int32)
+        rows = [_index(), _index(), aot.array(ct.float32, 1, align_bytes=4)]  # counts, row_token, row_weight
+        out.append((f"blocks-route-count-{id_dtype}", "count", None, [ids, *rows, n, *tiles, moe_blocks.ROUTE_RC]))
+        for w_dtype in (ct.float32, bf):
+            w = aot.array(w_dtype, 1, align_bytes=2)
+            place = [ids, w, *rows[:1], _index(), *rows[1:], _index(), n, n]
+            for lanes in (8, 256):
+                vid = f"blocks-route-place-{id_dtype}-{w_dtype}-e{lanes}"
+                out.append((vid, "place", None, [*place, 16, lanes, *tiles, moe_blocks.ROUTE_BC]))
+    return out
+
+
 VARIANTS = _variants()
 SLOT_VARIANTS = _slot_variants()
+BLOCK_VARIANTS = _block_variants()
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +135,11 @@ def compiled():
         (vid, moe.get_kernel(name, *hints), params, arch) for vid, name, hints, params in VARIANTS for arch in ARCHS
     ]
     jobs += [(vid, moe_slots.get_kernel(name), params, arch) for vid, name, params in SLOT_VARIANTS for arch in ARCHS]
+    jobs += [
+        (vid, moe_blocks.get_kernel(name, occ), params, arch)
+        for vid, name, occ, params in BLOCK_VARIANTS
+        for arch in ARCHS
+    ]
 
     return compile_all(jobs, aot.compile_cubin, lambda cubin: (sass_summary(cubin), opcode_counts(dump_sass(cubin))))
 
@@ -116,13 +151,17 @@ def test_heuristics_only_pick_gated_configs():
             cfg = heuristics.choose(heuristics.Problem("moe", "bf16", t * k, h, 1024, 132, groups=e))
             if isinstance(cfg, heuristics.MoESlotsConfig):  # the per-slot kernels, compiled with this config
                 assert cfg == heuristics.moe_slots_config(h), (t, k, e, cfg)
+            elif isinstance(cfg, heuristics.MoEBlocksConfig):  # the block kernels: every row tile is compiled
+                gated = {v[0] for v in BLOCK_VARIANTS}
+                assert cfg.bw == heuristics.MoEBlocksConfig.bw and cfg.bk == heuristics.MoEBlocksConfig.bk, cfg
+                assert cfg.occupancy is None and f"blocks-down-t{cfg.bt}" in gated, (t, k, e, cfg)
             else:
                 assert heuristics.MoEConfig(cfg.up, cfg.down) in allowed, (t, k, e, cfg)
             assert h % cfg.combine_bn == 0 and cfg.combine_bn <= heuristics.MOE_COMBINE_MAX_BN
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("vid", [v[0] for v in VARIANTS] + [v[0] for v in SLOT_VARIANTS])
+@pytest.mark.parametrize("vid", [v[0] for v in VARIANTS + SLOT_VARIANTS + BLOCK_VARIANTS])
 def test_moe_kernel_sass(compiled, vid, arch):
     result = compiled[(vid, arch)]
     if isinstance(result, Exception):
@@ -130,10 +169,12 @@ def test_moe_kernel_sass(compiled, vid, arch):
     s, ops = result
     assert s["ldl"] == 0 and s["stl"] == 0, f"{vid} {arch}: register spills to local memory: {s}"
     assert s["tensormap_writes"] == 0, f"{vid} {arch}: TMA descriptors built on the device: {s}"
-    if "combine" in vid:
+    if "combine" in vid or "route" in vid:
         return
     mma = s["hgmma"] if arch == "sm_90" else s["utchmma"]
     assert mma > 0 and s["hmma"] == 0, f"{vid} {arch}: no warpgroup / tcgen05 MMA: {s}"
     assert s["utmaldg"] >= (1 if vid.startswith("slots-down") else 2), f"{vid} {arch}: weights not loaded with TMA: {s}"
+    if vid.startswith("blocks"):  # weight and row tiles both TMA: no register gather left
+        assert s["utmaldg"] >= (3 if "-up-" in vid else 2) and ops["LDGSTS.E.BYPASS.128"] == 0, f"{vid} {arch}: {s}"
     if vid.endswith("evenk"):
         assert ops["LDGSTS.E.BYPASS.128"] > 0, f"{vid} {arch}: gathered rows not copied 16 bytes at a time: {ops}"

@@ -26,14 +26,19 @@ def test_choose_routes_each_family():
     assert heuristics.choose(masked) == heuristics.GROUPED_BF16_SMALL_M
     k_grouped = Problem("grouped", "bf16", 4096, 4096, 8192, 132, groups=4, kind=Kind.K, has_c=True)
     assert heuristics.choose(k_grouped) == heuristics.GROUPED_BF16_K_WITH_C
-    decode = heuristics.choose(Problem("moe", "bf16", 8 * 4, 7168, 2048, 132, groups=256))
-    assert isinstance(decode, heuristics.MoESlotsConfig) and decode.combine_bn == 256
-    # 2 slots per expert but 512 in all (DeepSeek-V3 at 64 tokens): the sorted path.
-    assert isinstance(heuristics.choose(Problem("moe", "bf16", 8 * 32, 7168, 2048, 132, groups=256)), type(decode))
-    assert not isinstance(heuristics.choose(Problem("moe", "bf16", 8 * 64, 7168, 2048, 132, groups=256)), type(decode))
-    moe = heuristics.choose(Problem("moe", "bf16", 8 * 128, 7168, 2048, 132, groups=256))
-    assert moe.bm == 64 and moe.combine_bn == 256
-    assert heuristics.choose(Problem("moe", "bf16", 8 * 4096, 7168, 2048, 132, groups=256)).bm == 128
+
+    def moe(tokens: int, top_k: int = 8, experts: int = 256) -> object:
+        return heuristics.choose(Problem("moe", "bf16", tokens * top_k, 7168, 2048, 132, groups=experts))
+
+    # DeepSeek-V3: per slot up to 8 tokens (64 slots), expert blocks from 16 up to 256 rows per expert on average,
+    # then 128-row tiles.
+    assert isinstance(moe(8), heuristics.MoESlotsConfig) and moe(8).combine_bn == 256
+    assert isinstance(moe(16), heuristics.MoEBlocksConfig) and moe(16).bt == 8 and moe(16).combine_bn == 256
+    assert moe(256).bt == 16 and moe(2048).bt == 64 and moe(8192).bt == 64
+    assert moe(8193).bm == 128
+    # Mixtral (8 experts, top-2): one slot per expert takes the per-slot path, two the block path.
+    assert isinstance(moe(4, 2, 8), heuristics.MoESlotsConfig) and isinstance(moe(8, 2, 8), heuristics.MoEBlocksConfig)
+    assert isinstance(moe(1025, 2, 8), heuristics.MoEConfig)  # above 256 rows per expert: the sorted path
     with pytest.raises(ValueError, match="family"):
         heuristics.choose(Problem("conv", "bf16", 1, 1, 1, 1))
 

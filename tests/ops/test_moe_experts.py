@@ -204,3 +204,33 @@ def test_cutile_model_sizes(strict, t, k, e, h, i):
     out = tilegemm.moe_experts(*args, backend="cutile")
     ref = tilegemm.moe_experts(*args, backend="pytorch")
     assert calc_diff(out, ref) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("t", "k", "e", "bt"), [(1, 8, 128, 8), (33, 4, 16, 8), (300, 8, 8, 64), (64, 8, 256, 16)])
+@pytest.mark.parametrize("id_dtype", [torch.int64, torch.int32])
+def test_cutile_block_routing_matches_moe_route(t, k, e, bt, id_dtype):
+    """The block path's two routing kernels lay the slots out exactly as ``moe_route``'s stable sort, sentinels,
+    garbage ids and experts past a multiple of the routing CTA's expert count included."""
+    if not CUDA:
+        pytest.skip("needs CUDA")
+    from tilegemm.ops.cutile import moe_blocks
+    from tilegemm.routing import max_padded_rows, moe_route
+
+    g = torch.Generator(device="cuda").manual_seed(t * k + e)
+    ids = torch.randint(0, e, (t, k), device="cuda", generator=g)
+    ids[0, 0] = -1
+    ids[-1, -1] = e  # an expert-parallel sentinel past the last expert
+    ids[t // 2, 0] = 2**40 if id_dtype == torch.int64 else 2**30 + 3  # garbage outside int32 / [0, E)
+    ids = ids.to(id_dtype)
+    weights = torch.rand(t, k, device="cuda", generator=g).bfloat16()
+    rows = max_padded_rows(t, k, e, bt)
+    tokens, row_weight, dest, block_expert = moe_blocks.route(ids, weights, e, bt, rows)
+    ref = moe_route(ids.clamp(min=-1, max=e).long(), e, alignment=bt)
+
+    assert torch.equal(dest.long(), ref.dest_row.view(t, k))
+    assert torch.equal(block_expert, ref.m_indices[::bt])
+    held = ref.src_slot >= 0
+    assert torch.equal(tokens[held].long(), ref.src_slot[held] // k)
+    assert torch.equal(row_weight[held], weights.reshape(-1).float()[ref.src_slot[held]])
+    assert not tokens[~held].any() and not row_weight[~held].any()  # rows without a slot: token 0, weight 0

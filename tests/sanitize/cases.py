@@ -22,6 +22,7 @@ import torch
 
 import tilegemm as tg
 from tilegemm import indexer
+from tilegemm.ops.cutile.heuristics import MOE_VARIANT_ENV
 from tilegemm.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
 from tilegemm.testing import calc_diff
 
@@ -189,10 +190,10 @@ for _fp8 in (False, True):
             return _cutile_vs_reference(tg.bf16_gemm_nt, a.bfloat16(), b.bfloat16(), d, bar=1e-5)
 
 
-for _t in (1, 3, 40):
+for _t, _variant in ((1, None), (3, None), (40, "slots"), (40, "blocks"), (40, "sorted")):
 
-    @case(f"moe_experts: {_t} tokens (the {'per-slot' if _t <= 3 else 'sorted'} path), then garbage expert ids")
-    def _moe(tokens=_t) -> str:
+    @case(f"moe_experts: {_t} tokens ({_variant or 'the default'} path), then garbage expert ids")
+    def _moe(tokens=_t, variant=_variant) -> str:
         experts, top_k, hidden, inter = 16, 4, 264, 200  # neither a multiple of the tiles
         g = _gen(tokens)
         x = torch.randn(tokens, hidden, device=DEV, generator=g).bfloat16()
@@ -201,14 +202,22 @@ for _t in (1, 3, 40):
         ids = torch.stack([torch.randperm(experts, device=DEV, generator=g)[:top_k] for _ in range(tokens)])
         ids[0, -1] = -1  # an expert-parallel sentinel
         w = torch.rand(tokens, top_k, device=DEV, generator=g)
-        out = tg.moe_experts(x, ids, w, w13, w2, backend="cutile")
-        ref = tg.moe_experts(x, ids, w, w13, w2, backend="pytorch")
-        diff = calc_diff(out, ref)
-        if diff > 1e-5:
-            raise AssertionError(f"cutile differs from pytorch: calc_diff {diff:.2e}")
-        garbage = torch.randint(-(2**31), 2**31 - 1, ids.shape, device=DEV, generator=g, dtype=torch.int64)
-        tg.moe_experts(x, garbage, w, w13, w2, backend="cutile")
-        torch.cuda.synchronize()
+        before = os.environ.pop(MOE_VARIANT_ENV, None)
+        if variant:
+            os.environ[MOE_VARIANT_ENV] = variant
+        try:
+            out = tg.moe_experts(x, ids, w, w13, w2, backend="cutile")
+            ref = tg.moe_experts(x, ids, w, w13, w2, backend="pytorch")
+            diff = calc_diff(out, ref)
+            if diff > 1e-5:
+                raise AssertionError(f"cutile differs from pytorch: calc_diff {diff:.2e}")
+            garbage = torch.randint(-(2**31), 2**31 - 1, ids.shape, device=DEV, generator=g, dtype=torch.int64)
+            tg.moe_experts(x, garbage, w, w13, w2, backend="cutile")
+            torch.cuda.synchronize()
+        finally:
+            os.environ.pop(MOE_VARIANT_ENV, None)
+            if before is not None:
+                os.environ[MOE_VARIANT_ENV] = before
         return f"calc_diff {diff:.1e}"
 
 

@@ -7,7 +7,6 @@ import torch
 from hf_models import FAMILIES, assert_within_one_bf16_step, build, reference_experts, routing
 from transformers.integrations.moe import ExpertsInterface, grouped_mm_experts_forward, use_experts_implementation
 
-from tilegemm.ops.common import moe_decode_sized
 from tilegemm.testing import calc_diff
 from tilegemm.transformers import (
     EXPERTS_NAME,
@@ -42,11 +41,11 @@ def test_fp32_matches_reference_and_stock(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_bf16_fused_is_more_accurate_than_stock(family):
     """bf16 inference runs ``tilegemm.moe_experts`` (one rounding of the intermediate, one per weighted slot):
-    closer to the float64 formula than transformers' path, with fp32 and bf16 routing weights. Decode-sized calls only
-    (at most two slots per expert: 4 tokens x top-2 of 4 or 8 experts)."""
+    closer to the float64 formula than transformers' path, with fp32 and bf16 routing weights (4 tokens x top-2 of 4
+    or 8 experts; every fused path rounds the same way)."""
     module = first_experts(build(family, dtype=torch.bfloat16))
     x = torch.randn(4, module.hidden_dim).to(torch.bfloat16)
-    assert fused_activation(module, x) == "silu" and moe_decode_sized(4, 2, module.num_experts)
+    assert fused_activation(module, x) == "silu"
     for weight_dtype in (torch.float32, torch.bfloat16):
         index, weights = routing(module, 4, weight_dtype=weight_dtype)
         with torch.no_grad():
@@ -101,6 +100,28 @@ def test_sentinel_ids_contribute_nothing(expert_parallel):
     assert out[7].abs().max() == 0
     assert calc_diff(out, ref) < 1e-5
     assert index[1, 0] == -1, "the caller's routing tensor must not be modified"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_calls_past_the_int32_bound_run_in_token_chunks(dtype, monkeypatch):
+    """With the per-call bound lowered to 5 tokens' rows, a 23-token call runs as 5 chunks and gives the same bits
+    as one call (every token's output depends on its own row only), gradients included."""
+    module = first_experts(build("tiny-qwen3-moe", dtype=dtype))
+    x = torch.randn(23, module.hidden_dim).to(dtype).requires_grad_(dtype == torch.float32)
+    index, weights = routing(module, 23)
+    whole = tilegemm_experts_forward(module, x, index, weights)
+    top_k, width = index.shape[1], max(*module.gate_up_proj.shape[1:], *module.down_proj.shape[1:])
+    monkeypatch.setattr(experts, "MAX_ROUTED_ELEMENTS", 5 * top_k * width)
+    calls, unfused, fused = [], experts.unfused_experts_forward, experts.api.moe_experts
+    monkeypatch.setattr(experts, "unfused_experts_forward", lambda m, h, *a: calls.append(len(h)) or unfused(m, h, *a))
+    monkeypatch.setattr(experts.api, "moe_experts", lambda h, *a, **kw: calls.append(len(h)) or fused(h, *a, **kw))
+    chunked = tilegemm_experts_forward(module, x, index, weights)
+    assert calls == [5, 5, 5, 5, 3]
+    assert torch.equal(chunked, whole)
+    if x.requires_grad:
+        (g_whole,) = torch.autograd.grad(whole.sum(), x)
+        (g_chunked,) = torch.autograd.grad(chunked.sum(), x)
+        assert torch.equal(g_chunked, g_whole)
 
 
 def test_empty_batch():

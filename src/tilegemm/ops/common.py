@@ -89,19 +89,34 @@ def compress_logits(full: torch.Tensor, starts: torch.Tensor, width: int) -> tor
 
 
 #: Routed slots per expert, and routed slots in all, up to which an MoE call is decode-sized
-#: (:func:`moe_decode_sized`). H100, 2026-11-23, kernel-only, bf16 (``tests/benchmark/results/moe/paths_h100.md``):
-#: the per-slot path beat the sorted one up to 2 slots per expert (Mixtral 8 tokens: 988 vs 1472 us; Qwen3 32
-#: tokens, 256 slots: 535 vs 677) and lost at 4 (Mixtral 16: 1562 vs 1452; Qwen3 64: 986 vs 749). DeepSeek-V3's
-#: 88 MB experts tie at 256 slots (32 tokens: 6165 vs 6133 us) and lose beyond (64 tokens, 512 slots, 2 per
-#: expert: 11902 vs 8573): past a few hundred slots, a slot that shares its expert no longer finds the weights
-#: in L2, and the per-slot path reads them again from memory.
-MOE_DECODE_SLOTS_PER_EXPERT = 2
-MOE_DECODE_MAX_SLOTS = 256
+#: (:func:`moe_decode_sized`): the per-slot path; above, the block path (``ops/cutile/moe_blocks.py``). H100,
+#: 2026-11-23, kernel-only, bf16 (``tests/benchmark/results/moe/paths_h100.md``): per-slot vs block path, Qwen3
+#: 8 tokens (64 slots, 0.5 per expert) 184 vs 194 us, 16 tokens (128 slots) 305 vs 295; DeepSeek-V3 8 tokens
+#: 1683 vs 1706, 16 tokens 3315 vs 3173; Mixtral 4 tokens (1 per expert) 495 vs 500, 8 tokens (2 per expert)
+#: 998 vs 964. The per-slot path reads an expert's weights once per slot routed to it (L2 catches only a few).
+MOE_DECODE_SLOTS_PER_EXPERT = 1
+MOE_DECODE_MAX_SLOTS = 64
 
 
 def moe_decode_sized(tokens: int, top_k: int, experts: int) -> bool:
     """True when the ``tokens * top_k`` routed slots are at most :data:`MOE_DECODE_SLOTS_PER_EXPERT` per expert
     and :data:`MOE_DECODE_MAX_SLOTS` in all: reading each slot's expert weights directly (an expert shared by
-    several slots is read again) costs less than sorting the slots by expert, which is a dozen small launches."""
+    several slots is read again) costs less than sorting the slots by expert (two routing launches and a gather)."""
     slots = tokens * top_k
     return slots <= MOE_DECODE_SLOTS_PER_EXPERT * experts and slots <= MOE_DECODE_MAX_SLOTS
+
+
+#: Mean routed rows per expert up to which the fused experts op takes a call that is not decode-sized with its
+#: block path (``ops/cutile/moe_blocks.py``), and transformers' experts run the fused op (:func:`moe_fused_sized`).
+#: H100, 2026-11-23, kernel-only, bf16 (``tests/benchmark/results/moe/paths_h100.md``): the block path beat the
+#: sorted one at every size measured up to 256 rows per expert (Mixtral 1024 tokens: 2197 vs 4291 us; Qwen3 2048
+#: tokens, 128 per expert: 1049 vs 1382; DeepSeek-V3 1024 tokens, 32 per expert: 10375 vs 10310, a tie), and
+#: transformers' grouped_mm at all but DeepSeek-V3 from 1024 tokens and Mixtral at 2048.
+MOE_BLOCKS_MAX_ROWS = 256
+
+
+def moe_fused_sized(tokens: int, top_k: int, experts: int) -> bool:
+    """True when the fused experts op takes the per-slot or the block path for ``tokens * top_k`` routed slots
+    over ``experts``: at most :data:`MOE_BLOCKS_MAX_ROWS` rows per expert on average (every decode-sized call,
+    :func:`moe_decode_sized`, is within that)."""
+    return tokens * top_k <= MOE_BLOCKS_MAX_ROWS * experts

@@ -4,13 +4,13 @@
 follows transformers' experts contract (``self`` is a ``@use_experts_implementation`` experts module with
 ``gate_up_proj [E, 2I, H]`` and ``down_proj [E, H, I]``).
 
-Decode-sized inference (at most two routed slots per expert and 256 in all,
-``tilegemm.ops.common.moe_decode_sized``) on a bf16 model whose experts are the plain gated form
-(:func:`fused_activation`: no biases, no post-expert norm, transformers' default gate, silu or tanh-GELU) runs one
-op, :func:`tilegemm.moe_experts`: both GEMMs, the activation and the weighted combine, one weight stream per slot,
-no routing sort. It rounds the intermediate once and each weighted slot once, where transformers' path rounds gate,
-up, the activation and the weighted product: closer to the float64 formula, and bf16 steps away from stock. Every
-other case (prefill sizes, where the fused op's sorted path is slower than this one at the largest sizes; training;
+Inference with up to ``MOE_BLOCKS_MAX_ROWS`` (256) routed rows per expert on average
+(``tilegemm.ops.common.moe_fused_sized``: decode and moderate prefill) on a bf16 model whose experts are the plain
+gated form (:func:`fused_activation`: no biases, no post-expert norm, transformers' default gate, silu or
+tanh-GELU) runs one op, :func:`tilegemm.moe_experts`: both GEMMs, the activation and the weighted combine (its
+per-slot or its block path). It rounds the intermediate once and each weighted slot once, where transformers' path
+rounds gate, up, the activation and the weighted product: closer to the float64 formula, and bf16 steps away from
+stock. Every other case (larger prefills, where the fused op's sorted path is not faster than this one; training;
 fp16/fp32; biases; other activations) runs the unfused path, per call:
 
 1. sort the ``T*k`` (token, expert) pairs by expert on the device (``tilegemm.routing``, psum layout);
@@ -19,7 +19,9 @@ fp16/fp32; biases; other activations) runs the unfused path, per call:
 4. ``m_grouped_bf16_gemm_nt_contiguous`` with ``down_proj``;
 5. weighted sum of each token's ``k`` outputs in token order (``tilegemm.routing.unpermute_tokens``).
 
-No step reads device memory on the host, so with the cutile backend the call is CUDA-graph capturable.
+No step reads device memory on the host, so with the cutile backend the call is CUDA-graph capturable. Calls whose
+routed rows times the widest operand row pass ``2**30`` elements (the grouped kernels index with int32) run in
+token chunks below that (``MAX_ROUTED_ELEMENTS``).
 
 Dtypes: a bf16 model runs on the current tilegemm backend (or the module's ``_tilegemm_backend``). The
 GEMM ops take bf16 operands, so fp16 and fp32 models run their GEMMs on the ``pytorch`` backend's
@@ -54,7 +56,7 @@ import torch
 
 from tilegemm.ops import api
 from tilegemm.ops.checks import GROUPED_MATMUL_DTYPES, skip_value_checks
-from tilegemm.ops.common import moe_decode_sized
+from tilegemm.ops.common import moe_fused_sized
 from tilegemm.ops.op_call import grouped_linear, grouped_linear_fp8
 from tilegemm.routing import MoERouting, moe_route, permute_tokens, unpermute_tokens
 from tilegemm.transformers.fp8_weights import cached_fp8_weight
@@ -201,6 +203,35 @@ def _finish(module, y, routing, top_k_weights, hidden_states):
     return unpermute_tokens(y * w.unsqueeze(-1), routing, None, layout="psum", out_dtype=hidden_states.dtype)
 
 
+#: Routed rows times the widest operand row (H or 2I) at most per call: the cutile grouped kernels index with int32
+#: and refuse buffers of ``2**31`` elements (the op would fall back to the exact, much slower pytorch implementation),
+#: so larger calls (DeepSeek-V3 or Qwen3 prefills of some 100k tokens) run in token chunks. Half the int32 range:
+#: the grouped GEMMs' host paths add padding rows to the routed ones.
+MAX_ROUTED_ELEMENTS = 2**30
+
+
+def _token_chunk(module: torch.nn.Module, top_k: int) -> int:
+    """Tokens per call such that ``tokens * top_k`` rows of every operand width stay within MAX_ROUTED_ELEMENTS."""
+    up_name, down_name = _weight_names(module)
+    width = max(*getattr(module, up_name).shape[1:], *getattr(module, down_name).shape[1:])
+    return max(1, MAX_ROUTED_ELEMENTS // (max(1, top_k) * width))
+
+
+def _in_token_chunks(forward):
+    """Run an experts forward on token chunks of :func:`_token_chunk` tokens (concatenated) when one call is larger."""
+
+    @functools.wraps(forward)
+    def chunked(self, hidden_states, top_k_index, top_k_weights):
+        chunk = _token_chunk(self, top_k_index.shape[1])
+        if hidden_states.shape[0] <= chunk:
+            return forward(self, hidden_states, top_k_index, top_k_weights)
+        parts = zip(hidden_states.split(chunk), top_k_index.split(chunk), top_k_weights.split(chunk), strict=True)
+        return torch.cat([forward(self, *part) for part in parts])
+
+    return chunked
+
+
+@_in_token_chunks
 def tilegemm_experts_forward(
     self: torch.nn.Module,
     hidden_states: torch.Tensor,
@@ -222,7 +253,7 @@ def tilegemm_experts_forward(
     if training and not _differentiable(self):
         return _stock_forward(self, hidden_states, top_k_index, top_k_weights)
     activation = None if training else fused_activation(self, hidden_states)
-    if activation is not None and moe_decode_sized(*top_k_index.shape, w_experts(self)):
+    if activation is not None and moe_fused_sized(*top_k_index.shape, w_experts(self)):
         with skip_value_checks():  # the ids come from the model's own router
             return api.moe_experts(
                 hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj, activation,
@@ -258,6 +289,7 @@ def unfused_experts_forward(
     return _finish(self, y, routing, top_k_weights, hidden_states)
 
 
+@_in_token_chunks
 def tilegemm_fp8_experts_forward(
     self: torch.nn.Module,
     hidden_states: torch.Tensor,

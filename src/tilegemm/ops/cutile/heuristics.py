@@ -9,7 +9,8 @@ device reads, no runtime search (a first call never autotunes). The rules, per f
   (:class:`DenseConfig`: BF16 one 128x128x64 tile, FP8 by M and K), whose grids are split along K
   when they fill less than half the machine (:func:`split_plan`).
 * ``grouped``: m-grouped (``m_indices``, psum, masked) and k-grouped tiles (:class:`TileConfig`).
-* ``moe``: the fused experts' gate/up and down tiles (:class:`MoEConfig`).
+* ``moe``: the fused experts' path and tiles: per slot at decode sizes (:class:`MoESlotsConfig`), few-row
+  expert blocks next (:class:`MoEBlocksConfig`), persistent tiles at prefill sizes (:class:`MoEConfig`).
 
 MQA logits (not GEMMs) are chosen from heads and head size: :func:`mqa_logits_config`,
 :func:`paged_mqa_config`. ``TILEGEMM_PRINT_CONFIGS=1`` makes :func:`print_once` print each choice once.
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from tilegemm.env import PRINT_CONFIGS, env_choice, env_flag
-from tilegemm.ops.common import cdiv, moe_decode_sized
+from tilegemm.ops.common import cdiv, moe_decode_sized, moe_fused_sized
 
 __all__ = [
     "Kind",
@@ -34,6 +35,8 @@ __all__ = [
     "DecodeConfig",
     "DecodePlan",
     "MoEConfig",
+    "MoESlotsConfig",
+    "MoEBlocksConfig",
     "MqaConfig",
     "PagedMqaConfig",
     "BF16_CONFIGS",
@@ -43,6 +46,8 @@ __all__ = [
     "all_dense_configs",
     "all_grouped_configs",
     "all_moe_configs",
+    "moe_slots_config",
+    "moe_blocks_config",
     "dense_tile_config",
     "split_plan",
     "decode_config",
@@ -90,10 +95,10 @@ class Problem:
     has_c: bool = False
 
 
-def choose(p: Problem) -> TileConfig | DecodeConfig | MoEConfig | MoESlotsConfig:
+def choose(p: Problem) -> TileConfig | DecodeConfig | MoEConfig | MoESlotsConfig | MoEBlocksConfig:
     """The config of problem ``p``: a :class:`DenseConfig` or :class:`DecodeConfig` (dense), a
-    :class:`TileConfig` (grouped) or a :class:`MoEConfig` / :class:`MoESlotsConfig` (moe, the latter at decode
-    sizes)."""
+    :class:`TileConfig` (grouped) or a :class:`MoESlotsConfig` / :class:`MoEBlocksConfig` / :class:`MoEConfig`
+    (moe: decode sizes, a few rows per expert, prefill)."""
     if p.family == "dense":
         return decode_config() if takes_decode(p) else dense_tile_config(p)
     if p.family == "grouped":
@@ -517,15 +522,20 @@ class MoEConfig:
     def bm(self) -> int:
         return self.up.bm
 
+    @property
+    def name(self) -> str:
+        return self.up.name
+
 
 # Two 128x64 accumulators next to a register gather need 8 warps (4 spill ~400 words); wider gate/up
 # tiles spill with 8 (docs/kernels.md, "Fused MoE experts").
 MOE_UP_CONFIGS = {64: TileConfig(64, 64, 64), 128: TileConfig(128, 64, 64, num_worker_warps=8)}
 MOE_DOWN_CONFIGS = {64: TileConfig(64, 128, 64), 128: TileConfig(128, 128, 64)}
 #: Names the fused-experts path every call takes (benchmarks, tests): ``slots`` (one weight stream per routed
-#: slot, ``ops/cutile/moe_slots.py``) or ``sorted`` (device-side sort, persistent tiles, ``ops/cutile/moe.py``).
+#: slot, ``ops/cutile/moe_slots.py``), ``blocks`` (device-side sort into few-row blocks, one swap-AB weight stream
+#: per block, ``ops/cutile/moe_blocks.py``) or ``sorted`` (device-side sort, persistent tiles, ``ops/cutile/moe.py``).
 MOE_VARIANT_ENV = "TILEGEMM_MOE_VARIANT"
-MOE_VARIANTS = ("slots", "sorted")
+MOE_VARIANTS = ("slots", "blocks", "sorted")
 #: Mean rows per expert at or below which experts' segments are 64-row aligned (64-row tiles).
 MOE_SMALL_ROWS = 64
 #: The combine kernel's tile: tokens, and the widest column count (a power of two dividing H).
@@ -538,15 +548,18 @@ def all_moe_configs() -> tuple[MoEConfig, ...]:
     return tuple(MoEConfig(MOE_UP_CONFIGS[bm], MOE_DOWN_CONFIGS[bm]) for bm in MOE_UP_CONFIGS)
 
 
-def _moe_config(p: Problem) -> MoEConfig | MoESlotsConfig:
-    """Fused experts (``p.m`` routed slots, ``p.groups`` experts, ``p.n`` = H): the per-slot kernels when decode-sized
-    (``ops.common.moe_decode_sized``) or forced by ``TILEGEMM_MOE_VARIANT``; else the sorted path, 64-row tiles
-    when the experts average at most :data:`MOE_SMALL_ROWS` rows each (a 128-row tile would be mostly padding),
-    else 128. The combine's column tile is the largest power of two dividing H, at most
-    :data:`MOE_COMBINE_MAX_BN` (no column bounds)."""
+def _moe_config(p: Problem) -> MoEConfig | MoESlotsConfig | MoEBlocksConfig:
+    """Fused experts (``p.m`` routed slots, ``p.groups`` experts, ``p.n`` = H), the first path that fits (or the one
+    ``TILEGEMM_MOE_VARIANT`` forces): the per-slot kernels when decode-sized (``ops.common.moe_decode_sized``); the
+    block kernels while the experts average at most ``ops.common.MOE_BLOCKS_MAX_ROWS`` rows each
+    (``ops.common.moe_fused_sized``); else the sorted path, 64-row tiles when the experts average at most
+    :data:`MOE_SMALL_ROWS` rows each (a 128-row tile would be mostly padding; only a forced call gets there), else
+    128. The combine's column tile is the largest power of two dividing H, at most :data:`MOE_COMBINE_MAX_BN`."""
     forced = env_choice(MOE_VARIANT_ENV, MOE_VARIANTS)
     if forced == "slots" or (forced is None and moe_decode_sized(p.m, 1, p.groups)):
         return moe_slots_config(p.n)
+    if forced == "blocks" or (forced is None and moe_fused_sized(p.m, 1, p.groups)):
+        return moe_blocks_config(p.m, p.n, p.groups)
     bm = 64 if p.m <= MOE_SMALL_ROWS * p.groups else 128
     return MoEConfig(MOE_UP_CONFIGS[bm], MOE_DOWN_CONFIGS[bm], MOE_COMBINE_BT, _combine_bn(p.n))
 
@@ -577,6 +590,42 @@ class MoESlotsConfig:
 def moe_slots_config(hidden: int, bw: int = 64, bk: int = 256) -> MoESlotsConfig:
     """Config of the per-slot experts kernels; the combine's column tile as in the sorted path."""
     return MoESlotsConfig(bw=bw, bk=bk, combine_bt=MOE_COMBINE_BT, combine_bn=_combine_bn(hidden))
+
+
+#: The block kernels' row tile (the MMA's N side): the power of two covering twice the mean rows per touched
+#: expert, between these bounds (a block holds most experts' rows whole: one weight stream per expert).
+MOE_BLOCKS_MIN_BT = 8
+MOE_BLOCKS_MAX_BT = 64
+
+
+@dataclass(frozen=True)
+class MoEBlocksConfig:
+    """Tiles of the block experts kernels (``ops/cutile/moe_blocks.py``): ``bw`` weight rows x ``bk`` K per MMA
+    (the weight tile, TMA), ``bt`` rows per block (the MMA's N side and each expert's row alignment), the
+    CTAs-per-SM hint (None: the compiler's), and the combine's tile. 128 x 128 weight tiles: 0-8% faster than
+    64 x 256 and 64 x 128 from 16 tokens on, on all three models (``results/moe/paths_h100.md``)."""
+
+    bw: int = 128
+    bk: int = 128
+    bt: int = 8
+    occupancy: int | None = None
+    combine_bt: int = 16
+    combine_bn: int = 256
+
+    @property
+    def name(self) -> str:
+        occ = "" if self.occupancy is None else f"_o{self.occupancy}"
+        return f"blocks_w{self.bw}_k{self.bk}_t{self.bt}{occ}"
+
+
+def moe_blocks_config(slots: int, hidden: int, experts: int, bw: int = 128, bk: int = 128) -> MoEBlocksConfig:
+    """Config of the block experts kernels for ``slots`` routed rows over ``experts``: ``bt`` from
+    :data:`MOE_BLOCKS_MIN_BT` / :data:`MOE_BLOCKS_MAX_BT`; the combine's column tile as in the sorted path."""
+    mean = cdiv(max(slots, 1), max(1, min(experts, slots)))
+    bt = MOE_BLOCKS_MIN_BT
+    while bt < 2 * mean and bt < MOE_BLOCKS_MAX_BT:
+        bt *= 2
+    return MoEBlocksConfig(bw=bw, bk=bk, bt=bt, combine_bt=MOE_COMBINE_BT, combine_bn=_combine_bn(hidden))
 
 
 # ------------------------------------------------------------------------------- MQA logits

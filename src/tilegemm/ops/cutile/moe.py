@@ -1,5 +1,9 @@
 """cuTile fused MoE experts (``tilegemm.moe_experts``), BF16: three kernels around the device-side routing.
 
+The host entry below takes one of three paths (``heuristics.choose``, ``family="moe"``): per routed slot at
+decode sizes (``moe_slots.py``, no routing), few-row expert blocks in swap-AB form (``moe_blocks.py``: the
+routing and the combine below, its own two GEMM kernels), or the persistent tiles of this module (prefill).
+
 Routing (``tilegemm.routing.moe_route`` with ``alignment = BM``, all on the device, sizes fixed by
 ``(T, k, E, BM)``): the aligned ``m_indices`` layout of ``M`` rows where each expert's rows start on a
 BM-row block; per row its token (``tokens``, 0 for padding), its routing weight (``row_weight``, 0 for
@@ -33,7 +37,7 @@ import cuda.tile as ct
 import torch
 
 from tilegemm.backend.registry import Unsupported, register_impl
-from tilegemm.ops.cutile import heuristics, launch, moe_slots
+from tilegemm.ops.cutile import heuristics, launch, moe_blocks, moe_slots
 from tilegemm.ops.cutile.grouped import _check_tma_weight, _mma_bf16, _swizzle
 from tilegemm.ops.cutile.heuristics import Kind
 from tilegemm.routing import max_padded_rows, moe_route
@@ -187,31 +191,56 @@ def moe_experts(hidden, topk_ids, topk_weights, w13, w2, activation, stream):
         heuristics.print_once("moe_experts", shape, cfg.name)
         act = ACTIVATIONS[activation]
         return moe_slots.slot_experts(x, topk_ids, topk_weights, w13, w2, act, cfg, out)
-    rows = max_padded_rows(num_tokens, top_k, num_experts, cfg.bm)
+    blocks = isinstance(cfg, heuristics.MoEBlocksConfig)
+    align = cfg.bt if blocks else cfg.bm
+    rows = max_padded_rows(num_tokens, top_k, num_experts, align)
     if rows * max(hidden_dim, inter) >= 2**31 or hidden.numel() >= 2**31:
         raise Unsupported("a buffer has >= 2**31 elements (int32 indexing)")
-    heuristics.print_once("moe_experts", shape, cfg.up.name)
-
-    routing = moe_route(topk_ids, num_experts, alignment=cfg.bm)
-    slot = routing.src_slot.clamp(min=0)
-    tokens = torch.div(slot, top_k, rounding_mode="floor").to(torch.int32)
-    weights = topk_weights.reshape(-1).to(torch.float32).index_select(0, slot)
-    row_weight = torch.where(routing.src_slot >= 0, weights, torch.zeros((), dtype=torch.float32, device=slot.device))
-    dest = routing.dest_row.view(num_tokens, top_k).to(torch.int32)
+    heuristics.print_once("moe_experts", shape, cfg.name)
 
     h = torch.empty(rows, inter, dtype=torch.bfloat16, device=hidden.device)
     y = torch.empty(rows, hidden_dim, dtype=torch.bfloat16, device=hidden.device)
+    act = ACTIVATIONS[activation]
+    if blocks:
+        tokens, row_weight, dest, block_expert = moe_blocks.route(topk_ids, topk_weights, num_experts, align, rows)
+        moe_blocks.block_gemms(x, tokens, w13, w2, h, y, block_expert, row_weight, act, cfg)
+    else:
+        routing = moe_route(topk_ids, num_experts, alignment=align)
+        slot = routing.src_slot.clamp(min=0)
+        tokens = torch.div(slot, top_k, rounding_mode="floor").to(torch.int32)
+        weights = topk_weights.reshape(-1).to(torch.float32).index_select(0, slot)
+        zero = torch.zeros((), dtype=torch.float32, device=slot.device)
+        row_weight = torch.where(routing.src_slot >= 0, weights, zero)
+        dest = routing.dest_row.view(num_tokens, top_k).to(torch.int32)
+        _sorted_gemms(x, tokens, w13, w2, h, y, routing.m_indices, row_weight, act, cfg)
+    grid = (launch.cdiv(num_tokens, cfg.combine_bt), hidden_dim // cfg.combine_bn, 1)
+    launch.launch(get_kernel("combine"), grid, (y, dest, out, top_k, cfg.combine_bt, cfg.combine_bn))
+    return out
 
+
+def _sorted_gemms(
+    x: torch.Tensor,
+    tokens: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    h: torch.Tensor,
+    y: torch.Tensor,
+    m_indices: torch.Tensor,
+    row_weight: torch.Tensor,
+    act: int,
+    cfg: heuristics.MoEConfig,
+) -> None:
+    """Kernels 1 and 2 of the module docstring: fill ``h [M, I]`` and ``y [M, H]`` (arguments as in
+    ``moe_blocks.block_gemms``, but ``m_indices`` int32 [M]: each row's expert, every expert's rows starting on a
+    ``cfg.bm`` boundary)."""
+    rows, inter = h.shape
+    num_experts, hidden_dim = w13.shape[0], x.shape[1]
     up, down = cfg.up, cfg.down
     grid = launch.persistent_grid(rows // up.bm * launch.cdiv(inter, up.bn), up.ctas_per_sm)
-    args = (x, w13[:, :inter], w13[:, inter:], h, tokens, routing.m_indices, num_experts, ACTIVATIONS[activation])
+    args = (x, w13[:, :inter], w13[:, inter:], h, tokens, m_indices, num_experts, act)
     consts = (up.bm, up.bn, up.bk, up.gm, hidden_dim % up.bk == 0)
     launch.launch(get_kernel("gate_up", up.num_worker_warps, up.occupancy), grid, (*args, *consts))
 
     grid = launch.persistent_grid(rows // down.bm * launch.cdiv(hidden_dim, down.bn), down.ctas_per_sm)
-    args = (h, w2, y, routing.m_indices, row_weight, num_experts, down.bm, down.bn, down.bk, down.gm)
+    args = (h, w2, y, m_indices, row_weight, num_experts, down.bm, down.bn, down.bk, down.gm)
     launch.launch(get_kernel("down", down.num_worker_warps, down.occupancy), grid, args)
-
-    grid = (launch.cdiv(num_tokens, cfg.combine_bt), hidden_dim // cfg.combine_bn, 1)
-    launch.launch(get_kernel("combine"), grid, (y, dest, out, top_k, cfg.combine_bt, cfg.combine_bn))
-    return out

@@ -1,0 +1,221 @@
+"""cuTile fused MoE experts between decode and prefill: expert-sorted blocks of a few rows, swap-AB weight streams.
+
+With a few routed rows per expert (16-512 tokens of a 128-256-expert model) neither other path fits: the
+per-slot path (``moe_slots.py``) reads an expert's weights once per slot routed to it, and the sorted path's
+64-row tiles (``moe.py``) spend the MMA's wide side on padding next to two or three real rows, after a routing
+of some fifty small torch launches. Here the slots are sorted by expert into ``BT``-row blocks and every
+(block, ``BW`` weight rows) pair is one CTA of the decode kernels' swap-AB form (``decode.py``): the
+``[BW, BK]`` weight tile (TMA) is the MMA's first operand and the block's ``BT`` rows, loaded transposed as
+``[BK, BT]`` (TMA), the second, so an expert's weights are streamed once per block. Five launches in all:
+
+1. **routing** (``_route_count``, ``_route_place``; one CTA per ``EC`` experts, no sort, no atomics): the
+   first counts each expert's slots and zeroes every row's token and weight; the second lays the experts
+   out in ``M = max_padded_rows(T, k, E, BT)`` rows, each expert's ``count`` rows starting on a ``BT``
+   boundary in expert order, the slots of one expert in slot order (a running count over the slots, the
+   same ranks as a stable sort), and writes per row its token and routing weight, per slot its row
+   (``dest`` [T, k], -1 for an expert id outside ``[0, E)``) and per block its expert (-1: no expert).
+2. **gather**: ``xs[r] = x[tok(r)]`` (``index_select``; rows holding no slot copy token 0, never read back).
+3. **gate/up** (``_block_gate_up``): ``h[r] = act(xs[r] @ Wg_e.T) * (xs[r] @ Wu_e.T)`` for the block's rows,
+   two ``[BW, BT]`` fp32 accumulators, ``h`` [M, I] bf16 written once (transposed store).
+4. **down** (``_block_down``): ``y[r] = bf16(w(r) * (h[r] @ W2_e.T))``, ``w(r)`` the row's routing weight.
+5. **combine** (``moe.py``, shared with the sorted path): ``out[t] = bf16(sum_j y[dest[t, j]])`` in fp32.
+
+The GEMM grids' fastest index is the block, so the blocks of one expert (adjacent) run together and share
+each weight tile through L2. Blocks without an expert return at once. Every index read from device memory is
+range-checked before use (expert ids against ``[0, E)``; rows and blocks are computed, not read). The
+roundings are those of the other two paths (``h`` and ``y`` in bf16, the combine in fp32), so all three
+compute the same function; reruns are bitwise identical. Config: ``heuristics.moe_blocks_config``; the choice
+among the paths: ``heuristics.choose`` (``family="moe"``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import cuda.tile as ct
+import torch
+
+from tilegemm.ops.cutile import heuristics, launch, moe_slots
+
+ConstInt = ct.Constant[int]
+_ZERO = ct.PaddingMode.ZERO
+
+
+def _block_expert(block_expert, mb, num_experts: int):
+    """``(e, live)``: block ``mb``'s expert clamped into ``[0, E)``, and whether it was in range."""
+    e = ct.load(block_expert, (mb,), shape=())
+    live = (e >= 0) & (e < num_experts)
+    return ct.where(live, e, 0), live
+
+
+def _block_gate_up(
+    xs, wg, wu, h, block_expert, num_experts: int, ACT: ConstInt, BW: ConstInt, BK: ConstInt, BT: ConstInt
+):  # fmt: skip
+    """``h [M, I]`` rows of block ``bid(0)``, columns ``[bid(1) * BW, +BW)``; xs [M, H]; wg, wu [E, I, H]."""
+    mb = ct.bid(0)
+    pn = ct.bid(1)
+    e, live = _block_expert(block_expert, mb, num_experts)
+    if live:
+        acc_g = ct.zeros((BW, BT), dtype=ct.float32)
+        acc_u = ct.zeros((BW, BT), dtype=ct.float32)
+        for kb in range(ct.cdiv(xs.shape[1], BK)):
+            a = ct.load(xs, (kb, mb), (BK, BT), order=(1, 0), padding_mode=_ZERO)
+            g = ct.reshape(ct.load(wg, (e, pn, kb), shape=(1, BW, BK), padding_mode=_ZERO), (BW, BK))
+            u = ct.reshape(ct.load(wu, (e, pn, kb), shape=(1, BW, BK), padding_mode=_ZERO), (BW, BK))
+            acc_g = ct.mma(g, a, acc_g)
+            acc_u = ct.mma(u, a, acc_u)
+        ct.store(h, (pn, mb), ct.astype(moe_slots._act(acc_g, ACT) * acc_u, h.dtype), order=(1, 0))
+
+
+def _block_down(h, w2, y, block_expert, row_weight, num_experts: int, BW: ConstInt, BK: ConstInt, BT: ConstInt):
+    """``y [M, H]`` rows of block ``bid(0)``, columns ``[bid(1) * BW, +BW)``; h [M, I]; w2 [E, H, I]; row_weight [M]."""
+    mb = ct.bid(0)
+    pn = ct.bid(1)
+    e, live = _block_expert(block_expert, mb, num_experts)
+    if live:
+        acc = ct.zeros((BW, BT), dtype=ct.float32)
+        for kb in range(ct.cdiv(h.shape[1], BK)):
+            a = ct.load(h, (kb, mb), (BK, BT), order=(1, 0), padding_mode=_ZERO)
+            w = ct.reshape(ct.load(w2, (e, pn, kb), shape=(1, BW, BK), padding_mode=_ZERO), (BW, BK))
+            acc = ct.mma(w, a, acc)
+        wt = ct.reshape(ct.load(row_weight, (mb,), shape=(BT,), padding_mode=_ZERO), (1, BT))
+        ct.store(y, (pn, mb), ct.astype(acc * wt, y.dtype), order=(1, 0))
+
+
+#: Experts per routing CTA and the routing kernels' tiles: slots per step, rows zeroed per step, blocks per step.
+ROUTE_EC = 8
+ROUTE_SC = 256
+ROUTE_RC = 1024
+ROUTE_BC = 16
+
+
+def _slot_lanes(ids, j, lane0, num_experts: int, SC: int, EC: int):
+    """``(s, hot, dropped)`` of slots ``[j * SC, +SC)``: their indices; ``hot [SC, EC]`` int32, 1 where slot i
+    routes to expert ``lane0 + c``; ``dropped``, whether slot i's id is outside ``[0, E)`` (slots past the end too)."""
+    s = j * SC + ct.arange(SC, dtype=ct.int32)
+    e = ct.gather(ids, s, padding_value=-1)
+    ok = (e >= 0) & (e < num_experts)
+    e32 = ct.reshape(ct.where(ok, ct.astype(e, ct.int32), -1), (SC, 1))
+    lanes = lane0 + ct.reshape(ct.arange(EC, dtype=ct.int32), (1, EC))
+    return s, ct.astype(e32 == lanes, ct.int32), (e < 0) | (e >= num_experts)
+
+
+def _route_count(ids, counts, row_token, row_weight, num_experts: int, SC: ConstInt, EC: ConstInt, RC: ConstInt):
+    """CTA c: ``counts[c * EC + i]`` = the slots routed to expert ``c * EC + i``; row chunks ``c, c + G, ..``
+    (``RC`` rows) of ``row_token`` and ``row_weight`` set to 0. ids [S] (any integer dtype); counts int32 [G * EC]."""
+    c = ct.bid(0)
+    total = ct.zeros((1, EC), dtype=ct.int32)
+    for j in range(ct.cdiv(ids.shape[0], SC)):
+        _, hot, _ = _slot_lanes(ids, j, c * EC, num_experts, SC, EC)
+        total = total + ct.sum(hot, axis=0, keepdims=True)
+    ct.store(counts, (c,), ct.reshape(total, (EC,)))
+    r = c
+    while r < ct.cdiv(row_token.shape[0], RC):
+        ct.store(row_token, (r,), ct.zeros((RC,), dtype=ct.int32))
+        ct.store(row_weight, (r,), ct.zeros((RC,), dtype=ct.float32))
+        r = r + ct.num_blocks(0)
+
+
+def _route_place(
+    ids, weights, counts, dest, row_token, row_weight, block_expert, num_experts: int, top_k: int,
+    BT: ConstInt, EP: ConstInt, SC: ConstInt, EC: ConstInt, BC: ConstInt,
+):  # fmt: skip
+    """CTA c places the slots of experts ``[c * EC, +EC)`` (``dest``, ``row_token``, ``row_weight``) and sets
+    the experts of block chunks ``c, c + G, ..`` (``BC`` blocks); see the module docstring, step 1.
+
+    Expert e's rows start at ``start[e] = sum_{e' < e} ceil(counts[e'] / BT) * BT``; a slot's row is its expert's
+    start plus the number of earlier slots routed to the same expert. ``EP``: a power of two >= counts' length.
+    """
+    c = ct.bid(0)
+    lanes = ct.reshape(ct.arange(EP, dtype=ct.int32), (1, EP))
+    every = ct.reshape(ct.load(counts, (0,), shape=(EP,), padding_mode=_ZERO), (1, EP))
+    padded = (every + (BT - 1)) // BT * BT
+    end = ct.cumsum(padded, axis=1)
+    start = end - padded
+    mine = ct.reshape(c * EC + ct.arange(EC, dtype=ct.int32), (EC, 1))
+    my_start = ct.reshape(ct.sum(ct.where(lanes == mine, ct.broadcast_to(start, (EC, EP)), 0), axis=1), (1, EC))
+    seen = ct.zeros((1, EC), dtype=ct.int32)
+    for j in range(ct.cdiv(ids.shape[0], SC)):
+        s, hot, dropped = _slot_lanes(ids, j, c * EC, num_experts, SC, EC)
+        before = ct.cumsum(hot, axis=0) - hot + seen
+        row = ct.sum(hot * (my_start + before), axis=1)
+        live = ct.sum(hot, axis=1) > 0
+        ct.scatter(dest, s, row, mask=live)
+        if c == 0:
+            ct.scatter(dest, s, ct.full((SC,), -1, dtype=ct.int32), mask=dropped)
+        ct.scatter(row_token, row, s // top_k, mask=live)
+        ct.scatter(row_weight, row, ct.astype(ct.gather(weights, s), ct.float32), mask=live)
+        seen = seen + ct.sum(hot, axis=0, keepdims=True)
+    b = c
+    while b < ct.cdiv(block_expert.shape[0], BC):
+        first_row = ct.reshape((b * BC + ct.arange(BC, dtype=ct.int32)) * BT, (BC, 1))
+        inside = (first_row >= start) & (first_row < end)
+        owner = ct.sum(ct.where(inside, ct.broadcast_to(lanes, (BC, EP)), 0), axis=1)
+        has = ct.sum(ct.astype(inside, ct.int32), axis=1) > 0
+        ct.store(block_expert, (b,), ct.where(has, owner, ct.full((BC,), -1, dtype=ct.int32)))
+        b = b + ct.num_blocks(0)
+
+
+_KERNEL_FNS = {"count": _route_count, "place": _route_place, "gate_up": _block_gate_up, "down": _block_down}
+
+
+@functools.cache
+def get_kernel(name: str, occupancy: int | None = None) -> Any:
+    """The ``@ct.kernel`` object of ``name`` (``count``, ``place``, ``gate_up``, ``down``) with this CTAs-per-SM
+    hint (cached)."""
+    return ct.kernel(_KERNEL_FNS[name], occupancy=occupancy)
+
+
+def route(
+    topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, bt: int, rows: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Step 1 of the module docstring: ``(row_token, row_weight, dest, block_expert)`` for ``rows`` sorted rows.
+
+    ``topk_ids`` int [T, k] (any integer dtype; ids outside ``[0, E)`` are dropped), ``topk_weights`` float
+    [T, k]; ``rows`` = ``max_padded_rows(T, k, E, bt)``. Returns int32 [rows] tokens (0 where no slot lands),
+    fp32 [rows] weights (0 there), int32 [T, k] rows of the slots (-1: dropped) and int32 [rows / bt] experts
+    of the blocks (-1: none). Two launches, no host synchronisation.
+    """
+    dev = topk_ids.device
+    groups = launch.cdiv(num_experts, ROUTE_EC)
+    lanes = 1 << max(0, groups * ROUTE_EC - 1).bit_length()
+    ids, weights = topk_ids.reshape(-1), topk_weights.reshape(-1)
+    counts = torch.empty(groups * ROUTE_EC, dtype=torch.int32, device=dev)
+    row_token = torch.empty(rows, dtype=torch.int32, device=dev)
+    row_weight = torch.empty(rows, dtype=torch.float32, device=dev)
+    dest = torch.empty(topk_ids.shape, dtype=torch.int32, device=dev)
+    block_expert = torch.empty(rows // bt, dtype=torch.int32, device=dev)
+    args = (ids, counts, row_token, row_weight, num_experts, ROUTE_SC, ROUTE_EC, ROUTE_RC)
+    launch.launch(get_kernel("count"), (groups, 1, 1), args)
+    args = (ids, weights, counts, dest.view(-1), row_token, row_weight, block_expert, num_experts, topk_ids.shape[1])
+    launch.launch(get_kernel("place"), (groups, 1, 1), (*args, bt, lanes, ROUTE_SC, ROUTE_EC, ROUTE_BC))
+    return row_token, row_weight, dest, block_expert
+
+
+def block_gemms(
+    x: torch.Tensor,
+    tokens: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    h: torch.Tensor,
+    y: torch.Tensor,
+    block_expert: torch.Tensor,
+    row_weight: torch.Tensor,
+    act: int,
+    cfg: heuristics.MoEBlocksConfig,
+) -> None:
+    """Steps 2-4 of the module docstring: fill ``h [M, I]`` and ``y [M, H]`` (bf16) for the ``M`` sorted rows.
+
+    ``x`` [T, H] bf16 contiguous; ``tokens`` int32 [M], each row's token; ``block_expert`` int32 [M / bt],
+    each ``cfg.bt``-row block's expert (outside ``[0, E)``: skipped); ``row_weight`` fp32 [M]; ``w13``
+    [E, 2I, H] and ``w2`` [E, H, I] bf16 contiguous; ``act`` a ``moe.ACTIVATIONS`` value.
+    """
+    rows, inter = h.shape
+    num_experts, hidden_dim = w13.shape[0], x.shape[1]
+    blocks, bw, bk, bt = rows // cfg.bt, cfg.bw, cfg.bk, cfg.bt
+    xs = x.index_select(0, tokens)
+    args = (xs, w13[:, :inter], w13[:, inter:], h, block_expert, num_experts, act, bw, bk, bt)
+    launch.launch(get_kernel("gate_up", cfg.occupancy), (blocks, launch.cdiv(inter, bw), 1), args)
+    args = (h, w2, y, block_expert, row_weight, num_experts, bw, bk, bt)
+    launch.launch(get_kernel("down", cfg.occupancy), (blocks, launch.cdiv(hidden_dim, bw), 1), args)
