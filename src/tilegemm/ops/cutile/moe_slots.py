@@ -15,9 +15,9 @@ aligned layout are a dozen small launches. Here every slot is its own one-row GE
    atomics: reruns are bitwise identical).
 
 A slot whose id is outside ``[0, E)`` (expert parallelism's sentinel) writes zero rows and reads no weight.
-The roundings are those of ``moe.py`` (``h`` and ``y`` in bf16, the sum in fp32), so both paths compute
-the same function. Config and the choice between the two paths: ``heuristics.choose`` (``family="moe"``),
-by ``ops.common.moe_decode_sized``.
+The roundings are those of ``moe.py`` and ``moe_blocks.py`` (``h`` and ``y`` in bf16, the sum in fp32), so all
+three paths compute the same function. Config and the choice among the paths: ``heuristics.choose``
+(``family="moe"``), by ``ops.common.moe_decode_sized``.
 """
 
 from __future__ import annotations
