@@ -104,22 +104,22 @@ def _block_variants():
         tiles = [cfg.bw, cfg.bk, cfg.bt]
         for act_name, act in moe.ACTIVATIONS.items():
             up = [_A(bf, 2), _A(bf, 3), _A(bf, 3), _A(bf, 2), _index(), aot.scalar(ct.int32), act]
-            out.append((f"blocks-up-{act_name}-t{bt}", "gate_up", cfg.occupancy, [*up, *tiles]))
+            out.append((f"blocks-up-{act_name}-t{bt}", "gate_up", [*up, *tiles]))
         weight = aot.array(ct.float32, 1, align_bytes=4)
         down = [_A(bf, 2), _A(bf, 3), _A(bf, 2), _index(), weight, aot.scalar(ct.int32)]
-        out.append((f"blocks-down-t{bt}", "down", cfg.occupancy, [*down, *tiles]))
+        out.append((f"blocks-down-t{bt}", "down", [*down, *tiles]))
         bt *= 2
     tiles = moe_blocks.ROUTE_SC, moe_blocks.ROUTE_EC
     for id_dtype in (ct.int64, ct.int32):
         ids, n = aot.array(id_dtype, 1, align_bytes=4), aot.scalar(ct.int32)
         rows = [_index(), _index(), aot.array(ct.float32, 1, align_bytes=4)]  # counts, row_token, row_weight
-        out.append((f"blocks-route-count-{id_dtype}", "count", None, [ids, *rows, n, *tiles, moe_blocks.ROUTE_RC]))
+        out.append((f"blocks-route-count-{id_dtype}", "count", [ids, *rows, n, *tiles, moe_blocks.ROUTE_RC]))
         for w_dtype in (ct.float32, bf):
             w = aot.array(w_dtype, 1, align_bytes=2)
             place = [ids, w, *rows[:1], _index(), *rows[1:], _index(), n, n]
             for lanes in (8, 256):
                 vid = f"blocks-route-place-{id_dtype}-{w_dtype}-e{lanes}"
-                out.append((vid, "place", None, [*place, 16, lanes, *tiles, moe_blocks.ROUTE_BC]))
+                out.append((vid, "place", [*place, 16, lanes, *tiles, moe_blocks.ROUTE_BC]))
     return out
 
 
@@ -135,11 +135,7 @@ def compiled():
         (vid, moe.get_kernel(name, *hints), params, arch) for vid, name, hints, params in VARIANTS for arch in ARCHS
     ]
     jobs += [(vid, moe_slots.get_kernel(name), params, arch) for vid, name, params in SLOT_VARIANTS for arch in ARCHS]
-    jobs += [
-        (vid, moe_blocks.get_kernel(name, occ), params, arch)
-        for vid, name, occ, params in BLOCK_VARIANTS
-        for arch in ARCHS
-    ]
+    jobs += [(vid, moe_blocks.get_kernel(name), params, arch) for vid, name, params in BLOCK_VARIANTS for arch in ARCHS]
 
     return compile_all(jobs, aot.compile_cubin, lambda cubin: (sass_summary(cubin), opcode_counts(dump_sass(cubin))))
 
@@ -154,7 +150,7 @@ def test_heuristics_only_pick_gated_configs():
             elif isinstance(cfg, heuristics.MoEBlocksConfig):  # the block kernels: every row tile is compiled
                 gated = {v[0] for v in BLOCK_VARIANTS}
                 assert cfg.bw == heuristics.MoEBlocksConfig.bw and cfg.bk == heuristics.MoEBlocksConfig.bk, cfg
-                assert cfg.occupancy is None and f"blocks-down-t{cfg.bt}" in gated, (t, k, e, cfg)
+                assert f"blocks-down-t{cfg.bt}" in gated, (t, k, e, cfg)
             else:
                 assert heuristics.MoEConfig(cfg.up, cfg.down) in allowed, (t, k, e, cfg)
             assert h % cfg.combine_bn == 0 and cfg.combine_bn <= heuristics.MOE_COMBINE_MAX_BN

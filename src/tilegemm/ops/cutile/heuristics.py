@@ -601,24 +601,24 @@ MOE_BLOCKS_MAX_BT = 64
 @dataclass(frozen=True)
 class MoEBlocksConfig:
     """Tiles of the block experts kernels (``ops/cutile/moe_blocks.py``): ``bw`` weight rows x ``bk`` K per MMA
-    (the weight tile, TMA), ``bt`` rows per block (the MMA's N side and each expert's row alignment), the
-    CTAs-per-SM hint (None: the compiler's), and the combine's tile. 128 x 128 weight tiles: 0-8% faster than
+    (the weight tile, TMA), ``bt`` rows per block (the MMA's N side and each expert's row alignment), and
+    the combine's tile. 128 x 128 weight tiles: 0-8% faster than
     64 x 256 and 64 x 128 from 16 tokens on, on all three models (``results/moe/paths_h100.md``)."""
 
     bw: int = 128
     bk: int = 128
     bt: int = 8
-    occupancy: int | None = None
     combine_bt: int = 16
     combine_bn: int = 256
 
     @property
     def name(self) -> str:
-        occ = "" if self.occupancy is None else f"_o{self.occupancy}"
-        return f"blocks_w{self.bw}_k{self.bk}_t{self.bt}{occ}"
+        return f"blocks_w{self.bw}_k{self.bk}_t{self.bt}"
 
 
-def moe_blocks_config(slots: int, hidden: int, experts: int, bw: int = 128, bk: int = 128) -> MoEBlocksConfig:
+def moe_blocks_config(
+    slots: int, hidden: int, experts: int, bw: int = MoEBlocksConfig.bw, bk: int = MoEBlocksConfig.bk
+) -> MoEBlocksConfig:
     """Config of the block experts kernels for ``slots`` routed rows over ``experts``: ``bt`` from
     :data:`MOE_BLOCKS_MIN_BT` / :data:`MOE_BLOCKS_MAX_BT`; the combine's column tile as in the sorted path."""
     mean = cdiv(max(slots, 1), max(1, min(experts, slots)))

@@ -161,10 +161,9 @@ _KERNEL_FNS = {"count": _route_count, "place": _route_place, "gate_up": _block_g
 
 
 @functools.cache
-def get_kernel(name: str, occupancy: int | None = None) -> Any:
-    """The ``@ct.kernel`` object of ``name`` (``count``, ``place``, ``gate_up``, ``down``) with this CTAs-per-SM
-    hint (cached)."""
-    return ct.kernel(_KERNEL_FNS[name], occupancy=occupancy)
+def get_kernel(name: str) -> Any:
+    """The ``@ct.kernel`` object of ``name`` (``count``, ``place``, ``gate_up``, ``down``), cached."""
+    return ct.kernel(_KERNEL_FNS[name])
 
 
 def route(
@@ -216,6 +215,6 @@ def block_gemms(
     blocks, bw, bk, bt = rows // cfg.bt, cfg.bw, cfg.bk, cfg.bt
     xs = x.index_select(0, tokens)
     args = (xs, w13[:, :inter], w13[:, inter:], h, block_expert, num_experts, act, bw, bk, bt)
-    launch.launch(get_kernel("gate_up", cfg.occupancy), (blocks, launch.cdiv(inter, bw), 1), args)
+    launch.launch(get_kernel("gate_up"), (blocks, launch.cdiv(inter, bw), 1), args)
     args = (h, w2, y, block_expert, row_weight, num_experts, bw, bk, bt)
-    launch.launch(get_kernel("down", cfg.occupancy), (blocks, launch.cdiv(hidden_dim, bw), 1), args)
+    launch.launch(get_kernel("down"), (blocks, launch.cdiv(hidden_dim, bw), 1), args)
