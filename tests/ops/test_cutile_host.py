@@ -101,6 +101,22 @@ def test_config_names_are_stable():
     assert [int(k) for k in Kind] == [0, 1, 2, 3]
 
 
+@pytest.mark.parametrize("h", [1, 8, 20, 32, 64, 96, 128])
+@pytest.mark.parametrize("d", [32, 64, 128])
+def test_mqa_head_chain_only_where_gated(h, d):
+    """The FFMA-chain head sum is chosen on sm_90 up to an MMA N side of 128 (sm_100 and N = 256 spill with it)."""
+    plain90, plain100 = heuristics.mqa_logits_config(h, d, sm=90), heuristics.mqa_logits_config(h, d, sm=100)
+    assert plain90.bq * plain90.hp == 128 and plain90.head_chain and not plain100.head_chain
+    assert (plain90.bq, plain90.hp, plain90.bk) == (plain100.bq, plain100.hp, plain100.bk)
+    if d == 32:
+        assert heuristics.paged_mqa_config(h, d, 1, 64) is None
+        return
+    for next_n in (1, 2, 3, 4):
+        paged = heuristics.paged_mqa_config(h, d, next_n, 64, sm=90)
+        assert paged.head_chain == (paged.rg * paged.hp <= 128)
+        assert not heuristics.paged_mqa_config(h, d, next_n, 64, sm=100).head_chain
+
+
 def test_print_once(monkeypatch, capsys):
     monkeypatch.setattr(heuristics, "_printed", set())
     monkeypatch.setenv("TILEGEMM_PRINT_CONFIGS", "0")

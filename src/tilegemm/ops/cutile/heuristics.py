@@ -12,7 +12,7 @@ device reads, no runtime search (a first call never autotunes). The rules, per f
 * ``moe``: the fused experts' path and tiles: per slot at decode sizes (:class:`MoESlotsConfig`), few-row
   expert blocks next (:class:`MoEBlocksConfig`), persistent tiles at prefill sizes (:class:`MoEConfig`).
 
-MQA logits (not GEMMs) are chosen from heads and head size: :func:`mqa_logits_config`,
+MQA logits (not GEMMs) are chosen from heads, head size and compute capability: :func:`mqa_logits_config`,
 :func:`paged_mqa_config`. ``TILEGEMM_PRINT_CONFIGS=1`` makes :func:`print_once` print each choice once.
 """
 
@@ -636,11 +636,16 @@ def moe_blocks_config(
 
 @dataclass(frozen=True)
 class MqaConfig:
-    """Tile sizes of :func:`mqa_logits_kernel`: ``bq`` query rows x ``hp`` (padded) heads, ``bk`` keys."""
+    """Tile sizes of :func:`mqa_logits_kernel`: ``bq`` query rows x ``hp`` (padded) heads, ``bk`` keys.
+
+    ``head_chain``: sum the weighted heads as a chain of FFMAs over groups of 8 (``mqa.weighted_head_sum``);
+    otherwise one ``ct.sum`` (an FMUL and an FADD per score).
+    """
 
     bq: int
     hp: int
     bk: int
+    head_chain: bool = False
 
 
 @dataclass(frozen=True)
@@ -660,25 +665,38 @@ class PagedMqaConfig:
     split: int
     parts: int
     occupancy: int
+    head_chain: bool = False
 
 
 def _mqa_pow2_ceil(x: int) -> int:
     return 1 << max(0, int(x) - 1).bit_length()
 
 
-def mqa_logits_config(h: int, d: int) -> MqaConfig | None:
-    """Tiles for ``fp8_mqa_logits`` with ``h`` heads of size ``d``; ``None`` if unsupported.
+def _head_chain(sm: int, n_side: int) -> bool:
+    """The FFMA-chain head sum: on sm_90 up to an MMA N side of 128.
+
+    Measured on an H100 (docs/kernels.md): 1.05-1.2x over ``ct.sum``. tileiras 13.4 spills with it on
+    sm_100 (up to thousands of words) and on sm_90 at N = 256, so those keep ``ct.sum``.
+    """
+    return sm == 90 and n_side <= 128
+
+
+def mqa_logits_config(h: int, d: int, sm: int = 90) -> MqaConfig | None:
+    """Tiles for ``fp8_mqa_logits``: ``h`` heads of size ``d``, compute capability ``sm``; ``None`` if unsupported.
 
     The N side of the MMA is ``bq * hp = 128`` (query rows x padded heads); 128 keys per tile.
     """
-    if d not in (64, 128) or not 1 <= h <= 128:
+    if d not in (32, 64, 128) or not 1 <= h <= 128:
         return None
     hp = _mqa_pow2_ceil(h)
-    return MqaConfig(bq=max(1, 128 // hp), hp=hp, bk=128)
+    bq = max(1, 128 // hp)
+    return MqaConfig(bq=bq, hp=hp, bk=128, head_chain=_head_chain(sm, bq * hp))
 
 
-def paged_mqa_config(h: int, d: int, next_n: int, block_kv: int, split: int = 256) -> PagedMqaConfig | None:
-    """Tiles and launch shape for ``fp8_paged_mqa_logits``; ``None`` if unsupported.
+def paged_mqa_config(
+    h: int, d: int, next_n: int, block_kv: int, split: int = 256, sm: int = 90
+) -> PagedMqaConfig | None:
+    """Tiles and launch shape for ``fp8_paged_mqa_logits`` on compute capability ``sm``; ``None`` if unsupported.
 
     Decode is bound by the latency of dependent gathers (schedule -> block table -> cache blocks)
     more than by the MMA, so several CTAs share each schedule row. Measured on an H100
@@ -701,7 +719,8 @@ def paged_mqa_config(h: int, d: int, next_n: int, block_kv: int, split: int = 25
         ck, parts, occupancy = 128, 2, 3
     else:
         ck, parts, occupancy = 64, 4, 4
-    return PagedMqaConfig(nnp=nnp, rg=rg, hp=hp, ck=ck, split=split, parts=parts, occupancy=occupancy)
+    head_chain = _head_chain(sm, n_side)
+    return PagedMqaConfig(nnp, rg, hp, ck, split, parts, occupancy, head_chain)
 
 
 # ------------------------------------------------------------------------------- printing

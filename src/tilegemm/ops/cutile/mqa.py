@@ -41,6 +41,38 @@ NEG_INF = float("-inf")
 # --------------------------------------------------------------------------------------------
 
 
+def mma_init(CHAIN: bool) -> float:
+    """The scores' MMA accumulator start: ``-0.0`` with the FFMA-chain head sum, else ``0.0`` (tile code).
+
+    ``x + (-0.0) == x`` for every ``x``, so tileiras drops the add of the start tile; from ``+0.0`` it keeps
+    one FADD per score (``-0.0 + 0.0`` is ``+0.0``). With ``ct.sum`` at N = 256 the ``-0.0`` start made
+    tileiras 13.4 spill on sm_90, so that path keeps ``0.0``.
+    """
+    return -0.0 if CHAIN else 0.0
+
+
+def weighted_head_sum(scores, w, ROWS: int, R: int, HP: int, CHAIN: bool):
+    """``out[k, r] = sum_h w[0, r * HP + h] * relu(scores[k, r * HP + h])`` (tile code).
+
+    ``scores`` fp32 ``[ROWS, R * HP]`` (an MMA result), ``w`` fp32 ``[1, R * HP]`` -> fp32 ``[ROWS, R]``.
+    ``CHAIN``: the heads are summed as a chain over groups of 8 (an MMA accumulator's column atom,
+    so each thread's values stay in its registers): ``acc += relu(s_g) * w_g`` contracts into one
+    FFMA per score, where a ``ct.sum`` over all heads costs an FMUL and an FADD per score. Then
+    the 8 columns of a group are summed (two in each thread, then across its quad).
+    """
+    if not CHAIN:
+        return ct.sum(ct.reshape(ct.maximum(scores, 0.0) * w, (ROWS, R, HP)), axis=2)
+    GW = 8 if HP >= 8 else HP  # heads per group
+    G = HP // GW
+    s = ct.reshape(ct.maximum(scores, 0.0), (ROWS, R, G, GW))
+    w4 = ct.reshape(w, (1, R, G, GW))
+    acc = ct.extract(s, (0, 0, 0, 0), shape=(ROWS, R, 1, GW)) * ct.extract(w4, (0, 0, 0, 0), shape=(1, R, 1, GW))
+    for g in ct.static_iter(range(1, G)):
+        s_g = ct.extract(s, (0, 0, g, 0), shape=(ROWS, R, 1, GW))
+        acc = acc + s_g * ct.extract(w4, (0, 0, g, 0), shape=(1, R, 1, GW))
+    return ct.reshape(ct.sum(acc, axis=3), (ROWS, R))
+
+
 def make_mqa_logits_kernel(fast_acc: bool = False, **hints):
     """Build the plain MQA-logits kernel (``fast_acc``: Hopper's FP8 fast accumulation; ``hints``: ct.kernel's)."""
 
@@ -57,6 +89,7 @@ def make_mqa_logits_kernel(fast_acc: bool = False, **hints):
         HP: ct.Constant[int],
         D: ct.Constant[int],
         BK: ct.Constant[int],
+        HEAD_CHAIN: ct.Constant[bool],
     ):
         """One CTA per ``BQ`` query rows; loops over the key tiles inside the rows' windows."""
         s_rows = q.shape[0]
@@ -76,17 +109,20 @@ def make_mqa_logits_kernel(fast_acc: bool = False, **hints):
         for j in range(t_lo, t_hi):
             k_t = ct.load(kv, (j, 0), shape=(BK, D), padding_mode=ZERO)
             sc = ct.reshape(ct.load(kv_scale, (j,), shape=(BK,), padding_mode=ZERO), (BK, 1))
-            acc = ct.mma(k_t, q_t, ct.zeros((BK, BQ * HP), dtype=ct.float32), use_fast_acc=fast_acc)
-            acc = ct.maximum(acc, 0.0) * w_t
-            logit = ct.sum(ct.reshape(acc, (BK, BQ, HP)), axis=2) * sc  # [BK, BQ]
+            start = ct.full((BK, BQ * HP), mma_init(HEAD_CHAIN), dtype=ct.float32)
+            acc = ct.mma(k_t, q_t, start, use_fast_acc=fast_acc)
+            logit = weighted_head_sum(acc, w_t, BK, BQ, HP, HEAD_CHAIN) * sc  # [BK, BQ]
             kidx = ct.reshape(ct.arange(BK, dtype=ct.int32) + j * BK, (BK, 1))
             logit = ct.where((kidx >= ks_r) & (kidx < ke_r), logit, NEG_INF)
-            ct.store(out, (pid, j), ct.transpose(logit))
+            ct.store(out, (pid, j), ct.transpose(logit), allow_tma=False)
 
     return mqa_logits_kernel
 
 
-mqa_logits_kernel = make_mqa_logits_kernel()
+#: Two CTAs per SM on sm_90: one's MMA runs while the other reduces heads (one CTA issues both in turn,
+#: with the tensor core idle during its epilogue); the output store is not TMA so that tileiras drops the
+#: store warpgroup, and 256 threads x 128 registers fit twice. Measured on an H100: 1.6-1.8x (docs/kernels.md).
+mqa_logits_kernel = make_mqa_logits_kernel(occupancy=ct.ByTarget(sm_90=2))
 
 
 def make_paged_mqa_logits_kernel(**hints):
@@ -111,6 +147,7 @@ def make_paged_mqa_logits_kernel(**hints):
         CK: ct.Constant[int],
         SPLIT: ct.Constant[int],
         CTX2D: ct.Constant[bool],
+        HEAD_CHAIN: ct.Constant[bool],
     ):
         """Persistent: CTAs (i, 0..P-1) share the splits from ``meta[i]`` up to ``meta[i + 1]`` (lexicographic).
 
@@ -153,9 +190,8 @@ def make_paged_mqa_logits_kernel(**hints):
                             q_t = ct.load(q, (b, rg, 0, 0), shape=(1, RG, HP, D), padding_mode=ZERO)
                             q_t = ct.transpose(ct.reshape(q_t, (RG * HP, D)))
                             w_t = ct.reshape(ct.load(w, (b, rg, 0), shape=(1, RG, HP), padding_mode=ZERO), (1, RG * HP))
-                            acc = ct.mma(keys, q_t, ct.zeros((CK, RG * HP), dtype=ct.float32))
-                            acc = ct.maximum(acc, 0.0) * w_t
-                            logit = ct.sum(ct.reshape(acc, (CK, RG, HP)), axis=2) * sc  # [CK, RG]
+                            acc = ct.mma(keys, q_t, ct.full((CK, RG * HP), mma_init(HEAD_CHAIN), dtype=ct.float32))
+                            logit = weighted_head_sum(acc, w_t, CK, RG, HP, HEAD_CHAIN) * sc  # [CK, RG]
                             rows = ct.arange(RG, dtype=ct.int32) + rg * RG
                             if CTX2D:
                                 vis = ct.load(ctx, (b, rg), shape=(1, RG), padding_mode=ZERO)
@@ -194,10 +230,12 @@ def paged_kernel_for(occupancy: int):
 # --------------------------------------------------------------------------------------------
 
 
-def _check_arch(t: torch.Tensor) -> None:
+def _check_arch(t: torch.Tensor) -> int:
+    """The compute capability of ``t``'s device as ``10 * major + minor``; raises below 8.9 (no FP8 MMA)."""
     major, minor = torch.cuda.get_device_capability(t.device)
     if (major, minor) < (8, 9):
         raise Unsupported(f"FP8 MMA needs compute capability >= 8.9, got {major}.{minor}")
+    return 10 * major + minor
 
 
 def _new_logits(rows: int, cols: int, clean: bool, device: torch.device) -> torch.Tensor:
@@ -232,13 +270,9 @@ def launch_mqa_logits(
         conf.hp,
         d,
         conf.bk,
+        conf.head_chain,
     )
     launch(kernel or mqa_logits_kernel, (cdiv(s, conf.bq), 1, 1), args)
-
-
-def _pad_head_dim(x: torch.Tensor, d: int) -> torch.Tensor:
-    """``x [..., D]`` zero-padded to ``[..., d]`` (dot products are unchanged: the padding adds exact zeros)."""
-    return x if x.shape[-1] == d else torch.nn.functional.pad(x, (0, d - x.shape[-1]))
 
 
 def fp8_mqa_logits(
@@ -246,19 +280,16 @@ def fp8_mqa_logits(
 ):
     """cuTile MQA logits: the fp32 [S, S_kv] kernel, then (host side) compression and the cast to ``logits_dtype``.
 
-    Head dim 32 runs the D = 64 kernel on zero-padded ``q`` and ``kv``; bf16 weights are read as fp32.
+    Head dims 32, 64 and 128 run natively (one to four 32-deep MMA steps); bf16 weights are read as fp32.
     """
     kv_data, kv_scale = kv
     if q.dtype != torch.float8_e4m3fn or kv_data.dtype != torch.float8_e4m3fn:
         raise Unsupported(f"fp8_mqa_logits needs float8_e4m3fn q and kv, got {q.dtype} and {kv_data.dtype}")
     s, h, d = q.shape
-    if d == 32:
-        q, kv_data, d = _pad_head_dim(q, 64), _pad_head_dim(kv_data, 64), 64
     s_kv = kv_data.shape[0]
-    conf = mqa_logits_config(h, d)
+    conf = mqa_logits_config(h, d, sm=_check_arch(q))
     if conf is None:
         raise Unsupported(f"fp8_mqa_logits: H={h}, D={d} not supported (H <= 128, D in {{32, 64, 128}})")
-    _check_arch(q)
     print_once("fp8_mqa_logits", {"S": s, "S_kv": s_kv, "H": h, "D": d}, conf)
     out = _new_logits(s, s_kv, clean_logits, q.device)
     if s and s_kv:
@@ -319,6 +350,7 @@ def launch_paged_mqa_logits(
         conf.ck,
         conf.split,
         context_lens.dim() == 2,
+        conf.head_chain,
     )
     grid = (schedule_meta.shape[0] - 1, conf.parts, 1)
     launch(kernel or paged_kernel_for(conf.occupancy), grid, args)
@@ -333,7 +365,7 @@ def fp8_paged_mqa_logits(
     batch, next_n, h, d = q.shape
     num_blocks, block_kv = kv_cache.shape[0], kv_cache.shape[1]
     split = paged_mqa_split_kv(block_kv)
-    conf = paged_mqa_config(h, d, next_n, block_kv, split)
+    conf = paged_mqa_config(h, d, next_n, block_kv, split, sm=_check_arch(q))
     if conf is None:
         raise Unsupported(
             f"fp8_paged_mqa_logits: H={h}, D={d}, next_n={next_n}, block_kv={block_kv} not supported "
@@ -341,7 +373,6 @@ def fp8_paged_mqa_logits(
         )
     if not kv_cache.is_contiguous():
         raise Unsupported("fp8_paged_mqa_logits: kv_cache must be contiguous (DeepGEMM's byte layout)")
-    _check_arch(q)
     shape = {"B": batch, "next_n": next_n, "H": h, "D": d, "block_kv": block_kv}
     print_once("fp8_paged_mqa_logits", shape, conf)
     out = _new_logits(batch * next_n, int(max_context_len), clean_logits, q.device)
