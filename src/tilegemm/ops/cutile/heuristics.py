@@ -655,7 +655,8 @@ class PagedMqaConfig:
     ``nnp``: next_n rounded up to a power of two; ``rg``: query rows per MMA (``rg * hp <= 256``);
     ``ck``: keys per chunk (one indexed load of ``ck / block_kv`` cache blocks); ``split``: keys per
     schedule split; ``parts``: CTAs sharing each schedule row (round-robin over its splits), so
-    several gathers are in flight per SM; ``occupancy``: the compiler's CTAs-per-SM hint.
+    several gathers are in flight per SM; ``occupancy``: the compiler's CTAs-per-SM hint; ``head_chain``: as
+    :class:`MqaConfig`'s.
     """
 
     nnp: int
@@ -675,8 +676,9 @@ def _mqa_pow2_ceil(x: int) -> int:
 def _head_chain(sm: int, n_side: int) -> bool:
     """The FFMA-chain head sum: on sm_90 up to an MMA N side of 128.
 
-    Measured on an H100 (docs/kernels.md): 1.05-1.2x over ``ct.sum``. tileiras 13.4 spills with it on
-    sm_100 (up to thousands of words) and on sm_90 at N = 256, so those keep ``ct.sum``.
+    Measured on an H100 (docs/kernels.md), plain kernel at two CTAs per SM: 1.07-1.23x over ``ct.sum``.
+    tileiras 13.4 spills with it on sm_100 (up to thousands of words) and on sm_90 at N = 256, so those keep
+    ``ct.sum``.
     """
     return sm == 90 and n_side <= 128
 

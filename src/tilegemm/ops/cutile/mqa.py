@@ -11,7 +11,8 @@ the padded heads load as zeros with zero weights.
 * ``fp8_mqa_logits``: one CTA per tile of ``BQ`` query rows (``BQ * HP = 128``), heaviest tiles
   first; it loops only over the key tiles that meet the union of its rows' ``[ks, ke)`` windows,
   so cost follows the valid pairs. ``-inf`` outside the windows comes from the output's
-  initial fill (``torch.full``) plus the in-tile mask.
+  initial fill (``torch.full``) plus the in-tile mask. On sm_90 two CTAs share an SM, so one's MMA
+  runs during the other's head sum (``mqa_logits_kernel``'s comment).
 * ``get_paged_mqa_logits_metadata``: torch ops on the device (no host sync), the same balanced
   split as the reference backend (``ops.common.paged_mqa_schedule``).
 * ``fp8_paged_mqa_logits``: a persistent kernel; ``parts`` CTAs share schedule row i (the splits
