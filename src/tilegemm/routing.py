@@ -13,7 +13,8 @@ the routing values), so a whole MoE expert path can be captured in one CUDA grap
 
 :func:`permute_tokens` gathers token rows into either buffer; :func:`unpermute_tokens` is the
 inverse: ``out[t] = sum_j topk_weights[t, j] * y[row of (t, j)]``, a deterministic gather-and-sum
-(no atomics, identical bits on rerun). Everything is plain torch and runs on the CPU too.
+(no atomics, identical bits on rerun). Both are differentiable, and each one's backward is the other's gather
+(no scatter-add), so training reruns are bitwise identical too. Everything is plain torch and runs on the CPU too.
 """
 
 from __future__ import annotations
@@ -149,6 +150,69 @@ def _gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return out.view(x.dtype) if x.element_size() == 1 else out
 
 
+def _row_tokens(routing: MoERouting, layout: str, caller: str) -> torch.Tensor:
+    """int64 [rows]: the token whose row fills each buffer row (``-1``: padding or a dropped slot)."""
+    if layout == "indices":
+        slot = routing.src_slot
+    elif layout == "psum":
+        slot = torch.where(routing.dest_row[routing.sorted_slot] >= 0, routing.sorted_slot, -1)
+    else:
+        raise ValueError(f"{caller}: layout must be 'indices' or 'psum', got {layout!r}")
+    return torch.where(slot >= 0, torch.div(slot, routing.top_k, rounding_mode="floor"), slot)
+
+
+def _slot_rows(routing: MoERouting, layout: str, caller: str) -> torch.Tensor:
+    """int64 [T * k]: each slot's buffer row (``-1``: a dropped slot)."""
+    if layout == "indices":
+        return routing.dest_row
+    if layout == "psum":
+        return torch.where(routing.dest_row >= 0, routing.compact_row, routing.dest_row)
+    raise ValueError(f"{caller}: layout must be 'indices' or 'psum', got {layout!r}")
+
+
+def _sum_slots(y: torch.Tensor, rows: torch.Tensor, t: int, k: int, out_dtype: torch.dtype) -> torch.Tensor:
+    """``out[t] = sum_j y[rows[t * k + j]]`` (rows ``-1`` add 0), summed in fp32 (float64 for float64 ``y``) in
+    slot order, rounded once."""
+    acc = torch.promote_types(y.dtype, torch.float32) if y.is_floating_point() else torch.float32
+    gathered = _gather_rows(y, rows).to(acc).view(t, k, *y.shape[1:])
+    return gathered.sum(dim=1).to(out_dtype)
+
+
+class _Permute(torch.autograd.Function):
+    """Row gather whose backward is its adjoint, the gather-and-sum of :func:`_sum_slots` (deterministic: no
+    scatter-add of ``index_select``'s backward, whose atomics reorder the k additions per token on every run)."""
+
+    @staticmethod
+    def forward(ctx, x, tokens, rows, t, k):
+        ctx.save_for_backward(rows)
+        ctx.t, ctx.k = t, k
+        return _gather_rows(x, tokens)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (rows,) = ctx.saved_tensors
+        return _sum_slots(grad, rows, ctx.t, ctx.k, grad.dtype), None, None, None, None
+
+
+class _Unpermute(torch.autograd.Function):
+    """:func:`_sum_slots` whose backward is its adjoint, a row gather (each buffer row belongs to one slot)."""
+
+    @staticmethod
+    def forward(ctx, y, tokens, rows, t, k, out_dtype):
+        ctx.save_for_backward(tokens)
+        ctx.y_dtype = y.dtype
+        return _sum_slots(y, rows, t, k, out_dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (tokens,) = ctx.saved_tensors
+        return _gather_rows(grad.to(ctx.y_dtype), tokens), None, None, None, None, None
+
+
+def _differentiating(t: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and t.requires_grad
+
+
 def permute_tokens(x: torch.Tensor, routing: MoERouting, layout: str = "indices") -> torch.Tensor:
     """Gather token rows into the expert-sorted buffer the grouped GEMM reads.
 
@@ -160,19 +224,16 @@ def permute_tokens(x: torch.Tensor, routing: MoERouting, layout: str = "indices"
             pair it with ``routing.psum_offsets`` and ``use_psum_layout=True``).
 
     Returns:
-        A new tensor, row r holding ``x[slot // k]`` for the slot routed to row r.
+        A new tensor, row r holding ``x[slot // k]`` for the slot routed to row r. Differentiable: the gradient
+        of ``x[t]`` is the sum of its k rows' gradients, in fp32 in slot order, rounded once (deterministic).
     """
     if x.shape[0] != routing.num_tokens:
         raise ValueError(f"permute_tokens: x has {x.shape[0]} rows, routing has {routing.num_tokens} tokens")
-    k = routing.top_k
-    if layout == "indices":
-        slot = routing.src_slot
-    elif layout == "psum":
-        slot = torch.where(routing.dest_row[routing.sorted_slot] >= 0, routing.sorted_slot, -1)
-    else:
-        raise ValueError(f"permute_tokens: layout must be 'indices' or 'psum', got {layout!r}")
-    token = torch.where(slot >= 0, torch.div(slot, k, rounding_mode="floor"), slot)
-    return _gather_rows(x, token)
+    tokens = _row_tokens(routing, layout, "permute_tokens")
+    if _differentiating(x):
+        rows = _slot_rows(routing, layout, "permute_tokens")
+        return _Permute.apply(x, tokens, rows, routing.num_tokens, routing.top_k)
+    return _gather_rows(x, tokens)
 
 
 def unpermute_tokens(
@@ -192,19 +253,18 @@ def unpermute_tokens(
         out_dtype: result dtype (default ``y.dtype``); the sum over k runs in fp32.
 
     Returns:
-        [T, N]. A gather then a sum in slot order: deterministic, no atomics.
+        [T, N]. A gather then a sum in slot order: deterministic, no atomics. Differentiable; without
+        ``topk_weights`` the gradient of ``y`` is a row gather of the output's gradient.
     """
     t, k = routing.num_tokens, routing.top_k
-    if layout == "indices":
-        row = routing.dest_row
-    elif layout == "psum":
-        row = torch.where(routing.dest_row >= 0, routing.compact_row, routing.dest_row)
-    else:
-        raise ValueError(f"unpermute_tokens: layout must be 'indices' or 'psum', got {layout!r}")
-    gathered = _gather_rows(y, row).to(torch.float32).view(t, k, *y.shape[1:])
-    if topk_weights is not None:
-        if tuple(topk_weights.shape) != (t, k):
-            raise ValueError(f"unpermute_tokens: topk_weights must be [{t}, {k}], got {tuple(topk_weights.shape)}")
-        w = topk_weights.to(torch.float32).view(t, k, *([1] * (y.dim() - 1)))
-        gathered = gathered * w
-    return gathered.sum(dim=1).to(out_dtype or y.dtype)
+    rows = _slot_rows(routing, layout, "unpermute_tokens")
+    out_dtype = out_dtype or y.dtype
+    if topk_weights is None:
+        if _differentiating(y):
+            return _Unpermute.apply(y, _row_tokens(routing, layout, "unpermute_tokens"), rows, t, k, out_dtype)
+        return _sum_slots(y, rows, t, k, out_dtype)
+    if tuple(topk_weights.shape) != (t, k):
+        raise ValueError(f"unpermute_tokens: topk_weights must be [{t}, {k}], got {tuple(topk_weights.shape)}")
+    gathered = _gather_rows(y, rows).to(torch.float32).view(t, k, *y.shape[1:])
+    w = topk_weights.to(torch.float32).view(t, k, *([1] * (y.dim() - 1)))
+    return (gathered * w).sum(dim=1).to(out_dtype)

@@ -164,6 +164,65 @@ def test_permute_fp8_rows_and_unpermute_without_weights():
     torch.testing.assert_close(back, k * xf)
 
 
+def _index_gradients(x, y, r, layout, dout_x, dout_y):
+    """Gradients through plain ``index_select`` gathers (autograd's own adjoints), the reference."""
+    tokens = torch.where(
+        (r.src_slot if layout == "indices" else r.sorted_slot) >= 0,
+        torch.div(r.src_slot if layout == "indices" else r.sorted_slot, r.top_k, rounding_mode="floor"),
+        -1,
+    )
+    if layout == "psum":
+        tokens = torch.where(r.dest_row[r.sorted_slot] >= 0, tokens, -1)
+        rows = torch.where(r.dest_row >= 0, r.compact_row, r.dest_row)
+    else:
+        rows = r.dest_row
+    keep_t = (tokens >= 0)[:, None]
+    xs = torch.where(keep_t, x.index_select(0, tokens.clamp(min=0)), 0.0)
+    keep_r = (rows >= 0)[:, None]
+    out = torch.where(keep_r, y.index_select(0, rows.clamp(min=0)), 0.0).view(r.num_tokens, r.top_k, y.shape[1]).sum(1)
+    return torch.autograd.grad((xs, out), (x, y), (dout_x, dout_y))
+
+
+@pytest.mark.parametrize("layout", ["indices", "psum"])
+@pytest.mark.parametrize("t,k,e", [(45, 3, 6), (1, 1, 1), (0, 2, 4), (20, 8, 160)])
+def test_permute_unpermute_gradients_are_adjoint_gathers(layout, t, k, e):
+    """The backward of permute is the gather-sum over each token's k rows and that of unpermute a row gather:
+    equal to autograd through index_select (float64), and bitwise identical on rerun (no scatter-add)."""
+    ids = _random_ids(t, k, e, 5) if t else torch.zeros(0, k, dtype=torch.int32)
+    if t > 4:
+        ids[4, 0] = -1  # a dropped slot
+    r = moe_route(ids, e, 16)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(t, 7, generator=g, dtype=torch.float64, requires_grad=True)
+    rows = max_padded_rows(t, k, e, 16) if layout == "indices" else t * k
+    y = torch.randn(rows, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    dxs = torch.randn(rows, 7, generator=g, dtype=torch.float64)
+    dout = torch.randn(t, 5, generator=g, dtype=torch.float64)
+    xs = permute_tokens(x, r, layout)
+    out = unpermute_tokens(y, r, None, layout)
+    got = torch.autograd.grad((xs, out), (x, y), (dxs, dout))
+    want = _index_gradients(x, y, r, layout, dxs, dout)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    outs = (permute_tokens(x, r, layout), unpermute_tokens(y, r, None, layout))
+    again = torch.autograd.grad(outs, (x, y), (dxs, dout))
+    assert all(torch.equal(a, b) for a, b in zip(got, again))
+
+
+def test_permute_gradient_sums_in_fp32_once():
+    """A bf16 token's gradient is its k rows' sum in fp32, rounded once to bf16."""
+    t, k, e = 30, 8, 16
+    r = moe_route(_random_ids(t, k, e, 9), e)
+    x = torch.randn(t, 64, dtype=torch.bfloat16, requires_grad=True)
+    dxs = torch.randn(r.src_slot.shape[0], 64, dtype=torch.bfloat16)
+    (dx,) = torch.autograd.grad(permute_tokens(x, r), x, dxs)
+    want = torch.zeros(t, 64, dtype=torch.float32)
+    for row, slot in enumerate(r.src_slot.tolist()):
+        if slot >= 0:
+            want[slot // k] += dxs[row].float()
+    assert torch.equal(dx, want.to(torch.bfloat16))
+
+
 def test_bad_inputs():
     with pytest.raises(ValueError):
         moe_route(torch.zeros(4, dtype=torch.int32), 4)
