@@ -170,11 +170,15 @@ def _slot_rows(routing: MoERouting, layout: str, caller: str) -> torch.Tensor:
     raise ValueError(f"{caller}: layout must be 'indices' or 'psum', got {layout!r}")
 
 
+def _sum_dtype(y: torch.Tensor) -> torch.dtype:
+    """Where the k-sums run: fp32, float64 for float64 ``y``."""
+    return torch.promote_types(y.dtype, torch.float32) if y.is_floating_point() else torch.float32
+
+
 def _sum_slots(y: torch.Tensor, rows: torch.Tensor, t: int, k: int, out_dtype: torch.dtype) -> torch.Tensor:
-    """``out[t] = sum_j y[rows[t * k + j]]`` (rows ``-1`` add 0), summed in fp32 (float64 for float64 ``y``) in
-    slot order, rounded once."""
-    acc = torch.promote_types(y.dtype, torch.float32) if y.is_floating_point() else torch.float32
-    gathered = _gather_rows(y, rows).to(acc).view(t, k, *y.shape[1:])
+    """``out[t] = sum_j y[rows[t * k + j]]`` (rows ``-1`` add 0), summed in :func:`_sum_dtype` in slot order,
+    rounded once."""
+    gathered = _gather_rows(y, rows).to(_sum_dtype(y)).view(t, k, *y.shape[1:])
     return gathered.sum(dim=1).to(out_dtype)
 
 
@@ -250,7 +254,7 @@ def unpermute_tokens(
         routing: the :class:`MoERouting` that built the buffer.
         topk_weights: float [T, k] router weights (``None``: all ones). Dropped slots add 0.
         layout: as in :func:`permute_tokens`.
-        out_dtype: result dtype (default ``y.dtype``); the sum over k runs in fp32.
+        out_dtype: result dtype (default ``y.dtype``); the sum over k runs in fp32 (float64 for float64 ``y``).
 
     Returns:
         [T, N]. A gather then a sum in slot order: deterministic, no atomics. Differentiable; without
@@ -265,6 +269,6 @@ def unpermute_tokens(
         return _sum_slots(y, rows, t, k, out_dtype)
     if tuple(topk_weights.shape) != (t, k):
         raise ValueError(f"unpermute_tokens: topk_weights must be [{t}, {k}], got {tuple(topk_weights.shape)}")
-    gathered = _gather_rows(y, rows).to(torch.float32).view(t, k, *y.shape[1:])
-    w = topk_weights.to(torch.float32).view(t, k, *([1] * (y.dim() - 1)))
+    gathered = _gather_rows(y, rows).to(_sum_dtype(y)).view(t, k, *y.shape[1:])
+    w = topk_weights.to(gathered.dtype).view(t, k, *([1] * (y.dim() - 1)))
     return (gathered * w).sum(dim=1).to(out_dtype)
