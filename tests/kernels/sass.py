@@ -87,6 +87,21 @@ def sass_summary(cubin: bytes) -> dict[str, int]:
     }
 
 
+def launch_resources(cubin: bytes) -> dict[str, int]:
+    """What one CTA of the cubin's kernel takes: ``threads`` (its ``.reqntid``), ``registers`` per thread and
+    ``shared`` bytes (``cuobjdump -elf`` / ``-res-usage``); with them, how many CTAs fit on an SM."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        elf = subprocess.run([cuobjdump_path(), "-elf", f.name], capture_output=True, text=True, check=True).stdout
+        res = subprocess.run([cuobjdump_path(), "-res-usage", f.name], capture_output=True, text=True, check=True)
+    threads = re.search(r"\.reqntid (\d+)", elf)
+    usage = re.search(r"REG:(\d+).*?SHARED:(\d+)", res.stdout)
+    if not threads or not usage:
+        raise ValueError("cuobjdump printed no .reqntid or resource usage for this cubin")
+    return {"threads": int(threads.group(1)), "registers": int(usage.group(1)), "shared": int(usage.group(2))}
+
+
 def compile_all(
     jobs: Iterable[tuple[str, Any, Any, str]],
     compile_cubin: Callable[[Any, Any, str], bytes],

@@ -4,7 +4,8 @@ Each shipped kernel variant is compiled ahead of time for sm_90 and sm_100 with 
 JIT would infer from real contiguous tensors (output rows 16-byte aligned or not), and its SASS is checked: FP8
 tensor-core MMAs (``QGMMA`` on Hopper, ``UTCQMMA`` on Blackwell), TMA loads of the FP8 operands
 (``UTMALDG``; the paged kernel's gathered cache blocks included), no byte-wide FP8 loads, and no
-register spills on sm_90.
+register spills on sm_90; on sm_90 the plain kernel also fits two CTAs per SM (256 threads, registers and shared memory
+for two).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ ct = pytest.importorskip("cuda.tile")
 
 from cuda.tile import compilation as cc  # noqa: E402
 
-from kernels.sass import sass_summary  # noqa: E402
+from kernels.sass import launch_resources, sass_summary  # noqa: E402
 from tilegemm.ops.cutile import aot, mqa  # noqa: E402
 
 # (H, D): every padded-head class of the plain kernel (HP = 8 .. 128), every head dim.
@@ -163,6 +164,19 @@ def test_mqa_kernel_sass(summaries, job):
         assert s["ldl"] + s["stl"] <= spill_cap, f"register spills (known cap {spill_cap}): {s}"
     assert s["utmaldg"] > 0, f"no TMA loads: {s}"
     assert s["ldg_u8"] == 0, f"byte-wide FP8 loads (TMA lost): {s}"
+
+
+#: An H100 SM: 64K 32-bit registers, 228 KB of shared memory (227 KB for one CTA).
+SM90_REGISTERS, SM90_SHARED = 65536, 228 * 1024
+
+
+@pytest.mark.parametrize("h,d", PLAIN_VARIANTS)
+def test_plain_kernel_fits_two_ctas_per_sm90(h, d):
+    """Two CTAs of the plain kernel share an SM on sm_90, so one's MMA overlaps the other's head sum (docs/kernels.md,
+    "Two CTAs per SM"). A TMA output store would add a store warpgroup (384 threads at 168 registers: one CTA)."""
+    res = launch_resources(aot.compile_cubin(mqa.mqa_logits_kernel, plain_params(h, d), "sm_90"))
+    assert res["threads"] == 256, res
+    assert 2 * res["threads"] * res["registers"] <= SM90_REGISTERS and 2 * res["shared"] <= SM90_SHARED, res
 
 
 def test_cutile_schedule_matches_reference_on_cpu():
