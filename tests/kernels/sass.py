@@ -39,13 +39,18 @@ def cuobjdump_path() -> str:
     return "cuobjdump"
 
 
-def dump_sass(cubin: bytes) -> str:
-    """The SASS text of ``cubin`` (``cuobjdump --dump-sass``)."""
+def _cuobjdump(cubin: bytes, *flags: str) -> list[str]:
+    """``cuobjdump <flag> cubin``'s output for each of ``flags`` (one temporary file for all)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        out = subprocess.run([cuobjdump_path(), "--dump-sass", f.name], capture_output=True, text=True, check=True)
-    return out.stdout
+        run = lambda flag: subprocess.run([cuobjdump_path(), flag, f.name], capture_output=True, text=True, check=True)  # noqa: E731
+        return [run(flag).stdout for flag in flags]
+
+
+def dump_sass(cubin: bytes) -> str:
+    """The SASS text of ``cubin`` (``cuobjdump --dump-sass``)."""
+    return _cuobjdump(cubin, "--dump-sass")[0]
 
 
 def opcode_counts(sass: str) -> Counter[str]:
@@ -90,13 +95,9 @@ def sass_summary(cubin: bytes) -> dict[str, int]:
 def launch_resources(cubin: bytes) -> dict[str, int]:
     """What one CTA of the cubin's kernel takes: ``threads`` (its ``.reqntid``), ``registers`` per thread and
     ``shared`` bytes (``cuobjdump -elf`` / ``-res-usage``); with them, how many CTAs fit on an SM."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        elf = subprocess.run([cuobjdump_path(), "-elf", f.name], capture_output=True, text=True, check=True).stdout
-        res = subprocess.run([cuobjdump_path(), "-res-usage", f.name], capture_output=True, text=True, check=True)
+    elf, res = _cuobjdump(cubin, "-elf", "-res-usage")
     threads = re.search(r"\.reqntid (\d+)", elf)
-    usage = re.search(r"REG:(\d+).*?SHARED:(\d+)", res.stdout)
+    usage = re.search(r"REG:(\d+).*?SHARED:(\d+)", res)
     if not threads or not usage:
         raise ValueError("cuobjdump printed no .reqntid or resource usage for this cubin")
     return {"threads": int(threads.group(1)), "registers": int(usage.group(1)), "shared": int(usage.group(2))}

@@ -721,8 +721,9 @@ def paged_mqa_config(
         ck, parts, occupancy = 128, 2, 3
     else:
         ck, parts, occupancy = 64, 4, 4
-    head_chain = _head_chain(sm, n_side)
-    return PagedMqaConfig(nnp, rg, hp, ck, split, parts, occupancy, head_chain)
+    return PagedMqaConfig(
+        nnp=nnp, rg=rg, hp=hp, ck=ck, split=split, parts=parts, occupancy=occupancy, head_chain=_head_chain(sm, n_side)
+    )
 
 
 # ------------------------------------------------------------------------------- printing
