@@ -184,7 +184,8 @@ def _check(fn, d, ref) -> tuple[float | None, bool]:
 
 def _decode_variant(name: str):
     """The decode config a variant name describes: a shipped variant, then optional ``/bm<N>`` (activation tile
-    capped at N rows) and ``/s<N>`` (N K splits forced), e.g. ``w64k256/bm64/s2``."""
+    capped at N rows), ``/s<N>`` (N K splits forced) and ``/l<N>`` (load latency hint N, 0: the compiler's),
+    e.g. ``w64k256/bm64/s2/l3``."""
     from tilegemm.ops.cutile import heuristics
 
     base, *mods = name.split("/")
@@ -194,8 +195,10 @@ def _decode_variant(name: str):
             cfg = dataclasses.replace(cfg, bm_max=int(mod[2:]))
         elif mod.startswith("s") and mod[1:].isdigit() and int(mod[1:]) >= 1:
             cfg = dataclasses.replace(cfg, splits=int(mod[1:]))
+        elif mod.startswith("l") and mod[1:].isdigit() and int(mod[1:]) <= 10:
+            cfg = dataclasses.replace(cfg, latency=int(mod[1:]))
         else:
-            raise ValueError(f"variant {name!r}: {mod!r} is neither /bm<rows> nor /s<splits>")
+            raise ValueError(f"variant {name!r}: {mod!r} is none of /bm<rows>, /s<splits>, /l<latency>")
     return dataclasses.replace(cfg, name=name)
 
 
@@ -215,7 +218,7 @@ def _variants(args) -> list[str]:
         except ValueError as exc:
             unknown.append(f"{v} ({exc})")
     if unknown:
-        raise SystemExit(f"--variants: unknown {unknown}, expected names from {every} (+ /bm<N>, /s<N>)")
+        raise SystemExit(f"--variants: unknown {unknown}, expected names from {every} (+ /bm<N>, /s<N>, /l<N>)")
     return chosen
 
 
@@ -229,7 +232,7 @@ def run(args) -> list[dict]:
     default_name = heuristics.decode_config().name
     rows: list[dict] = []
     for n, k in nks:
-        for kind in ("bf16", "fp8"):
+        for kind in args.dtypes:
             if time.time() - t0 > args.budget_s:
                 _log(f"budget of {args.budget_s}s spent: skipping {kind} N={n} K={k}")
                 continue
@@ -326,13 +329,20 @@ def main() -> int:
         type=lambda v: tuple(tuple(int(x) for x in nk.split("x")) for nk in v.split(",")),
         help="the (N, K) pairs, e.g. 2048x768,1536x2048",
     )
+    p.add_argument(
+        "--dtypes",
+        type=lambda v: tuple(d for d in v.split(",") if d in ("bf16", "fp8")),
+        default=("bf16", "fp8"),
+        help="comma-separated subset of bf16,fp8 (default both)",
+    )
     p.add_argument("--budget-s", type=float, default=270.0, help="stop adding shapes after this many seconds")
     p.add_argument("--out", default=os.environ.get("OUT", "."), help="directory for decode.json (default $OUT)")
     p.add_argument(
         "--variants",
         default="",
         help="comma-separated variants (default: every shipped one and tile); a decode variant may add "
-        "/bm<N> (activation tile capped at N rows) and /s<N> (N K splits), e.g. w64k256/bm64/s2",
+        "/bm<N> (activation tile capped at N rows), /s<N> (N K splits) and /l<N> (load latency hint), "
+        "e.g. w64k256/bm64/s2/l3",
     )
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failing variants")
     args = p.parse_args()

@@ -61,25 +61,31 @@ def _decode_head(out_dtype, splitk):
     return [_A(out_dtype, 2), _A(out_dtype, 2), w, _A(ct.int32, 1), *scalars]
 
 
+def _plan(cfg, bm, latency=0):
+    """A decode plan with activation tile ``bm`` and load latency hint ``latency`` (what the constants read)."""
+    return heuristics.DecodePlan(cfg, bm, 1, 1, 1, 1, 1, latency)
+
+
 def _decode_bf16_params(cfg, bm, splitk, *, a_kmajor=True, b_kmajor=True, has_c=False, out_dtype=ct.bfloat16):
-    consts = decode.bf16_constants(cfg, bm, a_kmajor=a_kmajor, b_kmajor=b_kmajor, has_c=has_c, splitk=splitk)
+    consts = decode.bf16_constants(_plan(cfg, bm), a_kmajor=a_kmajor, b_kmajor=b_kmajor, has_c=has_c, splitk=splitk)
     return [_A(ct.bfloat16, 2), _A(ct.bfloat16, 2), *_decode_head(out_dtype, splitk), *consts]
 
 
 def _decode_fp8_params(cfg, bm, splitk, *, sb_rows=False, has_c=False, out_dtype=ct.bfloat16):
     """Scales with generic strides (the kernel reads row-major and MN-major scales in place)."""
-    consts = decode.fp8_constants(cfg, bm, sb_rows=sb_rows, has_c=has_c, splitk=splitk)
+    consts = decode.fp8_constants(_plan(cfg, bm), sb_rows=sb_rows, has_c=has_c, splitk=splitk)
     scales = [_A(ct.float32, 2, contiguous_last=False), _A(ct.float32, 2, contiguous_last=False)]
     return [_A(ct.float8_e4m3fn, 2), _A(ct.float8_e4m3fn, 2), *scales, *_decode_head(out_dtype, splitk), *consts]
 
 
-def _decode_lean_params(dt, cfg, bm, *, a_kmajor=True, b_kmajor=True, sb_rows=False):
+def _decode_lean_params(dt, cfg, bm, *, a_kmajor=True, b_kmajor=True, sb_rows=False, latency=0):
     """The lean entry point's parameters: no C, W, CNT, beta, splits or per, nor the HAS_C/SPLITK constants."""
     scalars = [aot.scalar(ct.float32), aot.scalar(ct.int32)]
+    plan = _plan(cfg, bm, latency)
     if dt == "bf16":
-        consts = decode.bf16_constants(cfg, bm, a_kmajor=a_kmajor, b_kmajor=b_kmajor, has_c=False, splitk=False)
+        consts = decode.bf16_constants(plan, a_kmajor=a_kmajor, b_kmajor=b_kmajor, has_c=False, splitk=False)
         return [_A(ct.bfloat16, 2), _A(ct.bfloat16, 2), _A(ct.bfloat16, 2), *scalars, *consts[:-2]]
-    consts = decode.fp8_constants(cfg, bm, sb_rows=sb_rows, has_c=False, splitk=False)
+    consts = decode.fp8_constants(plan, sb_rows=sb_rows, has_c=False, splitk=False)
     scales = [_A(ct.float32, 2, contiguous_last=False), _A(ct.float32, 2, contiguous_last=False)]
     return [_A(ct.float8_e4m3fn, 2), _A(ct.float8_e4m3fn, 2), *scales, _A(ct.bfloat16, 2), *scalars, *consts[:-2]]
 
@@ -115,6 +121,12 @@ def _decode_variants():
     lean_b, lean_f = decode.get_kernel("bf16", default, bm, lean=True), decode.get_kernel("fp8", default, bm, lean=True)
     out.append((f"{tag}-lean-bf16-nn", "bf16", lean_b, _decode_lean_params("bf16", default, bm, b_kmajor=False)))
     out.append((f"{tag}-lean-fp8-1x128", "fp8", lean_f, _decode_lean_params("fp8", default, bm, sb_rows=True)))
+    # The deep pipeline decode_plan picks for unsplit FP8 64-row tiles at long K, both weight-scale recipes.
+    bm, lat = heuristics.DECODE_NARROW_BM, heuristics.DECODE_DEEP_LATENCY
+    deep = decode.get_kernel("fp8", default, bm, lean=True)
+    for rows in (False, True):
+        params = _decode_lean_params("fp8", default, bm, sb_rows=rows, latency=lat)
+        out.append((f"decode-{default.name}-bm{bm}-lean-fp8-l{lat}" + ("-1x128" if rows else ""), "fp8", deep, params))
     return out
 
 
@@ -201,6 +213,21 @@ def test_dense_kernel_sass(compiled, vid, kind, arch):
     assert mma > 0, f"{vid} {arch}: no {name}: {s}"
     # The A and B tiles come through TMA (FP8 scale tiles may too).
     assert s["utmaldg"] >= 2, f"{vid} {arch}: operands not loaded with TMA: {s}"
+
+
+def test_deep_decode_pipeline_keeps_two_stages_sm90():
+    """The latency hint decode_plan gives the unsplit FP8 kernel with 64-row tiles buys it a second 32 KiB load stage
+    on sm_90 (tileiras 13.4 gives it one without the hint), and two CTAs still fit an SM (results/decode/README.md,
+    "Load pipeline depth")."""
+    from kernels.sass import launch_resources
+
+    cfg, bm = heuristics.decode_config(), heuristics.DECODE_NARROW_BM
+    stage = cfg.bw * cfg.step_k("fp8") + bm * cfg.step_k("fp8")
+    kernel = decode.get_kernel("fp8", cfg, bm, lean=True)
+    params = _decode_lean_params("fp8", cfg, bm, latency=heuristics.DECODE_DEEP_LATENCY)
+    deep = launch_resources(aot.compile_cubin(kernel, params, "sm_90"))
+    assert deep["shared"] >= 2 * stage, deep
+    assert 2 * deep["shared"] <= 228 * 1024 and 2 * deep["threads"] * deep["registers"] <= 65536, deep
 
 
 # ----------------------------------------------------- host plans: the launch arguments fit the kernels

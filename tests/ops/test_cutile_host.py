@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -62,6 +64,24 @@ def test_decode_plan_narrows_few_tiles_and_keeps_wide_bf16_tiles_whole():
     assert heuristics.decode_plan(Problem("dense", "bf16", 64, 2112, 7168, 132), cfg).splits == 1
     assert heuristics.decode_plan(Problem("dense", "fp8", 64, 2112, 7168, 132), cfg).splits > 1
     assert heuristics.decode_plan(Problem("dense", "bf16", 16, 2112, 7168, 132), cfg).splits > 1
+
+
+def test_decode_plan_long_k_split_and_deep_pipeline():
+    """FP8 16-row tiles at long K are split even when they fill the SMs; unsplit FP8 64-row tiles from K = 2048 get
+    the deep-pipeline latency hint, and nothing else does (split kernels, BF16, short K)."""
+    cfg = heuristics.decode_config()
+    plan = lambda dtype, m, n, k: heuristics.decode_plan(Problem("dense", dtype, m, n, k, 132), cfg)  # noqa: E731
+    assert (plan("fp8", 8, 7168, 16384).tiles, plan("fp8", 8, 7168, 16384).splits) == (112, 4)
+    assert plan("fp8", 8, 7168, 2048).splits == 1  # 8 steps: too short to split
+    assert plan("bf16", 8, 7168, 16384).splits == 1
+    assert plan("fp8", 64, 7168, 16384).splits == 1  # 64-row tiles: splitting lost
+    deep = heuristics.DECODE_DEEP_LATENCY
+    for m, n, k in ((64, 7168, 16384), (128, 4096, 7168), (256, 2112, 7168), (32, 7168, 2048)):
+        assert (plan("fp8", m, n, k).bm, plan("fp8", m, n, k).splits, plan("fp8", m, n, k).latency) == (64, 1, deep)
+    for dtype, m, n, k in (("fp8", 64, 2112, 7168), ("fp8", 64, 24576, 1536), ("bf16", 64, 7168, 16384)):
+        assert plan(dtype, m, n, k).latency == 0
+    forced = heuristics.decode_plan(Problem("dense", "fp8", 64, 7168, 16384, 132), replace(cfg, latency=5))
+    assert forced.latency == 5
 
 
 def test_decode_plan_never_splits_small_tiles_or_in_two():

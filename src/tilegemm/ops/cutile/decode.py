@@ -20,6 +20,10 @@ weight's 128x128 block scale (one per tile and block, ``BW <= 128``) or its per-
 Scales are read in place whatever their strides (row-major [rows, KB] or MN-major).
 ``KU`` K blocks are loaded per step (one TMA load of ``[BW, 128 * KU]``).
 
+Pipeline depth: ``LAT`` (``DecodePlan.latency``), when above 0, is the ``latency`` hint of the weight and
+activation loads. tileiras sizes its load stages from it: the lean FP8 kernel with a 64-row activation tile gets
+one 32 KiB stage without a hint and two with ``LAT = 2`` (``docs/decode.md``).
+
 Config choice: :func:`tilegemm.ops.cutile.heuristics.decode_plan`; host path: ``gemm.py``.
 """
 
@@ -55,6 +59,15 @@ def _unit(num_m, splits, per, num_steps, SPLITK: ConstBool):
         k_lo = s * per
         k_hi = ct.minimum(num_steps, k_lo + per)
     return pm, pn, s, k_lo, k_hi
+
+
+def _load(X, index, shape, order, LAT: ConstInt):
+    """A zero-padded tile load; ``LAT > 0`` passes it as the load's latency hint (0: the compiler's choice)."""
+    if LAT > 0:
+        t = ct.load(X, index, shape, order=order, padding_mode=_ZERO, latency=LAT)
+    else:
+        t = ct.load(X, index, shape, order=order, padding_mode=_ZERO)
+    return t
 
 
 def _epilogue_t(D, C, acc, pm, pn, alpha, beta, HAS_C: ConstBool):
@@ -103,6 +116,7 @@ def _decode_bf16_body(
     BK: ConstInt,
     A_KMAJOR: ConstBool,
     B_KMAJOR: ConstBool,
+    LAT: ConstInt,
     HAS_C: ConstBool,
     SPLITK: ConstBool,
 ):
@@ -119,13 +133,13 @@ def _decode_bf16_body(
     acc = ct.zeros((BW, BM), dtype=ct.float32)
     for kb in range(k_lo, k_hi):
         if B_KMAJOR:
-            w = ct.load(B, (pn, kb), (BW, BK), padding_mode=_ZERO)
+            w = _load(B, (pn, kb), (BW, BK), (0, 1), LAT)
         else:
-            w = ct.load(B, (pn, kb), (BW, BK), order=(1, 0), padding_mode=_ZERO)
+            w = _load(B, (pn, kb), (BW, BK), (1, 0), LAT)
         if A_KMAJOR:
-            a = ct.load(A, (kb, pm), (BK, BM), order=(1, 0), padding_mode=_ZERO)
+            a = _load(A, (kb, pm), (BK, BM), (1, 0), LAT)
         else:
-            a = ct.load(A, (kb, pm), (BK, BM), padding_mode=_ZERO)
+            a = _load(A, (kb, pm), (BK, BM), (0, 1), LAT)
         acc = ct.mma(w, a, acc)
     _finish_t(D, C, W, CNT, acc, pm, pn, s, num_m, splits, alpha, beta, HAS_C, SPLITK)
 
@@ -149,6 +163,7 @@ def _decode_fp8_body(
     KU: ConstInt,
     SB_ROWS: ConstBool,
     FAST_ACC: ConstBool,
+    LAT: ConstInt,
     HAS_C: ConstBool,
     SPLITK: ConstBool,
 ):
@@ -165,8 +180,8 @@ def _decode_fp8_body(
     pm, pn, s, k_lo, k_hi = _unit(num_m, splits, per, num_steps, SPLITK)
     acc = ct.zeros((BW, BM), dtype=ct.float32)
     for ks in range(k_lo, k_hi):
-        w = ct.load(B, (pn, ks), (BW, 128 * KU), padding_mode=_ZERO)
-        a = ct.load(A, (ks, pm), (128 * KU, BM), order=(1, 0), padding_mode=_ZERO)
+        w = _load(B, (pn, ks), (BW, 128 * KU), (0, 1), LAT)
+        a = _load(A, (ks, pm), (128 * KU, BM), (1, 0), LAT)
         sa = ct.load(SA, (ks, pm), (KU, BM), order=(1, 0), padding_mode=_ZERO, allow_tma=False)
         if SB_ROWS:
             sb = ct.load(SB, (pn, ks), (BW, KU), padding_mode=_ZERO, allow_tma=False)
@@ -201,9 +216,10 @@ def _decode_bf16_lean(
     BK: ConstInt,
     A_KMAJOR: ConstBool,
     B_KMAJOR: ConstBool,
+    LAT: ConstInt,
 ):
     """:func:`_decode_bf16_body` without ``c`` or split-K: ``D = alpha * A @ B.T``."""
-    _decode_bf16_body(B, A, D, D, D, D, alpha, 0.0, K, 1, 0, BW, BM, BK, A_KMAJOR, B_KMAJOR, False, False)
+    _decode_bf16_body(B, A, D, D, D, D, alpha, 0.0, K, 1, 0, BW, BM, BK, A_KMAJOR, B_KMAJOR, LAT, False, False)
 
 
 def _decode_fp8_lean(
@@ -219,9 +235,10 @@ def _decode_fp8_lean(
     KU: ConstInt,
     SB_ROWS: ConstBool,
     FAST_ACC: ConstBool,
+    LAT: ConstInt,
 ):
     """:func:`_decode_fp8_body` without ``c`` or split-K: ``D = alpha * sum_kb sa * sb * (A_kb @ B_kb.T)``."""
-    _decode_fp8_body(B, A, SB, SA, D, D, D, D, alpha, 0.0, K, 1, 0, BW, BM, KU, SB_ROWS, FAST_ACC, False, False)
+    _decode_fp8_body(B, A, SB, SA, D, D, D, D, alpha, 0.0, K, 1, 0, BW, BM, KU, SB_ROWS, FAST_ACC, LAT, False, False)
 
 
 def _promote(w, a, sb, sa, acc, FAST_ACC: ConstBool):
@@ -245,14 +262,14 @@ def get_kernel(dtype: str, cfg: heuristics.DecodeConfig, bm: int, lean: bool = F
 
 
 def bf16_constants(
-    cfg: heuristics.DecodeConfig, bm: int, *, a_kmajor: bool, b_kmajor: bool, has_c: bool, splitk: bool
+    plan: heuristics.DecodePlan, *, a_kmajor: bool, b_kmajor: bool, has_c: bool, splitk: bool
 ) -> list[Any]:
-    """The ``ct.Constant`` tail of the BF16 decode kernel, in parameter order (the lean kernel's: all but
-    the last two)."""
-    return [cfg.bw, bm, cfg.bk_bf16, a_kmajor, b_kmajor, has_c, splitk]
+    """The ``ct.Constant`` tail of the BF16 decode kernel of ``plan``, in parameter order (the lean kernel's: all
+    but the last two)."""
+    return [plan.cfg.bw, plan.bm, plan.cfg.bk_bf16, a_kmajor, b_kmajor, plan.latency, has_c, splitk]
 
 
-def fp8_constants(cfg: heuristics.DecodeConfig, bm: int, *, sb_rows: bool, has_c: bool, splitk: bool) -> list[Any]:
-    """The ``ct.Constant`` tail of the FP8 decode kernel, in parameter order, fast accumulation on (the lean
-    kernel's: all but the last two)."""
-    return [cfg.bw, bm, cfg.ku, sb_rows, True, has_c, splitk]
+def fp8_constants(plan: heuristics.DecodePlan, *, sb_rows: bool, has_c: bool, splitk: bool) -> list[Any]:
+    """The ``ct.Constant`` tail of the FP8 decode kernel of ``plan``, in parameter order, fast accumulation on (the
+    lean kernel's: all but the last two)."""
+    return [plan.cfg.bw, plan.bm, plan.cfg.ku, sb_rows, True, plan.latency, has_c, splitk]

@@ -362,7 +362,7 @@ def _decode_runner(
     op: str,
     p: heuristics.Problem,
     cfg: heuristics.DecodeConfig,
-    consts: Callable[[int, bool], list[Any]],
+    consts: Callable[[heuristics.DecodePlan, bool], list[Any]],
     operands: Callable[..., tuple],
     c_fn: Callable,
     has_c: bool,
@@ -374,14 +374,14 @@ def _decode_runner(
     grid = plan.grid
     if not (has_c or plan.splitk):
         lean = decode.get_kernel(p.dtype, cfg, plan.bm, lean=True)
-        lean_tail = (p.k, *consts(plan.bm, False)[:-2])
+        lean_tail = (p.k, *consts(plan, False)[:-2])
 
         def run_lean(a, b, d, c, alpha, beta):
             launch.launch(lean, grid, (*operands(a, b), d, float(alpha), *lean_tail))
 
         return run_lean
     kernel = decode.get_kernel(p.dtype, cfg, plan.bm)
-    tail = (p.k, plan.splits, plan.per, *consts(plan.bm, plan.splitk))
+    tail = (p.k, plan.splits, plan.per, *consts(plan, plan.splitk))
     ws_shape = (plan.splits * plan.tiles, cfg.bw, plan.bm) if plan.splitk else (1, 1, 1)
     per_stream: dict[int, tuple] = {}
 
@@ -483,8 +483,8 @@ def _bf16_plan(layout: str, a, b, d, c, config) -> Runner:
     has_c = c is not None
     if isinstance(cfg, heuristics.DecodeConfig):
 
-        def dconsts(bm: int, splitk: bool) -> list[Any]:
-            return decode.bf16_constants(cfg, bm, a_kmajor=a_kmajor, b_kmajor=b_kmajor, has_c=has_c, splitk=splitk)
+        def dconsts(plan: heuristics.DecodePlan, splitk: bool) -> list[Any]:
+            return decode.bf16_constants(plan, a_kmajor=a_kmajor, b_kmajor=b_kmajor, has_c=has_c, splitk=splitk)
 
         if fa is None and fb is None:
             operands = _swap_pair
@@ -584,8 +584,8 @@ def _fp8_plan(layout: str, a_data, sa, b_data, sb, d, c, recipe, config) -> Runn
     if isinstance(cfg, heuristics.DecodeConfig):
         to_f32 = sa.dtype != torch.float32
 
-        def dconsts(bm: int, splitk: bool) -> list[Any]:
-            return decode.fp8_constants(cfg, bm, sb_rows=sb_rows, has_c=has_c, splitk=splitk)
+        def dconsts(plan: heuristics.DecodePlan, splitk: bool) -> list[Any]:
+            return decode.fp8_constants(plan, sb_rows=sb_rows, has_c=has_c, splitk=splitk)
 
         if fa is None and fb is None and not to_f32:
             operands = _fp8_swap

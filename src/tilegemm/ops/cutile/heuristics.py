@@ -267,7 +267,9 @@ class DecodeConfig:
     128-wide K blocks per FP8 step, ``bk_bf16`` the BF16 K step; ``splitk`` whether K may be split
     (reduced in the same launch); ``occupancy`` the CTAs-per-SM hint for activation tiles of at
     most 32 rows (``occupancy_wide`` above); ``splits`` a fixed K split count (0: sized by
-    :func:`decode_plan`; the shipped variants use 0, the benchmark sweeps set it).
+    :func:`decode_plan`; the shipped variants use 0, the benchmark sweeps set it); ``latency`` a fixed latency
+    hint of the weight and activation loads (1-10; 0: the compiler's choice; ``None``: chosen by
+    :func:`decode_plan`, what the shipped variants use).
     """
 
     name: str
@@ -279,6 +281,7 @@ class DecodeConfig:
     occupancy: int = 4
     occupancy_wide: int = 2
     splits: int = 0
+    latency: int | None = None
 
     def tile_m(self, m: int, dtype: str = "bf16") -> int:
         """The activation tile (MMA N side) for ``m`` rows: a power of two in [DECODE_MIN_BM, bm_max].
@@ -358,6 +361,11 @@ def takes_decode(p: Problem) -> bool:
 DECODE_MAX_SPLITS = 16
 DECODE_MIN_STEPS = 2
 DECODE_PARTIAL_RATIO = 2
+#: FP8 K steps from which tiles of at most 32 activation rows are split even when they fill 3/4 of the SMs.
+DECODE_LONG_K_STEPS = 64
+#: The load latency hint of the unsplit FP8 kernel with a 64-row activation tile at K >= DECODE_DEEP_MIN_K.
+DECODE_DEEP_LATENCY = 2
+DECODE_DEEP_MIN_K = 2048
 #: No split-K when a tile's whole weight slice (``bw * K`` elements) is smaller than this: the split's fixed cost
 #: (partial store, fence, counter atomic, the last unit's serial reload) outweighs the parallelism it buys.
 DECODE_SPLIT_MIN_TILE_BYTES = 128 * 1024
@@ -366,7 +374,8 @@ DECODE_VARIANT_ENV = "TILEGEMM_DECODE_VARIANT"
 
 @dataclass(frozen=True)
 class DecodePlan:
-    """Launch shape of a decode GEMM: activation tile ``bm``, tiles, K splits of ``per`` steps, grid."""
+    """Launch shape of a decode GEMM: activation tile ``bm``, tiles, K splits of ``per`` steps, grid, and the
+    latency hint of the kernel's loads (0: the compiler's choice)."""
 
     cfg: DecodeConfig
     bm: int
@@ -375,6 +384,7 @@ class DecodePlan:
     steps: int
     splits: int
     per: int
+    latency: int = 0
 
     @property
     def tiles(self) -> int:
@@ -400,7 +410,7 @@ class DecodePlan:
         return (
             f"decode_{cfg.name} tile={cfg.bw}x{self.bm} warps={cfg.warps_for(self.bm)} "
             f"occupancy={cfg.occupancy_for(self.bm)} grid={self.grid} "
-            f"split={self.splits}x{self.per} steps of {self.steps}"
+            f"split={self.splits}x{self.per} steps of {self.steps} latency={self.latency}"
         )
 
 
@@ -435,6 +445,17 @@ def decode_plan(p: Problem, cfg: DecodeConfig) -> DecodePlan:
     weight slice is under :data:`DECODE_SPLIT_MIN_TILE_BYTES` is not split (BF16 16x2048x768, 96 KB per tile:
     3.7 us unsplit, 5.7 in 3 splits), and a split in two becomes no split (FP8 256x1536x2048: 8.9 us unsplit,
     11.0 in 2; two splits was never the best count in any sweep).
+
+    Long K (H100, 2026-11-23, kernel-only, ``results/decode/pipeline_h100.json``): FP8 tiles of at most 32 rows
+    with at least :data:`DECODE_LONG_K_STEPS` steps are split even when they fill the SMs (1/8/16x7168x16384,
+    112 tiles: 49.2/51.4/62.5 us unsplit, 47.1/47.4/49.6 in 4 splits); 64-row tiles are not (64x7168x16384:
+    65.9 unsplit, 79.5 in 4).
+
+    Load latency hint: tileiras sizes the load pipeline from it. The unsplit FP8 kernel with a 64-row tile gets
+    one 32 KiB stage without a hint and two with :data:`DECODE_DEEP_LATENCY`; from K = 2048 that wins (same
+    file: 64x7168x16384 84.6 -> 65.9 us, 128x4096x7168 30.5 -> 23.7, 256x2112x7168 25.8 -> 22.8, 32x7168x2048
+    10.8 -> 9.8), below it loses (32x24576x1536 20.1 -> 21.3, 64x32768x512 10.5 -> 11.8). The split kernels
+    lose stages with it (64x2112x7168: 15.1 -> 17.0) and BF16 kernels do not change.
     """
     bm = cfg.tile_m(p.m, p.dtype)
     if bm > DECODE_NARROW_BM and _narrow_fits(p, cfg.bw):
@@ -444,7 +465,9 @@ def decode_plan(p: Problem, cfg: DecodeConfig) -> DecodePlan:
     steps = max(1, cdiv(p.k, step))
     tiles = num_m * num_n
     splits = 1
-    if cfg.splitk and 4 * tiles < 3 * max(1, p.sms) and not (p.dtype == "bf16" and bm >= DECODE_NARROW_BM):
+    few_tiles = 4 * tiles < 3 * max(1, p.sms)
+    long_k = p.dtype == "fp8" and bm <= 32 and tiles <= max(1, p.sms) and steps >= DECODE_LONG_K_STEPS
+    if cfg.splitk and (few_tiles or long_k) and not (p.dtype == "bf16" and bm >= DECODE_NARROW_BM):
         slots = max(1, p.sms) * cfg.occupancy_for(bm)
         elt = 1 if p.dtype == "fp8" else 2
         step_bytes = cfg.bw * step * elt
@@ -456,7 +479,12 @@ def decode_plan(p: Problem, cfg: DecodeConfig) -> DecodePlan:
     if cfg.splitk and cfg.splits > 0:
         splits = min(cfg.splits, steps)
     per = cdiv(steps, splits)
-    return DecodePlan(cfg, bm, num_m, num_n, steps, cdiv(steps, per), per)
+    splits = cdiv(steps, per)
+    latency = cfg.latency
+    if latency is None:
+        deep = p.dtype == "fp8" and bm == DECODE_NARROW_BM and splits == 1 and p.k >= DECODE_DEEP_MIN_K
+        latency = DECODE_DEEP_LATENCY if deep else 0
+    return DecodePlan(cfg, bm, num_m, num_n, steps, splits, per, latency)
 
 
 # ---------------------------------------------------------------------------- grouped GEMMs
