@@ -11,10 +11,11 @@ formula (``calc_diff``) and each tilegemm output against a rerun (bitwise). Prin
 The path ``unfused`` is tilegemm's unfused transformers experts forward (routing, two m-grouped GEMMs, the
 activation and the combine as separate steps) on the stock module. A path ``blocks:w<BW>k<BK>[t<BT>]`` runs the
 block kernels with other tiles than the default (``BW`` weight rows, ``BK`` of K per step, row tiles of at least
-``BT``): a design sweep, labelled as such in the table.
+``BT``), a path ``sorted:u<BN>d<BN>`` the sorted path with 128-row gate/up and down tiles of those column widths
+(8 warps): design sweeps, labelled as such in the table.
 
 Results: ``tests/benchmark/results/moe/paths_h100.md``. The path the heuristics take is
-``tilegemm.ops.common.moe_decode_sized`` / ``moe_fused_sized``.
+``tilegemm.ops.common.moe_decode_sized`` / ``moe_blocks_sized``.
 """
 
 from __future__ import annotations
@@ -37,25 +38,35 @@ TOKENS = {
     "mixtral-8x7b": (1, 2, 4, 8, 16, 64, 256),
 }
 _BLOCKS_TILES = re.compile(r"blocks:w(\d+)k(\d+)(?:t(\d+))?")
+_SORTED_TILES = re.compile(r"sorted:u(\d+)d(\d+)")
 
 
 @contextlib.contextmanager
 def _forced(path: str):
-    """``TILEGEMM_MOE_VARIANT`` set to ``path`` (``blocks:...``: the block kernels with those tiles) for the block."""
+    """``TILEGEMM_MOE_VARIANT`` set to ``path`` for the block (``blocks:...``: the block kernels with those tiles;
+    ``sorted:u<BN>d<BN>``: the sorted path's 128-row gate/up and down tiles with those column widths, 8 warps)."""
     from tilegemm.ops.cutile import heuristics
 
     saved = heuristics.moe_blocks_config, heuristics.MOE_BLOCKS_MIN_BT
+    saved_sorted = dict(heuristics.MOE_UP_CONFIGS), dict(heuristics.MOE_DOWN_CONFIGS)
     tiles = _BLOCKS_TILES.fullmatch(path)
+    sorted_tiles = _SORTED_TILES.fullmatch(path)
     if tiles:
         bw, bk, bt = tiles.groups()
         heuristics.moe_blocks_config = functools.partial(saved[0], bw=int(bw), bk=int(bk))
         heuristics.MOE_BLOCKS_MIN_BT = int(bt or saved[1])
-    os.environ[heuristics.MOE_VARIANT_ENV] = "blocks" if tiles else path
+    if sorted_tiles:
+        up_bn, down_bn = (int(v) for v in sorted_tiles.groups())
+        heuristics.MOE_UP_CONFIGS[128] = heuristics.TileConfig(128, up_bn, 64, num_worker_warps=8)
+        heuristics.MOE_DOWN_CONFIGS[128] = heuristics.TileConfig(128, down_bn, 64, num_worker_warps=8)
+    os.environ[heuristics.MOE_VARIANT_ENV] = "blocks" if tiles else "sorted" if sorted_tiles else path
     try:
         yield
     finally:
         del os.environ[heuristics.MOE_VARIANT_ENV]
         heuristics.moe_blocks_config, heuristics.MOE_BLOCKS_MIN_BT = saved
+        heuristics.MOE_UP_CONFIGS.update(saved_sorted[0])
+        heuristics.MOE_DOWN_CONFIGS.update(saved_sorted[1])
 
 
 def _times_us(fn, calls: int = 20) -> tuple[float, float]:
@@ -143,7 +154,7 @@ def run(
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    paths_help = "TILEGEMM_MOE_VARIANT values (or blocks:w64k128t16), comma-separated"
+    paths_help = "TILEGEMM_MOE_VARIANT values (or blocks:w64k128t16, sorted:u128d256), comma-separated"
     p.add_argument("--paths", default="slots,blocks,sorted", help=paths_help)
     p.add_argument("--budget-s", type=float, default=170.0, help="start no new token count after this many seconds")
     p.add_argument("--tokens", default=None, help="token counts for every model, comma-separated (default: TOKENS)")

@@ -324,6 +324,33 @@ def test_decode_fp8(cfg, recipe, shape):
     assert_rerun_identical(lambda: gemm.fp8_gemm("nt", a, b, d, None, 1.0, 1.0, recipe, config=cfg), d)
 
 
+# (shape, what decode_plan picks for it on 132 SMs): the deep load pipeline and the long-K split, K ragged.
+DECODE_FP8_PLANS = [((40, 6400, 2100), "deep"), ((5, 6400, 16400), "long_k_split"), ((16, 7168, 16384), "long_k_split")]
+
+
+@pytest.mark.parametrize("shape,kind", DECODE_FP8_PLANS, ids=lambda v: _sid(v) if isinstance(v, tuple) else v)
+def test_decode_fp8_default_plans(shape, kind):
+    """The public default on the FP8 plans with a load latency hint (unsplit 64-row tiles, K >= 2048) and with a
+    long-K split of 16-row tiles: float64 agreement and bitwise reruns (``compute-sanitizer memcheck`` reads these
+    split plans wrong but reports no error; natively, under racecheck and synccheck they are right:
+    tests/benchmark/results/sanitize/README.md)."""
+    from tilegemm.ops.cutile import heuristics, launch
+
+    m, n, k = shape
+    plan = heuristics.decode_plan(
+        heuristics.Problem("dense", "fp8", m, n, k, launch.num_sms()), heuristics.decode_config()
+    )
+    if launch.num_sms() == 132:
+        deep = plan.latency == heuristics.DECODE_DEEP_LATENCY and plan.splits == 1
+        assert deep if kind == "deep" else (plan.bm == 16 and plan.splits > 1), plan.summary
+    a, b, deq_a, deq_b, _, _ = _fp8_case("nt", (1, 128, 128), m, n, k, seed=22)
+    d = poisoned((m, n), torch.bfloat16, "cuda")
+    tg.fp8_gemm_nt(a, b, d, backend="cutile")
+    exact = calc_diff(d, deq_a @ deq_b.T)
+    assert exact < BAR_FP8_EXACT[torch.bfloat16], f"vs dequantized formula: {exact:.3g}"
+    assert_rerun_identical(lambda: tg.fp8_gemm_nt(a, b, d, backend="cutile"), d)
+
+
 @pytest.mark.parametrize("scale_layout", ["mn_major", "row_major"])
 def test_decode_fp8_scale_layouts(scale_layout):
     """Activation scales as DeepGEMM's MN-major TMA-aligned tensor or plain row-major, read in place."""

@@ -175,7 +175,16 @@ for _fp8 in (False, True):
 
 for _fp8 in (False, True):
     _dt = "fp8" if _fp8 else "bf16"
-    for _m, _n, _k in [(1, 264, 384), (3, 2112, 200), (129, 77, 1000), (300, 513, 128)]:
+    # The last: an FP8 decode plan with the deep load pipeline (unsplit 64-row tiles, K >= 2048), K ragged. FP8
+    # split-K plans of 4+ steps per split are not here: memcheck reports no error on them but their results under
+    # memcheck are wrong (right natively and under racecheck / synccheck; results/sanitize/README.md).
+    for _m, _n, _k in [
+        (1, 264, 384),
+        (3, 2112, 200),
+        (129, 77, 1000),
+        (300, 513, 128),
+        (40, 6400, 2100),
+    ]:
 
         @case(f"dense {_dt} nt {_m}x{_n}x{_k}")
         def _dense(fp8=_fp8, m=_m, n=_n, k=_k) -> str:

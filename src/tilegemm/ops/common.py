@@ -107,15 +107,15 @@ def moe_decode_sized(tokens: int, top_k: int, experts: int) -> bool:
 
 
 #: Mean routed rows per expert up to which the fused experts op takes a call that is not decode-sized with its
-#: block path (``ops/cutile/moe_blocks.py``), and transformers' experts run the fused op (:func:`moe_fused_sized`).
-#: H100, 2026-11-23, kernel-only, bf16 (``tests/benchmark/results/moe/paths_h100.md``): the block path beat the
-#: sorted one at every size measured up to 256 rows per expert (Mixtral 1024 tokens: 2197 vs 4291 us; Qwen3 2048
-#: tokens, 128 per expert: 1049 vs 1382; DeepSeek-V3 1024 tokens, 32 per expert: 10375 vs 10310, a tie), and
-#: transformers' grouped_mm at all but DeepSeek-V3 from 1024 tokens and Mixtral at 2048.
-MOE_BLOCKS_MAX_ROWS = 256
+#: block path (``ops/cutile/moe_blocks.py``); above it the sorted path (``ops/cutile/moe.py``). H100, 2026-11-23,
+#: kernel-only, bf16, the sorted path with TMA-fed 128x128 gate/up and 128x256 down tiles
+#: (``tests/benchmark/results/moe/paths_h100.md``, "The sorted path on TMA tiles"): blocks vs sorted at 32 rows per
+#: expert Qwen3 617 vs 669 us, at 64 Qwen3 750 vs 772 and Mixtral 1071 vs 1273; at 128 Qwen3 1039 vs 891 and
+#: Mixtral 1324 vs 1316; at 256 Mixtral 2204 vs 1906. (DeepSeek-V3 preferred the sorted path from 32 rows, by 9%.)
+MOE_BLOCKS_MAX_ROWS = 64
 
 
-def moe_fused_sized(tokens: int, top_k: int, experts: int) -> bool:
+def moe_blocks_sized(tokens: int, top_k: int, experts: int) -> bool:
     """True when the fused experts op takes the per-slot or the block path for ``tokens * top_k`` routed slots
     over ``experts``: at most :data:`MOE_BLOCKS_MAX_ROWS` rows per expert on average (every decode-sized call,
     :func:`moe_decode_sized`, is within that)."""

@@ -4,13 +4,11 @@
 follows transformers' experts contract (``self`` is a ``@use_experts_implementation`` experts module with
 ``gate_up_proj [E, 2I, H]`` and ``down_proj [E, H, I]``).
 
-Inference with up to ``MOE_BLOCKS_MAX_ROWS`` (256) routed rows per expert on average
-(``tilegemm.ops.common.moe_fused_sized``: decode and moderate prefill) on a bf16 model whose experts are the plain
-gated form (:func:`fused_activation`: no biases, no post-expert norm, transformers' default gate, silu or
-tanh-GELU) runs one op, :func:`tilegemm.moe_experts`: both GEMMs, the activation and the weighted combine (its
-per-slot or its block path). It rounds the intermediate once and each weighted slot once, where transformers' path
-rounds gate, up, the activation and the weighted product: closer to the float64 formula, and bf16 steps away from
-stock. Every other case (larger prefills, where the fused op's sorted path is not faster than this one; training;
+Inference on a bf16 model whose experts are the plain gated form (:func:`fused_activation`: no biases, no
+post-expert norm, transformers' default gate, silu or tanh-GELU) runs one op, :func:`tilegemm.moe_experts`: both
+GEMMs, the activation and the weighted combine (its per-slot, block or sorted path by size). It rounds the
+intermediate once and each weighted slot once, where transformers' path rounds gate, up, the activation and the
+weighted product: closer to the float64 formula, and bf16 steps away from stock. Every other case (training;
 fp16/fp32; biases; other activations) runs the unfused path, per call:
 
 1. sort the ``T*k`` (token, expert) pairs by expert on the device (``tilegemm.routing``, psum layout);
@@ -56,7 +54,6 @@ import torch
 
 from tilegemm.ops import api
 from tilegemm.ops.checks import GROUPED_MATMUL_DTYPES, skip_value_checks
-from tilegemm.ops.common import moe_fused_sized
 from tilegemm.ops.op_call import grouped_linear, grouped_linear_fp8
 from tilegemm.routing import MoERouting, moe_route, permute_tokens, unpermute_tokens
 from tilegemm.transformers.fp8_weights import cached_fp8_weight
@@ -119,11 +116,6 @@ def fused_activation(module: torch.nn.Module, hidden_states: torch.Tensor) -> st
     if module.down_proj.dtype != torch.bfloat16:
         return None
     return FUSED_ACTIVATIONS.get(type(getattr(module, "act_fn", None)).__name__)
-
-
-def w_experts(module: torch.nn.Module) -> int:
-    """The experts this module holds (its local slice under expert parallelism)."""
-    return module.gate_up_proj.shape[0]
 
 
 def _backend_for(module: torch.nn.Module) -> str | None:
@@ -253,7 +245,7 @@ def tilegemm_experts_forward(
     if training and not _differentiable(self):
         return _stock_forward(self, hidden_states, top_k_index, top_k_weights)
     activation = None if training else fused_activation(self, hidden_states)
-    if activation is not None and moe_fused_sized(*top_k_index.shape, w_experts(self)):
+    if activation is not None:
         with skip_value_checks():  # the ids come from the model's own router
             return api.moe_experts(
                 hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj, activation,

@@ -10,11 +10,12 @@ BM-row block; per row its token (``tokens``, 0 for padding), its routing weight 
 padding) and, per (token, slot), the row holding its result (``dest`` [T, k], -1 for a dropped slot).
 
 1. **gate/up** (``_gate_up``): ``h[r] = act(x[tok(r)] @ Wg_e.T) * (x[tok(r)] @ Wu_e.T)`` for every row r of
-   a block of expert e. The A rows are gathered straight from the hidden states by token index
-   (``ct.load_advanced_indexing``: no permuted copy); two fp32 accumulators, one over the gate rows
-   ``[n, n + BN)`` of ``w13[e]`` and one over the up rows ``[I + n, I + n + BN)`` (the host passes the two
-   halves of ``w13`` as two ``[E, I, H]`` views, so I need not be a multiple of BN); the gated
-   activation runs on the accumulators and ``h`` [M, I] bf16 is written once.
+   a block of expert e. The rows are gathered once into the aligned layout (``xs = x.index_select(0, tokens)``)
+   and loaded by TMA: at prefill sizes that beat gathering them inside the kernel (``ct.gather``, which also
+   capped the tile at two 128x64 accumulators) by up to 2.3x (``tests/benchmark/results/moe/paths_h100.md``).
+   Two fp32 accumulators, one over the gate rows ``[n, n + BN)`` of ``w13[e]`` and one over the up rows
+   ``[I + n, I + n + BN)`` (the host passes the two halves of ``w13`` as two ``[E, I, H]`` views, so I need not
+   be a multiple of BN); the gated activation runs on the accumulators and ``h`` [M, I] bf16 is written once.
 2. **down** (``_down``): ``y[r] = bf16(w(r) * (h[r] @ W2_e.T))``: the grouped GEMM of ``grouped.py`` with
    the routing weight applied to the fp32 accumulator before the rounding.
 3. **combine** (``_combine``): ``out[t] = bf16(sum_{j=0..k-1} y[dest[t, j]])`` in fp32, slots in order:
@@ -23,7 +24,7 @@ padding) and, per (token, slot), the row holding its result (``dest`` [T, k], -1
 Blocks whose expert id is -1 (the unused tail of the worst-case ``M``) are skipped by both GEMMs: no
 one reads their rows. Padding rows inside a block (an expert's last block) are computed from token 0
 and never read either (``dest`` never points at them). Every index read from device memory is clamped
-(tokens into ``[0, T)``) or bounds-checked (expert ids, ``dest``), so no value makes a kernel read out
+(tokens into ``[0, T)`` before the gather) or bounds-checked (expert ids, ``dest``), so no value makes a kernel read out
 of bounds. No host synchronisation anywhere: the op is CUDA-graph capturable after its first call.
 """
 
@@ -59,33 +60,13 @@ def _activation(g, ACT: int):
     return 0.5 * g * (1.0 + ct.tanh(_GELU_C * (g + 0.044715 * g * g * g)))
 
 
-def _gather_rows(x, tok, kb, BM: int, BK: int, EVEN_K: bool):
-    """``x[tok[i], kb*BK + c]`` as a ``[BM, BK]`` tile, ``tok`` already clamped into ``[0, T)``.
-
-    A register gather (``ct.gather``). With ``EVEN_K`` (``H % BK == 0``) every column is in bounds, so the
-    bounds check is dropped and the gather compiles to 16-byte ``cp.async`` copies into shared memory
-    (``LDGSTS.E.BYPASS.128``), pipelined with the MMAs; otherwise each element is checked (scalar loads,
-    columns past H read 0). The TMA form (``load_advanced_indexing``: one copy per row) keeps ``BM`` row
-    coordinates live per K step and spills on sm_90.
-    """
-    cols = ct.reshape(kb * BK + ct.arange(BK, dtype=ct.int32), (1, BK))
-    rows = ct.reshape(tok, (BM, 1))
-    if EVEN_K:
-        return ct.gather(x, (rows, cols), padding_value=0, check_bounds=False)
-    return ct.gather(x, (rows, cols), padding_value=0)
-
-
 def _gate_up(
-    x, wg, wu, h, tokens, m_indices, num_experts: int,
-    ACT: ConstInt, BM: ConstInt, BN: ConstInt, BK: ConstInt, GM: ConstInt, EVEN_K: ConstBool,
+    xs, wg, wu, h, m_indices, num_experts: int, ACT: ConstInt, BM: ConstInt, BN: ConstInt, BK: ConstInt, GM: ConstInt
 ):  # fmt: skip
     """Persistent over (row block, column block) tiles of ``h [M, I]``; see the module docstring."""
     rows_total = h.shape[0]
-    n_dim = h.shape[1]
-    k_dim = x.shape[1]
-    last_token = x.shape[0] - 1
-    n_tiles = ct.cdiv(n_dim, BN)
-    nk = ct.cdiv(k_dim, BK)
+    n_tiles = ct.cdiv(h.shape[1], BN)
+    nk = ct.cdiv(xs.shape[1], BK)
     mblocks = ct.cdiv(rows_total, BM)
     total = mblocks * n_tiles
     t = ct.bid(0)
@@ -94,12 +75,10 @@ def _gate_up(
         mb, nb = _swizzle(t, mblocks, n_tiles, GM)
         e = ct.load(m_indices, (mb * BM,), shape=())
         if (e >= 0) & (e < num_experts):
-            tok = ct.load(tokens, (mb,), shape=(BM,), padding_mode=_ZERO)
-            tok = ct.minimum(ct.maximum(tok, 0), last_token)
             acc_g = ct.full((BM, BN), 0.0, dtype=ct.float32)
             acc_u = ct.full((BM, BN), 0.0, dtype=ct.float32)
             for kb in range(nk):
-                at = _gather_rows(x, tok, kb, BM, BK, EVEN_K)
+                at = ct.load(xs, (mb, kb), shape=(BM, BK), padding_mode=_ZERO)
                 gt = ct.load(wg, (e, kb, nb), shape=(1, BK, BN), order=(0, 2, 1), padding_mode=_ZERO)
                 ut = ct.load(wu, (e, kb, nb), shape=(1, BK, BN), order=(0, 2, 1), padding_mode=_ZERO)
                 acc_g = ct.mma(at, ct.reshape(gt, (BK, BN)), acc_g)
@@ -236,10 +215,10 @@ def _sorted_gemms(
     rows, inter = h.shape
     num_experts, hidden_dim = w13.shape[0], x.shape[1]
     up, down = cfg.up, cfg.down
+    xs = x.index_select(0, tokens)
     grid = launch.persistent_grid(rows // up.bm * launch.cdiv(inter, up.bn), up.ctas_per_sm)
-    args = (x, w13[:, :inter], w13[:, inter:], h, tokens, m_indices, num_experts, act)
-    consts = (up.bm, up.bn, up.bk, up.gm, hidden_dim % up.bk == 0)
-    launch.launch(get_kernel("gate_up", up.num_worker_warps, up.occupancy), grid, (*args, *consts))
+    args = (xs, w13[:, :inter], w13[:, inter:], h, m_indices, num_experts, act, up.bm, up.bn, up.bk, up.gm)
+    launch.launch(get_kernel("gate_up", up.num_worker_warps, up.occupancy), grid, args)
 
     grid = launch.persistent_grid(rows // down.bm * launch.cdiv(hidden_dim, down.bn), down.ctas_per_sm)
     args = (h, w2, y, m_indices, row_weight, num_experts, down.bm, down.bn, down.bk, down.gm)
