@@ -4,8 +4,9 @@ Variants: the gate/up GEMM for every config of ``heuristics.all_moe_configs``, b
 for every config; the combine for top-k 1, 2, 8 and the widest and narrowest column tiles; the per-slot kernels
 (``ops/cutile/moe_slots.py``) with int64 and int32 ids, even and ragged K; the block kernels
 (``ops/cutile/moe_blocks.py``) for every row tile. Checked: tensor-core MMAs, TMA loads of the weights and, in
-the sorted and block GEMMs, of the gathered rows (UTMALDG, no ``cp.async`` register gather), no register spills,
-no TMA descriptor built on the device.
+the sorted and block GEMMs, of the gathered rows (UTMALDG, no ``cp.async`` register gather), the per-slot kernels'
+rows as 16-byte ``cp.async`` copies (``LDGSTS.E.BYPASS.128``) when K allows it, no register spills, no TMA
+descriptor built on the device.
 """
 
 from __future__ import annotations
@@ -170,3 +171,5 @@ def test_moe_kernel_sass(compiled, vid, arch):
     assert s["utmaldg"] >= (1 if vid.startswith("slots-down") else 2), f"{vid} {arch}: weights not loaded with TMA: {s}"
     if vid.startswith(("blocks", "up-")):  # weight and row tiles both TMA: no register gather left
         assert s["utmaldg"] >= (3 if "up-" in vid else 2) and ops["LDGSTS.E.BYPASS.128"] == 0, f"{vid} {arch}: {s}"
+    if vid.startswith("slots") and vid.endswith("evenk"):
+        assert ops["LDGSTS.E.BYPASS.128"] > 0, f"{vid} {arch}: gathered rows not copied 16 bytes at a time: {ops}"

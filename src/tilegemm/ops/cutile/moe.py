@@ -23,9 +23,10 @@ padding) and, per (token, slot), the row holding its result (``dest`` [T, k], -1
 
 Blocks whose expert id is -1 (the unused tail of the worst-case ``M``) are skipped by both GEMMs: no
 one reads their rows. Padding rows inside a block (an expert's last block) are computed from token 0
-and never read either (``dest`` never points at them). Every index read from device memory is clamped
-(tokens into ``[0, T)`` before the gather) or bounds-checked (expert ids, ``dest``), so no value makes a kernel read out
-of bounds. No host synchronisation anywhere: the op is CUDA-graph capturable after its first call.
+and never read either (``dest`` never points at them). Every index is computed into range (tokens in
+``[0, T)`` before the gather) or bounds-checked where it is read (expert ids, ``dest``), so no value makes a
+kernel read out of bounds. No host synchronisation anywhere: the op is CUDA-graph capturable after its first
+call.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ from tilegemm.ops.cutile.heuristics import Kind
 from tilegemm.routing import max_padded_rows, moe_route
 
 ConstInt = ct.Constant[int]
-ConstBool = ct.Constant[bool]
 
 _ZERO = ct.PaddingMode.ZERO
 
