@@ -181,8 +181,8 @@ def moe_experts(hidden, topk_ids, topk_weights, w13, w2, activation, stream):
     y = torch.empty(rows, hidden_dim, dtype=torch.bfloat16, device=hidden.device)
     act = ACTIVATIONS[activation]
     if blocks:
-        tokens, row_weight, dest, block_expert = moe_blocks.route(topk_ids, topk_weights, num_experts, align, rows)
-        moe_blocks.block_gemms(x, tokens, w13, w2, h, y, block_expert, row_weight, act, cfg)
+        tokens, row_weight, dest, row_index = moe_blocks.route(topk_ids, topk_weights, num_experts, align, rows)
+        gemms = moe_blocks.block_gemms
     else:
         routing = moe_route(topk_ids, num_experts, alignment=align)
         slot = routing.src_slot.clamp(min=0)
@@ -191,15 +191,16 @@ def moe_experts(hidden, topk_ids, topk_weights, w13, w2, activation, stream):
         zero = torch.zeros((), dtype=torch.float32, device=slot.device)
         row_weight = torch.where(routing.src_slot >= 0, weights, zero)
         dest = routing.dest_row.view(num_tokens, top_k).to(torch.int32)
-        _sorted_gemms(x, tokens, w13, w2, h, y, routing.m_indices, row_weight, act, cfg)
+        row_index, gemms = routing.m_indices, _sorted_gemms
+    # Both paths' GEMMs read the routed rows gathered once into their sorted order (TMA tiles).
+    gemms(x.index_select(0, tokens), w13, w2, h, y, row_index, row_weight, act, cfg)
     grid = (launch.cdiv(num_tokens, cfg.combine_bt), hidden_dim // cfg.combine_bn, 1)
     launch.launch(get_kernel("combine"), grid, (y, dest, out, top_k, cfg.combine_bt, cfg.combine_bn))
     return out
 
 
 def _sorted_gemms(
-    x: torch.Tensor,
-    tokens: torch.Tensor,
+    xs: torch.Tensor,
     w13: torch.Tensor,
     w2: torch.Tensor,
     h: torch.Tensor,
@@ -213,9 +214,8 @@ def _sorted_gemms(
     ``moe_blocks.block_gemms``, but ``m_indices`` int32 [M]: each row's expert, every expert's rows starting on a
     ``cfg.bm`` boundary)."""
     rows, inter = h.shape
-    num_experts, hidden_dim = w13.shape[0], x.shape[1]
+    num_experts, hidden_dim = w13.shape[0], xs.shape[1]
     up, down = cfg.up, cfg.down
-    xs = x.index_select(0, tokens)
     grid = launch.persistent_grid(rows // up.bm * launch.cdiv(inter, up.bn), up.ctas_per_sm)
     args = (xs, w13[:, :inter], w13[:, inter:], h, m_indices, num_experts, act, up.bm, up.bn, up.bk, up.gm)
     launch.launch(get_kernel("gate_up", up.num_worker_warps, up.occupancy), grid, args)

@@ -14,7 +14,8 @@ of some fifty small torch launches. Here the slots are sorted by expert into ``B
    boundary in expert order, the slots of one expert in slot order (a running count over the slots, the
    same ranks as a stable sort), and writes per row its token and routing weight, per slot its row
    (``dest`` [T, k], -1 for an expert id outside ``[0, E)``) and per block its expert (-1: no expert).
-2. **gather**: ``xs[r] = x[tok(r)]`` (``index_select``; rows holding no slot copy token 0, never read back).
+2. **gather** (in ``moe.moe_experts``, shared with the sorted path): ``xs[r] = x[tok(r)]`` (``index_select``; rows
+   holding no slot copy token 0, never read back).
 3. **gate/up** (``_block_gate_up``): ``h[r] = act(xs[r] @ Wg_e.T) * (xs[r] @ Wu_e.T)`` for the block's rows,
    two ``[BW, BT]`` fp32 accumulators, ``h`` [M, I] bf16 written once (transposed store).
 4. **down** (``_block_down``): ``y[r] = bf16(w(r) * (h[r] @ W2_e.T))``, ``w(r)`` the row's routing weight.
@@ -193,8 +194,7 @@ def route(
 
 
 def block_gemms(
-    x: torch.Tensor,
-    tokens: torch.Tensor,
+    xs: torch.Tensor,
     w13: torch.Tensor,
     w2: torch.Tensor,
     h: torch.Tensor,
@@ -204,16 +204,16 @@ def block_gemms(
     act: int,
     cfg: heuristics.MoEBlocksConfig,
 ) -> None:
-    """Steps 2-4 of the module docstring: fill ``h [M, I]`` and ``y [M, H]`` (bf16) for the ``M`` sorted rows.
+    """Steps 3-4 of the module docstring: fill ``h [M, I]`` and ``y [M, H]`` (bf16) for the ``M`` sorted rows.
 
-    ``x`` [T, H] bf16 contiguous; ``tokens`` int32 [M], each row's token; ``block_expert`` int32 [M / bt],
-    each ``cfg.bt``-row block's expert (outside ``[0, E)``: skipped); ``row_weight`` fp32 [M]; ``w13``
-    [E, 2I, H] and ``w2`` [E, H, I] bf16 contiguous; ``act`` a ``moe.ACTIVATIONS`` value.
+    ``xs`` [M, H] bf16 contiguous, each sorted row's hidden state (step 2, the caller's gather);
+    ``block_expert`` int32 [M / bt], each ``cfg.bt``-row block's expert (outside ``[0, E)``: skipped);
+    ``row_weight`` fp32 [M]; ``w13`` [E, 2I, H] and ``w2`` [E, H, I] bf16 contiguous; ``act`` a
+    ``moe.ACTIVATIONS`` value.
     """
     rows, inter = h.shape
-    num_experts, hidden_dim = w13.shape[0], x.shape[1]
+    num_experts, hidden_dim = w13.shape[0], xs.shape[1]
     blocks, bw, bk, bt = rows // cfg.bt, cfg.bw, cfg.bk, cfg.bt
-    xs = x.index_select(0, tokens)
     args = (xs, w13[:, :inter], w13[:, inter:], h, block_expert, num_experts, act, bw, bk, bt)
     launch.launch(get_kernel("gate_up"), (blocks, launch.cdiv(inter, bw), 1), args)
     args = (h, w2, y, block_expert, row_weight, num_experts, bw, bk, bt)
