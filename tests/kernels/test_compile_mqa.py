@@ -95,6 +95,7 @@ def paged_params(
         conf.split,
         two_d,
         conf.head_chain,
+        conf.rows_outer,
     ]
 
 

@@ -685,7 +685,8 @@ class PagedMqaConfig:
     ``ck``: keys per chunk (one indexed load of ``ck / block_kv`` cache blocks); ``split``: keys per
     schedule split; ``parts``: CTAs sharing each schedule row (round-robin over its splits), so
     several gathers are in flight per SM; ``occupancy``: the compiler's CTAs-per-SM hint; ``head_chain``: as
-    :class:`MqaConfig`'s.
+    :class:`MqaConfig`'s; ``rows_outer``: one row group (``nnp == rg``) whose rows are loaded once per split
+    rather than once per chunk (sm_90; on sm_100 tileiras 13.4 spills or fails with it on 16-key blocks).
     """
 
     nnp: int
@@ -696,6 +697,7 @@ class PagedMqaConfig:
     parts: int
     occupancy: int
     head_chain: bool = False
+    rows_outer: bool = False
 
 
 def _mqa_pow2_ceil(x: int) -> int:
@@ -731,10 +733,12 @@ def paged_mqa_config(
 
     Decode is bound by the latency of dependent gathers (schedule -> block table -> cache blocks)
     more than by the MMA, so several CTAs share each schedule row. Measured on an H100
-    (docs/kernels.md, H=64, D=128, block_kv=64): with an MMA N side (``rg * hp``) of at most 64,
-    64-key chunks, 4 CTAs per row and an occupancy hint of 8 were best (49-73% of copy bandwidth);
-    with N = 128, 128-key chunks, 2 CTAs per row and occupancy 3 (1.2-1.8x faster than the former
-    there); N = 256 keeps the config the GPU tests ran (64-key chunks, 4 CTAs, occupancy 4).
+    (docs/kernels.md, H=32/64, D=128, block_kv=64, DeepGEMM in the same process): with an MMA N side
+    (``rg * hp``) of at most 64, whole 256-key splits as one chunk, 2 CTAs per row and an occupancy hint
+    of 2 (0.90-0.95x DeepGEMM; 64-key chunks, 4 CTAs, occupancy 8: 0.86-0.87x), except with 16-key cache
+    blocks (16 blocks per gather spill on sm_90: those keep 64-key chunks); with N = 128,
+    128-key chunks, 2 CTAs per row and occupancy 3 (0.63-0.70x); N = 256 keeps the config the GPU
+    tests ran (64-key chunks, 4 CTAs, occupancy 4).
     """
     if d not in (64, 128) or not 1 <= h <= 128 or not 1 <= next_n <= 4 or block_kv not in (16, 32, 64):
         return None
@@ -744,14 +748,24 @@ def paged_mqa_config(
     nnp = _mqa_pow2_ceil(next_n)
     rg = min(nnp, max(1, 256 // hp))
     n_side = rg * hp
-    if n_side <= 64:
+    if n_side <= 64 and split % 256 == 0 and block_kv >= 32:
+        ck, parts, occupancy = 256, 2, 2
+    elif n_side <= 64:
         ck, parts, occupancy = 64, 4, 8
     elif n_side == 128:
         ck, parts, occupancy = 128, 2, 3
     else:
         ck, parts, occupancy = 64, 4, 4
     return PagedMqaConfig(
-        nnp=nnp, rg=rg, hp=hp, ck=ck, split=split, parts=parts, occupancy=occupancy, head_chain=_head_chain(sm, n_side)
+        nnp=nnp,
+        rg=rg,
+        hp=hp,
+        ck=ck,
+        split=split,
+        parts=parts,
+        occupancy=occupancy,
+        head_chain=_head_chain(sm, n_side),
+        rows_outer=sm == 90 and nnp == rg,
     )
 
 

@@ -126,6 +126,40 @@ def make_mqa_logits_kernel(fast_acc: bool = False, **hints):
 mqa_logits_kernel = make_mqa_logits_kernel(occupancy=ct.ByTarget(sm_90=2))
 
 
+def paged_rows(q, w, ctx, b, rg, length, NN: int, RG: int, HP: int, D: int, CTX2D: bool):
+    """Query row group ``rg`` of batch ``b`` (tile code): ``q`` fp8 [D, RG * HP] (MMA's B side), the weights
+    fp32 [1, RG * HP] and each row's visible key count int32 [1, RG] (``ctx[b]`` rows, or causal from ``length``)."""
+    q_t = ct.transpose(ct.reshape(ct.load(q, (b, rg, 0, 0), shape=(1, RG, HP, D), padding_mode=ZERO), (RG * HP, D)))
+    w_t = ct.reshape(ct.load(w, (b, rg, 0), shape=(1, RG, HP), padding_mode=ZERO), (1, RG * HP))
+    if CTX2D:
+        vis = ct.load(ctx, (b, rg), shape=(1, RG), padding_mode=ZERO)
+    else:
+        vis = ct.reshape(length - NN + 1 + rg * RG + ct.arange(RG, dtype=ct.int32), (1, RG))
+    return q_t, w_t, vis
+
+
+def paged_keys(kv_keys, kv_scales, block_table, b, key0, BKV: int, CK: int, D: int):
+    """Keys ``key0 .. key0 + CK`` of batch ``b`` (tile code): one indexed (TMA) load of their ``CK / BKV`` cache
+    blocks, block ids clamped into the cache. Returns fp8 keys [CK, D] and fp32 scales [CK, 1]."""
+    bidx = ct.arange(CK // BKV, dtype=ct.int32) + key0 // BKV
+    blks = ct.gather(block_table, (b, bidx), padding_value=0)
+    blks = ct.minimum(ct.maximum(blks, 0), kv_keys.shape[0] - 1)
+    keys = ct.reshape(ct.load_advanced_indexing(kv_keys, (blks, ct.Slice(0, BKV), ct.Slice(0, D))), (CK, D))
+    sc = ct.reshape(ct.load_advanced_indexing(kv_scales, (blks, ct.Slice(0, BKV))), (CK, 1))
+    return keys, sc
+
+
+def paged_logits(out, keys, sc, q_t, w_t, vis, b, rg, key0, CK: int, RG: int, HP: int, HEAD_CHAIN: bool):
+    """Logits of ``CK`` keys for one query row group (tile code), ``-inf`` past each row's visible length, stored
+    into ``out[b, rg * RG : (rg + 1) * RG, key0 : key0 + CK]``."""
+    acc = ct.mma(keys, q_t, ct.full((CK, RG * HP), mma_init(HEAD_CHAIN), dtype=ct.float32))
+    logit = weighted_head_sum(acc, w_t, CK, RG, HP, HEAD_CHAIN) * sc  # [CK, RG]
+    kidx = ct.reshape(ct.arange(CK, dtype=ct.int32) + key0, (CK, 1))
+    logit = ct.where(kidx < vis, logit, NEG_INF)
+    tile = ct.reshape(ct.transpose(logit), (1, RG, CK))
+    ct.store(out, (b, rg, key0 // CK), tile, allow_tma=False)  # see docs/kernels.md
+
+
 def make_paged_mqa_logits_kernel(**hints):
     """Build the paged MQA-logits kernel (``hints``: ct.kernel's, e.g. ``occupancy``)."""
 
@@ -149,16 +183,15 @@ def make_paged_mqa_logits_kernel(**hints):
         SPLIT: ct.Constant[int],
         CTX2D: ct.Constant[bool],
         HEAD_CHAIN: ct.Constant[bool],
+        ROWS_OUTER: ct.Constant[bool],
     ):
         """Persistent: CTAs (i, 0..P-1) share the splits from ``meta[i]`` up to ``meta[i + 1]`` (lexicographic).
 
         CTA (i, p) takes every P-th split of that range, so P CTAs per SM keep several gathers in flight.
         """
-        G = CK // BKV  # cache blocks per chunk
         part = ct.bid(1)
         n_parts = ct.num_blocks(1)
         n_batch = q.shape[0]
-        n_cache = kv_keys.shape[0]
         width = out.shape[2]
         key_cap = ct.minimum(block_table.shape[1] * BKV, width)
         sm = ct.bid(0)
@@ -176,31 +209,23 @@ def make_paged_mqa_logits_kernel(**hints):
                 length = ct.load(ctx, (b,), shape=())
             length = ct.minimum(ct.maximum(length, 0), key_cap)
             if (s * SPLIT < length) & (turn == part):
-                for g in range(SPLIT // CK):
-                    key0 = s * SPLIT + g * CK
-                    if key0 < length:
-                        bidx = ct.arange(G, dtype=ct.int32) + key0 // BKV
-                        blks = ct.gather(block_table, (b, bidx), padding_value=0)
-                        blks = ct.minimum(ct.maximum(blks, 0), n_cache - 1)
-                        keys = ct.reshape(
-                            ct.load_advanced_indexing(kv_keys, (blks, ct.Slice(0, BKV), ct.Slice(0, D))), (CK, D)
-                        )
-                        sc = ct.reshape(ct.load_advanced_indexing(kv_scales, (blks, ct.Slice(0, BKV))), (CK, 1))
-                        kidx = ct.reshape(ct.arange(CK, dtype=ct.int32) + key0, (CK, 1))
-                        for rg in range(NNP // RG):
-                            q_t = ct.load(q, (b, rg, 0, 0), shape=(1, RG, HP, D), padding_mode=ZERO)
-                            q_t = ct.transpose(ct.reshape(q_t, (RG * HP, D)))
-                            w_t = ct.reshape(ct.load(w, (b, rg, 0), shape=(1, RG, HP), padding_mode=ZERO), (1, RG * HP))
-                            acc = ct.mma(keys, q_t, ct.full((CK, RG * HP), mma_init(HEAD_CHAIN), dtype=ct.float32))
-                            logit = weighted_head_sum(acc, w_t, CK, RG, HP, HEAD_CHAIN) * sc  # [CK, RG]
-                            rows = ct.arange(RG, dtype=ct.int32) + rg * RG
-                            if CTX2D:
-                                vis = ct.load(ctx, (b, rg), shape=(1, RG), padding_mode=ZERO)
-                            else:
-                                vis = ct.reshape(length - NN + 1 + rows, (1, RG))
-                            logit = ct.where(kidx < vis, logit, NEG_INF)
-                            tile = ct.reshape(ct.transpose(logit), (1, RG, CK))
-                            ct.store(out, (b, rg, key0 // CK), tile, allow_tma=False)  # see docs/kernels.md
+                if ROWS_OUTER:
+                    # One row group (NNP == RG), loaded once per split instead of once per chunk (at next_n = 1
+                    # a 64-key chunk is as many bytes as the rows; docs/kernels.md).
+                    q_t, w_t, vis = paged_rows(q, w, ctx, b, 0, length, NN, RG, HP, D, CTX2D)
+                    for g in range(SPLIT // CK):
+                        key0 = s * SPLIT + g * CK
+                        if key0 < length:
+                            keys, sc = paged_keys(kv_keys, kv_scales, block_table, b, key0, BKV, CK, D)
+                            paged_logits(out, keys, sc, q_t, w_t, vis, b, 0, key0, CK, RG, HP, HEAD_CHAIN)
+                else:  # keys outer: every row group reuses each chunk's keys
+                    for g in range(SPLIT // CK):
+                        key0 = s * SPLIT + g * CK
+                        if key0 < length:
+                            keys, sc = paged_keys(kv_keys, kv_scales, block_table, b, key0, BKV, CK, D)
+                            for rg in range(NNP // RG):
+                                q_t, w_t, vis = paged_rows(q, w, ctx, b, rg, length, NN, RG, HP, D, CTX2D)
+                                paged_logits(out, keys, sc, q_t, w_t, vis, b, rg, key0, CK, RG, HP, HEAD_CHAIN)
             if s * SPLIT < length:
                 s = s + 1
                 turn = ct.where(turn + 1 == n_parts, 0, turn + 1)
@@ -352,6 +377,7 @@ def launch_paged_mqa_logits(
         conf.split,
         context_lens.dim() == 2,
         conf.head_chain,
+        conf.rows_outer,
     )
     grid = (schedule_meta.shape[0] - 1, conf.parts, 1)
     launch(kernel or paged_kernel_for(conf.occupancy), grid, args)
