@@ -257,3 +257,105 @@ def test_plan_reads_c_not_d_after_a_call_where_c_was_d(recorded_launches):
     tilegemm.bf16_gemm_nt(a, b, d, c, backend="cutile")
     launched = recorded_launches[-1]
     assert launched[2] is d and launched[3] is c  # (A, B, D, C, ...) of the kernel
+
+
+# ------------------------------------------------------------------------------ paged MQA logits
+
+
+def _paged_operands(next_n=2, h=64, d=128, block_kv=64, seed=0):
+    """CPU operands of a paged call (3 sequences) and their contiguous tuple, in the op's parameter order."""
+    from tilegemm import indexer
+
+    g = torch.Generator().manual_seed(seed)
+    keys = [torch.randn(n, d, generator=g) for n in (130, 7, 300)]
+    cache, table, ctx = indexer.build_paged_kv_cache(keys, block_kv, num_blocks=20, generator=g)
+    q = torch.randn(3, next_n, h, d, generator=g).to(torch.float8_e4m3fn)
+    w = torch.randn(3 * next_n, h, generator=g)
+    meta = tilegemm.get_paged_mqa_logits_metadata(ctx, block_kv, 4, backend="pytorch")
+    return q, cache, w, ctx, table, meta
+
+
+def test_paged_signature_refuses_what_it_cannot_vouch_for():
+    sig = checks.paged_mqa_logits_signature(fp4_form=False)
+    sig4 = checks.paged_mqa_logits_signature(fp4_form=True)
+    q, cache, w, ctx, table, meta = _paged_operands()
+    key, operands = sig(q, cache, w, ctx, table, meta, 320, False, None, None)
+    assert all(x is y for x, y in zip(operands, (q, cache, w, ctx, table, meta)))
+    assert (
+        sig(q.clone(), cache.clone(), w.clone(), ctx.clone(), table.clone(), meta.clone(), 320, False, None, None)[0]
+        == key
+    )
+    key4, operands4 = sig4((q, None), cache, w, ctx, table, meta, 320, False, torch.float32, None, None)
+    assert operands4[0] is q
+    refused = {
+        "a stream": (q, cache, w, ctx, table, meta, 320, False, None, object()),
+        "indices": (q, cache, w, ctx, table, meta, 320, False, torch.zeros(3, dtype=torch.int32), None),
+        "a non-contiguous q": (
+            q.transpose(0, 1).contiguous().transpose(0, 1),
+            cache,
+            w,
+            ctx,
+            table,
+            meta,
+            320,
+            False,
+            None,
+            None,
+        ),
+        "int64 lengths": (q, cache, w, ctx.long(), table, meta, 320, False, None, None),
+        "bf16 weights with fp32 logits": (q, cache, w.bfloat16(), ctx, table, meta, 320, False, None, None),
+        "a tensor width": (q, cache, w, ctx, table, meta, torch.tensor(320), False, None, None),
+        "an int clean_logits": (q, cache, w, ctx, table, meta, 320, 0, None, None),
+        "a non-tensor": (q, cache.numpy(), w, ctx, table, meta, 320, False, None, None),
+    }
+    for what, values in refused.items():
+        assert sig(*values) is None, what
+    assert sig4((q, torch.ones(1)), cache, w, ctx, table, meta, 320, False, torch.float32, None, None) is None  # FP4
+    other = [
+        sig(q[:2], cache, w[:4], ctx[:2], table[:2], meta, 320, False, None, None)[0],  # batch
+        sig(q, cache, w, ctx, table, meta, 512, False, None, None)[0],  # width
+        sig(q, cache, w, ctx, table, meta, 320, True, None, None)[0],  # clean_logits
+        sig(q, cache, w, ctx[:, None].expand(3, 2).contiguous(), table, meta, 320, False, None, None)[0],  # 2-D lengths
+        sig4(q, cache, w.bfloat16(), ctx, table, meta, 320, False, torch.bfloat16, None, None)[0],  # bf16
+    ]
+    assert len({key, *other}) == 1 + len(other)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TILEGEMM_CHECK_VALUES", "1")
+        assert sig(q, cache, w, ctx, table, meta, 320, False, None, None) is None  # value checks run on every call
+
+
+def test_paged_views_read_the_cache_bytes():
+    """Keys and scales as views of DeepGEMM's block layout (keys token-major, then the block's fp32 scales)."""
+    from tilegemm.ops.cutile import mqa
+
+    q, cache, *_ = _paged_operands(d=64, block_kv=32)
+    raw = cache.view(torch.uint8).reshape(cache.shape[0], -1)
+    for base in (cache, torch.cat([cache, cache])[cache.shape[0] :]):  # also at a storage offset
+        keys, scales = mqa.paged_views(base, 64)
+        assert keys.shape == (20, 32, 64) and scales.shape == (20, 32)
+        assert torch.equal(keys.view(torch.uint8).reshape(20, -1), raw[:, : 32 * 64])
+        assert torch.equal(scales.contiguous().view(torch.uint8).reshape(20, -1), raw[:, 32 * 64 :])
+
+
+@pytest.mark.parametrize("fp4_form", [False, True])
+def test_paged_calls_replay_what_the_full_path_launched(recorded_launches, monkeypatch, fp4_form):
+    from tilegemm.ops.cutile import mqa
+
+    monkeypatch.setattr(mqa, "_check_arch", lambda t: 90)
+    checked = []
+    original = checks._same_device
+    monkeypatch.setattr(checks, "_same_device", lambda tensors: checked.append(1) or original(tensors))
+    call = tilegemm.fp8_fp4_paged_mqa_logits if fp4_form else tilegemm.fp8_paged_mqa_logits
+    calls = [_paged_operands(seed=seed) for seed in range(3)]  # same metadata, new tensors
+    checked.clear()
+    for q, cache, w, ctx, table, meta in calls:
+        out = call((q, None) if fp4_form else q, cache, w, ctx, table, meta, 320, True, backend="cutile")
+        assert out.shape == (6, 320) and out.dtype == torch.float32 and bool(torch.isneginf(out).all())
+        launched = recorded_launches[-1]
+        assert launched[0] is q and launched[4] is ctx and launched[5] is table and launched[6] is meta
+        assert launched[7].data_ptr() == out.data_ptr()  # this call's own output
+    assert len(checked) == 1 and len(recorded_launches) == 3  # only the first call was checked
+    full, replayed = recorded_launches[0], recorded_launches[1]
+    arrays = [(x.shape, x.stride(), x.dtype) for x in full[:8]]
+    assert arrays == [(x.shape, x.stride(), x.dtype) for x in replayed[:8]]
+    assert full[8:] == replayed[8:]  # the same constants

@@ -686,7 +686,11 @@ _PAGED_DOC = """FP8 MQA logits over a paged KV cache (decode); returns a new [B 
     """
 
 
-@dispatch("fp8_fp4_paged_mqa_logits", check=checks.paged_mqa_logits_check)
+@dispatch(
+    "fp8_fp4_paged_mqa_logits",
+    check=checks.paged_mqa_logits_check,
+    signature=checks.paged_mqa_logits_signature(fp4_form=True),
+)
 def fp8_fp4_paged_mqa_logits(
     q: tuple[Tensor, Tensor | None] | Tensor,
     kv_cache: Tensor,
@@ -703,7 +707,11 @@ def fp8_fp4_paged_mqa_logits(
 ) -> Tensor: ...
 
 
-@dispatch("fp8_paged_mqa_logits", check=checks.paged_mqa_logits_check)
+@dispatch(
+    "fp8_paged_mqa_logits",
+    check=checks.paged_mqa_logits_check,
+    signature=checks.paged_mqa_logits_signature(fp4_form=False),
+)
 def fp8_paged_mqa_logits(
     q: Tensor,
     kv_cache: Tensor,

@@ -980,6 +980,63 @@ def paged_mqa_logits_check(
     )
 
 
+def paged_mqa_logits_signature(fp4_form: bool) -> Callable[..., tuple[tuple, tuple] | None]:
+    """The hot-lane signature of ``fp8_fp4_paged_mqa_logits`` (``fp4_form``) or ``fp8_paged_mqa_logits``:
+    ``(key, (q, kv_cache, weights, context_lens, block_table, schedule_meta))`` or ``None`` (the full path).
+
+    The key holds the shape, dtype and device of every tensor, ``max_context_len``, ``clean_logits`` and
+    ``logits_dtype``. Calls with a ``stream``, ``indices``, a non-contiguous tensor, dtypes other than the
+    canonical ones (fp8 ``q``, uint8 cache, int32 lengths/table/schedule, fp32 weights or bf16 with bf16
+    logits), tensors on several devices, or with value checks on (``TILEGEMM_CHECK_VALUES=1``) take the full path.
+    """
+    tensor, u8, i32, f32, bf16 = torch.Tensor, torch.uint8, torch.int32, torch.float32, torch.bfloat16
+
+    def key_of(
+        q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, clean_logits, logits_dtype
+    ):
+        if type(q) is tuple and fp4_form:
+            if len(q) != 2 or q[1] is not None:
+                return None
+            q = q[0]
+        tensors = (q, kv_cache, weights, context_lens, block_table, schedule_meta)
+        if not all(isinstance(t, tensor) and t.is_contiguous() for t in tensors):
+            return None
+        if q.dtype is not FP8 or kv_cache.dtype is not u8:
+            return None
+        if context_lens.dtype is not i32 or block_table.dtype is not i32 or schedule_meta.dtype is not i32:
+            return None
+        if type(max_context_len) is not int or type(clean_logits) is not bool or logits_dtype not in LOGITS_DTYPES:
+            return None
+        if weights.dtype is not f32 and not (weights.dtype is bf16 and logits_dtype is bf16):
+            return None
+        device = q.get_device()
+        if any(t.get_device() != device for t in tensors) or env_flag(CHECK_VALUES, default=False):
+            return None
+        key = (
+            "paged_mqa_logits",
+            q.shape,
+            kv_cache.shape,
+            weights.shape,
+            weights.dtype,
+            context_lens.shape,
+            block_table.shape,
+            schedule_meta.shape,
+            device,
+            max_context_len,
+            clean_logits,
+            logits_dtype,
+        )
+        return key, (q, *tensors[1:])
+
+    def call(*values):  # the stub's parameters in order; logits_dtype only in the fp8_fp4 form
+        *arguments, indices, stream = values
+        if indices is not None or stream is not None:
+            return None
+        return key_of(*arguments) if fp4_form else key_of(*arguments, f32)
+
+    return call
+
+
 def _paged_values(
     context_lens: torch.Tensor,
     block_table: torch.Tensor,

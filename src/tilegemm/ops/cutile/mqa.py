@@ -25,10 +25,13 @@ block ids are clamped into the cache, tile indices stay inside the arrays.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import cuda.tile as ct
 import torch
 
-from tilegemm.backend.registry import Unsupported, register_impl
+from tilegemm.backend.registry import Unsupported, register_impl, register_replay
 from tilegemm.ops.common import cdiv, compress_logits, paged_mqa_schedule, paged_mqa_split_kv
 from tilegemm.ops.cutile.heuristics import MqaConfig, PagedMqaConfig, mqa_logits_config, paged_mqa_config, print_once
 from tilegemm.ops.cutile.launch import launch
@@ -336,12 +339,42 @@ def get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms):
 
 
 def paged_views(kv_cache: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Views of a contiguous DeepGEMM cache: keys fp8 [num_blocks, block_kv, D], scales fp32 [num_blocks, block_kv]."""
+    """Views of a contiguous DeepGEMM cache: keys fp8 [num_blocks, block_kv, D], scales fp32 [num_blocks, block_kv].
+
+    A block is ``block_kv * D`` key bytes (token-major) then ``block_kv`` fp32 scales; four tensor ops in all
+    (this runs on every call).
+    """
     num_blocks, block_kv = kv_cache.shape[0], kv_cache.shape[1]
-    raw = kv_cache.view(torch.uint8).reshape(num_blocks, block_kv * (d + 4))
-    kv_keys = raw.view(torch.float8_e4m3fn)[:, : block_kv * d].unflatten(1, (block_kv, d))
-    kv_scales = raw.view(torch.float32)[:, block_kv * d // 4 :]
+    block = block_kv * (d + 4)
+    kv_keys = kv_cache.view(torch.float8_e4m3fn).as_strided((num_blocks, block_kv, d), (block, d, 1))
+    words = kv_cache.view(torch.float32)
+    kv_scales = words.as_strided((num_blocks, block_kv), (block // 4, 1), words.storage_offset() + block_kv * d // 4)
     return kv_keys, kv_scales
+
+
+def paged_constants(conf: PagedMqaConfig, next_n: int, d: int, block_kv: int, ctx_2d: bool) -> tuple:
+    """The paged kernel's constant arguments, in its parameter order (``NN`` .. ``ROWS_OUTER``)."""
+    return (
+        next_n,
+        conf.nnp,
+        conf.rg,
+        conf.hp,
+        d,
+        block_kv,
+        conf.ck,
+        conf.split,
+        ctx_2d,
+        conf.head_chain,
+        conf.rows_outer,
+    )
+
+
+def _paged_arrays(q, kv_cache, weights, context_lens, block_table, schedule_meta, out) -> tuple:
+    """The paged kernel's array arguments from contiguous operands of the kernel's dtypes (``weights`` fp32)."""
+    batch, next_n, h, d = q.shape
+    kv_keys, kv_scales = paged_views(kv_cache, d)
+    w = weights.view(batch, next_n, h)
+    return (q, kv_keys, kv_scales, w, context_lens, block_table, schedule_meta, out.view(batch, next_n, out.shape[1]))
 
 
 def launch_paged_mqa_logits(
@@ -356,43 +389,28 @@ def launch_paged_mqa_logits(
     kernel=None,
 ) -> None:
     """Launch the paged kernel on the current stream, ``conf.parts`` CTAs per schedule row (``out`` [B*next_n, W])."""
-    batch, next_n, h, d = q.shape
-    kv_keys, kv_scales = paged_views(kv_cache, d)
-    args = (
+    _, next_n, _, d = q.shape
+    arrays = _paged_arrays(
         q.contiguous(),
-        kv_keys,
-        kv_scales,
-        weights.to(torch.float32).contiguous().view(batch, next_n, h),
+        kv_cache,
+        weights.to(torch.float32).contiguous(),
         context_lens.to(torch.int32).contiguous(),
         block_table.to(torch.int32).contiguous(),
         schedule_meta.to(torch.int32).contiguous(),
-        out.view(batch, next_n, out.shape[1]),
-        next_n,
-        conf.nnp,
-        conf.rg,
-        conf.hp,
-        d,
-        kv_cache.shape[1],
-        conf.ck,
-        conf.split,
-        context_lens.dim() == 2,
-        conf.head_chain,
-        conf.rows_outer,
+        out,
     )
+    consts = paged_constants(conf, next_n, d, kv_cache.shape[1], context_lens.dim() == 2)
     grid = (schedule_meta.shape[0] - 1, conf.parts, 1)
-    launch(kernel or paged_kernel_for(conf.occupancy), grid, args)
+    launch(kernel or paged_kernel_for(conf.occupancy), grid, arrays + consts)
 
 
-def fp8_paged_mqa_logits(
-    q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, clean_logits, logits_dtype, stream
-):
-    """cuTile paged MQA logits: the fp32 [B * next_n, max_context_len] kernel, then the cast to ``logits_dtype``."""
+def _paged_config(q: torch.Tensor, kv_cache: torch.Tensor) -> PagedMqaConfig:
+    """The paged kernel's config for these operands, or :class:`Unsupported`."""
     if q.dtype != torch.float8_e4m3fn:
         raise Unsupported(f"fp8_paged_mqa_logits needs float8_e4m3fn q, got {q.dtype}")
-    batch, next_n, h, d = q.shape
-    num_blocks, block_kv = kv_cache.shape[0], kv_cache.shape[1]
-    split = paged_mqa_split_kv(block_kv)
-    conf = paged_mqa_config(h, d, next_n, block_kv, split, sm=_check_arch(q))
+    _, next_n, h, d = q.shape
+    block_kv = kv_cache.shape[1]
+    conf = paged_mqa_config(h, d, next_n, block_kv, paged_mqa_split_kv(block_kv), sm=_check_arch(q))
     if conf is None:
         raise Unsupported(
             f"fp8_paged_mqa_logits: H={h}, D={d}, next_n={next_n}, block_kv={block_kv} not supported "
@@ -400,13 +418,53 @@ def fp8_paged_mqa_logits(
         )
     if not kv_cache.is_contiguous():
         raise Unsupported("fp8_paged_mqa_logits: kv_cache must be contiguous (DeepGEMM's byte layout)")
-    shape = {"B": batch, "next_n": next_n, "H": h, "D": d, "block_kv": block_kv}
+    return conf
+
+
+def fp8_paged_mqa_logits(
+    q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, clean_logits, logits_dtype, stream
+):
+    """cuTile paged MQA logits: the fp32 [B * next_n, max_context_len] kernel, then the cast to ``logits_dtype``."""
+    conf = _paged_config(q, kv_cache)
+    batch, next_n, h, d = q.shape
+    shape = {"B": batch, "next_n": next_n, "H": h, "D": d, "block_kv": kv_cache.shape[1]}
     print_once("fp8_paged_mqa_logits", shape, conf)
     out = _new_logits(batch * next_n, int(max_context_len), clean_logits, q.device)
-    if out.numel() and num_blocks and schedule_meta.shape[0] > 1:
+    if out.numel() and kv_cache.shape[0] and schedule_meta.shape[0] > 1:
         launch_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, schedule_meta, out, conf)
     return out.to(logits_dtype)
 
 
-register_impl("fp8_fp4_paged_mqa_logits", "cutile")(fp8_paged_mqa_logits)
-register_impl("fp8_paged_mqa_logits", "cutile")(fp8_paged_mqa_logits)
+def _paged_replay(derived: dict[str, Any]) -> Callable[..., torch.Tensor] | None:
+    """The hot-lane replay of a paged call (``checks.paged_mqa_logits_signature``): the config, grid and constants
+    fixed, per call only the output, the cache views and the launch. The signature admits contiguous operands of
+    the kernel's dtypes only, so the conversions of :func:`launch_paged_mqa_logits` are no-ops here."""
+    q, kv_cache, weights = derived["q"], derived["kv_cache"], derived["weights"]
+    context_lens, schedule_meta = derived["context_lens"], derived["schedule_meta"]
+    try:
+        conf = _paged_config(q, kv_cache)
+    except Unsupported:
+        return None
+    batch, next_n, _, d = q.shape
+    rows, width = batch * next_n, int(derived["max_context_len"])
+    clean, logits_dtype = derived["clean_logits"], derived["logits_dtype"]
+    runs = rows * width > 0 and kv_cache.shape[0] > 0 and schedule_meta.shape[0] > 1
+    kernel = paged_kernel_for(conf.occupancy)
+    grid = (schedule_meta.shape[0] - 1, conf.parts, 1)
+    consts = paged_constants(conf, next_n, d, kv_cache.shape[1], context_lens.dim() == 2)
+    weights_f32 = weights.dtype == torch.float32
+
+    def replay(q, kv_cache, weights, context_lens, block_table, schedule_meta) -> torch.Tensor:
+        out = _new_logits(rows, width, clean, q.device)
+        if runs:
+            w = weights if weights_f32 else weights.float()
+            launch(kernel, grid, _paged_arrays(q, kv_cache, w, context_lens, block_table, schedule_meta, out) + consts)
+        return out if logits_dtype is torch.float32 else out.to(logits_dtype)
+
+    return replay
+
+
+for _name in ("fp8_fp4_paged_mqa_logits", "fp8_paged_mqa_logits"):
+    register_impl(_name, "cutile")(fp8_paged_mqa_logits)
+    register_replay(_name, "cutile")(_paged_replay)
+del _name
