@@ -4,8 +4,8 @@ Each shipped kernel variant is compiled ahead of time for sm_90 and sm_100 with 
 JIT would infer from real contiguous tensors (output rows 16-byte aligned or not), and its SASS is checked: FP8
 tensor-core MMAs (``QGMMA`` on Hopper, ``UTCQMMA`` on Blackwell), TMA loads of the FP8 operands
 (``UTMALDG``; the paged kernel's gathered cache blocks included), no byte-wide FP8 loads, and no
-register spills on sm_90; on sm_90 the plain kernel also fits two CTAs per SM (256 threads, registers and shared memory
-for two).
+register spills on sm_90; on sm_90 the plain kernel and the benchmark's paged shapes also fit two CTAs per SM (256
+threads, registers and shared memory for two).
 """
 
 from __future__ import annotations
@@ -176,6 +176,19 @@ def test_plain_kernel_fits_two_ctas_per_sm90(h, d):
     """Two CTAs of the plain kernel share an SM on sm_90, so one's MMA overlaps the other's head sum (docs/kernels.md,
     "Two CTAs per SM"). A TMA output store would add a store warpgroup (384 threads at 168 registers: one CTA)."""
     res = launch_resources(aot.compile_cubin(mqa.mqa_logits_kernel, plain_params(h, d), "sm_90"))
+    assert res["threads"] == 256, res
+    assert 2 * res["threads"] * res["registers"] <= SM90_REGISTERS and 2 * res["shared"] <= SM90_SHARED, res
+
+
+@pytest.mark.parametrize("h,next_n", [(64, 1), (32, 2), (64, 2)])
+def test_paged_kernel_fits_two_ctas_per_sm90(h, next_n):
+    """The paged shapes of the benchmark (block_kv 64; N = 64: whole 256-key splits, N = 128: 128-key chunks, both
+    with the rows once per split) keep two CTAs per SM on sm_90: their speed came from that (docs/kernels.md, "The
+    paged kernel's query rows once per split"; 117 KB of shared memory before, one CTA)."""
+    conf = mqa.paged_mqa_config(h, 128, next_n, 64, sm=90)
+    assert conf.rows_outer and conf.ck == (256 if conf.rg * conf.hp <= 64 else 128)
+    kernel = mqa.paged_kernel_for(conf.occupancy)
+    res = launch_resources(aot.compile_cubin(kernel, paged_params(h, 128, next_n, 64, True), "sm_90"))
     assert res["threads"] == 256, res
     assert 2 * res["threads"] * res["registers"] <= SM90_REGISTERS and 2 * res["shared"] <= SM90_SHARED, res
 

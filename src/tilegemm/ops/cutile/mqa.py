@@ -17,7 +17,9 @@ the padded heads load as zeros with zero weights.
   split as the reference backend (``ops.common.paged_mqa_schedule``).
 * ``fp8_paged_mqa_logits``: a persistent kernel; ``parts`` CTAs share schedule row i (the splits
   from row i to row i + 1, round-robin), so several dependent gathers are in flight per SM; each
-  chunk of a split gathers its KV-cache blocks with one indexed (TMA) load.
+  chunk of a split gathers its KV-cache blocks with one indexed (TMA) load; on sm_90 a split loads its
+  query rows once, before its chunks (``PagedMqaConfig.rows_outer``). A repeated call replays its launch
+  (the registry's hot lane: ``checks.paged_mqa_logits_signature``, :func:`_paged_replay`).
 
 Whatever the index values, no kernel reads or writes out of bounds: window bounds are clamped,
 block ids are clamped into the cache, tile indices stay inside the arrays.
@@ -352,7 +354,7 @@ def paged_views(kv_cache: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Ten
     return kv_keys, kv_scales
 
 
-def paged_constants(conf: PagedMqaConfig, next_n: int, d: int, block_kv: int, ctx_2d: bool) -> tuple:
+def _paged_constants(conf: PagedMqaConfig, next_n: int, d: int, block_kv: int, ctx_2d: bool) -> tuple:
     """The paged kernel's constant arguments, in its parameter order (``NN`` .. ``ROWS_OUTER``)."""
     return (
         next_n,
@@ -399,7 +401,7 @@ def launch_paged_mqa_logits(
         schedule_meta.to(torch.int32).contiguous(),
         out,
     )
-    consts = paged_constants(conf, next_n, d, kv_cache.shape[1], context_lens.dim() == 2)
+    consts = _paged_constants(conf, next_n, d, kv_cache.shape[1], context_lens.dim() == 2)
     grid = (schedule_meta.shape[0] - 1, conf.parts, 1)
     launch(kernel or paged_kernel_for(conf.occupancy), grid, arrays + consts)
 
@@ -451,7 +453,7 @@ def _paged_replay(derived: dict[str, Any]) -> Callable[..., torch.Tensor] | None
     runs = rows * width > 0 and kv_cache.shape[0] > 0 and schedule_meta.shape[0] > 1
     kernel = paged_kernel_for(conf.occupancy)
     grid = (schedule_meta.shape[0] - 1, conf.parts, 1)
-    consts = paged_constants(conf, next_n, d, kv_cache.shape[1], context_lens.dim() == 2)
+    consts = _paged_constants(conf, next_n, d, kv_cache.shape[1], context_lens.dim() == 2)
     weights_f32 = weights.dtype == torch.float32
 
     def replay(q, kv_cache, weights, context_lens, block_table, schedule_meta) -> torch.Tensor:
