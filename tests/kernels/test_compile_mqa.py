@@ -85,17 +85,7 @@ def paged_params(
         aot.array(ct.int32, 2, align_bytes=4),  # block_table
         aot.array(ct.int32, 2, align_bytes=8),  # schedule
         aot.array(ct.float32, 3, align_bytes=out_align),  # out [B, next_n, W]
-        next_n,
-        conf.nnp,
-        conf.rg,
-        conf.hp,
-        d,
-        block_kv,
-        conf.ck,
-        conf.split,
-        two_d,
-        conf.head_chain,
-        conf.rows_outer,
+        *mqa.paged_constants(conf, next_n, d, block_kv, two_d),
     ]
 
 

@@ -354,8 +354,9 @@ def paged_views(kv_cache: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Ten
     return kv_keys, kv_scales
 
 
-def _paged_constants(conf: PagedMqaConfig, next_n: int, d: int, block_kv: int, ctx_2d: bool) -> tuple:
-    """The paged kernel's constant arguments, in its parameter order (``NN`` .. ``ROWS_OUTER``)."""
+def paged_constants(conf: PagedMqaConfig, next_n: int, d: int, block_kv: int, ctx_2d: bool) -> tuple:
+    """The paged kernel's constant arguments, in its parameter order (``NN`` .. ``ROWS_OUTER``); the compile gate
+    (``tests/kernels/test_compile_mqa.py``) builds its signatures from it."""
     return (
         next_n,
         conf.nnp,
@@ -401,7 +402,7 @@ def launch_paged_mqa_logits(
         schedule_meta.to(torch.int32).contiguous(),
         out,
     )
-    consts = _paged_constants(conf, next_n, d, kv_cache.shape[1], context_lens.dim() == 2)
+    consts = paged_constants(conf, next_n, d, kv_cache.shape[1], context_lens.dim() == 2)
     grid = (schedule_meta.shape[0] - 1, conf.parts, 1)
     launch(kernel or paged_kernel_for(conf.occupancy), grid, arrays + consts)
 
@@ -453,7 +454,7 @@ def _paged_replay(derived: dict[str, Any]) -> Callable[..., torch.Tensor] | None
     runs = rows * width > 0 and kv_cache.shape[0] > 0 and schedule_meta.shape[0] > 1
     kernel = paged_kernel_for(conf.occupancy)
     grid = (schedule_meta.shape[0] - 1, conf.parts, 1)
-    consts = _paged_constants(conf, next_n, d, kv_cache.shape[1], context_lens.dim() == 2)
+    consts = paged_constants(conf, next_n, d, kv_cache.shape[1], context_lens.dim() == 2)
     weights_f32 = weights.dtype == torch.float32
 
     def replay(q, kv_cache, weights, context_lens, block_table, schedule_meta) -> torch.Tensor:
