@@ -10,8 +10,8 @@ the padded heads load as zeros with zero weights.
 
 * ``fp8_mqa_logits``: one CTA per tile of ``BQ`` query rows (``BQ * HP = 128``), heaviest tiles
   first; it loops only over the key tiles that meet the union of its rows' ``[ks, ke)`` windows,
-  so cost follows the valid pairs. ``-inf`` outside the windows comes from the output's
-  initial fill (``torch.full``) plus the in-tile mask. On sm_90 two CTAs share an SM, so one's MMA
+  so cost follows the valid pairs. ``-inf`` outside the windows: the in-tile mask, and
+  ``mqa_clean_kernel`` on the tiles the kernel does not compute. On sm_90 two CTAs share an SM, so one's MMA
   runs during the other's head sum (``mqa_logits_kernel``'s comment).
 * ``get_paged_mqa_logits_metadata``: torch ops on the device (no host sync), the same balanced
   split as the reference backend (``ops.common.paged_mqa_schedule``).
@@ -105,11 +105,7 @@ def make_mqa_logits_kernel(fast_acc: bool = False, **hints):
         w_t = ct.reshape(ct.load(w, (pid, 0), shape=(BQ, HP), padding_mode=ZERO), (1, BQ * HP))
         ks_t = ct.load(ks, (pid,), shape=(BQ,), padding_mode=ZERO)
         ke_t = ct.load(ke, (pid,), shape=(BQ,), padding_mode=ZERO)
-        valid = (ct.arange(BQ, dtype=ct.int32) + pid * BQ) < s_rows
-        lo = ct.maximum(ct.min(ct.where(valid, ks_t, s_kv)), 0)
-        hi = ct.minimum(ct.max(ct.where(valid, ke_t, 0)), s_kv)
-        t_lo = lo // BK
-        t_hi = ct.maximum(ct.cdiv(hi, BK), t_lo)
+        t_lo, t_hi = window_tiles(ks_t, ke_t, pid * BQ, s_rows, s_kv, BQ, BK)
         ks_r = ct.reshape(ks_t, (1, BQ))
         ke_r = ct.reshape(ke_t, (1, BQ))
         for j in range(t_lo, t_hi):
@@ -129,6 +125,39 @@ def make_mqa_logits_kernel(fast_acc: bool = False, **hints):
 #: with the tensor core idle during its epilogue); the output store is not TMA so that tileiras drops the
 #: store warpgroup, and 256 threads x 128 registers fit twice. Measured on an H100: 1.6-1.8x (docs/kernels.md).
 mqa_logits_kernel = make_mqa_logits_kernel(occupancy=ct.ByTarget(sm_90=2))
+
+
+def window_tiles(ks_t, ke_t, first_row, s_rows, s_kv, BQ: int, BK: int):
+    """The key tiles ``[t_lo, t_hi)`` of ``BK`` keys that meet the union of ``BQ`` query rows' windows (tile code).
+
+    ``ks_t``/``ke_t`` int32 ``[BQ]``: the ``[ks, ke)`` of rows ``first_row ..`` (rows past ``s_rows`` do not
+    count); bounds clamped to ``[0, s_kv]``. The plain kernel computes exactly these tiles and the clean kernel
+    fills every other one: both call this, so the two never disagree.
+    """
+    valid = (ct.arange(BQ, dtype=ct.int32) + first_row) < s_rows
+    lo = ct.maximum(ct.min(ct.where(valid, ks_t, s_kv)), 0)
+    hi = ct.minimum(ct.max(ct.where(valid, ke_t, 0)), s_kv)
+    t_lo = lo // BK
+    return t_lo, ct.maximum(ct.cdiv(hi, BK), t_lo)
+
+
+@ct.kernel(occupancy=4)
+def mqa_clean_kernel(ks, ke, out, BQ: ct.Constant[int], BK: ct.Constant[int]):
+    """``-inf`` in every ``[BQ, BK]`` tile of ``out`` [S, S_kv] that :func:`mqa_logits_kernel` does not compute.
+
+    One CTA per ``BQ`` query rows (the plain kernel's blocks): the key tiles before and after its
+    :func:`window_tiles`. The two kernels write disjoint tiles, in either order; together they write every element,
+    where a ``torch.full`` of the output would write all of it once more.
+    """
+    pid = ct.bid(0)
+    ks_t = ct.load(ks, (pid,), shape=(BQ,), padding_mode=ZERO)
+    ke_t = ct.load(ke, (pid,), shape=(BQ,), padding_mode=ZERO)
+    t_lo, t_hi = window_tiles(ks_t, ke_t, pid * BQ, out.shape[0], out.shape[1], BQ, BK)
+    fill = ct.full((BQ, BK), NEG_INF, dtype=ct.float32)
+    for t in range(t_lo):
+        ct.store(out, (pid, t), fill, allow_tma=False)
+    for t in range(t_hi, ct.cdiv(out.shape[1], BK)):
+        ct.store(out, (pid, t), fill, allow_tma=False)
 
 
 def paged_rows(q, w, ctx, b, rg, length, NN: int, RG: int, HP: int, D: int, CTX2D: bool):
@@ -286,16 +315,22 @@ def launch_mqa_logits(
     out: torch.Tensor,
     conf: MqaConfig,
     kernel=None,
+    clean: bool = False,
 ) -> None:
-    """Launch the plain kernel on the current stream (inputs as the op's, already checked; ``out`` fp32 [S, S_kv])."""
+    """Launch the plain kernel on the current stream (inputs as the op's, already checked; ``out`` fp32 [S, S_kv]).
+
+    ``clean``: also launch :func:`mqa_clean_kernel`, so that every element of ``out`` is written (``out`` may be
+    uninitialised); otherwise the tiles outside the windows are left as they were.
+    """
     s, _, d = q.shape
+    ks, ke = ks.to(torch.int32).contiguous(), ke.to(torch.int32).contiguous()
     args = (
         q.contiguous(),
         kv_data.contiguous(),
         kv_scale.to(torch.float32).contiguous(),
         weights.to(torch.float32).contiguous(),
-        ks.to(torch.int32).contiguous(),
-        ke.to(torch.int32).contiguous(),
+        ks,
+        ke,
         out,
         conf.bq,
         conf.hp,
@@ -304,6 +339,8 @@ def launch_mqa_logits(
         conf.head_chain,
     )
     launch(kernel or mqa_logits_kernel, (cdiv(s, conf.bq), 1, 1), args)
+    if clean:
+        launch(mqa_clean_kernel, (cdiv(s, conf.bq), 1, 1), (ks, ke, out, conf.bq, conf.bk))
 
 
 def fp8_mqa_logits(
@@ -322,9 +359,10 @@ def fp8_mqa_logits(
     if conf is None:
         raise Unsupported(f"fp8_mqa_logits: H={h}, D={d} not supported (H <= 128, D in {{32, 64, 128}})")
     print_once("fp8_mqa_logits", {"S": s, "S_kv": s_kv, "H": h, "D": d}, conf)
-    out = _new_logits(s, s_kv, clean_logits, q.device)
+    out = _new_logits(s, s_kv, False, q.device)  # with clean_logits the two kernels write every element
     if s and s_kv:
-        launch_mqa_logits(q, kv_data, kv_scale, weights, cu_seq_len_k_start, cu_seq_len_k_end, out, conf)
+        ks, ke = cu_seq_len_k_start, cu_seq_len_k_end
+        launch_mqa_logits(q, kv_data, kv_scale, weights, ks, ke, out, conf, clean=clean_logits)
     if max_seqlen_k:
         out = compress_logits(out, cu_seq_len_k_start, max_seqlen_k)
     return out.to(logits_dtype)
