@@ -5,7 +5,8 @@ JIT would infer from real contiguous tensors (output rows 16-byte aligned or not
 tensor-core MMAs (``QGMMA`` on Hopper, ``UTCQMMA`` on Blackwell), TMA loads of the FP8 operands
 (``UTMALDG``; the paged kernel's gathered cache blocks included), no byte-wide FP8 loads, and no
 register spills on sm_90; on sm_90 the plain kernel and the benchmark's paged shapes also fit two CTAs per SM (256
-threads, registers and shared memory for two).
+threads, registers and shared memory for two). The plain op's ``-inf`` fill kernel is compiled for every query-block
+size: plain stores, no spills, at most 64 registers.
 """
 
 from __future__ import annotations

@@ -147,7 +147,8 @@ def mqa_clean_kernel(ks, ke, out, BQ: ct.Constant[int], BK: ct.Constant[int]):
 
     One CTA per ``BQ`` query rows (the plain kernel's blocks): the key tiles before and after its
     :func:`window_tiles`. The two kernels write disjoint tiles, in either order; together they write every element,
-    where a ``torch.full`` of the output would write all of it once more.
+    where a ``torch.full`` of the output would write all of it once more. The occupancy hint keeps it small: without
+    it tileiras 13.4 gives blocks of 4-16 rows 256 threads at 255 registers (one CTA per SM).
     """
     pid = ct.bid(0)
     ks_t = ct.load(ks, (pid,), shape=(BQ,), padding_mode=ZERO)
