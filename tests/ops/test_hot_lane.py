@@ -263,7 +263,7 @@ def test_plan_reads_c_not_d_after_a_call_where_c_was_d(recorded_launches):
 
 
 def _paged_operands(next_n=2, h=64, d=128, block_kv=64, seed=0):
-    """CPU operands of a paged call (3 sequences) and their contiguous tuple, in the op's parameter order."""
+    """CPU operands of a paged call over 3 sequences, in the op's parameter order (q .. schedule_meta)."""
     from tilegemm import indexer
 
     g = torch.Generator().manual_seed(seed)
@@ -287,21 +287,11 @@ def test_paged_signature_refuses_what_it_cannot_vouch_for():
     )
     key4, operands4 = sig4((q, None), cache, w, ctx, table, meta, 320, False, torch.float32, None, None)
     assert operands4[0] is q
+    q_strided = q.transpose(0, 1).contiguous().transpose(0, 1)
     refused = {
         "a stream": (q, cache, w, ctx, table, meta, 320, False, None, object()),
         "indices": (q, cache, w, ctx, table, meta, 320, False, torch.zeros(3, dtype=torch.int32), None),
-        "a non-contiguous q": (
-            q.transpose(0, 1).contiguous().transpose(0, 1),
-            cache,
-            w,
-            ctx,
-            table,
-            meta,
-            320,
-            False,
-            None,
-            None,
-        ),
+        "a non-contiguous q": (q_strided, cache, w, ctx, table, meta, 320, False, None, None),
         "int64 lengths": (q, cache, w, ctx.long(), table, meta, 320, False, None, None),
         "bf16 weights with fp32 logits": (q, cache, w.bfloat16(), ctx, table, meta, 320, False, None, None),
         "a tensor width": (q, cache, w, ctx, table, meta, torch.tensor(320), False, None, None),
