@@ -300,7 +300,8 @@ def _check_arch(t: torch.Tensor) -> int:
 
 
 def _new_logits(rows: int, cols: int, clean: bool, device: torch.device) -> torch.Tensor:
-    """The fp32 output; pre-filled with ``-inf`` when ``clean`` (the kernels write only the window tiles)."""
+    """The paged op's fp32 output; pre-filled with ``-inf`` when ``clean`` (its kernel writes only the tiles below
+    each row's length)."""
     if clean:
         return torch.full((rows, cols), NEG_INF, dtype=torch.float32, device=device)
     return torch.empty((rows, cols), dtype=torch.float32, device=device)
@@ -360,7 +361,7 @@ def fp8_mqa_logits(
     if conf is None:
         raise Unsupported(f"fp8_mqa_logits: H={h}, D={d} not supported (H <= 128, D in {{32, 64, 128}})")
     print_once("fp8_mqa_logits", {"S": s, "S_kv": s_kv, "H": h, "D": d}, conf)
-    out = _new_logits(s, s_kv, False, q.device)  # with clean_logits the two kernels write every element
+    out = torch.empty((s, s_kv), dtype=torch.float32, device=q.device)  # clean_logits: the clean kernel fills it
     if s and s_kv:
         ks, ke = cu_seq_len_k_start, cu_seq_len_k_end
         launch_mqa_logits(q, kv_data, kv_scale, weights, ks, ke, out, conf, clean=clean_logits)
