@@ -3,7 +3,8 @@
 Variants: the gate/up GEMM for every config of ``heuristics.all_moe_configs``, both activations; the down GEMM
 for every config; the combine for top-k 1, 2, 8 and the widest and narrowest column tiles; the per-slot kernels
 (``ops/cutile/moe_slots.py``) with int64 and int32 ids, even and ragged K; the block kernels
-(``ops/cutile/moe_blocks.py``) for every row tile. Checked: tensor-core MMAs, TMA loads of the weights and, in
+(``ops/cutile/moe_blocks.py``) for every row tile; the FP8 block kernels and the gather-quantize kernel
+(``ops/cutile/moe_fp8.py``) for every row tile. Checked: tensor-core MMAs, TMA loads of the weights and, in
 the sorted and block GEMMs, of the gathered rows (UTMALDG, no ``cp.async`` register gather), the per-slot kernels'
 rows as 16-byte ``cp.async`` copies (``LDGSTS.E.BYPASS.128``) when K allows it, no register spills, no TMA
 descriptor built on the device.
@@ -16,7 +17,7 @@ import pytest
 ct = pytest.importorskip("cuda.tile")
 
 from kernels.sass import compile_all, dump_sass, opcode_counts, sass_summary  # noqa: E402
-from tilegemm.ops.cutile import aot, heuristics, moe, moe_blocks, moe_slots  # noqa: E402
+from tilegemm.ops.cutile import aot, heuristics, moe, moe_blocks, moe_fp8, moe_slots  # noqa: E402
 
 ARCHS = aot.ARCHS
 _A = aot.array
@@ -122,9 +123,28 @@ def _block_variants():
     return out
 
 
+def _fp8_variants():
+    """The FP8 kernels (``moe_fp8.py``): gather-quantize, and gate/up (both activations) and down for every row
+    tile ``moe_fp8_config`` can pick."""
+    f8, f32, bf, out = ct.float8_e4m3fn, ct.float32, ct.bfloat16, []
+    out.append(("fp8-gather-quant", "gather_quant", [_A(bf, 2), _index(), _A(f8, 2), _A(f32, 2), moe_fp8.QUANT_BR]))
+    bt = heuristics.MOE_BLOCKS_MIN_BT
+    while bt <= heuristics.MOE_BLOCKS_MAX_BT:
+        rows = [_A(f8, 2), _A(f32, 2)]  # fp8 rows and their 1x128 scales
+        for act_name, act in moe.ACTIVATIONS.items():
+            up = [*rows, _A(f8, 3), _A(f8, 3), _A(f32, 3), _A(f32, 3), *rows, _index(), aot.scalar(ct.int32), act, bt]
+            out.append((f"fp8-up-{act_name}-t{bt}", "gate_up", up))
+        weight = aot.array(ct.float32, 1, align_bytes=4)
+        down = [*rows, _A(f8, 3), _A(f32, 3), _A(bf, 2), _index(), weight, aot.scalar(ct.int32), bt]
+        out.append((f"fp8-down-t{bt}", "down", down))
+        bt *= 2
+    return out
+
+
 VARIANTS = _variants()
 SLOT_VARIANTS = _slot_variants()
 BLOCK_VARIANTS = _block_variants()
+FP8_VARIANTS = _fp8_variants()
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +155,7 @@ def compiled():
     ]
     jobs += [(vid, moe_slots.get_kernel(name), params, arch) for vid, name, params in SLOT_VARIANTS for arch in ARCHS]
     jobs += [(vid, moe_blocks.get_kernel(name), params, arch) for vid, name, params in BLOCK_VARIANTS for arch in ARCHS]
+    jobs += [(vid, moe_fp8.get_kernel(name), params, arch) for vid, name, params in FP8_VARIANTS for arch in ARCHS]
 
     return compile_all(jobs, aot.compile_cubin, lambda cubin: (sass_summary(cubin), opcode_counts(dump_sass(cubin))))
 
@@ -144,6 +165,8 @@ def test_heuristics_only_pick_gated_configs():
     for t, k, e in ((1, 8, 128), (64, 8, 256), (4096, 8, 128), (16384, 2, 8), (3, 1, 1)):
         for h in (2048, 7168, 4096, 136):
             cfg = heuristics.choose(heuristics.Problem("moe", "bf16", t * k, h, 1024, 132, groups=e))
+            fp8 = heuristics.moe_fp8_config(t * k, h, e)  # the FP8 op: the block form, 128x128 weight tiles
+            assert (fp8.bw, fp8.bk) == (128, 128) and f"fp8-down-t{fp8.bt}" in {v[0] for v in FP8_VARIANTS}, fp8
             if isinstance(cfg, heuristics.MoESlotsConfig):  # the per-slot kernels, compiled with this config
                 assert cfg == heuristics.moe_slots_config(h), (t, k, e, cfg)
             elif isinstance(cfg, heuristics.MoEBlocksConfig):  # the block kernels: every row tile is compiled
@@ -156,7 +179,7 @@ def test_heuristics_only_pick_gated_configs():
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("vid", [v[0] for v in VARIANTS + SLOT_VARIANTS + BLOCK_VARIANTS])
+@pytest.mark.parametrize("vid", [v[0] for v in VARIANTS + SLOT_VARIANTS + BLOCK_VARIANTS + FP8_VARIANTS])
 def test_moe_kernel_sass(compiled, vid, arch):
     result = compiled[(vid, arch)]
     if isinstance(result, Exception):
@@ -164,7 +187,12 @@ def test_moe_kernel_sass(compiled, vid, arch):
     s, ops = result
     assert s["ldl"] == 0 and s["stl"] == 0, f"{vid} {arch}: register spills to local memory: {s}"
     assert s["tensormap_writes"] == 0, f"{vid} {arch}: TMA descriptors built on the device: {s}"
-    if "combine" in vid or "route" in vid:
+    if "combine" in vid or "route" in vid or "gather-quant" in vid:
+        return
+    if vid.startswith("fp8"):  # FP8 tensor-core MMAs; weight blocks and row tiles through TMA
+        mma = s["qgmma"] if arch == "sm_90" else s["utcqmma"]
+        assert mma > 0 and s["hmma"] == 0, f"{vid} {arch}: no FP8 warpgroup / tcgen05 MMA: {s}"
+        assert s["utmaldg"] >= (3 if "-up-" in vid else 2), f"{vid} {arch}: operands not loaded with TMA: {s}"
         return
     mma = s["hgmma"] if arch == "sm_90" else s["utchmma"]
     assert mma > 0 and s["hmma"] == 0, f"{vid} {arch}: no warpgroup / tcgen05 MMA: {s}"

@@ -228,6 +228,53 @@ def moe_experts(draw) -> Case:
     )  # fmt: skip
 
 
+def fp8_moe_experts(draw) -> Case:
+    tokens, top_k, experts = draw(st.integers(0, 4)), draw(st.integers(1, 2)), draw(st.integers(1, 3))
+    hidden, inter = draw(st.sampled_from([128, 256])), 128
+    activation = draw(st.sampled_from(["silu", "gelu", "gelu_tanh"]))
+    ids = torch.randint(-1, experts + 1, (tokens, top_k))
+    w13 = tg.per_block_cast_to_fp8(torch.randn(experts, 2 * inter, hidden) / 16)
+    w2 = tg.per_block_cast_to_fp8(torch.randn(experts, hidden, inter) / 16)
+    act = {
+        "silu": torch.nn.functional.silu,
+        "gelu": torch.nn.functional.gelu,
+        "gelu_tanh": lambda v: torch.nn.functional.gelu(v, approximate="tanh"),
+    }[activation]
+
+    def quant64(v: torch.Tensor) -> torch.Tensor:  # the 1x128 FP8 quantization of a float64 row, dequantized
+        blocks = v.view(-1, 128)
+        scale = (blocks.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-4) / 448).double()
+        return ((blocks / scale).clamp(-448, 448).to(FP8).double() * scale).reshape(-1)
+
+    def reference(call: dict[str, Any], _: Any) -> torch.Tensor:
+        x64 = dequantize(*tg.per_token_cast_to_fp8(call["hidden"]), 1)
+        w13_64, w2_64 = (dequantize(*call[name], 128) for name in ("w13", "w2"))
+        w, ids_ = d64(call["topk_weights"]), call["topk_ids"]
+        out = torch.zeros(x64.shape, dtype=torch.float64)
+        for t in range(x64.shape[0]):
+            for j in range(ids_.shape[1]):
+                e = int(ids_[t, j])
+                if 0 <= e < experts:
+                    gu = w13_64[e] @ x64[t]
+                    out[t] += w[t, j] * (w2_64[e] @ quant64(act(gu[:inter]) * gu[inter:]))
+        return out
+
+    kw = dict(
+        hidden=rand(tokens, hidden), topk_ids=ids, topk_weights=rand(tokens, top_k, dtype=torch.float32), w13=w13,
+        w2=w2, activation=activation,
+    )  # fmt: skip
+    dims = {
+        "hidden": "TH", "topk_ids": "TK", "topk_weights": "TK", "w13[0]": "EJH", "w13[1]": "Ejh", "w2[0]": "EHI",
+        "w2[1]": "Ehi",
+    }  # fmt: skip
+    related = {"I": "Jji", "J": "Iji", "H": "h", "h": "H", "i": "IJj", "j": "IJi"}
+    # bar: test_fp8_moe_experts.BAR (requantizing h is not continuous)
+    return Case(
+        tg.fp8_moe_experts, kw, dims, reference, out=None, bar=2e-4, related=related, bad_dtype=torch.int16,
+        meta_ok=False,
+    )  # fmt: skip
+
+
 def skip_head_mid(draw) -> Case:
     left, mid, right = draw(st.integers(0, 3)), draw(st.integers(0, 3)), draw(st.integers(1, 3))
     heads, m, k = draw(st.integers(3, 4)), draw(st.integers(0, 16)), draw(st.sampled_from([64, 128, 256]))
@@ -768,6 +815,7 @@ FAMILIES: dict[str, Callable[[Any], Case]] = {
     "dense_fp8": lambda draw: dense(draw, True),
     "cublaslt": cublaslt,
     "moe_experts": moe_experts,
+    "fp8_moe_experts": fp8_moe_experts,
     "skip_head_mid": skip_head_mid,
     "m_grouped_bf16": lambda draw: m_grouped(draw, False),
     "m_grouped_fp8": lambda draw: m_grouped(draw, True),
@@ -949,7 +997,7 @@ def test_every_public_tensor_op_is_fuzzed():
         "fp8_fp4_paged_mqa_logits", "einsum", "fp8_einsum", "tf32_hc_prenorm_gemm", "matmul", "grouped_matmul",
         "fp8_grouped_matmul", "fp8_linear", "per_token_cast_to_fp8", "per_channel_cast_to_fp8", "per_block_cast_to_fp8",
         "get_mn_major_tma_aligned_tensor", "calc_diff", "cublaslt_gemm_nn", "cublaslt_gemm_nt", "cublaslt_gemm_tn",
-        "cublaslt_gemm_tt", "moe_experts",
+        "cublaslt_gemm_tt", "moe_experts", "fp8_moe_experts",
     }  # fmt: skip
     aliases = {
         "m_grouped_fp8_fp4_gemm_nt_contiguous",

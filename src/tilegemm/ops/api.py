@@ -825,3 +825,40 @@ def moe_experts(
     No host synchronisation: routing (sort by expert, counts, offsets) runs on the device, buffer sizes
     depend only on ``(T, k, E)``, so the call is CUDA-graph capturable.
     """
+
+
+@dispatch("fp8_moe_experts", check=checks.fp8_moe_experts_check)
+def fp8_moe_experts(
+    hidden: Tensor,
+    topk_ids: Tensor,
+    topk_weights: Tensor,
+    w13: FP8Operand,
+    w2: FP8Operand,
+    activation: str = "silu",
+    *,
+    stream=None,
+) -> Tensor:
+    """Fused FP8 MoE experts (tilegemm's extension): :func:`moe_experts` with DeepGEMM's FP8 recipe.
+
+    Args:
+        hidden: bf16 [T, H], H a multiple of 128; quantized inside, one scale per token per 128 of H.
+        topk_ids: int32/int64 [T, k]; ids outside ``[0, E)`` drop the slot (as in :func:`moe_experts`).
+        topk_weights: float [T, k] routing weights.
+        w13: ``(float8_e4m3fn [E, 2I, H], fp32 [E, 2I/128, H/128])``: gate rows ``[0, I)`` then up rows, with
+            128x128 block scales (``tilegemm.per_block_cast_to_fp8(gate_up_proj)``); I a multiple of 128.
+        w2: ``(float8_e4m3fn [E, H, I], fp32 [E, H/128, I/128])``: the down projections, 128x128 block scales.
+        activation: ``"silu"``, ``"gelu"`` (erf; the ``pytorch`` backend only) or ``"gelu_tanh"``.
+        stream: CUDA stream (``None``: current).
+
+    Returns:
+        A new bf16 [T, H] tensor. With ``q(v)`` the 1x128 quantization of ``tilegemm.per_token_cast_to_fp8``
+        (scale = max(amax, 1e-4) / 448 per 128 values, stored dequantized here) and ``W`` the dequantized
+        weights, per slot with expert e::
+
+            g, u = q(x[t]) @ W13[e, :I].T, q(x[t]) @ W13[e, I:].T     fp32 (per-128-K block products, promoted)
+            h    = act(g) * u                                         fp32, not rounded
+            y_j  = round_bf16(w[t, j] * (q(h) @ W2[e].T))              fp32
+            out[t] = round_bf16(sum_{j=0..k-1} y_j)                    fp32 sum in slot order
+
+    No host synchronisation; CUDA-graph capturable; reruns are bitwise identical.
+    """

@@ -1218,6 +1218,44 @@ def moe_experts_check(hidden, topk_ids, topk_weights, w13, w2, activation="silu"
     )  # fmt: skip
 
 
+def fp8_moe_experts_check(hidden, topk_ids, topk_weights, w13, w2, activation="silu", *, stream=None) -> dict[str, Any]:
+    """The check of ``fp8_moe_experts``: bf16 ``hidden [T, H]``, FP8 ``w13`` / ``w2`` tuples with 128x128 block
+    scales, H and I multiples of 128 (the 1x128 activation blocks); no value checks (any expert id is allowed)."""
+    _tensor("hidden", hidden, (torch.bfloat16,), 2)
+    tokens, hidden_dim = hidden.shape
+    _tensor("topk_ids", topk_ids, (torch.int32, torch.int64), 2)
+    if topk_ids.shape[0] != tokens:
+        raise ValueError(f"topk_ids: got shape {list(topk_ids.shape)}, expected [T={tokens}, k] to match hidden")
+    _tensor("topk_weights", topk_weights, _FLOATS, 2)
+    _shape("topk_weights", topk_weights, [tokens, topk_ids.shape[1]], "[T, k], like topk_ids")
+    w13_data, w13_scales = _fp8_operand("w13", w13, 3)
+    experts, two_inter, h13 = w13_data.shape
+    if two_inter % 2 or h13 != hidden_dim:
+        raise ValueError(
+            f"w13[0]: got shape {list(w13_data.shape)}, expected [E, 2I, H={hidden_dim}] (gate rows then up rows)"
+        )
+    inter = two_inter // 2
+    if hidden_dim % 128 or inter % 128:
+        raise ValueError(f"fp8_moe_experts: H={hidden_dim} and I={inter} must be multiples of 128 (1x128 blocks)")
+    _shape("w13[1]", w13_scales, [experts, two_inter // 128, hidden_dim // 128], "128x128 block scales of w13")
+    w2_data, w2_scales = _fp8_operand("w2", w2, 3)
+    _shape("w2[0]", w2_data, [experts, hidden_dim, inter], "[E, H, I] to match w13 [E, 2I, H]")
+    _shape("w2[1]", w2_scales, [experts, hidden_dim // 128, inter // 128], "128x128 block scales of w2")
+    if activation not in MOE_ACTIVATIONS:
+        raise ValueError(f"activation: got {activation!r}, expected one of {list(MOE_ACTIVATIONS)}")
+    _stream(stream)
+    _same_device(
+        {
+            "hidden": hidden, "topk_ids": topk_ids, "topk_weights": topk_weights, "w13[0]": w13_data,
+            "w13[1]": w13_scales, "w2[0]": w2_data, "w2[1]": w2_scales,
+        }
+    )  # fmt: skip
+    return dict(
+        hidden=hidden, topk_ids=topk_ids, topk_weights=topk_weights, w13=(w13_data, w13_scales),
+        w2=(w2_data, w2_scales), activation=activation, stream=stream,
+    )  # fmt: skip
+
+
 # ------------------------------------------------------------------ differentiable functions
 
 

@@ -657,6 +657,12 @@ def moe_blocks_config(
     return MoEBlocksConfig(bw=bw, bk=bk, bt=bt, combine_bt=MOE_COMBINE_BT, combine_bn=_combine_bn(hidden))
 
 
+def moe_fp8_config(slots: int, hidden: int, experts: int) -> MoEBlocksConfig:
+    """Config of the FP8 fused experts (``ops/cutile/moe_fp8.py``): the block path at every size, its weight tile
+    the 128x128 scale block (one weight scale per MMA) and ``bt`` as :func:`moe_blocks_config` chooses it."""
+    return moe_blocks_config(slots, hidden, experts, bw=128, bk=128)
+
+
 # ------------------------------------------------------------------------------- MQA logits
 # (used by ops/cutile/mqa.py,
 #  tests/kernels/test_compile_mqa.py and tests/benchmark/bench_mqa.py. Static: derived from the

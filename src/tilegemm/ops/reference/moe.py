@@ -7,6 +7,10 @@ Per (token t, slot j) with expert ``e = topk_ids[t, j]`` in ``[0, E)`` (any othe
     y_j  = round(w[t, j] * (h @ w2[e].T))                     fp32 accumulation, weight applied in fp32
     out[t] = round(sum_{j = 0..k-1} y_j)                      fp32 sum in slot order, one rounding
 
+``fp8_moe_experts`` is the same with DeepGEMM's FP8 recipe: ``x`` quantized per token (1x128 scales), the
+weights' 128x128 blocks dequantized, ``h`` kept in fp32 and quantized 1x128 before the down projection (see
+``tilegemm.ops.api.fp8_moe_experts``).
+
 Built on the device-side routing (``tilegemm.routing``) and the m-grouped reference GEMM: no host sync.
 """
 
@@ -19,6 +23,7 @@ import torch.nn.functional as F
 
 from tilegemm.backend.registry import register_impl
 from tilegemm.ops.reference.grouped import BLOCK_M, m_grouped_contiguous
+from tilegemm.quant import per_token_cast_to_fp8
 from tilegemm.routing import moe_route, permute_tokens, unpermute_tokens
 
 #: Gated activations ``act(gate)``, fp32 in and out.
@@ -29,11 +34,28 @@ ACTIVATIONS = {
 }
 
 
-def _grouped(a32: torch.Tensor, w: torch.Tensor, m_indices: torch.Tensor) -> torch.Tensor:
-    """fp32 ``a32[r] @ w[m_indices[r]].T`` (rows of ``-1``: 0) for ``w [E, N, K]`` in any float dtype."""
-    d = torch.empty(a32.shape[0], w.shape[1], dtype=torch.float32, device=a32.device)
-    load = lambda idx: w.index_select(0, idx).float()  # noqa: E731
-    return m_grouped_contiguous(a32, load, w.shape[0], d, m_indices, False, BLOCK_M)
+def _grouped(a32: torch.Tensor, w: torch.Tensor | tuple[torch.Tensor, torch.Tensor], m_indices: torch.Tensor):
+    """fp32 ``a32[r] @ w[m_indices[r]].T`` (rows of ``-1``: 0) for ``w [E, N, K]`` in any float dtype, or an FP8
+    ``(data [E, N, K], 128x128 block scales [E, N/128, K/128])`` tuple, dequantized expert by expert."""
+    data = w[0] if isinstance(w, tuple) else w
+    d = torch.empty(a32.shape[0], data.shape[1], dtype=torch.float32, device=a32.device)
+    if isinstance(w, tuple):
+        load = lambda idx: _dequant_blocks(w[0].index_select(0, idx), w[1].index_select(0, idx))  # noqa: E731
+    else:
+        load = lambda idx: w.index_select(0, idx).float()  # noqa: E731
+    return m_grouped_contiguous(a32, load, data.shape[0], d, m_indices, False, BLOCK_M)
+
+
+def _dequant_blocks(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """fp32 ``data [.., N, K] * scales [.., N/128, K/128]`` expanded over each 128x128 block."""
+    n, k = data.shape[-2:]
+    full = scales.repeat_interleave(128, dim=-2).repeat_interleave(128, dim=-1)
+    return data.float() * full[..., :n, :k]
+
+
+def _dequant_rows(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """fp32 ``data [M, K] * scales [M, K/128]`` expanded over each 1x128 block."""
+    return data.float() * scales.repeat_interleave(128, dim=-1)[:, : data.shape[1]]
 
 
 @register_impl("moe_experts", "pytorch")
@@ -48,6 +70,25 @@ def moe_experts(hidden, topk_ids, topk_weights, w13, w2, activation, stream):
     gate_up = _grouped(a32, w13, routing.m_indices)
     h = (ACTIVATIONS[activation](gate_up[:, :inter]) * gate_up[:, inter:]).to(hidden.dtype)
     y = _grouped(h.float(), w2, routing.m_indices)
+    valid = routing.src_slot >= 0
+    w = topk_weights.reshape(-1).float().index_select(0, routing.src_slot.clamp(min=0))
+    y = (y * torch.where(valid, w, torch.zeros((), device=w.device))[:, None]).to(hidden.dtype)
+    return unpermute_tokens(y, routing, None, out_dtype=hidden.dtype)
+
+
+@register_impl("fp8_moe_experts", "pytorch")
+def fp8_moe_experts(hidden, topk_ids, topk_weights, w13, w2, activation, stream):
+    """Reference FP8 fused experts (``tilegemm.ops.api.fp8_moe_experts``); returns bf16 [T, H]."""
+    num_tokens, hidden_dim = hidden.shape
+    num_experts, inter = w13[0].shape[0], w2[0].shape[2]
+    if num_tokens == 0 or topk_ids.shape[1] == 0 or num_experts == 0:
+        return torch.zeros(num_tokens, hidden_dim, dtype=hidden.dtype, device=hidden.device)
+    routing = moe_route(topk_ids, num_experts, alignment=BLOCK_M)
+    x32 = _dequant_rows(*per_token_cast_to_fp8(hidden))
+    a32 = permute_tokens(x32, routing)
+    gate_up = _grouped(a32, w13, routing.m_indices)
+    h32 = ACTIVATIONS[activation](gate_up[:, :inter]) * gate_up[:, inter:]
+    y = _grouped(_dequant_rows(*per_token_cast_to_fp8(h32)), w2, routing.m_indices)
     valid = routing.src_slot >= 0
     w = topk_weights.reshape(-1).float().index_select(0, routing.src_slot.clamp(min=0))
     y = (y * torch.where(valid, w, torch.zeros((), device=w.device))[:, None]).to(hidden.dtype)

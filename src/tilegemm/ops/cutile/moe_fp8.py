@@ -1,0 +1,190 @@
+"""cuTile fused FP8 MoE experts (``tilegemm.fp8_moe_experts``): the block path of ``moe_blocks.py`` on FP8 operands.
+
+DeepGEMM's recipe: activations with one fp32 scale per row per 128 columns (1x128), weights with one per
+128x128 block. The slots are laid out by expert in ``BT``-row blocks by the block path's routing
+(``moe_blocks.route``), then four kernels:
+
+1. **gather + quantize** (``_gather_quant``): ``xq[r], sx[r] = q(x[tok(r)])``, one CTA per (``BR`` rows, 128
+   columns): the 1x128 quantization of ``tilegemm.per_token_cast_to_fp8`` (``scale = max(amax, 1e-4) / 448``,
+   ``clamp(v / scale, -448, 448)`` rounded to e4m3), with the gather of the sorted rows folded in.
+2. **gate/up** (``_gate_up``): per (block, 128 intermediate columns), swap-AB as in ``decode.py``: the
+   ``[128, 128]`` weight block (TMA) is the MMA's first operand, the block's rows ``[128, BT]`` (transposed
+   TMA tile) the second. Per 128-K block the raw FP8 product is promoted, ``acc += (P * sx) * sw``, for gate and
+   up; then ``h = act(g) * u`` in fp32 is quantized 1x128 in the epilogue (the tile's 128 columns are one
+   block) and written once: ``hq`` fp8 [M, I] and ``sh`` fp32 [M, I/128].
+3. **down** (``_down``): ``y[r] = bf16(w(r) * sum_kb (hq_kb @ W2_kb.T) * sh * sw2)``, same form.
+4. **combine** (``moe.py``'s kernel): ``out[t] = bf16(sum_j y[dest[t, j]])`` in fp32, slots in order.
+
+Blocks without an expert return at once (their rows are never read); every index read from memory is
+range-checked (expert ids) or clamped (tokens). No host sync: CUDA-graph capturable; reruns bitwise identical.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import cuda.tile as ct
+import torch
+
+from tilegemm.backend.registry import Unsupported, register_impl
+from tilegemm.ops.cutile import heuristics, launch, moe, moe_blocks, moe_slots
+from tilegemm.routing import max_padded_rows
+
+ConstInt = ct.Constant[int]
+_ZERO = ct.PaddingMode.ZERO
+FP8_MAX = 448.0
+AMAX_EPS = 1e-4
+#: Rows per CTA of the gather-quantize kernel.
+QUANT_BR = 16
+
+
+def _quantize(v, axis: int):
+    """``(q, scale)``: fp32 ``v`` quantized to e4m3 with one scale per 128 values along ``axis`` (the tile's extent
+    there is 128): ``tilegemm.per_token_cast_to_fp8``'s formula. ``scale`` keeps ``axis`` with extent 1."""
+    amax = ct.max(ct.abs(v), axis=axis, keepdims=True)
+    scale = ct.maximum(amax, AMAX_EPS) / FP8_MAX
+    q = ct.minimum(ct.maximum(v / scale, -FP8_MAX), FP8_MAX)
+    return ct.astype(q, ct.float8_e4m3fn), scale
+
+
+def _gather_quant(x, row_token, xq, sx, BR: ConstInt):
+    """``xq [M, H]`` fp8 and ``sx [M, H/128]`` fp32 rows ``[bid(0) * BR, +BR)``, columns block ``bid(1)``:
+    the 1x128 quantization of ``x [T, H]`` bf16 row ``row_token[r]`` (clamped into ``[0, T)``)."""
+    rows = ct.bid(0) * BR + ct.arange(BR, dtype=ct.int32)
+    tok = ct.gather(row_token, rows, padding_value=0)
+    tok = ct.reshape(ct.minimum(ct.maximum(tok, 0), x.shape[0] - 1), (BR, 1))
+    cols = ct.reshape(ct.bid(1) * 128 + ct.arange(128, dtype=ct.int32), (1, 128))
+    v = ct.astype(ct.gather(x, (tok, cols), padding_value=0), ct.float32)
+    q, scale = _quantize(v, 1)
+    ct.store(xq, (ct.bid(0), ct.bid(1)), q)
+    ct.store(sx, (ct.bid(0), ct.bid(1)), scale)
+
+
+def _promote(w, a, sa, sw, acc):
+    """``acc + (w @ a) * sa * sw``: one 128-K block's raw FP8 product (fast accumulation) promoted with its row
+    scales ``sa [1, BT]`` and weight block scale ``sw [1, 1]``."""
+    p = ct.mma(w, a, ct.zeros(acc.shape, dtype=ct.float32), use_fast_acc=True)
+    return acc + (p * sa) * sw
+
+
+def _block_operands(xq, sx, mb, kb, BT: int):
+    """Block ``mb``'s rows, K block ``kb``: fp8 ``[128, BT]`` (transposed) and their fp32 scales ``[1, BT]``."""
+    a = ct.load(xq, (kb, mb), (128, BT), order=(1, 0), padding_mode=_ZERO)
+    sa = ct.load(sx, (kb, mb), (1, BT), order=(1, 0), padding_mode=_ZERO, allow_tma=False)
+    return a, sa
+
+
+def _weight_block(w, s, e, pn, kb):
+    """Expert ``e``'s 128x128 weight block (``pn``, ``kb``): fp8 ``[128, 128]`` (TMA) and its scale ``[1, 1]``."""
+    blk = ct.reshape(ct.load(w, (e, pn, kb), shape=(1, 128, 128), padding_mode=_ZERO), (128, 128))
+    sw = ct.reshape(ct.load(s, (e, pn, kb), shape=(1, 1, 1), padding_mode=_ZERO, allow_tma=False), (1, 1))
+    return blk, sw
+
+
+def _gate_up(
+    xq, sx, wg, wu, sg, su, hq, sh, block_expert, num_experts: int, ACT: ConstInt, BT: ConstInt
+):  # fmt: skip
+    """``hq [M, I]`` / ``sh [M, I/128]`` of block ``bid(0)``, intermediate columns ``[bid(1) * 128, +128)``.
+
+    xq fp8 [M, H] and sx fp32 [M, H/128]: the sorted rows; wg, wu fp8 [E, I, H] (the halves of w13) and
+    sg, su fp32 [E, I/128, H/128] their block scales.
+    """
+    mb = ct.bid(0)
+    pn = ct.bid(1)
+    e, live = moe_blocks._block_expert(block_expert, mb, num_experts)
+    if live:
+        acc_g = ct.zeros((128, BT), dtype=ct.float32)
+        acc_u = ct.zeros((128, BT), dtype=ct.float32)
+        for kb in range(xq.shape[1] // 128):
+            a, sa = _block_operands(xq, sx, mb, kb, BT)
+            g, sgw = _weight_block(wg, sg, e, pn, kb)
+            u, suw = _weight_block(wu, su, e, pn, kb)
+            acc_g = _promote(g, a, sa, sgw, acc_g)
+            acc_u = _promote(u, a, sa, suw, acc_u)
+        q, scale = _quantize(moe_slots._act(acc_g, ACT) * acc_u, 0)
+        ct.store(hq, (pn, mb), q, order=(1, 0))
+        ct.store(sh, (pn, mb), scale, order=(1, 0))
+
+
+def _down(hq, sh, w2, s2, y, block_expert, row_weight, num_experts: int, BT: ConstInt):
+    """``y [M, H]`` bf16 of block ``bid(0)``, columns ``[bid(1) * 128, +128)``: ``w(r) * (q(h) @ W2_e.T)``.
+
+    hq fp8 [M, I] and sh fp32 [M, I/128]; w2 fp8 [E, H, I] and s2 fp32 [E, H/128, I/128]; row_weight fp32 [M].
+    """
+    mb = ct.bid(0)
+    pn = ct.bid(1)
+    e, live = moe_blocks._block_expert(block_expert, mb, num_experts)
+    if live:
+        acc = ct.zeros((128, BT), dtype=ct.float32)
+        for kb in range(hq.shape[1] // 128):
+            a, sa = _block_operands(hq, sh, mb, kb, BT)
+            w, sw = _weight_block(w2, s2, e, pn, kb)
+            acc = _promote(w, a, sa, sw, acc)
+        wt = ct.reshape(ct.load(row_weight, (mb,), shape=(BT,), padding_mode=_ZERO), (1, BT))
+        ct.store(y, (pn, mb), ct.astype(acc * wt, y.dtype), order=(1, 0))
+
+
+_KERNEL_FNS = {"gather_quant": _gather_quant, "gate_up": _gate_up, "down": _down}
+
+
+@functools.cache
+def get_kernel(name: str) -> Any:
+    """The ``@ct.kernel`` object of ``name`` (``gather_quant``, ``gate_up``, ``down``), cached."""
+    return ct.kernel(_KERNEL_FNS[name])
+
+
+# ------------------------------------------------------------------------------------- host side
+
+
+def _supported(w13: tuple[torch.Tensor, torch.Tensor], w2: tuple[torch.Tensor, torch.Tensor], activation: str) -> None:
+    """Raise :class:`Unsupported` for what the kernels do not take (the op's check has run)."""
+    if activation not in moe.ACTIVATIONS:
+        raise Unsupported(f"activation {activation!r} (the kernels take {sorted(moe.ACTIVATIONS)})")
+    for name, (data, scales) in (("w13", w13), ("w2", w2)):
+        if not (data.is_contiguous() and scales.is_contiguous()):
+            raise Unsupported(f"{name}: FP8 data and scales must be contiguous")
+        if data.data_ptr() % 16:
+            raise Unsupported(f"{name}: FP8 data must be 16-byte aligned")
+
+
+@register_impl("fp8_moe_experts", "cutile")
+def fp8_moe_experts(hidden, topk_ids, topk_weights, w13, w2, activation, stream):
+    """Fused FP8 MoE experts; see ``tilegemm.ops.api.fp8_moe_experts`` and the module docstring."""
+    _supported(w13, w2, activation)
+    num_tokens, hidden_dim = hidden.shape
+    num_experts, top_k, inter = w13[0].shape[0], topk_ids.shape[1], w2[0].shape[2]
+    out = torch.empty(num_tokens, hidden_dim, dtype=hidden.dtype, device=hidden.device)
+    if num_tokens == 0:
+        return out
+    if top_k == 0 or num_experts == 0:
+        return out.zero_()
+    cfg = heuristics.moe_fp8_config(num_tokens * top_k, hidden_dim, num_experts)
+    rows = max_padded_rows(num_tokens, top_k, num_experts, cfg.bt)
+    if rows * max(hidden_dim, inter) >= 2**31 or hidden.numel() >= 2**31:
+        raise Unsupported("a buffer has >= 2**31 elements (int32 indexing)")
+    shape = {"t": num_tokens, "k": top_k, "e": num_experts, "h": hidden_dim, "i": inter}
+    heuristics.print_once("fp8_moe_experts", shape, cfg.name)
+    dev = hidden.device
+    tokens, row_weight, dest, block_expert = moe_blocks.route(topk_ids, topk_weights, num_experts, cfg.bt, rows)
+    fp8 = torch.float8_e4m3fn
+    xq = torch.empty(rows, hidden_dim, dtype=fp8, device=dev)
+    sx = torch.empty(rows, hidden_dim // 128, dtype=torch.float32, device=dev)
+    x = launch.as_row_major(hidden, pad_rows=False)
+    grid = (launch.cdiv(rows, QUANT_BR), hidden_dim // 128, 1)
+    launch.launch(get_kernel("gather_quant"), grid, (x, tokens, xq, sx, QUANT_BR))
+
+    hq = torch.empty(rows, inter, dtype=fp8, device=dev)
+    sh = torch.empty(rows, inter // 128, dtype=torch.float32, device=dev)
+    (w13q, s13), (w2q, s2) = w13, w2
+    ib = inter // 128
+    act = moe.ACTIVATIONS[activation]
+    args = (xq, sx, w13q[:, :inter], w13q[:, inter:], s13[:, :ib], s13[:, ib:], hq, sh, block_expert, num_experts)
+    launch.launch(get_kernel("gate_up"), (rows // cfg.bt, ib, 1), (*args, act, cfg.bt))
+
+    y = torch.empty(rows, hidden_dim, dtype=torch.bfloat16, device=dev)
+    args = (hq, sh, w2q, s2, y, block_expert, row_weight, num_experts, cfg.bt)
+    launch.launch(get_kernel("down"), (rows // cfg.bt, hidden_dim // 128, 1), args)
+    grid = (launch.cdiv(num_tokens, cfg.combine_bt), hidden_dim // cfg.combine_bn, 1)
+    launch.launch(moe.get_kernel("combine"), grid, (y, dest, out, top_k, cfg.combine_bt, cfg.combine_bn))
+    return out

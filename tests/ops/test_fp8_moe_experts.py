@@ -1,0 +1,207 @@
+"""``tilegemm.fp8_moe_experts`` against the float64 formula of its FP8 recipe: backends x shapes, checks, determinism.
+
+The formula (``tilegemm.ops.api.fp8_moe_experts``): ``x`` quantized 1x128 (``per_token_cast_to_fp8``), the
+weights' 128x128 blocks dequantized, gate/up and the gated activation in float64, ``h`` quantized 1x128, the down
+projection, the routing weight and the slot sum in float64, on the same FP8 inputs (:data:`BAR` says why its
+bar is above an FP8 GEMM's). Shapes cover one token, top-1, experts with no tokens, expert-parallel sentinel ids
+and a prefill-sized routing. The ``cutile`` cases need a GPU (marked ``gpu``); the ``pytorch`` ones run anywhere.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tilegemm
+from tilegemm.bench.moe import FP8_BAR
+from tilegemm.testing import calc_diff
+
+#: Against the float64 formula on the same FP8 values. Not DESIGN.md's 1e-5 for FP8 GEMMs: quantizing ``h`` is
+#: not continuous. An ``h`` element near a midpoint between two e4m3 values may round either way, and one such
+#: element moves its slot's output by about 2%. The kernels' ``h`` carries the accumulation error of Hopper's
+#: FP8 MMA, about 2**-14 of a 128-deep block's summed magnitudes, so on an H100 a few elements per thousand
+#: land one e4m3 step from the formula: calc_diff 3e-6 to 1.4e-5 on these shapes, 0.9e-4 to 1.8e-4 at model sizes
+#: (the unfused FP8 path, which rounds h to bf16 first: 1.0e-4 to 1.5e-4). A wrong scale or operand costs 1e-2.
+BAR = 2e-4
+CUDA = torch.cuda.is_available()
+FP8_MAX = 448.0
+
+# (T, k, E, H, I, sentinels)
+SHAPES = [
+    (1, 8, 16, 256, 128, False),  # one token (decode)
+    (5, 1, 4, 128, 128, False),  # top-1
+    (7, 2, 64, 384, 128, False),  # most experts get no token
+    (33, 4, 8, 256, 256, True),  # sentinels -1 and >= E
+    (300, 8, 8, 256, 256, False),  # prefill-sized: 64-row blocks, several per expert
+]
+IDS = [f"T{t}-k{k}-E{e}-H{h}-I{i}" + ("-sentinel" if s else "") for t, k, e, h, i, s in SHAPES]
+
+
+def _inputs(t, k, e, h, i, sentinels, device, seed=0):
+    """bf16 hidden, ids, fp32 weights and the FP8 ``(data, 128x128 scales)`` of random w13 [E, 2I, H], w2 [E, H, I]."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, h, generator=g).bfloat16()
+    w13 = tilegemm.per_block_cast_to_fp8(torch.randn(e, 2 * i, h, generator=g) / math.sqrt(h))
+    w2 = tilegemm.per_block_cast_to_fp8(torch.randn(e, h, i, generator=g) / math.sqrt(i))
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    if sentinels:
+        drop = torch.rand(t, k, generator=g) < 0.25
+        ids = torch.where(drop, torch.where(torch.rand(t, k, generator=g) < 0.5, -1, e), ids)
+    weights = torch.softmax(torch.randn(t, k, generator=g), dim=-1)
+    move = lambda z: tuple(v.to(device) for v in z) if isinstance(z, tuple) else z.to(device)  # noqa: E731
+    return [move(z) for z in (x, ids, weights, w13, w2)]
+
+
+def _dequant(w: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    data, scales = (z.cpu() for z in w)
+    return data.double() * scales.double().repeat_interleave(128, -2).repeat_interleave(128, -1)
+
+
+def _quant_rows64(v: torch.Tensor) -> torch.Tensor:
+    """float64 ``v [K]`` (K a multiple of 128) through the 1x128 FP8 quantization, dequantized."""
+    blocks = v.view(-1, 128)
+    scale = (blocks.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-4) / FP8_MAX).double()
+    q = (blocks / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).double()
+    return (q * scale).reshape(-1)
+
+
+def _formula(x, ids, weights, w13, w2, activation="silu"):
+    """float64 FP8-recipe experts per token (module docstring), dropped slots contributing nothing."""
+    device = x.device
+    xq, sx = tilegemm.per_token_cast_to_fp8(x.cpu())
+    x64 = xq.double() * sx.double().repeat_interleave(128, -1)
+    w13_64, w2_64 = _dequant(w13), _dequant(w2)
+    ids, weights = ids.cpu(), weights.cpu().double()
+    inter = w2_64.shape[2]
+    act = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda v: F.gelu(v, approximate="tanh")}[activation]
+    out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            if 0 <= e < w13_64.shape[0]:
+                gu = w13_64[e] @ x64[t]
+                out[t] += weights[t, j] * (w2_64[e] @ _quant_rows64(act(gu[:inter]) * gu[inter:]))
+    return out.to(device)
+
+
+def _backends():
+    return [pytest.param("pytorch", id="pytorch"), pytest.param("cutile", id="cutile", marks=[pytest.mark.gpu])]
+
+
+@pytest.fixture
+def strict(monkeypatch):
+    """A fallback from cutile to pytorch would make the cutile cases meaningless: make it an error."""
+    monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
+
+
+def _device(backend):
+    if backend == "cutile" and not CUDA:
+        pytest.skip("needs CUDA")
+    return "cuda" if backend == "cutile" else "cpu"
+
+
+@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+def test_matches_formula(strict, backend, shape):
+    args = _inputs(*shape, _device(backend))
+    out = tilegemm.fp8_moe_experts(*args, backend=backend)
+    assert out.shape == args[0].shape and out.dtype == torch.bfloat16 and out.device == args[0].device
+    assert calc_diff(out, _formula(*args)) < BAR
+    assert torch.equal(out, tilegemm.fp8_moe_experts(*args, backend=backend)), "reruns must be bitwise identical"
+
+
+@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_activations(strict, backend, activation):
+    args = _inputs(9, 2, 4, 128, 128, False, _device(backend))
+    out = tilegemm.fp8_moe_experts(*args, activation=activation, backend=backend)
+    assert calc_diff(out, _formula(*args, activation)) < BAR
+
+
+def test_close_to_the_bf16_experts():
+    """FP8 quantization error only: against the bf16 op on the dequantized weights (both quantizations of the
+    activations, x and h, cost about 1e-3 on randn data)."""
+    x, ids, w, w13, w2 = _inputs(16, 4, 8, 256, 128, True, "cpu")
+    out = tilegemm.fp8_moe_experts(x, ids, w, w13, w2, backend="pytorch")
+    ref = tilegemm.moe_experts(x, ids, w, _dequant(w13).bfloat16(), _dequant(w2).bfloat16(), backend="pytorch")
+    assert 0 < calc_diff(out, ref) < 5e-3
+
+
+def test_every_slot_dropped_gives_zeros():
+    x, ids, w, w13, w2 = _inputs(4, 2, 4, 128, 128, False, "cpu")
+    out = tilegemm.fp8_moe_experts(x, torch.full_like(ids, 4), w, w13, w2, backend="pytorch")
+    assert torch.equal(out, torch.zeros_like(out))
+
+
+def _swap_scales(a, key, shape):
+    a[key] = (a[key][0], torch.ones(shape))
+
+
+@pytest.mark.parametrize(
+    ("change", "err", "needle"),
+    [
+        (lambda a: a.update(hidden=a["hidden"].float()), TypeError, "hidden"),
+        (lambda a: a.update(topk_ids=a["topk_ids"][:2]), ValueError, "topk_ids"),
+        (lambda a: a.update(topk_weights=a["topk_weights"][:, :1]), ValueError, "topk_weights"),
+        (lambda a: a.update(w13=a["w13"][0]), TypeError, "w13"),
+        (lambda a: a.update(w13=(a["w13"][0].float(), a["w13"][1])), TypeError, "w13"),
+        (lambda a: _swap_scales(a, "w13", (4, 1, 1)), ValueError, r"w13\[1\]"),
+        (lambda a: _swap_scales(a, "w2", (4, 1, 2)), ValueError, r"w2\[1\]"),
+        (lambda a: a.update(w2=(a["w2"][0][:, :, :64], a["w2"][1])), ValueError, r"w2\[0\]"),
+        (lambda a: a.update(hidden=a["hidden"][:, :64]), ValueError, "w13"),
+        (lambda a: a.update(activation="relu"), ValueError, "activation"),
+    ],
+)
+def test_bad_arguments_are_named(change, err, needle):
+    x, ids, w, w13, w2 = _inputs(4, 2, 4, 128, 128, False, "cpu")
+    kwargs = dict(hidden=x, topk_ids=ids, topk_weights=w, w13=w13, w2=w2)
+    change(kwargs)
+    with pytest.raises(err, match=needle):
+        tilegemm.fp8_moe_experts(**kwargs, backend="pytorch")
+
+
+def test_sizes_not_multiples_of_128_are_refused():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 192, generator=g).bfloat16()
+    w13 = tilegemm.per_block_cast_to_fp8(torch.randn(2, 128, 192, generator=g))
+    w2 = tilegemm.per_block_cast_to_fp8(torch.randn(2, 192, 64, generator=g))
+    ids, w = torch.zeros(3, 1, dtype=torch.int64), torch.ones(3, 1)
+    with pytest.raises(ValueError, match="multiples of 128"):
+        tilegemm.fp8_moe_experts(x, ids, w, w13, w2, backend="pytorch")
+
+
+@pytest.mark.gpu
+def test_cutile_graph_capture_replays_new_routing(strict):
+    """One CUDA graph replayed with new token values and new routing: no host sync inside the op."""
+    if not CUDA:
+        pytest.skip("needs CUDA")
+    x, ids, w, w13, w2 = _inputs(64, 8, 32, 256, 128, True, "cuda")
+    tilegemm.fp8_moe_experts(x, ids, w, w13, w2, backend="cutile")  # JIT outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = tilegemm.fp8_moe_experts(x, ids, w, w13, w2, backend="cutile")
+    x2, ids2, w_2, _, _ = _inputs(64, 8, 32, 256, 128, True, "cuda", seed=1)
+    x.copy_(x2), ids.copy_(ids2), w.copy_(w_2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert calc_diff(out, _formula(x, ids, w, w13, w2)) < BAR
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("t", "k", "e", "h", "i"), [(1, 8, 128, 2048, 768), (512, 8, 128, 2048, 768), (64, 2, 8, 4096, 1024)]
+)
+def test_cutile_model_sizes(strict, t, k, e, h, i):
+    """Qwen3-30B-A3B-sized and Mixtral-like (I reduced) layers against the pytorch backend: two implementations, each
+    a few e4m3 steps of ``h`` from the formula (:data:`BAR`), at the harness's FP8 bar (2.0e-4 measured at T = 1 on an
+    H100, 2026-11-23)."""
+    if not CUDA:
+        pytest.skip("needs CUDA")
+    args = _inputs(t, k, e, h, i, False, "cuda")
+    out = tilegemm.fp8_moe_experts(*args, backend="cutile")
+    ref = tilegemm.fp8_moe_experts(*args, backend="pytorch")
+    assert calc_diff(out, ref) < FP8_BAR
