@@ -83,3 +83,26 @@ def test_weight_cache_reused_and_invalidated():
     assert clear_fp8_cache(module) == 1
     assert "_tilegemm_fp8_cache" not in module.__dict__
     assert not any("fp8" in k for k in module.state_dict())
+
+
+def test_fp8_inference_on_the_plain_gated_form_runs_the_fused_op():
+    """A bf16 experts module with H and I multiples of 128 runs ``tilegemm.fp8_moe_experts`` on its cached FP8
+    weights (bitwise the op's result); with I = 64 it keeps the unfused FP8 path, which rounds h to bf16 first."""
+    import tilegemm
+    from tilegemm.bench.moe import experts_module
+
+    g = torch.Generator().manual_seed(0)
+    for inter, fused in ((128, True), (64, False)):
+        w13 = (torch.randn(4, 2 * inter, 256, generator=g) / 16).bfloat16()
+        w2 = (torch.randn(4, 256, inter, generator=g) / 8).bfloat16()
+        module = experts_module("qwen3_moe", w13, w2)
+        x = torch.randn(6, 256, generator=g).bfloat16()
+        index = torch.stack([torch.randperm(4, generator=g)[:2] for _ in range(6)])
+        weights = torch.softmax(torch.randn(6, 2, generator=g), dim=-1)
+        with torch.no_grad():
+            out = tilegemm_fp8_experts_forward(module, x, index, weights)
+        w_up, w_down = cached_fp8_weight(module, "gate_up_proj"), cached_fp8_weight(module, "down_proj")
+        if fused:
+            assert torch.equal(out, tilegemm.fp8_moe_experts(x, index, weights, w_up, w_down, backend="pytorch"))
+        else:
+            assert calc_diff(out, reference_experts(module, x, index, weights)) < FP8_EXPERTS_BAR

@@ -33,7 +33,9 @@ Expert-parallel sentinel ids (``-1`` or ``>= num_experts``) contribute nothing: 
 past the last group, which the grouped GEMM zero-fills, and their weights are zeroed.
 
 ``tilegemm_fp8_experts_forward`` is the same with FP8 GEMMs: expert weights quantized once to 128x128
-blocks (``fp8_weights.cached_fp8_weight``), activations cast per token (1x128 scales) on every call.
+blocks (``fp8_weights.cached_fp8_weight``), activations cast per token (1x128 scales) on every call. Inference
+on the plain gated form with H and I multiples of 128 runs the fused :func:`tilegemm.fp8_moe_experts` (the
+intermediate quantized from fp32, not rounded to bf16 first); the rest the unfused FP8 path below.
 
 Training: when autograd needs gradients, both GEMMs run through :func:`tilegemm.grouped_matmul` (a custom
 op whose backward is the other m-grouped GEMM for the input and the k-grouped TN GEMM for the weights; the
@@ -288,11 +290,33 @@ def tilegemm_fp8_experts_forward(
     top_k_index: torch.Tensor,
     top_k_weights: torch.Tensor,
 ) -> torch.Tensor:
-    """Experts forward on tilegemm's m-grouped FP8 GEMM: 128x128-block weights (cached), per-token activations.
+    """Experts forward in FP8: 128x128-block weights (cached), per-token 1x128 activations (module docstring).
 
-    Same arguments and result as :func:`tilegemm_experts_forward`; the GEMMs follow the FP8 math of
-    ``m_grouped_fp8_gemm_nt_contiguous``, so results differ from the bf16 model by FP8 quantization error.
+    Same arguments and result as :func:`tilegemm_experts_forward`: the fused :func:`tilegemm.fp8_moe_experts` in
+    inference on the plain gated form with H and I multiples of 128, else :func:`unfused_fp8_experts_forward`;
+    results differ from the bf16 model by FP8 quantization error.
     """
+    activation = None if _needs_grad(self, hidden_states) else fused_activation(self, hidden_states)
+    if activation is not None:
+        w_up, w_down = cached_fp8_weight(self, "gate_up_proj"), cached_fp8_weight(self, "down_proj")
+        hidden_dim, inter = w_down[0].shape[1:]
+        if hidden_dim % 128 == 0 and inter % 128 == 0:
+            with skip_value_checks():  # the ids come from the model's own router
+                return api.fp8_moe_experts(
+                    hidden_states, top_k_index, top_k_weights, w_up, w_down, activation, backend=_backend_for(self)
+                )  # fmt: skip
+    return unfused_fp8_experts_forward(self, hidden_states, top_k_index, top_k_weights)
+
+
+def unfused_fp8_experts_forward(
+    self: torch.nn.Module,
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+) -> torch.Tensor:
+    """The unfused FP8 path (same arguments and result as :func:`tilegemm_experts_forward`): the steps of
+    :func:`unfused_experts_forward` on ``m_grouped_fp8_gemm_nt_contiguous``'s math, the intermediate rounded to the
+    model's dtype before it is quantized; trains with straight-through gradients (module docstring)."""
     up_name, down_name = _weight_names(self)
     transposed = bool(getattr(self, "is_transposed", False))
     training = _needs_grad(self, hidden_states)
