@@ -39,6 +39,7 @@ class Impl:
     note: str | None = None
     reset: Callable[[], Any] | None = None  # run before the checked first call (e.g. zero an accumulator)
     check: Callable[[torch.Tensor], dict[str, Any]] | None = None
+    bar: float | None = None  # replaces the case's calc_diff bar for this implementation (its own recipe)
 
 
 @dataclass
@@ -169,7 +170,7 @@ def measure_case(case: Case, ceil: dict[str, Any]) -> dict[str, Any]:
             entry = None
             reason = impl.sets
         else:
-            entry = measure_impl(impl, built, case.bar)
+            entry = measure_impl(impl, built, impl.bar or case.bar)
             reason = entry.get("error")
             _rates(entry, case, ceil)
             _round(entry)

@@ -11,6 +11,12 @@ transformers' ``grouped_mm`` and ``batched_mm`` experts forwards, and tilegemm's
 (``tilegemm.transformers.experts.unfused_experts_forward``: routing, permute copy, two m-grouped GEMMs,
 torch activation and combine). ``batched_mm`` copies every (token, slot)'s expert weights and is skipped
 where that copy would not fit. The harness times every implementation eagerly and in a CUDA graph.
+
+FP8 rows (``dtype`` fp8): ``tilegemm.fp8_moe_experts`` on the same weights quantized to 128x128 blocks, beside the
+bf16 peers above (transformers' paths and ``tilegemm.moe_experts``, the latter as ``tilegemm_bf16``) and tilegemm's
+unfused FP8 experts path (``tilegemm_fp8_unfused``: ``unfused_fp8_experts_forward``). The FP8 op is compared with
+the float64 formula of its recipe (quantized ``x`` and ``h``, dequantized weights), the bf16 ones with the bf16
+formula; the unfused FP8 path (``h`` rounded to bf16, then quantized) with the FP8 formula at its own bar.
 """
 
 from __future__ import annotations
@@ -32,19 +38,27 @@ MODELS = {
 }
 TOKENS = (1, 8, 64, 512, 4096, 16384)
 QUICK = [("qwen3-30b-a3b", 1), ("qwen3-30b-a3b", 512), ("mixtral-8x7b", 8)]
+QUICK_FP8 = [("qwen3-30b-a3b", 512)]
 #: calc_diff bar: every implementation rounds the intermediate activations and the per-slot outputs to bf16
 #: (about 1e-5 for transformers' paths, 4e-6 for tilegemm's), on top of the bf16 output.
 BAR = 5e-5
+#: FP8 rows against the float64 formula of the FP8 recipe (tests/ops/test_fp8_moe_experts.py, ``BAR``, says why it
+#: is above an FP8 GEMM's): requantizing ``h`` turns its rounding errors (Hopper's FP8 MMA accumulation in the fused
+#: op, the bf16 rounding of ``h`` in the unfused path) into whole e4m3 steps for a few elements per thousand;
+#: measured 0.9e-4 to 1.8e-4 on an H100 (2026-11-23).
+FP8_BAR = 5e-4
 #: batched_mm's per-slot weight copy above this many bytes is not run (it would not fit next to the weights).
 BATCHED_MM_MAX_BYTES = 8 * 2**30
 
 
 def specs(size: str) -> list[dict[str, Any]]:
-    """Rows of a ``quick`` or ``full`` run: ``{"dtype", "model", "tokens"}`` (the model's sizes go in the case)."""
-    pairs = list(QUICK)
+    """Rows of a ``quick`` or ``full`` run: ``{"dtype", "model", "tokens"}`` (the model's sizes go in the case), bf16
+    then fp8, the quick rows first."""
+    quick = [("bf16", m, t) for m, t in QUICK] + [("fp8", m, t) for m, t in QUICK_FP8]
+    rows = list(quick)
     if size != "quick":
-        pairs += [(m, t) for m in MODELS for t in TOKENS if (m, t) not in QUICK]
-    return [{"dtype": "bf16", "model": m, "tokens": t} for m, t in pairs]
+        rows += [(d, m, t) for d in ("bf16", "fp8") for m in MODELS for t in TOKENS if (d, m, t) not in quick]
+    return [{"dtype": d, "model": m, "tokens": t} for d, m, t in rows]
 
 
 def _sizes(spec: dict[str, Any]) -> tuple[int, int, int, int]:
@@ -65,9 +79,14 @@ def case(spec: dict[str, Any], dg: Any = None, dg_reason: str = "DeepGEMM not lo
     h, e, k, i = _sizes(spec)
     touched = touched_experts(e, k, t)
     shape = {"model": spec.get("model", "custom"), "tokens": t, "hidden": h, "experts": e, "top_k": k, "inter": i}
+    flops = 6.0 * t * k * h * i
+    if spec.get("dtype", "bf16") == "fp8":
+        nbytes = touched * 3 * i * h * (1 + 4 / 128**2) + 2.0 * t * h * 2
+        build = lambda: _build_fp8(spec, t, h, e, k, i)  # noqa: E731
+        return Case(FAMILY, "fp8_moe_experts", "fp8", shape, flops, nbytes, build, bar=FP8_BAR)
     nbytes = touched * 3 * i * h * 2 + 2.0 * t * h * 2
     build = lambda: _build(spec, t, h, e, k, i)  # noqa: E731
-    return Case(FAMILY, "moe_experts", "bf16", shape, 6.0 * t * k * h * i, nbytes, build, bar=BAR)
+    return Case(FAMILY, "moe_experts", "bf16", shape, flops, nbytes, build, bar=BAR)
 
 
 def _routing(t: int, e: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,17 +137,18 @@ def _experts_class(model_type: str) -> type:
     return MixtralExperts
 
 
-def _peer(name: str, sets: list[tuple], model_type: str) -> Impl:
+def _peer(name: str, sets: list[tuple], model_type: str, check: Any = None) -> Impl:
     """An experts-forward peer run on a stock module per input set (or why it cannot run)."""
     try:
         from transformers.integrations import moe as hf_moe
 
-        from tilegemm.transformers.experts import unfused_experts_forward
+        from tilegemm.transformers.experts import unfused_experts_forward, unfused_fp8_experts_forward
 
         fn = {
             "transformers_grouped_mm": getattr(hf_moe, "grouped_mm_experts_forward", None),
             "transformers_batched_mm": getattr(hf_moe, "batched_mm_experts_forward", None),
             "tilegemm_unfused": unfused_experts_forward,
+            "tilegemm_fp8_unfused": unfused_fp8_experts_forward,
         }[name]
         if fn is None:
             return Impl(name, f"this transformers has no {name[len('transformers_') :]} experts forward", None)
@@ -140,7 +160,7 @@ def _peer(name: str, sets: list[tuple], model_type: str) -> Impl:
         with torch.inference_mode():
             return fn(module, x, ids, w)
 
-    return Impl(name, mods, call)
+    return Impl(name, mods, call, check=check)
 
 
 def _reference(x, ids, weights, w13, w2) -> torch.Tensor:
@@ -185,3 +205,65 @@ def _build(spec: dict[str, Any], t: int, h: int, e: int, k: int, i: int) -> Buil
     impls.append(_peer("tilegemm_unfused", sets, model_type))
     x, ids, weights, w13, w2 = sets[0]
     return Built(impls, diff_check(lambda: _reference(x, ids, weights, w13, w2)))
+
+
+def _dequant_expert(w: tuple[torch.Tensor, torch.Tensor], e: int) -> torch.Tensor:
+    """float64 expert ``e`` of an FP8 ``(data [E, N, K], scales [E, N/128, K/128])`` weight."""
+    data, scales = w[0][e], w[1][e]
+    full = scales.double().repeat_interleave(128, 0).repeat_interleave(128, 1)
+    return data.double() * full[: data.shape[0], : data.shape[1]]
+
+
+def _quant_rows(v: torch.Tensor) -> torch.Tensor:
+    """float64 ``v [R, K]`` through the 1x128 FP8 quantization (scale rounded to fp32, as the kernels hold it)."""
+    blocks = v.view(v.shape[0], -1, 128)
+    scale = (blocks.abs().amax(dim=2, keepdim=True).float().clamp(min=1e-4) / 448.0).double()
+    q = (blocks / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).double()
+    return (q * scale).view(v.shape)
+
+
+def _reference_fp8(x, ids, weights, w13, w2) -> torch.Tensor:
+    """float64 FP8-recipe experts layer (``tilegemm.fp8_moe_experts``'s formula), one expert at a time."""
+    from tilegemm import per_token_cast_to_fp8
+
+    t, h = x.shape
+    inter = w2[0].shape[2]
+    xq, sx = per_token_cast_to_fp8(x)
+    x64 = xq.double() * sx.double().repeat_interleave(128, 1)
+    out = torch.zeros(t, h, dtype=torch.float64, device=x.device)
+    for e in range(w13[0].shape[0]):
+        tok, slot = torch.nonzero(ids == e, as_tuple=True)
+        if tok.numel() == 0:
+            continue
+        gu = x64[tok] @ _dequant_expert(w13, e).t()
+        hmid = _quant_rows(torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:])
+        y = hmid @ _dequant_expert(w2, e).t()
+        out.index_add_(0, tok, y * weights[tok, slot].double()[:, None])
+    return out
+
+
+def _build_fp8(spec: dict[str, Any], t: int, h: int, e: int, k: int, i: int) -> Built:
+    import tilegemm
+    from tilegemm.transformers.fp8_weights import quantize_weight_blocks
+
+    model_type = MODELS.get(spec.get("model"), (0, 0, 0, 0, "qwen3_moe"))[4]
+    seed = inputs.seed_of(FAMILY, spec.get("model"), t, h, e, k, i)
+    nsets = timing.rotation_count(3 * e * i * h + 2 * t * h)
+    sets = []
+    for s in range(nsets):
+        x = inputs.randn((t, h), torch.bfloat16, seed + 4 * s)
+        w13 = inputs.randn((e, 2 * i, h), torch.bfloat16, seed + 4 * s + 1).div_(math.sqrt(h))
+        w2 = inputs.randn((e, h, i), torch.bfloat16, seed + 4 * s + 2).div_(math.sqrt(i))
+        ids, weights = _routing(t, e, k, seed + 4 * s + 3)
+        sets.append((x, ids, weights, w13, w2))
+    fp8_sets = [(x, ids, w, quantize_weight_blocks(w13), quantize_weight_blocks(w2)) for x, ids, w, w13, w2 in sets]
+    fused = Impl("tilegemm", fp8_sets, lambda x, ids, w, q13, q2: tilegemm.fp8_moe_experts(x, ids, w, q13, q2))
+    x, ids, weights, w13, w2 = sets[0]
+    bf16_check = diff_check(lambda: _reference(x, ids, weights, w13, w2))
+    bf16 = lambda x, ids, w, w13, w2: tilegemm.moe_experts(x, ids, w, w13, w2)  # noqa: E731
+    grouped_mm = _peer("transformers_grouped_mm", sets, model_type, bf16_check)
+    grouped_mm.bar = BAR  # the bf16 paths keep the bf16 rows' bar
+    impls = [fused, grouped_mm, Impl("tilegemm_bf16", sets, bf16, check=bf16_check, bar=BAR)]
+    fp8_check = diff_check(lambda: _reference_fp8(x, ids, weights, fp8_sets[0][3], fp8_sets[0][4]))
+    impls.append(_peer("tilegemm_fp8_unfused", sets, model_type, fp8_check))
+    return Built(impls, fp8_check)
