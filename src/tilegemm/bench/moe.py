@@ -180,20 +180,25 @@ def _reference(x, ids, weights, w13, w2) -> torch.Tensor:
     return out
 
 
-def _build(spec: dict[str, Any], t: int, h: int, e: int, k: int, i: int) -> Built:
-    import tilegemm
-
-    model_type = MODELS.get(spec.get("model"), (0, 0, 0, 0, "qwen3_moe"))[4]
+def _input_sets(spec: dict[str, Any], t: int, h: int, e: int, k: int, i: int, weight_bytes: int) -> list[tuple]:
+    """Seeded ``(x, ids, weights, w13, w2)`` bf16 input sets, as many as rotate ``weight_bytes`` (what the timed op
+    reads per set) plus the hidden states past the L2 cache."""
     seed = inputs.seed_of(FAMILY, spec.get("model"), t, h, e, k, i)
-    weight_bytes = 2 * 3 * e * i * h
-    nsets = timing.rotation_count(weight_bytes + 2 * t * h)
     sets = []
-    for s in range(nsets):
+    for s in range(timing.rotation_count(weight_bytes + 2 * t * h)):
         x = inputs.randn((t, h), torch.bfloat16, seed + 4 * s)
         w13 = inputs.randn((e, 2 * i, h), torch.bfloat16, seed + 4 * s + 1).div_(math.sqrt(h))
         w2 = inputs.randn((e, h, i), torch.bfloat16, seed + 4 * s + 2).div_(math.sqrt(i))
         ids, weights = _routing(t, e, k, seed + 4 * s + 3)
         sets.append((x, ids, weights, w13, w2))
+    return sets
+
+
+def _build(spec: dict[str, Any], t: int, h: int, e: int, k: int, i: int) -> Built:
+    import tilegemm
+
+    model_type = MODELS.get(spec.get("model"), (0, 0, 0, 0, "qwen3_moe"))[4]
+    sets = _input_sets(spec, t, h, e, k, i, weight_bytes=2 * 3 * e * i * h)
     impls = [Impl("tilegemm", sets, lambda x, ids, w, w13, w2: tilegemm.moe_experts(x, ids, w, w13, w2))]
     impls.append(_peer("transformers_grouped_mm", sets, model_type))
     copy_bytes = t * k * 3 * i * h * 2
@@ -247,15 +252,7 @@ def _build_fp8(spec: dict[str, Any], t: int, h: int, e: int, k: int, i: int) -> 
     from tilegemm.transformers.fp8_weights import quantize_weight_blocks
 
     model_type = MODELS.get(spec.get("model"), (0, 0, 0, 0, "qwen3_moe"))[4]
-    seed = inputs.seed_of(FAMILY, spec.get("model"), t, h, e, k, i)
-    nsets = timing.rotation_count(3 * e * i * h + 2 * t * h)
-    sets = []
-    for s in range(nsets):
-        x = inputs.randn((t, h), torch.bfloat16, seed + 4 * s)
-        w13 = inputs.randn((e, 2 * i, h), torch.bfloat16, seed + 4 * s + 1).div_(math.sqrt(h))
-        w2 = inputs.randn((e, h, i), torch.bfloat16, seed + 4 * s + 2).div_(math.sqrt(i))
-        ids, weights = _routing(t, e, k, seed + 4 * s + 3)
-        sets.append((x, ids, weights, w13, w2))
+    sets = _input_sets(spec, t, h, e, k, i, weight_bytes=3 * e * i * h)
     fp8_sets = [(x, ids, w, quantize_weight_blocks(w13), quantize_weight_blocks(w2)) for x, ids, w, w13, w2 in sets]
     fused = Impl("tilegemm", fp8_sets, lambda x, ids, w, q13, q2: tilegemm.fp8_moe_experts(x, ids, w, q13, q2))
     x, ids, weights, w13, w2 = sets[0]
