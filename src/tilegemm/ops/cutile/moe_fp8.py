@@ -29,12 +29,11 @@ import torch
 
 from tilegemm.backend.registry import Unsupported, register_impl
 from tilegemm.ops.cutile import heuristics, launch, moe, moe_blocks, moe_slots
+from tilegemm.quant import AMAX_EPS, FP8_MAX
 from tilegemm.routing import max_padded_rows
 
 ConstInt = ct.Constant[int]
 _ZERO = ct.PaddingMode.ZERO
-FP8_MAX = 448.0
-AMAX_EPS = 1e-4
 #: Rows per CTA of the gather-quantize kernel.
 QUANT_BR = 16
 
