@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from tilegemm.backend.registry import register_impl
+from tilegemm.ops.reference._common import dequant
 from tilegemm.ops.reference.grouped import BLOCK_M, m_grouped_contiguous
 from tilegemm.quant import per_token_cast_to_fp8
 from tilegemm.routing import moe_route, permute_tokens, unpermute_tokens
@@ -40,22 +41,19 @@ def _grouped(a32: torch.Tensor, w: torch.Tensor | tuple[torch.Tensor, torch.Tens
     data = w[0] if isinstance(w, tuple) else w
     d = torch.empty(a32.shape[0], data.shape[1], dtype=torch.float32, device=a32.device)
     if isinstance(w, tuple):
-        load = lambda idx: _dequant_blocks(w[0].index_select(0, idx), w[1].index_select(0, idx))  # noqa: E731
+        load = lambda idx: dequant(w[0].index_select(0, idx), w[1].index_select(0, idx), 128)  # noqa: E731
     else:
         load = lambda idx: w.index_select(0, idx).float()  # noqa: E731
     return m_grouped_contiguous(a32, load, data.shape[0], d, m_indices, False, BLOCK_M)
 
 
-def _dequant_blocks(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """fp32 ``data [.., N, K] * scales [.., N/128, K/128]`` expanded over each 128x128 block."""
-    n, k = data.shape[-2:]
-    full = scales.repeat_interleave(128, dim=-2).repeat_interleave(128, dim=-1)
-    return data.float() * full[..., :n, :k]
-
-
-def _dequant_rows(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """fp32 ``data [M, K] * scales [M, K/128]`` expanded over each 1x128 block."""
-    return data.float() * scales.repeat_interleave(128, dim=-1)[:, : data.shape[1]]
+def _weighted_combine(y: torch.Tensor, routing, topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``out[t] = round(sum_j round(w[t, j] * y[row(t, j)]))``: fp32 ``y`` [M, H] in the routed layout, the weight
+    applied in fp32 and rounded to ``dtype`` per slot, the slots summed in fp32 in order (dropped slots: 0)."""
+    valid = routing.src_slot >= 0
+    w = topk_weights.reshape(-1).float().index_select(0, routing.src_slot.clamp(min=0))
+    y = (y * torch.where(valid, w, torch.zeros((), device=w.device))[:, None]).to(dtype)
+    return unpermute_tokens(y, routing, None, out_dtype=dtype)
 
 
 @register_impl("moe_experts", "pytorch")
@@ -70,10 +68,7 @@ def moe_experts(hidden, topk_ids, topk_weights, w13, w2, activation, stream):
     gate_up = _grouped(a32, w13, routing.m_indices)
     h = (ACTIVATIONS[activation](gate_up[:, :inter]) * gate_up[:, inter:]).to(hidden.dtype)
     y = _grouped(h.float(), w2, routing.m_indices)
-    valid = routing.src_slot >= 0
-    w = topk_weights.reshape(-1).float().index_select(0, routing.src_slot.clamp(min=0))
-    y = (y * torch.where(valid, w, torch.zeros((), device=w.device))[:, None]).to(hidden.dtype)
-    return unpermute_tokens(y, routing, None, out_dtype=hidden.dtype)
+    return _weighted_combine(y, routing, topk_weights, hidden.dtype)
 
 
 @register_impl("fp8_moe_experts", "pytorch")
@@ -84,12 +79,9 @@ def fp8_moe_experts(hidden, topk_ids, topk_weights, w13, w2, activation, stream)
     if num_tokens == 0 or topk_ids.shape[1] == 0 or num_experts == 0:
         return torch.zeros(num_tokens, hidden_dim, dtype=hidden.dtype, device=hidden.device)
     routing = moe_route(topk_ids, num_experts, alignment=BLOCK_M)
-    x32 = _dequant_rows(*per_token_cast_to_fp8(hidden))
+    x32 = dequant(*per_token_cast_to_fp8(hidden), 1)
     a32 = permute_tokens(x32, routing)
     gate_up = _grouped(a32, w13, routing.m_indices)
     h32 = ACTIVATIONS[activation](gate_up[:, :inter]) * gate_up[:, inter:]
-    y = _grouped(_dequant_rows(*per_token_cast_to_fp8(h32)), w2, routing.m_indices)
-    valid = routing.src_slot >= 0
-    w = topk_weights.reshape(-1).float().index_select(0, routing.src_slot.clamp(min=0))
-    y = (y * torch.where(valid, w, torch.zeros((), device=w.device))[:, None]).to(hidden.dtype)
-    return unpermute_tokens(y, routing, None, out_dtype=hidden.dtype)
+    y = _grouped(dequant(*per_token_cast_to_fp8(h32), 1), w2, routing.m_indices)
+    return _weighted_combine(y, routing, topk_weights, hidden.dtype)
