@@ -58,6 +58,16 @@ def dequant_per_block(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return dequantize(data, scale, 128, 128)
 
 
+def fp8_round_trip_per_token(v: torch.Tensor) -> torch.Tensor:
+    """float64 ``v [..., K]`` (K a multiple of 128) quantized to e4m3 with one scale per 128 values, as
+    ``per_token_cast_to_fp8`` does (``scale = max(amax, 1e-4) / 448``, held in fp32), then dequantized: the
+    float64 formula of a kernel that quantizes a computed intermediate. Returns float64 of ``v``'s shape."""
+    blocks = v.double().reshape(*v.shape[:-1], -1, 128)
+    scale = (blocks.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-4) / 448.0).double()
+    q = (blocks / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).double()
+    return (q * scale).reshape(v.shape)
+
+
 def poisoned(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype, device: Any = "cpu") -> torch.Tensor:
     """A tensor full of NaN (so unwritten output elements show up in any check)."""
     return torch.full(tuple(shape), float("nan"), dtype=dtype, device=device)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import tilegemm
 from tilegemm.bench.moe import FP8_BAR
-from tilegemm.testing import calc_diff
+from tilegemm.testing import calc_diff, dequant_per_block, dequant_per_token, fp8_round_trip_per_token
 
 #: Against the float64 formula on the same FP8 values. Not DESIGN.md's 1e-5 for FP8 GEMMs: quantizing ``h`` is
 #: not continuous. An ``h`` element near a midpoint between two e4m3 values may round either way, and one such
@@ -27,7 +27,6 @@ from tilegemm.testing import calc_diff
 #: (the unfused FP8 path, which rounds h to bf16 first: 1.0e-4 to 1.5e-4). A wrong scale or operand costs 1e-2.
 BAR = 2e-4
 CUDA = torch.cuda.is_available()
-FP8_MAX = 448.0
 
 # (T, k, E, H, I, sentinels)
 SHAPES = [
@@ -56,23 +55,13 @@ def _inputs(t, k, e, h, i, sentinels, device, seed=0):
 
 
 def _dequant(w: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    data, scales = (z.cpu() for z in w)
-    return data.double() * scales.double().repeat_interleave(128, -2).repeat_interleave(128, -1)
-
-
-def _quant_rows64(v: torch.Tensor) -> torch.Tensor:
-    """float64 ``v [K]`` (K a multiple of 128) through the 1x128 FP8 quantization, dequantized."""
-    blocks = v.view(-1, 128)
-    scale = (blocks.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-4) / FP8_MAX).double()
-    q = (blocks / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).double()
-    return (q * scale).reshape(-1)
+    return dequant_per_block(*(z.cpu() for z in w))
 
 
 def _formula(x, ids, weights, w13, w2, activation="silu"):
     """float64 FP8-recipe experts per token (module docstring), dropped slots contributing nothing."""
     device = x.device
-    xq, sx = tilegemm.per_token_cast_to_fp8(x.cpu())
-    x64 = xq.double() * sx.double().repeat_interleave(128, -1)
+    x64 = dequant_per_token(*tilegemm.per_token_cast_to_fp8(x.cpu()))
     w13_64, w2_64 = _dequant(w13), _dequant(w2)
     ids, weights = ids.cpu(), weights.cpu().double()
     inter = w2_64.shape[2]
@@ -83,7 +72,7 @@ def _formula(x, ids, weights, w13, w2, activation="silu"):
             e = int(ids[t, j])
             if 0 <= e < w13_64.shape[0]:
                 gu = w13_64[e] @ x64[t]
-                out[t] += weights[t, j] * (w2_64[e] @ _quant_rows64(act(gu[:inter]) * gu[inter:]))
+                out[t] += weights[t, j] * (w2_64[e] @ fp8_round_trip_per_token(act(gu[:inter]) * gu[inter:]))
     return out.to(device)
 
 

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tilegemm as tg
-from tilegemm.testing import calc_diff, dequantize
+from tilegemm.testing import calc_diff, dequantize, fp8_round_trip_per_token
 
 FP8 = torch.float8_e4m3fn
 BAD_DTYPE = {torch.int32: torch.int64, torch.uint8: torch.int16}  # any other dtype -> float16
@@ -241,11 +241,6 @@ def fp8_moe_experts(draw) -> Case:
         "gelu_tanh": lambda v: torch.nn.functional.gelu(v, approximate="tanh"),
     }[activation]
 
-    def quant64(v: torch.Tensor) -> torch.Tensor:  # the 1x128 FP8 quantization of a float64 row, dequantized
-        blocks = v.view(-1, 128)
-        scale = (blocks.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-4) / 448).double()
-        return ((blocks / scale).clamp(-448, 448).to(FP8).double() * scale).reshape(-1)
-
     def reference(call: dict[str, Any], _: Any) -> torch.Tensor:
         x64 = dequantize(*tg.per_token_cast_to_fp8(call["hidden"]), 1)
         w13_64, w2_64 = (dequantize(*call[name], 128) for name in ("w13", "w2"))
@@ -256,7 +251,7 @@ def fp8_moe_experts(draw) -> Case:
                 e = int(ids_[t, j])
                 if 0 <= e < experts:
                     gu = w13_64[e] @ x64[t]
-                    out[t] += w[t, j] * (w2_64[e] @ quant64(act(gu[:inter]) * gu[inter:]))
+                    out[t] += w[t, j] * (w2_64[e] @ fp8_round_trip_per_token(act(gu[:inter]) * gu[inter:]))
         return out
 
     kw = dict(

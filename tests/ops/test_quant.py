@@ -21,6 +21,7 @@ from tilegemm.testing import (
     calc_diff,
     dequant_per_block,
     dequant_per_token,
+    fp8_round_trip_per_token,
     poisoned,
 )
 
@@ -181,3 +182,15 @@ def test_assert_rerun_identical():
     d.fill_(1.0)
     with pytest.raises(AssertionError, match="bitwise"):
         assert_rerun_identical(lambda: d.add_(1e-6), d)
+
+
+def test_fp8_round_trip_per_token_is_the_cast_and_back():
+    """The float64 round trip equals ``per_token_cast_to_fp8`` then ``dequant_per_token`` on fp32-exact values
+    (batched rows included), and keeps float64 inputs' shape."""
+    g = torch.Generator().manual_seed(0)
+    v = (torch.randn(3, 5, 256, generator=g) * torch.logspace(-3, 3, 5)[None, :, None]).double()
+    v[0, 0, :128] = 0.0  # an all-zero block: the 1e-4 amax floor
+    want = dequant_per_token(*per_token_cast_to_fp8(v.float().reshape(-1, 256))).reshape(v.shape)
+    got = fp8_round_trip_per_token(v)
+    assert got.dtype == torch.float64 and got.shape == v.shape
+    assert torch.equal(got, want)

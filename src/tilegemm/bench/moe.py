@@ -212,37 +212,22 @@ def _build(spec: dict[str, Any], t: int, h: int, e: int, k: int, i: int) -> Buil
     return Built(impls, diff_check(lambda: _reference(x, ids, weights, w13, w2)))
 
 
-def _dequant_expert(w: tuple[torch.Tensor, torch.Tensor], e: int) -> torch.Tensor:
-    """float64 expert ``e`` of an FP8 ``(data [E, N, K], scales [E, N/128, K/128])`` weight."""
-    data, scales = w[0][e], w[1][e]
-    full = scales.double().repeat_interleave(128, 0).repeat_interleave(128, 1)
-    return data.double() * full[: data.shape[0], : data.shape[1]]
-
-
-def _quant_rows(v: torch.Tensor) -> torch.Tensor:
-    """float64 ``v [R, K]`` through the 1x128 FP8 quantization (scale rounded to fp32, as the kernels hold it)."""
-    blocks = v.view(v.shape[0], -1, 128)
-    scale = (blocks.abs().amax(dim=2, keepdim=True).float().clamp(min=1e-4) / 448.0).double()
-    q = (blocks / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).double()
-    return (q * scale).view(v.shape)
-
-
 def _reference_fp8(x, ids, weights, w13, w2) -> torch.Tensor:
     """float64 FP8-recipe experts layer (``tilegemm.fp8_moe_experts``'s formula), one expert at a time."""
     from tilegemm import per_token_cast_to_fp8
+    from tilegemm.testing import dequant_per_block, dequant_per_token, fp8_round_trip_per_token
 
     t, h = x.shape
     inter = w2[0].shape[2]
-    xq, sx = per_token_cast_to_fp8(x)
-    x64 = xq.double() * sx.double().repeat_interleave(128, 1)
+    x64 = dequant_per_token(*per_token_cast_to_fp8(x))
     out = torch.zeros(t, h, dtype=torch.float64, device=x.device)
     for e in range(w13[0].shape[0]):
         tok, slot = torch.nonzero(ids == e, as_tuple=True)
         if tok.numel() == 0:
             continue
-        gu = x64[tok] @ _dequant_expert(w13, e).t()
-        hmid = _quant_rows(torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:])
-        y = hmid @ _dequant_expert(w2, e).t()
+        gu = x64[tok] @ dequant_per_block(w13[0][e], w13[1][e]).t()
+        hmid = fp8_round_trip_per_token(torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:])
+        y = hmid @ dequant_per_block(w2[0][e], w2[1][e]).t()
         out.index_add_(0, tok, y * weights[tok, slot].double()[:, None])
     return out
 
