@@ -3,11 +3,11 @@
 Variants: the gate/up GEMM for every config of ``heuristics.all_moe_configs``, both activations; the down GEMM
 for every config; the combine for top-k 1, 2, 8 and the widest and narrowest column tiles; the per-slot kernels
 (``ops/cutile/moe_slots.py``) with int64 and int32 ids, even and ragged K; the block kernels
-(``ops/cutile/moe_blocks.py``) for every row tile; the FP8 block kernels and the gather-quantize kernel
-(``ops/cutile/moe_fp8.py``) for every row tile. Checked: tensor-core MMAs, TMA loads of the weights and, in
-the sorted and block GEMMs, of the gathered rows (UTMALDG, no ``cp.async`` register gather), the per-slot kernels'
-rows as 16-byte ``cp.async`` copies (``LDGSTS.E.BYPASS.128``) when K allows it, no register spills, no TMA
-descriptor built on the device.
+(``ops/cutile/moe_blocks.py``) for every row tile; the FP8 kernels (``ops/cutile/moe_fp8.py``): the
+gather-quantize, the block form for every row tile and the row form. Checked: tensor-core MMAs, TMA loads of the
+weights and, in the sorted and block GEMMs, of the gathered rows (UTMALDG, no ``cp.async`` register gather), the
+per-slot kernels' rows as 16-byte ``cp.async`` copies (``LDGSTS.E.BYPASS.128``) when K allows it, no register
+spills, no TMA descriptor built on the device.
 """
 
 from __future__ import annotations
@@ -112,11 +112,11 @@ def _block_variants():
     tiles = moe_blocks.ROUTE_SC, moe_blocks.ROUTE_EC
     for id_dtype in (ct.int64, ct.int32):
         ids, n = aot.array(id_dtype, 1, align_bytes=4), aot.scalar(ct.int32)
-        rows = [_index(), _index(), aot.array(ct.float32, 1, align_bytes=4)]  # counts, row_token, row_weight
-        out.append((f"blocks-route-count-{id_dtype}", "count", [ids, *rows, n, *tiles, moe_blocks.ROUTE_RC]))
+        rows = [_index(2), _index(), aot.array(ct.float32, 1, align_bytes=4)]  # counts, row_token, row_weight
+        out.append((f"blocks-route-count-{id_dtype}", "count", [ids, *rows, n, n, *tiles, moe_blocks.ROUTE_RC]))
         for w_dtype in (ct.float32, bf):
             w = aot.array(w_dtype, 1, align_bytes=2)
-            place = [ids, w, *rows[:1], _index(), *rows[1:], _index(), n, n]
+            place = [ids, w, *rows[:1], _index(), *rows[1:], _index(), n, n, n]
             for lanes in (8, 256):
                 vid = f"blocks-route-place-{id_dtype}-{w_dtype}-e{lanes}"
                 out.append((vid, "place", [*place, 16, lanes, *tiles, moe_blocks.ROUTE_BC]))
@@ -124,20 +124,26 @@ def _block_variants():
 
 
 def _fp8_variants():
-    """The FP8 kernels (``moe_fp8.py``): gather-quantize, and gate/up (both activations) and down for every row
-    tile ``moe_fp8_config`` can pick."""
+    """The FP8 kernels (``moe_fp8.py``): the gather-quantize; block-form gate/up (both activations) and down for
+    every row tile ``moe_fp8_config`` can pick, and the row-form ones with ``MOE_FP8_TILE_CONFIG``'s hints.
+    Entries: (id, kernel name, compiler hints (warps, occupancy), params)."""
     f8, f32, bf, out = ct.float8_e4m3fn, ct.float32, ct.bfloat16, []
-    out.append(("fp8-gather-quant", "gather_quant", [_A(bf, 2), _index(), _A(f8, 2), _A(f32, 2), moe_fp8.QUANT_BR]))
+    quant = [_A(bf, 2), _index(), _A(f8, 2), _A(f32, 2), moe_fp8.QUANT_BR]
+    out.append(("fp8-gather-quant", "gather_quant", (None, moe_fp8.QUANT_OCCUPANCY), quant))
+    rows = [_A(f8, 2), _A(f32, 2)]  # fp8 rows and their 1x128 scales
+    up = [*rows, _A(f8, 3), _A(f8, 3), _A(f32, 3), _A(f32, 3), *rows, _index(), aot.scalar(ct.int32)]
+    weight = aot.array(ct.float32, 1, align_bytes=4)
+    down = [*rows, _A(f8, 3), _A(f32, 3), _A(bf, 2), _index(), weight, aot.scalar(ct.int32)]
     bt = heuristics.MOE_BLOCKS_MIN_BT
     while bt <= heuristics.MOE_BLOCKS_MAX_BT:
-        rows = [_A(f8, 2), _A(f32, 2)]  # fp8 rows and their 1x128 scales
         for act_name, act in moe.ACTIVATIONS.items():
-            up = [*rows, _A(f8, 3), _A(f8, 3), _A(f32, 3), _A(f32, 3), *rows, _index(), aot.scalar(ct.int32), act, bt]
-            out.append((f"fp8-up-{act_name}-t{bt}", "gate_up", up))
-        weight = aot.array(ct.float32, 1, align_bytes=4)
-        down = [*rows, _A(f8, 3), _A(f32, 3), _A(bf, 2), _index(), weight, aot.scalar(ct.int32), bt]
-        out.append((f"fp8-down-t{bt}", "down", down))
+            out.append((f"fp8-up-{act_name}-t{bt}", "block_gate_up", (None, None), [*up, act, bt]))
+        out.append((f"fp8-down-t{bt}", "block_down", (None, None), [*down, bt]))
         bt *= 2
+    cfg = heuristics.MOE_FP8_TILE_CONFIG
+    for act_name, act in moe.ACTIVATIONS.items():
+        out.append((f"fp8-up-{act_name}-rows", "tile_gate_up", (cfg.up.num_worker_warps, cfg.up.occupancy), [*up, act]))
+    out.append(("fp8-down-rows", "tile_down", (cfg.down.num_worker_warps, cfg.down.occupancy), down))
     return out
 
 
@@ -155,7 +161,11 @@ def compiled():
     ]
     jobs += [(vid, moe_slots.get_kernel(name), params, arch) for vid, name, params in SLOT_VARIANTS for arch in ARCHS]
     jobs += [(vid, moe_blocks.get_kernel(name), params, arch) for vid, name, params in BLOCK_VARIANTS for arch in ARCHS]
-    jobs += [(vid, moe_fp8.get_kernel(name), params, arch) for vid, name, params in FP8_VARIANTS for arch in ARCHS]
+    jobs += [
+        (vid, moe_fp8.get_kernel(name, *hints), params, arch)
+        for vid, name, hints, params in FP8_VARIANTS
+        for arch in ARCHS
+    ]
 
     return compile_all(jobs, aot.compile_cubin, lambda cubin: (sass_summary(cubin), opcode_counts(dump_sass(cubin))))
 
@@ -165,8 +175,12 @@ def test_heuristics_only_pick_gated_configs():
     for t, k, e in ((1, 8, 128), (64, 8, 256), (4096, 8, 128), (16384, 2, 8), (3, 1, 1)):
         for h in (2048, 7168, 4096, 136):
             cfg = heuristics.choose(heuristics.Problem("moe", "bf16", t * k, h, 1024, 132, groups=e))
-            fp8 = heuristics.moe_fp8_config(t * k, h, e)  # the FP8 op: the block form, 128x128 weight tiles
-            assert (fp8.bw, fp8.bk) == (128, 128) and f"fp8-down-t{fp8.bt}" in {v[0] for v in FP8_VARIANTS}, fp8
+            fp8 = heuristics.moe_fp8_config(t * k, h, e)  # the FP8 op: block form (128x128 weight tiles) or row form
+            if isinstance(fp8, heuristics.MoEBlocksConfig):
+                assert (fp8.bw, fp8.bk) == (128, 128) and f"fp8-down-t{fp8.bt}" in {v[0] for v in FP8_VARIANTS}, fp8
+            else:
+                tiles = heuristics.MOE_FP8_TILE_CONFIG
+                assert (fp8.up, fp8.down) == (tiles.up, tiles.down), fp8
             if isinstance(cfg, heuristics.MoESlotsConfig):  # the per-slot kernels, compiled with this config
                 assert cfg == heuristics.moe_slots_config(h), (t, k, e, cfg)
             elif isinstance(cfg, heuristics.MoEBlocksConfig):  # the block kernels: every row tile is compiled

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 import tilegemm
 from tilegemm.bench.moe import FP8_BAR
+from tilegemm.ops.cutile import heuristics
 from tilegemm.testing import calc_diff, dequant_per_block, dequant_per_token, fp8_round_trip_per_token
 
 #: Against the float64 formula on the same FP8 values. Not DESIGN.md's 1e-5 for FP8 GEMMs: quantizing ``h`` is
@@ -178,6 +179,37 @@ def test_cutile_graph_capture_replays_new_routing(strict):
     graph.replay()
     torch.cuda.synchronize()
     assert calc_diff(out, _formula(x, ids, w, w13, w2)) < BAR
+
+
+@pytest.mark.parametrize(
+    ("t", "k", "e", "form"),
+    [(1, 8, 128, "blocks"), (128, 8, 256, "blocks"), (256, 8, 128, "rows"), (64, 2, 8, "rows"), (3, 1, 1, "blocks")],
+)
+def test_form_choice(monkeypatch, t, k, e, form):
+    """The row form from 16 routed rows per touched expert on average (the H100 crossover), the block form below;
+    ``TILEGEMM_MOE_VARIANT`` forces either."""
+    monkeypatch.delenv(heuristics.MOE_VARIANT_ENV, raising=False)
+    cfg = heuristics.moe_fp8_config(t * k, 2048, e)
+    assert isinstance(cfg, heuristics.MoEBlocksConfig if form == "blocks" else heuristics.MoEConfig), cfg
+    monkeypatch.setenv(heuristics.MOE_VARIANT_ENV, "sorted")
+    assert isinstance(heuristics.moe_fp8_config(t * k, 2048, e), heuristics.MoEConfig)
+    monkeypatch.setenv(heuristics.MOE_VARIANT_ENV, "blocks")
+    assert isinstance(heuristics.moe_fp8_config(t * k, 2048, e), heuristics.MoEBlocksConfig)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["blocks", "sorted"])
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+def test_cutile_both_forms(strict, monkeypatch, form, shape):
+    """The block form and the row form forced (``TILEGEMM_MOE_VARIANT``) on every shape, whichever the heuristics
+    would pick: formula, bitwise reruns."""
+    if not CUDA:
+        pytest.skip("needs CUDA")
+    monkeypatch.setenv(heuristics.MOE_VARIANT_ENV, form)
+    args = _inputs(*shape, "cuda")
+    out = tilegemm.fp8_moe_experts(*args, backend="cutile")
+    assert calc_diff(out, _formula(*args)) < BAR
+    assert torch.equal(out, tilegemm.fp8_moe_experts(*args, backend="cutile"))
 
 
 @pytest.mark.gpu

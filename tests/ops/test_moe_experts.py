@@ -207,11 +207,14 @@ def test_cutile_model_sizes(strict, t, k, e, h, i):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("t", "k", "e", "bt"), [(1, 8, 128, 8), (33, 4, 16, 8), (300, 8, 8, 64), (64, 8, 256, 16)])
+@pytest.mark.parametrize(
+    ("t", "k", "e", "bt"), [(1, 8, 128, 8), (33, 4, 16, 8), (300, 8, 8, 64), (64, 8, 256, 16), (4096, 8, 128, 64)]
+)
 @pytest.mark.parametrize("id_dtype", [torch.int64, torch.int32])
 def test_cutile_block_routing_matches_moe_route(t, k, e, bt, id_dtype):
     """The block path's two routing kernels lay the slots out exactly as ``moe_route``'s stable sort, sentinels,
-    garbage ids and experts past a multiple of the routing CTA's expert count included."""
+    garbage ids and experts past a multiple of the routing CTA's expert count included; the slots split into one
+    chunk, several chunks of one step, and chunks of several steps (4096 tokens)."""
     if not CUDA:
         pytest.skip("needs CUDA")
     from tilegemm.ops.cutile import moe_blocks

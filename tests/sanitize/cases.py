@@ -199,35 +199,59 @@ for _fp8 in (False, True):
             return _cutile_vs_reference(tg.bf16_gemm_nt, a.bfloat16(), b.bfloat16(), d, bar=1e-5)
 
 
+class _ForcedVariant:
+    """``TILEGEMM_MOE_VARIANT`` set to ``variant`` inside the block (unset for ``None``), restored after it."""
+
+    def __init__(self, variant: str | None) -> None:
+        self.variant, self.before = variant, None
+
+    def __enter__(self) -> None:
+        self.before = os.environ.pop(MOE_VARIANT_ENV, None)
+        if self.variant:
+            os.environ[MOE_VARIANT_ENV] = self.variant
+
+    def __exit__(self, *exc: object) -> None:
+        os.environ.pop(MOE_VARIANT_ENV, None)
+        if self.before is not None:
+            os.environ[MOE_VARIANT_ENV] = self.before
+
+
+def _moe_case(op: Callable, tokens: int, hidden: int, inter: int, fp8: bool, variant: str | None, bar: float) -> str:
+    """``op`` (``moe_experts`` or ``fp8_moe_experts``) on 16 experts, top-4, one sentinel id: cutile against
+    pytorch, then a call with garbage int64 expert ids (checked only for staying in bounds)."""
+    experts, top_k = 16, 4
+    g = _gen(tokens)
+    x = torch.randn(tokens, hidden, device=DEV, generator=g).bfloat16()
+    w13 = torch.randn(experts, 2 * inter, hidden, device=DEV, generator=g) / hidden**0.5
+    w2 = torch.randn(experts, hidden, inter, device=DEV, generator=g) / inter**0.5
+    w13, w2 = (per_block_cast_to_fp8(w13), per_block_cast_to_fp8(w2)) if fp8 else (w13.bfloat16(), w2.bfloat16())
+    ids = torch.stack([torch.randperm(experts, device=DEV, generator=g)[:top_k] for _ in range(tokens)])
+    ids[0, -1] = -1  # an expert-parallel sentinel
+    w = torch.rand(tokens, top_k, device=DEV, generator=g)
+    with _ForcedVariant(variant):
+        out = op(x, ids, w, w13, w2, backend="cutile")
+        diff = calc_diff(out, op(x, ids, w, w13, w2, backend="pytorch"))
+        if diff > bar:
+            raise AssertionError(f"cutile differs from pytorch: calc_diff {diff:.2e}")
+        garbage = torch.randint(-(2**31), 2**31 - 1, ids.shape, device=DEV, generator=g, dtype=torch.int64)
+        op(x, garbage, w, w13, w2, backend="cutile")
+        torch.cuda.synchronize()
+    return f"calc_diff {diff:.1e}"
+
+
 for _t, _variant in ((1, None), (3, None), (40, "slots"), (40, "blocks"), (40, "sorted")):
 
     @case(f"moe_experts: {_t} tokens ({_variant or 'the default'} path), then garbage expert ids")
     def _moe(tokens=_t, variant=_variant) -> str:
-        experts, top_k, hidden, inter = 16, 4, 264, 200  # neither a multiple of the tiles
-        g = _gen(tokens)
-        x = torch.randn(tokens, hidden, device=DEV, generator=g).bfloat16()
-        w13 = (torch.randn(experts, 2 * inter, hidden, device=DEV, generator=g) / hidden**0.5).bfloat16()
-        w2 = (torch.randn(experts, hidden, inter, device=DEV, generator=g) / inter**0.5).bfloat16()
-        ids = torch.stack([torch.randperm(experts, device=DEV, generator=g)[:top_k] for _ in range(tokens)])
-        ids[0, -1] = -1  # an expert-parallel sentinel
-        w = torch.rand(tokens, top_k, device=DEV, generator=g)
-        before = os.environ.pop(MOE_VARIANT_ENV, None)
-        if variant:
-            os.environ[MOE_VARIANT_ENV] = variant
-        try:
-            out = tg.moe_experts(x, ids, w, w13, w2, backend="cutile")
-            ref = tg.moe_experts(x, ids, w, w13, w2, backend="pytorch")
-            diff = calc_diff(out, ref)
-            if diff > 1e-5:
-                raise AssertionError(f"cutile differs from pytorch: calc_diff {diff:.2e}")
-            garbage = torch.randint(-(2**31), 2**31 - 1, ids.shape, device=DEV, generator=g, dtype=torch.int64)
-            tg.moe_experts(x, garbage, w, w13, w2, backend="cutile")
-            torch.cuda.synchronize()
-        finally:
-            os.environ.pop(MOE_VARIANT_ENV, None)
-            if before is not None:
-                os.environ[MOE_VARIANT_ENV] = before
-        return f"calc_diff {diff:.1e}"
+        return _moe_case(tg.moe_experts, tokens, 264, 200, False, variant, 1e-5)  # neither a multiple of the tiles
+
+
+for _t, _variant in ((1, None), (40, "blocks"), (40, "sorted"), (300, None)):
+
+    @case(f"fp8_moe_experts: {_t} tokens ({_variant or 'the default'} form), then garbage expert ids")
+    def _fp8_moe(tokens=_t, variant=_variant) -> str:
+        # Two implementations, each a few e4m3 steps of h from the formula: the harness's FP8 bar.
+        return _moe_case(tg.fp8_moe_experts, tokens, 384, 256, True, variant, 5e-4)
 
 
 @case("mqa logits: windows past both ends")

@@ -19,7 +19,7 @@ MQA logits (not GEMMs) are chosen from heads, head size and compute capability: 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import IntEnum
 
 from tilegemm.env import PRINT_CONFIGS, env_choice, env_flag
@@ -657,9 +657,28 @@ def moe_blocks_config(
     return MoEBlocksConfig(bw=bw, bk=bk, bt=bt, combine_bt=MOE_COMBINE_BT, combine_bn=_combine_bn(hidden))
 
 
-def moe_fp8_config(slots: int, hidden: int, experts: int) -> MoEBlocksConfig:
-    """Config of the FP8 fused experts (``ops/cutile/moe_fp8.py``): the block path at every size, its weight tile
-    the 128x128 scale block (one weight scale per MMA) and ``bt`` as :func:`moe_blocks_config` chooses it."""
+#: FP8 fused experts, row form (``moe_fp8._tile_gate_up`` / ``_tile_down``): 64-row tiles x 128 columns x 128 of K
+#: per step (one weight scale block), 4 warps, two CTAs per SM (128 registers) for both GEMMs. H100, gate/up + down
+#: (``docs/kernels.md``, "FP8 experts: block form and row form"): 1.1-1.5x faster than 128-row tiles (two 64-row
+#: chains) and than 64-row tiles with 8 warps, on Qwen3, DeepSeek-V3 and Mixtral from 512 to 16384 tokens.
+MOE_FP8_TILE_CONFIG = MoEConfig(
+    TileConfig(64, 128, 128, fast_acc=True, num_worker_warps=4, occupancy=2),
+    TileConfig(64, 128, 128, fast_acc=True, num_worker_warps=4, occupancy=2),
+)
+#: Mean routed rows per touched expert from which the FP8 op takes the row form.
+MOE_FP8_TILE_MIN_ROWS = 16
+
+
+def moe_fp8_config(slots: int, hidden: int, experts: int) -> MoEBlocksConfig | MoEConfig:
+    """Config of the FP8 fused experts (``ops/cutile/moe_fp8.py``) for ``slots`` routed rows over ``experts``.
+
+    The block form (swap-AB, 128x128 weight tiles, ``bt`` as :func:`moe_blocks_config` chooses it) while the touched
+    experts average fewer than :data:`MOE_FP8_TILE_MIN_ROWS` rows, else the row form (:data:`MOE_FP8_TILE_CONFIG`).
+    ``TILEGEMM_MOE_VARIANT`` forces ``blocks`` or ``sorted`` (the row form); ``slots`` means the block form here."""
+    forced = env_choice(MOE_VARIANT_ENV, MOE_VARIANTS)
+    mean = cdiv(max(slots, 1), max(1, min(experts, slots)))
+    if forced == "sorted" or (forced is None and mean >= MOE_FP8_TILE_MIN_ROWS):
+        return replace(MOE_FP8_TILE_CONFIG, combine_bn=_combine_bn(hidden))
     return moe_blocks_config(slots, hidden, experts, bw=128, bk=128)
 
 

@@ -8,12 +8,14 @@ of some fifty small torch launches. Here the slots are sorted by expert into ``B
 ``[BW, BK]`` weight tile (TMA) is the MMA's first operand and the block's ``BT`` rows, loaded transposed as
 ``[BK, BT]`` (TMA), the second, so an expert's weights are streamed once per block. Five launches in all:
 
-1. **routing** (``_route_count``, ``_route_place``; one CTA per ``EC`` experts, no sort, no atomics): the
-   first counts each expert's slots and zeroes every row's token and weight; the second lays the experts
-   out in ``M = max_padded_rows(T, k, E, BT)`` rows, each expert's ``count`` rows starting on a ``BT``
-   boundary in expert order, the slots of one expert in slot order (a running count over the slots, the
-   same ranks as a stable sort), and writes per row its token and routing weight, per slot its row
-   (``dest`` [T, k], -1 for an expert id outside ``[0, E)``) and per block its expert (-1: no expert).
+1. **routing** (``_route_count``, ``_route_place``; one CTA per ``EC`` experts and chunk of slots, no sort, no
+   atomics): the first counts each expert's slots per chunk and zeroes every row's token and weight; the second
+   lays the experts out in ``M = max_padded_rows(T, k, E, BT)`` rows, each expert's ``count`` rows starting on a
+   ``BT`` boundary in expert order, the slots of one expert in slot order (the counts of the earlier chunks plus
+   a running count inside the chunk: the same ranks as a stable sort), and writes per row its token and routing
+   weight, per slot its row (``dest`` [T, k], -1 for an expert id outside ``[0, E)``) and per block its expert
+   (-1: no expert). The chunks give the machine about two CTAs per SM: with one CTA per 8 experts walking every
+   slot, the 131k slots of 16384 Qwen3 tokens took 0.80 ms on an H100; in chunks, 0.15 ms.
 2. **gather** (in ``moe.moe_experts``, shared with the sorted path): ``xs[r] = x[tok(r)]`` (``index_select``; rows
    holding no slot copy token 0, never read back).
 3. **gate/up** (``_block_gate_up``): ``h[r] = act(xs[r] @ Wg_e.T) * (xs[r] @ Wu_e.T)`` for the block's rows,
@@ -102,43 +104,55 @@ def _slot_lanes(ids, j, lane0, num_experts: int, SC: int, EC: int):
     return s, ct.astype(e32 == lanes, ct.int32), (e < 0) | (e >= num_experts)
 
 
-def _route_count(ids, counts, row_token, row_weight, num_experts: int, SC: ConstInt, EC: ConstInt, RC: ConstInt):
-    """CTA c: ``counts[c * EC + i]`` = the slots routed to expert ``c * EC + i``; row chunks ``c, c + G, ..``
-    (``RC`` rows) of ``row_token`` and ``row_weight`` set to 0. ids [S] (any integer dtype); counts int32 [G * EC]."""
+def _route_count(
+    ids, counts, row_token, row_weight, num_experts: int, steps: int, SC: ConstInt, EC: ConstInt, RC: ConstInt
+):  # fmt: skip
+    """CTA (c, j): ``counts[j, c * EC + i]`` = the slots of chunk j (``steps * SC`` slots) routed to expert
+    ``c * EC + i``; ``RC``-row chunks of ``row_token`` and ``row_weight`` set to 0, strided over all CTAs.
+    ids [S] (any integer dtype); counts int32 [chunks, G * EC]."""
     c = ct.bid(0)
+    j = ct.bid(1)
     total = ct.zeros((1, EC), dtype=ct.int32)
-    for j in range(ct.cdiv(ids.shape[0], SC)):
-        _, hot, _ = _slot_lanes(ids, j, c * EC, num_experts, SC, EC)
+    for i in range(steps):
+        _, hot, _ = _slot_lanes(ids, j * steps + i, c * EC, num_experts, SC, EC)
         total = total + ct.sum(hot, axis=0, keepdims=True)
-    ct.store(counts, (c,), ct.reshape(total, (EC,)))
-    r = c
+    ct.store(counts, (j, c), total)
+    r = c + j * ct.num_blocks(0)
     while r < ct.cdiv(row_token.shape[0], RC):
         ct.store(row_token, (r,), ct.zeros((RC,), dtype=ct.int32))
         ct.store(row_weight, (r,), ct.zeros((RC,), dtype=ct.float32))
-        r = r + ct.num_blocks(0)
+        r = r + ct.num_blocks(0) * ct.num_blocks(1)
 
 
 def _route_place(
-    ids, weights, counts, dest, row_token, row_weight, block_expert, num_experts: int, top_k: int,
+    ids, weights, counts, dest, row_token, row_weight, block_expert, num_experts: int, top_k: int, steps: int,
     BT: ConstInt, EP: ConstInt, SC: ConstInt, EC: ConstInt, BC: ConstInt,
 ):  # fmt: skip
-    """CTA c places the slots of experts ``[c * EC, +EC)`` (``dest``, ``row_token``, ``row_weight``) and sets
-    the experts of block chunks ``c, c + G, ..`` (``BC`` blocks); see the module docstring, step 1.
+    """CTA (c, j) places chunk j's slots of experts ``[c * EC, +EC)`` (``dest``, ``row_token``, ``row_weight``) and
+    sets the experts of ``BC``-block chunks strided over all CTAs; see the module docstring, step 1.
 
-    Expert e's rows start at ``start[e] = sum_{e' < e} ceil(counts[e'] / BT) * BT``; a slot's row is its expert's
-    start plus the number of earlier slots routed to the same expert. ``EP``: a power of two >= counts' length.
+    Expert e's rows start at ``start[e] = sum_{e' < e} ceil(count[e'] / BT) * BT`` (``count``: ``counts`` summed over
+    the chunks); a slot's row is its expert's start plus the number of earlier slots routed to the same expert (in
+    earlier chunks, then earlier in its own). ``EP``: a power of two >= the row length of ``counts``.
     """
     c = ct.bid(0)
+    j = ct.bid(1)
     lanes = ct.reshape(ct.arange(EP, dtype=ct.int32), (1, EP))
-    every = ct.reshape(ct.load(counts, (0,), shape=(EP,), padding_mode=_ZERO), (1, EP))
+    every = ct.zeros((1, EP), dtype=ct.int32)
+    earlier = ct.zeros((1, EP), dtype=ct.int32)
+    for jj in range(counts.shape[0]):
+        chunk = ct.load(counts, (jj, 0), shape=(1, EP), padding_mode=_ZERO)
+        every = every + chunk
+        earlier = earlier + ct.where(jj < j, chunk, 0)
     padded = (every + (BT - 1)) // BT * BT
     end = ct.cumsum(padded, axis=1)
     start = end - padded
     mine = ct.reshape(c * EC + ct.arange(EC, dtype=ct.int32), (EC, 1))
-    my_start = ct.reshape(ct.sum(ct.where(lanes == mine, ct.broadcast_to(start, (EC, EP)), 0), axis=1), (1, EC))
+    first = ct.broadcast_to(start + earlier, (EC, EP))
+    my_start = ct.reshape(ct.sum(ct.where(lanes == mine, first, 0), axis=1), (1, EC))
     seen = ct.zeros((1, EC), dtype=ct.int32)
-    for j in range(ct.cdiv(ids.shape[0], SC)):
-        s, hot, dropped = _slot_lanes(ids, j, c * EC, num_experts, SC, EC)
+    for i in range(steps):
+        s, hot, dropped = _slot_lanes(ids, j * steps + i, c * EC, num_experts, SC, EC)
         before = ct.cumsum(hot, axis=0) - hot + seen
         row = ct.sum(hot * (my_start + before), axis=1)
         live = ct.sum(hot, axis=1) > 0
@@ -148,14 +162,14 @@ def _route_place(
         ct.scatter(row_token, row, s // top_k, mask=live)
         ct.scatter(row_weight, row, ct.astype(ct.gather(weights, s), ct.float32), mask=live)
         seen = seen + ct.sum(hot, axis=0, keepdims=True)
-    b = c
+    b = c + j * ct.num_blocks(0)
     while b < ct.cdiv(block_expert.shape[0], BC):
         first_row = ct.reshape((b * BC + ct.arange(BC, dtype=ct.int32)) * BT, (BC, 1))
         inside = (first_row >= start) & (first_row < end)
         owner = ct.sum(ct.where(inside, ct.broadcast_to(lanes, (BC, EP)), 0), axis=1)
         has = ct.sum(ct.astype(inside, ct.int32), axis=1) > 0
         ct.store(block_expert, (b,), ct.where(has, owner, ct.full((BC,), -1, dtype=ct.int32)))
-        b = b + ct.num_blocks(0)
+        b = b + ct.num_blocks(0) * ct.num_blocks(1)
 
 
 _KERNEL_FNS = {"count": _route_count, "place": _route_place, "gate_up": _block_gate_up, "down": _block_down}
@@ -181,15 +195,19 @@ def route(
     groups = launch.cdiv(num_experts, ROUTE_EC)
     lanes = 1 << max(0, groups * ROUTE_EC - 1).bit_length()
     ids, weights = topk_ids.reshape(-1), topk_weights.reshape(-1)
-    counts = torch.empty(groups * ROUTE_EC, dtype=torch.int32, device=dev)
+    # Slot chunks: enough CTAs to fill the machine twice over, each walking ``steps`` SC-slot steps.
+    total_steps = max(1, launch.cdiv(ids.numel(), ROUTE_SC))
+    steps = launch.cdiv(total_steps, min(total_steps, launch.cdiv(2 * launch.num_sms(), groups)))
+    chunks = launch.cdiv(total_steps, steps)
+    counts = torch.empty(chunks, groups * ROUTE_EC, dtype=torch.int32, device=dev)
     row_token = torch.empty(rows, dtype=torch.int32, device=dev)
     row_weight = torch.empty(rows, dtype=torch.float32, device=dev)
     dest = torch.empty(topk_ids.shape, dtype=torch.int32, device=dev)
     block_expert = torch.empty(rows // bt, dtype=torch.int32, device=dev)
-    args = (ids, counts, row_token, row_weight, num_experts, ROUTE_SC, ROUTE_EC, ROUTE_RC)
-    launch.launch(get_kernel("count"), (groups, 1, 1), args)
+    args = (ids, counts, row_token, row_weight, num_experts, steps, ROUTE_SC, ROUTE_EC, ROUTE_RC)
+    launch.launch(get_kernel("count"), (groups, chunks, 1), args)
     args = (ids, weights, counts, dest.view(-1), row_token, row_weight, block_expert, num_experts, topk_ids.shape[1])
-    launch.launch(get_kernel("place"), (groups, 1, 1), (*args, bt, lanes, ROUTE_SC, ROUTE_EC, ROUTE_BC))
+    launch.launch(get_kernel("place"), (groups, chunks, 1), (*args, steps, bt, lanes, ROUTE_SC, ROUTE_EC, ROUTE_BC))
     return row_token, row_weight, dest, block_expert
 
 

@@ -1,22 +1,32 @@
-"""cuTile fused FP8 MoE experts (``tilegemm.fp8_moe_experts``): the block path of ``moe_blocks.py`` on FP8 operands.
+"""cuTile fused FP8 MoE experts (``tilegemm.fp8_moe_experts``): the block path of ``moe_blocks.py`` on FP8 operands,
+and a row form for prefill.
 
 DeepGEMM's recipe: activations with one fp32 scale per row per 128 columns (1x128), weights with one per
-128x128 block. The slots are laid out by expert in ``BT``-row blocks by the block path's routing
-(``moe_blocks.route``), then four kernels:
+128x128 block. The slots are laid out by expert in blocks of ``BT`` rows (block form) or 64 rows (row form) by the
+block path's routing (``moe_blocks.route``), then four kernels:
 
 1. **gather + quantize** (``_gather_quant``): ``xq[r], sx[r] = q(x[tok(r)])``, one CTA per (``BR`` rows, 128
    columns): the 1x128 quantization of ``tilegemm.per_token_cast_to_fp8`` (``scale = max(amax, 1e-4) / 448``,
    ``clamp(v / scale, -448, 448)`` rounded to e4m3), with the gather of the sorted rows folded in.
-2. **gate/up** (``_gate_up``): per (block, 128 intermediate columns), swap-AB as in ``decode.py``: the
-   ``[128, 128]`` weight block (TMA) is the MMA's first operand, the block's rows ``[128, BT]`` (transposed
-   TMA tile) the second. Per 128-K block the raw FP8 product is promoted, ``acc += (P * sx) * sw``, for gate and
-   up; then ``h = act(g) * u`` in fp32 is quantized 1x128 in the epilogue (the tile's 128 columns are one
-   block) and written once: ``hq`` fp8 [M, I] and ``sh`` fp32 [M, I/128].
-3. **down** (``_down``): ``y[r] = bf16(w(r) * sum_kb (hq_kb @ W2_kb.T) * sh * sw2)``, same form.
+2. **gate/up**, per (block, 128 intermediate columns). Per 128-K block the raw FP8 product is promoted,
+   ``acc += (P * sx) * sw``, for gate and up; then ``h = act(g) * u`` in fp32 is quantized 1x128 in the epilogue
+   (the tile's 128 columns are one block) and written once: ``hq`` fp8 [M, I] and ``sh`` fp32 [M, I/128].
+
+   - block form (``_block_gate_up``, few rows per expert): swap-AB as in ``decode.py``, the ``[128, 128]`` weight
+     block (TMA) is the MMA's first operand and the block's rows ``[128, BT]`` (transposed TMA tile) the second;
+   - row form (``_tile_gate_up``, from ``heuristics.MOE_FP8_TILE_MIN_ROWS`` rows per expert): the block's 64 rows
+     ``[64, 128]`` are the first operand and the weight block, a transposed ``[128 K, 128 N]`` view, the second,
+     so the MMA's wide side holds rows of tokens, not padding.
+3. **down** (``_block_down`` / ``_tile_down``): ``y[r] = bf16(w(r) * sum_kb (hq_kb @ W2_kb.T) * sh * sw2)``, in
+   the same form as gate/up.
 4. **combine** (``moe.py``'s kernel): ``out[t] = bf16(sum_j y[dest[t, j]])`` in fp32, slots in order.
 
+Both forms round at the same points (each 128-deep block's product promoted in fp32, ``h`` quantized from fp32,
+``y`` rounded once, the combine in fp32); on an H100 their outputs had the same calc_diff to every digit on each
+shape tried.
 Blocks without an expert return at once (their rows are never read); every index read from memory is
 range-checked (expert ids) or clamped (tokens). No host sync: CUDA-graph capturable; reruns bitwise identical.
+The form and its tiles: ``heuristics.moe_fp8_config``.
 """
 
 from __future__ import annotations
@@ -34,8 +44,11 @@ from tilegemm.routing import max_padded_rows
 
 ConstInt = ct.Constant[int]
 _ZERO = ct.PaddingMode.ZERO
-#: Rows per CTA of the gather-quantize kernel.
+#: Rows per CTA of the gather-quantize kernel, and its occupancy hint: 40 registers, six CTAs' loads in flight per
+#: SM (at 8, 32 registers, it spills 3 words). Without the hint tileiras takes 255 registers, one CTA per SM: 4-6x
+#: slower from 512 tokens on (H100, Qwen3 dimensions).
 QUANT_BR = 16
+QUANT_OCCUPANCY = 6
 
 
 def _quantize(v, axis: int):
@@ -61,8 +74,8 @@ def _gather_quant(x, row_token, xq, sx, BR: ConstInt):
 
 
 def _promote(w, a, sa, sw, acc):
-    """``acc + (w @ a) * sa * sw``: one 128-K block's raw FP8 product (fast accumulation) promoted with its row
-    scales ``sa [1, BT]`` and weight block scale ``sw [1, 1]``."""
+    """``acc + (w @ a) * sa * sw``: one 128-K block's raw FP8 product (fast accumulation) promoted with the row
+    scales ``sa`` (``[1, BT]`` in swap-AB form, ``[64, 1]`` in row form) and the weight block's scale ``sw [1, 1]``."""
     p = ct.mma(w, a, ct.zeros(acc.shape, dtype=ct.float32), use_fast_acc=True)
     return acc + (p * sa) * sw
 
@@ -81,7 +94,7 @@ def _weight_block(w, s, e, pn, kb):
     return blk, sw
 
 
-def _gate_up(
+def _block_gate_up(
     xq, sx, wg, wu, sg, su, hq, sh, block_expert, num_experts: int, ACT: ConstInt, BT: ConstInt
 ):  # fmt: skip
     """``hq [M, I]`` / ``sh [M, I/128]`` of block ``bid(0)``, intermediate columns ``[bid(1) * 128, +128)``.
@@ -106,7 +119,7 @@ def _gate_up(
         ct.store(sh, (pn, mb), scale, order=(1, 0))
 
 
-def _down(hq, sh, w2, s2, y, block_expert, row_weight, num_experts: int, BT: ConstInt):
+def _block_down(hq, sh, w2, s2, y, block_expert, row_weight, num_experts: int, BT: ConstInt):
     """``y [M, H]`` bf16 of block ``bid(0)``, columns ``[bid(1) * 128, +128)``: ``w(r) * (q(h) @ W2_e.T)``.
 
     hq fp8 [M, I] and sh fp32 [M, I/128]; w2 fp8 [E, H, I] and s2 fp32 [E, H/128, I/128]; row_weight fp32 [M].
@@ -124,13 +137,68 @@ def _down(hq, sh, w2, s2, y, block_expert, row_weight, num_experts: int, BT: Con
         ct.store(y, (pn, mb), ct.astype(acc * wt, y.dtype), order=(1, 0))
 
 
-_KERNEL_FNS = {"gather_quant": _gather_quant, "gate_up": _gate_up, "down": _down}
+def _row_operands(xq, sx, mb, kb):
+    """64-row block ``mb``, K block ``kb``: fp8 ``[64, 128]`` (TMA) and the rows' scales as a column ``[64, 1]``."""
+    a = ct.load(xq, (mb, kb), shape=(64, 128), padding_mode=_ZERO)
+    sa = ct.load(sx, (mb, kb), shape=(64, 1), padding_mode=_ZERO, allow_tma=False)
+    return a, sa
+
+
+def _weight_block_kn(w, s, e, pn, kb):
+    """:func:`_weight_block` as the MMA's second operand: ``[128 K, 128 N]`` (transposed TMA view of ``[N, K]``)."""
+    blk = ct.reshape(ct.load(w, (e, kb, pn), shape=(1, 128, 128), order=(0, 2, 1), padding_mode=_ZERO), (128, 128))
+    sw = ct.reshape(ct.load(s, (e, pn, kb), shape=(1, 1, 1), padding_mode=_ZERO, allow_tma=False), (1, 1))
+    return blk, sw
+
+
+def _tile_gate_up(xq, sx, wg, wu, sg, su, hq, sh, block_expert, num_experts: int, ACT: ConstInt):
+    """Row form of :func:`_block_gate_up`: the 64 rows of block ``bid(0)``, intermediate columns
+    ``[bid(1) * 128, +128)``; the rows ``[64, 128]`` are the MMA's first operand, the weight block its second."""
+    mb = ct.bid(0)
+    pn = ct.bid(1)
+    e, live = moe_blocks._block_expert(block_expert, mb, num_experts)
+    if live:
+        acc_g = ct.zeros((64, 128), dtype=ct.float32)
+        acc_u = ct.zeros((64, 128), dtype=ct.float32)
+        for kb in range(xq.shape[1] // 128):
+            g, sgw = _weight_block_kn(wg, sg, e, pn, kb)
+            u, suw = _weight_block_kn(wu, su, e, pn, kb)
+            a, sa = _row_operands(xq, sx, mb, kb)
+            acc_g = _promote(a, g, sa, sgw, acc_g)
+            acc_u = _promote(a, u, sa, suw, acc_u)
+        q, scale = _quantize(moe_slots._act(acc_g, ACT) * acc_u, 1)
+        ct.store(hq, (mb, pn), q)
+        ct.store(sh, (mb, pn), scale)
+
+
+def _tile_down(hq, sh, w2, s2, y, block_expert, row_weight, num_experts: int):
+    """Row form of :func:`_block_down`: the 64 rows of block ``bid(0)``, columns ``[bid(1) * 128, +128)``."""
+    mb = ct.bid(0)
+    pn = ct.bid(1)
+    e, live = moe_blocks._block_expert(block_expert, mb, num_experts)
+    if live:
+        acc = ct.zeros((64, 128), dtype=ct.float32)
+        for kb in range(hq.shape[1] // 128):
+            w, sw = _weight_block_kn(w2, s2, e, pn, kb)
+            a, sa = _row_operands(hq, sh, mb, kb)
+            acc = _promote(a, w, sa, sw, acc)
+        wt = ct.reshape(ct.load(row_weight, (mb,), shape=(64,), padding_mode=_ZERO), (64, 1))
+        ct.store(y, (mb, pn), ct.astype(acc * wt, y.dtype))
+
+
+_KERNEL_FNS = {
+    "gather_quant": _gather_quant,
+    "block_gate_up": _block_gate_up,
+    "block_down": _block_down,
+    "tile_gate_up": _tile_gate_up,
+    "tile_down": _tile_down,
+}
 
 
 @functools.cache
-def get_kernel(name: str) -> Any:
-    """The ``@ct.kernel`` object of ``name`` (``gather_quant``, ``gate_up``, ``down``), cached."""
-    return ct.kernel(_KERNEL_FNS[name])
+def get_kernel(name: str, num_worker_warps: int | None = None, occupancy: int | None = None) -> Any:
+    """The ``@ct.kernel`` object of ``name`` (a key of ``_KERNEL_FNS``) with these compiler hints, cached."""
+    return ct.kernel(_KERNEL_FNS[name], num_worker_warps=num_worker_warps, occupancy=occupancy)
 
 
 # ------------------------------------------------------------------------------------- host side
@@ -159,31 +227,36 @@ def fp8_moe_experts(hidden, topk_ids, topk_weights, w13, w2, activation, stream)
     if top_k == 0 or num_experts == 0:
         return out.zero_()
     cfg = heuristics.moe_fp8_config(num_tokens * top_k, hidden_dim, num_experts)
-    rows = max_padded_rows(num_tokens, top_k, num_experts, cfg.bt)
+    blocks = isinstance(cfg, heuristics.MoEBlocksConfig)
+    align = cfg.bt if blocks else cfg.bm
+    rows = max_padded_rows(num_tokens, top_k, num_experts, align)
     if rows * max(hidden_dim, inter) >= 2**31 or hidden.numel() >= 2**31:
         raise Unsupported("a buffer has >= 2**31 elements (int32 indexing)")
     shape = {"t": num_tokens, "k": top_k, "e": num_experts, "h": hidden_dim, "i": inter}
     heuristics.print_once("fp8_moe_experts", shape, cfg.name)
     dev = hidden.device
-    tokens, row_weight, dest, block_expert = moe_blocks.route(topk_ids, topk_weights, num_experts, cfg.bt, rows)
-    fp8 = torch.float8_e4m3fn
-    xq = torch.empty(rows, hidden_dim, dtype=fp8, device=dev)
+    tokens, row_weight, dest, block_expert = moe_blocks.route(topk_ids, topk_weights, num_experts, align, rows)
+    xq = torch.empty(rows, hidden_dim, dtype=torch.float8_e4m3fn, device=dev)
     sx = torch.empty(rows, hidden_dim // 128, dtype=torch.float32, device=dev)
     x = launch.as_row_major(hidden, pad_rows=False)
     grid = (launch.cdiv(rows, QUANT_BR), hidden_dim // 128, 1)
-    launch.launch(get_kernel("gather_quant"), grid, (x, tokens, xq, sx, QUANT_BR))
-
-    hq = torch.empty(rows, inter, dtype=fp8, device=dev)
+    launch.launch(get_kernel("gather_quant", occupancy=QUANT_OCCUPANCY), grid, (x, tokens, xq, sx, QUANT_BR))
+    hq = torch.empty(rows, inter, dtype=torch.float8_e4m3fn, device=dev)
     sh = torch.empty(rows, inter // 128, dtype=torch.float32, device=dev)
+    y = torch.empty(rows, hidden_dim, dtype=torch.bfloat16, device=dev)
     (w13q, s13), (w2q, s2) = w13, w2
     ib = inter // 128
     act = moe.ACTIVATIONS[activation]
-    args = (xq, sx, w13q[:, :inter], w13q[:, inter:], s13[:, :ib], s13[:, ib:], hq, sh, block_expert, num_experts)
-    launch.launch(get_kernel("gate_up"), (rows // cfg.bt, ib, 1), (*args, act, cfg.bt))
-
-    y = torch.empty(rows, hidden_dim, dtype=torch.bfloat16, device=dev)
-    args = (hq, sh, w2q, s2, y, block_expert, row_weight, num_experts, cfg.bt)
-    launch.launch(get_kernel("down"), (rows // cfg.bt, hidden_dim // 128, 1), args)
+    up = (xq, sx, w13q[:, :inter], w13q[:, inter:], s13[:, :ib], s13[:, ib:], hq, sh, block_expert, num_experts, act)
+    down = (hq, sh, w2q, s2, y, block_expert, row_weight, num_experts)
+    if blocks:
+        launch.launch(get_kernel("block_gate_up"), (rows // align, ib, 1), (*up, align))
+        launch.launch(get_kernel("block_down"), (rows // align, hidden_dim // 128, 1), (*down, align))
+    else:
+        kernel = get_kernel("tile_gate_up", cfg.up.num_worker_warps, cfg.up.occupancy)
+        launch.launch(kernel, (rows // align, ib, 1), up)
+        kernel = get_kernel("tile_down", cfg.down.num_worker_warps, cfg.down.occupancy)
+        launch.launch(kernel, (rows // align, hidden_dim // 128, 1), down)
     grid = (launch.cdiv(num_tokens, cfg.combine_bt), hidden_dim // cfg.combine_bn, 1)
     launch.launch(moe.get_kernel("combine"), grid, (y, dest, out, top_k, cfg.combine_bt, cfg.combine_bn))
     return out
