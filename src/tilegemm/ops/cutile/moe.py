@@ -4,10 +4,11 @@ The host entry below takes one of three paths (``heuristics.choose``, ``family="
 decode sizes (``moe_slots.py``, no routing), few-row expert blocks in swap-AB form (``moe_blocks.py``: the
 routing and the combine below, its own two GEMM kernels), or the persistent tiles of this module (prefill).
 
-Routing (``tilegemm.routing.moe_route`` with ``alignment = BM``, all on the device, sizes fixed by
-``(T, k, E, BM)``): the aligned ``m_indices`` layout of ``M`` rows where each expert's rows start on a
-BM-row block; per row its token (``tokens``, 0 for padding), its routing weight (``row_weight``, 0 for
-padding) and, per (token, slot), the row holding its result (``dest`` [T, k], -1 for a dropped slot).
+Routing (the block path's two kernels, ``moe_blocks.route``, with ``BT = BM``; sizes fixed by ``(T, k, E, BM)``):
+``M`` rows where each expert's rows start on a BM-row block, per block its expert (``block_expert``, -1 for
+none); per row its token (``tokens``, 0 for padding), its routing weight (``row_weight``, 0 for padding) and,
+per (token, slot), the row holding its result (``dest`` [T, k], -1 for a dropped slot). It replaced
+``tilegemm.routing.moe_route`` here (the same layout in about fifty torch launches, some 90 us in a CUDA graph).
 
 1. **gate/up** (``_gate_up``): ``h[r] = act(x[tok(r)] @ Wg_e.T) * (x[tok(r)] @ Wu_e.T)`` for every row r of
    a block of expert e. The rows are gathered once into the aligned layout (``xs = x.index_select(0, tokens)``)
@@ -42,7 +43,7 @@ from tilegemm.backend.registry import Unsupported, register_impl
 from tilegemm.ops.cutile import heuristics, launch, moe_blocks, moe_slots
 from tilegemm.ops.cutile.grouped import _check_tma_weight, _mma_bf16, _swizzle
 from tilegemm.ops.cutile.heuristics import Kind
-from tilegemm.routing import max_padded_rows, moe_route
+from tilegemm.routing import max_padded_rows
 
 ConstInt = ct.Constant[int]
 
@@ -61,7 +62,7 @@ def _activation(g, ACT: int):
 
 
 def _gate_up(
-    xs, wg, wu, h, m_indices, num_experts: int, ACT: ConstInt, BM: ConstInt, BN: ConstInt, BK: ConstInt, GM: ConstInt
+    xs, wg, wu, h, block_expert, num_experts: int, ACT: ConstInt, BM: ConstInt, BN: ConstInt, BK: ConstInt, GM: ConstInt
 ):  # fmt: skip
     """Persistent over (row block, column block) tiles of ``h [M, I]``; see the module docstring."""
     rows_total = h.shape[0]
@@ -73,7 +74,7 @@ def _gate_up(
     step = ct.num_blocks(0)
     while t < total:
         mb, nb = _swizzle(t, mblocks, n_tiles, GM)
-        e = ct.load(m_indices, (mb * BM,), shape=())
+        e = ct.load(block_expert, (mb,), shape=())
         if (e >= 0) & (e < num_experts):
             acc_g = ct.full((BM, BN), 0.0, dtype=ct.float32)
             acc_u = ct.full((BM, BN), 0.0, dtype=ct.float32)
@@ -87,7 +88,7 @@ def _gate_up(
         t = t + step
 
 
-def _down(h, w2, y, m_indices, row_weight, num_experts: int, BM: ConstInt, BN: ConstInt, BK: ConstInt, GM: ConstInt):
+def _down(h, w2, y, block_expert, row_weight, num_experts: int, BM: ConstInt, BN: ConstInt, BK: ConstInt, GM: ConstInt):
     """Persistent over tiles of ``y [M, H]``: ``y[r] = bf16(row_weight[r] * (h[r] @ w2[e].T))``."""
     rows_total = y.shape[0]
     n_tiles = ct.cdiv(y.shape[1], BN)
@@ -98,7 +99,7 @@ def _down(h, w2, y, m_indices, row_weight, num_experts: int, BM: ConstInt, BN: C
     step = ct.num_blocks(0)
     while t < total:
         mb, nb = _swizzle(t, mblocks, n_tiles, GM)
-        e = ct.load(m_indices, (mb * BM,), shape=())
+        e = ct.load(block_expert, (mb,), shape=())
         if (e >= 0) & (e < num_experts):
             acc = _mma_bf16(h, w2, 0, e, mb, nb, nk, BM, BN, BK, True, Kind.INDICES)
             wt = ct.reshape(ct.load(row_weight, (mb,), shape=(BM,), padding_mode=_ZERO), (BM, 1))
@@ -180,20 +181,10 @@ def moe_experts(hidden, topk_ids, topk_weights, w13, w2, activation, stream):
     h = torch.empty(rows, inter, dtype=torch.bfloat16, device=hidden.device)
     y = torch.empty(rows, hidden_dim, dtype=torch.bfloat16, device=hidden.device)
     act = ACTIVATIONS[activation]
-    if blocks:
-        tokens, row_weight, dest, row_index = moe_blocks.route(topk_ids, topk_weights, num_experts, align, rows)
-        gemms = moe_blocks.block_gemms
-    else:
-        routing = moe_route(topk_ids, num_experts, alignment=align)
-        slot = routing.src_slot.clamp(min=0)
-        tokens = torch.div(slot, top_k, rounding_mode="floor").to(torch.int32)
-        weights = topk_weights.reshape(-1).to(torch.float32).index_select(0, slot)
-        zero = torch.zeros((), dtype=torch.float32, device=slot.device)
-        row_weight = torch.where(routing.src_slot >= 0, weights, zero)
-        dest = routing.dest_row.view(num_tokens, top_k).to(torch.int32)
-        row_index, gemms = routing.m_indices, _sorted_gemms
+    tokens, row_weight, dest, block_expert = moe_blocks.route(topk_ids, topk_weights, num_experts, align, rows)
+    gemms = moe_blocks.block_gemms if blocks else _sorted_gemms
     # Both paths' GEMMs read the routed rows gathered once into their sorted order (TMA tiles).
-    gemms(x.index_select(0, tokens), w13, w2, h, y, row_index, row_weight, act, cfg)
+    gemms(x.index_select(0, tokens), w13, w2, h, y, block_expert, row_weight, act, cfg)
     grid = (launch.cdiv(num_tokens, cfg.combine_bt), hidden_dim // cfg.combine_bn, 1)
     launch.launch(get_kernel("combine"), grid, (y, dest, out, top_k, cfg.combine_bt, cfg.combine_bn))
     return out
@@ -205,21 +196,20 @@ def _sorted_gemms(
     w2: torch.Tensor,
     h: torch.Tensor,
     y: torch.Tensor,
-    m_indices: torch.Tensor,
+    block_expert: torch.Tensor,
     row_weight: torch.Tensor,
     act: int,
     cfg: heuristics.MoEConfig,
 ) -> None:
     """Kernels 1 and 2 of the module docstring: fill ``h [M, I]`` and ``y [M, H]`` (arguments as in
-    ``moe_blocks.block_gemms``, but ``m_indices`` int32 [M]: each row's expert, every expert's rows starting on a
-    ``cfg.bm`` boundary)."""
+    ``moe_blocks.block_gemms``, the blocks ``cfg.bm`` rows)."""
     rows, inter = h.shape
     num_experts, hidden_dim = w13.shape[0], xs.shape[1]
     up, down = cfg.up, cfg.down
     grid = launch.persistent_grid(rows // up.bm * launch.cdiv(inter, up.bn), up.ctas_per_sm)
-    args = (xs, w13[:, :inter], w13[:, inter:], h, m_indices, num_experts, act, up.bm, up.bn, up.bk, up.gm)
+    args = (xs, w13[:, :inter], w13[:, inter:], h, block_expert, num_experts, act, up.bm, up.bn, up.bk, up.gm)
     launch.launch(get_kernel("gate_up", up.num_worker_warps, up.occupancy), grid, args)
 
     grid = launch.persistent_grid(rows // down.bm * launch.cdiv(hidden_dim, down.bn), down.ctas_per_sm)
-    args = (h, w2, y, m_indices, row_weight, num_experts, down.bm, down.bn, down.bk, down.gm)
+    args = (h, w2, y, block_expert, row_weight, num_experts, down.bm, down.bn, down.bk, down.gm)
     launch.launch(get_kernel("down", down.num_worker_warps, down.occupancy), grid, args)
