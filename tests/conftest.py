@@ -20,3 +20,9 @@ def _fresh_fallback_warnings():
     """Each test sees fallback warnings afresh."""
     registry.reset_fallback_warnings()
     yield
+
+
+@pytest.fixture
+def strict(monkeypatch):
+    """A fallback from cutile to pytorch would make a test's cutile cases meaningless: make it an error."""
+    monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")

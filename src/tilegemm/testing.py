@@ -58,6 +58,15 @@ def dequant_per_block(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return dequantize(data, scale, 128, 128)
 
 
+#: The experts ops' activations by name, from ``torch.nn.functional`` (independent of the backends' own formulas):
+#: what the tests' float64 formulas of ``moe_experts`` / ``fp8_moe_experts`` apply to the gate columns.
+MOE_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": torch.nn.functional.silu,
+    "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": lambda v: torch.nn.functional.gelu(v, approximate="tanh"),
+}
+
+
 def fp8_round_trip_per_token(v: torch.Tensor) -> torch.Tensor:
     """float64 ``v [..., K]`` (K a multiple of 128) quantized to e4m3 with one scale per 128 values, as
     ``per_token_cast_to_fp8`` does (``scale = max(amax, 1e-4) / 448``, held in fp32), then dequantized: the

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tilegemm as tg
-from tilegemm.testing import calc_diff, dequantize, fp8_round_trip_per_token
+from tilegemm.testing import MOE_ACTIVATIONS, calc_diff, dequantize, fp8_round_trip_per_token
 
 FP8 = torch.float8_e4m3fn
 BAD_DTYPE = {torch.int32: torch.int64, torch.uint8: torch.int16}  # any other dtype -> float16
@@ -197,11 +197,7 @@ def moe_experts(draw) -> Case:
     dtype = draw(st.sampled_from([torch.bfloat16, torch.float32]))
     activation = draw(st.sampled_from(["silu", "gelu", "gelu_tanh"]))
     ids = torch.randint(-1, experts + 1, (tokens, top_k))
-    act = {
-        "silu": torch.nn.functional.silu,
-        "gelu": torch.nn.functional.gelu,
-        "gelu_tanh": lambda v: torch.nn.functional.gelu(v, approximate="tanh"),
-    }[activation]
+    act = MOE_ACTIVATIONS[activation]
 
     def reference(call: dict[str, Any], _: Any) -> torch.Tensor:
         x, w, w13, w2 = (d64(call[name]) for name in ("hidden", "topk_weights", "w13", "w2"))
@@ -235,11 +231,7 @@ def fp8_moe_experts(draw) -> Case:
     ids = torch.randint(-1, experts + 1, (tokens, top_k))
     w13 = tg.per_block_cast_to_fp8(torch.randn(experts, 2 * inter, hidden) / 16)
     w2 = tg.per_block_cast_to_fp8(torch.randn(experts, hidden, inter) / 16)
-    act = {
-        "silu": torch.nn.functional.silu,
-        "gelu": torch.nn.functional.gelu,
-        "gelu_tanh": lambda v: torch.nn.functional.gelu(v, approximate="tanh"),
-    }[activation]
+    act = MOE_ACTIVATIONS[activation]
 
     def reference(call: dict[str, Any], _: Any) -> torch.Tensor:
         x64 = dequantize(*tg.per_token_cast_to_fp8(call["hidden"]), 1)

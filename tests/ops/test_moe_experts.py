@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import tilegemm
 from tilegemm.ops.cutile import heuristics
-from tilegemm.testing import calc_diff
+from tilegemm.testing import MOE_ACTIVATIONS, calc_diff
 
 BAR = 1e-5  # bf16 intermediate and bf16 per-slot outputs vs exact float64 math
 CUDA = torch.cuda.is_available()
@@ -53,7 +53,7 @@ def _formula(x, ids, weights, w13, w2, activation="silu"):
     ids = ids.cpu()
     inter = w2.shape[2]
     out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float64)
-    act = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda v: F.gelu(v, approximate="tanh")}[activation]
+    act = MOE_ACTIVATIONS[activation]
     for t in range(x.shape[0]):
         for j in range(ids.shape[1]):
             e = int(ids[t, j])
@@ -67,12 +67,6 @@ def _backends():
     out = [pytest.param("pytorch", id="pytorch")]
     out.append(pytest.param("cutile", id="cutile", marks=[pytest.mark.gpu]))
     return out
-
-
-@pytest.fixture
-def strict(monkeypatch):
-    """A fallback from cutile to pytorch would make the cutile cases meaningless: make it an error."""
-    monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
 
 
 def _device(backend):
