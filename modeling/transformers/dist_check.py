@@ -8,8 +8,9 @@ Run with ``torchrun`` (or ``python -m torch.distributed.run``) from the reposito
 For each preset (random weights, built identically in every process from ``--seed``):
 
 1. ``1dev``: every rank runs the whole model on its own device (rank 0 reports): stock (transformers' experts),
-   then patched with tilegemm; prefill and decode tokens/s. The stock greedy tokens are the reference
-   sequence, and the stock teacher-forced logits on it the reference logits.
+   then patched with tilegemm; prefill and decode tokens/s. The stock greedy tokens, decoded by the same loop as
+   every row (static cache and CUDA graph with ``--cuda-graphs``, else ``generate`` with a dynamic cache), are the
+   reference sequence, and the stock teacher-forced logits on it the reference logits.
 2. each ``--modes`` layout over all ranks (``tp``: ``DistributedConfig(tp_size=N)``; ``ep``:
    ``DistributedConfig(tp_size=N, ep_size=N)``), sharded by transformers' own plans
    (:func:`tilegemm.transformers.parallel.distribute_model`): stock, then patched, in the same decode loop.
@@ -30,6 +31,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root and s
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
+import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import time  # noqa: E402
@@ -172,8 +174,8 @@ def run_preset(preset: presets.Preset, args, world: int, device: torch.device, d
     meta = {"layers": model.config.num_hidden_layers, "batch": args.batch_size, "prompt_tokens": args.prompt_tokens}
     meta["new_tokens"] = args.new_tokens
 
-    log(f"{preset.name}: reference = one-device stock greedy tokens and their teacher-forced logits")
-    tokens = measure.generate_greedy(model, ids, args.new_tokens).tokens
+    log(f"{preset.name}: reference = one-device stock greedy tokens (the rows' decode loop), teacher-forced logits")
+    tokens = _decode(model, ids, args).tokens
     sequence = torch.cat([ids, tokens], dim=1)
     ref = {"tokens": tokens, "logits": measure.teacher_forced_logits(model, sequence, args.new_tokens)}
     rows = _layout_rows(model, preset.name, "1dev", ids, sequence, ref, args)
@@ -197,6 +199,7 @@ def run_preset(preset: presets.Preset, args, world: int, device: torch.device, d
 
 
 def _empty_cache(device: torch.device) -> None:
+    gc.collect()  # a sharded model's hooks hold reference cycles: without this its memory outlives ``del``
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
