@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="qwen3-30b-a3b", help="a preset name (see tilegemm.transformers.presets)")
     p.add_argument("--layers", type=int, default=None, help="decoder layers of a realistic preset (default 4)")
     p.add_argument("--mode", choices=PARALLEL_MODES, default=None, help="shard over the torchrun ranks")
+    p.add_argument("--fp8", action="store_true", help="patched: FP8 experts (weights cast once, 128x128 blocks)")
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--replays", type=int, default=20, help="timed CUDA-graph replays per measurement")
@@ -191,7 +192,7 @@ def profile_model(model, input_ids: torch.Tensor, args) -> list[dict[str, Any]]:
     graphs = input_ids.is_cuda
     for impl in IMPLS:
         if impl == "patched":
-            apply_tilegemm_to_model(model)
+            apply_tilegemm_to_model(model, fp8=args.fp8)
         step = steps[impl] = DecodeStep(model, input_ids)
         row: dict[str, Any] = {"impl": impl, "experts": model.config._experts_implementation}
         if graphs:
@@ -203,7 +204,10 @@ def profile_model(model, input_ids: torch.Tensor, args) -> list[dict[str, Any]]:
         rows.append(row)
     # profiled last: no CUDA-graph capture after the profiler has run in this process
     for row, impl in zip(rows, IMPLS):
-        (revert_tilegemm_model if impl == "stock" else apply_tilegemm_to_model)(model)
+        if impl == "stock":
+            revert_tilegemm_model(model)
+        else:
+            apply_tilegemm_to_model(model, fp8=args.fp8)
         row.update(kernel_profile(steps[impl], args.top))
     return rows
 
@@ -260,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch": args.batch_size,
         "prompt_tokens": args.prompt_tokens,
         "layout": f"{args.mode}{world}" if args.mode and world > 1 else "1dev",
+        "patched_fp8": args.fp8,
         "world_size": world,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "dtype": str(dtype).removeprefix("torch."),
