@@ -52,17 +52,26 @@ from tilegemm.transformers.parallel import PARALLEL_MODES, distribute_model  # n
 IMPLS = ("stock", "patched")
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line."""
     p = argparse.ArgumentParser(prog="modeling/transformers/step_profile.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="qwen3-30b-a3b", help="a preset name (see tilegemm.transformers.presets)")
-    p.add_argument("--layers", type=int, default=None, help="decoder layers of a realistic preset (default 4)")
+    p.add_argument(
+        "--layers", type=_positive_int, default=None, help="decoder layers of a realistic preset (default 4)"
+    )
     p.add_argument("--mode", choices=PARALLEL_MODES, default=None, help="shard over the torchrun ranks")
     p.add_argument("--fp8", action="store_true", help="patched: FP8 experts (weights cast once, 128x128 blocks)")
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--prompt-tokens", type=int, default=128)
-    p.add_argument("--replays", type=int, default=20, help="timed CUDA-graph replays per measurement")
-    p.add_argument("--top", type=int, default=15, help="kernels listed per row")
+    p.add_argument("--batch-size", type=_positive_int, default=1)
+    p.add_argument("--prompt-tokens", type=_positive_int, default=128)
+    p.add_argument("--replays", type=_positive_int, default=20, help="timed CUDA-graph replays per measurement")
+    p.add_argument("--top", type=_positive_int, default=15, help="kernels listed per row")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="JSON file (rank 0)")
     return p
@@ -219,7 +228,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         return f"{row[key]:.2f}" if key in row else "-"
 
     lines = [
-        f"# One decode step: {meta['model']} ({meta['layers']}L), batch {meta['batch']}, {meta['layout']}",
+        f"# One decode step: {meta['model']} ({meta['layers']}L), batch {meta['batch']}, "
+        f"{meta['prompt_tokens']}-token context, {meta['layout']}",
         "",
         "| impl | graph step ms | without experts ms | experts ms | eager step ms | kernels | kernel ms | NCCL ms |",
         "|---|---|---|---|---|---|---|---|",

@@ -59,3 +59,12 @@ def test_decode_step_repeats_at_one_position():
         assert torch.equal(step(), first)
     full = model(input_ids=torch.cat([ids, step.token], dim=1)).logits[:, -1].argmax(-1, keepdim=True)
     assert torch.equal(first, full)
+
+
+def test_bad_counts_are_argparse_errors(tmp_path):
+    import pytest
+
+    for flag in ("--batch-size", "--prompt-tokens", "--layers", "--replays"):
+        with pytest.raises(SystemExit) as exc:
+            step_profile.main(["--model", "tiny-mixtral", flag, "0", "--out", str(tmp_path / "x.json")])
+        assert exc.value.code == 2
