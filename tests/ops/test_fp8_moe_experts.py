@@ -19,6 +19,7 @@ from tilegemm.bench.moe import FP8_BAR
 from tilegemm.ops.cutile import heuristics
 from tilegemm.testing import (
     MOE_ACTIVATIONS,
+    backend_device_params,
     calc_diff,
     dequant_per_block,
     dequant_per_token,
@@ -82,30 +83,23 @@ def _formula(x, ids, weights, w13, w2, activation="silu"):
     return out.to(device)
 
 
-def _backends():
-    return [pytest.param("pytorch", id="pytorch"), pytest.param("cutile", id="cutile", marks=[pytest.mark.gpu])]
+BACKENDS = backend_device_params()
 
 
-def _device(backend):
-    if backend == "cutile" and not CUDA:
-        pytest.skip("needs CUDA")
-    return "cuda" if backend == "cutile" else "cpu"
-
-
-@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("backend,device", BACKENDS)
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
-def test_matches_formula(strict, backend, shape):
-    args = _inputs(*shape, _device(backend))
+def test_matches_formula(strict, backend, device, shape):
+    args = _inputs(*shape, device)
     out = tilegemm.fp8_moe_experts(*args, backend=backend)
     assert out.shape == args[0].shape and out.dtype == torch.bfloat16 and out.device == args[0].device
     assert calc_diff(out, _formula(*args)) < BAR
     assert torch.equal(out, tilegemm.fp8_moe_experts(*args, backend=backend)), "reruns must be bitwise identical"
 
 
-@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("backend,device", BACKENDS)
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
-def test_activations(strict, backend, activation):
-    args = _inputs(9, 2, 4, 128, 128, False, _device(backend))
+def test_activations(strict, backend, device, activation):
+    args = _inputs(9, 2, 4, 128, 128, False, device)
     out = tilegemm.fp8_moe_experts(*args, activation=activation, backend=backend)
     assert calc_diff(out, _formula(*args, activation)) < BAR
 

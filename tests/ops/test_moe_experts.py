@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import tilegemm
 from tilegemm.ops.cutile import heuristics
-from tilegemm.testing import MOE_ACTIVATIONS, calc_diff
+from tilegemm.testing import MOE_ACTIVATIONS, backend_device_params, calc_diff
 
 BAR = 1e-5  # bf16 intermediate and bf16 per-slot outputs vs exact float64 math
 CUDA = torch.cuda.is_available()
@@ -63,22 +63,12 @@ def _formula(x, ids, weights, w13, w2, activation="silu"):
     return out.to(device)
 
 
-def _backends():
-    out = [pytest.param("pytorch", id="pytorch")]
-    out.append(pytest.param("cutile", id="cutile", marks=[pytest.mark.gpu]))
-    return out
+BACKENDS = backend_device_params()
 
 
-def _device(backend):
-    if backend == "cutile" and not CUDA:
-        pytest.skip("needs CUDA")
-    return "cuda" if backend == "cutile" else "cpu"
-
-
-@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("backend,device", BACKENDS)
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
-def test_matches_formula(strict, backend, shape):
-    device = _device(backend)
+def test_matches_formula(strict, backend, device, shape):
     args = _inputs(*shape, torch.bfloat16, device)
     out = tilegemm.moe_experts(*args, backend=backend)
     assert out.shape == args[0].shape and out.dtype == torch.bfloat16 and out.device == args[0].device
@@ -86,10 +76,9 @@ def test_matches_formula(strict, backend, shape):
     assert torch.equal(out, tilegemm.moe_experts(*args, backend=backend)), "reruns must be bitwise identical"
 
 
-@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("backend,device", BACKENDS)
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
-def test_activations(strict, backend, activation):
-    device = _device(backend)
+def test_activations(strict, backend, device, activation):
     args = _inputs(9, 2, 4, 128, 64, False, torch.bfloat16, device)
     out = tilegemm.moe_experts(*args, activation=activation, backend=backend)
     assert calc_diff(out, _formula(*args, activation)) < BAR
