@@ -1192,24 +1192,34 @@ MOE_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def moe_experts_check(hidden, topk_ids, topk_weights, w13, w2, activation="silu", *, stream=None) -> dict[str, Any]:
-    """The check of ``moe_experts`` (shapes, dtypes, devices; no value checks: any expert id is allowed)."""
-    _tensor("hidden", hidden, _FLOATS, 2)
+def _moe_tokens_check(hidden, topk_ids, topk_weights, hidden_dtypes) -> int:
+    """The token side of both experts ops: ``hidden [T, H]`` of ``hidden_dtypes``, int ``topk_ids [T, k]``, float
+    ``topk_weights [T, k]``; returns H."""
+    _tensor("hidden", hidden, hidden_dtypes, 2)
     tokens, hidden_dim = hidden.shape
     _tensor("topk_ids", topk_ids, (torch.int32, torch.int64), 2)
     if topk_ids.shape[0] != tokens:
         raise ValueError(f"topk_ids: got shape {list(topk_ids.shape)}, expected [T={tokens}, k] to match hidden")
-    top_k = topk_ids.shape[1]
     _tensor("topk_weights", topk_weights, _FLOATS, 2)
-    _shape("topk_weights", topk_weights, [tokens, top_k], "[T, k], like topk_ids")
+    _shape("topk_weights", topk_weights, [tokens, topk_ids.shape[1]], "[T, k], like topk_ids")
+    return hidden_dim
+
+
+def _moe_activation_check(activation: str) -> None:
+    if activation not in MOE_ACTIVATIONS:
+        raise ValueError(f"activation: got {activation!r}, expected one of {list(MOE_ACTIVATIONS)}")
+
+
+def moe_experts_check(hidden, topk_ids, topk_weights, w13, w2, activation="silu", *, stream=None) -> dict[str, Any]:
+    """The check of ``moe_experts`` (shapes, dtypes, devices; no value checks: any expert id is allowed)."""
+    hidden_dim = _moe_tokens_check(hidden, topk_ids, topk_weights, _FLOATS)
     _tensor("w13", w13, (hidden.dtype,), 3)
     experts, two_inter, h13 = w13.shape
     if two_inter % 2 or h13 != hidden_dim:
         raise ValueError(f"w13: got shape {list(w13.shape)}, expected [E, 2I, H={hidden_dim}] (gate rows then up rows)")
     _tensor("w2", w2, (hidden.dtype,), 3)
     _shape("w2", w2, [experts, hidden_dim, two_inter // 2], "[E, H, I] to match w13 [E, 2I, H]")
-    if activation not in MOE_ACTIVATIONS:
-        raise ValueError(f"activation: got {activation!r}, expected one of {list(MOE_ACTIVATIONS)}")
+    _moe_activation_check(activation)
     _stream(stream)
     _same_device(dict(hidden=hidden, topk_ids=topk_ids, topk_weights=topk_weights, w13=w13, w2=w2))
     return dict(
@@ -1221,13 +1231,7 @@ def moe_experts_check(hidden, topk_ids, topk_weights, w13, w2, activation="silu"
 def fp8_moe_experts_check(hidden, topk_ids, topk_weights, w13, w2, activation="silu", *, stream=None) -> dict[str, Any]:
     """The check of ``fp8_moe_experts``: bf16 ``hidden [T, H]``, FP8 ``w13`` / ``w2`` tuples with 128x128 block
     scales, H and I multiples of 128 (the 1x128 activation blocks); no value checks (any expert id is allowed)."""
-    _tensor("hidden", hidden, (torch.bfloat16,), 2)
-    tokens, hidden_dim = hidden.shape
-    _tensor("topk_ids", topk_ids, (torch.int32, torch.int64), 2)
-    if topk_ids.shape[0] != tokens:
-        raise ValueError(f"topk_ids: got shape {list(topk_ids.shape)}, expected [T={tokens}, k] to match hidden")
-    _tensor("topk_weights", topk_weights, _FLOATS, 2)
-    _shape("topk_weights", topk_weights, [tokens, topk_ids.shape[1]], "[T, k], like topk_ids")
+    hidden_dim = _moe_tokens_check(hidden, topk_ids, topk_weights, (torch.bfloat16,))
     w13_data, w13_scales = _fp8_operand("w13", w13, 3)
     experts, two_inter, h13 = w13_data.shape
     if two_inter % 2 or h13 != hidden_dim:
@@ -1241,8 +1245,7 @@ def fp8_moe_experts_check(hidden, topk_ids, topk_weights, w13, w2, activation="s
     w2_data, w2_scales = _fp8_operand("w2", w2, 3)
     _shape("w2[0]", w2_data, [experts, hidden_dim, inter], "[E, H, I] to match w13 [E, 2I, H]")
     _shape("w2[1]", w2_scales, [experts, hidden_dim // 128, inter // 128], "128x128 block scales of w2")
-    if activation not in MOE_ACTIVATIONS:
-        raise ValueError(f"activation: got {activation!r}, expected one of {list(MOE_ACTIVATIONS)}")
+    _moe_activation_check(activation)
     _stream(stream)
     _same_device(
         {
