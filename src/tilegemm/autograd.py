@@ -19,6 +19,11 @@ backend (``set_backend`` / ``use_backend``).
 * :func:`fp8_grouped_matmul` ``(x, w, offs, w_fp8=None)``: :func:`grouped_matmul` with the FP8 forward
   ``m_grouped_fp8_gemm_nt_contiguous`` (``x`` cast per token, ``w`` per 128x128 block or a cached copy)
   and :func:`grouped_matmul`'s backward on the unquantized tensors (straight-through).
+* :func:`moe_experts` ``(hidden [T, H], topk_ids [T, k], topk_weights [T, k], w13 [E, 2I, H], w2 [E, H, I])
+  -> [T, H]``: :func:`tilegemm.moe_experts` (routing, gated MLPs, weighted combine) with gradients to ``hidden``,
+  ``topk_weights``, ``w13`` and ``w2``: ``moe_experts_forward`` keeps the routed rows, ``moe_experts_backward``
+  is the fused backward (``ops/cutile/moe_train.py``: the activation's backward in the ``dh`` GEMM's epilogue,
+  weight gradients by the k-grouped kernel on the aligned layout, no host sync, bitwise-identical reruns).
 * :func:`fp8_linear` ``(x [..., K], weight [N, K], bias=None) -> [..., N]``, bf16 in and out:
   ``x`` is cast per token (1x128) and ``weight`` per 128x128 block to FP8, then
   ``fp8_gemm_nt``. The backward is straight-through: gradients are the BF16 GEMMs of the
@@ -29,10 +34,20 @@ from __future__ import annotations
 
 import torch
 
+from tilegemm.backend.selector import get_current_backend
 from tilegemm.ops import api
-from tilegemm.ops.checks import LAYOUTS, fp8_linear_check, fp8_weight_check, grouped_matmul_check, matmul_check
+from tilegemm.ops.checks import (
+    LAYOUTS,
+    fp8_linear_check,
+    fp8_weight_check,
+    grouped_matmul_check,
+    matmul_check,
+    moe_experts_check,
+)
+from tilegemm.ops.common import MoETrainState
 from tilegemm.ops.op_call import grouped_linear, grouped_linear_fp8, run_op
 from tilegemm.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
+from tilegemm.routing import ALIGNED_ROWS, max_padded_rows
 
 Tensor = torch.Tensor
 
@@ -116,6 +131,49 @@ def _(x: Tensor, weight: Tensor) -> Tensor:
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
+@torch.library.custom_op("tilegemm::moe_experts_train", mutates_args=())
+def moe_experts_train(
+    hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w13: Tensor, w2: Tensor, activation: str
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``moe_experts_forward``: the output, then the fields of its ``MoETrainState``."""
+    out, state = api.moe_experts_forward(hidden, topk_ids, topk_weights, w13, w2, activation)
+    return (out, *state)
+
+
+@moe_experts_train.register_fake
+def _(hidden, topk_ids, topk_weights, w13, w2, activation):
+    (tokens, hidden_dim), top_k = hidden.shape, topk_ids.shape[1]
+    experts, inter = w13.shape[0], w2.shape[2]
+    rows = max_padded_rows(tokens, top_k, experts, ALIGNED_ROWS)
+    int32 = dict(dtype=torch.int32)
+    return (
+        hidden.new_empty(tokens, hidden_dim), hidden.new_empty(rows, **int32),
+        hidden.new_empty(rows, dtype=torch.float32), hidden.new_empty(tokens, top_k, **int32),
+        hidden.new_empty(experts, **int32), hidden.new_empty(rows, 2 * inter), hidden.new_empty(rows, inter),
+        hidden.new_empty(rows, hidden_dim),
+    )  # fmt: skip
+
+
+@torch.library.custom_op("tilegemm::moe_experts_grad", mutates_args=())
+def moe_experts_grad(
+    grad_out: Tensor, hidden: Tensor, topk_weights: Tensor, w13: Tensor, w2: Tensor,
+    row_token: Tensor, row_weight: Tensor, dest: Tensor, ends: Tensor, gate_up: Tensor, h: Tensor, y: Tensor,
+    activation: str, needs: list[bool], backend: str,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """``moe_experts_backward`` on ``backend``; a gradient not in ``needs`` comes back as an empty tensor."""
+    state = MoETrainState(row_token, row_weight, dest, ends, gate_up, h, y)
+    needs = tuple(needs)
+    grads = api.moe_experts_backward(grad_out, hidden, topk_weights, w13, w2, state, activation, needs, backend=backend)
+    return tuple(hidden.new_empty(0) if g is None else g for g in grads)
+
+
+@moe_experts_grad.register_fake
+def _(grad_out, hidden, topk_weights, w13, w2, *state_activation_needs_backend):
+    needs = state_activation_needs_backend[-2]
+    inputs = (hidden, topk_weights, w13, w2)
+    return tuple(t.new_empty(t.shape) if need else hidden.new_empty(0) for t, need in zip(inputs, needs, strict=True))
+
+
 # ------------------------------------------------------------------------------- autograd
 
 
@@ -167,10 +225,34 @@ def _fp8_linear_backward(ctx, grad):
     return grad_x, grad_w
 
 
+def _save_moe(ctx, inputs, output) -> None:
+    hidden, _, topk_weights, w13, w2, activation = inputs
+    ctx.save_for_backward(hidden, topk_weights, w13, w2, *output[1:])
+    ctx.mark_non_differentiable(*output[1:])
+    ctx.set_materialize_grads(False)  # no zero gradients for the saved rows (three [M, *] fills per backward)
+    ctx.activation = activation
+    # The backward runs where the forward ran: on CUDA autograd calls it from its own thread, which does not see
+    # the forward's use_backend scope.
+    ctx.backend = get_current_backend()
+
+
+def _moe_backward(ctx, grad_out, *_):
+    hidden, topk_weights, w13, w2, *state = ctx.saved_tensors
+    needs = [ctx.needs_input_grad[i] for i in (0, 2, 3, 4)]
+    if grad_out is None or not any(needs):
+        return None, None, None, None, None, None
+    grads = moe_experts_grad(
+        grad_out.contiguous(), hidden, topk_weights, w13, w2, *state, ctx.activation, needs, ctx.backend
+    )
+    d_hidden, d_weights, d_w13, d_w2 = (g if need else None for g, need in zip(grads, needs, strict=True))
+    return d_hidden, None, d_weights, d_w13, d_w2, None
+
+
 gemm.register_autograd(_gemm_backward, setup_context=_save_inputs)
 grouped_gemm.register_autograd(_grouped_backward, setup_context=_save_inputs)
 fp8_linear_forward.register_autograd(_fp8_linear_backward, setup_context=_save_inputs)
 fp8_grouped_gemm.register_autograd(_fp8_grouped_backward, setup_context=_save_fp8_grouped)
+moe_experts_train.register_autograd(_moe_backward, setup_context=_save_moe)
 
 
 # ----------------------------------------------------------------------- functional API
@@ -239,6 +321,33 @@ def fp8_grouped_matmul(x: Tensor, w: Tensor, offs: Tensor, w_fp8: tuple[Tensor, 
         w_fp8 = per_block_cast_to_fp8(w.detach())
     fp8_weight_check(w_fp8, w)
     return fp8_grouped_gemm(x, w, w_fp8[0], w_fp8[1], offs)
+
+
+def moe_experts(
+    hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w13: Tensor, w2: Tensor, activation: str = "silu"
+) -> Tensor:
+    """Differentiable fused MoE experts: :func:`tilegemm.moe_experts` with gradients (training).
+
+    Args:
+        hidden: [T, H] bf16 (fp16 / fp32 run on the ``pytorch`` backend); gets a gradient.
+        topk_ids: int32/int64 [T, k]; ids outside ``[0, E)`` drop the slot (zero gradients for it).
+        topk_weights: float [T, k] routing weights; gets a gradient.
+        w13: [E, 2I, H] gate rows then up rows, ``hidden``'s dtype; gets a gradient.
+        w2: [E, H, I], ``hidden``'s dtype; gets a gradient.
+        activation: ``"silu"``, ``"gelu"`` (erf; ``pytorch`` backend only) or ``"gelu_tanh"``.
+
+    Returns:
+        [T, H] in ``hidden.dtype``: ``out[t] = round(sum_j w[t, j] * round(h_j @ w2[e].T))`` with
+        ``h_j = round(act(x @ w13[e, :I].T) * (x @ w13[e, I:].T))`` (fp32 sums; ``moe_experts_forward``).
+        The backward is ``moe_experts_backward`` (its docstring has the formulas and roundings). Both run on the
+        backend current at the forward, with no host sync, so a training step can be captured in a CUDA graph;
+        reruns are bitwise identical.
+
+    Raises:
+        TypeError, ValueError: as :func:`tilegemm.moe_experts`.
+    """
+    moe_experts_check(hidden, topk_ids, topk_weights, w13, w2, activation)
+    return moe_experts_train(hidden, topk_ids, topk_weights, w13, w2, activation)[0]
 
 
 def fp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -23,7 +23,20 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["MoERouting", "max_padded_rows", "moe_route", "permute_tokens", "unpermute_tokens"]
+__all__ = [
+    "ALIGNED_ROWS",
+    "MoERouting",
+    "aligned_blocks",
+    "expert_counts",
+    "expert_ends",
+    "max_padded_rows",
+    "moe_route",
+    "permute_tokens",
+    "unpermute_tokens",
+]
+
+#: Row alignment of each expert's segment in the aligned (``m_indices``) layout: the grouped kernels' row tile.
+ALIGNED_ROWS = 128
 
 
 def max_padded_rows(num_tokens: int, top_k: int, num_experts: int, alignment: int = 128) -> int:
@@ -38,6 +51,37 @@ def max_padded_rows(num_tokens: int, top_k: int, num_experts: int, alignment: in
     slots = num_tokens * top_k
     bound = slots + min(num_experts, slots) * (alignment - 1)
     return bound // alignment * alignment
+
+
+def expert_counts(topk_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """int32 [E]: the slots routed to each expert (ids outside ``[0, E)`` count for none); on the device, no sync."""
+    ids = topk_ids.reshape(-1).to(torch.int64)
+    key = torch.where((ids >= 0) & (ids < num_experts), ids, torch.full_like(ids, num_experts))
+    counts = torch.zeros(num_experts + 1, dtype=torch.int32, device=ids.device)
+    counts.scatter_add_(0, key, torch.ones_like(key, dtype=torch.int32))
+    return counts[:num_experts]
+
+
+def expert_ends(counts: torch.Tensor, alignment: int = ALIGNED_ROWS) -> torch.Tensor:
+    """int32 [E]: in the aligned layout (each expert's rows starting on an ``alignment`` boundary, in expert
+    order), the row past expert e's last slot: ``start_e + counts[e]``, ``start_e`` the sum of the earlier
+    experts' counts each rounded up to ``alignment``. A psum layout with that alignment (DeepGEMM's meaning)."""
+    padded = (counts.to(torch.int64) + alignment - 1) // alignment * alignment
+    return (torch.cumsum(padded, 0) - padded + counts).to(torch.int32)
+
+
+def aligned_blocks(ends: torch.Tensor, rows: int, alignment: int = ALIGNED_ROWS) -> tuple[torch.Tensor, torch.Tensor]:
+    """From :func:`expert_ends`: ``(starts, block_expert)`` of the aligned layout of ``rows`` rows.
+
+    ``starts`` int32 [E + 1]: expert e's rows and padding are ``[starts[e], starts[e + 1])`` (``starts[E]``: the
+    rows in use); ``block_expert`` int32 [rows / alignment]: each ``alignment``-row block's expert, -1 past
+    ``starts[E]``. On the device, no sync.
+    """
+    padded_ends = (ends.to(torch.int64) + alignment - 1) // alignment * alignment
+    starts = torch.cat([padded_ends.new_zeros(1), padded_ends]).to(torch.int32)
+    first_rows = torch.arange(0, rows, alignment, device=ends.device)
+    block = torch.searchsorted(padded_ends, first_rows, right=True)
+    return starts, torch.where(block < ends.shape[0], block, -1).to(torch.int32)
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,35 @@ MOE_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
+def moe_experts_float64(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    grad: torch.Tensor,
+    activation: str = "silu",
+) -> dict[str, torch.Tensor]:
+    """The MoE experts formula and its gradients in float64 by autograd, on ``x``'s device, expert by expert.
+
+    ``out[t] = sum_j w[t, j] * (act(x[t] @ w13[e, :I].T) * (x[t] @ w13[e, I:].T)) @ w2[e].T`` over the slots j
+    whose expert ``e = ids[t, j]`` is in ``[0, E)``; returns ``out`` and the gradients of ``sum(out * grad)`` to
+    ``x``, ``weights``, ``w13`` and ``w2`` (keys ``out``, ``x``, ``routing_weights``, ``w13``, ``w2``).
+    """
+    leaves = [t.detach().double().requires_grad_() for t in (x, weights, w13, w2)]
+    xd, wd, w13d, w2d = leaves
+    inter = w2.shape[2]
+    out = torch.zeros_like(xd)
+    for e in range(w13.shape[0]):
+        tok, slot = torch.nonzero(ids == e, as_tuple=True)
+        if tok.numel():
+            gu = xd[tok] @ w13d[e].T
+            y = (MOE_ACTIVATIONS[activation](gu[:, :inter]) * gu[:, inter:]) @ w2d[e].T
+            out = out.index_add(0, tok, wd[tok, slot][:, None] * y)
+    out.backward(grad.double())
+    return {"out": out.detach(), "x": xd.grad, "routing_weights": wd.grad, "w13": w13d.grad, "w2": w2d.grad}
+
+
 def fp8_round_trip_per_token(v: torch.Tensor) -> torch.Tensor:
     """float64 ``v [..., K]`` (K a multiple of 128) quantized to e4m3 with one scale per 128 values, as
     ``per_token_cast_to_fp8`` does (``scale = max(amax, 1e-4) / 448``, held in fp32), then dequantized: the

@@ -230,3 +230,27 @@ def test_bad_inputs():
         moe_route(torch.zeros(4, 2), 4)
     with pytest.raises(ValueError):
         moe_route(torch.zeros(4, 2, dtype=torch.int32), 0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_aligned_layout_helpers_match_moe_route(seed):
+    """expert_counts / expert_ends / aligned_blocks describe moe_route's aligned layout: the rows of expert e are
+    ``[starts[e], ends[e])``, each block's expert is the m_indices of its first row, dropped ids count for none."""
+    from tilegemm.routing import aligned_blocks, expert_counts, expert_ends
+
+    g = torch.Generator().manual_seed(seed)
+    experts = 9
+    ids = torch.randint(-2, experts + 2, (70, 3), generator=g)  # dropped ids on both sides
+    routing = moe_route(ids, experts, alignment=128)
+    counts = expert_counts(ids, experts)
+    assert torch.equal(counts, routing.counts)
+    ends = expert_ends(counts, 128)
+    rows = routing.m_indices.shape[0]
+    starts, block_expert = aligned_blocks(ends, rows, 128)
+    assert torch.equal(block_expert, torch.where(routing.m_indices[::128] >= 0, routing.m_indices[::128], -1))
+    for e in range(experts):
+        in_e = torch.nonzero(routing.m_indices == e).flatten()
+        if in_e.numel():
+            assert int(in_e[0]) == int(starts[e]) and int(in_e[-1]) + 1 == int(ends[e])
+        assert int(starts[e]) % 128 == 0 and int(starts[e + 1]) >= int(ends[e])
+    assert int(starts[-1]) <= rows

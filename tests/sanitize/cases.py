@@ -254,6 +254,37 @@ for _t, _variant in ((1, None), (40, "blocks"), (40, "sorted"), (300, None)):
         return _moe_case(tg.fp8_moe_experts, tokens, 384, 256, True, variant, 5e-4)
 
 
+@case("moe_experts training (forward + backward): 40 tokens, then garbage expert ids")
+def _moe_train() -> str:
+    """``tilegemm.autograd.moe_experts`` forward and backward on cutile against pytorch (output and the four
+    gradients), then both with garbage int64 expert ids (checked only for staying in bounds)."""
+    import tilegemm.autograd
+
+    tokens, experts, top_k, hidden, inter = 40, 16, 4, 264, 200  # neither H nor I a multiple of the tiles
+    g = _gen(7)
+    x = torch.randn(tokens, hidden, device=DEV, generator=g).bfloat16()
+    w13 = (torch.randn(experts, 2 * inter, hidden, device=DEV, generator=g) / hidden**0.5).bfloat16()
+    w2 = (torch.randn(experts, hidden, inter, device=DEV, generator=g) / inter**0.5).bfloat16()
+    ids = torch.stack([torch.randperm(experts, device=DEV, generator=g)[:top_k] for _ in range(tokens)])
+    ids[0, -1] = -1
+    w = torch.rand(tokens, top_k, device=DEV, generator=g).bfloat16()
+    dout = torch.randn(tokens, hidden, device=DEV, generator=g).bfloat16()
+
+    def run(backend: str, expert_ids: torch.Tensor) -> list[torch.Tensor]:
+        leaves = [t.clone().requires_grad_() for t in (x, w, w13, w2)]
+        with tg.use_backend(backend):
+            out = tilegemm.autograd.moe_experts(leaves[0], expert_ids, leaves[1], leaves[2], leaves[3])
+            out.backward(dout)
+        return [out.detach(), *(t.grad for t in leaves)]
+
+    diff = max(calc_diff(a, b) for a, b in zip(run("cutile", ids), run("pytorch", ids)))
+    if diff > 1e-5:
+        raise AssertionError(f"cutile differs from pytorch: calc_diff {diff:.2e}")
+    run("cutile", torch.randint(-(2**31), 2**31 - 1, ids.shape, device=DEV, generator=g, dtype=torch.int64))
+    torch.cuda.synchronize()
+    return f"calc_diff {diff:.1e} (worst of the output and four gradients)"
+
+
 @case("mqa logits: windows past both ends")
 def _mqa() -> str:
     g = torch.Generator().manual_seed(1)

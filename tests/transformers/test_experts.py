@@ -7,6 +7,7 @@ import torch
 from hf_models import FAMILIES, assert_within_one_bf16_step, build, reference_experts, routing
 from transformers.integrations.moe import ExpertsInterface, grouped_mm_experts_forward, use_experts_implementation
 
+import tilegemm.autograd
 from tilegemm.testing import calc_diff
 from tilegemm.transformers import (
     EXPERTS_NAME,
@@ -115,6 +116,8 @@ def test_calls_past_the_int32_bound_run_in_token_chunks(dtype, monkeypatch):
     calls, unfused, fused = [], experts.unfused_experts_forward, experts.api.moe_experts
     monkeypatch.setattr(experts, "unfused_experts_forward", lambda m, h, *a: calls.append(len(h)) or unfused(m, h, *a))
     monkeypatch.setattr(experts.api, "moe_experts", lambda h, *a, **kw: calls.append(len(h)) or fused(h, *a, **kw))
+    trained = tilegemm.autograd.moe_experts  # bf16 with gradients: the differentiable fused op
+    monkeypatch.setattr(tilegemm.autograd, "moe_experts", lambda h, *a: calls.append(len(h)) or trained(h, *a))
     chunked = tilegemm_experts_forward(module, x, index, weights)
     assert calls == [5, 5, 5, 5, 3]
     assert torch.equal(chunked, whole)

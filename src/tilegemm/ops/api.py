@@ -28,6 +28,7 @@ import torch
 
 from tilegemm.backend.registry import dispatch
 from tilegemm.ops import checks
+from tilegemm.ops.common import MoETrainState
 
 Tensor = torch.Tensor
 FP8Operand = tuple[torch.Tensor, torch.Tensor]
@@ -824,6 +825,60 @@ def moe_experts(
 
     No host synchronisation: routing (sort by expert, counts, offsets) runs on the device, buffer sizes
     depend only on ``(T, k, E)``, so the call is CUDA-graph capturable.
+    """
+
+
+@dispatch("moe_experts_forward", check=checks.moe_experts_check)
+def moe_experts_forward(
+    hidden: Tensor,
+    topk_ids: Tensor,
+    topk_weights: Tensor,
+    w13: Tensor,
+    w2: Tensor,
+    activation: str = "silu",
+    *,
+    stream=None,
+) -> tuple[Tensor, MoETrainState]:
+    """The training forward of :func:`moe_experts` (the first half of ``tilegemm.autograd.moe_experts``).
+
+    Arguments as :func:`moe_experts`. Returns ``(out, state)``: ``out`` [T, H] in ``hidden.dtype`` is
+    ``round(sum_j w[t, j] * y_j)`` with ``y_j = round(h @ w2[e].T)`` and ``h`` as in :func:`moe_experts` (the
+    routing weight applied in the fp32 combine, not before the rounding of ``y``); ``state`` is the
+    :class:`tilegemm.ops.common.MoETrainState` that :func:`moe_experts_backward` takes (the routing in the
+    128-row aligned layout, the gate/up products, ``h`` and ``y``). No host synchronisation.
+    """
+
+
+@dispatch("moe_experts_backward", check=checks.moe_experts_backward_check)
+def moe_experts_backward(
+    grad_out: Tensor,
+    hidden: Tensor,
+    topk_weights: Tensor,
+    w13: Tensor,
+    w2: Tensor,
+    state: MoETrainState,
+    activation: str = "silu",
+    needs: tuple[bool, bool, bool, bool] = (True, True, True, True),
+    *,
+    stream=None,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
+    """Gradients of :func:`moe_experts_forward`'s output: ``(d_hidden, d_topk_weights, d_w13, d_w2)``.
+
+    Args:
+        grad_out: [T, H] in ``hidden.dtype``, the gradient of ``out``.
+        hidden, topk_weights, w13, w2, activation: the forward's arguments.
+        state: the forward's :class:`tilegemm.ops.common.MoETrainState`.
+        needs: which of the four gradients to compute (the others come back ``None``).
+
+    Returns, each in its input's dtype and shape, with ``dy[r] = round(w_r * grad_out[t_r])`` per routed row
+    ``r`` (token ``t_r``, expert ``e``, weight ``w_r``), ``dh = dy @ w2[e]`` (fp32), ``g, u`` the saved gate/up::
+
+        d_topk_weights[t, j] = sum_c grad_out[t, c] * y[dest[t, j], c]           (fp32 sums)
+        dgate = round(dh * u * act'(g)),  dup = round(dh * act(g))
+        d_w2[e]  = round(sum_r dy[r].T h[r]),  d_w13[e] = round(sum_r [dgate, dup][r].T x[t_r])
+        d_hidden[t] = round(sum_j round([dgate, dup] @ w13[e])[dest[t, j]])      (slots in order)
+
+    Dropped slots get zero gradients. Every sum has a fixed order: reruns are bitwise identical.
     """
 
 

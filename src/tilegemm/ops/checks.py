@@ -1228,6 +1228,40 @@ def moe_experts_check(hidden, topk_ids, topk_weights, w13, w2, activation="silu"
     )  # fmt: skip
 
 
+def moe_experts_backward_check(
+    grad_out, hidden, topk_weights, w13, w2, state, activation="silu", needs=(True, True, True, True), *, stream=None
+) -> dict[str, Any]:
+    """The check of ``moe_experts_backward``: the forward's operands, ``grad_out`` like the output and a
+    ``MoETrainState`` of matching shapes (its values are the forward's own: not read here)."""
+    from tilegemm.ops.common import MoETrainState
+    from tilegemm.routing import ALIGNED_ROWS, max_padded_rows
+
+    if not isinstance(state, MoETrainState):
+        raise TypeError(f"state: got {_describe(state)}, expected the MoETrainState of moe_experts_forward")
+    _tensor("state.dest", state.dest, (torch.int32,), 2)
+    moe_experts_check(hidden, state.dest, topk_weights, w13, w2, activation)
+    _tensor("grad_out", grad_out, (hidden.dtype,), 2)
+    _shape("grad_out", grad_out, list(hidden.shape), "[T, H], like the output")
+    (tokens, hidden_dim), top_k = hidden.shape, state.dest.shape[1]
+    experts, inter = w13.shape[0], w2.shape[2]
+    rows = max_padded_rows(tokens, top_k, experts, ALIGNED_ROWS)
+    expected = {
+        "row_token": ((torch.int32,), [rows]), "row_weight": ((torch.float32,), [rows]),
+        "ends": ((torch.int32,), [experts]), "gate_up": ((hidden.dtype,), [rows, 2 * inter]),
+        "h": ((hidden.dtype,), [rows, inter]), "y": ((hidden.dtype,), [rows, hidden_dim]),
+    }  # fmt: skip
+    for name, (dtypes, shape) in expected.items():
+        _tensor(f"state.{name}", getattr(state, name), dtypes, len(shape))
+        _shape(f"state.{name}", getattr(state, name), shape, "as moe_experts_forward made it")
+    if not (isinstance(needs, (tuple, list)) and len(needs) == 4 and all(isinstance(n, bool) for n in needs)):
+        raise TypeError(f"needs: got {_describe(needs)}, expected four bools (hidden, topk_weights, w13, w2)")
+    _same_device(dict(grad_out=grad_out, hidden=hidden, **state._asdict()))
+    return dict(
+        grad_out=grad_out, hidden=hidden, topk_weights=topk_weights, w13=w13, w2=w2, state=state,
+        activation=activation, needs=tuple(needs), stream=stream,
+    )  # fmt: skip
+
+
 def fp8_moe_experts_check(hidden, topk_ids, topk_weights, w13, w2, activation="silu", *, stream=None) -> dict[str, Any]:
     """The check of ``fp8_moe_experts``: bf16 ``hidden [T, H]``, FP8 ``w13`` / ``w2`` tuples with 128x128 block
     scales, H and I multiples of 128 (the 1x128 activation blocks); no value checks (any expert id is allowed)."""

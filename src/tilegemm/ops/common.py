@@ -5,13 +5,70 @@
 * :func:`paged_mqa_schedule`: the paged-MQA schedule itself (``get_paged_mqa_logits_metadata``).
 * :func:`write_head_splits`: the output placement of ``fp8_gemm_nt_skip_head_mid``.
 * :func:`compress_logits`: the ``max_seqlen_k > 0`` form of the MQA logits.
+* :class:`MoETrainState`: what the MoE experts training forward keeps for its backward.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
+
+
+class MoETrainState(NamedTuple):
+    """What ``moe_experts_forward`` keeps for ``moe_experts_backward``: the routed rows in the aligned layout of
+    ``tilegemm.routing`` (``M = max_padded_rows(T, k, E, ALIGNED_ROWS)`` rows; expert e's rows start on a
+    128-row block in expert order and end at ``ends[e]``, its slots in slot order; the rest is padding).
+
+    * ``row_token`` int32 [M]: each row's token (0 on padding rows);
+    * ``row_weight`` fp32 [M]: each row's routing weight (0 on padding rows);
+    * ``dest`` int32 [T, k]: each slot's row (-1: a dropped slot);
+    * ``ends`` int32 [E]: :func:`tilegemm.routing.expert_ends` of the routing;
+    * ``gate_up`` [M, 2I], ``h`` [M, I], ``y`` [M, H] in the hidden dtype: each row's ``x @ w13[e].T`` (gate columns
+      then up), ``act(gate) * up`` and ``h @ w2[e].T`` (before the routing weight), each rounded once from fp32.
+      Rows past ``ends[e]`` of an expert's last block hold finite values that no result reads; rows past the
+      last expert's block are unspecified.
+    """
+
+    row_token: torch.Tensor
+    row_weight: torch.Tensor
+    dest: torch.Tensor
+    ends: torch.Tensor
+    gate_up: torch.Tensor
+    h: torch.Tensor
+    y: torch.Tensor
+
+
+def moe_train_is_empty(hidden: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> bool:
+    """True when a size of the experts op is 0 (T, H, k, E or I): the output is 0 and so is every gradient."""
+    return min(*hidden.shape, topk_ids.shape[1], w13.shape[0], w2.shape[2]) == 0
+
+
+def moe_train_empty(
+    hidden: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, rows: int
+) -> tuple[torch.Tensor, MoETrainState]:
+    """``moe_experts_forward`` when :func:`moe_train_is_empty`: a zero output and a state of ``rows`` zero rows
+    whose slots are all dropped."""
+    num_tokens, hidden_dim = hidden.shape
+    experts, inter = w13.shape[0], w2.shape[2]
+    dev, dtype = hidden.device, hidden.dtype
+    state = MoETrainState(
+        row_token=torch.zeros(rows, dtype=torch.int32, device=dev),
+        row_weight=torch.zeros(rows, dtype=torch.float32, device=dev),
+        dest=torch.full(tuple(topk_ids.shape), -1, dtype=torch.int32, device=dev),
+        ends=torch.zeros(experts, dtype=torch.int32, device=dev),
+        gate_up=torch.zeros(rows, 2 * inter, dtype=dtype, device=dev),
+        h=torch.zeros(rows, inter, dtype=dtype, device=dev),
+        y=torch.zeros(rows, hidden_dim, dtype=dtype, device=dev),
+    )
+    return torch.zeros(num_tokens, hidden_dim, dtype=dtype, device=dev), state
+
+
+def moe_train_zero_grads(hidden, topk_weights, w13, w2, needs) -> tuple[torch.Tensor | None, ...]:
+    """``moe_experts_backward`` when :func:`moe_train_is_empty`: zero gradients for the inputs in ``needs``."""
+    grads = (torch.zeros_like(hidden), torch.zeros_like(topk_weights), torch.zeros_like(w13), torch.zeros_like(w2))
+    return tuple(g if need else None for g, need in zip(grads, needs, strict=True))
 
 
 def cdiv(x: int, y: int) -> int:

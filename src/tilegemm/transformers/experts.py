@@ -8,8 +8,8 @@ Inference on a bf16 model whose experts are the plain gated form (:func:`fused_a
 post-expert norm, transformers' default gate, silu or tanh-GELU) runs one op, :func:`tilegemm.moe_experts`: both
 GEMMs, the activation and the weighted combine (its per-slot, block or sorted path by size). It rounds the
 intermediate once and each weighted slot once, where transformers' path rounds gate, up, the activation and the
-weighted product: closer to the float64 formula, and bf16 steps away from stock. Every other case (training;
-fp16/fp32; biases; other activations) runs the unfused path, per call:
+weighted product: closer to the float64 formula, and bf16 steps away from stock. Every other case (fp16/fp32;
+biases; other activations; training of those) runs the unfused path, per call:
 
 1. sort the ``T*k`` (token, expert) pairs by expert on the device (``tilegemm.routing``, psum layout);
 2. ``m_grouped_bf16_gemm_nt_contiguous`` on the gathered rows with ``gate_up_proj`` (psum layout);
@@ -37,7 +37,10 @@ blocks (``fp8_weights.cached_fp8_weight``), activations cast per token (1x128 sc
 on the plain gated form with H and I multiples of 128 runs the fused :func:`tilegemm.fp8_moe_experts` (the
 intermediate quantized from fp32, not rounded to bf16 first); the rest the unfused FP8 path below.
 
-Training: when autograd needs gradients, both GEMMs run through :func:`tilegemm.grouped_matmul` (a custom
+Training: a bf16 model of the plain gated form trains through :func:`tilegemm.autograd.moe_experts`, the fused
+op with a fused backward (gradients to the tokens, both weights and the routing weights; no host sync). It
+applies the routing weight in the fp32 combine, after ``y`` is rounded (inference applies it before). Every
+other module, when autograd needs gradients, runs both GEMMs through :func:`tilegemm.grouped_matmul` (a custom
 op whose backward is the other m-grouped GEMM for the input and the k-grouped TN GEMM for the weights; the
 latter reads the group sizes on the host, one sync per backward) for bf16, fp16 and fp32 weights, ``[E, N, K]``
 or transposed; permutation, activation and combine are differentiable torch ops, so gradients reach the
@@ -246,14 +249,19 @@ def tilegemm_experts_forward(
     training = _needs_grad(self, hidden_states)
     if training and not _differentiable(self):
         return _stock_forward(self, hidden_states, top_k_index, top_k_weights)
-    activation = None if training else fused_activation(self, hidden_states)
-    if activation is not None:
-        with skip_value_checks():  # the ids come from the model's own router
-            return api.moe_experts(
-                hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj, activation,
-                backend=_backend_for(self),
-            )  # fmt: skip
-    return unfused_experts_forward(self, hidden_states, top_k_index, top_k_weights)
+    activation = fused_activation(self, hidden_states)
+    if activation is None:
+        return unfused_experts_forward(self, hidden_states, top_k_index, top_k_weights)
+    weights = (self.gate_up_proj, self.down_proj)
+    backend = _backend_for(self)
+    with skip_value_checks():  # the ids come from the model's own router
+        if training:
+            from tilegemm.autograd import moe_experts
+            from tilegemm.backend.selector import use_backend
+
+            with use_backend(backend) if backend else contextlib.nullcontext():
+                return moe_experts(hidden_states, top_k_index, top_k_weights, *weights, activation)
+        return api.moe_experts(hidden_states, top_k_index, top_k_weights, *weights, activation, backend=backend)
 
 
 def unfused_experts_forward(

@@ -323,7 +323,8 @@ def _m_grouped_fp8(
 
 
 def _k_store(c, d, g, mb, nb, acc, HAS_C: bool, C_IS_D: bool):
-    """``d[g]`` tile (mb, nb) = acc (+ the same tile of ``c``; read from ``d`` itself when ``C_IS_D``)."""
+    """``d[g]`` tile (mb, nb) = acc (+ the same tile of ``c``; read from ``d`` itself when ``C_IS_D``), rounded to
+    ``d``'s dtype (fp32 for the public ops; bf16 for the training weight gradients)."""
     rows = acc.shape[0]
     cols = acc.shape[1]
     if HAS_C:
@@ -332,7 +333,7 @@ def _k_store(c, d, g, mb, nb, acc, HAS_C: bool, C_IS_D: bool):
         else:
             c_tile = ct.load(c, (g, mb, nb), shape=(1, rows, cols), padding_mode=_ZERO)
         acc = acc + ct.reshape(c_tile, (rows, cols))
-    ct.store(d, (g, mb, nb), ct.reshape(acc, (1, rows, cols)))
+    ct.store(d, (g, mb, nb), ct.reshape(ct.astype(acc, d.dtype), (1, rows, cols)))
 
 
 def _k_grouped_body(

@@ -75,7 +75,8 @@ class Kind(IntEnum):
 class Problem:
     """A GEMM as the config choice sees it: host sizes only.
 
-    ``family``: ``"dense"``, ``"grouped"`` or ``"moe"``; ``dtype``: ``"bf16"`` or ``"fp8"``; ``sms``: SMs
+    ``family``: ``"dense"``, ``"grouped"``, ``"moe"`` or ``"moe_train"`` (only ``n = H`` is read);
+    ``dtype``: ``"bf16"`` or ``"fp8"``; ``sms``: SMs
     persistent kernels may use. ``m, n, k``: dense, ``D [M, N]`` over ``K``; grouped, ``m`` the rows of the
     row space (``M_sum``, ``G * Mmax``, or each k-grouped output's M) and ``k`` the inner size (``K_sum``
     k-grouped); moe, ``m = T * top_k`` routed rows, ``n = H``, ``k = I`` (the down GEMM). ``groups``: G
@@ -98,14 +99,16 @@ class Problem:
 def choose(p: Problem) -> TileConfig | DecodeConfig | MoEConfig | MoESlotsConfig | MoEBlocksConfig:
     """The config of problem ``p``: a :class:`DenseConfig` or :class:`DecodeConfig` (dense), a
     :class:`TileConfig` (grouped) or a :class:`MoESlotsConfig` / :class:`MoEBlocksConfig` / :class:`MoEConfig`
-    (moe: decode sizes, a few rows per expert, prefill)."""
+    (moe: decode sizes, a few rows per expert, prefill; moe_train: :func:`moe_train_config`)."""
     if p.family == "dense":
         return decode_config() if takes_decode(p) else dense_tile_config(p)
     if p.family == "grouped":
         return _grouped_config(p)
     if p.family == "moe":
         return _moe_config(p)
-    raise ValueError(f"Problem.family: got {p.family!r}, expected 'dense', 'grouped' or 'moe'")
+    if p.family == "moe_train":
+        return moe_train_config(p.n)
+    raise ValueError(f"Problem.family: got {p.family!r}, expected 'dense', 'grouped', 'moe' or 'moe_train'")
 
 
 # ------------------------------------------------------------------------------ tile configs
@@ -591,6 +594,13 @@ def _moe_config(p: Problem) -> MoEConfig | MoESlotsConfig | MoEBlocksConfig:
         return moe_blocks_config(p.m, p.n, p.groups)
     bm = 64 if p.m <= MOE_SMALL_ROWS * p.groups else 128
     return MoEConfig(MOE_UP_CONFIGS[bm], MOE_DOWN_CONFIGS[bm], MOE_COMBINE_BT, _combine_bn(p.n))
+
+
+def moe_train_config(hidden: int) -> MoEConfig:
+    """The training experts kernels (``ops/cutile/moe_train.py``) on the 128-row aligned layout: ``up`` for the
+    gate/up forward and its backward (the same two-accumulator shape), ``down`` for the down forward and the
+    input-gradient GEMM (both write [M, H] rows), the combine tile for the token kernels."""
+    return MoEConfig(MOE_UP_CONFIGS[128], MOE_DOWN_CONFIGS[128], MOE_COMBINE_BT, _combine_bn(hidden))
 
 
 def _combine_bn(hidden: int) -> int:

@@ -61,6 +61,20 @@ def _activation(g, ACT: int):
     return 0.5 * g * (1.0 + ct.tanh(_GELU_C * (g + 0.044715 * g * g * g)))
 
 
+def gate_up_tile(xs, wg, wu, e, mb, nb, nk, BM: int, BN: int, BK: int):
+    """fp32 ``(gate, up)`` [BM, BN] accumulators of row block ``mb``, columns ``[nb * BN, +BN)`` of expert ``e``:
+    ``xs[rows] @ wg[e].T`` and ``xs[rows] @ wu[e].T`` over ``nk`` K blocks (xs [M, H]; wg, wu [E, I, H])."""
+    acc_g = ct.full((BM, BN), 0.0, dtype=ct.float32)
+    acc_u = ct.full((BM, BN), 0.0, dtype=ct.float32)
+    for kb in range(nk):
+        at = ct.load(xs, (mb, kb), shape=(BM, BK), padding_mode=_ZERO)
+        gt = ct.load(wg, (e, kb, nb), shape=(1, BK, BN), order=(0, 2, 1), padding_mode=_ZERO)
+        ut = ct.load(wu, (e, kb, nb), shape=(1, BK, BN), order=(0, 2, 1), padding_mode=_ZERO)
+        acc_g = ct.mma(at, ct.reshape(gt, (BK, BN)), acc_g)
+        acc_u = ct.mma(at, ct.reshape(ut, (BK, BN)), acc_u)
+    return acc_g, acc_u
+
+
 def _gate_up(
     xs, wg, wu, h, block_expert, num_experts: int, ACT: ConstInt, BM: ConstInt, BN: ConstInt, BK: ConstInt, GM: ConstInt
 ):  # fmt: skip
@@ -76,14 +90,7 @@ def _gate_up(
         mb, nb = _swizzle(t, mblocks, n_tiles, GM)
         e = ct.load(block_expert, (mb,), shape=())
         if (e >= 0) & (e < num_experts):
-            acc_g = ct.full((BM, BN), 0.0, dtype=ct.float32)
-            acc_u = ct.full((BM, BN), 0.0, dtype=ct.float32)
-            for kb in range(nk):
-                at = ct.load(xs, (mb, kb), shape=(BM, BK), padding_mode=_ZERO)
-                gt = ct.load(wg, (e, kb, nb), shape=(1, BK, BN), order=(0, 2, 1), padding_mode=_ZERO)
-                ut = ct.load(wu, (e, kb, nb), shape=(1, BK, BN), order=(0, 2, 1), padding_mode=_ZERO)
-                acc_g = ct.mma(at, ct.reshape(gt, (BK, BN)), acc_g)
-                acc_u = ct.mma(at, ct.reshape(ut, (BK, BN)), acc_u)
+            acc_g, acc_u = gate_up_tile(xs, wg, wu, e, mb, nb, nk, BM, BN, BK)
             ct.store(h, (mb, nb), ct.astype(_activation(acc_g, ACT) * acc_u, h.dtype))
         t = t + step
 
@@ -113,11 +120,17 @@ def _combine(y, dest, out, TOPK: ConstInt, BT: ConstInt, BN: ConstInt):
     cols = ct.reshape(ct.bid(1) * BN + ct.arange(BN, dtype=ct.int32), (1, BN))
     acc = ct.full((BT, BN), 0.0, dtype=ct.float32)
     for j in range(TOPK):
-        rows = ct.reshape(ct.gather(dest, (tok, j), padding_value=-1), (BT, 1))
-        live = (rows >= 0) & (rows < y.shape[0])
-        vals = ct.gather(y, (ct.where(live, rows, 0), cols), mask=live, padding_value=0, check_bounds=False)
-        acc = acc + ct.astype(vals, ct.float32)
+        acc = acc + slot_rows(y, dest, tok, j, cols, BT)
     ct.store(out, (ct.bid(0), ct.bid(1)), ct.astype(acc, out.dtype))
+
+
+def slot_rows(y, dest, tok, j, cols, BT: int):
+    """fp32 [BT, BN]: columns ``cols`` [1, BN] of ``y[dest[t, j]]`` for the tokens ``tok`` [BT]; 0 where the slot is
+    dropped (``dest`` -1 or out of range) or the token is past the end of ``dest``."""
+    rows = ct.reshape(ct.gather(dest, (tok, j), padding_value=-1), (BT, 1))
+    live = (rows >= 0) & (rows < y.shape[0])
+    vals = ct.gather(y, (ct.where(live, rows, 0), cols), mask=live, padding_value=0, check_bounds=False)
+    return ct.astype(vals, ct.float32)
 
 
 _KERNEL_FNS = {"gate_up": _gate_up, "down": _down, "combine": _combine}
