@@ -67,8 +67,8 @@ def moe_train_empty(
 
 def moe_train_zero_grads(hidden, topk_weights, w13, w2, needs) -> tuple[torch.Tensor | None, ...]:
     """``moe_experts_backward`` when :func:`moe_train_is_empty`: zero gradients for the inputs in ``needs``."""
-    grads = (torch.zeros_like(hidden), torch.zeros_like(topk_weights), torch.zeros_like(w13), torch.zeros_like(w2))
-    return tuple(g if need else None for g, need in zip(grads, needs, strict=True))
+    inputs = (hidden, topk_weights, w13, w2)
+    return tuple(torch.zeros_like(t) if need else None for t, need in zip(inputs, needs, strict=True))
 
 
 def cdiv(x: int, y: int) -> int:

@@ -170,10 +170,6 @@ def _supported(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, activa
         raise Unsupported("a buffer has >= 2**31 elements (int32 indexing)")
 
 
-def _tile_grid(tiles: int, cfg: heuristics.TileConfig) -> tuple[int, int, int]:
-    return launch.persistent_grid(tiles, cfg.ctas_per_sm)
-
-
 def _gemm_rows(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, ends: torch.Tensor, trans_b: bool, cfg) -> None:
     """``d[r] = a[r] @ B_e`` for the rows of each expert (``B_e = b[e].T`` when ``trans_b``, else ``b[e]``); rows of no
     expert come out 0 (``grouped.py``'s psum layout, 128-row alignment)."""
@@ -189,7 +185,7 @@ def _weight_grad(a: torch.Tensor, b: torch.Tensor, starts: torch.Tensor, out: to
     cfg = heuristics.choose(problem)
     tiles = num_experts * launch.cdiv(m_dim, cfg.bm) * launch.cdiv(n_dim, cfg.bn)
     args = (a, b, out, out, starts, False, False, cfg.bm, cfg.bn, cfg.bk, cfg.gm)
-    launch.launch(grouped.get_kernel("k_bf16", cfg.num_worker_warps, cfg.occupancy), _tile_grid(tiles, cfg), args)
+    grouped._launch(grouped.get_kernel("k_bf16", cfg.num_worker_warps, cfg.occupancy), cfg, tiles, args)
 
 
 def _token_grid(num_tokens: int, cols: int, cfg: heuristics.MoEConfig) -> tuple[int, int, int]:
@@ -219,7 +215,7 @@ def moe_experts_forward(hidden, topk_ids, topk_weights, w13, w2, activation, str
     tiles = rows // up.bm * launch.cdiv(inter, up.bn)
     args = (xs, w13[:, :inter], w13[:, inter:], gate_up[:, :inter], gate_up[:, inter:], h, block_expert, num_experts)
     args = (*args, moe.ACTIVATIONS[activation], up.bm, up.bn, up.bk, up.gm)
-    launch.launch(get_kernel("gate_up", up.num_worker_warps, up.occupancy), _tile_grid(tiles, up), args)
+    grouped._launch(get_kernel("gate_up", up.num_worker_warps, up.occupancy), up, tiles, args)
     y = torch.empty(rows, hidden_dim, dtype=dtype, device=dev)
     _gemm_rows(h, w2, y, ends, True, cfg.down)
     out = torch.empty(num_tokens, hidden_dim, dtype=dtype, device=dev)
@@ -266,7 +262,7 @@ def moe_experts_backward(grad_out, hidden, topk_weights, w13, w2, state, activat
     gate, up_half = state.gate_up[:, :inter], state.gate_up[:, inter:]
     args = (dy, w2, gate, up_half, dgu[:, :inter], dgu[:, inter:], block_expert, num_experts)
     args = (*args, moe.ACTIVATIONS[activation], up.bm, up.bn, up.bk, up.gm)
-    launch.launch(get_kernel("dgate_up", up.num_worker_warps, up.occupancy), _tile_grid(tiles, up), args)
+    grouped._launch(get_kernel("dgate_up", up.num_worker_warps, up.occupancy), up, tiles, args)
     d_w13 = None
     if need_w13:
         d_w13 = torch.empty_like(w13)
