@@ -11,8 +11,9 @@ formula (``calc_diff``) and each tilegemm output against a rerun (bitwise). Prin
 The path ``unfused`` is tilegemm's unfused transformers experts forward (routing, two m-grouped GEMMs, the
 activation and the combine as separate steps) on the stock module. A path ``blocks:w<BW>k<BK>[t<BT>]`` runs the
 block kernels with other tiles than the default (``BW`` weight rows, ``BK`` of K per step, row tiles of at least
-``BT``), a path ``sorted:u<BN>d<BN>`` the sorted path with 128-row gate/up and down tiles of those column widths
-(8 warps): design sweeps, labelled as such in the table.
+``BT``), a path ``sorted:u<BN>[k<BK>][w<W>]d<BN>[k<BK>][w<W>]`` the sorted path with 128-row gate/up and down
+tiles of those column widths, K steps (default 64) and worker warps (default 8; ``w0``: the compiler's choice):
+design sweeps, labelled as such in the table.
 
 Results: ``tests/benchmark/results/moe/paths_h100.md``. The path the heuristics take is
 ``tilegemm.ops.common.moe_decode_sized`` / ``moe_blocks_sized``.
@@ -38,13 +39,13 @@ TOKENS = {
     "mixtral-8x7b": (1, 2, 4, 8, 16, 64, 256),
 }
 _BLOCKS_TILES = re.compile(r"blocks:w(\d+)k(\d+)(?:t(\d+))?")
-_SORTED_TILES = re.compile(r"sorted:u(\d+)d(\d+)")
+_SORTED_TILES = re.compile(r"sorted:u(\d+)(?:k(\d+))?(?:w(\d+))?d(\d+)(?:k(\d+))?(?:w(\d+))?")
 
 
 @contextlib.contextmanager
 def _forced(path: str):
     """``TILEGEMM_MOE_VARIANT`` set to ``path`` for the block (``blocks:...``: the block kernels with those tiles;
-    ``sorted:u<BN>d<BN>``: the sorted path's 128-row gate/up and down tiles with those column widths, 8 warps)."""
+    ``sorted:u<BN>[k<BK>][w<W>]d<BN>[k<BK>][w<W>]``: the sorted path's 128-row gate/up and down tiles)."""
     from tilegemm.ops.cutile import heuristics
 
     saved = heuristics.moe_blocks_config, heuristics.MOE_BLOCKS_MIN_BT
@@ -56,9 +57,9 @@ def _forced(path: str):
         heuristics.moe_blocks_config = functools.partial(saved[0], bw=int(bw), bk=int(bk))
         heuristics.MOE_BLOCKS_MIN_BT = int(bt or saved[1])
     if sorted_tiles:
-        up_bn, down_bn = (int(v) for v in sorted_tiles.groups())
-        heuristics.MOE_UP_CONFIGS[128] = heuristics.TileConfig(128, up_bn, 64, num_worker_warps=8)
-        heuristics.MOE_DOWN_CONFIGS[128] = heuristics.TileConfig(128, down_bn, 64, num_worker_warps=8)
+        up_bn, up_bk, up_w, down_bn, down_bk, down_w = sorted_tiles.groups()
+        heuristics.MOE_UP_CONFIGS[128] = _sorted_tile(up_bn, up_bk, up_w)
+        heuristics.MOE_DOWN_CONFIGS[128] = _sorted_tile(down_bn, down_bk, down_w)
     os.environ[heuristics.MOE_VARIANT_ENV] = "blocks" if tiles else "sorted" if sorted_tiles else path
     try:
         yield
@@ -67,6 +68,14 @@ def _forced(path: str):
         heuristics.moe_blocks_config, heuristics.MOE_BLOCKS_MIN_BT = saved
         heuristics.MOE_UP_CONFIGS.update(saved_sorted[0])
         heuristics.MOE_DOWN_CONFIGS.update(saved_sorted[1])
+
+
+def _sorted_tile(bn: str, bk: str | None, warps: str | None):
+    """A 128-row sorted-path tile from a ``sorted:`` spec's fields (K step 64 and 8 warps unless given)."""
+    from tilegemm.ops.cutile import heuristics
+
+    w = 8 if warps is None else int(warps)
+    return heuristics.TileConfig(128, int(bn), int(bk or 64), num_worker_warps=w or None)
 
 
 def _times_us(fn, calls: int = 20) -> tuple[float, float]:

@@ -32,16 +32,17 @@ def test_choose_routes_each_family():
     def moe(tokens: int, top_k: int = 8, experts: int = 256) -> object:
         return heuristics.choose(Problem("moe", "bf16", tokens * top_k, 7168, 2048, 132, groups=experts))
 
-    # DeepSeek-V3: per slot up to 8 tokens (64 slots), expert blocks from 16 up to 64 rows per expert on average,
-    # then the sorted path's 128-row tiles.
+    # DeepSeek-V3: per slot up to 8 tokens (64 slots), expert blocks from 16 tokens up to 16 rows per expert on
+    # average, then the sorted path: 64-row tiles up to 64 rows per expert, 128-row tiles above.
     assert isinstance(moe(8), heuristics.MoESlotsConfig) and moe(8).combine_bn == 256
     assert isinstance(moe(16), heuristics.MoEBlocksConfig) and moe(16).bt == 8 and moe(16).combine_bn == 256
-    assert moe(256).bt == 16 and moe(2048).bt == 64
+    assert moe(256).bt == 16 and moe(512).bt == 32
+    assert moe(513).bm == 64 and moe(2048).bm == 64
     assert moe(2049).bm == 128 and moe(8192).bm == 128
     # Mixtral (8 experts, top-2): one slot per expert takes the per-slot path, two the block path.
     assert isinstance(moe(4, 2, 8), heuristics.MoESlotsConfig) and isinstance(moe(8, 2, 8), heuristics.MoEBlocksConfig)
-    assert isinstance(moe(256, 2, 8), heuristics.MoEBlocksConfig)  # 64 rows per expert
-    assert isinstance(moe(257, 2, 8), heuristics.MoEConfig)  # above 64 rows per expert: the sorted path
+    assert isinstance(moe(64, 2, 8), heuristics.MoEBlocksConfig)  # 16 rows per expert
+    assert isinstance(moe(65, 2, 8), heuristics.MoEConfig)  # above 16 rows per expert: the sorted path
     with pytest.raises(ValueError, match="family"):
         heuristics.choose(Problem("conv", "bf16", 1, 1, 1, 1))
 

@@ -164,12 +164,12 @@ def moe_decode_sized(tokens: int, top_k: int, experts: int) -> bool:
 
 
 #: Mean routed rows per expert up to which the fused experts op takes a call that is not decode-sized with its
-#: block path (``ops/cutile/moe_blocks.py``); above it the sorted path (``ops/cutile/moe.py``). H100, 2026-11-23,
-#: kernel-only, bf16, the sorted path with TMA-fed 128x128 gate/up and 128x256 down tiles
-#: (``tests/benchmark/results/moe/paths_h100.md``, "The sorted path on TMA tiles"): blocks vs sorted at 32 rows per
-#: expert Qwen3 617 vs 669 us, at 64 Qwen3 750 vs 772 and Mixtral 1071 vs 1273; at 128 Qwen3 1039 vs 891 and
-#: Mixtral 1324 vs 1316; at 256 Mixtral 2204 vs 1906. (DeepSeek-V3 preferred the sorted path from 32 rows, by 9%.)
-MOE_BLOCKS_MAX_ROWS = 64
+#: block path (``ops/cutile/moe_blocks.py``); above it the sorted path (``ops/cutile/moe.py``). H100, 2026-11-24,
+#: kernel-only, bf16, after the sorted gate/up became one 64 x 2BN MMA chain (``tests/benchmark/results/moe/
+#: paths_h100.md``, "One MMA chain for gate and up"), blocks vs sorted: at 16 rows per expert Qwen3 509 vs 521 us,
+#: DeepSeek-V3 8877 vs 9132 and Mixtral 998 vs 1064; at 32 Qwen3 598 vs 532, DeepSeek-V3 10335 vs 9178 and Mixtral
+#: 1013 vs 1060; at 64 Qwen3 706 vs 588 and Mixtral 1070 vs 1075.
+MOE_BLOCKS_MAX_ROWS = 16
 
 
 def moe_blocks_sized(tokens: int, top_k: int, experts: int) -> bool:

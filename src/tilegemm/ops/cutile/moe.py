@@ -14,9 +14,11 @@ per (token, slot), the row holding its result (``dest`` [T, k], -1 for a dropped
    a block of expert e. The rows are gathered once into the aligned layout (``xs = x.index_select(0, tokens)``)
    and loaded by TMA: at prefill sizes that beat gathering them inside the kernel (``ct.gather``, which also
    capped the tile at two 128x64 accumulators) by up to 2.3x (``tests/benchmark/results/moe/paths_h100.md``).
-   Two fp32 accumulators, one over the gate rows ``[n, n + BN)`` of ``w13[e]`` and one over the up rows
-   ``[I + n, I + n + BN)`` (the host passes the two halves of ``w13`` as two ``[E, I, H]`` views, so I need not
-   be a multiple of BN); the gated activation runs on the accumulators and ``h`` [M, I] bf16 is written once.
+   One fp32 accumulator ``[BM, 2 * BN]`` over a ``[2 * BN, BK]`` weight tile: the gate rows ``[n, n + BN)`` of
+   ``w13[e]`` and the up rows ``[I + n, I + n + BN)``, loaded by one TMA from the ``[E, 2, I, H]`` view of ``w13``
+   (:func:`gate_up_view`; each half is zero-filled past ``I``, so I need not be a multiple of BN). Each warpgroup
+   MMA is then 64 x 2BN; as two BN-wide chains, one per half, tileiras issued one MMA per group and the kernel ran
+   13% below the down GEMM. The gated activation runs on the accumulator's halves; ``h`` [M, I] bf16 is written once.
 2. **down** (``_down``): ``y[r] = bf16(w(r) * (h[r] @ W2_e.T))``: the grouped GEMM of ``grouped.py`` with
    the routing weight applied to the fp32 accumulator before the rounding.
 3. **combine** (``_combine``): ``out[t] = bf16(sum_{j=0..k-1} y[dest[t, j]])`` in fp32, slots in order:
@@ -61,22 +63,25 @@ def _activation(g, ACT: int):
     return 0.5 * g * (1.0 + ct.tanh(_GELU_C * (g + 0.044715 * g * g * g)))
 
 
-def gate_up_tile(xs, wg, wu, e, mb, nb, nk, BM: int, BN: int, BK: int):
-    """fp32 ``(gate, up)`` [BM, BN] accumulators of row block ``mb``, columns ``[nb * BN, +BN)`` of expert ``e``:
-    ``xs[rows] @ wg[e].T`` and ``xs[rows] @ wu[e].T`` over ``nk`` K blocks (xs [M, H]; wg, wu [E, I, H])."""
-    acc_g = ct.full((BM, BN), 0.0, dtype=ct.float32)
-    acc_u = ct.full((BM, BN), 0.0, dtype=ct.float32)
+def gate_up_view(w13: torch.Tensor) -> torch.Tensor:
+    """``w13 [E, 2I, H]`` as ``[E, 2, I, H]`` (gate rows, up rows): the weight argument of :func:`gate_up_tile`."""
+    return w13.unflatten(1, (2, w13.shape[1] // 2))
+
+
+def gate_up_tile(xs, w4, e, mb, nb, nk, BM: int, BN: int, BK: int):
+    """fp32 ``(gate, up)`` [BM, BN] of row block ``mb``, columns ``[nb * BN, +BN)`` of expert ``e``: ``xs[rows] @
+    w4[e, 0].T`` and ``xs[rows] @ w4[e, 1].T`` over ``nk`` K blocks (xs [M, H]; w4 [E, 2, I, H], :func:`gate_up_view`),
+    as the two halves of one ``[BM, 2 * BN]`` accumulator (module docstring)."""
+    acc = ct.full((BM, 2 * BN), 0.0, dtype=ct.float32)
     for kb in range(nk):
         at = ct.load(xs, (mb, kb), shape=(BM, BK), padding_mode=_ZERO)
-        gt = ct.load(wg, (e, kb, nb), shape=(1, BK, BN), order=(0, 2, 1), padding_mode=_ZERO)
-        ut = ct.load(wu, (e, kb, nb), shape=(1, BK, BN), order=(0, 2, 1), padding_mode=_ZERO)
-        acc_g = ct.mma(at, ct.reshape(gt, (BK, BN)), acc_g)
-        acc_u = ct.mma(at, ct.reshape(ut, (BK, BN)), acc_u)
-    return acc_g, acc_u
+        wt = ct.load(w4, (e, 0, nb, kb), shape=(1, 2, BN, BK), padding_mode=_ZERO)
+        acc = ct.mma(at, ct.transpose(ct.reshape(wt, (2 * BN, BK))), acc)
+    return ct.extract(acc, (0, 0), (BM, BN)), ct.extract(acc, (0, 1), (BM, BN))
 
 
 def _gate_up(
-    xs, wg, wu, h, block_expert, num_experts: int, ACT: ConstInt, BM: ConstInt, BN: ConstInt, BK: ConstInt, GM: ConstInt
+    xs, w4, h, block_expert, num_experts: int, ACT: ConstInt, BM: ConstInt, BN: ConstInt, BK: ConstInt, GM: ConstInt
 ):  # fmt: skip
     """Persistent over (row block, column block) tiles of ``h [M, I]``; see the module docstring."""
     rows_total = h.shape[0]
@@ -90,7 +95,7 @@ def _gate_up(
         mb, nb = _swizzle(t, mblocks, n_tiles, GM)
         e = ct.load(block_expert, (mb,), shape=())
         if (e >= 0) & (e < num_experts):
-            acc_g, acc_u = gate_up_tile(xs, wg, wu, e, mb, nb, nk, BM, BN, BK)
+            acc_g, acc_u = gate_up_tile(xs, w4, e, mb, nb, nk, BM, BN, BK)
             ct.store(h, (mb, nb), ct.astype(_activation(acc_g, ACT) * acc_u, h.dtype))
         t = t + step
 
@@ -220,7 +225,7 @@ def _sorted_gemms(
     num_experts, hidden_dim = w13.shape[0], xs.shape[1]
     up, down = cfg.up, cfg.down
     grid = launch.persistent_grid(rows // up.bm * launch.cdiv(inter, up.bn), up.ctas_per_sm)
-    args = (xs, w13[:, :inter], w13[:, inter:], h, block_expert, num_experts, act, up.bm, up.bn, up.bk, up.gm)
+    args = (xs, gate_up_view(w13), h, block_expert, num_experts, act, up.bm, up.bn, up.bk, up.gm)
     launch.launch(get_kernel("gate_up", up.num_worker_warps, up.occupancy), grid, args)
 
     grid = launch.persistent_grid(rows // down.bm * launch.cdiv(hidden_dim, down.bn), down.ctas_per_sm)

@@ -60,7 +60,7 @@ def _activation_grad(g, ACT: int):
 
 
 def _gate_up_train(
-    xs, wg, wu, gate, up, h, block_expert, num_experts: int,
+    xs, w4, gate, up, h, block_expert, num_experts: int,
     ACT: ConstInt, BM: ConstInt, BN: ConstInt, BK: ConstInt, GM: ConstInt,
 ):  # fmt: skip
     """Persistent over tiles of ``h [M, I]``: ``gate``, ``up`` and ``h`` of the row block (module docstring)."""
@@ -72,7 +72,7 @@ def _gate_up_train(
         mb, nb = _swizzle(t, mblocks, n_tiles, GM)
         e = ct.load(block_expert, (mb,), shape=())
         if (e >= 0) & (e < num_experts):
-            acc_g, acc_u = moe.gate_up_tile(xs, wg, wu, e, mb, nb, nk, BM, BN, BK)
+            acc_g, acc_u = moe.gate_up_tile(xs, w4, e, mb, nb, nk, BM, BN, BK)
             ct.store(gate, (mb, nb), ct.astype(acc_g, gate.dtype))
             ct.store(up, (mb, nb), ct.astype(acc_u, up.dtype))
             ct.store(h, (mb, nb), ct.astype(moe._activation(acc_g, ACT) * acc_u, h.dtype))
@@ -213,7 +213,7 @@ def moe_experts_forward(hidden, topk_ids, topk_weights, w13, w2, activation, str
     h = torch.empty(rows, inter, dtype=dtype, device=dev)
     up = cfg.up
     tiles = rows // up.bm * launch.cdiv(inter, up.bn)
-    args = (xs, w13[:, :inter], w13[:, inter:], gate_up[:, :inter], gate_up[:, inter:], h, block_expert, num_experts)
+    args = (xs, moe.gate_up_view(w13), gate_up[:, :inter], gate_up[:, inter:], h, block_expert, num_experts)
     args = (*args, moe.ACTIVATIONS[activation], up.bm, up.bn, up.bk, up.gm)
     grouped._launch(get_kernel("gate_up", up.num_worker_warps, up.occupancy), up, tiles, args)
     y = torch.empty(rows, hidden_dim, dtype=dtype, device=dev)
