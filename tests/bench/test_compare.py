@@ -92,3 +92,17 @@ def test_merge_runs_of_several_families(tmp_path, capsys):
     b["meta"]["gpu"] = "NVIDIA H200"
     with pytest.raises(ValueError, match="different GPUs"):
         schema.merge([a, b])
+
+
+def test_merge_keeps_the_runs_of_a_merged_document_and_drops_skips_measured_elsewhere():
+    a, b, c = make_doc(), make_doc(scale=2.0), make_doc(scale=3.0)
+    for doc, date in ((a, "2026-11-22T10:00:00"), (b, "2026-11-23T10:00:00"), (c, "2026-11-24T10:00:00")):
+        doc["meta"]["date"] = date
+    dense_m1 = {"family": "dense", "spec": {"dtype": "bf16", "m": 1, "n": 4096, "k": 7168}, "reason": "time budget"}
+    never = {"family": "dense", "spec": {"dtype": "bf16", "m": 3, "n": 5, "k": 7}, "reason": "time budget"}
+    a["rows"] = [r for r in a["rows"] if not (r["family"] == "dense" and r["shape"]["m"] == 1)]
+    a["skipped"] = [dense_m1, never]
+    c["skipped"] = [dict(never)]
+    merged = schema.merge([schema.merge([a, b]), c])
+    assert [run["date"][:10] for run in merged["meta"]["merged_from"]] == ["2026-11-22", "2026-11-23", "2026-11-24"]
+    assert merged["skipped"] == [never]  # b measured dense m=1; the two skips of m=3 are one row

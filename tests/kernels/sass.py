@@ -71,9 +71,11 @@ def sass_summary(cubin: bytes) -> dict[str, int]:
     ``utmaldg`` (TMA loads), ``utmastg`` (TMA stores), ``ldg_u8`` (byte-wide global loads
     ``LDG.E.U8``), ``tensormap_writes`` (``UTMACCTL.IV``: TMA descriptors
     the kernel wrote to global memory itself, as a dynamic ``Array.slice`` makes it do),
-    ``ldl``/``stl`` (local memory: spills), ``instructions`` (total).
+    ``ldl``/``stl`` (local memory: spills), ``instructions`` (total), ``gmma_group_min`` (the fewest Hopper
+    warpgroup MMAs issued in one ``gsb0`` group, :func:`gmma_group_sizes`; 0 without any).
     """
-    ops = opcode_counts(dump_sass(cubin))
+    sass = dump_sass(cubin)
+    ops = opcode_counts(sass)
     utc = {op for op in ops if re.match(r"UTC\w*MMA", op.split(".")[0])}
     return {
         "hgmma": _count(ops, ("HGMMA",)),
@@ -89,7 +91,24 @@ def sass_summary(cubin: bytes) -> dict[str, int]:
         "ldl": _count(ops, ("LDL",)),
         "stl": _count(ops, ("STL",)),
         "instructions": sum(ops.values()),
+        "gmma_group_min": min(gmma_group_sizes(sass), default=0),
     }
+
+
+def gmma_group_sizes(sass: str) -> Counter[int]:
+    """How many Hopper warpgroup MMAs (``HGMMA`` / ``QGMMA``) each ``gsb0`` group of the listing holds: the
+    instruction that closes a group carries ``gsb0`` and is waited on with ``WARPGROUP.DEPBAR``. A K block of
+    ``BK`` is ``BK / 16`` (16-bit) or ``BK / 32`` (FP8) MMAs per warpgroup; groups of one mean the warpgroup waits
+    for every MMA before issuing the next."""
+    sizes: Counter[int] = Counter()
+    run = 0
+    for line in sass.splitlines():
+        if re.search(r"\b[HQ]GMMA\.", line):
+            run += 1
+            if "gsb0" in line:
+                sizes[run] += 1
+                run = 0
+    return sizes
 
 
 def launch_resources(cubin: bytes) -> dict[str, int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,8 @@ def load(path: str | Path) -> dict[str, Any]:
 def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
     """One document from several runs (e.g. one per family): rows and skipped rows concatenated, a
     later run's row replacing an earlier one with the same :func:`row_key`; ``meta`` of the first run
-    with ``merged_from`` listing each run's GPU, date and families. ValueError if the GPUs differ."""
+    with ``merged_from`` listing each run's date, families and ceilings (those of an already merged document
+    included). ValueError if the GPUs differ."""
     if len(docs) == 1:
         return docs[0]
     gpus = {d["meta"].get("gpu") for d in docs}
@@ -117,13 +119,31 @@ def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
         for r in d["rows"]:
             rows[row_key(r)] = r
     meta = dict(docs[0]["meta"])
-    meta["merged_from"] = [
-        {k: d["meta"].get(k) for k in ("date", "families", "size", "seconds", "ceilings", "deepgemm")} for d in docs
+    keys = ("date", "families", "size", "seconds", "ceilings", "deepgemm")
+    meta["merged_from"] = [  # a merged document brings the runs it was merged from
+        run for d in docs for run in d["meta"].get("merged_from") or [{k: d["meta"].get(k) for k in keys}]
     ]
     meta["seconds"] = sum(d["meta"].get("seconds") or 0 for d in docs)
     meta["families"] = list(dict.fromkeys(r["family"] for r in rows.values()))
-    skipped = [s for d in docs for s in d.get("skipped", [])]
-    return {"meta": meta, "rows": list(rows.values()), "skipped": skipped}
+    skipped: dict[str, dict[str, Any]] = {}
+    for d in docs:
+        for entry in d.get("skipped", []):
+            if not _measured(entry, rows.values()):
+                skipped[json.dumps([entry.get("family"), entry.get("spec")], sort_keys=True)] = entry
+    return {"meta": meta, "rows": list(rows.values()), "skipped": list(skipped.values())}
+
+
+def _measured(entry: dict[str, Any], rows: Iterable[dict[str, Any]]) -> bool:
+    """Whether a skipped entry (family and spec) was measured by a row of a merged run: same family and dtype, and
+    the row's shape holds every other item of the spec."""
+    spec = dict(entry.get("spec") or {})
+    dtype = spec.pop("dtype", None)
+    return any(
+        r["family"] == entry.get("family")
+        and (dtype is None or r["dtype"] == dtype)
+        and all(r["shape"].get(k) == v for k, v in spec.items())
+        for r in rows
+    )
 
 
 def best_ms(entry: dict[str, Any] | None) -> float | None:

@@ -34,6 +34,13 @@ workspace, and compute-sanitizer memcheck caught those writes out of bounds.
 
 FP8 (docs/kernels.md): a 128-row tile is computed as two independent 64-row accumulators,
 each block of 128 K promoted as ``acc += mma(a, b, 0) * sa[:, None] * sb``.
+
+The k-grouped walk is ``while g < groups: ...; if g < groups: <tile>``, not ``while True`` with a ``break``: with the
+``break``, tileiras 13.4 waited for every warpgroup MMA before issuing the next (``WARPGROUP.DEPBAR.LE gsb0, 0x0``
+after each ``HGMMA.64x128x16``); without it the MMAs of a K block go out in one group (docs/kernels.md, "Grouped
+GEMMs"; the compile gate checks the grouping). The m-grouped walk keeps its ``break`` and so its one-MMA groups: the
+same rewrite there gave wrong rows on the H100 with 64-row tiles (psum with alignment 64, masked), see
+docs/kernels.md.
 """
 
 from __future__ import annotations
@@ -352,44 +359,55 @@ def _k_grouped_body(
     cum = 0
     t = ct.bid(0)
     step = ct.num_blocks(0)
-    while True:
+    while g < num_groups:  # no `while True` + `break`: see the module docstring
         while t >= cum_end and g < num_groups:
             g = g + 1
             cum = cum_end
             cum_end = cum + per_group
-        if g >= num_groups:
-            break
-        mb, nb = _swizzle(t - cum, mblocks, n_tiles, GM)
-        # Group g's K range [k0, k1): every group starts on a K block (the host aligns ragged ks), so
-        # its blocks are plain tile indices; the array's end stops the last one (zero padding).
-        k0 = _clamp(ct.load(koffs, (g,), shape=()), 0, k_total)
-        k1 = _clamp(ct.load(koffs, (g + 1,), shape=()), k0, k_total)
-        kb0 = k0 // BK
-        nkb = ct.cdiv(k1 - kb0 * BK, BK)
-        if FP8:
-            # a, b are K-major copies [M, K_sum], [N, K_sum] (Hopper FP8 MMAs take K-major operands).
-            acc0 = ct.full((64, BN), 0.0, dtype=ct.float32)
-            acc1 = ct.full((64, BN), 0.0, dtype=ct.float32)
-            for kb in range(kb0, kb0 + nkb):
-                bt = ct.load(b, (kb, nb), shape=(BK, BN), order=(1, 0), padding_mode=_ZERO)
-                sbt = ct.load(sb, (kb, nb), shape=(1, BN), padding_mode=_ZERO)
-                acc0 = acc0 + _mma_fp8_part(a, sa, bt, sbt, mb * 2, kb, BK, FAST)
-                acc1 = acc1 + _mma_fp8_part(a, sa, bt, sbt, mb * 2 + 1, kb, BK, FAST)
-            _k_store(c, d, g, mb * 2, nb, acc0, HAS_C, C_IS_D)
-            _k_store(c, d, g, mb * 2 + 1, nb, acc1, HAS_C, C_IS_D)
+        if g < num_groups:
+            _k_grouped_tile(
+                a, sa, b, sb, c, d, koffs, g, t - cum, k_total, mblocks, n_tiles,
+                FP8, HAS_C, C_IS_D, BM, BN, BK, GM, FAST,
+            )  # fmt: skip
+            t = t + step
+
+
+def _k_grouped_tile(
+    a, sa, b, sb, c, d, koffs, g, lt, k_total, mblocks, n_tiles,
+    FP8: bool, HAS_C: bool, C_IS_D: bool, BM: int, BN: int, BK: int, GM: int, FAST: bool,
+):  # fmt: skip
+    """Tile ``lt`` of ``d[g]``: the product over group ``g``'s K range (plus ``c``), stored."""
+    mb, nb = _swizzle(lt, mblocks, n_tiles, GM)
+    # Group g's K range [k0, k1): every group starts on a K block (the host aligns ragged ks), so
+    # its blocks are plain tile indices; the array's end stops the last one (zero padding).
+    k0 = _clamp(ct.load(koffs, (g,), shape=()), 0, k_total)
+    k1 = _clamp(ct.load(koffs, (g + 1,), shape=()), k0, k_total)
+    kb0 = k0 // BK
+    nkb = ct.cdiv(k1 - kb0 * BK, BK)
+    if FP8:
+        # a, b are K-major copies [M, K_sum], [N, K_sum] (Hopper FP8 MMAs take K-major operands).
+        acc0 = ct.full((64, BN), 0.0, dtype=ct.float32)
+        acc1 = ct.full((64, BN), 0.0, dtype=ct.float32)
+        for kb in range(kb0, kb0 + nkb):
+            bt = ct.load(b, (kb, nb), shape=(BK, BN), order=(1, 0), padding_mode=_ZERO)
+            sbt = ct.load(sb, (kb, nb), shape=(1, BN), padding_mode=_ZERO)
+            acc0 = acc0 + _mma_fp8_part(a, sa, bt, sbt, mb * 2, kb, BK, FAST)
+            acc1 = acc1 + _mma_fp8_part(a, sa, bt, sbt, mb * 2 + 1, kb, BK, FAST)
+        _k_store(c, d, g, mb * 2, nb, acc0, HAS_C, C_IS_D)
+        _k_store(c, d, g, mb * 2 + 1, nb, acc1, HAS_C, C_IS_D)
+    else:
+        acc = ct.full((BM, BN), 0.0, dtype=ct.float32)
+        for kb in range(kb0, kb0 + nkb):
+            at = ct.load(a, (mb, kb), shape=(BM, BK), order=(1, 0), padding_mode=_ZERO)
+            bt = ct.load(b, (kb, nb), shape=(BK, BN), padding_mode=_ZERO)
+            acc = ct.mma(at, bt, acc)
+        if HAS_C:
+            # 32-row parts keep the C tile's registers small (a 128x128 fp32 C tile spills; 64-row halves spilled 6
+            # words on sm_90 once the walk had no `break`).
+            for h in ct.static_iter(range(BM // 32)):
+                _k_store(c, d, g, mb * (BM // 32) + h, nb, ct.extract(acc, (h, 0), shape=(32, BN)), HAS_C, C_IS_D)
         else:
-            acc = ct.full((BM, BN), 0.0, dtype=ct.float32)
-            for kb in range(kb0, kb0 + nkb):
-                at = ct.load(a, (mb, kb), shape=(BM, BK), order=(1, 0), padding_mode=_ZERO)
-                bt = ct.load(b, (kb, nb), shape=(BK, BN), padding_mode=_ZERO)
-                acc = ct.mma(at, bt, acc)
-            if HAS_C:
-                # 64-row halves keep the C tile's registers small (a 128x128 fp32 C tile spills).
-                for h in ct.static_iter(range(BM // 64)):
-                    _k_store(c, d, g, mb * (BM // 64) + h, nb, ct.extract(acc, (h, 0), shape=(64, BN)), HAS_C, C_IS_D)
-            else:
-                _k_store(c, d, g, mb, nb, acc, HAS_C, C_IS_D)
-        t = t + step
+            _k_store(c, d, g, mb, nb, acc, HAS_C, C_IS_D)
 
 
 def _k_grouped_bf16(
