@@ -36,11 +36,11 @@ FP8 (docs/kernels.md): a 128-row tile is computed as two independent 64-row accu
 each block of 128 K promoted as ``acc += mma(a, b, 0) * sa[:, None] * sb``.
 
 The k-grouped walk is ``while g < groups: ...; if g < groups: <tile>``, not ``while True`` with a ``break``: with the
-``break``, tileiras 13.4 waited for every warpgroup MMA before issuing the next (``WARPGROUP.DEPBAR.LE gsb0, 0x0``
-after each ``HGMMA.64x128x16``); without it the MMAs of a K block go out in one group (docs/kernels.md, "Grouped
-GEMMs"; the compile gate checks the grouping). The m-grouped walk keeps its ``break`` and so its one-MMA groups: the
-same rewrite there gave wrong rows on the H100 with 64-row tiles (psum with alignment 64, masked), see
-docs/kernels.md.
+``break``, tileiras 13.4 made the k-grouped kernel without C (and every m-grouped BF16 kernel) wait for each warpgroup
+MMA before issuing the next (``WARPGROUP.DEPBAR.LE gsb0, 0x0`` after each ``HGMMA.64x128x16``); without it the MMAs
+of a K block go out in one group (docs/kernels.md, "Grouped GEMMs"; the compile gate checks the grouping). The
+m-grouped walk keeps its ``break`` and so its one-MMA groups: the same rewrite there gave wrong rows on the H100 with
+64-row tiles (psum with alignment 64, masked), see docs/kernels.md.
 """
 
 from __future__ import annotations
