@@ -20,6 +20,15 @@ def test_no_gpu_message_and_exit_code(monkeypatch, capsys):
     assert "Traceback" not in captured.err + captured.out
 
 
+def test_gpu_without_cutile_refuses_to_time_the_reference(monkeypatch, capsys):
+    monkeypatch.setattr(device, "has_gpu", lambda: True)
+    monkeypatch.setattr(device, "has_cutile", lambda: False)
+    assert main(["--quick"]) == 2
+    captured = capsys.readouterr()
+    assert "no cutile backend" in captured.err and "PYTHONPATH" in captured.err
+    assert "Traceback" not in captured.err + captured.out
+
+
 def test_importing_the_harness_pulls_no_optional_package():
     # torch itself may import tqdm; what matters is that the harness adds neither package
     code = (

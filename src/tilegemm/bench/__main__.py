@@ -161,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     if not device.has_gpu():
         print(device.NO_GPU_MESSAGE, file=sys.stderr)
         return 2
+    if not device.has_cutile():
+        print(device.NO_CUTILE_MESSAGE, file=sys.stderr)
+        return 2
     save = (lambda d: schema.save(d, args.save)) if args.save else None
     budget = args.time_budget if args.time_budget is not None else (QUICK_BUDGET_S if size == "quick" else None)
     doc = runner.run(families, size, budget, args.deepgemm, not args.no_progress, on_row=save, where=where)

@@ -35,6 +35,20 @@ Without a GPU, saved results can still be read back:
 """
 
 
+NO_CUTILE_MESSAGE = """\
+tilegemm-bench: this GPU machine has no cutile backend (cuda.tile / tileiras not importable), so every row would
+time tilegemm's pytorch reference backend instead of its kernels. Install cuda-tile[tileiras], or make it importable
+(the device bundle's setup.sh puts it on PYTHONPATH: extend PYTHONPATH after it, do not replace it).
+"""
+
+
+def has_cutile() -> bool:
+    """True when tilegemm's cutile backend can run here (what the harness times)."""
+    from tilegemm import get_available_backends
+
+    return "cutile" in get_available_backends()
+
+
 def has_gpu() -> bool:
     """True when torch sees a CUDA device."""
     return torch.cuda.is_available() and torch.cuda.device_count() > 0
