@@ -148,8 +148,7 @@ def moe_route(topk_ids: torch.Tensor, num_experts: int, alignment: int = 128) ->
     starts = torch.cumsum(counts_all, 0) - counts_all  # exclusive: first compact row of each bucket
     rank = torch.arange(slots, device=dev) - starts[sorted_key]  # position inside its expert
 
-    padded = (counts + alignment - 1) // alignment * alignment
-    padded_starts = torch.cumsum(padded, 0) - padded
+    padded_starts = expert_ends(counts, alignment).to(torch.int64) - counts
     # Dropped slots go to a scratch row ``rows`` that is cut off below.
     dest_sorted = torch.where(
         sorted_key < num_experts,

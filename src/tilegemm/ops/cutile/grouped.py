@@ -54,6 +54,7 @@ import torch
 from tilegemm.backend.registry import Unsupported, register_impl
 from tilegemm.ops.cutile import heuristics, launch
 from tilegemm.ops.cutile.heuristics import Kind
+from tilegemm.routing import expert_ends
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -560,13 +561,13 @@ def _aligned_rows(offs: torch.Tensor, rows: int, align: int) -> tuple[torch.Tens
     ends = offs.to(torch.int64).clamp(0, rows)
     starts = torch.cat([ends.new_zeros(1), ends[:-1]])
     counts = (ends - starts).clamp(min=0)
-    padded = (counts + align - 1) // align * align
-    pad_starts = torch.cumsum(padded, 0) - padded
+    offs_aligned = expert_ends(counts, align)
+    pad_starts = offs_aligned.to(torch.int64) - counts
     r = torch.arange(rows, device=offs.device)
     group = torch.searchsorted(ends, r, right=True).clamp(max=num_groups)
     g = group.clamp(max=num_groups - 1)
     dst = torch.where(group < num_groups, pad_starts[g] + r - starts[g], rows_aligned).clamp(0, rows_aligned)
-    return dst, (pad_starts + counts).to(torch.int32), rows_aligned
+    return dst, offs_aligned, rows_aligned
 
 
 def _m_grouped_repacked(
