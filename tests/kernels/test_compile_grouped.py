@@ -115,9 +115,9 @@ def test_grouped_kernel_sass(compiled, vid, fp8, arch):
     s = compiled[(vid, arch)]
     if isinstance(s, Exception):
         raise s
-    if arch == "sm_90" and vid.startswith("k-"):
+    if arch == "sm_90":
         # A K block's warpgroup MMAs go out in one group: with a `while True` + `break` walk tileiras waited for
-        # each HGMMA before the next (groups of one, as the m-grouped kernels still do; grouped.py's docstring).
+        # each HGMMA before the next (groups of one; grouped.py's docstring).
         per_block = _BK[vid] // (32 if fp8 else 16)
         assert s["gmma_group_min"] >= per_block, f"{vid}: MMAs per wait group {s['gmma_group_min']} < {per_block}"
     if arch == "sm_90":

@@ -198,3 +198,45 @@ def test_cached_plan_builds_once(monkeypatch):
     assert built == [7]
     launch.clear_plans()
     assert launch.cached_plan(("k", 1), build, 9)() == 9
+
+
+@pytest.mark.parametrize("src_align", [1, 3, 64, 128])
+@pytest.mark.parametrize("align", [64, 128])
+def test_psum_repack_rows_follow_the_callers_alignment(src_align, align):
+    """The repacked psum path moves group g's rows ``[align_up(offs[g-1], src_align), offs[g])`` in order to the
+    start of its ``align``-aligned block and every other row (gaps before an aligned start, rows past the last
+    end) to the spare row; a python loop over the groups is the reference."""
+    from tilegemm.ops.cutile import grouped
+
+    gen = torch.Generator().manual_seed(src_align * 1000 + align)
+    for _ in range(50):
+        sizes = torch.randint(0, 300, (int(torch.randint(1, 9, (1,), generator=gen)),), generator=gen).tolist()
+        ends, end = [], 0
+        for size in sizes:
+            end = -(-end // src_align) * src_align + size
+            ends.append(end)
+        rows = ends[-1] + int(torch.randint(0, 200, (1,), generator=gen))
+        dst, offs_aligned, rows_aligned = grouped._aligned_rows(
+            torch.tensor(ends, dtype=torch.int32), rows, align, src_align
+        )
+        expected = [rows_aligned] * rows
+        aligned_ends, start = [], 0
+        for g, size in enumerate(sizes):
+            for i in range(size):
+                expected[ends[g] - size + i] = start + i
+            aligned_ends.append(start + size)
+            start = -(-(start + size) // align) * align
+        assert dst.tolist() == expected
+        assert offs_aligned.tolist() == aligned_ends
+        assert rows_aligned >= start
+
+
+def test_split_plan_splits_every_tile_of_a_small_grid_or_none():
+    """A grid under half the CTA slots has every tile cut into the same number of K ranges; a fuller one none."""
+    cfg = heuristics.BF16_CONFIGS[0]
+    small = heuristics.split_plan(Problem("dense", "bf16", 512, 512, 7168, 132), cfg)
+    assert (small.tiles, small.splits, small.units) == (16, 8, 128)
+    full = heuristics.split_plan(Problem("dense", "bf16", 4096, 4096, 7168, 132), cfg)
+    assert (full.splits, full.units) == (1, full.tiles)
+    short_k = heuristics.split_plan(Problem("dense", "bf16", 512, 512, 64, 132), cfg)
+    assert short_k.splits == 1  # one K block: nothing to split

@@ -27,8 +27,8 @@ LAYOUTS = ["nt", "nn", "tn", "tt"]
 BENCH_NK = [(2112, 7168), (576, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
 BENCH_SHAPES = [(m, n, k) for m in (1, 64, 128, 4096) for n, k in BENCH_NK] + [(8192, 8192, 8192)]
 AWKWARD_SHAPES = [(1, 1, 1), (5, 3, 17), (333, 777, 1000), (130, 250, 64), (1, 129, 200), (257, 136, 4104)]
-# TILEGEMM_GPU_TEST_SHAPES=quick: a subset that still covers split-K (small M), stream-K (a
-# partial last wave) and whole-wave shapes, for short device sessions.
+# TILEGEMM_GPU_TEST_SHAPES=quick: a subset that still covers split-K (small M), a partial last wave and
+# whole-wave shapes, for short device sessions.
 QUICK_SHAPES = [(1, 2112, 7168), (64, 576, 7168), (128, 7168, 16384), (4096, 2112, 7168), (4096, 576, 7168)]
 _QUICK = os.environ.get("TILEGEMM_GPU_TEST_SHAPES", "full") == "quick"
 SHAPES = AWKWARD_SHAPES + (QUICK_SHAPES if _QUICK else BENCH_SHAPES)
@@ -253,10 +253,50 @@ def _all_configs():
     return list(heuristics.all_dense_configs())
 
 
+# (M, N, K) the tile kernel splits along K on 132 SMs, BF16 and FP8 alike: 8, 3 and 2 splits (the last one off
+# every tile and block size).
+SPLIT_SHAPES = [(512, 512, 7168), (384, 1536, 7168), (777, 1000, 2100)]
+
+
+@pytest.mark.parametrize("with_c", [False, True], ids=["no_c", "c"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+@pytest.mark.parametrize("shape", SPLIT_SHAPES, ids=_sid)
+def test_split_k_tile_kernel(shape, dtype, with_c):
+    """Split-K on the tile kernel (partials in a workspace, summed in split order by the reduce kernel, which applies
+    alpha, beta * c): float64 agreement, every element written, bitwise reruns."""
+    from tilegemm.ops.cutile import heuristics, launch
+
+    m, n, k = shape
+    problem = heuristics.Problem("dense", dtype, m, n, k, launch.num_sms())
+    cfg = heuristics.choose(problem)
+    if launch.num_sms() == 132:
+        assert isinstance(cfg, heuristics.DenseConfig) and heuristics.split_plan(problem, cfg).splits > 1, shape
+    g = torch.Generator(device="cuda").manual_seed(13)
+    c = torch.randn(m, n, device="cuda", generator=g) if with_c else None
+    alpha, beta = 0.5, (2.0 if with_c else 0.0)
+    if dtype == "bf16":
+        a_log, b_log, a, b = _bf16_case("nt", m, n, k, seed=13)
+        want = alpha * (a_log.double() @ b_log.double().T)
+        d = poisoned((m, n), torch.float32, "cuda")
+        call = lambda: tg.bf16_gemm_nt(a, b, d, c=c, alpha=alpha, beta=beta)  # noqa: E731
+        bar = BAR_BF16
+    else:
+        a, b, deq_a, deq_b, _, _ = _fp8_case("nt", (1, 128, 128), m, n, k, seed=13)
+        want = alpha * (deq_a @ deq_b.T)
+        d = poisoned((m, n), torch.float32, "cuda")
+        call = lambda: tg.fp8_gemm_nt(a, b, d, c=c, alpha=alpha, beta=beta)  # noqa: E731
+        bar = BAR_FP8_EXACT[torch.float32]
+    if with_c:
+        want = want + beta * c.double()
+    call()
+    assert calc_diff(d, want) < bar
+    assert_rerun_identical(call, d)
+
+
 @pytest.mark.parametrize("shape", CONFIG_SHAPES, ids=_sid)
 @pytest.mark.parametrize("cfg", _all_configs(), ids=lambda c: c.name)
 def test_every_config(cfg, shape):
-    """Every tile config the heuristics may pick, forced, on a small, a split-K and a stream-K shape."""
+    """Every tile config the heuristics may pick, forced, on a small, a split-K and a partial-last-wave shape."""
     from tilegemm.ops.cutile import gemm
 
     m, n, k = shape

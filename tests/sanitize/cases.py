@@ -87,7 +87,7 @@ for _fp8 in (False, True):
     _dt = "fp8" if _fp8 else "bf16"
     _op = getattr(tg, f"m_grouped_{_dt}_gemm_nt_contiguous")
     for _sizes in GROUP_PATTERNS:
-        for _align in (ALIGN, 1):
+        for _align in (ALIGN, 64, 1):
 
             @case(f"m-grouped {_dt} psum align={_align} groups={_sizes}")
             def _psum(op=_op, fp8=_fp8, sizes=_sizes, align=_align) -> str:
@@ -184,6 +184,7 @@ for _fp8 in (False, True):
         (129, 77, 1000),
         (300, 513, 128),
         (40, 6400, 2100),
+        (777, 1000, 2100),  # the tile kernel, split along K in two
     ]:
 
         @case(f"dense {_dt} nt {_m}x{_n}x{_k}")

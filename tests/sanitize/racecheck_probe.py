@@ -276,15 +276,15 @@ def _real_signature(name: str, sms: int) -> tuple[Any, cc.KernelSignature, str]:
     """(kernel, signature, description) of the gemm.py kernel a ``real_*`` dense variant launches on ``sms``
     SMs, with :func:`aot.array` constraints (the JIT's own may add shape facts, which can shift offsets)."""
     kind, m, cfg = REAL[name]
+    problem = heuristics.Problem("dense", kind, m, N, K, sms)
     if cfg is None:
-        if heuristics.use_decode(kind, m, N, K):
+        cfg = heuristics.choose(problem)
+        if isinstance(cfg, heuristics.DecodeConfig):
             raise SystemExit(f"--sass {name}: a decode kernel (ops/cutile/decode.py); not exported here")
-        cfg = heuristics.choose_dense_config(kind, m, N, K, sms)
-    plan = heuristics.split_plan(cfg, m, N, K, sms)
-    splitk = plan.splits > 1 or plan.full < plan.tiles
+    splitk = heuristics.split_plan(problem, cfg).splits > 1
     arr, f32, i32 = aot.array, aot.scalar(ct.float32), aot.scalar(ct.int32)
     head = [arr(ct.bfloat16, 2), arr(ct.bfloat16, 2), arr(ct.float32 if splitk else ct.bfloat16, 4)]
-    head += [f32, f32, i32, i32, i32, *gemm.kernel_constants(cfg, splitk=splitk)]
+    head += [f32, f32, i32, i32, *gemm.kernel_constants(cfg, splitk=splitk)]
     if kind == "bf16":
         operands = [arr(ct.bfloat16, 2)] * 2
     else:

@@ -55,3 +55,10 @@ def test_sass_export_of_the_single_block_probe(capsys):
     assert probe.main(["--sass", "fp8_single"]) == 0
     out = capsys.readouterr().out
     assert "QGMMA.64x128x32.F32.E4M3.E4M3" in out and "UTMALDG" in out and "WARPGROUP.ARRIVE" in out
+
+
+def test_sass_export_of_a_real_dense_call(capsys):
+    """A ``real_*`` variant exports the gemm.py kernel the library launches for that call (BF16, 512 rows)."""
+    assert probe.main(["--sass", "real_bf16_dense"]) == 0
+    out = capsys.readouterr().out
+    assert "real_bf16_dense: sm_90 SASS of config" in out and "HGMMA" in out

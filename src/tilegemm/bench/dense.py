@@ -3,9 +3,10 @@
 Peers: cuBLAS through torch (``torch.matmul``; ``scaled_mm`` blockwise for FP8, which refuses some
 shapes, e.g. M=1) and DeepGEMM (``bf16_gemm_nt`` / ``fp8_gemm_nt`` on its own casts).
 
-Shapes: decode M in {1..256} x the (N, K) of DeepSeek-V3 and Qwen3 layers, then large M (4096)
-on the same (N, K) and 8192^3. Both libraries get the LHS scales in the MN-major TMA-aligned
-layout (``get_mn_major_tma_aligned_tensor``, each library's own), made once outside the timing.
+Shapes: decode M in {1..256} x the (N, K) of DeepSeek-V3 and Qwen3 layers, then prefill M (512, 2048:
+grids under half the SMs there are split along K) and large M (4096) on the same (N, K), and 8192^3.
+Both libraries get the LHS scales in the MN-major TMA-aligned layout (``get_mn_major_tma_aligned_tensor``,
+each library's own), made once outside the timing.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tilegemm.bench.core import Built, Case, Impl, diff_check
 
 FAMILY = "dense"
 DECODE_M = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+PREFILL_M = (512, 2048)
 LARGE_M = (4096,)
 NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (1536, 2048), (2048, 768)]
 QUICK = [(1, 4096, 7168), (128, 7168, 2048), (4096, 7168, 2048)]
@@ -32,7 +34,8 @@ def specs(size: str) -> list[dict[str, Any]]:
     else:
         mnk = list(QUICK)
         mnk += [(m, n, k) for n, k in NK for m in DECODE_M if (m, n, k) not in QUICK]
-        mnk += [(m, n, k) for n, k in NK for m in LARGE_M if (m, n, k) not in QUICK] + [(8192, 8192, 8192)]
+        mnk += [(m, n, k) for n, k in NK for m in PREFILL_M + LARGE_M if (m, n, k) not in QUICK]
+        mnk += [(8192, 8192, 8192)]
     return [{"dtype": dt, "m": m, "n": n, "k": k} for m, n, k in mnk for dt in DTYPES]
 
 

@@ -454,7 +454,7 @@ def m_grouped_bf16_gemm_nt_masked(
         a: bf16 [G, Mmax, K].
         b: bf16 [G, N, K].
         d: bf16 or fp32 [G, Mmax, N], contiguous; rows ``>= masked_m[g]``
-            are unspecified (a kernel may write them, as DeepGEMM's does).
+            are left as they were (DeepGEMM's kernels may write them).
         masked_m: int32 [G] on the device, valid rows per group, each in ``[0, Mmax]``.
         expected_m: host-side hint of the typical ``masked_m`` (picks the kernel config).
         compiled_dims: DeepGEMM's JIT hint; no effect.
@@ -483,7 +483,7 @@ def m_grouped_fp8_fp4_gemm_nt_masked(
         a: ``(fp8 [G, Mmax, K], fp32 [G, Mmax, ceil(K/128)])``.
         b: ``(fp8 [G, N, K], fp32 [G, ceil(N/128), ceil(K/128)])``.
         d: bf16 or fp32 [G, Mmax, N], contiguous; rows ``>= masked_m[g]``
-            are unspecified (a kernel may write them, as DeepGEMM's does).
+            are left as they were (DeepGEMM's kernels may write them).
         masked_m: int32 [G] on the device, valid rows per group, each in ``[0, Mmax]``.
         expected_m: host-side hint of the typical ``masked_m``.
         recipe, recipe_a, recipe_b: as :func:`fp8_fp4_gemm_nt`; must resolve to ``(1, 128, 128)``.

@@ -49,31 +49,17 @@ def _tile_coords(tile, num_m, num_n, GROUP_M: ConstInt):
     return first_m + local % rows, local // rows
 
 
-def _num_units(tiles, full, splits, SPLITK: ConstBool):
-    """Work units of a launch: one per tile, or with ``SPLITK`` the tiles from ``full`` on cut ``splits`` ways."""
-    units = tiles
-    if SPLITK:
-        units = full + (tiles - full) * splits
-    return units
+def _split_unit(v, tiles, splits, num_k):
+    """Split-K unit ``v`` -> (output tile, first K block, end K block): K range ``v // tiles`` of tile
+    ``v % tiles``, each tile cut into ``splits`` ranges."""
+    per = ct.cdiv(num_k, splits)
+    k_lo = (v // tiles) * per
+    return v % tiles, k_lo, ct.minimum(num_k, k_lo + per)
 
 
-def _work_unit(u, tiles, full, splits, num_k, SPLITK: ConstBool):
-    """Work unit ``u`` -> (output tile, first K block, end K block).
-
-    Units below ``full`` are whole tiles; with ``SPLITK`` the tiles from ``full`` on are each cut into
-    ``splits`` K ranges, unit ``full + s * (tiles - full) + i`` being range ``s`` of tile ``full + i``.
-    """
-    tile = u
-    k_lo = 0
-    k_hi = num_k
-    if SPLITK:
-        if u >= full:
-            v = u - full
-            tile = full + v % (tiles - full)
-            per = ct.cdiv(num_k, splits)
-            k_lo = (v // (tiles - full)) * per
-            k_hi = ct.minimum(num_k, k_lo + per)
-    return tile, k_lo, k_hi
+def _store_split(W, acc, v, tiles, h: ConstInt):
+    """Column part ``h`` of split-K unit ``v``'s fp32 partial sum to ``W[split, tile]``."""
+    ct.store(W, (v // tiles, v % tiles, 0, h), ct.reshape(acc, (1, 1, acc.shape[0], acc.shape[1])))
 
 
 def _bf16_gemm_body(
@@ -85,7 +71,6 @@ def _bf16_gemm_body(
     alpha: float,
     beta: float,
     K: int,
-    full: int,
     splits: int,
     TM: ConstInt,
     TN: ConstInt,
@@ -98,16 +83,20 @@ def _bf16_gemm_body(
 ):
     """D[M,N] = alpha * A @ B.T + beta * C. A is [M,K] (A_KMAJOR) or [K,M]; B is [N,K] (B_KMAJOR) or [K,N].
 
-    Work units: output tiles ``0..full-1`` whole; with SPLITK the remaining tiles are split in
-    ``splits`` K ranges whose fp32 partial sums go to ``W[split, tile - full]`` (summed in order
-    by the reduce kernel, so results are deterministic).
+    Work units: the output tiles, or with SPLITK every tile cut into ``splits`` K ranges whose fp32
+    partial sums go to ``W[split, tile]`` (summed in order by the reduce kernel, so results are
+    deterministic). A kernel stores either to D or to W, never both: a split-K kernel that also
+    kept whole tiles (a run-time choice of store per unit) had tileiras 13.4 wait for every HGMMA
+    (docs/kernels.md, "MMA groups and the walk loop").
     """
     num_m = ct.cdiv(D.shape[0], TM)
     num_n = ct.cdiv(D.shape[1], TN)
     num_k = ct.cdiv(K, TK)
     tiles = num_m * num_n
-    for u in range(ct.bid(0), _num_units(tiles, full, splits, SPLITK), ct.num_blocks(0)):
-        tile, k_lo, k_hi = _work_unit(u, tiles, full, splits, num_k, SPLITK)
+    for u in range(ct.bid(0), tiles * splits if SPLITK else tiles, ct.num_blocks(0)):
+        tile, k_lo, k_hi = u, 0, num_k
+        if SPLITK:
+            tile, k_lo, k_hi = _split_unit(u, tiles, splits, num_k)
         pm, pn = _tile_coords(tile, num_m, num_n, GROUP_M)
         acc = ct.zeros((TM, TN), dtype=ct.float32)
         for kb in range(k_lo, k_hi):
@@ -120,7 +109,10 @@ def _bf16_gemm_body(
             else:
                 b = ct.load(B, (kb, pn), (TK, TN), padding_mode=_ZERO)
             acc = ct.mma(a, b, acc)
-        _finish(D, C, W, acc, u, full, tiles, pm, pn, 0, alpha, beta, HAS_C, SPLITK)
+        if SPLITK:
+            _store_split(W, acc, u, tiles, 0)
+        else:
+            _epilogue(D, C, acc, pm, pn, alpha, beta, HAS_C)
 
 
 def _epilogue(D, C, acc, pm, pn, alpha, beta, HAS_C: ConstBool):
@@ -142,7 +134,6 @@ def _fp8_gemm_body(
     alpha: float,
     beta: float,
     K: int,
-    full: int,
     splits: int,
     TM: ConstInt,
     TN: ConstInt,
@@ -169,8 +160,10 @@ def _fp8_gemm_body(
     num_n = ct.cdiv(D.shape[1], TN)
     num_k = ct.cdiv(K, 128)
     tiles = num_m * num_n
-    for u in range(ct.bid(0), _num_units(tiles, full, splits, SPLITK), ct.num_blocks(0)):
-        tile, k_lo, k_hi = _work_unit(u, tiles, full, splits, num_k, SPLITK)
+    for u in range(ct.bid(0), tiles * splits if SPLITK else tiles, ct.num_blocks(0)):
+        tile, k_lo, k_hi = u, 0, num_k
+        if SPLITK:
+            tile, k_lo, k_hi = _split_unit(u, tiles, splits, num_k)
         pm, pn = _tile_coords(tile, num_m, num_n, GROUP_M)
         acc0 = ct.zeros((TM, HN), dtype=ct.float32)
         acc1 = ct.zeros((TM, HN), dtype=ct.float32)
@@ -183,24 +176,21 @@ def _fp8_gemm_body(
                 # (a tile entirely outside an array is undefined behaviour for ct.load).
                 if (pn * NH + 1) * HN < D.shape[1]:
                     acc1 = _fp8_part(a, sa, B, SB, acc1, kb, pn * NH + 1, HN, SB_ROWS, FAST_ACC, SCALE_TMA)
-        _finish(D, C, W, acc0, u, full, tiles, pm, pn * NH, 0, alpha, beta, False, SPLITK)
+        _fp8_store(D, C, W, acc0, u, tiles, pm, pn * NH, 0, alpha, beta, SPLITK)
         if NH == 2:
             if (pn * NH + 1) * HN < D.shape[1]:
-                _finish(D, C, W, acc1, u, full, tiles, pm, pn * NH + 1, 1, alpha, beta, False, SPLITK)
+                _fp8_store(D, C, W, acc1, u, tiles, pm, pn * NH + 1, 1, alpha, beta, SPLITK)
 
 
-def _finish(D, C, W, acc, u, full, tiles, pm, jn, h: ConstInt, alpha, beta, HAS_C: ConstBool, SPLITK: ConstBool):
-    """Write accumulator (column part ``h``) of unit ``u``: to the split-K workspace for a split unit,
-    else through the epilogue to D."""
+def _fp8_store(D, C, W, acc, u, tiles, pm, jn, h: ConstInt, alpha, beta, SPLITK: ConstBool):
+    """Column part ``h`` of FP8 unit ``u``: its partial sum to the workspace (SPLITK), else through the epilogue."""
     if SPLITK:
-        if u >= full:
-            v = u - full
-            shape = (1, 1, acc.shape[0], acc.shape[1])
-            ct.store(W, (v // (tiles - full), v % (tiles - full), 0, h), ct.reshape(acc, shape))
-        else:
-            _epilogue(D, C, acc, pm, jn, alpha, beta, HAS_C)
+        # Always true (pm < cdiv(M, TM)). Without the branch tileiras 13.4 spilled 88 words in the 64x128 FP8
+        # kernel (occupancy 2), with it none; the SASS is otherwise the same.
+        if pm * acc.shape[0] < D.shape[0]:
+            _store_split(W, acc, u, tiles, h)
     else:
-        _epilogue(D, C, acc, pm, jn, alpha, beta, HAS_C)
+        _epilogue(D, C, acc, pm, jn, alpha, beta, False)
 
 
 def _fp8_part(a, sa, B, SB, acc, kb, jn, HN: ConstInt, SB_ROWS: ConstBool, FAST_ACC: ConstBool, SCALE_TMA: ConstBool):
@@ -222,29 +212,28 @@ def _splitk_reduce_body(
     C,
     alpha: float,
     beta: float,
-    full: int,
+    splits: int,
     TM: ConstInt,
     TN: ConstInt,
     GROUP_M: ConstInt,
     HAS_C: ConstBool,
-    SP: ConstInt,
     RM: ConstInt,
 ):
-    """Sum split-K partials: CTA ``bid`` takes RM rows of split tile ``full + bid // (TM // RM)``.
+    """Sum split-K partials: CTA ``bid`` takes RM rows of tile ``bid // (TM // RM)``.
 
-    It loads the rows of all splits at once as one (SP, RM, TN) tile (SP >= splits, the
-    missing splits read as zeros) and reduces over the split axis with a fixed tree, so the
-    result is deterministic; then the epilogue (alpha, beta * C, rounding) for those rows.
+    It adds the ``splits`` partial (RM, TN) tiles in split order (deterministic), then applies the epilogue
+    (alpha, beta * C, rounding) to those rows.
     """
     num_m = ct.cdiv(D.shape[0], TM)
     num_n = ct.cdiv(D.shape[1], TN)
     t = ct.bid(0) // (TM // RM)
     r = ct.bid(0) % (TM // RM)
-    pm, pn = _tile_coords(full + t, num_m, num_n, GROUP_M)
+    pm, pn = _tile_coords(t, num_m, num_n, GROUP_M)
     row = pm * (TM // RM) + r
     if row * RM < D.shape[0]:  # rows wholly past M: nothing to write (and a store there is undefined)
-        parts = ct.load(W, (0, t, r, 0), (SP, 1, RM, TN), padding_mode=_ZERO)
-        acc = ct.sum(ct.reshape(parts, (SP, RM, TN)), axis=0)
+        acc = ct.zeros((RM, TN), dtype=ct.float32)
+        for s in range(splits):
+            acc = acc + ct.reshape(ct.load(W, (s, t, r, 0), (1, 1, RM, TN), padding_mode=_ZERO), (RM, TN))
         _epilogue(D, C, acc, row, pn, alpha, beta, HAS_C)
 
 
@@ -257,7 +246,7 @@ def get_kernel(cfg: heuristics.DenseConfig) -> Any:
 
 @functools.cache
 def get_reduce_kernel() -> Any:
-    """The split-K reduce kernel (one CTA per split tile)."""
+    """The split-K reduce kernel (one CTA per :func:`reduce_rows` rows of a tile)."""
     return ct.kernel(_splitk_reduce_body)
 
 
@@ -276,14 +265,18 @@ def kernel_constants(
     return [cfg.bm, cfg.bn, cfg.nh, cfg.gm, sb_rows, cfg.fast_acc, cfg.scale_tma, splitk]
 
 
+#: Rows per split-K reduce CTA: a (32, TN) fp32 sum, four CTAs per 128-row tile.
+REDUCE_ROWS = 32
+
+
 def reduce_rows(cfg: heuristics.DenseConfig) -> int:
-    """Rows per reduce CTA: its (MAX_SPLITS, rows, TN) fp32 tile stays at 8192 elements (64 registers a thread)."""
-    return max(1, min(cfg.bm, 8192 // (heuristics.MAX_SPLITS * cfg.bn)))
+    """Rows per reduce CTA for ``cfg``'s tiles."""
+    return min(cfg.bm, REDUCE_ROWS)
 
 
 def reduce_constants(cfg: heuristics.DenseConfig, *, has_c: bool = False) -> list[Any]:
     """The ``ct.Constant`` arguments of the split-K reduce kernel for ``cfg``."""
-    return [cfg.bm, cfg.bn, cfg.gm, has_c, heuristics.MAX_SPLITS, reduce_rows(cfg)]
+    return [cfg.bm, cfg.bn, cfg.gm, has_c, reduce_rows(cfg)]
 
 
 # --------------------------------------------------------------------------- host side
@@ -414,19 +407,15 @@ def _dense_runner(
     kernel applies the epilogue (the FP8 kernel has no ``c`` epilogue).
     """
     plan = heuristics.split_plan(p, cfg)
-    if c_in_reduce and has_c:
-        plan = heuristics.SplitPlan(plan.tiles, 0, plan.splits if plan.full == 0 else 1)
-    splitk = plan.splits > 1 or plan.full < plan.tiles
-    tail = plan.tiles - plan.full
+    splitk = plan.splits > 1 or (c_in_reduce and has_c)
     grid = launch.persistent_grid(plan.units, cfg.ctas_per_sm, p.sms)
-    split = f"split={plan.splits} full_tiles={plan.full}/{plan.tiles}"
-    heuristics.print_once(op, (p.m, p.n, p.k), f"{cfg.name} grid={grid} {split}")
+    heuristics.print_once(op, (p.m, p.n, p.k), f"{cfg.name} grid={grid} split={plan.splits}")
     kernel = get_kernel(cfg)
-    main_tail = (p.k, plan.full, plan.splits, *consts(splitk))
-    red_grid = (tail * (cfg.bm // reduce_rows(cfg)), 1, 1)
-    red_tail = (plan.full, *reduce_constants(cfg, has_c=has_c))
-    ws_elems = plan.splits * tail * cfg.bm * cfg.bn if splitk else 0
-    ws_shape = (plan.splits, tail, cfg.bm, cfg.bn) if splitk else (1, 1, 1, 1)
+    main_tail = (p.k, plan.splits, *consts(splitk))
+    red_grid = (plan.tiles * (cfg.bm // reduce_rows(cfg)), 1, 1)
+    red_tail = (plan.splits, *reduce_constants(cfg, has_c=has_c))
+    ws_elems = plan.splits * plan.tiles * cfg.bm * cfg.bn if splitk else 0
+    ws_shape = (plan.splits, plan.tiles, cfg.bm, cfg.bn) if splitk else (1, 1, 1, 1)
     per_stream: dict[int, tuple] = {}
 
     def run(a, b, d, c, alpha, beta):

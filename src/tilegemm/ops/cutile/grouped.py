@@ -20,7 +20,7 @@ Layouts (``KIND``, a :class:`~tilegemm.ops.cutile.heuristics.Kind`):
   A group's tiles run on to the next group's start (the last group's to ``M``), and those rows,
   which belong to no group, are written as zeros.
 * ``Kind.MASKED``: group g is rows ``[g * Mmax, g * Mmax + masked_m[g])`` of ``a`` viewed as
-  ``[G * Mmax, K]``; rows past it are never touched.
+  ``[G * Mmax, K]``; rows past it are never touched (tiles are stored element-wise under a row mask).
 * ``Kind.K``: k-grouped; group g is all of ``d[g]``, its K range ``[koffs[g], koffs[g+1])``.
 
 Every row range and index read from device memory is clamped into the arrays' bounds, so
@@ -35,12 +35,10 @@ workspace, and compute-sanitizer memcheck caught those writes out of bounds.
 FP8 (docs/kernels.md): a 128-row tile is computed as two independent 64-row accumulators,
 each block of 128 K promoted as ``acc += mma(a, b, 0) * sa[:, None] * sb``.
 
-The k-grouped walk is ``while g < groups: ...; if g < groups: <tile>``, not ``while True`` with a ``break``: with the
-``break``, tileiras 13.4 made the k-grouped kernel without C (and every m-grouped BF16 kernel) wait for each warpgroup
-MMA before issuing the next (``WARPGROUP.DEPBAR.LE gsb0, 0x0`` after each ``HGMMA.64x128x16``); without it the MMAs
-of a K block go out in one group (docs/kernels.md, "Grouped GEMMs"; the compile gate checks the grouping). The
-m-grouped walk keeps its ``break`` and so its one-MMA groups: the same rewrite there gave wrong rows on the H100 with
-64-row tiles (psum with alignment 64, masked), see docs/kernels.md.
+The walk is ``while g < groups: ...; if g < groups: <tile>``, not ``while True`` with a ``break``: with the
+``break``, tileiras 13.4 made every m-grouped BF16 kernel (and the k-grouped one without C) wait for each warpgroup
+MMA before issuing the next (``WARPGROUP.DEPBAR.LE gsb0, 0x0`` after each ``HGMMA``); without it the MMAs of a K
+block go out in one group (docs/kernels.md, "MMA groups and the walk loop"; the compile gate checks the grouping).
 """
 
 from __future__ import annotations
@@ -138,10 +136,20 @@ def _load_sa(sa, g, kb, rb, ROWS: int, KIND: int):
     return ct.load(sa, (kb, rb), shape=(1, ROWS), padding_mode=_ZERO)
 
 
-def _store_rows(d, g, rb, nb, tile, KIND: int):
-    """Store a ``[ROWS, BN]`` tile at row block ``rb`` (masked: inside group ``g``; stores stop at Mmax)."""
+def _store_rows(d, g, rb, nb, tile, end, KIND: int):
+    """Store a ``[ROWS, BN]`` tile at row block ``rb`` (masked: inside group ``g``, rows ``>= end`` untouched).
+
+    A TMA store writes whole rows up to the array's end, so masked tiles are stored element-wise under a row
+    mask (the rows past ``masked_m`` are left as they were). Only the group's last block needs the mask, but a
+    kernel with both kinds of store failed to compile for the 128x256 BF16 and 64-row FP8 configs (tileiras
+    13.4, exit 5, no message).
+    """
     if KIND == Kind.MASKED:
-        ct.store(d, (g, rb, nb), ct.reshape(tile, (1, tile.shape[0], tile.shape[1])))
+        rows = tile.shape[0]
+        cols = tile.shape[1]
+        r = ct.reshape(rb * rows + ct.arange(rows, dtype=ct.int32), (rows, 1))
+        c = ct.reshape(nb * cols + ct.arange(cols, dtype=ct.int32), (1, cols))
+        ct.scatter(d, (g, r, c), tile, mask=r < end)
     else:
         ct.store(d, (rb, nb), tile)
 
@@ -252,7 +260,7 @@ def _m_grouped_body(
     cum = 0
     t = ct.bid(0)
     step = ct.num_blocks(0)
-    while True:
+    while g < num_walk:  # no `while True` + `break`: see the module docstring
         # Advance the group pointer past every group that ends at or before tile t.
         while t >= cum_end and g < num_walk:
             g = g + 1
@@ -260,52 +268,63 @@ def _m_grouped_body(
             if g < num_walk:
                 start, end, store_end = _group_rows(KIND, g, index, rows_total, mmax, align, zero_tail)
                 cum_end = cum + ct.cdiv(store_end - start, BM) * n_tiles
-        if g >= num_walk:
-            break
-        mb, nb = _swizzle(t - cum, ct.cdiv(store_end - start, BM), n_tiles, GM)
-        rb = start // BM + mb  # starts are multiples of BM: psum (align % BM == 0), masked and m_indices (0)
-        row0 = rb * BM
+        if g < num_walk:
+            _m_grouped_tile(
+                a, sa, b, sb, d, index, g, t - cum, start, end, store_end, rows_total, n_tiles, nk, num_groups,
+                KIND, FP8, TRANS_B, BM, BN, BK, GM, FAST,
+            )  # fmt: skip
+            t = t + step
 
-        # Which expert's B, and whether the tile is computed, zeroed or skipped.
-        e = g
-        zero = row0 >= end  # every row of the tile belongs to no group
-        if KIND == Kind.INDICES:
-            e = ct.load(index, (_clamp(row0, 0, rows_total - 1),), shape=())
-            zero = e == -1
-        valid = (e >= 0) & (e < num_groups)
 
-        if zero:
-            # One whole-tile store of zeros (two 64-row zero stores in a static loop lost the first one's
-            # data on sm_90: that half of the rows read back as garbage).
-            _store_rows(d, g, rb, nb, ct.full((BM, BN), 0.0, dtype=d.dtype), KIND)
-        elif FP8:
-            if valid:
-                if BM == 128:
-                    acc0, acc1 = _fp8_rows2(a, sa, b, sb, g, e, 2 * rb, nb, nk, BN, BK, TRANS_B, FAST, KIND)
-                    if KIND == Kind.INDICES:
-                        acc0 = _mask_padding_rows(acc0, index, 2 * rb, e, 64)
-                        acc1 = _mask_padding_rows(acc1, index, 2 * rb + 1, e, 64)
-                    else:
-                        acc0 = _zero_rows_from(acc0, row0, end)
-                        acc1 = _zero_rows_from(acc1, row0 + 64, end)
-                    _store_rows(d, g, 2 * rb, nb, ct.astype(acc0, d.dtype), KIND)
-                    _store_rows(d, g, 2 * rb + 1, nb, ct.astype(acc1, d.dtype), KIND)
-                else:
-                    acc0 = _fp8_rows(a, sa, b, sb, g, e, rb, nb, nk, BN, BK, TRANS_B, FAST, KIND)
-                    if KIND == Kind.INDICES:
-                        acc0 = _mask_padding_rows(acc0, index, rb, e, 64)
-                    else:
-                        acc0 = _zero_rows_from(acc0, row0, end)
-                    _store_rows(d, g, rb, nb, ct.astype(acc0, d.dtype), KIND)
-        else:
-            if valid:
-                acc = _mma_bf16(a, b, g, e, rb, nb, nk, BM, BN, BK, TRANS_B, KIND)
+def _m_grouped_tile(
+    a, sa, b, sb, d, index, g, lt, start, end, store_end, rows_total, n_tiles, nk, num_groups,
+    KIND: int, FP8: bool, TRANS_B: bool, BM: int, BN: int, BK: int, GM: int, FAST: bool,
+):  # fmt: skip
+    """Tile ``lt`` of walk group ``g`` (rows ``[start, store_end)``, product rows ``[start, end)``): computed,
+    zeroed or skipped, and stored."""
+    mb, nb = _swizzle(lt, ct.cdiv(store_end - start, BM), n_tiles, GM)
+    rb = start // BM + mb  # starts are multiples of BM: psum (align % BM == 0), masked and m_indices (0)
+    row0 = rb * BM
+
+    # Which expert's B, and whether the tile is computed, zeroed or skipped.
+    e = g
+    zero = row0 >= end  # every row of the tile belongs to no group
+    if KIND == Kind.INDICES:
+        e = ct.load(index, (_clamp(row0, 0, rows_total - 1),), shape=())
+        zero = e == -1
+    valid = (e >= 0) & (e < num_groups)
+
+    if zero:
+        # One whole-tile store of zeros (two 64-row zero stores in a static loop lost the first one's
+        # data on sm_90: that half of the rows read back as garbage).
+        _store_rows(d, g, rb, nb, ct.full((BM, BN), 0.0, dtype=d.dtype), end, KIND)
+    elif FP8:
+        if valid:
+            if BM == 128:
+                acc0, acc1 = _fp8_rows2(a, sa, b, sb, g, e, 2 * rb, nb, nk, BN, BK, TRANS_B, FAST, KIND)
                 if KIND == Kind.INDICES:
-                    acc = _mask_padding_rows(acc, index, rb, e, BM)
-                else:
-                    acc = _zero_rows_from(acc, row0, end)
-                _store_rows(d, g, rb, nb, ct.astype(acc, d.dtype), KIND)
-        t = t + step
+                    acc0 = _mask_padding_rows(acc0, index, 2 * rb, e, 64)
+                    acc1 = _mask_padding_rows(acc1, index, 2 * rb + 1, e, 64)
+                elif KIND == Kind.PSUM:
+                    acc0 = _zero_rows_from(acc0, row0, end)
+                    acc1 = _zero_rows_from(acc1, row0 + 64, end)
+                _store_rows(d, g, 2 * rb, nb, ct.astype(acc0, d.dtype), end, KIND)
+                _store_rows(d, g, 2 * rb + 1, nb, ct.astype(acc1, d.dtype), end, KIND)
+            else:
+                acc0 = _fp8_rows(a, sa, b, sb, g, e, rb, nb, nk, BN, BK, TRANS_B, FAST, KIND)
+                if KIND == Kind.INDICES:
+                    acc0 = _mask_padding_rows(acc0, index, rb, e, 64)
+                elif KIND == Kind.PSUM:
+                    acc0 = _zero_rows_from(acc0, row0, end)
+                _store_rows(d, g, rb, nb, ct.astype(acc0, d.dtype), end, KIND)
+    else:
+        if valid:
+            acc = _mma_bf16(a, b, g, e, rb, nb, nk, BM, BN, BK, TRANS_B, KIND)
+            if KIND == Kind.INDICES:
+                acc = _mask_padding_rows(acc, index, rb, e, BM)
+            elif KIND == Kind.PSUM:
+                acc = _zero_rows_from(acc, row0, end)
+            _store_rows(d, g, rb, nb, ct.astype(acc, d.dtype), end, KIND)
 
 
 def _m_grouped_bf16(
@@ -518,7 +537,7 @@ def _m_grouped(
         )
         cfg = heuristics.choose(problem)
     if kind == Kind.PSUM and alignment % cfg.bm:
-        return _m_grouped_repacked(op, a_data, sa, b, d, index, trans_b, fp8, cfg)
+        return _m_grouped_repacked(op, a_data, sa, b, d, index, alignment, trans_b, fp8, cfg)
     heuristics.print_once(op, {"rows": rows, "n": n_dim, "k": k_dim, "groups": num_groups}, cfg.name)
     if fp8 and not trans_b:
         # Hopper FP8 MMAs take K-major operands only: NN weights are copied to [G, N, K] (as DeepGEMM requires).
@@ -548,25 +567,32 @@ def _m_grouped(
     return d
 
 
-def _aligned_rows(offs: torch.Tensor, rows: int, align: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Where each row of a torch-style psum layout goes in a layout whose groups start on ``align`` rows.
+def _aligned_rows(
+    offs: torch.Tensor, rows: int, align: int, src_align: int = 1
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Where each row of a psum layout goes in a layout whose groups start on multiples of ``align`` rows.
 
-    ``offs`` int32 [G] cumulative ends (group g = rows ``[offs[g-1], offs[g])``). Returns ``(dst, offs_aligned,
-    rows_aligned)``: int64 ``dst[r]`` the row of ``r`` in the aligned layout (rows of no group: ``rows_aligned``,
-    one spare row), int32 ``offs_aligned`` the aligned layout's psum ends (DeepGEMM's meaning), and the static
-    row count ``rows + min(G, rows) * (align - 1)`` that bounds it. All on the device: no host sync.
+    ``offs`` int32 [G] cumulative ends; group g is rows ``[align_up(offs[g-1], src_align), offs[g])`` (the
+    kernel's clamps: ends into ``[0, rows]``, each group's end at least its start). ``src_align`` is the
+    caller's alignment (``torch._grouped_mm``'s offsets: 1); the rows it skips belong to no group. Returns
+    ``(dst, offs_aligned, rows_aligned)``: int64 ``dst[r]`` the row of ``r`` in the aligned layout (rows of no
+    group: ``rows_aligned``, one spare row), int32 ``offs_aligned`` the aligned layout's psum ends (DeepGEMM's
+    meaning), and the static row count ``rows + min(G, rows) * (align - 1)`` that bounds it. All on the
+    device: no host sync.
     """
     num_groups = offs.shape[0]
     rows_aligned = rows + min(num_groups, rows) * (align - 1)
     ends = offs.to(torch.int64).clamp(0, rows)
-    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
+    prev = torch.cat([ends.new_zeros(1), ends[:-1]])
+    starts = ((prev + src_align - 1) // src_align * src_align).clamp(max=rows)
     counts = (ends - starts).clamp(min=0)
     offs_aligned = expert_ends(counts, align)
     pad_starts = offs_aligned.to(torch.int64) - counts
     r = torch.arange(rows, device=offs.device)
     group = torch.searchsorted(ends, r, right=True).clamp(max=num_groups)
     g = group.clamp(max=num_groups - 1)
-    dst = torch.where(group < num_groups, pad_starts[g] + r - starts[g], rows_aligned).clamp(0, rows_aligned)
+    in_group = (group < num_groups) & (r >= starts[g])
+    dst = torch.where(in_group, pad_starts[g] + r - starts[g], rows_aligned).clamp(0, rows_aligned)
     return dst, offs_aligned, rows_aligned
 
 
@@ -577,15 +603,16 @@ def _m_grouped_repacked(
     b: Any,
     d: torch.Tensor,
     offs: torch.Tensor,
+    alignment: int,
     trans_b: bool,
     fp8: bool,
     cfg: heuristics.TileConfig,
 ) -> torch.Tensor:
-    """psum layout with unaligned group starts: rows are copied into a layout whose groups start on whole
-    tiles (:func:`_aligned_rows`), the aligned kernel runs there, and ``d`` gathers the rows back; rows of no
-    group read the spare row, which is 0."""
+    """psum layout whose ``alignment`` is not a multiple of the tile's rows: rows are copied into a layout whose
+    groups start on whole tiles (:func:`_aligned_rows`), the aligned kernel runs there, and ``d`` gathers the rows
+    back; rows of no group read the spare row, which is 0."""
     rows = a_data.shape[0]
-    dst, offs_aligned, rows_aligned = _aligned_rows(offs, rows, cfg.bm)
+    dst, offs_aligned, rows_aligned = _aligned_rows(offs, rows, cfg.bm, alignment)
     # One spare row past the aligned layout takes the rows of no group (copied in, never computed).
     a_bytes = a_data.view(torch.uint8) if fp8 else a_data  # index_copy_ has no float8 kernel
     a_pad = a_bytes.new_empty(rows_aligned + 1, a_data.shape[1]).index_copy_(0, dst, a_bytes)[:rows_aligned]

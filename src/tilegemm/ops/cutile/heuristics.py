@@ -184,21 +184,15 @@ class DenseConfig(TileConfig):
 
 @dataclass(frozen=True)
 class SplitPlan:
-    """How a GEMM's output tiles become work units.
-
-    Tiles ``0..full-1`` are computed whole; each of the other ``tiles - full`` tiles is split in
-    ``splits`` K ranges (fp32 partials summed in order by a reduce kernel). ``splits == 1``
-    means no split (``full == tiles``). Small-M shapes become plain split-K (``full == 0``);
-    big shapes split only the tiles of a poorly filled last wave (stream-K style).
-    """
+    """How a GEMM's output tiles become work units: each of the ``tiles`` is cut into ``splits`` K ranges
+    (fp32 partials summed in order by a reduce kernel); ``splits == 1``: no split."""
 
     tiles: int
-    full: int
     splits: int
 
     @property
     def units(self) -> int:
-        return self.full + (self.tiles - self.full) * self.splits
+        return self.tiles * self.splits
 
 
 # Measured on an H100 (docs/kernels.md, tests/benchmark/results/dense_h100.*).
@@ -234,7 +228,7 @@ def dense_tile_config(p: Problem) -> DenseConfig:
     return FP8_LARGE_K if p.k > 4096 else FP8_SMALL_K
 
 
-MAX_SPLITS = 32  # the reduce kernel sums up to this many partials per tile in one load
+MAX_SPLITS = 32  # K splits of a dense tile-kernel GEMM at most
 SPLIT_BELOW = 0.5  # split-K only grids that fill less than this share of the CTA slots
 
 
@@ -251,11 +245,9 @@ def split_plan(p: Problem, cfg: DenseConfig) -> SplitPlan:
     slots = max(1, p.sms) * cfg.ctas_per_sm
     num_kb = cdiv(p.k, cfg.bk)
     if tiles >= SPLIT_BELOW * slots:
-        return SplitPlan(tiles, tiles, 1)
+        return SplitPlan(tiles, 1)
     splits = min(slots // tiles, num_kb // max(1, cfg.min_split_kb), MAX_SPLITS)
-    if splits < 2:
-        return SplitPlan(tiles, tiles, 1)
-    return SplitPlan(tiles, 0, splits)
+    return SplitPlan(tiles, max(1, splits))
 
 
 # ------------------------------------------------------------------------ decode-size dense GEMMs
