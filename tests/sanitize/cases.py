@@ -184,7 +184,7 @@ for _fp8 in (False, True):
         (129, 77, 1000),
         (300, 513, 128),
         (40, 6400, 2100),
-        (777, 1000, 2100),  # the tile kernel, split along K in two
+        (777, 1000, 4200),  # the tile kernel, split along K in two
     ]:
 
         @case(f"dense {_dt} nt {_m}x{_n}x{_k}")

@@ -229,12 +229,16 @@ def dense_tile_config(p: Problem) -> DenseConfig:
 
 
 MAX_SPLITS = 32  # K splits of a dense tile-kernel GEMM at most
+#: Split-K only from this K on. H100 (results/dense_splitk/split_sweep_h100.json): at K = 768 and 2048 every split
+#: plan was slower than none (BF16 512x2048x768: 13.0 us in 2 splits, 8.0 unsplit), at K = 7168 and 16384 every
+#: split plan faster (1.3-2.2x); K between 2048 and 7168 was not measured.
+SPLIT_MIN_K = 4096
 SPLIT_BELOW = 0.5  # split-K only grids that fill less than this share of the CTA slots
 
 
 def split_plan(p: Problem, cfg: DenseConfig) -> SplitPlan:
     """Split-K plan of dense problem ``p`` under ``cfg``: a grid that fills less than half the CTA slots is
-    split along K.
+    split along K when K is at least :data:`SPLIT_MIN_K`.
 
     Each split gets at least ``cfg.min_split_kb`` K blocks; at most :data:`MAX_SPLITS`. Grids
     of a wave or more are not split: splitting only a partial last wave (stream-K style) was
@@ -244,7 +248,7 @@ def split_plan(p: Problem, cfg: DenseConfig) -> SplitPlan:
     tiles = cdiv(p.m, cfg.bm) * cdiv(p.n, cfg.bn)
     slots = max(1, p.sms) * cfg.ctas_per_sm
     num_kb = cdiv(p.k, cfg.bk)
-    if tiles >= SPLIT_BELOW * slots:
+    if tiles >= SPLIT_BELOW * slots or p.k < SPLIT_MIN_K:
         return SplitPlan(tiles, 1)
     splits = min(slots // tiles, num_kb // max(1, cfg.min_split_kb), MAX_SPLITS)
     return SplitPlan(tiles, max(1, splits))
