@@ -186,7 +186,8 @@ def _fp8_store(D, C, W, acc, u, tiles, pm, jn, h: ConstInt, alpha, beta, SPLITK:
     """Column part ``h`` of FP8 unit ``u``: its partial sum to the workspace (SPLITK), else through the epilogue."""
     if SPLITK:
         # Always true (pm < cdiv(M, TM)). Without the branch tileiras 13.4 spilled 88 words in the 64x128 FP8
-        # kernel (occupancy 2), with it none; the SASS is otherwise the same.
+        # kernel (occupancy 2), with it none; the SASS is otherwise the same. The BF16 kernel stores without it:
+        # with the branch its split-K HGMMAs went back to groups of one (so the two kernels do not share this).
         if pm * acc.shape[0] < D.shape[0]:
             _store_split(W, acc, u, tiles, h)
     else:

@@ -208,6 +208,16 @@ def _mask_padding_rows(acc, index, rb, e, ROWS: int):
     return ct.where(keep, acc, ct.full(acc.shape, 0.0, dtype=ct.float32))
 
 
+def _rows_of_group(acc, index, rb, e, end, KIND: int):
+    """``acc`` (row block ``rb`` of its own height) with the rows of no group set to 0: ``m_indices`` rows not of
+    expert ``e``, psum rows from ``end`` on. Masked rows past ``end`` are left to the store's row mask."""
+    if KIND == Kind.INDICES:
+        acc = _mask_padding_rows(acc, index, rb, e, acc.shape[0])
+    elif KIND == Kind.PSUM:
+        acc = _zero_rows_from(acc, rb * acc.shape[0], end)
+    return acc
+
+
 def _load_b_fp8(b, sb, e, kb, nb, BN: int, BK: int, TRANS_B: bool):
     """B_e's [BK, BN] block (K-major storage for nt) and its 128x128 block scale as a (1, 1) tile."""
     if TRANS_B:
@@ -302,28 +312,18 @@ def _m_grouped_tile(
         if valid:
             if BM == 128:
                 acc0, acc1 = _fp8_rows2(a, sa, b, sb, g, e, 2 * rb, nb, nk, BN, BK, TRANS_B, FAST, KIND)
-                if KIND == Kind.INDICES:
-                    acc0 = _mask_padding_rows(acc0, index, 2 * rb, e, 64)
-                    acc1 = _mask_padding_rows(acc1, index, 2 * rb + 1, e, 64)
-                elif KIND == Kind.PSUM:
-                    acc0 = _zero_rows_from(acc0, row0, end)
-                    acc1 = _zero_rows_from(acc1, row0 + 64, end)
+                acc0 = _rows_of_group(acc0, index, 2 * rb, e, end, KIND)
+                acc1 = _rows_of_group(acc1, index, 2 * rb + 1, e, end, KIND)
                 _store_rows(d, g, 2 * rb, nb, ct.astype(acc0, d.dtype), end, KIND)
                 _store_rows(d, g, 2 * rb + 1, nb, ct.astype(acc1, d.dtype), end, KIND)
             else:
-                acc0 = _fp8_rows(a, sa, b, sb, g, e, rb, nb, nk, BN, BK, TRANS_B, FAST, KIND)
-                if KIND == Kind.INDICES:
-                    acc0 = _mask_padding_rows(acc0, index, rb, e, 64)
-                elif KIND == Kind.PSUM:
-                    acc0 = _zero_rows_from(acc0, row0, end)
+                acc0 = _rows_of_group(
+                    _fp8_rows(a, sa, b, sb, g, e, rb, nb, nk, BN, BK, TRANS_B, FAST, KIND), index, rb, e, end, KIND
+                )
                 _store_rows(d, g, rb, nb, ct.astype(acc0, d.dtype), end, KIND)
     else:
         if valid:
-            acc = _mma_bf16(a, b, g, e, rb, nb, nk, BM, BN, BK, TRANS_B, KIND)
-            if KIND == Kind.INDICES:
-                acc = _mask_padding_rows(acc, index, rb, e, BM)
-            elif KIND == Kind.PSUM:
-                acc = _zero_rows_from(acc, row0, end)
+            acc = _rows_of_group(_mma_bf16(a, b, g, e, rb, nb, nk, BM, BN, BK, TRANS_B, KIND), index, rb, e, end, KIND)
             _store_rows(d, g, rb, nb, ct.astype(acc, d.dtype), end, KIND)
 
 
