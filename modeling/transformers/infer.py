@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["auto", *BACKENDS], default="auto", help="tilegemm backend of the patch")
     p.add_argument("--fp8", action="store_true", help="FP8 experts (and dense layers with --linear)")
     p.add_argument("--linear", action="store_true", help="also swap dense nn.Linear layers to tilegemm")
+    p.add_argument("--no-norm", action="store_true", help="keep the stock RMSNorm modules (patch the experts only)")
     p.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: bf16 on a GPU, fp32 on the CPU")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N; default: cuda when available, else cpu")
     p.add_argument("--batch-size", type=_positive_int, default=1)
@@ -262,13 +263,16 @@ def run_one(name: str, model, args, device, dtype) -> dict[str, Any]:
         "prompt_tokens": args.prompt_tokens,
         "new_tokens": args.new_tokens,
         "cuda_graphs": args.cuda_graphs,
+        "norm": not args.no_norm,
     }
     stock = None
     if args.compare:
         log(f"{name}: stock (experts {model.config._experts_implementation})")
         stock = _measure(model, ids, args, patched=False, device=device)
     log(f"{name}: patched (tilegemm{'_fp8' if args.fp8 else ''}, backend {row['backend']})")
-    apply_tilegemm_to_model(model, experts=True, linear=args.linear, fp8=args.fp8, backend=backend)
+    apply_tilegemm_to_model(
+        model, experts=True, linear=args.linear, fp8=args.fp8, backend=backend, norm=not args.no_norm
+    )
     patched = _measure(model, ids, args, patched=True, device=device)
     row["patched"] = {k: v for k, v in patched.items() if k != "tokens"}
     if stock is not None:

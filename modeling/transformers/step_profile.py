@@ -1,7 +1,8 @@
 """Where one decode step's time goes: stock vs tilegemm experts, on one device or sharded over ``torchrun`` ranks.
 
-For a preset (random weights) at batch ``B`` after a ``P``-token prefill into a ``StaticCache``, for the stock model
-and then the model patched with tilegemm, at one decode position:
+For a preset (random weights) at batch ``B`` after a ``P``-token prefill into a ``StaticCache``, for the stock model,
+the model with tilegemm's experts only, and the model patched with tilegemm's defaults (experts and RMSNorm
+modules), at one decode position:
 
 * ``graph_step_ms``: one decode step replayed from a CUDA graph (the step of ``infer.py --cuda-graphs`` and
   ``dist_check.py --cuda-graphs``), mean of ``--replays``;
@@ -49,7 +50,9 @@ from tilegemm.transformers.compat import rewind_static_cache  # noqa: E402
 from tilegemm.transformers.monkey_patch import experts_modules  # noqa: E402
 from tilegemm.transformers.parallel import PARALLEL_MODES, distribute_model  # noqa: E402
 
-IMPLS = ("stock", "patched")
+#: The rows: the stock model, tilegemm's experts alone (``norm=False``), and the default patch (experts and the
+#: RMSNorm modules), each its ``apply_tilegemm_to_model`` keywords (``None``: stock).
+IMPLS: dict[str, dict[str, bool] | None] = {"stock": None, "experts": {"norm": False}, "patched": {}}
 
 
 def _positive_int(text: str) -> int:
@@ -195,15 +198,22 @@ def kernel_profile(step: DecodeStep, top: int) -> dict[str, Any]:
     }
 
 
+def _patch(model, impl: str, fp8: bool) -> None:
+    """Make ``model`` row ``impl`` of :data:`IMPLS`: stock, or patched with that row's keywords."""
+    revert_tilegemm_model(model)
+    if IMPLS[impl] is not None:
+        apply_tilegemm_to_model(model, fp8=fp8, **IMPLS[impl])
+
+
 def profile_model(model, input_ids: torch.Tensor, args) -> list[dict[str, Any]]:
-    """The rows of :func:`main` for one (possibly sharded) model: stock, then patched with tilegemm."""
+    """The rows of :func:`main` for one (possibly sharded) model, one per :data:`IMPLS` entry."""
     rows, steps = [], {}
     graphs = input_ids.is_cuda
     for impl in IMPLS:
-        if impl == "patched":
-            apply_tilegemm_to_model(model, fp8=args.fp8)
+        _patch(model, impl, args.fp8)
         step = steps[impl] = DecodeStep(model, input_ids)
         row: dict[str, Any] = {"impl": impl, "experts": model.config._experts_implementation}
+        row["norms"] = sum(hasattr(m, "_tilegemm_stock") for m in model.modules())
         if graphs:
             row["graph_step_ms"] = graph_step_ms(step, args.replays)
             with experts_removed(model):
@@ -213,10 +223,7 @@ def profile_model(model, input_ids: torch.Tensor, args) -> list[dict[str, Any]]:
         rows.append(row)
     # profiled last: no CUDA-graph capture after the profiler has run in this process
     for row, impl in zip(rows, IMPLS):
-        if impl == "stock":
-            revert_tilegemm_model(model)
-        else:
-            apply_tilegemm_to_model(model, fp8=args.fp8)
+        _patch(model, impl, args.fp8)
         row.update(kernel_profile(steps[impl], args.top))
     return rows
 
@@ -231,14 +238,15 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"# One decode step: {meta['model']} ({meta['layers']}L), batch {meta['batch']}, "
         f"{meta['prompt_tokens']}-token context, {meta['layout']}",
         "",
-        "| impl | graph step ms | without experts ms | experts ms | eager step ms | kernels | kernel ms | NCCL ms |",
-        "|---|---|---|---|---|---|---|---|",
+        "| impl | tilegemm norms | graph step ms | without experts ms | experts ms | eager step ms | kernels | "
+        "kernel ms | NCCL ms |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['impl']} ({r['experts']}) | {num(r, 'graph_step_ms')} | {num(r, 'no_experts_graph_step_ms')} | "
-            f"{num(r, 'experts_ms')} | {num(r, 'eager_step_ms')} | {r['kernels']} | {r['kernel_ms']:.2f} | "
-            f"{r['nccl_ms']:.2f} ({r['nccl_kernels']}) |"
+            f"| {r['impl']} ({r['experts']}) | {r.get('norms', 0)} | {num(r, 'graph_step_ms')} | "
+            f"{num(r, 'no_experts_graph_step_ms')} | {num(r, 'experts_ms')} | {num(r, 'eager_step_ms')} | "
+            f"{r['kernels']} | {r['kernel_ms']:.2f} | {r['nccl_ms']:.2f} ({r['nccl_kernels']}) |"
         )
     lines += ["", f"{meta['device']} x{meta['world_size']}, torch {meta['torch']}, transformers "]
     lines[-1] += f"{meta['transformers']}, {meta['date']}; kernels from one profiled eager step (rank 0)."

@@ -63,6 +63,7 @@ from tilegemm.ops.api import (
     m_grouped_fp8_gemm_nt_contiguous,
     m_grouped_fp8_gemm_nt_masked,
     moe_experts,
+    rms_norm,
     tf32_hc_prenorm_gemm,
 )
 from tilegemm.quant import (
@@ -154,6 +155,7 @@ __all__ = [
     "per_block_cast_to_fp8",
     "per_channel_cast_to_fp8",
     "per_token_cast_to_fp8",
+    "rms_norm",
     "set_backend",
     "set_block_size_multiple_of",
     "set_ignore_compile_dims",

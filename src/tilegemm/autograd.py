@@ -24,6 +24,9 @@ backend (``set_backend`` / ``use_backend``).
   ``topk_weights``, ``w13`` and ``w2``: ``moe_experts_forward`` keeps the routed rows, ``moe_experts_backward``
   is the fused backward (``ops/cutile/moe_train.py``: the activation's backward in the ``dh`` GEMM's epilogue,
   weight gradients by the k-grouped kernel on the aligned layout, no host sync, bitwise-identical reruns).
+* :func:`rms_norm` ``(x [..., H], weight [H], eps) -> [..., H]``: :func:`tilegemm.rms_norm` forward (one kernel on
+  the current backend); the backward is the fp32 formula in torch ops (below the forward kernel in cost: it runs in
+  training only).
 * :func:`fp8_linear` ``(x [..., K], weight [N, K], bias=None) -> [..., N]``, bf16 in and out:
   ``x`` is cast per token (1x128) and ``weight`` per 128x128 block to FP8, then
   ``fp8_gemm_nt``. The backward is straight-through: gradients are the BF16 GEMMs of the
@@ -43,6 +46,7 @@ from tilegemm.ops.checks import (
     grouped_matmul_check,
     matmul_check,
     moe_experts_check,
+    rms_norm_check,
 )
 from tilegemm.ops.common import MoETrainState
 from tilegemm.ops.op_call import grouped_linear, grouped_linear_fp8, run_op
@@ -174,6 +178,17 @@ def _(grad_out, hidden, topk_weights, w13, w2, *state_activation_needs_backend):
     return tuple(t.new_empty(t.shape) if need else hidden.new_empty(0) for t, need in zip(inputs, needs, strict=True))
 
 
+@torch.library.custom_op("tilegemm::rms_norm", mutates_args=())
+def rms_norm_forward(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """``tilegemm.rms_norm(x, weight, eps)``: [..., H] in ``promote_types(x.dtype, weight.dtype)``."""
+    return api.rms_norm(x, weight, eps)
+
+
+@rms_norm_forward.register_fake
+def _(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype))
+
+
 # ------------------------------------------------------------------------------- autograd
 
 
@@ -248,11 +263,36 @@ def _moe_backward(ctx, grad_out, *_):
     return d_hidden, None, d_weights, d_w13, d_w2, None
 
 
+def _save_rms_norm(ctx, inputs, output) -> None:
+    x, weight, eps = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.eps = eps
+
+
+def _rms_norm_backward(ctx, grad):
+    """With ``r = rsqrt(mean(x^2) + eps)``, ``xh = x * r`` and ``n = round(xh)`` (fp32 throughout, the rounding
+    passed straight through): ``dw = sum_rows(grad * n)``, ``g = grad * w``, ``dx = r * (g - xh * mean(g * xh))``."""
+    x, weight = ctx.saved_tensors
+    x32 = x.float()
+    r = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + ctx.eps)
+    xh = x32 * r
+    grad32 = grad.float()
+    grad_x = grad_w = None
+    if ctx.needs_input_grad[0]:
+        g = grad32 * weight.float()
+        grad_x = (r * (g - xh * (g * xh).mean(-1, keepdim=True))).to(x.dtype)
+    if ctx.needs_input_grad[1]:
+        n = xh.to(x.dtype).float()
+        grad_w = (grad32 * n).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
+    return grad_x, grad_w, None
+
+
 gemm.register_autograd(_gemm_backward, setup_context=_save_inputs)
 grouped_gemm.register_autograd(_grouped_backward, setup_context=_save_inputs)
 fp8_linear_forward.register_autograd(_fp8_linear_backward, setup_context=_save_inputs)
 fp8_grouped_gemm.register_autograd(_fp8_grouped_backward, setup_context=_save_fp8_grouped)
 moe_experts_train.register_autograd(_moe_backward, setup_context=_save_moe)
+rms_norm_forward.register_autograd(_rms_norm_backward, setup_context=_save_rms_norm)
 
 
 # ----------------------------------------------------------------------- functional API
@@ -348,6 +388,28 @@ def moe_experts(
     """
     moe_experts_check(hidden, topk_ids, topk_weights, w13, w2, activation)
     return moe_experts_train(hidden, topk_ids, topk_weights, w13, w2, activation)[0]
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
+    """Differentiable RMSNorm over the last dimension: :func:`tilegemm.rms_norm` with gradients (training).
+
+    Args:
+        x: [..., H] bf16, fp16 or fp32; gets a gradient.
+        weight: [H] bf16, fp16 or fp32; gets a gradient.
+        eps: a finite float >= 0.
+
+    Returns:
+        [..., H] in ``promote_types(x.dtype, weight.dtype)``: ``weight * round(x * rsqrt(mean(x^2) + eps))``
+        (fp32 math, rounded to ``x.dtype`` before the weight), as transformers' RMSNorm modules compute it.
+        Gradients, in fp32 and rounded once to each input's dtype: ``dweight = sum_rows(grad * n)`` with ``n`` the
+        rounded normalized rows, ``dx = r * (g - xh * mean(g * xh))`` with ``g = grad * weight``,
+        ``r = rsqrt(mean(x^2) + eps)`` and ``xh = x * r`` (the rounding to ``x.dtype`` passed straight through).
+
+    Raises:
+        TypeError, ValueError: as :func:`tilegemm.rms_norm`.
+    """
+    eps = rms_norm_check(x, weight, eps)["eps"]
+    return rms_norm_forward(x, weight, eps)
 
 
 def fp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -27,14 +27,15 @@ SPECS = [
         "moe",
         {"dtype": "bf16", "model": "mixtral-8x7b", "tokens": 3, "hidden": 64, "experts": 4, "top_k": 2, "inter": 48},
     ),
+    ("norm", {"dtype": "bf16", "rows": 3, "hidden": 96}),
     ("models", {"dtype": "bf16", "model": "tiny-qwen3-moe", "layers": 2, "phase": "decode", "batch": 2, "prompt": 8}),
     (
         "models",
         {"dtype": "bf16", "model": "tiny-deepseek-v3", "layers": 3, "phase": "prefill", "batch": 2, "prompt": 8},
     ),
 ]
-#: Families without a DeepGEMM peer: the MoE layer and whole models.
-NO_DEEPGEMM = ("moe", "models")
+#: Families without a DeepGEMM peer: the MoE layer, the norm and whole models.
+NO_DEEPGEMM = ("moe", "norm", "models")
 
 
 @pytest.fixture

@@ -643,6 +643,28 @@ def prenorm(draw) -> Case:
     return Case(tg.tf32_hc_prenorm_gemm, kw, dims, reference, compare="pair", contiguous=("sqr_sum",))
 
 
+def rms_norm(draw) -> Case:
+    lead = draw(st.lists(st.integers(0, 6), min_size=1, max_size=2))
+    h = draw(st.integers(1, 300))
+    dtype, w_dtype = draw(st.sampled_from(FLOATS)), draw(st.sampled_from(FLOATS))
+    differentiable = draw(st.booleans())
+
+    def reference(call: dict[str, Any], _: Any) -> torch.Tensor:
+        """float64 ``w * round(x * rsqrt(mean(x^2) + eps))``, each rounding where the op rounds."""
+        x = call["x"]
+        x64 = d64(x)
+        n = (x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + call["eps"])).to(x.dtype)
+        return (d64(call["weight"]) * d64(n)).to(torch.promote_types(x.dtype, call["weight"].dtype)).double()
+
+    kw = dict(x=rand(*lead, h, dtype=dtype), weight=rand(h, dtype=w_dtype), eps=draw(st.sampled_from([1e-6, 0.0, 2])))
+    dims = {"x": "ABH"[-len(lead) - 1 :], "weight": "H"}
+    op = tg.autograd.rms_norm if differentiable else tg.rms_norm
+    return Case(op, kw, dims, reference, out=None, free="AB", bad_dtype=torch.int32, dispatched=not differentiable)
+
+
+FLOATS = [torch.bfloat16, torch.float16, torch.float32]
+
+
 def matmul(draw) -> Case:
     m, k, n = draw(st.integers(1, 12)), draw(st.integers(1, 40)), draw(st.integers(1, 12))
 
@@ -817,6 +839,7 @@ FAMILIES: dict[str, Callable[[Any], Case]] = {
     "einsum": einsum,
     "fp8_einsum": fp8_einsum,
     "tf32_hc_prenorm_gemm": prenorm,
+    "rms_norm": rms_norm,
     "matmul": matmul,
     "grouped_matmul": grouped_matmul,
     "fp8_grouped_matmul": fp8_grouped_matmul,
@@ -984,7 +1007,7 @@ def test_every_public_tensor_op_is_fuzzed():
         "fp8_fp4_paged_mqa_logits", "einsum", "fp8_einsum", "tf32_hc_prenorm_gemm", "matmul", "grouped_matmul",
         "fp8_grouped_matmul", "fp8_linear", "per_token_cast_to_fp8", "per_channel_cast_to_fp8", "per_block_cast_to_fp8",
         "get_mn_major_tma_aligned_tensor", "calc_diff", "cublaslt_gemm_nn", "cublaslt_gemm_nt", "cublaslt_gemm_tn",
-        "cublaslt_gemm_tt", "moe_experts", "fp8_moe_experts",
+        "cublaslt_gemm_tt", "moe_experts", "fp8_moe_experts", "rms_norm",
     }  # fmt: skip
     aliases = {
         "m_grouped_fp8_fp4_gemm_nt_contiguous",

@@ -286,6 +286,21 @@ def _moe_train() -> str:
     return f"calc_diff {diff:.1e} (worst of the output and four gradients)"
 
 
+@case("rms norm: rows off the tiles, unaligned rows, the longest row, a column slice")
+def _rms_norm() -> str:
+    worst = 0.0
+    g = torch.Generator().manual_seed(4)
+    for rows, h in ((130, 128), (5, 97), (3, 7168), (2, 8192), (1, 1)):
+        x = torch.randn(rows, h + 3, generator=g).bfloat16().to(DEV)[:, 3:]
+        w = torch.randn(h, generator=g).bfloat16().to(DEV)
+        got, want = tg.rms_norm(x, w, backend="cutile"), tg.rms_norm(x, w, backend="pytorch")
+        torch.cuda.synchronize()
+        worst = max(worst, calc_diff(got, want))
+    if worst > 1e-5:
+        raise AssertionError(f"cutile differs from pytorch: calc_diff {worst:.2e}")
+    return f"calc_diff {worst:.1e}"
+
+
 @case("mqa logits: windows past both ends")
 def _mqa() -> str:
     g = torch.Generator().manual_seed(1)

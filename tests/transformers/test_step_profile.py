@@ -16,12 +16,13 @@ def test_cpu_rows_and_json(tmp_path, capsys):
     assert step_profile.main(args) == 0
     report = json.loads(out.read_text())
     assert report["meta"]["layout"] == "1dev" and report["meta"]["layers"] == 2
-    assert [r["impl"] for r in report["rows"]] == ["stock", "patched"]
-    assert [r["experts"] for r in report["rows"]] == ["grouped_mm", "tilegemm"]
+    assert [r["impl"] for r in report["rows"]] == ["stock", "experts", "patched"]
+    assert [r["experts"] for r in report["rows"]] == ["grouped_mm", "tilegemm", "tilegemm"]
+    assert [r["norms"] for r in report["rows"]] == [0, 0, 2 * 2 + 1]  # two per layer and the final one
     for row in report["rows"]:
         assert row["eager_step_ms"] > 0 and "graph_step_ms" not in row  # no CUDA graph on the CPU
         assert row["kernels"] == 0 and row["nccl_ms"] == 0
-    assert "| patched (tilegemm) | - | - | - |" in capsys.readouterr().out
+    assert "| patched (tilegemm) | 5 | - | - | - |" in capsys.readouterr().out
 
 
 def _tiny_model():

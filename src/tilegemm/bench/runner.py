@@ -23,6 +23,7 @@ FAMILIES = {
     "k_grouped": "k_grouped",
     "mqa": "mqa",
     "moe": "moe",
+    "norm": "norm",
     "models": "models",
 }
 #: Fraction of the time budget each family gets (renormalised over the selected families).
@@ -32,7 +33,8 @@ BUDGET_SHARE = {
     "masked": 0.1,
     "k_grouped": 0.07,
     "mqa": 0.1,
-    "moe": 0.17,
+    "moe": 0.15,
+    "norm": 0.02,
     "models": 0.13,
 }
 

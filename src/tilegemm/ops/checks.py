@@ -29,6 +29,7 @@ Two kinds of check:
 from __future__ import annotations
 
 import contextlib
+import math
 import numbers
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -1185,11 +1186,31 @@ def tf32_hc_prenorm_gemm_check(a, b, d, sqr_sum, num_splits=None, *, stream=None
     return dict(a=a, b=b, d=d, sqr_sum=sqr_sum, num_splits=num_splits, stream=stream)
 
 
+# ------------------------------------------------------------------------------- RMSNorm
+
+_FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def rms_norm_check(x, weight, eps=1e-6, *, stream=None) -> dict[str, Any]:
+    """The check of ``rms_norm``: float ``x [..., H]`` (at least 1-D), float ``weight [H]``, ``eps`` a finite real
+    number >= 0; derived: ``x``, ``weight``, ``eps`` (a float), ``stream``."""
+    _tensor("x", x, _FLOATS, None)
+    if x.dim() < 1:
+        raise ValueError("x: got a 0-D tensor, expected [..., H] (the norm runs over the last dimension)")
+    _tensor("weight", weight, _FLOATS, 1)
+    _shape("weight", weight, [x.shape[-1]], "[H], one per element of x's last dimension")
+    eps = _scalar("eps", eps)
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps: got {eps}, expected a finite number >= 0")
+    _stream(stream)
+    _same_device(dict(x=x, weight=weight))
+    return dict(x=x, weight=weight, eps=eps, stream=stream)
+
+
 # ----------------------------------------------------------------------------- MoE experts
 
 #: Gated activations ``moe_experts`` knows (the reference implements all of them).
 MOE_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
-_FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _moe_tokens_check(hidden, topk_ids, topk_weights, hidden_dtypes) -> int:

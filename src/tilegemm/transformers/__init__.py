@@ -1,15 +1,15 @@
 """tilegemm inside HuggingFace transformers (>= 5.7) MoE models: DeepSeek-V2/V3, Qwen2-MoE, Qwen3-MoE, Mixtral.
 
 The integration: the experts functions, the patchers (one per row of :data:`FAMILIES`), cached FP8
-expert weights and the ``nn.Linear`` swap, plus the random-weight model presets (:mod:`.presets`, read by
-``tilegemm-bench``'s ``models`` family and the tests). The inference comparison harness (timing, reports) is
-``modeling/transformers/`` in the repository.
+expert weights, the RMSNorm swap and the ``nn.Linear`` swap, plus the random-weight model presets
+(:mod:`.presets`, read by ``tilegemm-bench``'s ``models`` family and the tests). The inference comparison
+harness (timing, reports) is ``modeling/transformers/`` in the repository.
 
 Quick start::
 
     from tilegemm.transformers import apply_tilegemm_to_model
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, device_map="cuda")
-    apply_tilegemm_to_model(model)                      # experts -> m-grouped BF16 GEMM
+    apply_tilegemm_to_model(model)                      # experts -> fused experts op, RMSNorms -> one kernel
     apply_tilegemm_to_model(model, linear=True, fp8=True)  # + dense layers, FP8 everywhere
 
 or select the registered experts function by name after :func:`register_experts_functions`:
@@ -45,6 +45,7 @@ from tilegemm.transformers.monkey_patch import (
     revert_tilegemm_kernel_patches,
     revert_tilegemm_model,
 )
+from tilegemm.transformers.norm import restore_rms_norms, swap_rms_norms
 from tilegemm.transformers.parallel import (
     PARALLEL_MODES,
     distribute_model,
@@ -75,9 +76,11 @@ __all__ = [
     "parallel_unavailable_reason",
     "register_experts_functions",
     "restore_linear_layers",
+    "restore_rms_norms",
     "revert_tilegemm_kernel_patches",
     "revert_tilegemm_model",
     "swap_linear_layers",
+    "swap_rms_norms",
     "tilegemm_experts_forward",
     "tilegemm_fp8_experts_forward",
 ]

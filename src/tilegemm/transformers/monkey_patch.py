@@ -1,7 +1,8 @@
 """Patchers that put tilegemm into HuggingFace MoE models (TileGym / Liger style).
 
 * :func:`apply_tilegemm_to_model` patches a built model: it registers the ``"tilegemm"`` /
-  ``"tilegemm_fp8"`` experts functions and selects one with ``model.set_experts_implementation``, and
+  ``"tilegemm_fp8"`` experts functions and selects one with ``model.set_experts_implementation``, swaps the
+  family's RMSNorm modules to tilegemm's RMSNorm kernel (:mod:`~tilegemm.transformers.norm`), and
   optionally swaps dense ``nn.Linear`` layers to :class:`~tilegemm.transformers.linear.TileGemmLinear`.
 * ``apply_tilegemm_kernel_to_<family>(...)`` patches a model family before creation: every model of that
   family built afterwards (``from_config``, ``from_pretrained``) is patched at the end of its ``post_init``.
@@ -23,6 +24,7 @@ from tilegemm.transformers.compat import transformers_version
 from tilegemm.transformers.experts import EXPERTS_NAME, FP8_EXPERTS_NAME, register_experts_functions
 from tilegemm.transformers.families import FAMILIES, FAMILY_BY_MODEL_TYPE, SUPPORTED_MODEL_TYPES, ModelFamily
 from tilegemm.transformers.linear import restore_linear_layers, swap_linear_layers
+from tilegemm.transformers.norm import restore_rms_norms, swap_rms_norms
 
 _PATCHED_METHODS = ("post_init", "get_correct_experts_implementation")
 """The methods a family patcher replaces on the family's ``PreTrainedModel`` base class."""
@@ -58,13 +60,20 @@ def experts_modules(model: nn.Module) -> list[nn.Module]:
 
 
 def apply_tilegemm_to_model(
-    model: nn.Module, experts: bool = True, linear: bool = False, fp8: bool = False, backend: str | None = None
+    model: nn.Module,
+    experts: bool = True,
+    linear: bool = False,
+    fp8: bool = False,
+    backend: str | None = None,
+    norm: bool = True,
 ) -> nn.Module:
     """Patch a built DeepSeek-V2/V3, Qwen2-MoE, Qwen3-MoE or Mixtral model in place; returns it.
 
     Args:
         model: a transformers ``PreTrainedModel`` of a supported ``config.model_type``.
         experts: route the MoE experts through ``"tilegemm"`` (or ``"tilegemm_fp8"`` with ``fp8``).
+        norm: run the family's RMSNorm modules as one tilegemm kernel each (:func:`tilegemm.autograd.rms_norm`,
+            the stock math; differentiable).
         linear: swap dense ``nn.Linear`` layers (attention, shared experts, dense MLPs, lm_head) to tilegemm's
             dense GEMM, keeping parameters, state_dict and weight tying.
         fp8: FP8 GEMMs (weights quantized once to 128x128 blocks and cached, activations per token).
@@ -91,27 +100,33 @@ def apply_tilegemm_to_model(
         model.set_experts_implementation(FP8_EXPERTS_NAME if fp8 else EXPERTS_NAME)
         for module in found:
             module._tilegemm_backend = backend
+    if norm:
+        swap_rms_norms(model, backend=backend)
     if linear:
         swap_linear_layers(model, fp8=fp8, backend=backend)
     return model
 
 
 def revert_tilegemm_model(model: nn.Module, experts_implementation: str = "grouped_mm") -> nn.Module:
-    """Undo :func:`apply_tilegemm_to_model`: stock experts implementation, plain ``nn.Linear`` layers."""
+    """Undo :func:`apply_tilegemm_to_model`: stock experts implementation, RMSNorm modules and ``nn.Linear``
+    layers."""
     if getattr(model.config, "_experts_implementation", None) in (EXPERTS_NAME, FP8_EXPERTS_NAME):
         model.set_experts_implementation(experts_implementation)
+    restore_rms_norms(model)
     restore_linear_layers(model)
     return model
 
 
-def _patch_family(family: ModelFamily, experts: bool, linear: bool, fp8: bool, backend: str | None) -> None:
+def _patch_family(
+    family: ModelFamily, experts: bool, linear: bool, fp8: bool, backend: str | None, norm: bool = True
+) -> None:
     """Make tilegemm's experts function the family's default experts implementation and patch its ``post_init``.
 
     The default is what transformers resolves an experts implementation nobody asked for to
     (``get_correct_experts_implementation(None)``, stock ``"grouped_mm"``): an ``experts_implementation=``
     passed to ``from_pretrained`` / ``from_config``, or set on the config, is kept, and the experts modules of
     such a model are left alone. ``post_init`` then gives the modules of a model that runs tilegemm's experts
-    their ``backend`` and swaps the linear layers.
+    their ``backend`` and swaps the RMSNorm modules (``norm``) and the linear layers (``linear``).
     """
     transformers_version()
     if experts:
@@ -136,6 +151,8 @@ def _patch_family(family: ModelFamily, experts: bool, linear: bool, fp8: bool, b
         if experts and chosen in (EXPERTS_NAME, FP8_EXPERTS_NAME):
             for module in experts_modules(self):
                 module._tilegemm_backend = backend
+        if norm:
+            swap_rms_norms(self, backend=backend)
         if linear:
             swap_linear_layers(self, fp8=fp8, backend=backend)
         return result
@@ -147,14 +164,17 @@ def _patch_family(family: ModelFamily, experts: bool, linear: bool, fp8: bool, b
 
 
 def _make_family_patcher(family: ModelFamily) -> Callable[..., None]:
-    def patcher(experts: bool = True, linear: bool = False, fp8: bool = False, backend: str | None = None) -> None:
-        _patch_family(family, experts, linear, fp8, backend)
+    def patcher(
+        experts: bool = True, linear: bool = False, fp8: bool = False, backend: str | None = None, norm: bool = True
+    ) -> None:
+        _patch_family(family, experts, linear, fp8, backend, norm)
 
     patcher.__name__ = family.patcher_name
     patcher.__qualname__ = patcher.__name__
     patcher.__doc__ = f"""Patch every {family.model_type} model created afterwards (at the end of its ``post_init``).
 
-    Same switches as :func:`apply_tilegemm_to_model`; a model without MoE layers gets only the linear swap.
+    Same switches as :func:`apply_tilegemm_to_model`; a model without MoE layers gets only the norm and linear
+    swaps.
     ``experts=True`` makes ``"tilegemm"`` (``"tilegemm_fp8"`` with ``fp8``) the family's default experts
     implementation: an explicit ``experts_implementation=`` given to ``from_pretrained`` / ``from_config`` wins.
     Calling it again replaces the settings; :func:`revert_tilegemm_kernel_patches` undoes it.

@@ -5,5 +5,6 @@ import cuda.tile  # noqa: F401  (fail early: the registry records why cutile is 
 # Each kernel-family module registers its cutile implementations when imported:
 # gemm (dense GEMMs), grouped (m-/k-grouped GEMMs), moe / moe_fp8 (fused MoE experts, BF16 / FP8), moe_train (the
 # BF16 experts' training forward and backward), mqa (MQA logits),
-# einsum / fp8_einsum (DeepGEMM's einsum expressions), prenorm (the TF32 hyper-connection pre-norm GEMM).
-from tilegemm.ops.cutile import einsum, fp8_einsum, gemm, grouped, moe, moe_fp8, moe_train, mqa, prenorm  # noqa: E402, F401
+# einsum / fp8_einsum (DeepGEMM's einsum expressions), prenorm (the TF32 hyper-connection pre-norm GEMM),
+# norm (the RMSNorm of the transformers patch).
+from tilegemm.ops.cutile import einsum, fp8_einsum, gemm, grouped, moe, moe_fp8, moe_train, mqa, norm, prenorm  # noqa: E402, F401

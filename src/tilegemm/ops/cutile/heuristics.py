@@ -13,7 +13,8 @@ device reads, no runtime search (a first call never autotunes). The rules, per f
   expert blocks next (:class:`MoEBlocksConfig`), persistent tiles at prefill sizes (:class:`MoEConfig`).
 
 MQA logits (not GEMMs) are chosen from heads, head size and compute capability: :func:`mqa_logits_config`,
-:func:`paged_mqa_config`. ``TILEGEMM_PRINT_CONFIGS=1`` makes :func:`print_once` print each choice once.
+:func:`paged_mqa_config`; the RMSNorm kernel's row tiles from the row length: :func:`rms_norm_config`.
+``TILEGEMM_PRINT_CONFIGS=1`` makes :func:`print_once` print each choice once.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ __all__ = [
     "decode_plan",
     "mqa_logits_config",
     "paged_mqa_config",
+    "NormConfig",
+    "rms_norm_config",
     "print_once",
 ]
 
@@ -798,6 +801,41 @@ def paged_mqa_config(
         head_chain=_head_chain(sm, n_side),
         rows_outer=sm == 90 and nnp == rg,
     )
+
+
+# ------------------------------------------------------------------------------- RMSNorm
+# (used by ops/cutile/norm.py and tests/kernels/test_compile_norm.py.)
+
+#: The longest row (padded to a power of two) the RMSNorm kernel holds in registers; longer rows run the
+#: ``pytorch`` backend.
+NORM_MAX_COLS = 8192
+#: fp32 elements of x per CTA (rows x padded columns): 64 per thread of the kernel's four warps.
+NORM_TILE_ELEMS = 8192
+#: Rows per CTA at most (short rows such as 128-wide per-head norms).
+NORM_MAX_ROWS = 64
+#: The kernel's CTAs-per-SM hint: tileiras then keeps it at 64 registers without spills for every tile above
+#: (255 registers, one CTA per SM, without a hint; at 8 it spills on 8192-column rows).
+NORM_OCCUPANCY = 4
+
+
+@dataclass(frozen=True)
+class NormConfig:
+    """Tile of the RMSNorm kernel: ``rows`` rows x ``cols`` columns (the row length padded to a power of two)."""
+
+    rows: int
+    cols: int
+
+
+def rms_norm_config(h: int) -> NormConfig | None:
+    """The RMSNorm tile for rows of ``h`` elements; ``None`` beyond :data:`NORM_MAX_COLS`.
+
+    A CTA holds whole rows (one load, the sum of squares and the scaling in registers):
+    ``NORM_TILE_ELEMS / cols`` of them, at most :data:`NORM_MAX_ROWS`.
+    """
+    if not 1 <= h <= NORM_MAX_COLS:
+        return None
+    cols = 1 << (h - 1).bit_length()
+    return NormConfig(rows=max(1, min(NORM_MAX_ROWS, NORM_TILE_ELEMS // cols)), cols=cols)
 
 
 # ------------------------------------------------------------------------------- printing

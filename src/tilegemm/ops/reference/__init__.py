@@ -3,4 +3,4 @@
 Importing this package registers every op's ``pytorch`` implementation.
 """
 
-from tilegemm.ops.reference import einsum, gemm, grouped, moe, mqa  # noqa: F401  (registration side effects)
+from tilegemm.ops.reference import einsum, gemm, grouped, moe, mqa, norm  # noqa: F401  (registration side effects)

@@ -1,0 +1,73 @@
+"""Swap a model's RMSNorm modules to tilegemm's RMSNorm kernel, keeping parameters, state_dict and settings.
+
+transformers' RMSNorm (``Qwen3MoeRMSNorm`` and its copies in every patched family) runs as eight small kernels
+(cast, square, mean, add, rsqrt, multiply, cast, weight product); a decode step of a 4-layer Qwen3-MoE spends
+more of its graph replay on them than on the experts. The swap changes only the module's class (the family's
+RMSNorm class -> a subclass whose ``forward`` is :func:`tilegemm.autograd.rms_norm`, one kernel forward and a
+differentiable backward), as the linear swap does: the ``weight`` Parameter, ``variance_epsilon``, state_dict
+keys, devices and dtypes stay, and :func:`restore_rms_norms` swaps back.
+
+Only modules whose class is exactly the family's RMSNorm class (``ModelFamily.rms_norm_class``) are swapped, and
+``tests/transformers/test_norm.py`` holds each of those classes' ``forward`` to the stock formula that
+``tilegemm.rms_norm`` computes, so a transformers release that changes it fails a test instead of being swapped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+from torch import nn
+
+from tilegemm.autograd import rms_norm
+from tilegemm.backend.selector import use_backend
+from tilegemm.transformers.families import FAMILY_BY_MODEL_TYPE
+
+
+@functools.cache
+def tilegemm_rms_norm_class(stock: type) -> type:
+    """The subclass of the stock RMSNorm class ``stock`` whose forward runs :func:`tilegemm.autograd.rms_norm`."""
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        backend = self._tilegemm_backend
+        with use_backend(backend) if backend is not None else contextlib.nullcontext():
+            return rms_norm(hidden_states, self.weight, self.variance_epsilon)
+
+    name = f"TileGemm{stock.__name__}"
+    doc = f"``{stock.__name__}`` whose forward is one tilegemm RMSNorm kernel (same parameters and math)."
+    attrs = {"forward": forward, "__doc__": doc, "_tilegemm_backend": None, "_tilegemm_stock": stock}
+    return type(name, (stock,), attrs)
+
+
+def swap_rms_norms(model: nn.Module, backend: str | None = None) -> list[str]:
+    """Make every RMSNorm module of ``model``'s family (``config.model_type``) run tilegemm's kernel.
+
+    Returns the swapped modules' names. Modules already swapped get the new ``backend``. A model of a type
+    outside :data:`tilegemm.transformers.families.FAMILIES` raises ``ValueError``.
+    """
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type not in FAMILY_BY_MODEL_TYPE:
+        raise ValueError(f"tilegemm: model_type {model_type!r} has no RMSNorm class in the families table")
+    stock = FAMILY_BY_MODEL_TYPE[model_type].load_rms_norm_class()
+    patched = tilegemm_rms_norm_class(stock)
+    names = []
+    for name, module in model.named_modules():
+        if type(module) is stock:
+            module.__class__ = patched
+        if type(module) is patched:
+            module._tilegemm_backend = backend
+            names.append(name)
+    return names
+
+
+def restore_rms_norms(model: nn.Module) -> int:
+    """Turn every swapped RMSNorm module under ``model`` back into its stock class; returns how many."""
+    count = 0
+    for module in model.modules():
+        stock = type(module).__dict__.get("_tilegemm_stock")
+        if stock is not None:
+            module.__class__ = stock
+            module.__dict__.pop("_tilegemm_backend", None)
+            count += 1
+    return count
