@@ -48,6 +48,7 @@ from modeling.transformers.measure import sync  # noqa: E402
 from tilegemm.transformers import apply_tilegemm_to_model, presets, revert_tilegemm_model  # noqa: E402
 from tilegemm.transformers.compat import rewind_static_cache  # noqa: E402
 from tilegemm.transformers.monkey_patch import experts_modules  # noqa: E402
+from tilegemm.transformers.norm import swapped_rms_norms  # noqa: E402
 from tilegemm.transformers.parallel import PARALLEL_MODES, distribute_model  # noqa: E402
 
 #: The rows: the stock model, tilegemm's experts alone (``norm=False``), and the default patch (experts and the
@@ -213,7 +214,7 @@ def profile_model(model, input_ids: torch.Tensor, args) -> list[dict[str, Any]]:
         _patch(model, impl, args.fp8)
         step = steps[impl] = DecodeStep(model, input_ids)
         row: dict[str, Any] = {"impl": impl, "experts": model.config._experts_implementation}
-        row["norms"] = sum(hasattr(m, "_tilegemm_stock") for m in model.modules())
+        row["norms"] = len(swapped_rms_norms(model))
         if graphs:
             row["graph_step_ms"] = graph_step_ms(step, args.replays)
             with experts_removed(model):

@@ -96,6 +96,15 @@ def moe_experts_float64(
     return {"out": out.detach(), "x": xd.grad, "routing_weights": wd.grad, "w13": w13d.grad, "w2": w2d.grad}
 
 
+def rms_norm_float64(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``tilegemm.rms_norm``'s formula in float64 with its two roundings where the op rounds: the normalized rows
+    ``x * rsqrt(mean(x^2, -1) + eps)`` to ``x.dtype``, the weight product to ``promote_types(x.dtype,
+    weight.dtype)``; returned as float64."""
+    x64 = x.double()
+    n = (x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype).double()
+    return (weight.double() * n).to(torch.promote_types(x.dtype, weight.dtype)).double()
+
+
 def fp8_round_trip_per_token(v: torch.Tensor) -> torch.Tensor:
     """float64 ``v [..., K]`` (K a multiple of 128) quantized to e4m3 with one scale per 128 values, as
     ``per_token_cast_to_fp8`` does (``scale = max(amax, 1e-4) / 448``, held in fp32), then dequantized: the

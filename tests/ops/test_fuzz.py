@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tilegemm as tg
-from tilegemm.testing import MOE_ACTIVATIONS, calc_diff, dequantize, fp8_round_trip_per_token
+from tilegemm.testing import MOE_ACTIVATIONS, calc_diff, dequantize, fp8_round_trip_per_token, rms_norm_float64
 
 FP8 = torch.float8_e4m3fn
 BAD_DTYPE = {torch.int32: torch.int64, torch.uint8: torch.int16}  # any other dtype -> float16
@@ -650,11 +650,7 @@ def rms_norm(draw) -> Case:
     differentiable = draw(st.booleans())
 
     def reference(call: dict[str, Any], _: Any) -> torch.Tensor:
-        """float64 ``w * round(x * rsqrt(mean(x^2) + eps))``, each rounding where the op rounds."""
-        x = call["x"]
-        x64 = d64(x)
-        n = (x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + call["eps"])).to(x.dtype)
-        return (d64(call["weight"]) * d64(n)).to(torch.promote_types(x.dtype, call["weight"].dtype)).double()
+        return rms_norm_float64(call["x"], call["weight"], call["eps"])
 
     kw = dict(x=rand(*lead, h, dtype=dtype), weight=rand(h, dtype=w_dtype), eps=draw(st.sampled_from([1e-6, 0.0, 2])))
     dims = {"x": "ABH"[-len(lead) - 1 :], "weight": "H"}

@@ -22,7 +22,7 @@ from tilegemm.transformers import (
     revert_tilegemm_model,
     swap_rms_norms,
 )
-from tilegemm.transformers.norm import tilegemm_rms_norm_class
+from tilegemm.transformers.norm import swapped_rms_norms, tilegemm_rms_norm_class
 from tilegemm.transformers.presets import PRESETS
 
 # The forward of transformers' LlamaRMSNorm: what tilegemm.rms_norm computes. A family whose RMSNorm reads
@@ -83,17 +83,17 @@ def test_patched_norms_give_the_stock_logits(family, dtype):
     with torch.no_grad():
         ref = model(ids).logits
         apply_tilegemm_to_model(model, experts=False)
-        assert len(_norms(model)) == len([m for m in model.modules() if hasattr(m, "_tilegemm_stock")])
+        assert len(_norms(model)) == len(swapped_rms_norms(model))
         out = model(ids).logits
     assert torch.equal(out, ref)
     revert_tilegemm_model(model)
-    assert not any(hasattr(m, "_tilegemm_stock") for m in model.modules())
+    assert not swapped_rms_norms(model)
 
 
 def test_norm_switch_off_leaves_the_norms_stock():
     model = build("tiny-mixtral")
     apply_tilegemm_to_model(model, norm=False)
-    assert not any(hasattr(m, "_tilegemm_stock") for m in model.modules())
+    assert not swapped_rms_norms(model)
     assert model.config._experts_implementation == "tilegemm"
 
 
@@ -101,7 +101,7 @@ def test_norm_switch_off_leaves_the_norms_stock():
 def test_family_patcher_swaps_the_norms(norm, restore_patches):
     apply_tilegemm_kernel_to_model_type(PRESETS["tiny-deepseek-v3"].model_type, norm=norm)
     model = build("tiny-deepseek-v3")
-    swapped = [m for m in model.modules() if hasattr(m, "_tilegemm_stock")]
+    swapped = swapped_rms_norms(model)
     assert len(swapped) == (len(_norms(model)) if norm else 0)
     assert not norm or "model.layers.0.self_attn.kv_a_layernorm" in dict(model.named_modules())
     assert revert_tilegemm_kernel_patches() == 1

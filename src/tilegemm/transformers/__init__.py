@@ -45,7 +45,7 @@ from tilegemm.transformers.monkey_patch import (
     revert_tilegemm_kernel_patches,
     revert_tilegemm_model,
 )
-from tilegemm.transformers.norm import restore_rms_norms, swap_rms_norms
+from tilegemm.transformers.norm import restore_rms_norms, swap_rms_norms, swapped_rms_norms
 from tilegemm.transformers.parallel import (
     PARALLEL_MODES,
     distribute_model,
@@ -81,6 +81,7 @@ __all__ = [
     "revert_tilegemm_model",
     "swap_linear_layers",
     "swap_rms_norms",
+    "swapped_rms_norms",
     "tilegemm_experts_forward",
     "tilegemm_fp8_experts_forward",
 ]

@@ -61,13 +61,15 @@ def swap_rms_norms(model: nn.Module, backend: str | None = None) -> list[str]:
     return names
 
 
+def swapped_rms_norms(model: nn.Module) -> list[nn.Module]:
+    """Every RMSNorm module under ``model`` that runs tilegemm's kernel (swapped by :func:`swap_rms_norms`)."""
+    return [m for m in model.modules() if "_tilegemm_stock" in type(m).__dict__]
+
+
 def restore_rms_norms(model: nn.Module) -> int:
     """Turn every swapped RMSNorm module under ``model`` back into its stock class; returns how many."""
-    count = 0
-    for module in model.modules():
-        stock = type(module).__dict__.get("_tilegemm_stock")
-        if stock is not None:
-            module.__class__ = stock
-            module.__dict__.pop("_tilegemm_backend", None)
-            count += 1
-    return count
+    swapped = swapped_rms_norms(model)
+    for module in swapped:
+        module.__class__ = type(module)._tilegemm_stock
+        module.__dict__.pop("_tilegemm_backend", None)
+    return len(swapped)

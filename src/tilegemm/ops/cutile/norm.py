@@ -49,13 +49,13 @@ def kernel_constants(cfg: heuristics.NormConfig) -> list[Any]:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, stream) -> torch.Tensor:
     """cuTile RMSNorm over the last dimension of ``x`` (see the module docstring)."""
     h = x.shape[-1]
-    cfg = heuristics.rms_norm_config(h)
-    if cfg is None:
-        raise Unsupported(f"rms_norm with rows of {h} elements (the kernel holds at most {heuristics.NORM_MAX_COLS})")
-    heuristics.print_once("rms_norm", (x.numel() // max(1, h), h), cfg)
     out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
     if out.numel() == 0:
         return out
+    cfg = heuristics.rms_norm_config(h)
+    if cfg is None:
+        raise Unsupported(f"rms_norm with rows of {h} elements (the kernel holds at most {heuristics.NORM_MAX_COLS})")
+    heuristics.print_once("rms_norm", (x.numel() // h, h), cfg)
     x2 = x.reshape(-1, h)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
