@@ -270,7 +270,10 @@ def run(args) -> list[dict]:
                     row["public_eager_us"] = _eager_us(pub, len(case.weights))
                     row["public_graph_us"] = _graph_us(pub, len(case.weights))
                     public = heuristics.choose(problem)
-                    row["public_variant"] = default_name if isinstance(public, heuristics.DecodeConfig) else "tile"
+                    if isinstance(public, heuristics.DecodeConfig):
+                        row["public_variant"] = default_name
+                    else:
+                        row["public_variant"] = public.name if isinstance(public, heuristics.NarrowConfig) else "tile"
                 except Exception as exc:
                     row["public_error"] = f"{type(exc).__name__}: {exc}"[:200]
                 peer, note = _peer_call(kind, a, case, m, d)

@@ -158,7 +158,39 @@ def _variants():
         red = gemm.get_reduce_kernel()
         out.append((f"reduce-{cfg.name}-bf16", "reduce", red, _reduce_params(cfg, False, ct.bfloat16)))
         out.append((f"reduce-{cfg.name}-c-f32", "reduce", red, _reduce_params(cfg, True, ct.float32)))
-    return out + _decode_variants()
+    return out + _decode_variants() + _narrow_variants()
+
+
+def _narrow_params(dtype, cfg, *, a_kmajor=True, b_kmajor=True, sb_rows=False, out_dtype=ct.bfloat16):
+    """A, B (, SA, SB with generic strides), D, alpha, K and the constants of the narrow-tile kernel."""
+    consts = decode.narrow_constants(dtype, cfg, a_kmajor=a_kmajor, b_kmajor=b_kmajor, sb_rows=sb_rows)
+    tail = [_A(out_dtype, 2), aot.scalar(ct.float32), aot.scalar(ct.int32), *consts]
+    if dtype == "bf16":
+        return [_A(ct.bfloat16, 2), _A(ct.bfloat16, 2), *tail]
+    scales = [_A(ct.float32, 2, contiguous_last=False), _A(ct.float32, 2, contiguous_last=False)]
+    return [_A(ct.float8_e4m3fn, 2), _A(ct.float8_e4m3fn, 2), *scales, *tail]
+
+
+def _narrow_variants():
+    """Every narrow-tile config: BF16 every operand orientation and an fp32 d; FP8 both weight-scale recipes and an
+    fp32 d."""
+    out = []
+    for dtype, cfgs in heuristics.NARROW_CONFIGS.items():
+        for cfg in cfgs:
+            k = decode.get_narrow_kernel(dtype, cfg)
+            if dtype == "bf16":
+                for a_k in (True, False):
+                    for b_k in (True, False):
+                        lay = ("n" if a_k else "t") + ("t" if b_k else "n")
+                        out.append(
+                            (f"{cfg.name}-{lay}", dtype, k, _narrow_params(dtype, cfg, a_kmajor=a_k, b_kmajor=b_k))
+                        )
+                out.append((f"{cfg.name}-f32", dtype, k, _narrow_params(dtype, cfg, out_dtype=ct.float32)))
+            else:
+                out.append((f"{cfg.name}-128x128", dtype, k, _narrow_params(dtype, cfg)))
+                out.append((f"{cfg.name}-1x128", dtype, k, _narrow_params(dtype, cfg, sb_rows=True)))
+                out.append((f"{cfg.name}-f32", dtype, k, _narrow_params(dtype, cfg, out_dtype=ct.float32)))
+    return out
 
 
 VARIANTS = _variants()
@@ -233,6 +265,26 @@ def test_deep_decode_pipeline_keeps_two_stages_sm90():
     assert 2 * deep["shared"] <= 228 * 1024 and 2 * deep["threads"] * deep["registers"] <= 65536, deep
 
 
+@pytest.mark.parametrize(
+    "dtype,cfg,sb_rows",
+    [("bf16", c, False) for c in heuristics.NARROW_CONFIGS["bf16"]]
+    + [("fp8", c, rows) for c in heuristics.NARROW_CONFIGS["fp8"] for rows in (False, True)],
+    ids=lambda v: getattr(v, "name", str(v)),
+)
+def test_narrow_pipeline_keeps_four_stages_sm90(dtype, cfg, sb_rows):
+    """The narrow-tile kernels keep at least four load stages (activation + weight tile per K step) on sm_90, and
+    at least two CTAs fit an SM: the FP8 kernel with 1x128 weight scales got one stage without its latency hint
+    (``NarrowConfig``)."""
+    from kernels.sass import launch_resources
+
+    step = 128 if dtype == "fp8" else cfg.bk_bf16
+    stage = (cfg.bm + cfg.bn) * step * (1 if dtype == "fp8" else 2)
+    kernel = decode.get_narrow_kernel(dtype, cfg)
+    res = launch_resources(aot.compile_cubin(kernel, _narrow_params(dtype, cfg, sb_rows=sb_rows), "sm_90"))
+    assert res["shared"] >= 4 * stage, res
+    assert 2 * res["shared"] <= 228 * 1024 and 2 * res["threads"] * res["registers"] <= 65536, res
+
+
 # ----------------------------------------------------- host plans: the launch arguments fit the kernels
 
 _TORCH_TO_CT = {
@@ -270,6 +322,8 @@ PLAN_CASES = [
     ("bf16", 300, 512, 512),
     ("bf16", 8, 256, 256),  # decode without split-K: the lean entry point
     ("fp8", 8, 256, 256),
+    ("bf16", 64, 2112, 7168),  # the narrow-tile kernels
+    ("fp8", 64, 4096, 7168),
 ]
 
 
@@ -304,6 +358,8 @@ def test_host_plan_arguments_compile(monkeypatch, kind, m, n, k):
     assert len(launch._PLANS) == 1 and len(calls) == 2 * len(first)
     if (m, n, k) == (8, 256, 256):
         assert [kernel._pyfunc.__name__ for _, kernel, _ in first] == [f"_decode_{kind}_lean"]
+    if m == 64:
+        assert [kernel._pyfunc.__name__ for _, kernel, _ in first] == [f"_narrow_{kind}_body"]
     for grid, kernel, args in first:
         assert len(grid) == 3 and grid[0] >= 1
         s = sass_summary(aot.compile_cubin(kernel, _constraints(kernel, args), "sm_90"))

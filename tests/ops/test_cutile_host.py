@@ -21,7 +21,8 @@ def test_choose_routes_each_family():
     # BF16 above 128 rows with a short K: the tile kernel; with a long K, and FP8, the decode kernel.
     assert heuristics.choose(Problem("dense", "bf16", 256, 7168, 2048, 132)) == heuristics.BF16_CONFIGS[0]
     assert isinstance(heuristics.choose(Problem("dense", "bf16", 256, 2112, 7168, 132)), heuristics.DecodeConfig)
-    assert isinstance(heuristics.choose(Problem("dense", "fp8", 256, 7168, 2048, 132)), heuristics.DecodeConfig)
+    assert isinstance(heuristics.choose(Problem("dense", "fp8", 32, 7168, 2048, 132)), heuristics.DecodeConfig)
+    assert heuristics.choose(Problem("dense", "fp8", 256, 7168, 2048, 132)) == heuristics.NARROW_FP8_W128
     # ... unless N is small: the weight rows alone do not fill the SMs, the tile kernel measured 5x slower there.
     assert isinstance(heuristics.choose(Problem("dense", "bf16", 256, 2048, 768, 132)), heuristics.DecodeConfig)
     masked = Problem("grouped", "bf16", 8 * 256, 4096, 7168, 132, groups=8, kind=Kind.MASKED, expected_m=32)
@@ -45,6 +46,33 @@ def test_choose_routes_each_family():
     assert isinstance(moe(65, 2, 8), heuristics.MoEConfig)  # above 16 rows per expert: the sorted path
     with pytest.raises(ValueError, match="family"):
         heuristics.choose(Problem("conv", "bf16", 1, 1, 1, 1))
+
+
+def test_narrow_config_rule():
+    """Narrow tiles from 33 rows (FP8: the widest weight tile whose tiles fill 3/4 of the SMs, else 16 rows up to
+    K = 2048; BF16:
+    32 rows up to 128 rows and 1.5 waves); never with ``c`` or a forced swap-AB variant."""
+
+    def pick(dtype, m, n, k, **kw):
+        return heuristics.narrow_config(Problem("dense", dtype, m, n, k, 132, **kw))
+
+    assert pick("fp8", 32, 4096, 7168) is None and pick("fp8", 257, 4096, 7168) is None
+    assert pick("fp8", 33, 4096, 7168) == heuristics.NARROW_FP8_W32  # 128 tiles of 32 rows
+    assert pick("fp8", 64, 2112, 7168) is None  # 66 tiles of 32 rows: too few; 16 rows only up to K = 2048
+    assert pick("fp8", 64, 2112, 2048) == heuristics.NARROW_FP8_W16
+    assert pick("fp8", 128, 7168, 16384) == heuristics.NARROW_FP8_W128  # 112 tiles of 128 rows
+    assert pick("fp8", 64, 7168, 16384) == heuristics.NARROW_FP8_W32  # 56 tiles of 128 rows: too few
+    assert pick("fp8", 64, 1536, 2048) == heuristics.NARROW_FP8_W16
+    assert pick("bf16", 64, 2112, 7168) == heuristics.NARROW_BF16_W32
+    assert pick("bf16", 64, 7168, 2048) is None  # 224 tiles: more than 1.5 waves
+    assert pick("bf16", 129, 1536, 2048) is None
+    assert pick("fp8", 64, 4096, 7168, has_c=True) is None
+
+
+def test_narrow_config_yields_to_a_forced_swap_variant(monkeypatch):
+    monkeypatch.setenv(heuristics.DECODE_VARIANT_ENV, "w64k128")
+    p = Problem("dense", "fp8", 64, 4096, 7168, 132)
+    assert heuristics.narrow_config(p) is None and heuristics.choose(p) == heuristics.DECODE_W64_K128
 
 
 def test_decode_activation_tile():

@@ -365,8 +365,64 @@ def test_decode_fp8(cfg, recipe, shape):
     assert_rerun_identical(lambda: gemm.fp8_gemm("nt", a, b, d, None, 1.0, 1.0, recipe, config=cfg), d)
 
 
+# ------------------------------------------------------------------ decode-size narrow-tile kernels
+
+# M from 33 to 255 (not a multiple of 64), N not a multiple of 16/32/128, K not a multiple of 128.
+NARROW_SHAPES = [(33, 2112, 7168), (64, 200, 520), (100, 1000, 1536), (255, 577, 2100)]
+
+
+def _narrow_configs(dtype):
+    from tilegemm.ops.cutile import heuristics
+
+    return list(heuristics.NARROW_CONFIGS[dtype])
+
+
+@pytest.mark.parametrize("shape", NARROW_SHAPES, ids=_sid)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("cfg", _narrow_configs("bf16"), ids=lambda c: c.name)
+def test_narrow_bf16(cfg, layout, shape):
+    """Every narrow BF16 config, forced, every operand layout (MN-major operands read in place), an fp32 d."""
+    from tilegemm.ops.cutile import gemm
+
+    m, n, k = shape
+    a_log, b_log, a, b = _bf16_case(layout, m, n, k, seed=28)
+    d = poisoned((m, n), torch.float32 if layout == "tt" else torch.bfloat16, "cuda")
+    gemm.bf16_gemm(layout, a, b, d, None, 0.5, 1.0, config=cfg)
+    diff = calc_diff(d, 0.5 * (a_log.double() @ b_log.double().T))
+    assert diff < BAR_BF16, f"calc_diff {diff:.3g}"
+    assert_rerun_identical(lambda: gemm.bf16_gemm(layout, a, b, d, None, 0.5, 1.0, config=cfg), d)
+
+
+@pytest.mark.parametrize("shape", NARROW_SHAPES, ids=_sid)
+@pytest.mark.parametrize("recipe", RECIPES, ids=["128x128", "1x128"])
+@pytest.mark.parametrize("cfg", _narrow_configs("fp8"), ids=lambda c: c.name)
+def test_narrow_fp8(cfg, recipe, shape):
+    """Every narrow FP8 config, forced, both weight-scale recipes; an fp32 d on the last shape."""
+    from tilegemm.ops.cutile import gemm
+
+    m, n, k = shape
+    a, b, deq_a, deq_b, _, _ = _fp8_case("nt", recipe, m, n, k, seed=29)
+    out = torch.float32 if shape == NARROW_SHAPES[-1] else torch.bfloat16
+    d = poisoned((m, n), out, "cuda")
+    gemm.fp8_gemm("nt", a, b, d, None, 1.0, 1.0, recipe, config=cfg)
+    exact = calc_diff(d, deq_a @ deq_b.T)
+    assert exact < BAR_FP8_EXACT[out], f"vs dequantized formula: {exact:.3g}"
+    assert_rerun_identical(lambda: gemm.fp8_gemm("nt", a, b, d, None, 1.0, 1.0, recipe, config=cfg), d)
+
+
+def test_narrow_rejects_c():
+    """A forced narrow config with a ``c`` (no epilogue for it) is refused, not silently wrong."""
+    from tilegemm.backend.registry import Unsupported
+    from tilegemm.ops.cutile import gemm, heuristics
+
+    _, _, a, b = _bf16_case("nt", 64, 256, 256, seed=30)
+    d = torch.zeros(64, 256, device="cuda", dtype=torch.float32)
+    with pytest.raises(Unsupported, match="no c epilogue"):
+        gemm.bf16_gemm("nt", a, b, d, d.clone(), 1.0, 1.0, config=heuristics.NARROW_BF16_W32)
+
+
 # (shape, what decode_plan picks for it on 132 SMs): the deep load pipeline and the long-K split, K ragged.
-DECODE_FP8_PLANS = [((40, 6400, 2100), "deep"), ((5, 6400, 16400), "long_k_split"), ((16, 7168, 16384), "long_k_split")]
+DECODE_FP8_PLANS = [((20, 6400, 2100), "deep"), ((5, 6400, 16400), "long_k_split"), ((16, 7168, 16384), "long_k_split")]
 
 
 @pytest.mark.parametrize("shape,kind", DECODE_FP8_PLANS, ids=lambda v: _sid(v) if isinstance(v, tuple) else v)

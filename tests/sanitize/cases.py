@@ -175,7 +175,8 @@ for _fp8 in (False, True):
 
 for _fp8 in (False, True):
     _dt = "fp8" if _fp8 else "bf16"
-    # The last: an FP8 decode plan with the deep load pipeline (unsplit 64-row tiles, K >= 2048), K ragged. FP8
+    # (20, 6400, 2100): an FP8 swap-AB plan with the deep load pipeline (unsplit 64-row tiles, K >= 2048), K ragged;
+    # (40, 6400, 2100), (64, 2112, 520), (129, 77, 1000): narrow-tile kernels (FP8; both dtypes at 64 rows). FP8
     # split-K plans of 4+ steps per split are not here: memcheck reports no error on them but their results under
     # memcheck are wrong (right natively and under racecheck / synccheck; results/sanitize/README.md).
     for _m, _n, _k in [
@@ -183,7 +184,9 @@ for _fp8 in (False, True):
         (3, 2112, 200),
         (129, 77, 1000),
         (300, 513, 128),
+        (20, 6400, 2100),
         (40, 6400, 2100),
+        (64, 2112, 520),
         (777, 1000, 4200),  # the tile kernel, split along K in two
     ]:
 

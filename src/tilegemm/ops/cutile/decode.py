@@ -24,7 +24,14 @@ Pipeline depth: ``LAT`` (``DecodePlan.latency``), when above 0, is the ``latency
 activation loads. tileiras sizes its load stages from it: the lean FP8 kernel with a 64-row activation tile gets
 one 32 KiB stage without a hint and two with ``LAT = 2`` (``docs/decode.md``).
 
-Config choice: :func:`tilegemm.ops.cutile.heuristics.decode_plan`; host path: ``gemm.py``.
+Narrow tiles (no swap): from a few dozen rows on, :func:`_narrow_bf16_body` / :func:`_narrow_fp8_body` compute
+``D`` itself in ``[64, BN]`` tiles, ``BN`` 16..128 weight rows (the MMA's N side) against 64 activation rows (its M
+side), the whole of K per CTA, no split-K and no ``c``. A tile of 16-32 weight rows leaves enough tiles to fill the
+SMs where a 64-row weight tile needs split-K, and each CTA is small (64 registers at occupancy 4) with a deep load
+pipeline; at M >= 128 the 128-row weight tiles halve the activation re-reads. (H100 sweep: ``docs/decode.md``.)
+
+Config choice: :func:`tilegemm.ops.cutile.heuristics.decode_plan` (swap-AB) and
+:func:`tilegemm.ops.cutile.heuristics.narrow_config` (narrow); host path: ``gemm.py``.
 """
 
 from __future__ import annotations
@@ -248,6 +255,103 @@ def _promote(w, a, sb, sa, acc, FAST_ACC: ConstBool):
     """
     p = ct.mma(w, a, ct.zeros(acc.shape, dtype=ct.float32), use_fast_acc=FAST_ACC)
     return acc + (p * sa) * sb
+
+
+def _narrow_bf16_body(
+    A,
+    B,
+    D,
+    alpha: float,
+    K: int,
+    BM: ConstInt,
+    BN: ConstInt,
+    BK: ConstInt,
+    A_KMAJOR: ConstBool,
+    B_KMAJOR: ConstBool,
+    ROTATE: ConstBool,
+):
+    """BF16 ``D = alpha * A @ B.T`` in ``[BM, BN]`` tiles, the whole of K per CTA (no swap, no split-K, no ``c``).
+
+    A: activations, [M, K] (A_KMAJOR) or its [K, M] storage; B: weight, [N, K] (B_KMAJOR) or its [K, N] storage;
+    D [M, N]. Grid: ``cdiv(M, BM) * cdiv(N, BN)`` CTAs, the activation tile fastest (the CTAs that read one
+    weight tile run together). ``ROTATE`` as in :func:`_narrow_fp8_body`.
+    """
+    num_m = ct.cdiv(D.shape[0], BM)
+    pm = ct.bid(0) % num_m
+    pn = ct.bid(0) // num_m
+    acc = ct.zeros((BM, BN), dtype=ct.float32)
+    num_k = ct.cdiv(K, BK)
+    first = (pn % num_k) if ROTATE else 0
+    for i in range(num_k):
+        kb = (first + i) % num_k
+        if A_KMAJOR:
+            a = ct.load(A, (pm, kb), (BM, BK), padding_mode=_ZERO)
+        else:
+            a = ct.load(A, (pm, kb), (BM, BK), order=(1, 0), padding_mode=_ZERO)
+        if B_KMAJOR:
+            w = ct.load(B, (kb, pn), (BK, BN), order=(1, 0), padding_mode=_ZERO)
+        else:
+            w = ct.load(B, (kb, pn), (BK, BN), padding_mode=_ZERO)
+        acc = ct.mma(a, w, acc)
+    ct.store(D, (pm, pn), ct.astype(acc * alpha, D.dtype))
+
+
+def _narrow_fp8_body(
+    A,
+    B,
+    SA,
+    SB,
+    D,
+    alpha: float,
+    K: int,
+    BM: ConstInt,
+    BN: ConstInt,
+    SB_ROWS: ConstBool,
+    LAT: ConstInt,
+    ROTATE: ConstBool,
+):
+    """FP8 block-scaled ``D = alpha * sum_kb sa * sb * (A_kb @ B_kb.T)`` in ``[BM, BN]`` tiles (no swap, no split-K,
+    no ``c``), promoted per 128-wide K block as the swap-AB kernel does.
+
+    A fp8 [M, K], B fp8 [N, K] (K-major); SA fp32 [M, KB] and SB fp32 [ceil(N/128), KB] (128x128 blocks, ``BN``
+    divides 128) or with SB_ROWS [N, KB], any strides; D [M, N]. Grid as in :func:`_narrow_bf16_body`. ``LAT``:
+    the load latency hint (0: none); ``ROTATE``: weight tile ``pn`` starts at K block ``pn % KB`` and wraps
+    around (``heuristics.NarrowConfig``).
+    """
+    num_m = ct.cdiv(D.shape[0], BM)
+    pm = ct.bid(0) % num_m
+    pn = ct.bid(0) // num_m
+    acc = ct.zeros((BM, BN), dtype=ct.float32)
+    num_k = ct.cdiv(K, 128)
+    first = (pn % num_k) if ROTATE else 0
+    for i in range(num_k):
+        kb = (first + i) % num_k
+        a = _load(A, (pm, kb), (BM, 128), (0, 1), LAT)
+        w = _load(B, (kb, pn), (128, BN), (1, 0), LAT)
+        sa = ct.load(SA, (pm, kb), (BM, 1), padding_mode=_ZERO, allow_tma=False)
+        if SB_ROWS:
+            sb = ct.reshape(ct.load(SB, (pn, kb), (BN, 1), padding_mode=_ZERO, allow_tma=False), (1, BN))
+        else:
+            sb = ct.load(SB, (pn * BN // 128, kb), (1, 1), padding_mode=_ZERO, allow_tma=False)
+        p = ct.mma(a, w, ct.zeros(acc.shape, dtype=ct.float32), use_fast_acc=True)
+        acc = acc + (p * sa) * sb
+    ct.store(D, (pm, pn), ct.astype(acc * alpha, D.dtype))
+
+
+@functools.cache
+def get_narrow_kernel(dtype: str, cfg: heuristics.NarrowConfig) -> Any:
+    """The ``@ct.kernel`` of the narrow-tile ``dtype`` ("bf16"/"fp8") kernel with ``cfg``'s compiler hints."""
+    return ct.kernel(_narrow_bf16_body if dtype == "bf16" else _narrow_fp8_body, **cfg.compiler_options())
+
+
+def narrow_constants(
+    dtype: str, cfg: heuristics.NarrowConfig, *, a_kmajor: bool, b_kmajor: bool, sb_rows: bool
+) -> list[Any]:
+    """The ``ct.Constant`` tail of the narrow ``dtype`` kernel of ``cfg``, in parameter order (FP8 operands are
+    K-major: ``a_kmajor`` / ``b_kmajor`` are BF16's)."""
+    if dtype == "bf16":
+        return [cfg.bm, cfg.bn, cfg.bk_bf16, a_kmajor, b_kmajor, cfg.rotate_k]
+    return [cfg.bm, cfg.bn, sb_rows, cfg.latency, cfg.rotate_k]
 
 
 @functools.cache

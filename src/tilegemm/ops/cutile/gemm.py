@@ -392,6 +392,21 @@ def _decode_runner(
     return run
 
 
+def _narrow_runner(op: str, p: heuristics.Problem, cfg: heuristics.NarrowConfig, consts: list[Any], operands) -> Runner:
+    """The launch of a narrow-tile decode GEMM (calls without ``c``): one kernel, no workspace."""
+    if p.has_c:
+        raise Unsupported(f"config {cfg.name}: the narrow-tile kernel has no c epilogue")
+    heuristics.print_once(op, (p.m, p.n, p.k), cfg.summary(p.m, p.n))
+    kernel = decode.get_narrow_kernel(p.dtype, cfg)
+    grid = cfg.grid(p.m, p.n)
+    tail = (p.k, *consts)
+
+    def run(a, b, d, c, alpha, beta):
+        launch.launch(kernel, grid, (*operands(a, b), d, float(alpha), *tail))
+
+    return run
+
+
 def _dense_runner(
     op: str,
     p: heuristics.Problem,
@@ -446,12 +461,13 @@ def bf16_gemm(
     c,
     alpha,
     beta,
-    config: heuristics.DenseConfig | heuristics.DecodeConfig | None = None,
+    config: heuristics.DenseConfig | heuristics.DecodeConfig | heuristics.NarrowConfig | None = None,
 ) -> torch.Tensor:
     """BF16 GEMM ``d = alpha * op(a) @ op(b) + beta * c`` for ``layout`` in nt/nn/tn/tt (see ops/api.py).
 
     ``config`` overrides the heuristic choice (benchmarks, tests): a ``DenseConfig`` forces the
-    persistent-tile kernel, a ``DecodeConfig`` the swap-AB decode kernel.
+    persistent-tile kernel, a ``DecodeConfig`` the swap-AB decode kernel, a ``NarrowConfig`` the narrow-tile
+    decode kernel (calls without ``c`` only).
     """
     bf16_plan(layout, a, b, d, c if _has_c(c, beta) else None, config)(a, b, d, c, alpha, beta)
     return d
@@ -471,6 +487,9 @@ def _bf16_plan(layout: str, a, b, d, c, config) -> Runner:
         return trivial
     op, p, cfg, (fa, a_kmajor), (fb, b_kmajor), c_fn = _prepare("bf16", layout, a, b, d, c, config, m, n, k)
     has_c = c is not None
+    if isinstance(cfg, heuristics.NarrowConfig):
+        consts = decode.narrow_constants("bf16", cfg, a_kmajor=a_kmajor, b_kmajor=b_kmajor, sb_rows=False)
+        return _narrow_runner(op, p, cfg, consts, lambda a, b: (_apply(fa, a), _apply(fb, b)))
     if isinstance(cfg, heuristics.DecodeConfig):
 
         def dconsts(plan: heuristics.DecodePlan, splitk: bool) -> list[Any]:
@@ -509,7 +528,7 @@ def _prepare(dtype: str, layout: str, a, b, d, c, config, m: int, n: int, k: int
     need_kmajor = dtype == "fp8"
     fa = _operand_fn(a, layout[0] == "t", need_kmajor)
     fb = _operand_fn(b, layout[1] == "n", need_kmajor)
-    p = heuristics.Problem("dense", dtype, m, n, k, launch.num_sms())
+    p = heuristics.Problem("dense", dtype, m, n, k, launch.num_sms(), has_c=c is not None)
     return f"{dtype}_gemm_{layout}", p, config or heuristics.choose(p), fa, fb, _addend_fn(d, c)
 
 
@@ -531,7 +550,7 @@ def fp8_gemm(
     alpha,
     beta,
     recipe,
-    config: heuristics.DenseConfig | heuristics.DecodeConfig | None = None,
+    config: heuristics.DenseConfig | heuristics.DecodeConfig | heuristics.NarrowConfig | None = None,
 ) -> torch.Tensor:
     """FP8 block-scaled GEMM for ``layout`` in nt/nn/tn/tt (see ops/api.py); operands are (fp8, fp32 scales).
 
@@ -571,6 +590,16 @@ def _fp8_plan(layout: str, a_data, sa, b_data, sb, d, c, recipe, config) -> Runn
     sb_rows = tuple(recipe) == (1, 1, 128)
     op, p, cfg, (fa, _), (fb, _), c_fn = _prepare("fp8", layout, a_data, b_data, d, c, config, m, n, k)
     has_c = c is not None
+    if isinstance(cfg, heuristics.NarrowConfig):
+        to_f32 = sa.dtype != torch.float32
+        consts = decode.narrow_constants("fp8", cfg, a_kmajor=True, b_kmajor=True, sb_rows=sb_rows)
+        if not sb_rows and 128 % cfg.bn != 0:
+            raise Unsupported(f"config {cfg.name}: 128x128 weight scales need a weight tile that divides 128")
+
+        def narrow_operands(a, b):
+            return (_apply(fa, a[0]), _apply(fb, b[0]), a[1].to(torch.float32) if to_f32 else a[1], b[1])
+
+        return _narrow_runner(op, p, cfg, consts, narrow_operands)
     if isinstance(cfg, heuristics.DecodeConfig):
         to_f32 = sa.dtype != torch.float32
 

@@ -4,8 +4,10 @@ A host path describes its GEMM as a :class:`Problem` (family, dtype, M, N, K, gr
 :class:`Kind` for grouped GEMMs) and :func:`choose` returns the config from host sizes only: no
 device reads, no runtime search (a first call never autotunes). The rules, per family:
 
-* ``dense``: at most :data:`DECODE_MAX_M` rows (:func:`takes_decode`) take a swap-AB decode kernel
-  (:class:`DecodeConfig`, launch shape from :func:`decode_plan`); others a fixed, measured table of tile configs
+* ``dense``: at most :data:`DECODE_MAX_M` rows take a decode kernel: from :data:`NARROW_MIN_M` rows (calls
+  without ``c``) the narrow-tile kernel (:class:`NarrowConfig` from :func:`narrow_config`), else the swap-AB kernel
+  where :func:`takes_decode` (:class:`DecodeConfig`, launch shape from :func:`decode_plan`); others a fixed,
+  measured table of tile configs
   (:class:`DenseConfig`: BF16 one 128x128x64 tile, FP8 by M and K), whose grids are split along K
   when they fill less than half the machine (:func:`split_plan`).
 * ``grouped``: m-grouped (``m_indices``, psum, masked) and k-grouped tiles (:class:`TileConfig`).
@@ -35,6 +37,8 @@ __all__ = [
     "SplitPlan",
     "DecodeConfig",
     "DecodePlan",
+    "NarrowConfig",
+    "narrow_config",
     "MoEConfig",
     "MoESlotsConfig",
     "MoEBlocksConfig",
@@ -99,12 +103,12 @@ class Problem:
     has_c: bool = False
 
 
-def choose(p: Problem) -> TileConfig | DecodeConfig | MoEConfig | MoESlotsConfig | MoEBlocksConfig:
-    """The config of problem ``p``: a :class:`DenseConfig` or :class:`DecodeConfig` (dense), a
+def choose(p: Problem) -> TileConfig | NarrowConfig | DecodeConfig | MoEConfig | MoESlotsConfig | MoEBlocksConfig:
+    """The config of problem ``p``: a :class:`NarrowConfig`, :class:`DecodeConfig` or :class:`DenseConfig` (dense), a
     :class:`TileConfig` (grouped) or a :class:`MoESlotsConfig` / :class:`MoEBlocksConfig` / :class:`MoEConfig`
     (moe: decode sizes, a few rows per expert, prefill; moe_train: :func:`moe_train_config`)."""
     if p.family == "dense":
-        return decode_config() if takes_decode(p) else dense_tile_config(p)
+        return narrow_config(p) or (decode_config() if takes_decode(p) else dense_tile_config(p))
     if p.family == "grouped":
         return _grouped_config(p)
     if p.family == "moe":
@@ -487,6 +491,100 @@ def decode_plan(p: Problem, cfg: DecodeConfig) -> DecodePlan:
         deep = p.dtype == "fp8" and bm == DECODE_NARROW_BM and splits == 1 and p.k >= DECODE_DEEP_MIN_K
         latency = DECODE_DEEP_LATENCY if deep else 0
     return DecodePlan(cfg, bm, num_m, num_n, steps, splits, per, latency)
+
+
+@dataclass(frozen=True)
+class NarrowConfig:
+    """The narrow-tile decode kernel (``ops/cutile/decode.py``): ``[bm, bn]`` output tiles (64 activation rows x
+    ``bn`` weight rows), the whole of K per CTA, one warpgroup, ``occupancy`` CTAs per SM; ``bk_bf16`` the BF16 K
+    step (FP8 steps by one 128-wide scale block); ``latency`` the FP8 kernel's load latency hint; ``rotate_k``:
+    weight tile ``pn`` starts its K loop at block ``pn % KB`` and wraps around.
+
+    The rotation: without it every CTA reads the same activation K block at the same time, and with the
+    activations not yet in L2 (a real call; the harness rotates its inputs and flushes the L2) the FP8 kernel ran
+    1.2-1.5x slower than with L2-resident activations (H100, 2026-11-24, ``results/decode/narrow_h100.json``:
+    64x2112x7168 26.5 -> 20.7 us with it, 64x4096x7168 32.6 -> 24.3, 64x7168x16384 72.4 -> 63.1). The 128-row
+    weight tiles (a quarter as many CTAs per activation tile) keep the plain order: the harness timed them slower
+    with the rotation (128x7168x16384 65.1 -> 75.8 us), but a later run of the unrotated kernel read 73.8, so that
+    evidence is within the run-to-run spread of those rows. BF16 lost 1-5% with it (64x2112x7168 21.6 -> 22.0) and
+    does not rotate. Each tile's sum order is fixed by its position: reruns stay bitwise identical.
+
+    The hint: tileiras sizes the load pipeline from it, and without one the FP8 kernel with 1x128 weight scales
+    got a single stage (17-34 KiB of shared memory) where the 128x128 one got 4-5; with 6 both get 4-6 stages
+    (the 128x128 kernels the same as without a hint; ``tests/kernels/test_compile_dense.py`` holds it).
+    """
+
+    name: str
+    bn: int
+    occupancy: int = 4
+    bk_bf16: int = 128
+    bm: int = 64
+    latency: int = 6
+    rotate_k: bool = True
+
+    def grid(self, m: int, n: int) -> tuple[int, int, int]:
+        """One CTA per output tile."""
+        return (cdiv(m, self.bm) * cdiv(n, self.bn), 1, 1)
+
+    def compiler_options(self) -> dict[str, int]:
+        """Keyword arguments for ``ct.kernel``."""
+        return {"num_worker_warps": 4, "occupancy": self.occupancy}
+
+    def summary(self, m: int, n: int) -> str:
+        """The plan in one line (what :func:`print_once` shows)."""
+        return f"{self.name} tile={self.bm}x{self.bn} occupancy={self.occupancy} grid={self.grid(m, n)}"
+
+
+#: FP8 narrow tiles: 128 weight rows (a quarter of the activation re-reads of 32), 32 or 16 (more tiles).
+NARROW_FP8_W128 = NarrowConfig("narrow_w128", bn=128, rotate_k=False)
+NARROW_FP8_W32 = NarrowConfig("narrow_w32", bn=32)
+NARROW_FP8_W16 = NarrowConfig("narrow_w16", bn=16)
+#: BF16: 32 weight rows, 128 of K per step, two CTAs per SM.
+NARROW_BF16_W32 = NarrowConfig("narrow_bf16_w32", bn=32, occupancy=2, rotate_k=False)
+NARROW_CONFIGS: dict[str, tuple[NarrowConfig, ...]] = {
+    "fp8": (NARROW_FP8_W128, NARROW_FP8_W32, NARROW_FP8_W16),
+    "bf16": (NARROW_BF16_W32,),
+}
+#: Dense problems with more rows than this (and at most DECODE_MAX_M) take the narrow kernel ...
+NARROW_MIN_M = 32
+#: ... FP8 with the widest weight tile whose tiles fill this share of the SMs (else the narrowest, up to this K) ...
+NARROW_FP8_FILL = 0.75
+NARROW_FP8_W16_MAX_K = 2048
+#: ... BF16 up to this many rows, while its tiles stay within this many per SM.
+NARROW_BF16_MAX_M = 128
+NARROW_BF16_MAX_WAVES = 1.5
+
+
+def narrow_config(p: Problem) -> NarrowConfig | None:
+    """The narrow-tile config of dense problem ``p``, or ``None`` where the swap-AB / tile kernels take it.
+
+    H100, 2026-11-24, kernel-only, FP8 block-scaled NT, sweeps with L2-resident activations
+    (``tests/benchmark/results/decode/narrow_h100.json``): at 64-256 rows the narrow tiles beat the swap-AB kernel,
+    e.g. 64x7168x16384 67.4 -> 61.3 us, 256x7168x16384 104 -> 80, 64x4096x7168 23.6 -> 18.1, 64x1536x2048 8.2 ->
+    5.8; below 32 rows the swap-AB kernel stays ahead (16x4096x7168: 17.2 vs 20.3). The harness (cold activations)
+    over the issue's 48 shapes at 64-256 rows: FP8 1.09x, BF16 1.05x the swap-AB kernel's speed (geomean), three
+    FP8 rows 3-9% slower (``results/decode/README.md``, "Narrow tiles"). The time follows the bytes each SM reads
+    (weight tile plus activation tile per K block): a wider weight tile re-reads the activations less, so the
+    widest tile that still fills ~3/4 of the SMs wins (256x7168x16384: 16 rows 298 us, 32 170, 64 121, 128 80).
+    Where only 16-row tiles fill the SMs, the swap-AB kernel's split-K is ahead at long K (64x2112x7168,
+    activations cold: 18.0 vs 20.7 us) and behind at K <= 2048 (64x1536x2048: 10.1 vs 7.9).
+    BF16 (same run): 32-row tiles at 64-128 rows where they stay within 1.5 waves (64x2112x7168 22.9 -> 18.5,
+    64x4096x7168 29.5 -> 25.2, 64x1536x2048 8.1 -> 6.8); beyond, or at 256 rows, they lost.
+    ``$TILEGEMM_DECODE_VARIANT`` (a swap-AB variant forced) and calls with ``c`` never take it.
+    """
+    if p.has_c or not NARROW_MIN_M < p.m <= DECODE_MAX_M or os.environ.get(DECODE_VARIANT_ENV):
+        return None
+    sms = max(1, p.sms)
+    if p.dtype == "fp8":
+        wide = NARROW_CONFIGS["fp8"]
+        for cfg in wide[:-1]:
+            if cdiv(p.m, cfg.bm) * cdiv(p.n, cfg.bn) >= NARROW_FP8_FILL * sms:
+                return cfg
+        return wide[-1] if p.k <= NARROW_FP8_W16_MAX_K else None
+    cfg = NARROW_BF16_W32
+    if p.m <= NARROW_BF16_MAX_M and cdiv(p.m, cfg.bm) * cdiv(p.n, cfg.bn) <= NARROW_BF16_MAX_WAVES * sms:
+        return cfg
+    return None
 
 
 # ---------------------------------------------------------------------------- grouped GEMMs
