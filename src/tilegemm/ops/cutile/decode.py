@@ -257,6 +257,16 @@ def _promote(w, a, sb, sa, acc, FAST_ACC: ConstBool):
     return acc + (p * sa) * sb
 
 
+def _narrow_unit(D, BM: ConstInt, num_k, ROTATE: ConstBool):
+    """This CTA's (activation tile, weight tile, first of its ``num_k`` K blocks) in a narrow-tile grid: the
+    activation tile fastest; with ``ROTATE`` weight tile ``pn`` starts at block ``pn % num_k`` (else 0)."""
+    num_m = ct.cdiv(D.shape[0], BM)
+    pm = ct.bid(0) % num_m
+    pn = ct.bid(0) // num_m
+    first = (pn % num_k) if ROTATE else 0
+    return pm, pn, first
+
+
 def _narrow_bf16_body(
     A,
     B,
@@ -276,12 +286,9 @@ def _narrow_bf16_body(
     D [M, N]. Grid: ``cdiv(M, BM) * cdiv(N, BN)`` CTAs, the activation tile fastest (the CTAs that read one
     weight tile run together). ``ROTATE`` as in :func:`_narrow_fp8_body`.
     """
-    num_m = ct.cdiv(D.shape[0], BM)
-    pm = ct.bid(0) % num_m
-    pn = ct.bid(0) // num_m
-    acc = ct.zeros((BM, BN), dtype=ct.float32)
     num_k = ct.cdiv(K, BK)
-    first = (pn % num_k) if ROTATE else 0
+    pm, pn, first = _narrow_unit(D, BM, num_k, ROTATE)
+    acc = ct.zeros((BM, BN), dtype=ct.float32)
     for i in range(num_k):
         kb = (first + i) % num_k
         if A_KMAJOR:
@@ -318,12 +325,9 @@ def _narrow_fp8_body(
     the load latency hint (0: none); ``ROTATE``: weight tile ``pn`` starts at K block ``pn % KB`` and wraps
     around (``heuristics.NarrowConfig``).
     """
-    num_m = ct.cdiv(D.shape[0], BM)
-    pm = ct.bid(0) % num_m
-    pn = ct.bid(0) // num_m
-    acc = ct.zeros((BM, BN), dtype=ct.float32)
     num_k = ct.cdiv(K, 128)
-    first = (pn % num_k) if ROTATE else 0
+    pm, pn, first = _narrow_unit(D, BM, num_k, ROTATE)
+    acc = ct.zeros((BM, BN), dtype=ct.float32)
     for i in range(num_k):
         kb = (first + i) % num_k
         a = _load(A, (pm, kb), (BM, 128), (0, 1), LAT)

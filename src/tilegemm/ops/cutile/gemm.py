@@ -590,8 +590,8 @@ def _fp8_plan(layout: str, a_data, sa, b_data, sb, d, c, recipe, config) -> Runn
     sb_rows = tuple(recipe) == (1, 1, 128)
     op, p, cfg, (fa, _), (fb, _), c_fn = _prepare("fp8", layout, a_data, b_data, d, c, config, m, n, k)
     has_c = c is not None
+    to_f32 = sa.dtype != torch.float32
     if isinstance(cfg, heuristics.NarrowConfig):
-        to_f32 = sa.dtype != torch.float32
         consts = decode.narrow_constants("fp8", cfg, a_kmajor=True, b_kmajor=True, sb_rows=sb_rows)
         if not sb_rows and 128 % cfg.bn != 0:
             raise Unsupported(f"config {cfg.name}: 128x128 weight scales need a weight tile that divides 128")
@@ -601,7 +601,6 @@ def _fp8_plan(layout: str, a_data, sa, b_data, sb, d, c, recipe, config) -> Runn
 
         return _narrow_runner(op, p, cfg, consts, narrow_operands)
     if isinstance(cfg, heuristics.DecodeConfig):
-        to_f32 = sa.dtype != torch.float32
 
         def dconsts(plan: heuristics.DecodePlan, splitk: bool) -> list[Any]:
             return decode.fp8_constants(plan, sb_rows=sb_rows, has_c=has_c, splitk=splitk)
