@@ -100,7 +100,8 @@ def _decode_variants():
         for dt, params in (("bf16", _decode_bf16_params), ("fp8", _decode_fp8_params)):
             bms = {heuristics.DECODE_MIN_BM, 128}
             if cfg is default:
-                bms = {cfg.tile_m(m, dt) for m in range(1, heuristics.DECODE_MAX_M + 1)}
+                ks = (0, heuristics.DECODE_FP8_BM32_MIN_K)
+                bms = {cfg.tile_m(m, dt, k) for m in range(1, heuristics.DECODE_MAX_M + 1) for k in ks}
             for bm in sorted(bms):
                 sk = cfg.splitk
                 tag = f"decode-{cfg.name}-bm{bm}" + ("-splitk" if sk else "")
@@ -126,7 +127,32 @@ def _decode_variants():
     for rows in (False, True):
         params = _decode_lean_params("fp8", default, bm, sb_rows=rows, latency=lat)
         out.append((f"decode-{default.name}-bm{bm}-lean-fp8-l{lat}" + ("-1x128" if rows else ""), "fp8", deep, params))
+    # The kernels compiled for a plan's own occupancy hint (an unsplit BF16 plan of at most 16 rows).
+    for dt, bm, occ, lean in _plan_occupancies():
+        kernel = decode.get_kernel(dt, default, bm, lean=lean, occupancy=occ)
+        tag = f"decode-{default.name}-bm{bm}-o{occ}" + ("-lean" if lean else "-splitk")
+        params = (
+            _decode_lean_params(dt, default, bm)
+            if lean
+            else (_decode_bf16_params if dt == "bf16" else _decode_fp8_params)(default, bm, True)
+        )
+        out.append((f"{tag}-{dt}", dt, kernel, params))
     return out
+
+
+def _plan_occupancies():
+    """``(dtype, bm, occupancy, lean)`` of every plan ``decode_plan`` makes over the harness's dense (N, K) at 1-256
+    rows whose occupancy hint is not the config's default for its tile (those kernels are compiled above)."""
+    from tilegemm.bench import dense as bench_dense
+
+    cfg, seen = heuristics.decode_config(), set()
+    for dt in ("bf16", "fp8"):
+        for m in (1, 8, 16, 32, 64, 128, 256):
+            for n, k in bench_dense.NK:
+                plan = heuristics.decode_plan(heuristics.Problem("dense", dt, m, n, k, 132), cfg)
+                if plan.occupancy != cfg.occupancy_for(plan.bm):
+                    seen.add((dt, plan.bm, plan.occupancy, not plan.splitk))
+    return sorted(seen)
 
 
 def _variants():
@@ -273,8 +299,8 @@ def test_deep_decode_pipeline_keeps_two_stages_sm90():
 )
 def test_narrow_pipeline_keeps_four_stages_sm90(dtype, cfg, sb_rows):
     """The narrow-tile kernels keep at least four load stages (activation + weight tile per K step) on sm_90, and
-    at least two CTAs fit an SM: the FP8 kernel with 1x128 weight scales got one stage without its latency hint
-    (``NarrowConfig``)."""
+    as many CTAs as its occupancy hint (at most two) fit an SM: the FP8 kernel with 1x128 weight scales got one
+    stage without its latency hint (``NarrowConfig``)."""
     from kernels.sass import launch_resources
 
     step = 128 if dtype == "fp8" else cfg.bk_bf16
@@ -282,7 +308,8 @@ def test_narrow_pipeline_keeps_four_stages_sm90(dtype, cfg, sb_rows):
     kernel = decode.get_narrow_kernel(dtype, cfg)
     res = launch_resources(aot.compile_cubin(kernel, _narrow_params(dtype, cfg, sb_rows=sb_rows), "sm_90"))
     assert res["shared"] >= 4 * stage, res
-    assert 2 * res["shared"] <= 228 * 1024 and 2 * res["threads"] * res["registers"] <= 65536, res
+    fit = min(2, cfg.occupancy)
+    assert fit * res["shared"] <= 228 * 1024 and fit * res["threads"] * res["registers"] <= 65536, res
 
 
 # ----------------------------------------------------- host plans: the launch arguments fit the kernels

@@ -18,8 +18,10 @@ def test_choose_routes_each_family():
     dense = Problem("dense", "fp8", 4096, 4096, 7168, 132)
     assert heuristics.choose(dense) == heuristics.FP8_LARGE_K
     assert isinstance(heuristics.choose(Problem("dense", "bf16", 16, 4096, 7168, 132)), heuristics.DecodeConfig)
-    # BF16 above 128 rows with a short K: the tile kernel; with a long K, and FP8, the decode kernel.
-    assert heuristics.choose(Problem("dense", "bf16", 256, 7168, 2048, 132)) == heuristics.BF16_CONFIGS[0]
+    # BF16 above 128 rows with a short K: the tile kernel (the narrow 128x128 tiles where they fill the SMs in one
+    # wave); with a long K, and FP8, the decode kernel.
+    assert heuristics.choose(Problem("dense", "bf16", 256, 24576, 1536, 132)) == heuristics.BF16_CONFIGS[0]
+    assert heuristics.choose(Problem("dense", "bf16", 256, 7168, 2048, 132)) == heuristics.NARROW_BF16_M128_W128
     assert isinstance(heuristics.choose(Problem("dense", "bf16", 256, 2112, 7168, 132)), heuristics.DecodeConfig)
     assert isinstance(heuristics.choose(Problem("dense", "fp8", 32, 7168, 2048, 132)), heuristics.DecodeConfig)
     assert heuristics.choose(Problem("dense", "fp8", 256, 7168, 2048, 132)) == heuristics.NARROW_FP8_W128
@@ -50,8 +52,8 @@ def test_choose_routes_each_family():
 
 def test_narrow_config_rule():
     """Narrow tiles from 33 rows (FP8: the widest weight tile whose tiles fill 3/4 of the SMs, else 16 rows up to
-    K = 2048; BF16:
-    32 rows up to 128 rows and 1.5 waves); never with ``c`` or a forced swap-AB variant."""
+    K = 2048; BF16: 32 rows up to 128 rows and 1.5 waves, 128x128 tiles above 128 rows while they fill 3/4 of the
+    SMs in one wave); never with ``c`` or a forced swap-AB variant."""
 
     def pick(dtype, m, n, k, **kw):
         return heuristics.narrow_config(Problem("dense", dtype, m, n, k, 132, **kw))
@@ -66,6 +68,10 @@ def test_narrow_config_rule():
     assert pick("bf16", 64, 2112, 7168) == heuristics.NARROW_BF16_W32
     assert pick("bf16", 64, 7168, 2048) is None  # 224 tiles: more than 1.5 waves
     assert pick("bf16", 129, 1536, 2048) is None
+    assert pick("bf16", 256, 7168, 16384) == heuristics.NARROW_BF16_M128_W128  # 112 tiles of 128x128
+    assert pick("bf16", 129, 7168, 2048) == heuristics.NARROW_BF16_M128_W128
+    assert pick("bf16", 256, 4096, 7168) is None  # 64 tiles: too few
+    assert pick("bf16", 256, 24576, 1536) is None  # 384 tiles: more than one wave
     assert pick("fp8", 64, 4096, 7168, has_c=True) is None
 
 
@@ -76,12 +82,35 @@ def test_narrow_config_yields_to_a_forced_swap_variant(monkeypatch):
 
 
 def test_decode_activation_tile():
-    """Powers of two from 16 to 128 covering M; FP8 skips 32 (its 32-row kernels measured slower than 64)."""
+    """Powers of two from 16 to 128 covering M; FP8 below K = 4096 skips 32 (its 32-row kernels measured slower
+    than 64 there, faster at K = 7168)."""
     cfg = heuristics.decode_config()
-    assert [cfg.tile_m(m) for m in (1, 16, 17, 32, 33, 64, 65, 256)] == [16, 16, 32, 32, 64, 64, 128, 128]
-    assert [cfg.tile_m(m, "fp8") for m in (1, 16, 17, 32, 33, 64, 65, 256)] == [16, 16, 64, 64, 64, 64, 128, 128]
+    ms = (1, 16, 17, 32, 33, 64, 65, 256)
+    assert [cfg.tile_m(m) for m in ms] == [16, 16, 32, 32, 64, 64, 128, 128]
+    assert [cfg.tile_m(m, "fp8") for m in ms] == [16, 16, 64, 64, 64, 64, 128, 128]
+    assert [cfg.tile_m(m, "fp8", 7168) for m in ms] == [16, 16, 32, 32, 64, 64, 128, 128]
     plan = heuristics.decode_plan(Problem("dense", "fp8", 32, 7168, 2048, 132), cfg)
     assert plan.bm == 64 and plan.num_m == 1
+    assert heuristics.decode_plan(Problem("dense", "fp8", 32, 2112, 7168, 132), cfg).bm == 32
+
+
+def test_decode_plan_occupancy():
+    """The CTAs-per-SM hint: 4 up to 16 activation rows, 3 at 32, 2 above; an unsplit BF16 plan of at most 16 rows
+    whose tiles fit one wave at 2 per SM takes 2 (more load stages), split or wider plans keep 4."""
+    cfg = heuristics.decode_config()
+
+    def plan(dtype, m, n, k):
+        return heuristics.decode_plan(Problem("dense", dtype, m, n, k, 132), cfg)
+
+    assert [cfg.occupancy_for(bm) for bm in (16, 32, 64, 128)] == [4, 3, 2, 2]
+    one_wave = plan("bf16", 8, 7168, 16384)  # 112 tiles, unsplit
+    assert (one_wave.splits, one_wave.occupancy) == (1, heuristics.DECODE_BF16_UNSPLIT_OCCUPANCY)
+    assert "occupancy=2" in one_wave.summary
+    assert plan("bf16", 1, 24576, 1536).occupancy == 4  # 384 tiles: more than one wave at 2 per SM
+    split = plan("bf16", 1, 4096, 7168)
+    assert split.splits > 1 and split.occupancy == 4
+    assert plan("fp8", 8, 7168, 2048).occupancy == 4
+    assert plan("bf16", 32, 7168, 2048).occupancy == 3 and plan("fp8", 32, 2112, 7168).occupancy == 3
 
 
 def test_decode_plan_narrows_few_tiles_and_keeps_wide_bf16_tiles_whole():

@@ -318,11 +318,15 @@ def test_every_config(cfg, shape):
 
 # ------------------------------------------------------------------ decode-size (swap-AB) kernels
 
-# M = 1..255 (awkward), N not a multiple of 64/128, K not a multiple of 128 (520), split-K and whole-tile plans.
+# M = 1..255 (awkward), N not a multiple of 64/128, K not a multiple of 128 (520), split-K and whole-tile plans;
+# (5, 7000, 2100): an unsplit BF16 plan compiled for 2 CTAs per SM; (24, 7000, 4200): unsplit 32-row tiles (FP8
+# from K = 4096) at 3 per SM.
 DECODE_SHAPES = [
     (1, 4096, 7168),
     (3, 2112, 7168),
+    (5, 7000, 2100),
     (17, 7168, 2048),
+    (24, 7000, 4200),
     (255, 1000, 1536),
     (64, 200, 520),
     (128, 576, 7168),
@@ -368,7 +372,7 @@ def test_decode_fp8(cfg, recipe, shape):
 # ------------------------------------------------------------------ decode-size narrow-tile kernels
 
 # M from 33 to 255 (not a multiple of 64), N not a multiple of 16/32/128, K not a multiple of 128.
-NARROW_SHAPES = [(33, 2112, 7168), (64, 200, 520), (100, 1000, 1536), (255, 577, 2100)]
+NARROW_SHAPES = [(33, 2112, 7168), (64, 200, 520), (100, 1000, 1536), (255, 577, 2100), (200, 7000, 520)]
 
 
 def _narrow_configs(dtype):

@@ -28,7 +28,9 @@ Narrow tiles (no swap): from a few dozen rows on, :func:`_narrow_bf16_body` / :f
 ``D`` itself in ``[64, BN]`` tiles, ``BN`` 16..128 weight rows (the MMA's N side) against 64 activation rows (its M
 side), the whole of K per CTA, no split-K and no ``c``. A tile of 16-32 weight rows leaves enough tiles to fill the
 SMs where a 64-row weight tile needs split-K, and each CTA is small (64 registers at occupancy 4) with a deep load
-pipeline; at M >= 128 the 128-row weight tiles halve the activation re-reads. (H100 sweep: ``docs/decode.md``.)
+pipeline; at M >= 128 the 128-row weight tiles halve the activation re-reads, and BF16 above 128 rows takes
+``[128, 128]`` tiles (one warpgroup holding the 128x128 accumulator, one CTA per SM). (H100 sweeps:
+``docs/decode.md``.)
 
 Config choice: :func:`tilegemm.ops.cutile.heuristics.decode_plan` (swap-AB) and
 :func:`tilegemm.ops.cutile.heuristics.narrow_config` (narrow); host path: ``gemm.py``.
@@ -359,14 +361,17 @@ def narrow_constants(
 
 
 @functools.cache
-def get_kernel(dtype: str, cfg: heuristics.DecodeConfig, bm: int, lean: bool = False) -> Any:
+def get_kernel(
+    dtype: str, cfg: heuristics.DecodeConfig, bm: int, lean: bool = False, occupancy: int | None = None
+) -> Any:
     """The ``@ct.kernel`` for ``dtype`` ("bf16"/"fp8") with ``cfg``'s compiler hints for activation tile ``bm``
-    (``lean``: the entry point of a call without ``c`` or split-K)."""
+    (``lean``: the entry point of a call without ``c`` or split-K; ``occupancy``: the plan's CTAs-per-SM hint,
+    ``None``: ``cfg``'s for ``bm``)."""
     if lean:
         body = _decode_bf16_lean if dtype == "bf16" else _decode_fp8_lean
     else:
         body = _decode_bf16_body if dtype == "bf16" else _decode_fp8_body
-    return ct.kernel(body, **cfg.compiler_options(bm))
+    return ct.kernel(body, **cfg.compiler_options(bm, occupancy))
 
 
 def bf16_constants(

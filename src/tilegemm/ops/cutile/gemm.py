@@ -367,14 +367,14 @@ def _decode_runner(
     heuristics.print_once(op, (p.m, p.n, p.k), plan.summary)
     grid = plan.grid
     if not (has_c or plan.splitk):
-        lean = decode.get_kernel(p.dtype, cfg, plan.bm, lean=True)
+        lean = decode.get_kernel(p.dtype, cfg, plan.bm, lean=True, occupancy=plan.occupancy)
         lean_tail = (p.k, *consts(plan, False)[:-2])
 
         def run_lean(a, b, d, c, alpha, beta):
             launch.launch(lean, grid, (*operands(a, b), d, float(alpha), *lean_tail))
 
         return run_lean
-    kernel = decode.get_kernel(p.dtype, cfg, plan.bm)
+    kernel = decode.get_kernel(p.dtype, cfg, plan.bm, occupancy=plan.occupancy)
     tail = (p.k, plan.splits, plan.per, *consts(plan, plan.splitk))
     ws_shape = (plan.splits * plan.tiles, cfg.bw, plan.bm) if plan.splitk else (1, 1, 1)
     per_stream: dict[int, tuple] = {}

@@ -272,7 +272,8 @@ class DecodeConfig:
     N side) is the power of two covering M, between :data:`DECODE_MIN_BM` and ``bm_max``; ``ku``
     128-wide K blocks per FP8 step, ``bk_bf16`` the BF16 K step; ``splitk`` whether K may be split
     (reduced in the same launch); ``occupancy`` the CTAs-per-SM hint for activation tiles of at
-    most 32 rows (``occupancy_wide`` above); ``splits`` a fixed K split count (0: sized by
+    most 16 rows (``occupancy_mid`` at 32, ``occupancy_wide`` above; :func:`decode_plan` may lower it for an
+    unsplit BF16 plan); ``splits`` a fixed K split count (0: sized by
     :func:`decode_plan`; the shipped variants use 0, the benchmark sweeps set it); ``latency`` a fixed latency
     hint of the weight and activation loads (1-10; 0: the compiler's choice; ``None``: chosen by
     :func:`decode_plan`, what the shipped variants use).
@@ -285,26 +286,36 @@ class DecodeConfig:
     bm_max: int = 128
     splitk: bool = True
     occupancy: int = 4
+    occupancy_mid: int = 3
     occupancy_wide: int = 2
     splits: int = 0
     latency: int | None = None
 
-    def tile_m(self, m: int, dtype: str = "bf16") -> int:
+    def tile_m(self, m: int, dtype: str = "bf16", k: int = 0) -> int:
         """The activation tile (MMA N side) for ``m`` rows: a power of two in [DECODE_MIN_BM, bm_max].
 
-        FP8 skips the 32-row tile: on an H100 (2026-11-23, kernel-only) its kernels ran 1.1-2x slower
-        than the 64-row ones on the same shapes (32x7168x2048: 19.7 us; 64x7168x2048: 10.6 us).
+        FP8 below K = :data:`DECODE_FP8_BM32_MIN_K` skips the 32-row tile for the 64-row one. H100, 2026-11-24,
+        harness timing (``results/decode/README.md``, "Occupancy"), 32 rows, 64-row tile vs 32-row tile at
+        ``occupancy_mid``: 32x7168x2048 11.8 vs 24.2 us, 32x2048x768 6.1 vs 10.1; 32x2112x7168 18.2 vs 16.6,
+        32x4096x7168 26.7 vs 23.8, 32x7168x16384 70.3 vs 64.5.
         """
         bm = DECODE_MIN_BM
         while bm < m and bm < self.bm_max:
             bm *= 2
-        if dtype == "fp8" and bm == 32 and self.bm_max >= 64:
+        if dtype == "fp8" and bm == 32 and self.bm_max >= 64 and k < DECODE_FP8_BM32_MIN_K:
             bm = 64
         return bm
 
     def occupancy_for(self, bm: int) -> int:
-        """CTAs per SM the kernel for activation tile ``bm`` is compiled for."""
-        return self.occupancy if bm <= 32 else self.occupancy_wide
+        """CTAs per SM the kernel for activation tile ``bm`` is compiled for (what split-K sizes its units from).
+
+        The hint sets the load stages tileiras fits (sm_90, 64 weight rows x 256 bytes of K per stage): at 4 CTAs
+        per SM the FP8 split kernel with a 32-row tile got one stage and the BF16 16/32-row kernels two; at 3 the
+        FP8 one two and the BF16 32-row ones two to three; at 2 the BF16 16-row lean kernel five.
+        """
+        if bm < 32:
+            return self.occupancy
+        return self.occupancy_mid if bm == 32 else self.occupancy_wide
 
     def warps_for(self, bm: int) -> int:
         """Worker warps: one warpgroup, two for a 64x128 (or larger) fp32 accumulator.
@@ -313,9 +324,10 @@ class DecodeConfig:
         """
         return 8 if self.bw * bm >= 64 * 128 else 4
 
-    def compiler_options(self, bm: int) -> dict[str, int]:
-        """Keyword arguments for ``ct.kernel`` of the kernel with activation tile ``bm``."""
-        return {"num_worker_warps": self.warps_for(bm), "occupancy": self.occupancy_for(bm)}
+    def compiler_options(self, bm: int, occupancy: int | None = None) -> dict[str, int]:
+        """Keyword arguments for ``ct.kernel`` of the kernel with activation tile ``bm`` (``occupancy``: the plan's
+        hint, ``None``: :meth:`occupancy_for`)."""
+        return {"num_worker_warps": self.warps_for(bm), "occupancy": occupancy or self.occupancy_for(bm)}
 
     def step_k(self, dtype: str) -> int:
         """K elements per main-loop step."""
@@ -372,6 +384,11 @@ DECODE_LONG_K_STEPS = 64
 #: The load latency hint of the unsplit FP8 kernel with a 64-row activation tile at K >= DECODE_DEEP_MIN_K.
 DECODE_DEEP_LATENCY = 2
 DECODE_DEEP_MIN_K = 2048
+#: FP8 tiles of 17-32 activation rows from this K on (below it, the 64-row tile: ``DecodeConfig.tile_m``).
+DECODE_FP8_BM32_MIN_K = 4096
+#: The CTAs-per-SM hint of an unsplit BF16 plan with at most 16 activation rows: more load stages than the 4 its
+#: slot count assumes (``decode_plan``).
+DECODE_BF16_UNSPLIT_OCCUPANCY = 2
 #: No split-K when a tile's whole weight slice (``bw * K`` elements) is smaller than this: the split's fixed cost
 #: (partial store, fence, counter atomic, the last unit's serial reload) outweighs the parallelism it buys.
 DECODE_SPLIT_MIN_TILE_BYTES = 128 * 1024
@@ -380,8 +397,9 @@ DECODE_VARIANT_ENV = "TILEGEMM_DECODE_VARIANT"
 
 @dataclass(frozen=True)
 class DecodePlan:
-    """Launch shape of a decode GEMM: activation tile ``bm``, tiles, K splits of ``per`` steps, grid, and the
-    latency hint of the kernel's loads (0: the compiler's choice)."""
+    """Launch shape of a decode GEMM: activation tile ``bm``, tiles, K splits of ``per`` steps, grid, the
+    latency hint of the kernel's loads (0: the compiler's choice) and its CTAs-per-SM hint (0:
+    ``cfg.occupancy_for(bm)``)."""
 
     cfg: DecodeConfig
     bm: int
@@ -391,6 +409,7 @@ class DecodePlan:
     splits: int
     per: int
     latency: int = 0
+    occupancy: int = 0
 
     @property
     def tiles(self) -> int:
@@ -415,7 +434,7 @@ class DecodePlan:
         cfg = self.cfg
         return (
             f"decode_{cfg.name} tile={cfg.bw}x{self.bm} warps={cfg.warps_for(self.bm)} "
-            f"occupancy={cfg.occupancy_for(self.bm)} grid={self.grid} "
+            f"occupancy={self.occupancy or cfg.occupancy_for(self.bm)} grid={self.grid} "
             f"split={self.splits}x{self.per} steps of {self.steps} latency={self.latency}"
         )
 
@@ -462,8 +481,16 @@ def decode_plan(p: Problem, cfg: DecodeConfig) -> DecodePlan:
     file: 64x7168x16384 84.6 -> 65.9 us, 128x4096x7168 30.5 -> 23.7, 256x2112x7168 25.8 -> 22.8, 32x7168x2048
     10.8 -> 9.8), below it loses (32x24576x1536 20.1 -> 21.3, 64x32768x512 10.5 -> 11.8). The split kernels
     lose stages with it (64x2112x7168: 15.1 -> 17.0) and BF16 kernels do not change.
+
+    Occupancy hint (H100, 2026-11-24, harness timing, ``results/decode/README.md``, "Occupancy"): the split count
+    is sized from :meth:`DecodeConfig.occupancy_for`; an unsplit BF16 plan of at most 16 activation rows whose tiles
+    fit one wave at :data:`DECODE_BF16_UNSPLIT_OCCUPANCY` CTAs per SM is compiled for that many instead of 4 (five
+    load stages instead of two): 1/8/16x7168x16384 94.2-94.7 -> 86.6-86.9 us, 7168x2048 16.6-17.1 -> 15.7-15.8,
+    2048x768 6.0-6.2 -> 5.1. Where the tiles need more than one such wave it lost 1-2% (1x24576x1536 33.9 -> 34.4),
+    split plans lost with it (fewer slots: 1x4096x7168 31.8 -> 35.1), and FP8 plans did not gain (8x7168x2048
+    10.3 -> 11.4, 16x 11.1 -> 10.6).
     """
-    bm = cfg.tile_m(p.m, p.dtype)
+    bm = cfg.tile_m(p.m, p.dtype, p.k)
     if bm > DECODE_NARROW_BM and _narrow_fits(p, cfg.bw):
         bm = DECODE_NARROW_BM
     num_m, num_n = cdiv(p.m, bm), cdiv(p.n, cfg.bw)
@@ -490,15 +517,18 @@ def decode_plan(p: Problem, cfg: DecodeConfig) -> DecodePlan:
     if latency is None:
         deep = p.dtype == "fp8" and bm == DECODE_NARROW_BM and splits == 1 and p.k >= DECODE_DEEP_MIN_K
         latency = DECODE_DEEP_LATENCY if deep else 0
-    return DecodePlan(cfg, bm, num_m, num_n, steps, splits, per, latency)
+    occupancy = cfg.occupancy_for(bm)
+    if p.dtype == "bf16" and splits == 1 and bm < 32 and tiles <= DECODE_BF16_UNSPLIT_OCCUPANCY * max(1, p.sms):
+        occupancy = min(occupancy, DECODE_BF16_UNSPLIT_OCCUPANCY)
+    return DecodePlan(cfg, bm, num_m, num_n, steps, splits, per, latency, occupancy)
 
 
 @dataclass(frozen=True)
 class NarrowConfig:
-    """The narrow-tile decode kernel (``ops/cutile/decode.py``): ``[bm, bn]`` output tiles (64 activation rows x
-    ``bn`` weight rows), the whole of K per CTA, one warpgroup, ``occupancy`` CTAs per SM; ``bk_bf16`` the BF16 K
-    step (FP8 steps by one 128-wide scale block); ``latency`` the FP8 kernel's load latency hint; ``rotate_k``:
-    weight tile ``pn`` starts its K loop at block ``pn % KB`` and wraps around.
+    """The narrow-tile decode kernel (``ops/cutile/decode.py``): ``[bm, bn]`` output tiles (``bm`` activation rows,
+    64 or 128, x ``bn`` weight rows), the whole of K per CTA, one warpgroup, ``occupancy`` CTAs per SM; ``bk_bf16``
+    the BF16 K step (FP8 steps by one 128-wide scale block); ``latency`` the FP8 kernel's load latency hint;
+    ``rotate_k``: weight tile ``pn`` starts its K loop at block ``pn % KB`` and wraps around.
 
     The rotation: without it every CTA reads the same activation K block at the same time, and with the
     activations not yet in L2 (a real call; the harness rotates its inputs and flushes the L2) the FP8 kernel ran
@@ -539,18 +569,21 @@ class NarrowConfig:
 NARROW_FP8_W128 = NarrowConfig("narrow_w128", bn=128, rotate_k=False)
 NARROW_FP8_W32 = NarrowConfig("narrow_w32", bn=32)
 NARROW_FP8_W16 = NarrowConfig("narrow_w16", bn=16)
-#: BF16: 32 weight rows, 128 of K per step, two CTAs per SM.
+#: BF16: 32 weight rows, 128 of K per step, two CTAs per SM; above NARROW_BF16_MAX_M rows, 128x128 tiles (64 of K
+#: per step, one CTA per SM: 255 registers, six load stages on sm_90).
 NARROW_BF16_W32 = NarrowConfig("narrow_bf16_w32", bn=32, occupancy=2, rotate_k=False)
+NARROW_BF16_M128_W128 = NarrowConfig("narrow_bf16_m128_w128", bn=128, bm=128, bk_bf16=64, occupancy=1, rotate_k=False)
 NARROW_CONFIGS: dict[str, tuple[NarrowConfig, ...]] = {
     "fp8": (NARROW_FP8_W128, NARROW_FP8_W32, NARROW_FP8_W16),
-    "bf16": (NARROW_BF16_W32,),
+    "bf16": (NARROW_BF16_W32, NARROW_BF16_M128_W128),
 }
 #: Dense problems with more rows than this (and at most DECODE_MAX_M) take the narrow kernel ...
 NARROW_MIN_M = 32
 #: ... FP8 with the widest weight tile whose tiles fill this share of the SMs (else the narrowest, up to this K) ...
-NARROW_FP8_FILL = 0.75
+NARROW_FILL = 0.75
 NARROW_FP8_W16_MAX_K = 2048
-#: ... BF16 up to this many rows, while its tiles stay within this many per SM.
+#: ... BF16 up to this many rows, while its tiles stay within this many per SM (above it, 128x128 tiles while
+#: they fill NARROW_FILL of the SMs in one wave).
 NARROW_BF16_MAX_M = 128
 NARROW_BF16_MAX_WAVES = 1.5
 
@@ -569,7 +602,10 @@ def narrow_config(p: Problem) -> NarrowConfig | None:
     Where only 16-row tiles fill the SMs, the swap-AB kernel's split-K is ahead at long K (64x2112x7168,
     activations cold: 18.0 vs 20.7 us) and behind at K <= 2048 (64x1536x2048: 10.1 vs 7.9).
     BF16 (same run): 32-row tiles at 64-128 rows where they stay within 1.5 waves (64x2112x7168 22.9 -> 18.5,
-    64x4096x7168 29.5 -> 25.2, 64x1536x2048 8.1 -> 6.8); beyond, or at 256 rows, they lost.
+    64x4096x7168 29.5 -> 25.2, 64x1536x2048 8.1 -> 6.8); beyond, or at 256 rows, they lost. Above 128 rows,
+    128x128 tiles (one CTA per SM) where they fill 3/4 of the SMs in one wave (H100, 2026-11-24, harness timing,
+    ``results/decode/README.md``, "128-row activation tiles"): 256x7168x16384 138.9 -> 107.2 us, 256x7168x2048
+    20.3 -> 19.4; at 64 tiles (256x4096x7168) 38.8 -> 44.8, at 384 (256x24576x1536) 42.0 -> 45.9.
     ``$TILEGEMM_DECODE_VARIANT`` (a swap-AB variant forced) and calls with ``c`` never take it.
     """
     if p.has_c or not NARROW_MIN_M < p.m <= DECODE_MAX_M or os.environ.get(DECODE_VARIANT_ENV):
@@ -578,12 +614,15 @@ def narrow_config(p: Problem) -> NarrowConfig | None:
     if p.dtype == "fp8":
         wide = NARROW_CONFIGS["fp8"]
         for cfg in wide[:-1]:
-            if cdiv(p.m, cfg.bm) * cdiv(p.n, cfg.bn) >= NARROW_FP8_FILL * sms:
+            if cdiv(p.m, cfg.bm) * cdiv(p.n, cfg.bn) >= NARROW_FILL * sms:
                 return cfg
         return wide[-1] if p.k <= NARROW_FP8_W16_MAX_K else None
     cfg = NARROW_BF16_W32
     if p.m <= NARROW_BF16_MAX_M and cdiv(p.m, cfg.bm) * cdiv(p.n, cfg.bn) <= NARROW_BF16_MAX_WAVES * sms:
         return cfg
+    wide = NARROW_BF16_M128_W128
+    if p.m > NARROW_BF16_MAX_M and NARROW_FILL * sms <= cdiv(p.m, wide.bm) * cdiv(p.n, wide.bn) <= sms:
+        return wide
     return None
 
 
