@@ -51,14 +51,20 @@ def test_choose_routes_each_family():
 
 
 def test_narrow_config_rule():
-    """Narrow tiles from 33 rows (FP8: the widest weight tile whose tiles fill 3/4 of the SMs, else 16 rows up to
-    K = 2048; BF16: 32 rows up to 128 rows and 1.5 waves, 128x128 tiles above 128 rows while they fill 3/4 of the
-    SMs in one wave); never with ``c`` or a forced swap-AB variant."""
+    """Narrow tiles from 17 rows (FP8: the widest weight tile whose tiles fill 3/4 of the SMs, else 16 rows up to
+    K = 2048; at 17-32 rows only up to K = 2048 and no FP8 32-row weight tiles; BF16: 32 rows up to 128 rows and 1.5
+    waves, 128x128 tiles above 128 rows while they fill 3/4 of the SMs in one wave); never with ``c`` or a forced
+    swap-AB variant."""
 
     def pick(dtype, m, n, k, **kw):
         return heuristics.narrow_config(Problem("dense", dtype, m, n, k, 132, **kw))
 
-    assert pick("fp8", 32, 4096, 7168) is None and pick("fp8", 257, 4096, 7168) is None
+    assert pick("fp8", 16, 1536, 2048) is None and pick("fp8", 257, 4096, 7168) is None
+    assert pick("fp8", 32, 4096, 7168) is None and pick("bf16", 32, 4096, 7168) is None  # 32 rows, K > 2048
+    assert pick("fp8", 32, 7168, 2048) is None  # 224 tiles of 32 weight rows, at 32 rows: swap-AB
+    assert pick("fp8", 17, 1536, 2048) == heuristics.NARROW_FP8_W16
+    assert pick("fp8", 32, 32768, 512) == heuristics.NARROW_FP8_W128
+    assert pick("bf16", 17, 1536, 2048) == heuristics.NARROW_BF16_W32 and pick("bf16", 16, 1536, 2048) is None
     assert pick("fp8", 33, 4096, 7168) == heuristics.NARROW_FP8_W32  # 128 tiles of 32 rows
     assert pick("fp8", 64, 2112, 7168) is None  # 66 tiles of 32 rows: too few; 16 rows only up to K = 2048
     assert pick("fp8", 64, 2112, 2048) == heuristics.NARROW_FP8_W16

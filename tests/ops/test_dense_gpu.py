@@ -371,8 +371,15 @@ def test_decode_fp8(cfg, recipe, shape):
 
 # ------------------------------------------------------------------ decode-size narrow-tile kernels
 
-# M from 33 to 255 (not a multiple of 64), N not a multiple of 16/32/128, K not a multiple of 128.
-NARROW_SHAPES = [(33, 2112, 7168), (64, 200, 520), (100, 1000, 1536), (255, 577, 2100), (200, 7000, 520)]
+# M from 17 to 255 (not a multiple of 64), N not a multiple of 16/32/128, K not a multiple of 128.
+NARROW_SHAPES = [
+    (17, 1000, 1536),
+    (33, 2112, 7168),
+    (64, 200, 520),
+    (100, 1000, 1536),
+    (255, 577, 2100),
+    (200, 7000, 520),
+]
 
 
 def _narrow_configs(dtype):

@@ -178,7 +178,8 @@ for _fp8 in (False, True):
     # (20, 6400, 2100): an FP8 swap-AB plan with the deep load pipeline (unsplit 64-row tiles, K >= 2048), K ragged;
     # (40, 6400, 2100), (64, 2112, 520), (129, 77, 1000): narrow-tile kernels (FP8; both dtypes at 64 rows);
     # (200, 7000, 520): BF16 128x128 narrow tiles; (5, 7000, 2100): an unsplit BF16 plan at 2 CTAs per SM;
-    # (24, 7000, 4200): unsplit 32-row tiles at 3 per SM (FP8 takes them from K = 4096). FP8
+    # (24, 7000, 4200): unsplit 32-row tiles at 3 per SM (FP8 takes them from K = 4096); (30, 1500, 2000): narrow
+    # tiles at 17-32 rows (FP8 16 weight rows, BF16 32). FP8
     # split-K plans of 4+ steps per split are not here: memcheck reports no error on them but their results under
     # memcheck are wrong (right natively and under racecheck / synccheck; results/sanitize/README.md).
     for _m, _n, _k in [
@@ -192,6 +193,7 @@ for _fp8 in (False, True):
         (200, 7000, 520),
         (5, 7000, 2100),
         (24, 7000, 4200),
+        (30, 1500, 2000),
         (777, 1000, 4200),  # the tile kernel, split along K in two
     ]:
 

@@ -24,8 +24,8 @@ Pipeline depth: ``LAT`` (``DecodePlan.latency``), when above 0, is the ``latency
 activation loads. tileiras sizes its load stages from it: the lean FP8 kernel with a 64-row activation tile gets
 one 32 KiB stage without a hint and two with ``LAT = 2`` (``docs/decode.md``).
 
-Narrow tiles (no swap): from a few dozen rows on, :func:`_narrow_bf16_body` / :func:`_narrow_fp8_body` compute
-``D`` itself in ``[64, BN]`` tiles, ``BN`` 16..128 weight rows (the MMA's N side) against 64 activation rows (its M
+Narrow tiles (no swap): from 17 rows on, :func:`_narrow_bf16_body` / :func:`_narrow_fp8_body` compute ``D`` itself
+in ``[64, BN]`` tiles, ``BN`` 16..128 weight rows (the MMA's N side) against 64 activation rows (its M
 side), the whole of K per CTA, no split-K and no ``c``. A tile of 16-32 weight rows leaves enough tiles to fill the
 SMs where a 64-row weight tile needs split-K, and each CTA is small (64 registers at occupancy 4) with a deep load
 pipeline; at M >= 128 the 128-row weight tiles halve the activation re-reads, and BF16 above 128 rows takes

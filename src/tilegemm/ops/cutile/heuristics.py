@@ -4,7 +4,7 @@ A host path describes its GEMM as a :class:`Problem` (family, dtype, M, N, K, gr
 :class:`Kind` for grouped GEMMs) and :func:`choose` returns the config from host sizes only: no
 device reads, no runtime search (a first call never autotunes). The rules, per family:
 
-* ``dense``: at most :data:`DECODE_MAX_M` rows take a decode kernel: from :data:`NARROW_MIN_M` rows (calls
+* ``dense``: at most :data:`DECODE_MAX_M` rows take a decode kernel: above :data:`NARROW_MIN_M` rows (calls
   without ``c``) the narrow-tile kernel (:class:`NarrowConfig` from :func:`narrow_config`), else the swap-AB kernel
   where :func:`takes_decode` (:class:`DecodeConfig`, launch shape from :func:`decode_plan`); others a fixed,
   measured table of tile configs
@@ -578,7 +578,11 @@ NARROW_CONFIGS: dict[str, tuple[NarrowConfig, ...]] = {
     "bf16": (NARROW_BF16_W32, NARROW_BF16_M128_W128),
 }
 #: Dense problems with more rows than this (and at most DECODE_MAX_M) take the narrow kernel ...
-NARROW_MIN_M = 32
+NARROW_MIN_M = 16
+#: ... at most this many rows only up to NARROW_SMALL_M_MAX_K and not with FP8 32-row weight tiles (the swap-AB kernel
+#: was ahead there) ...
+NARROW_SMALL_M = 32
+NARROW_SMALL_M_MAX_K = 2048
 #: ... FP8 with the widest weight tile whose tiles fill this share of the SMs (else the narrowest, up to this K) ...
 NARROW_FILL = 0.75
 NARROW_FP8_W16_MAX_K = 2048
@@ -606,16 +610,25 @@ def narrow_config(p: Problem) -> NarrowConfig | None:
     128x128 tiles (one CTA per SM) where they fill 3/4 of the SMs in one wave (H100, 2026-11-24, harness timing,
     ``results/decode/README.md``, "128-row activation tiles"): 256x7168x16384 138.9 -> 107.2 us, 256x7168x2048
     20.3 -> 19.4; at 64 tiles (256x4096x7168) 38.8 -> 44.8, at 384 (256x24576x1536) 42.0 -> 45.9.
+    At 17-32 rows (H100, 2026-11-24, harness runs, ``results/decode/README.md``, "17-32 rows"), the same rules up to
+    K = 2048, less FP8's 32-row weight tiles: FP8 32x1536x2048 9.4 -> 7.8 us (16 rows), 32x2048x768 5.9 -> 4.9,
+    32x24576x1536 23.4 -> 21.1 (128 rows), 32x32768x512 11.8 -> 10.8; BF16 32x1536x2048 9.6 -> 7.8, 32x2048x768
+    5.6 -> 5.2. The FP8 32-row tile lost there (32x7168x2048: 12.6 us against the swap-AB kernel's 11.7, a sweep),
+    BF16 at K = 7168 by 1-1.4% (32x4096x7168 35.3 -> 35.8), and at 16 rows or fewer the narrow kernel won only on
+    1536x2048.
     ``$TILEGEMM_DECODE_VARIANT`` (a swap-AB variant forced) and calls with ``c`` never take it.
     """
     if p.has_c or not NARROW_MIN_M < p.m <= DECODE_MAX_M or os.environ.get(DECODE_VARIANT_ENV):
+        return None
+    small = p.m <= NARROW_SMALL_M
+    if small and p.k > NARROW_SMALL_M_MAX_K:
         return None
     sms = max(1, p.sms)
     if p.dtype == "fp8":
         wide = NARROW_CONFIGS["fp8"]
         for cfg in wide[:-1]:
             if cdiv(p.m, cfg.bm) * cdiv(p.n, cfg.bn) >= NARROW_FILL * sms:
-                return cfg
+                return None if small and cfg is NARROW_FP8_W32 else cfg
         return wide[-1] if p.k <= NARROW_FP8_W16_MAX_K else None
     cfg = NARROW_BF16_W32
     if p.m <= NARROW_BF16_MAX_M and cdiv(p.m, cfg.bm) * cdiv(p.n, cfg.bn) <= NARROW_BF16_MAX_WAVES * sms:
