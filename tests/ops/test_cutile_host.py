@@ -51,10 +51,11 @@ def test_choose_routes_each_family():
 
 
 def test_narrow_config_rule():
-    """Narrow tiles from 17 rows (FP8: the widest weight tile whose tiles fill 3/4 of the SMs, else 16 rows up to
-    K = 2048; at 17-32 rows only up to K = 2048 and no FP8 32-row weight tiles; BF16: 32 rows up to 128 rows and 1.5
-    waves, 128x128 tiles above 128 rows while they fill 3/4 of the SMs in one wave); never with ``c`` or a forced
-    swap-AB variant."""
+    """Narrow tiles from 17 rows. FP8: 64x64 tiles two K blocks at a time while SMs / 3 <= tiles <= 2 SMs (above 32
+    rows), else 128 weight rows where those fill 3/4 of the SMs, else 16 rows up to K = 2048, and at 17-32 rows only
+    up to K = 2048 and not where 32-row weight tiles would fill the SMs. BF16: 32 rows up to 128 rows and 1.5 waves,
+    128x128 tiles above 128 rows while they fill 3/4 of the SMs in one wave. Never with ``c`` or a forced swap-AB
+    variant."""
 
     def pick(dtype, m, n, k, **kw):
         return heuristics.narrow_config(Problem("dense", dtype, m, n, k, 132, **kw))
@@ -65,11 +66,13 @@ def test_narrow_config_rule():
     assert pick("fp8", 17, 1536, 2048) == heuristics.NARROW_FP8_W16
     assert pick("fp8", 32, 32768, 512) == heuristics.NARROW_FP8_W128
     assert pick("bf16", 17, 1536, 2048) == heuristics.NARROW_BF16_W32 and pick("bf16", 16, 1536, 2048) is None
-    assert pick("fp8", 33, 4096, 7168) == heuristics.NARROW_FP8_W32  # 128 tiles of 32 rows
-    assert pick("fp8", 64, 2112, 7168) is None  # 66 tiles of 32 rows: too few; 16 rows only up to K = 2048
+    pair = heuristics.NARROW_FP8_W64_PAIR
+    assert pick("fp8", 33, 4096, 7168) == pair  # 64 tiles of 64x64: within [SMs / 3, 2 SMs]
+    assert pick("fp8", 128, 7168, 16384) == pair and pick("fp8", 256, 4096, 7168) == pair  # 224, 256 tiles
+    assert pick("fp8", 64, 2112, 7168) is None  # 33 pair tiles: too few; 16 rows only up to K = 2048
     assert pick("fp8", 64, 2112, 2048) == heuristics.NARROW_FP8_W16
-    assert pick("fp8", 128, 7168, 16384) == heuristics.NARROW_FP8_W128  # 112 tiles of 128 rows
-    assert pick("fp8", 64, 7168, 16384) == heuristics.NARROW_FP8_W32  # 56 tiles of 128 rows: too few
+    assert pick("fp8", 256, 7168, 16384) == heuristics.NARROW_FP8_W128  # 448 pair tiles; 224 of 64x128
+    assert pick("fp8", 64, 24576, 1536) == heuristics.NARROW_FP8_W128  # 384 pair tiles
     assert pick("fp8", 64, 1536, 2048) == heuristics.NARROW_FP8_W16
     assert pick("bf16", 64, 2112, 7168) == heuristics.NARROW_BF16_W32
     assert pick("bf16", 64, 7168, 2048) is None  # 224 tiles: more than 1.5 waves

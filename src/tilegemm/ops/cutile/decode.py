@@ -305,6 +305,19 @@ def _narrow_bf16_body(
     ct.store(D, (pm, pn), ct.astype(acc * alpha, D.dtype))
 
 
+def _narrow_fp8_block(A, B, SA, SB, pm, pn, kb, BM: ConstInt, BN: ConstInt, SB_ROWS: ConstBool, LAT: ConstInt):
+    """K block ``kb`` of a narrow FP8 tile: its raw ``[BM, BN]`` product and the activation / weight scales that
+    promote it."""
+    a = _load(A, (pm, kb), (BM, 128), (0, 1), LAT)
+    w = _load(B, (kb, pn), (128, BN), (1, 0), LAT)
+    sa = ct.load(SA, (pm, kb), (BM, 1), padding_mode=_ZERO, allow_tma=False)
+    if SB_ROWS:
+        sb = ct.reshape(ct.load(SB, (pn, kb), (BN, 1), padding_mode=_ZERO, allow_tma=False), (1, BN))
+    else:
+        sb = ct.load(SB, (pn * BN // 128, kb), (1, 1), padding_mode=_ZERO, allow_tma=False)
+    return ct.mma(a, w, ct.zeros((BM, BN), dtype=ct.float32), use_fast_acc=True), sa, sb
+
+
 def _narrow_fp8_body(
     A,
     B,
@@ -318,6 +331,7 @@ def _narrow_fp8_body(
     SB_ROWS: ConstBool,
     LAT: ConstInt,
     ROTATE: ConstBool,
+    PAIR: ConstBool,
 ):
     """FP8 block-scaled ``D = alpha * sum_kb sa * sb * (A_kb @ B_kb.T)`` in ``[BM, BN]`` tiles (no swap, no split-K,
     no ``c``), promoted per 128-wide K block as the swap-AB kernel does.
@@ -325,22 +339,27 @@ def _narrow_fp8_body(
     A fp8 [M, K], B fp8 [N, K] (K-major); SA fp32 [M, KB] and SB fp32 [ceil(N/128), KB] (128x128 blocks, ``BN``
     divides 128) or with SB_ROWS [N, KB], any strides; D [M, N]. Grid as in :func:`_narrow_bf16_body`. ``LAT``:
     the load latency hint (0: none); ``ROTATE``: weight tile ``pn`` starts at K block ``pn % KB`` and wraps
-    around (``heuristics.NarrowConfig``).
+    around (``heuristics.NarrowConfig``). ``PAIR``: two K blocks per iteration, both MMAs issued before either
+    promotion (tileiras then overlaps the first block's promotion with the second block's MMAs on sm_90); the sum
+    order is the same as one block per iteration.
     """
     num_k = ct.cdiv(K, 128)
     pm, pn, first = _narrow_unit(D, BM, num_k, ROTATE)
     acc = ct.zeros((BM, BN), dtype=ct.float32)
-    for i in range(num_k):
-        kb = (first + i) % num_k
-        a = _load(A, (pm, kb), (BM, 128), (0, 1), LAT)
-        w = _load(B, (kb, pn), (128, BN), (1, 0), LAT)
-        sa = ct.load(SA, (pm, kb), (BM, 1), padding_mode=_ZERO, allow_tma=False)
-        if SB_ROWS:
-            sb = ct.reshape(ct.load(SB, (pn, kb), (BN, 1), padding_mode=_ZERO, allow_tma=False), (1, BN))
-        else:
-            sb = ct.load(SB, (pn * BN // 128, kb), (1, 1), padding_mode=_ZERO, allow_tma=False)
-        p = ct.mma(a, w, ct.zeros(acc.shape, dtype=ct.float32), use_fast_acc=True)
-        acc = acc + (p * sa) * sb
+    if PAIR:
+        for i in range(num_k // 2):
+            k0 = (first + 2 * i) % num_k
+            p0, sa0, sb0 = _narrow_fp8_block(A, B, SA, SB, pm, pn, k0, BM, BN, SB_ROWS, LAT)
+            p1, sa1, sb1 = _narrow_fp8_block(A, B, SA, SB, pm, pn, (k0 + 1) % num_k, BM, BN, SB_ROWS, LAT)
+            acc = acc + (p0 * sa0) * sb0
+            acc = acc + (p1 * sa1) * sb1
+        if num_k % 2 == 1:
+            p, sa, sb = _narrow_fp8_block(A, B, SA, SB, pm, pn, (first + num_k - 1) % num_k, BM, BN, SB_ROWS, LAT)
+            acc = acc + (p * sa) * sb
+    else:
+        for i in range(num_k):
+            p, sa, sb = _narrow_fp8_block(A, B, SA, SB, pm, pn, (first + i) % num_k, BM, BN, SB_ROWS, LAT)
+            acc = acc + (p * sa) * sb
     ct.store(D, (pm, pn), ct.astype(acc * alpha, D.dtype))
 
 
@@ -357,7 +376,7 @@ def narrow_constants(
     K-major: ``a_kmajor`` / ``b_kmajor`` are BF16's)."""
     if dtype == "bf16":
         return [cfg.bm, cfg.bn, cfg.bk_bf16, a_kmajor, b_kmajor, cfg.rotate_k]
-    return [cfg.bm, cfg.bn, sb_rows, cfg.latency, cfg.rotate_k]
+    return [cfg.bm, cfg.bn, sb_rows, cfg.latency, cfg.rotate_k, cfg.pair_k]
 
 
 @functools.cache

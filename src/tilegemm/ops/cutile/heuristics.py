@@ -528,7 +528,8 @@ class NarrowConfig:
     """The narrow-tile decode kernel (``ops/cutile/decode.py``): ``[bm, bn]`` output tiles (``bm`` activation rows,
     64 or 128, x ``bn`` weight rows), the whole of K per CTA, one warpgroup, ``occupancy`` CTAs per SM; ``bk_bf16``
     the BF16 K step (FP8 steps by one 128-wide scale block); ``latency`` the FP8 kernel's load latency hint;
-    ``rotate_k``: weight tile ``pn`` starts its K loop at block ``pn % KB`` and wraps around.
+    ``rotate_k``: weight tile ``pn`` starts its K loop at block ``pn % KB`` and wraps around; ``pair_k``: the FP8
+    kernel takes two K blocks per iteration, both MMAs before either promotion.
 
     The rotation: without it every CTA reads the same activation K block at the same time, and with the
     activations not yet in L2 (a real call; the harness rotates its inputs and flushes the L2) the FP8 kernel ran
@@ -551,6 +552,7 @@ class NarrowConfig:
     bm: int = 64
     latency: int = 6
     rotate_k: bool = True
+    pair_k: bool = False
 
     def grid(self, m: int, n: int) -> tuple[int, int, int]:
         """One CTA per output tile."""
@@ -565,16 +567,19 @@ class NarrowConfig:
         return f"{self.name} tile={self.bm}x{self.bn} occupancy={self.occupancy} grid={self.grid(m, n)}"
 
 
-#: FP8 narrow tiles: 128 weight rows (a quarter of the activation re-reads of 32), 32 or 16 (more tiles).
+#: FP8 narrow tiles: 64 weight rows two K blocks per iteration at two CTAs per SM (128 registers), 128 rows (a
+#: quarter of the activation re-reads of 32) or 16 (more tiles); 32 rows only when forced (sweeps: the 64x64 pairs
+#: took its shapes).
 NARROW_FP8_W128 = NarrowConfig("narrow_w128", bn=128, rotate_k=False)
 NARROW_FP8_W32 = NarrowConfig("narrow_w32", bn=32)
 NARROW_FP8_W16 = NarrowConfig("narrow_w16", bn=16)
+NARROW_FP8_W64_PAIR = NarrowConfig("narrow_w64_pair", bn=64, occupancy=2, pair_k=True)
 #: BF16: 32 weight rows, 128 of K per step, two CTAs per SM; above NARROW_BF16_MAX_M rows, 128x128 tiles (64 of K
 #: per step, one CTA per SM: 255 registers, six load stages on sm_90).
 NARROW_BF16_W32 = NarrowConfig("narrow_bf16_w32", bn=32, occupancy=2, rotate_k=False)
 NARROW_BF16_M128_W128 = NarrowConfig("narrow_bf16_m128_w128", bn=128, bm=128, bk_bf16=64, occupancy=1, rotate_k=False)
 NARROW_CONFIGS: dict[str, tuple[NarrowConfig, ...]] = {
-    "fp8": (NARROW_FP8_W128, NARROW_FP8_W32, NARROW_FP8_W16),
+    "fp8": (NARROW_FP8_W64_PAIR, NARROW_FP8_W128, NARROW_FP8_W32, NARROW_FP8_W16),
     "bf16": (NARROW_BF16_W32, NARROW_BF16_M128_W128),
 }
 #: Dense problems with more rows than this (and at most DECODE_MAX_M) take the narrow kernel ...
@@ -583,7 +588,9 @@ NARROW_MIN_M = 16
 #: was ahead there) ...
 NARROW_SMALL_M = 32
 NARROW_SMALL_M_MAX_K = 2048
-#: ... FP8 with the widest weight tile whose tiles fill this share of the SMs (else the narrowest, up to this K) ...
+#: ... FP8 above NARROW_SMALL_M rows 64x64 tiles two K blocks at a time while their count is within these shares
+#: of the SMs, else the widest weight tile whose tiles fill NARROW_FILL of the SMs (else 16 rows, up to this K) ...
+NARROW_FP8_PAIR_TILES = (1 / 3, 2)
 NARROW_FILL = 0.75
 NARROW_FP8_W16_MAX_K = 2048
 #: ... BF16 up to this many rows, while its tiles stay within this many per SM (above it, 128x128 tiles while
@@ -610,6 +617,11 @@ def narrow_config(p: Problem) -> NarrowConfig | None:
     128x128 tiles (one CTA per SM) where they fill 3/4 of the SMs in one wave (H100, 2026-11-24, harness timing,
     ``results/decode/README.md``, "128-row activation tiles"): 256x7168x16384 138.9 -> 107.2 us, 256x7168x2048
     20.3 -> 19.4; at 64 tiles (256x4096x7168) 38.8 -> 44.8, at 384 (256x24576x1536) 42.0 -> 45.9.
+    FP8 above 32 rows, first (same day, ``results/decode/README.md``, "Two K blocks per iteration"): 64x64 tiles with
+    two K blocks per iteration (``NARROW_FP8_W64_PAIR``) while their count is between a third of the SMs and two per
+    SM: 256x2112x7168 25.9 -> 20.9 us, 128x4096x7168 27.0 -> 23.1, 128x7168x16384 75.9 -> 61.8, 128x7168x2048 13.1
+    -> 11.2, 256x1536x2048 9.6 -> 8.4; below (64x2112x7168, 33 tiles: 18.1 -> 20.2) or above (256x7168x16384, 448:
+    92.4 -> 115.2) they lost.
     At 17-32 rows (H100, 2026-11-24, harness runs, ``results/decode/README.md``, "17-32 rows"), the same rules up to
     K = 2048, less FP8's 32-row weight tiles: FP8 32x1536x2048 9.4 -> 7.8 us (16 rows), 32x2048x768 5.9 -> 4.9,
     32x24576x1536 23.4 -> 21.1 (128 rows), 32x32768x512 11.8 -> 10.8; BF16 32x1536x2048 9.6 -> 7.8, 32x2048x768
@@ -625,11 +637,18 @@ def narrow_config(p: Problem) -> NarrowConfig | None:
         return None
     sms = max(1, p.sms)
     if p.dtype == "fp8":
-        wide = NARROW_CONFIGS["fp8"]
-        for cfg in wide[:-1]:
-            if cdiv(p.m, cfg.bm) * cdiv(p.n, cfg.bn) >= NARROW_FILL * sms:
-                return None if small and cfg is NARROW_FP8_W32 else cfg
-        return wide[-1] if p.k <= NARROW_FP8_W16_MAX_K else None
+
+        def tiles(cfg: NarrowConfig) -> int:
+            return cdiv(p.m, cfg.bm) * cdiv(p.n, cfg.bn)
+
+        low, high = NARROW_FP8_PAIR_TILES
+        if not small and low * sms <= tiles(NARROW_FP8_W64_PAIR) <= high * sms:
+            return NARROW_FP8_W64_PAIR
+        if tiles(NARROW_FP8_W128) >= NARROW_FILL * sms:
+            return NARROW_FP8_W128
+        if tiles(NARROW_FP8_W32) >= NARROW_FILL * sms:  # (17-32 rows only: above, the 64x64 pairs cover these)
+            return None
+        return NARROW_FP8_W16 if p.k <= NARROW_FP8_W16_MAX_K else None
     cfg = NARROW_BF16_W32
     if p.m <= NARROW_BF16_MAX_M and cdiv(p.m, cfg.bm) * cdiv(p.n, cfg.bn) <= NARROW_BF16_MAX_WAVES * sms:
         return cfg
