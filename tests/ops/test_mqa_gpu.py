@@ -124,11 +124,16 @@ PAGED_CASES = [
 ]
 
 
-def _paged_inputs(b, next_n, h, d, block_kv, two_d, seed):
+def _paged_inputs(b, next_n, h, d, block_kv, two_d, seed, longest=None):
+    """Random paged inputs; ``longest``: the longest sequence's length, which is then also the output width (no
+    padding columns)."""
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(next_n, 3000, (b,), generator=g).tolist()
     if next_n == 1:
         lens[-1] = 0  # a sequence with no keys: its rows are all -inf
+    if longest is not None:
+        lens = [min(n, longest) for n in lens]
+        lens[0] = longest
     keys_f = [torch.randn(n, d, generator=g) for n in lens]
     cache, table, ctx = indexer.build_paged_kv_cache(
         keys_f, block_kv, num_blocks=sum(-(-n // block_kv) for n in lens) + 9, generator=g
@@ -147,13 +152,28 @@ def _paged_inputs(b, next_n, h, d, block_kv, two_d, seed):
         ctx_arg = ctx
     q_f = torch.randn(b, next_n, h, d, generator=g)
     w = torch.randn(b * next_n, h, generator=g)
-    width = max(lens) + 100
+    width = max(lens) + (100 if longest is None else 0)
     return keys_f, cache, table, ctx, ctx_arg, q_f, w, width
 
 
 @pytest.mark.parametrize("b,next_n,h,d,block_kv,two_d,num_sms", PAGED_CASES)
 def test_fp8_paged_mqa_logits_matches_math(b, next_n, h, d, block_kv, two_d, num_sms):
-    keys_f, cache, table, ctx, ctx_arg, q_f, w, width = _paged_inputs(b, next_n, h, d, block_kv, two_d, b * 100 + h)
+    _check_paged(b, next_n, h, d, block_kv, two_d, num_sms)
+
+
+@pytest.mark.parametrize("next_n,longest", [(2, 640), (1, 640), (2, 1024)])
+def test_fp8_paged_mqa_logits_output_exactly_as_wide_as_the_longest(next_n, longest):
+    """No padding columns: the last split's chunks past the length (640 keys: a 256-key split whose second 128-key
+    chunk starts at the output's end) are computed and their stores fall outside the output."""
+    _check_paged(5, next_n, 64, 128, 64, True, 132, longest=longest)
+
+
+def _check_paged(b, next_n, h, d, block_kv, two_d, num_sms, longest=None):
+    """The cutile op against float64 on the dequantized and the unquantized keys, the -inf mask, a bitwise rerun
+    and ``clean_logits=False`` on the valid logits."""
+    keys_f, cache, table, ctx, ctx_arg, q_f, w, width = _paged_inputs(
+        b, next_n, h, d, block_kv, two_d, b * 100 + h, longest
+    )
     q8 = q_f.to(torch.float8_e4m3fn)
     cache_d, table_d, ctx_d, q_d, w_d = (t.to(DEV) for t in (cache, table, ctx_arg, q8, w))
 

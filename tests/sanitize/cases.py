@@ -327,12 +327,15 @@ def _mqa() -> str:
     return "ran"
 
 
-@case("paged mqa logits (next_n 1 and 2): garbage block table tail, then garbage schedule and lengths")
+@case(
+    "paged mqa logits (next_n 1 and 2): garbage block table tail, output as wide as the longest, then garbage "
+    "schedule and lengths"
+)
 def _paged() -> str:
-    for next_n in (1, 2):  # one 256-key chunk per split at next_n = 1, two 128-key chunks at 2 (paged_mqa_config)
+    for next_n in (1, 2):  # 128-key chunks, two per 256-key split (paged_mqa_config)
         g = torch.Generator().manual_seed(2)
         b, h, d, block_kv = 3, 64, 128, 64
-        lens = [130, 2, 700]
+        lens = [130, 2, 640]  # 640 keys: the last split's second chunk starts at the output's end
         keys = [torch.randn(n, d, generator=g) for n in lens]
         cache, table, ctx = indexer.build_paged_kv_cache(keys, block_kv, num_blocks=30, generator=g)
         table = torch.cat([table, torch.randint(-50, 10**6, (b, 3), generator=g, dtype=torch.int32)], 1)
@@ -340,8 +343,8 @@ def _paged() -> str:
         w = torch.randn(b * next_n, h, generator=g)
         cache, table, ctx, q8, w = (t.to(DEV) for t in (cache, table, ctx, q8, w))
         meta = tg.get_paged_mqa_logits_metadata(ctx, block_kv, 132, backend="cutile")
-        width = max(lens) + 50
-        tg.fp8_paged_mqa_logits(q8, cache, w, ctx, table, meta, width, backend="cutile")
+        for width in (max(lens), max(lens) + 50):
+            tg.fp8_paged_mqa_logits(q8, cache, w, ctx, table, meta, width, backend="cutile")
         bad_meta = torch.randint(-100, 10**5, meta.shape, generator=torch.Generator().manual_seed(3), dtype=torch.int32)
         bad_ctx = torch.tensor([10**6, -4, 2**31 - 1], dtype=torch.int32, device=DEV)
         tg.fp8_paged_mqa_logits(q8, cache, w, bad_ctx, table, bad_meta.to(DEV), width, backend="cutile")

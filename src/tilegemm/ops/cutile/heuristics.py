@@ -888,8 +888,10 @@ class PagedMqaConfig:
     ``ck``: keys per chunk (one indexed load of ``ck / block_kv`` cache blocks); ``split``: keys per
     schedule split; ``parts``: CTAs sharing each schedule row (round-robin over its splits), so
     several gathers are in flight per SM; ``occupancy``: the compiler's CTAs-per-SM hint; ``head_chain``: as
-    :class:`MqaConfig`'s; ``rows_outer``: one row group (``nnp == rg``) whose rows are loaded once per split
-    rather than once per chunk (sm_90; on sm_100 tileiras 13.4 spills or fails with it on 16-key blocks).
+    :class:`MqaConfig`'s; ``batch_major``: the kernel walks its splits one batch row at a time with a branch-free
+    chunk loop (sm_90; on sm_100 tileiras 13.4 spills with it, so it walks one split per iteration);
+    ``rows_outer``: with ``batch_major``, one row group (``nnp == rg``) whose rows are loaded once per batch row
+    rather than once per chunk.
     """
 
     nnp: int
@@ -900,6 +902,7 @@ class PagedMqaConfig:
     parts: int
     occupancy: int
     head_chain: bool = False
+    batch_major: bool = False
     rows_outer: bool = False
 
 
@@ -934,14 +937,15 @@ def paged_mqa_config(
 ) -> PagedMqaConfig | None:
     """Tiles and launch shape for ``fp8_paged_mqa_logits`` on compute capability ``sm``; ``None`` if unsupported.
 
-    Decode is bound by the latency of dependent gathers (schedule -> block table -> cache blocks)
-    more than by the MMA, so several CTAs share each schedule row. Measured on an H100
-    (docs/kernels.md, H=32/64, D=128, block_kv=64, DeepGEMM in the same process): with an MMA N side
-    (``rg * hp``) of at most 64, whole 256-key splits as one chunk, 2 CTAs per row and an occupancy hint
-    of 2 (0.90-0.95x DeepGEMM; 64-key chunks, 4 CTAs, occupancy 8: 0.86-0.87x), except with 16-key cache
-    blocks (16 blocks per gather spill on sm_90: those keep 64-key chunks); with N = 128,
-    128-key chunks, 2 CTAs per row and occupancy 3 (0.63-0.70x); N = 256 keeps the config the GPU
-    tests ran (64-key chunks, 4 CTAs, occupancy 4).
+    Decode is bound by the latency of dependent loads (schedule -> block table -> cache blocks) more than by
+    the MMA, so several CTAs share each schedule row and the kernel streams each batch row's chunks without a
+    branch. Measured on an H100 (docs/kernels.md, H = 32/64, D = 128, block_kv = 64, DeepGEMM in the same
+    process): with an MMA N side (``rg * hp``) of at most 128, 128-key chunks and 2 CTAs per row (0.96-0.98x
+    DeepGEMM; 256-key chunks 0.81-0.88x, 64-key chunks 0.69-0.95x at N = 64 and 0.06x at N = 128, where they spill
+    1783 words). The occupancy hint (2 or 3: the same speed at N = 64 and 128) is the one that compiles
+    spill-free on sm_90: 3 up to N = 32 (at 2 the 16-key-block variant spills), else 2 (at 3, 80 registers, N = 64
+    with 2-D lengths spills). N = 256 keeps the config the GPU tests ran (64-key chunks, 4 CTAs, occupancy 4).
+    sm_100 takes the same tiles (spill-free with its walk, never measured).
     """
     if d not in (64, 128) or not 1 <= h <= 128 or not 1 <= next_n <= 4 or block_kv not in (16, 32, 64):
         return None
@@ -951,12 +955,8 @@ def paged_mqa_config(
     nnp = _mqa_pow2_ceil(next_n)
     rg = min(nnp, max(1, 256 // hp))
     n_side = rg * hp
-    if n_side <= 64 and split % 256 == 0 and block_kv >= 32:
-        ck, parts, occupancy = 256, 2, 2
-    elif n_side <= 64:
-        ck, parts, occupancy = 64, 4, 8
-    elif n_side == 128:
-        ck, parts, occupancy = 128, 2, 3
+    if n_side <= 128:
+        ck, parts, occupancy = 128, 2, 3 if n_side <= 32 else 2
     else:
         ck, parts, occupancy = 64, 4, 4
     return PagedMqaConfig(
@@ -968,6 +968,7 @@ def paged_mqa_config(
         parts=parts,
         occupancy=occupancy,
         head_chain=_head_chain(sm, n_side),
+        batch_major=sm == 90,
         rows_outer=sm == 90 and nnp == rg,
     )
 

@@ -16,10 +16,10 @@ the padded heads load as zeros with zero weights.
 * ``get_paged_mqa_logits_metadata``: torch ops on the device (no host sync), the same balanced
   split as the reference backend (``ops.common.paged_mqa_schedule``).
 * ``fp8_paged_mqa_logits``: a persistent kernel; ``parts`` CTAs share schedule row i (the splits
-  from row i to row i + 1, round-robin), so several dependent gathers are in flight per SM; each
-  chunk of a split gathers its KV-cache blocks with one indexed (TMA) load; on sm_90 a split loads its
-  query rows once, before its chunks (``PagedMqaConfig.rows_outer``). A repeated call replays its launch
-  (the registry's hot lane: ``checks.paged_mqa_logits_signature``, :func:`_paged_replay`).
+  from row i to row i + 1, round-robin), walked one batch row at a time: the row's length (and on sm_90
+  its query rows, ``PagedMqaConfig.rows_outer``) once, then a branch-free loop over the CTA's chunks of
+  that row, each gathering its KV-cache blocks with one indexed (TMA) load. A repeated call replays its
+  launch (the registry's hot lane: ``checks.paged_mqa_logits_signature``, :func:`_paged_replay`).
 
 Whatever the index values, no kernel reads or writes out of bounds: window bounds are clamped,
 block ids are clamped into the cache, tile indices stay inside the arrays.
@@ -195,6 +195,24 @@ def paged_logits(out, keys, sc, q_t, w_t, vis, b, rg, key0, CK: int, RG: int, HP
     ct.store(out, (b, rg, key0 // CK), tile, allow_tma=False)  # see docs/kernels.md
 
 
+def batch_length(ctx, b, key_cap, NNP: int, CTX2D: bool):
+    """Keys of batch ``b`` that any of its query rows sees, clamped to ``[0, key_cap]`` (tile code; ``ctx`` int32
+    ``[B]`` or ``[B, next_n]``)."""
+    if CTX2D:
+        length = ct.max(ct.load(ctx, (b, 0), shape=(1, NNP), padding_mode=ZERO))
+    else:
+        length = ct.load(ctx, (b,), shape=())
+    return ct.minimum(ct.maximum(length, 0), key_cap)
+
+
+def paged_row_groups(out, keys, sc, q, w, ctx, b, key0, length, NN, NNP, RG, HP, D, CK, CTX2D, HEAD_CHAIN):
+    """Logits of one chunk of keys (``keys``/``sc`` from :func:`paged_keys`) for every query row group of batch
+    ``b``, each group's rows loaded here (tile code; the form without ``ROWS_OUTER``)."""
+    for rg in range(NNP // RG):
+        q_t, w_t, vis = paged_rows(q, w, ctx, b, rg, length, NN, RG, HP, D, CTX2D)
+        paged_logits(out, keys, sc, q_t, w_t, vis, b, rg, key0, CK, RG, HP, HEAD_CHAIN)
+
+
 def make_paged_mqa_logits_kernel(**hints):
     """Build the paged MQA-logits kernel (``hints``: ct.kernel's, e.g. ``occupancy``)."""
 
@@ -218,55 +236,68 @@ def make_paged_mqa_logits_kernel(**hints):
         SPLIT: ct.Constant[int],
         CTX2D: ct.Constant[bool],
         HEAD_CHAIN: ct.Constant[bool],
+        BATCH_MAJOR: ct.Constant[bool],
         ROWS_OUTER: ct.Constant[bool],
     ):
         """Persistent: CTAs (i, 0..P-1) share the splits from ``meta[i]`` up to ``meta[i + 1]`` (lexicographic).
 
-        CTA (i, p) takes every P-th split of that range, so P CTAs per SM keep several gathers in flight.
+        CTA (i, p) takes every P-th split of that range. ``BATCH_MAJOR`` (sm_90): it walks the range one batch
+        row at a time, the row's length (and with ``ROWS_OUTER`` its query rows) once, then a loop over its chunks
+        of that row with no branch inside, so tileiras's producer streams the next chunks' keys while the current
+        one is reduced (with a branch per chunk, or rows loaded per split, it waited for the consumer at each;
+        docs/kernels.md). Otherwise (sm_100, where that loop spills) one split per iteration, rows per chunk.
         """
+        NCH = SPLIT // CK  # chunks per split
         part = ct.bid(1)
         n_parts = ct.num_blocks(1)
         n_batch = q.shape[0]
-        width = out.shape[2]
-        key_cap = ct.minimum(block_table.shape[1] * BKV, width)
+        key_cap = ct.minimum(block_table.shape[1] * BKV, out.shape[2])
+        max_splits = ct.cdiv(key_cap, SPLIT)  # no overflow of split * SPLIT below
         sm = ct.bid(0)
-        b = ct.load(meta, (sm, 0), shape=())
-        s = ct.load(meta, (sm, 1), shape=())
-        b_end = ct.load(meta, (sm + 1, 0), shape=())
-        s_end = ct.load(meta, (sm + 1, 1), shape=())
-        b = ct.maximum(b, 0)
-        s = ct.minimum(ct.maximum(s, 0), ct.cdiv(key_cap, SPLIT))  # no overflow of s * SPLIT below
-        turn = part * 0
-        while ((b < b_end) | ((b == b_end) & (s < s_end))) & (b < n_batch):
-            if CTX2D:
-                length = ct.max(ct.load(ctx, (b, 0), shape=(1, NNP), padding_mode=ZERO))
-            else:
-                length = ct.load(ctx, (b,), shape=())
-            length = ct.minimum(ct.maximum(length, 0), key_cap)
-            if (s * SPLIT < length) & (turn == part):
-                if ROWS_OUTER:
-                    # One row group (NNP == RG), loaded once per split instead of once per chunk (at next_n = 1
-                    # a 64-key chunk is as many bytes as the rows; docs/kernels.md).
+        b = ct.maximum(ct.load(meta, (sm, 0), shape=()), 0)
+        s = ct.minimum(ct.maximum(ct.load(meta, (sm, 1), shape=()), 0), max_splits)
+        b_end = ct.minimum(ct.load(meta, (sm + 1, 0), shape=()), n_batch)
+        s_end = ct.minimum(ct.maximum(ct.load(meta, (sm + 1, 1), shape=()), 0), max_splits)
+        turn = part * 0  # which part takes the range's next split
+        if BATCH_MAJOR:
+            b_first = b
+            while b <= ct.minimum(b_end, n_batch - 1):
+                length = batch_length(ctx, b, key_cap, NNP, CTX2D)
+                n_split = ct.cdiv(length, SPLIT)
+                lo = ct.minimum(ct.where(b == b_first, s, 0), n_split)  # the range's splits of row b: [lo, hi)
+                hi = ct.maximum(ct.where(b == b_end, ct.minimum(s_end, n_split), n_split), lo)
+                first = lo + (part - turn + n_parts) % n_parts
+                mine = ct.maximum(ct.cdiv(hi - first, n_parts), 0)
+                if ROWS_OUTER:  # one row group (NNP == RG), loaded once per batch row
                     q_t, w_t, vis = paged_rows(q, w, ctx, b, 0, length, NN, RG, HP, D, CTX2D)
-                    for g in range(SPLIT // CK):
-                        key0 = s * SPLIT + g * CK
-                        if key0 < length:
-                            keys, sc = paged_keys(kv_keys, kv_scales, block_table, b, key0, BKV, CK, D)
-                            paged_logits(out, keys, sc, q_t, w_t, vis, b, 0, key0, CK, RG, HP, HEAD_CHAIN)
-                else:  # keys outer: every row group reuses each chunk's keys
-                    for g in range(SPLIT // CK):
-                        key0 = s * SPLIT + g * CK
-                        if key0 < length:
-                            keys, sc = paged_keys(kv_keys, kv_scales, block_table, b, key0, BKV, CK, D)
-                            for rg in range(NNP // RG):
-                                q_t, w_t, vis = paged_rows(q, w, ctx, b, rg, length, NN, RG, HP, D, CTX2D)
-                                paged_logits(out, keys, sc, q_t, w_t, vis, b, rg, key0, CK, RG, HP, HEAD_CHAIN)
-            if s * SPLIT < length:
-                s = s + 1
-                turn = ct.where(turn + 1 == n_parts, 0, turn + 1)
-            if s * SPLIT >= length:
+                for c in range(mine * NCH):  # past the length a chunk's logits are -inf
+                    key0 = (first + (c // NCH) * n_parts) * SPLIT + (c % NCH) * CK
+                    keys, sc = paged_keys(kv_keys, kv_scales, block_table, b, key0, BKV, CK, D)
+                    if ROWS_OUTER:
+                        paged_logits(out, keys, sc, q_t, w_t, vis, b, 0, key0, CK, RG, HP, HEAD_CHAIN)
+                    else:
+                        paged_row_groups(
+                            out, keys, sc, q, w, ctx, b, key0, length, NN, NNP, RG, HP, D, CK, CTX2D, HEAD_CHAIN
+                        )
+                turn = (turn + (hi - lo)) % n_parts
                 b = b + 1
-                s = 0 * s
+        else:
+            while ((b < b_end) | ((b == b_end) & (s < s_end))) & (b < n_batch):
+                length = batch_length(ctx, b, key_cap, NNP, CTX2D)
+                if (s * SPLIT < length) & (turn == part):
+                    for g in range(NCH):
+                        key0 = s * SPLIT + g * CK
+                        if key0 < length:
+                            keys, sc = paged_keys(kv_keys, kv_scales, block_table, b, key0, BKV, CK, D)
+                            paged_row_groups(
+                                out, keys, sc, q, w, ctx, b, key0, length, NN, NNP, RG, HP, D, CK, CTX2D, HEAD_CHAIN
+                            )
+                if s * SPLIT < length:
+                    s = s + 1
+                    turn = ct.where(turn + 1 == n_parts, 0, turn + 1)
+                if s * SPLIT >= length:
+                    b = b + 1
+                    s = 0 * s
 
     return paged_mqa_logits_kernel
 
@@ -408,6 +439,7 @@ def paged_constants(conf: PagedMqaConfig, next_n: int, d: int, block_kv: int, ct
         conf.split,
         ctx_2d,
         conf.head_chain,
+        conf.batch_major,
         conf.rows_outer,
     )
 
