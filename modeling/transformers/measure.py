@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tilegemm.transformers.compat import rewind_static_cache
+from tilegemm.transformers.compat import cache_kwargs, rewind_static_cache
 
 
 def sync(device: torch.device) -> None:
@@ -102,7 +102,7 @@ def static_greedy(model, input_ids: torch.Tensor, new_tokens: int, cuda_graph: b
     cache = StaticCache(config=model.config, max_cache_len=prompt + new_tokens)
     out = model(
         input_ids=input_ids,
-        past_key_values=cache,
+        **cache_kwargs(model, cache),
         cache_position=torch.arange(prompt, device=device),
         use_cache=True,
         logits_to_keep=1,
@@ -112,7 +112,7 @@ def static_greedy(model, input_ids: torch.Tensor, new_tokens: int, cuda_graph: b
     position = torch.tensor([prompt], device=device, dtype=torch.long)
 
     def step() -> torch.Tensor:
-        logits = model(input_ids=token, past_key_values=cache, cache_position=position, use_cache=True).logits
+        logits = model(input_ids=token, **cache_kwargs(model, cache), cache_position=position, use_cache=True).logits
         return logits[:, -1].argmax(-1, keepdim=True)
 
     graph, note = None, ""

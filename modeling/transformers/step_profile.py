@@ -46,7 +46,7 @@ import torch.distributed as dist  # noqa: E402
 from modeling.transformers.dist_check import init_distributed  # noqa: E402
 from modeling.transformers.measure import sync  # noqa: E402
 from tilegemm.transformers import apply_tilegemm_to_model, presets, revert_tilegemm_model  # noqa: E402
-from tilegemm.transformers.compat import rewind_static_cache  # noqa: E402
+from tilegemm.transformers.compat import cache_kwargs, rewind_static_cache  # noqa: E402
 from tilegemm.transformers.monkey_patch import experts_modules  # noqa: E402
 from tilegemm.transformers.norm import swapped_rms_norms  # noqa: E402
 from tilegemm.transformers.parallel import PARALLEL_MODES, distribute_model  # noqa: E402
@@ -93,9 +93,8 @@ class DecodeStep:
         # the cache's own write counter advances on every step: ``slack`` steps between rewinds
         self.cache = StaticCache(config=model.config, max_cache_len=self.prompt + slack)
         positions = torch.arange(self.prompt, device=device)
-        model(
-            input_ids=input_ids, past_key_values=self.cache, cache_position=positions, use_cache=True, logits_to_keep=1
-        )
+        self.cache_kw = cache_kwargs(model, self.cache)
+        model(input_ids=input_ids, **self.cache_kw, cache_position=positions, use_cache=True, logits_to_keep=1)
         self.token = torch.ones(batch, 1, dtype=torch.long, device=device)
         self.position = torch.tensor([self.prompt], device=device)
 
@@ -104,7 +103,7 @@ class DecodeStep:
         rewind_static_cache(self.cache, self.prompt)
 
     def __call__(self) -> torch.Tensor:
-        out = self.model(input_ids=self.token, past_key_values=self.cache, cache_position=self.position, use_cache=True)
+        out = self.model(input_ids=self.token, **self.cache_kw, cache_position=self.position, use_cache=True)
         return out.logits[:, -1].argmax(-1, keepdim=True)
 
 

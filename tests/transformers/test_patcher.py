@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from hf_models import FAMILIES, build, prompt
@@ -95,3 +97,18 @@ def test_old_transformers_rejected(monkeypatch):
             apply_tilegemm_kernel_to_qwen3_moe()
     finally:
         compat.transformers_version.cache_clear()
+
+
+def test_cache_kwargs_follows_the_forward_signature():
+    """``cache`` where the forward takes it (transformers >= 5.24), else ``past_key_values``; with the installed
+    transformers, the keyword names a parameter of every family's causal-LM forward."""
+    new, old = torch.nn.Module(), torch.nn.Module()
+    new.forward = lambda input_ids=None, cache=None, use_cache=None: None
+    old.forward = lambda input_ids=None, past_key_values=None, use_cache=None: None
+    marker = object()
+    assert compat.cache_kwargs(new, marker) == {"cache": marker}
+    assert compat.cache_kwargs(old, marker) == {"past_key_values": marker}
+    for family in FAMILIES:
+        model = build(family)
+        (key,) = compat.cache_kwargs(model, marker)
+        assert key in inspect.signature(model.forward).parameters, (family, key)

@@ -3,13 +3,16 @@
 The integration needs transformers' experts registry (``transformers.integrations.moe.ExpertsInterface``)
 and MoE models whose experts are fused 3-D parameters dispatched through ``@use_experts_implementation``
 (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``): transformers >= 5.7. :func:`rewind_static_cache` hides
-how a version's ``StaticCache`` keeps its write position.
+how a version's ``StaticCache`` keeps its write position, :func:`cache_kwargs` what a version's forward calls the
+cache.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import re
+from typing import Any
 
 import torch
 
@@ -69,3 +72,11 @@ def rewind_static_cache(cache, length: int) -> None:
             layer.cumulative_length = length
         if isinstance(getattr(layer, "cumulative_length_int", None), int):
             layer.cumulative_length_int = length
+
+
+def cache_kwargs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
+    """The keyword argument that hands ``cache`` to ``model``'s forward: ``{"cache": cache}`` where the forward
+    takes ``cache`` (transformers 5.24 renamed it; ``past_key_values`` warns there and goes in 5.40), else
+    ``{"past_key_values": cache}``."""
+    params = inspect.signature(model.forward).parameters
+    return {"cache": cache} if "cache" in params else {"past_key_values": cache}
