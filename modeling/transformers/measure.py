@@ -100,9 +100,10 @@ def static_greedy(model, input_ids: torch.Tensor, new_tokens: int, cuda_graph: b
     batch, prompt = input_ids.shape
     device = input_ids.device
     cache = StaticCache(config=model.config, max_cache_len=prompt + new_tokens)
+    cache_kw = cache_kwargs(model, cache)  # once: the signature lookup is host time
     out = model(
         input_ids=input_ids,
-        **cache_kwargs(model, cache),
+        **cache_kw,
         cache_position=torch.arange(prompt, device=device),
         use_cache=True,
         logits_to_keep=1,
@@ -112,7 +113,7 @@ def static_greedy(model, input_ids: torch.Tensor, new_tokens: int, cuda_graph: b
     position = torch.tensor([prompt], device=device, dtype=torch.long)
 
     def step() -> torch.Tensor:
-        logits = model(input_ids=token, **cache_kwargs(model, cache), cache_position=position, use_cache=True).logits
+        logits = model(input_ids=token, **cache_kw, cache_position=position, use_cache=True).logits
         return logits[:, -1].argmax(-1, keepdim=True)
 
     graph, note = None, ""

@@ -128,19 +128,22 @@ class StaticDecode:
         from transformers import StaticCache
 
         self.model, self.prompt = model, prompt
+        from tilegemm.transformers.compat import cache_kwargs
+
         self.cache = StaticCache(config=model.config, max_cache_len=prompt.shape[1] + extra)
+        self.cache_kw = cache_kwargs(model, self.cache)  # once: the signature lookup is host time
         self.position = torch.zeros(1, dtype=torch.long, device=prompt.device)
 
     @torch.no_grad()
     def prefill(self) -> torch.Tensor:
         """Fill the cache with the prompt; returns the greedy next token ``[B, 1]``."""
-        from tilegemm.transformers.compat import cache_kwargs, rewind_static_cache
+        from tilegemm.transformers.compat import rewind_static_cache
 
         rewind_static_cache(self.cache, 0)
         length = self.prompt.shape[1]
         out = self.model(
             input_ids=self.prompt,
-            **cache_kwargs(self.model, self.cache),
+            **self.cache_kw,
             cache_position=torch.arange(length, device=self.prompt.device),
             use_cache=True,
             logits_to_keep=1,
@@ -150,12 +153,11 @@ class StaticDecode:
     @torch.no_grad()
     def step(self, token: torch.Tensor, position: int) -> torch.Tensor:
         """Logits ``[B, V]`` of the step feeding ``token [B, 1]`` at ``position`` (device ops only)."""
-        from tilegemm.transformers.compat import cache_kwargs, rewind_static_cache
+        from tilegemm.transformers.compat import rewind_static_cache
 
         self.position.fill_(position)
         rewind_static_cache(self.cache, position)
-        cache = cache_kwargs(self.model, self.cache)
-        out = self.model(input_ids=token, **cache, cache_position=self.position, use_cache=True)
+        out = self.model(input_ids=token, **self.cache_kw, cache_position=self.position, use_cache=True)
         return out.logits[:, -1]
 
     def greedy(self, new_tokens: int) -> torch.Tensor:

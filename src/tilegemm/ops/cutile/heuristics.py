@@ -940,7 +940,7 @@ def paged_mqa_config(
     Decode is bound by the latency of dependent loads (schedule -> block table -> cache blocks) more than by
     the MMA, so several CTAs share each schedule row and the kernel streams each batch row's chunks without a
     branch. Measured on an H100 (docs/kernels.md, H = 32/64, D = 128, block_kv = 64, DeepGEMM in the same
-    process): with an MMA N side (``rg * hp``) of at most 128, 128-key chunks and 2 CTAs per row (0.96-0.98x
+    process): with an MMA N side (``rg * hp``) of at most 128, 128-key chunks and 2 CTAs per row (0.94-0.98x
     DeepGEMM; 256-key chunks 0.81-0.88x, 64-key chunks 0.69-0.95x at N = 64 and 0.06x at N = 128, where they spill
     1783 words). The occupancy hint (2 or 3: the same speed at N = 64 and 128) is the one that compiles
     spill-free on sm_90: 3 up to N = 32 (at 2 the 16-key-block variant spills), else 2 (at 3, 80 registers, N = 64
