@@ -43,7 +43,7 @@ from typing import Any
 
 import cuda.tile as ct
 
-from tilegemm.ops.cutile import heuristics
+from tilegemm.ops.cutile import heuristics, tile_io
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -293,14 +293,8 @@ def _narrow_bf16_body(
     acc = ct.zeros((BM, BN), dtype=ct.float32)
     for i in range(num_k):
         kb = (first + i) % num_k
-        if A_KMAJOR:
-            a = ct.load(A, (pm, kb), (BM, BK), padding_mode=_ZERO)
-        else:
-            a = ct.load(A, (pm, kb), (BM, BK), order=(1, 0), padding_mode=_ZERO)
-        if B_KMAJOR:
-            w = ct.load(B, (kb, pn), (BK, BN), order=(1, 0), padding_mode=_ZERO)
-        else:
-            w = ct.load(B, (kb, pn), (BK, BN), padding_mode=_ZERO)
+        a = tile_io.load_mk(A, pm, kb, BM, BK, A_KMAJOR)
+        w = tile_io.load_kn(B, kb, pn, BK, BN, B_KMAJOR)
         acc = ct.mma(a, w, acc)
     ct.store(D, (pm, pn), ct.astype(acc * alpha, D.dtype))
 

@@ -31,7 +31,7 @@ import torch
 
 from tilegemm.backend.registry import Unsupported, register_impl, register_replay
 from tilegemm.ops.common import write_head_splits
-from tilegemm.ops.cutile import decode, heuristics, launch
+from tilegemm.ops.cutile import decode, heuristics, launch, tile_io
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -100,14 +100,8 @@ def _bf16_gemm_body(
         pm, pn = _tile_coords(tile, num_m, num_n, GROUP_M)
         acc = ct.zeros((TM, TN), dtype=ct.float32)
         for kb in range(k_lo, k_hi):
-            if A_KMAJOR:
-                a = ct.load(A, (pm, kb), (TM, TK), padding_mode=_ZERO)
-            else:
-                a = ct.load(A, (pm, kb), (TM, TK), order=(1, 0), padding_mode=_ZERO)
-            if B_KMAJOR:
-                b = ct.load(B, (kb, pn), (TK, TN), order=(1, 0), padding_mode=_ZERO)
-            else:
-                b = ct.load(B, (kb, pn), (TK, TN), padding_mode=_ZERO)
+            a = tile_io.load_mk(A, pm, kb, TM, TK, A_KMAJOR)
+            b = tile_io.load_kn(B, kb, pn, TK, TN, B_KMAJOR)
             acc = ct.mma(a, b, acc)
         if SPLITK:
             _store_split(W, acc, u, tiles, 0)
