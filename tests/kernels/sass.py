@@ -111,6 +111,28 @@ def gmma_group_sizes(sass: str) -> Counter[int]:
     return sizes
 
 
+_INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
+_BRANCH = re.compile(r"\bBRA (?:`\()?0x([0-9a-f]+)")
+
+
+def loop_bodies(sass: str) -> list[list[str]]:
+    """The instructions of each loop of a SASS listing: from a backward branch's target to the branch.
+
+    Only branches before the kernel's last ``EXIT`` count: after it tileiras puts the slow paths of its barrier
+    waits (try-wait, sleep, branch back into the body), which are not loops of the source.
+    """
+    instrs = [(int(m.group(1), 16), m.group(2).strip()) for m in _INSTR.finditer(sass)]
+    exits = [i for i, (_, text) in enumerate(instrs) if re.search(r"\bEXIT\b", text)]
+    end = exits[-1] if exits else len(instrs)
+    index = {addr: i for i, (addr, _) in enumerate(instrs)}
+    bodies = []
+    for i, (addr, text) in enumerate(instrs[:end]):
+        m = _BRANCH.search(text)
+        if m and int(m.group(1), 16) < addr and int(m.group(1), 16) in index:
+            bodies.append([t for _, t in instrs[index[int(m.group(1), 16)] : i + 1]])
+    return bodies
+
+
 def launch_resources(cubin: bytes) -> dict[str, int]:
     """What one CTA of the cubin's kernel takes: ``threads`` (its ``.reqntid``), ``registers`` per thread and
     ``shared`` bytes (``cuobjdump -elf`` / ``-res-usage``); with them, how many CTAs fit on an SM."""

@@ -53,19 +53,27 @@ def test_choose_routes_each_family():
 def test_narrow_config_rule():
     """Narrow tiles from 17 rows. FP8: 64x64 tiles two K blocks at a time while SMs / 3 <= tiles <= 2 SMs (above 32
     rows), else 128 weight rows where those fill 3/4 of the SMs, else 16 rows up to K = 2048, and at 17-32 rows only
-    up to K = 2048 and not where 32-row weight tiles would fill the SMs. BF16: 32 rows up to 128 rows and 1.5 waves,
-    128x128 tiles above 128 rows while they fill 3/4 of the SMs in one wave. Never with ``c`` or a forced swap-AB
-    variant."""
+    up to K = 2048 and not where 32-row weight tiles would fill the SMs. BF16: 32 rows up to 128 rows, at one CTA
+    per SM while they fit one wave (at 17-32 rows with K > 2048 only if they fill 3/4 of the SMs), else at two up to
+    1.5 waves (K <= 2048 at 17-32 rows); 128x128 tiles above 128 rows while they fill 3/4 of the SMs in one wave.
+    Never with ``c`` or a forced swap-AB variant."""
 
     def pick(dtype, m, n, k, **kw):
         return heuristics.narrow_config(Problem("dense", dtype, m, n, k, 132, **kw))
 
     assert pick("fp8", 16, 1536, 2048) is None and pick("fp8", 257, 4096, 7168) is None
-    assert pick("fp8", 32, 4096, 7168) is None and pick("bf16", 32, 4096, 7168) is None  # 32 rows, K > 2048
+    assert pick("fp8", 32, 4096, 7168) is None  # 32 rows, K > 2048
     assert pick("fp8", 32, 7168, 2048) is None  # 224 tiles of 32 weight rows, at 32 rows: swap-AB
     assert pick("fp8", 17, 1536, 2048) == heuristics.NARROW_FP8_W16
     assert pick("fp8", 32, 32768, 512) == heuristics.NARROW_FP8_W128
-    assert pick("bf16", 17, 1536, 2048) == heuristics.NARROW_BF16_W32 and pick("bf16", 16, 1536, 2048) is None
+    deep = heuristics.NARROW_BF16_W32_DEEP
+    assert pick("bf16", 17, 1536, 2048) == deep and pick("bf16", 16, 1536, 2048) is None
+    assert pick("bf16", 32, 4096, 7168) == deep  # 128 tiles of 64x32: one wave that fills 3/4 of the SMs
+    assert pick("bf16", 32, 2112, 7168) is None  # 66 tiles, 32 rows, K > 2048: swap-AB
+    assert pick("bf16", 33, 2112, 7168) == deep
+    assert pick("bf16", 128, 2112, 7168) == deep and pick("bf16", 129, 2112, 7168) is None  # 132 tiles; 129 rows
+    assert pick("bf16", 128, 4096, 7168) is None  # 256 tiles: more than one wave
+    assert pick("bf16", 32, 2048, 768) == deep and pick("bf16", 64, 2048, 2048) == deep
     pair = heuristics.NARROW_FP8_W64_PAIR
     assert pick("fp8", 33, 4096, 7168) == pair  # 64 tiles of 64x64: within [SMs / 3, 2 SMs]
     assert pick("fp8", 128, 7168, 16384) == pair and pick("fp8", 256, 4096, 7168) == pair  # 224, 256 tiles
@@ -74,7 +82,8 @@ def test_narrow_config_rule():
     assert pick("fp8", 256, 7168, 16384) == heuristics.NARROW_FP8_W128  # 448 pair tiles; 224 of 64x128
     assert pick("fp8", 64, 24576, 1536) == heuristics.NARROW_FP8_W128  # 384 pair tiles
     assert pick("fp8", 64, 1536, 2048) == heuristics.NARROW_FP8_W16
-    assert pick("bf16", 64, 2112, 7168) == heuristics.NARROW_BF16_W32
+    assert pick("bf16", 64, 2112, 7168) == deep  # 66 tiles
+    assert pick("bf16", 64, 4800, 2048) == heuristics.NARROW_BF16_W32  # 150 tiles: above one wave, within 1.5
     assert pick("bf16", 64, 7168, 2048) is None  # 224 tiles: more than 1.5 waves
     assert pick("bf16", 129, 1536, 2048) is None
     assert pick("bf16", 256, 7168, 16384) == heuristics.NARROW_BF16_M128_W128  # 112 tiles of 128x128

@@ -29,8 +29,9 @@ in ``[64, BN]`` tiles, ``BN`` 16..128 weight rows (the MMA's N side) against 64 
 side), the whole of K per CTA, no split-K and no ``c``. A tile of 16-32 weight rows leaves enough tiles to fill the
 SMs where a 64-row weight tile needs split-K, and each CTA is small (64 registers at occupancy 4) with a deep load
 pipeline; at M >= 128 the 128-row weight tiles halve the activation re-reads, and BF16 above 128 rows takes
-``[128, 128]`` tiles (one warpgroup holding the 128x128 accumulator, one CTA per SM). (H100 sweeps:
-``docs/decode.md``.)
+``[128, 128]`` tiles (one warpgroup holding the 128x128 accumulator, one CTA per SM). BF16 tiles of 32 weight rows
+that fit one wave run one CTA per SM too, for a deeper load pipeline (~9 stages). A tile's K walk may start at a
+rotated block and wraps with a compare (:func:`_wrap`), never a ``%``. (H100 sweeps: ``docs/decode.md``.)
 
 Config choice: :func:`tilegemm.ops.cutile.heuristics.decode_plan` (swap-AB) and
 :func:`tilegemm.ops.cutile.heuristics.narrow_config` (narrow); host path: ``gemm.py``.
@@ -269,6 +270,15 @@ def _narrow_unit(D, BM: ConstInt, num_k, ROTATE: ConstBool):
     return pm, pn, first
 
 
+def _wrap(j, num_k, ROTATE: ConstBool):
+    """K block ``j % num_k`` of a narrow tile's walk, for ``0 <= j < 2 * num_k`` (tile code). With ``ROTATE`` a compare
+    and a select, where ``%`` by a runtime value costs an integer division (about 30 instructions per K block in the
+    producer warp and again in the consumer warps on sm_90); without, ``j`` itself (then ``j < num_k``)."""
+    if ROTATE:
+        return j - num_k if j >= num_k else j
+    return j
+
+
 def _narrow_bf16_body(
     A,
     B,
@@ -292,7 +302,7 @@ def _narrow_bf16_body(
     pm, pn, first = _narrow_unit(D, BM, num_k, ROTATE)
     acc = ct.zeros((BM, BN), dtype=ct.float32)
     for i in range(num_k):
-        kb = (first + i) % num_k
+        kb = _wrap(first + i, num_k, ROTATE)
         a = tile_io.load_mk(A, pm, kb, BM, BK, A_KMAJOR)
         w = tile_io.load_kn(B, kb, pn, BK, BN, B_KMAJOR)
         acc = ct.mma(a, w, acc)
@@ -342,17 +352,19 @@ def _narrow_fp8_body(
     acc = ct.zeros((BM, BN), dtype=ct.float32)
     if PAIR:
         for i in range(num_k // 2):
-            k0 = (first + 2 * i) % num_k
+            k0 = _wrap(first + 2 * i, num_k, ROTATE)
             p0, sa0, sb0 = _narrow_fp8_block(A, B, SA, SB, pm, pn, k0, BM, BN, SB_ROWS, LAT)
-            p1, sa1, sb1 = _narrow_fp8_block(A, B, SA, SB, pm, pn, (k0 + 1) % num_k, BM, BN, SB_ROWS, LAT)
+            p1, sa1, sb1 = _narrow_fp8_block(A, B, SA, SB, pm, pn, _wrap(k0 + 1, num_k, ROTATE), BM, BN, SB_ROWS, LAT)
             acc = acc + (p0 * sa0) * sb0
             acc = acc + (p1 * sa1) * sb1
         if num_k % 2 == 1:
-            p, sa, sb = _narrow_fp8_block(A, B, SA, SB, pm, pn, (first + num_k - 1) % num_k, BM, BN, SB_ROWS, LAT)
+            p, sa, sb = _narrow_fp8_block(
+                A, B, SA, SB, pm, pn, _wrap(first + num_k - 1, num_k, ROTATE), BM, BN, SB_ROWS, LAT
+            )
             acc = acc + (p * sa) * sb
     else:
         for i in range(num_k):
-            p, sa, sb = _narrow_fp8_block(A, B, SA, SB, pm, pn, (first + i) % num_k, BM, BN, SB_ROWS, LAT)
+            p, sa, sb = _narrow_fp8_block(A, B, SA, SB, pm, pn, _wrap(first + i, num_k, ROTATE), BM, BN, SB_ROWS, LAT)
             acc = acc + (p * sa) * sb
     ct.store(D, (pm, pn), ct.astype(acc * alpha, D.dtype))
 

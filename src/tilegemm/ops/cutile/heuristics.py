@@ -578,9 +578,12 @@ NARROW_FP8_W64_PAIR = NarrowConfig("narrow_w64_pair", bn=64, occupancy=2, pair_k
 #: per step, one CTA per SM: 255 registers, six load stages on sm_90).
 NARROW_BF16_W32 = NarrowConfig("narrow_bf16_w32", bn=32, occupancy=2, rotate_k=False)
 NARROW_BF16_M128_W128 = NarrowConfig("narrow_bf16_m128_w128", bn=128, bm=128, bk_bf16=64, occupancy=1, rotate_k=False)
+#: ... and where the 32-row tiles fit one wave, the same tiles at one CTA per SM: tileiras then fills the shared
+#: memory with ~9 load stages instead of 4.
+NARROW_BF16_W32_DEEP = NarrowConfig("narrow_bf16_w32_deep", bn=32, occupancy=1, rotate_k=False)
 NARROW_CONFIGS: dict[str, tuple[NarrowConfig, ...]] = {
     "fp8": (NARROW_FP8_W64_PAIR, NARROW_FP8_W128, NARROW_FP8_W32, NARROW_FP8_W16),
-    "bf16": (NARROW_BF16_W32, NARROW_BF16_M128_W128),
+    "bf16": (NARROW_BF16_W32, NARROW_BF16_M128_W128, NARROW_BF16_W32_DEEP),
 }
 #: Dense problems with more rows than this (and at most DECODE_MAX_M) take the narrow kernel ...
 NARROW_MIN_M = 16
@@ -628,14 +631,25 @@ def narrow_config(p: Problem) -> NarrowConfig | None:
     5.6 -> 5.2. The FP8 32-row tile lost there (32x7168x2048: 12.6 us against the swap-AB kernel's 11.7, a sweep),
     BF16 at K = 7168 by 1-1.4% (32x4096x7168 35.3 -> 35.8), and at 16 rows or fewer the narrow kernel won only on
     1536x2048.
+    BF16 at 17-128 rows where the 32-row tiles fit one wave (``NARROW_BF16_W32_DEEP``, one CTA per SM; at 17-32 rows
+    with K > 2048 only where they also fill NARROW_FILL of the SMs). H100, 2026-11-24, same process, harness timing
+    (``results/decode/README.md``, "One CTA per SM"): 64x2112x7168 21.6 -> 18.1 us, 128x2112x7168 22.2 -> 18.5,
+    32x4096x7168 38.3 -> 31.4, 17x4096x7168 36.8 -> 32.9, 64x1536x2048 8.3 -> 7.6; 2048x768 unchanged. At 17 rows of
+    2112x7168 (66 tiles) the swap-AB kernel stayed ahead (22.3 vs 25.1); with more tiles than SMs it lost
+    (64x7168x2048, 224 tiles: 16.8 -> 18.0), and at 1-16 rows it lost to the swap-AB kernel except on 1536x2048.
     ``$TILEGEMM_DECODE_VARIANT`` (a swap-AB variant forced) and calls with ``c`` never take it.
     """
     if p.has_c or not NARROW_MIN_M < p.m <= DECODE_MAX_M or os.environ.get(DECODE_VARIANT_ENV):
         return None
+    sms = max(1, p.sms)
     small = p.m <= NARROW_SMALL_M
+    deep = NARROW_BF16_W32_DEEP
+    deep_tiles = cdiv(p.m, deep.bm) * cdiv(p.n, deep.bn)
+    if p.dtype == "bf16" and p.m <= NARROW_BF16_MAX_M and deep_tiles <= sms:
+        if not small or p.k <= NARROW_SMALL_M_MAX_K or deep_tiles >= NARROW_FILL * sms:
+            return deep
     if small and p.k > NARROW_SMALL_M_MAX_K:
         return None
-    sms = max(1, p.sms)
     if p.dtype == "fp8":
 
         def tiles(cfg: NarrowConfig) -> int:
