@@ -70,6 +70,7 @@ def plain_params(h: int, d: int, out_align: int = 16, arch: str = "sm_90") -> li
         d,
         conf.bk,
         conf.head_chain,
+        conf.two_chains,
     ]
 
 

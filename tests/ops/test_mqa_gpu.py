@@ -60,6 +60,7 @@ PLAIN_CASES = [
     (33, 129, 16, 128, "ragged"),
     (130, 777, 64, 32, "ragged"),
     (65, 300, 20, 32, "causal"),
+    (129, 300, 48, 64, "ragged"),  # two MMA chains per key tile (sm_90), padded heads, an odd row count
 ]
 
 

@@ -885,13 +885,15 @@ class MqaConfig:
     """Tile sizes of :func:`mqa_logits_kernel`: ``bq`` query rows x ``hp`` (padded) heads, ``bk`` keys.
 
     ``head_chain``: sum the weighted heads as a chain of FFMAs over groups of 8 (``mqa.weighted_head_sum``);
-    otherwise one ``ct.sum`` (an FMUL and an FADD per score).
+    otherwise one ``ct.sum`` (an FMUL and an FADD per score). ``two_chains``: the query rows in two halves with an
+    MMA each per key tile (``mqa.key_tile_logits``).
     """
 
     bq: int
     hp: int
     bk: int
     head_chain: bool = False
+    two_chains: bool = False
 
 
 @dataclass(frozen=True)
@@ -937,13 +939,18 @@ def _head_chain(sm: int, n_side: int) -> bool:
 def mqa_logits_config(h: int, d: int, sm: int = 90) -> MqaConfig | None:
     """Tiles for ``fp8_mqa_logits``: ``h`` heads of size ``d``, compute capability ``sm``; ``None`` if unsupported.
 
-    The N side of the MMA is ``bq * hp = 128`` (query rows x padded heads); 128 keys per tile.
+    The N side of the MMA is ``bq * hp = 128`` (query rows x padded heads); 128 keys per tile. With two rows of 64
+    (padded) heads, two MMA chains of one row each on sm_90 (``MqaConfig.two_chains``). H100, 2026-11-24, same process,
+    outputs bitwise equal (``results/mqa/README.md``, run 17): S=2048 S_kv=8192 H=64 D=32 208.9 -> 200.7 us, D=64
+    225.2 -> 221.4, D=128 291.1 -> 270.4, S=8192 694-700 (1.01x), S_kv=65536 1.01x. With four rows of 32 heads
+    (two rows per chain) tileiras 13.4 spills at D = 128, so H <= 32 keeps one chain.
     """
     if d not in (32, 64, 128) or not 1 <= h <= 128:
         return None
     hp = _mqa_pow2_ceil(h)
     bq = max(1, 128 // hp)
-    return MqaConfig(bq=bq, hp=hp, bk=128, head_chain=_head_chain(sm, bq * hp))
+    chain = _head_chain(sm, bq * hp)
+    return MqaConfig(bq=bq, hp=hp, bk=128, head_chain=chain, two_chains=chain and bq == 2)
 
 
 def paged_mqa_config(

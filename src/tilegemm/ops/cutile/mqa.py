@@ -12,7 +12,8 @@ the padded heads load as zeros with zero weights.
   first; it loops only over the key tiles that meet the union of its rows' ``[ks, ke)`` windows,
   so cost follows the valid pairs. ``-inf`` outside the windows: the in-tile mask, and
   ``mqa_clean_kernel`` on the tiles the kernel does not compute. On sm_90 two CTAs share an SM, so one's MMA
-  runs during the other's head sum (``mqa_logits_kernel``'s comment).
+  runs during the other's head sum (``mqa_logits_kernel``'s comment), and with two query rows per CTA each row has
+  its own MMA, so one row's head sum runs during the other's MMA (:func:`key_tile_logits`).
 * ``get_paged_mqa_logits_metadata``: torch ops on the device (no host sync), the same balanced
   split as the reference backend (``ops.common.paged_mqa_schedule``).
 * ``fp8_paged_mqa_logits``: a persistent kernel; ``parts`` CTAs share schedule row i (the splits
@@ -79,6 +80,26 @@ def weighted_head_sum(scores, w, ROWS: int, R: int, HP: int, CHAIN: bool):
     return ct.reshape(ct.sum(acc, axis=3), (ROWS, R))
 
 
+def key_tile_logits(k_t, q_t, w_t, BK: int, BQ: int, HP: int, HEAD_CHAIN: bool, TWO_CHAINS: bool, fast_acc: bool):
+    """``[BK, BQ]`` weighted head sums of one key tile ``k_t`` fp8 ``[BK, D]`` against ``q_t`` fp8 ``[D, BQ * HP]``
+    (``w_t`` fp32 ``[1, BQ * HP]``), before the key scales (tile code).
+
+    ``TWO_CHAINS``: the query rows in two halves, two MMAs on the same key tile, each half's head sum after its own
+    MMA: tileiras then runs the first half's head sum while the second half's MMA is in flight (sm_90 SASS: QGMMA
+    chain 1 issued between chain 0's wait and its head sum). Each row's sum is the same either way.
+    """
+    if not TWO_CHAINS:
+        acc = ct.mma(k_t, q_t, ct.full((BK, BQ * HP), mma_init(HEAD_CHAIN), dtype=ct.float32), use_fast_acc=fast_acc)
+        return weighted_head_sum(acc, w_t, BK, BQ, HP, HEAD_CHAIN)
+    R = BQ // 2
+    start = ct.full((BK, R * HP), mma_init(HEAD_CHAIN), dtype=ct.float32)
+    acc0 = ct.mma(k_t, ct.extract(q_t, (0, 0), shape=(q_t.shape[0], R * HP)), start, use_fast_acc=fast_acc)
+    acc1 = ct.mma(k_t, ct.extract(q_t, (0, 1), shape=(q_t.shape[0], R * HP)), start, use_fast_acc=fast_acc)
+    l0 = weighted_head_sum(acc0, ct.extract(w_t, (0, 0), shape=(1, R * HP)), BK, R, HP, HEAD_CHAIN)
+    l1 = weighted_head_sum(acc1, ct.extract(w_t, (0, 1), shape=(1, R * HP)), BK, R, HP, HEAD_CHAIN)
+    return ct.cat((l0, l1), axis=1)
+
+
 def make_mqa_logits_kernel(fast_acc: bool = False, **hints):
     """Build the plain MQA-logits kernel (``fast_acc``: Hopper's FP8 fast accumulation; ``hints``: ct.kernel's)."""
 
@@ -96,6 +117,7 @@ def make_mqa_logits_kernel(fast_acc: bool = False, **hints):
         D: ct.Constant[int],
         BK: ct.Constant[int],
         HEAD_CHAIN: ct.Constant[bool],
+        TWO_CHAINS: ct.Constant[bool],
     ):
         """One CTA per ``BQ`` query rows; loops over the key tiles inside the rows' windows."""
         s_rows = q.shape[0]
@@ -111,9 +133,7 @@ def make_mqa_logits_kernel(fast_acc: bool = False, **hints):
         for j in range(t_lo, t_hi):
             k_t = ct.load(kv, (j, 0), shape=(BK, D), padding_mode=ZERO)
             sc = ct.reshape(ct.load(kv_scale, (j,), shape=(BK,), padding_mode=ZERO), (BK, 1))
-            start = ct.full((BK, BQ * HP), mma_init(HEAD_CHAIN), dtype=ct.float32)
-            acc = ct.mma(k_t, q_t, start, use_fast_acc=fast_acc)
-            logit = weighted_head_sum(acc, w_t, BK, BQ, HP, HEAD_CHAIN) * sc  # [BK, BQ]
+            logit = key_tile_logits(k_t, q_t, w_t, BK, BQ, HP, HEAD_CHAIN, TWO_CHAINS, fast_acc) * sc  # [BK, BQ]
             kidx = ct.reshape(ct.arange(BK, dtype=ct.int32) + j * BK, (BK, 1))
             logit = ct.where((kidx >= ks_r) & (kidx < ke_r), logit, NEG_INF)
             ct.store(out, (pid, j), ct.transpose(logit), allow_tma=False)
@@ -370,6 +390,7 @@ def launch_mqa_logits(
         d,
         conf.bk,
         conf.head_chain,
+        conf.two_chains,
     )
     launch(kernel or mqa_logits_kernel, (cdiv(s, conf.bq), 1, 1), args)
     if clean:
