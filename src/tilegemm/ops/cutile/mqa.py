@@ -207,8 +207,7 @@ def paged_keys(kv_keys, kv_scales, block_table, b, key0, BKV: int, CK: int, D: i
 def paged_logits(out, keys, sc, q_t, w_t, vis, b, rg, key0, CK: int, RG: int, HP: int, HEAD_CHAIN: bool):
     """Logits of ``CK`` keys for one query row group (tile code), ``-inf`` past each row's visible length, stored
     into ``out[b, rg * RG : (rg + 1) * RG, key0 : key0 + CK]``."""
-    acc = ct.mma(keys, q_t, ct.full((CK, RG * HP), mma_init(HEAD_CHAIN), dtype=ct.float32))
-    logit = weighted_head_sum(acc, w_t, CK, RG, HP, HEAD_CHAIN) * sc  # [CK, RG]
+    logit = key_tile_logits(keys, q_t, w_t, CK, RG, HP, HEAD_CHAIN, False, False) * sc  # [CK, RG]
     kidx = ct.reshape(ct.arange(CK, dtype=ct.int32) + key0, (CK, 1))
     logit = ct.where(kidx < vis, logit, NEG_INF)
     tile = ct.reshape(ct.transpose(logit), (1, RG, CK))
