@@ -70,21 +70,21 @@ def _decode_bf16_params(cfg, bm, splitk, *, a_kmajor=True, b_kmajor=True, has_c=
     return [_A(ct.bfloat16, 2), _A(ct.bfloat16, 2), *_decode_head(out_dtype, splitk), *consts]
 
 
-def _decode_fp8_params(cfg, bm, splitk, *, sb_rows=False, has_c=False, out_dtype=ct.bfloat16):
+def _decode_fp8_params(cfg, bm, splitk, *, sb_rows=False, has_c=False, out_dtype=ct.bfloat16, inside=False):
     """Scales with generic strides (the kernel reads row-major and MN-major scales in place)."""
-    consts = decode.fp8_constants(_plan(cfg, bm), sb_rows=sb_rows, has_c=has_c, splitk=splitk)
+    consts = decode.fp8_constants(_plan(cfg, bm), sb_rows=sb_rows, has_c=has_c, splitk=splitk, inside=inside)
     scales = [_A(ct.float32, 2, contiguous_last=False), _A(ct.float32, 2, contiguous_last=False)]
     return [_A(ct.float8_e4m3fn, 2), _A(ct.float8_e4m3fn, 2), *scales, *_decode_head(out_dtype, splitk), *consts]
 
 
-def _decode_lean_params(dt, cfg, bm, *, a_kmajor=True, b_kmajor=True, sb_rows=False, latency=0):
+def _decode_lean_params(dt, cfg, bm, *, a_kmajor=True, b_kmajor=True, sb_rows=False, latency=0, inside=False):
     """The lean entry point's parameters: no C, W, CNT, beta, splits or per, nor the HAS_C/SPLITK constants."""
     scalars = [aot.scalar(ct.float32), aot.scalar(ct.int32)]
     plan = _plan(cfg, bm, latency)
     if dt == "bf16":
         consts = decode.bf16_constants(plan, a_kmajor=a_kmajor, b_kmajor=b_kmajor, has_c=False, splitk=False)
         return [_A(ct.bfloat16, 2), _A(ct.bfloat16, 2), _A(ct.bfloat16, 2), *scalars, *consts[:-2]]
-    consts = decode.fp8_constants(plan, sb_rows=sb_rows, has_c=False, splitk=False)
+    consts = decode.fp8_constants(plan, sb_rows=sb_rows, has_c=False, splitk=False, inside=inside)
     scales = [_A(ct.float32, 2, contiguous_last=False), _A(ct.float32, 2, contiguous_last=False)]
     return [_A(ct.float8_e4m3fn, 2), _A(ct.float8_e4m3fn, 2), *scales, _A(ct.bfloat16, 2), *scalars, *consts[:-2]]
 
@@ -109,6 +109,12 @@ def _decode_variants():
                 if cfg is default or not sk:
                     lean = decode.get_kernel(dt, cfg, bm, lean=True)
                     out.append((f"decode-{cfg.name}-bm{bm}-lean-{dt}", dt, lean, _decode_lean_params(dt, cfg, bm)))
+                if dt == "fp8" and cfg is default:  # scale tiles inside the scales (no bounds check)
+                    out.append(
+                        (f"{tag}-fp8-inside", dt, decode.get_kernel(dt, cfg, bm), params(cfg, bm, sk, inside=True))
+                    )
+                    params_in = _decode_lean_params(dt, cfg, bm, inside=True)
+                    out.append((f"decode-{cfg.name}-bm{bm}-lean-fp8-inside", dt, lean, params_in))
     bm = heuristics.DECODE_MIN_BM
     kb, kf = decode.get_kernel("bf16", default, bm), decode.get_kernel("fp8", default, bm)
     tag = f"decode-{default.name}-bm{bm}"
@@ -125,8 +131,14 @@ def _decode_variants():
     bm, lat = heuristics.DECODE_NARROW_BM, heuristics.DECODE_DEEP_LATENCY
     deep = decode.get_kernel("fp8", default, bm, lean=True)
     for rows in (False, True):
-        params = _decode_lean_params("fp8", default, bm, sb_rows=rows, latency=lat)
-        out.append((f"decode-{default.name}-bm{bm}-lean-fp8-l{lat}" + ("-1x128" if rows else ""), "fp8", deep, params))
+        for inside in (False, True):
+            params = _decode_lean_params("fp8", default, bm, sb_rows=rows, latency=lat, inside=inside)
+            vid = (
+                f"decode-{default.name}-bm{bm}-lean-fp8-l{lat}"
+                + ("-1x128" if rows else "")
+                + ("-inside" if inside else "")
+            )
+            out.append((vid, "fp8", deep, params))
     # The kernels compiled for a plan's own occupancy hint (an unsplit BF16 plan of at most 16 rows).
     for dt, bm, occ, lean in _plan_occupancies():
         kernel = decode.get_kernel(dt, default, bm, lean=lean, occupancy=occ)
@@ -187,9 +199,9 @@ def _variants():
     return out + _decode_variants() + _narrow_variants()
 
 
-def _narrow_params(dtype, cfg, *, a_kmajor=True, b_kmajor=True, sb_rows=False, out_dtype=ct.bfloat16):
+def _narrow_params(dtype, cfg, *, a_kmajor=True, b_kmajor=True, sb_rows=False, out_dtype=ct.bfloat16, inside=False):
     """A, B (, SA, SB with generic strides), D, alpha, K and the constants of the narrow-tile kernel."""
-    consts = decode.narrow_constants(dtype, cfg, a_kmajor=a_kmajor, b_kmajor=b_kmajor, sb_rows=sb_rows)
+    consts = decode.narrow_constants(dtype, cfg, a_kmajor=a_kmajor, b_kmajor=b_kmajor, sb_rows=sb_rows, inside=inside)
     tail = [_A(out_dtype, 2), aot.scalar(ct.float32), aot.scalar(ct.int32), *consts]
     if dtype == "bf16":
         return [_A(ct.bfloat16, 2), _A(ct.bfloat16, 2), *tail]
@@ -215,6 +227,10 @@ def _narrow_variants():
             else:
                 out.append((f"{cfg.name}-128x128", dtype, k, _narrow_params(dtype, cfg)))
                 out.append((f"{cfg.name}-1x128", dtype, k, _narrow_params(dtype, cfg, sb_rows=True)))
+                if cfg.unchecked_scales:  # scale tiles inside the scales: loads without bounds checks
+                    for rows in (False, True):
+                        vid = f"{cfg.name}-{'1x128' if rows else '128x128'}-inside"
+                        out.append((vid, dtype, k, _narrow_params(dtype, cfg, sb_rows=rows, inside=True)))
                 out.append((f"{cfg.name}-f32", dtype, k, _narrow_params(dtype, cfg, out_dtype=ct.float32)))
     return out
 
@@ -331,6 +347,31 @@ def test_narrow_k_walk_has_no_division_sm90(dtype, cfg):
     assert any(any("UTMALDG" in i for i in body) for body in loops), "no TMA producer loop found"
     for body in loops:
         assert not any("MUFU.RCP" in i for i in body), [i for i in body if "MUFU" in i or "I2F" in i]
+
+
+def _mma_loop_length(kernel, params) -> int:
+    """Instructions in the shortest sm_90 loop of ``kernel`` that issues a QGMMA (its MMA warps' K loop)."""
+    from kernels.sass import dump_sass, loop_bodies
+
+    bodies = loop_bodies(dump_sass(aot.compile_cubin(kernel, params, "sm_90")))
+    return min(len(b) for b in bodies if any("QGMMA" in i for i in b))
+
+
+@pytest.mark.parametrize("which", ["narrow_w64_pair", "narrow_w64_pair-1x128", "swap_bm16"])
+def test_inside_scales_shorten_the_mma_loop_sm90(which):
+    """With ``INSIDE`` (every scale tile inside the scales: ``decode.narrow_scales_inside`` /
+    ``swap_scales_inside``) the FP8 decode kernels load their scales without bounds checks, and their MMA loop is
+    shorter (sm_90, instructions per K step: narrow 64x64 pairs 292 -> 269, with 1x128 weight scales 711 -> 388,
+    swap-AB with 16 activation rows 372 -> 223)."""
+    if which.startswith("narrow"):
+        cfg, rows = heuristics.NARROW_FP8_W64_PAIR, which.endswith("1x128")
+        kernel = decode.get_narrow_kernel("fp8", cfg)
+        checked, inside = (_narrow_params("fp8", cfg, sb_rows=rows, inside=i) for i in (False, True))
+    else:
+        cfg, bm = heuristics.decode_config(), heuristics.DECODE_MIN_BM
+        kernel = decode.get_kernel("fp8", cfg, bm, lean=True)
+        checked, inside = (_decode_lean_params("fp8", cfg, bm, inside=i) for i in (False, True))
+    assert _mma_loop_length(kernel, inside) < _mma_loop_length(kernel, checked)
 
 
 # ----------------------------------------------------- host plans: the launch arguments fit the kernels

@@ -175,6 +175,32 @@ def test_decode_plan_never_splits_small_tiles_or_in_two():
                 assert heuristics.decode_plan(Problem("dense", dtype, m, n, k, 132), cfg).splits != 2
 
 
+def test_fp8_scale_tiles_inside_only_where_they_are():
+    """The FP8 decode kernels load their scales unchecked (``INSIDE``) only where every scale tile lies inside the
+    scales: the activation tile divides M, the K step divides K's 128-wide blocks, the weight tile divides N with
+    per-row weight scales; narrow tiles only on configs with ``unchecked_scales`` (the 64x64 pairs)."""
+    from tilegemm.ops.cutile import decode
+
+    cfg = heuristics.decode_config()
+
+    def swap(m, n, k, rows=False):
+        return decode.swap_scales_inside(
+            heuristics.decode_plan(Problem("dense", "fp8", m, n, k, 132), cfg), m, n, k, rows
+        )
+
+    assert swap(16, 7168, 2048) and swap(32, 2112, 7168) and swap(64, 2112, 7168)
+    assert not swap(8, 7168, 2048)  # 8 rows of a 16-row tile
+    assert not swap(16, 7168, 1920)  # 15 K blocks in steps of two
+    assert swap(16, 1024, 2048, rows=True) and not swap(16, 1000, 2048, rows=True)
+    pair, w16 = heuristics.NARROW_FP8_W64_PAIR, heuristics.NARROW_FP8_W16
+    assert decode.narrow_scales_inside(pair, 128, 2112, False) and not decode.narrow_scales_inside(
+        pair, 100, 2112, False
+    )
+    assert decode.narrow_scales_inside(pair, 128, 1024, True) and not decode.narrow_scales_inside(pair, 128, 1000, True)
+    assert not decode.narrow_scales_inside(w16, 128, 2112, False)
+    assert not any(decode.narrow_scales_inside(c, 256, 4096, False) for c in heuristics.NARROW_CONFIGS["bf16"])
+
+
 def test_decode_plan_split_override():
     """``DecodeConfig.splits`` fixes the K split (benchmark sweeps); 0 sizes it; never more splits than K steps."""
     import dataclasses

@@ -320,9 +320,10 @@ def test_every_config(cfg, shape):
 
 # M = 1..255 (awkward), N not a multiple of 64/128, K not a multiple of 128 (520), split-K and whole-tile plans;
 # (5, 7000, 2100): an unsplit BF16 plan compiled for 2 CTAs per SM; (24, 7000, 4200): unsplit 32-row tiles (FP8
-# from K = 4096) at 3 per SM.
+# from K = 4096) at 3 per SM; (16, 1024, 2048), (128, 576, 7168): FP8 scale tiles inside the scales (unchecked loads).
 DECODE_SHAPES = [
     (1, 4096, 7168),
+    (16, 1024, 2048),
     (3, 2112, 7168),
     (5, 7000, 2100),
     (17, 7168, 2048),
@@ -371,9 +372,11 @@ def test_decode_fp8(cfg, recipe, shape):
 
 # ------------------------------------------------------------------ decode-size narrow-tile kernels
 
-# M from 17 to 255 (not a multiple of 64), N not a multiple of 16/32/128, K not a multiple of 128.
+# M from 17 to 255 (not a multiple of 64), N not a multiple of 16/32/128, K not a multiple of 128; (64, 200, 520) and
+# (128, 1024, 1100): FP8 scale tiles inside the scales (unchecked loads; the second with 1x128 weight scales too).
 NARROW_SHAPES = [
     (17, 1000, 1536),
+    (128, 1024, 1100),
     (33, 2112, 7168),
     (64, 200, 520),
     (100, 1000, 1536),

@@ -17,7 +17,8 @@ replay) finds the counters as it expects. One launch, no reduce kernel.
 FP8 (DeepGEMM's block scaling): per 128-wide K block ``kb`` the raw product of the block is
 promoted as ``acc += P * sb * sa`` with ``sa[m, kb]`` (1x128 activation scales) and ``sb`` the
 weight's 128x128 block scale (one per tile and block, ``BW <= 128``) or its per-row 1x128 scale.
-Scales are read in place whatever their strides (row-major [rows, KB] or MN-major).
+Scales are read in place whatever their strides (row-major [rows, KB] or MN-major), bounds-checked unless every
+scale tile lies inside them (``INSIDE``: :func:`swap_scales_inside`, :func:`narrow_scales_inside`, :func:`_scale_k`).
 ``KU`` K blocks are loaded per step (one TMA load of ``[BW, 128 * KU]``).
 
 Pipeline depth: ``LAT`` (``DecodePlan.latency``), when above 0, is the ``latency`` hint of the weight and
@@ -44,6 +45,7 @@ from typing import Any
 
 import cuda.tile as ct
 
+from tilegemm.ops.common import cdiv
 from tilegemm.ops.cutile import heuristics, tile_io
 
 ConstInt = ct.Constant[int]
@@ -174,6 +176,7 @@ def _decode_fp8_body(
     SB_ROWS: ConstBool,
     FAST_ACC: ConstBool,
     LAT: ConstInt,
+    INSIDE: ConstBool,
     HAS_C: ConstBool,
     SPLITK: ConstBool,
 ):
@@ -183,7 +186,8 @@ def _decode_fp8_body(
     strides: the MN-major layout is read in place). SB: 128x128 weight block scales
     [ceil(N/128), KB], or with SB_ROWS one scale per weight row, [N, KB] (any strides). ``KU``
     (1 or 2) 128-wide K blocks per step; split
-    ``s`` takes steps ``[s * per, (s + 1) * per)``. D, C, W, CNT as in the BF16 kernel.
+    ``s`` takes steps ``[s * per, (s + 1) * per)``. ``INSIDE``: every scale tile lies inside SA and SB
+    (:func:`swap_scales_inside`), so their loads skip the bounds check. D, C, W, CNT as in the BF16 kernel.
     """
     num_m = ct.cdiv(D.shape[0], BM)
     num_steps = ct.cdiv(ct.cdiv(K, 128), KU)
@@ -192,11 +196,12 @@ def _decode_fp8_body(
     for ks in range(k_lo, k_hi):
         w = _load(B, (pn, ks), (BW, 128 * KU), (0, 1), LAT)
         a = _load(A, (ks, pm), (128 * KU, BM), (1, 0), LAT)
-        sa = ct.load(SA, (ks, pm), (KU, BM), order=(1, 0), padding_mode=_ZERO, allow_tma=False)
+        kc = _scale_k(ks, num_steps, INSIDE)
+        sa = _scale_load(SA, (kc, pm), (KU, BM), INSIDE, (1, 0))
         if SB_ROWS:
-            sb = ct.load(SB, (pn, ks), (BW, KU), padding_mode=_ZERO, allow_tma=False)
+            sb = _scale_load(SB, (pn, kc), (BW, KU), INSIDE)
         else:
-            sb = ct.load(SB, (pn * BW // 128, ks), (1, KU), padding_mode=_ZERO, allow_tma=False)
+            sb = _scale_load(SB, (pn * BW // 128, kc), (1, KU), INSIDE)
         if KU == 1:
             acc = _promote(w, a, sb, sa, acc, FAST_ACC)
         else:
@@ -246,9 +251,12 @@ def _decode_fp8_lean(
     SB_ROWS: ConstBool,
     FAST_ACC: ConstBool,
     LAT: ConstInt,
+    INSIDE: ConstBool,
 ):
     """:func:`_decode_fp8_body` without ``c`` or split-K: ``D = alpha * sum_kb sa * sb * (A_kb @ B_kb.T)``."""
-    _decode_fp8_body(B, A, SB, SA, D, D, D, D, alpha, 0.0, K, 1, 0, BW, BM, KU, SB_ROWS, FAST_ACC, LAT, False, False)
+    _decode_fp8_body(
+        B, A, SB, SA, D, D, D, D, alpha, 0.0, K, 1, 0, BW, BM, KU, SB_ROWS, FAST_ACC, LAT, INSIDE, False, False
+    )
 
 
 def _promote(w, a, sb, sa, acc, FAST_ACC: ConstBool):
@@ -316,16 +324,50 @@ def _narrow_bf16_body(
     ct.store(D, (pm, pn), ct.astype(acc * alpha, D.dtype))
 
 
-def _narrow_fp8_block(A, B, SA, SB, pm, pn, kb, BM: ConstInt, BN: ConstInt, SB_ROWS: ConstBool, LAT: ConstInt):
-    """K block ``kb`` of a narrow FP8 tile: its raw ``[BM, BN]`` product and the activation / weight scales that
-    promote it."""
+def _scale_load(S, index, shape, INSIDE: ConstBool, order=(0, 1)):
+    """A plain (non-TMA) load of a scale tile (tile code). ``INSIDE``: the caller knows the tile lies inside ``S``
+    (its K index from :func:`_scale_k`), so the load skips the bounds check (sm_90, instructions per K step of the
+    MMA loop: swap-AB with 16 activation rows 372 -> 231, narrow 64x64 pairs 301 -> 292); otherwise rows or
+    columns past ``S`` read as zero."""
+    if INSIDE:
+        return ct.load(S, index, shape, order=order, check_bounds=False, allow_tma=False)
+    return ct.load(S, index, shape, order=order, padding_mode=_ZERO, allow_tma=False)
+
+
+def _scale_k(k, count, INSIDE: ConstBool):
+    """The K index of a scale load in a K loop (tile code): ``k`` for every iteration that runs, clamped into
+    ``[0, count)`` when the load is unchecked. tileiras issues a loop's scale loads a few iterations ahead, also for
+    iterations past the last (their values unused); unchecked, those read past the scales without the clamp (sm_90
+    SASS: three 128-wide K blocks past the end)."""
+    return ct.minimum(k, count - 1) if INSIDE else k
+
+
+def _narrow_fp8_block(
+    A,
+    B,
+    SA,
+    SB,
+    pm,
+    pn,
+    kb,
+    num_k,
+    BM: ConstInt,
+    BN: ConstInt,
+    SB_ROWS: ConstBool,
+    LAT: ConstInt,
+    INSIDE: ConstBool,
+):
+    """K block ``kb`` (of ``num_k``) of a narrow FP8 tile: its raw ``[BM, BN]`` product and the activation / weight
+    scales that promote it. ``INSIDE``: the tile's activation rows (and with ``SB_ROWS`` its weight rows) lie inside
+    the operands (:func:`narrow_scales_inside`): the scale loads skip their bounds checks."""
     a = _load(A, (pm, kb), (BM, 128), (0, 1), LAT)
     w = _load(B, (kb, pn), (128, BN), (1, 0), LAT)
-    sa = ct.load(SA, (pm, kb), (BM, 1), padding_mode=_ZERO, allow_tma=False)
+    kc = _scale_k(kb, num_k, INSIDE)
+    sa = _scale_load(SA, (pm, kc), (BM, 1), INSIDE)
     if SB_ROWS:
-        sb = ct.reshape(ct.load(SB, (pn, kb), (BN, 1), padding_mode=_ZERO, allow_tma=False), (1, BN))
+        sb = ct.reshape(_scale_load(SB, (pn, kc), (BN, 1), INSIDE), (1, BN))
     else:
-        sb = ct.load(SB, (pn * BN // 128, kb), (1, 1), padding_mode=_ZERO, allow_tma=False)
+        sb = _scale_load(SB, (pn * BN // 128, kc), (1, 1), INSIDE)
     return ct.mma(a, w, ct.zeros((BM, BN), dtype=ct.float32), use_fast_acc=True), sa, sb
 
 
@@ -343,6 +385,7 @@ def _narrow_fp8_body(
     LAT: ConstInt,
     ROTATE: ConstBool,
     PAIR: ConstBool,
+    INSIDE: ConstBool,
 ):
     """FP8 block-scaled ``D = alpha * sum_kb sa * sb * (A_kb @ B_kb.T)`` in ``[BM, BN]`` tiles (no swap, no split-K,
     no ``c``), promoted per 128-wide K block as the swap-AB kernel does.
@@ -352,7 +395,8 @@ def _narrow_fp8_body(
     the load latency hint (0: none); ``ROTATE``: weight tile ``pn`` starts at K block ``pn % KB`` and wraps
     around (``heuristics.NarrowConfig``). ``PAIR``: two K blocks per iteration, both MMAs issued before either
     promotion (tileiras then overlaps the first block's promotion with the second block's MMAs on sm_90); the sum
-    order is the same as one block per iteration.
+    order is the same as one block per iteration. ``INSIDE``: every scale tile lies inside SA and SB
+    (:func:`narrow_scales_inside`): their loads skip the bounds check.
     """
     num_k = ct.cdiv(K, 128)
     pm, pn, first = _narrow_unit(D, BM, num_k, ROTATE)
@@ -360,20 +404,31 @@ def _narrow_fp8_body(
     if PAIR:
         for i in range(num_k // 2):
             k0 = _wrap(first + 2 * i, num_k, ROTATE)
-            p0, sa0, sb0 = _narrow_fp8_block(A, B, SA, SB, pm, pn, k0, BM, BN, SB_ROWS, LAT)
-            p1, sa1, sb1 = _narrow_fp8_block(A, B, SA, SB, pm, pn, _wrap(k0 + 1, num_k, ROTATE), BM, BN, SB_ROWS, LAT)
+            p0, sa0, sb0 = _narrow_fp8_block(A, B, SA, SB, pm, pn, k0, num_k, BM, BN, SB_ROWS, LAT, INSIDE)
+            p1, sa1, sb1 = _narrow_fp8_block(
+                A, B, SA, SB, pm, pn, _wrap(k0 + 1, num_k, ROTATE), num_k, BM, BN, SB_ROWS, LAT, INSIDE
+            )
             acc = _scale_into(acc, p0, sa0, sb0)
             acc = _scale_into(acc, p1, sa1, sb1)
         if num_k % 2 == 1:
             p, sa, sb = _narrow_fp8_block(
-                A, B, SA, SB, pm, pn, _wrap(first + num_k - 1, num_k, ROTATE), BM, BN, SB_ROWS, LAT
+                A, B, SA, SB, pm, pn, _wrap(first + num_k - 1, num_k, ROTATE), num_k, BM, BN, SB_ROWS, LAT, INSIDE
             )
             acc = _scale_into(acc, p, sa, sb)
     else:
         for i in range(num_k):
-            p, sa, sb = _narrow_fp8_block(A, B, SA, SB, pm, pn, _wrap(first + i, num_k, ROTATE), BM, BN, SB_ROWS, LAT)
+            p, sa, sb = _narrow_fp8_block(
+                A, B, SA, SB, pm, pn, _wrap(first + i, num_k, ROTATE), num_k, BM, BN, SB_ROWS, LAT, INSIDE
+            )
             acc = _scale_into(acc, p, sa, sb)
     ct.store(D, (pm, pn), ct.astype(acc * alpha, D.dtype))
+
+
+def narrow_scales_inside(cfg: heuristics.NarrowConfig, m: int, n: int, sb_rows: bool) -> bool:
+    """Whether every scale tile of the narrow FP8 kernel of ``cfg`` on an ``m x n`` output lies inside the scales
+    (its ``INSIDE``), for a config with ``unchecked_scales``: the activation tiles when ``bm`` divides ``m``, the
+    per-row weight scales when ``bn`` divides ``n`` (a 128x128 block scale always does)."""
+    return cfg.unchecked_scales and m % cfg.bm == 0 and (not sb_rows or n % cfg.bn == 0)
 
 
 @functools.cache
@@ -383,13 +438,19 @@ def get_narrow_kernel(dtype: str, cfg: heuristics.NarrowConfig) -> Any:
 
 
 def narrow_constants(
-    dtype: str, cfg: heuristics.NarrowConfig, *, a_kmajor: bool, b_kmajor: bool, sb_rows: bool
+    dtype: str,
+    cfg: heuristics.NarrowConfig,
+    *,
+    a_kmajor: bool,
+    b_kmajor: bool,
+    sb_rows: bool,
+    inside: bool = False,
 ) -> list[Any]:
     """The ``ct.Constant`` tail of the narrow ``dtype`` kernel of ``cfg``, in parameter order (FP8 operands are
-    K-major: ``a_kmajor`` / ``b_kmajor`` are BF16's)."""
+    K-major: ``a_kmajor`` / ``b_kmajor`` are BF16's; ``inside``: FP8's ``INSIDE``, see :func:`narrow_scales_inside`)."""
     if dtype == "bf16":
         return [cfg.bm, cfg.bn, cfg.bk_bf16, a_kmajor, b_kmajor, cfg.rotate_k]
-    return [cfg.bm, cfg.bn, sb_rows, cfg.latency, cfg.rotate_k, cfg.pair_k]
+    return [cfg.bm, cfg.bn, sb_rows, cfg.latency, cfg.rotate_k, cfg.pair_k, inside]
 
 
 @functools.cache
@@ -414,7 +475,17 @@ def bf16_constants(
     return [plan.cfg.bw, plan.bm, plan.cfg.bk_bf16, a_kmajor, b_kmajor, plan.latency, has_c, splitk]
 
 
-def fp8_constants(plan: heuristics.DecodePlan, *, sb_rows: bool, has_c: bool, splitk: bool) -> list[Any]:
+def fp8_constants(
+    plan: heuristics.DecodePlan, *, sb_rows: bool, has_c: bool, splitk: bool, inside: bool = False
+) -> list[Any]:
     """The ``ct.Constant`` tail of the FP8 decode kernel of ``plan``, in parameter order, fast accumulation on (the
-    lean kernel's: all but the last two)."""
-    return [plan.cfg.bw, plan.bm, plan.cfg.ku, sb_rows, True, plan.latency, has_c, splitk]
+    lean kernel's: all but the last two; ``inside``: :func:`swap_scales_inside`)."""
+    return [plan.cfg.bw, plan.bm, plan.cfg.ku, sb_rows, True, plan.latency, inside, has_c, splitk]
+
+
+def swap_scales_inside(plan: heuristics.DecodePlan, m: int, n: int, k: int, sb_rows: bool) -> bool:
+    """Whether every scale tile of the swap-AB FP8 kernel of ``plan`` on an ``m x n x k`` problem lies inside the
+    scales (its ``INSIDE``): the activation tile divides ``m``, the K step's blocks divide K's, and with per-row
+    weight scales the weight tile divides ``n``."""
+    cfg = plan.cfg
+    return m % plan.bm == 0 and cdiv(k, 128) % cfg.ku == 0 and (not sb_rows or n % cfg.bw == 0)

@@ -586,7 +586,8 @@ def _fp8_plan(layout: str, a_data, sa, b_data, sb, d, c, recipe, config) -> Runn
     has_c = c is not None
     to_f32 = sa.dtype != torch.float32
     if isinstance(cfg, heuristics.NarrowConfig):
-        consts = decode.narrow_constants("fp8", cfg, a_kmajor=True, b_kmajor=True, sb_rows=sb_rows)
+        inside = decode.narrow_scales_inside(cfg, m, n, sb_rows)
+        consts = decode.narrow_constants("fp8", cfg, a_kmajor=True, b_kmajor=True, sb_rows=sb_rows, inside=inside)
         if not sb_rows and 128 % cfg.bn != 0:
             raise Unsupported(f"config {cfg.name}: 128x128 weight scales need a weight tile that divides 128")
 
@@ -597,7 +598,8 @@ def _fp8_plan(layout: str, a_data, sa, b_data, sb, d, c, recipe, config) -> Runn
     if isinstance(cfg, heuristics.DecodeConfig):
 
         def dconsts(plan: heuristics.DecodePlan, splitk: bool) -> list[Any]:
-            return decode.fp8_constants(plan, sb_rows=sb_rows, has_c=has_c, splitk=splitk)
+            inside = decode.swap_scales_inside(plan, m, n, k, sb_rows)
+            return decode.fp8_constants(plan, sb_rows=sb_rows, has_c=has_c, splitk=splitk, inside=inside)
 
         if fa is None and fb is None and not to_f32:
             operands = _fp8_swap
