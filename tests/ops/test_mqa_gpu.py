@@ -61,6 +61,7 @@ PLAIN_CASES = [
     (130, 777, 64, 32, "ragged"),
     (65, 300, 20, 32, "causal"),
     (129, 300, 48, 64, "ragged"),  # two MMA chains per key tile (sm_90), padded heads, an odd row count
+    (131, 500, 48, 32, "causal"),  # ... at D = 32: three CTAs per SM (sm_90)
 ]
 
 

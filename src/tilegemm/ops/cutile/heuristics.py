@@ -891,7 +891,8 @@ class MqaConfig:
 
     ``head_chain``: sum the weighted heads as a chain of FFMAs over groups of 8 (``mqa.weighted_head_sum``);
     otherwise one ``ct.sum`` (an FMUL and an FADD per score). ``two_chains``: the query rows in two halves with an
-    MMA each per key tile (``mqa.key_tile_logits``).
+    MMA each per key tile (``mqa.key_tile_logits``). ``occupancy``: the sm_90 CTAs-per-SM hint
+    (``mqa.plain_kernel_for``).
     """
 
     bq: int
@@ -899,6 +900,7 @@ class MqaConfig:
     bk: int
     head_chain: bool = False
     two_chains: bool = False
+    occupancy: int = 2
 
 
 @dataclass(frozen=True)
@@ -949,13 +951,19 @@ def mqa_logits_config(h: int, d: int, sm: int = 90) -> MqaConfig | None:
     outputs bitwise equal (``results/mqa/README.md``, run 17): S=2048 S_kv=8192 H=64 D=32 208.9 -> 200.7 us, D=64
     225.2 -> 221.4, D=128 291.1 -> 270.4, S=8192 694-700 (1.01x), S_kv=65536 1.01x. With four rows of 32 heads
     (two rows per chain) tileiras 13.4 spills at D = 128, so H <= 32 keeps one chain.
+
+    Two CTAs per SM on sm_90, three with two chains at D = 32 (80 registers, spill-free; at D = 64 it spills 56
+    words, and one chain keeps 128 registers whatever the hint). H100, 2026-11-24, same process, outputs bitwise
+    equal (``results/mqa/README.md``, run 18), H = 64 D = 32: S=2048 S_kv=8192 198.7 -> 178.6 us (DeepGEMM 164.2),
+    S=8192 S_kv=8192 487.1 -> 424.9 (418.7), S=2048 S_kv=65536 1932.6 -> 1533.7 (1313.1).
     """
     if d not in (32, 64, 128) or not 1 <= h <= 128:
         return None
     hp = _mqa_pow2_ceil(h)
     bq = max(1, 128 // hp)
     chain = _head_chain(sm, bq * hp)
-    return MqaConfig(bq=bq, hp=hp, bk=128, head_chain=chain, two_chains=chain and bq == 2)
+    two = chain and bq == 2
+    return MqaConfig(bq=bq, hp=hp, bk=128, head_chain=chain, two_chains=two, occupancy=3 if two and d <= 32 else 2)
 
 
 def paged_mqa_config(

@@ -12,7 +12,7 @@ the padded heads load as zeros with zero weights.
   first; it loops only over the key tiles that meet the union of its rows' ``[ks, ke)`` windows,
   so cost follows the valid pairs. ``-inf`` outside the windows: the in-tile mask, and
   ``mqa_clean_kernel`` on the tiles the kernel does not compute. On sm_90 two CTAs share an SM, so one's MMA
-  runs during the other's head sum (``mqa_logits_kernel``'s comment), and with two query rows per CTA each row has
+  runs during the other's head sum (:func:`plain_kernel_for`), and with two query rows per CTA each row has
   its own MMA, so one row's head sum runs during the other's MMA (:func:`key_tile_logits`).
 * ``get_paged_mqa_logits_metadata``: torch ops on the device (no host sync), the same balanced
   split as the reference backend (``ops.common.paged_mqa_schedule``).
@@ -141,10 +141,21 @@ def make_mqa_logits_kernel(fast_acc: bool = False, **hints):
     return mqa_logits_kernel
 
 
-#: Two CTAs per SM on sm_90: one's MMA runs while the other reduces heads (one CTA issues both in turn,
-#: with the tensor core idle during its epilogue); the output store is not TMA so that tileiras drops the
-#: store warpgroup, and 256 threads x 128 registers fit twice. Measured on an H100: 1.6-1.8x (docs/kernels.md).
-mqa_logits_kernel = make_mqa_logits_kernel(occupancy=ct.ByTarget(sm_90=2))
+_PLAIN_KERNELS: dict[int, object] = {}
+
+
+def plain_kernel_for(occupancy: int):
+    """The plain kernel with the sm_90 ``occupancy`` hint ``MqaConfig.occupancy`` (one kernel object, hence one JIT
+    cache, per value; other targets get no hint).
+
+    Two or three CTAs per SM on sm_90: one's MMA runs while another reduces heads (one CTA issues both in turn, with
+    the tensor core idle during its epilogue); the output store is not TMA so that tileiras drops the store
+    warpgroup, and 256 threads x 128 registers fit twice (x 80 registers three times). Measured on an H100: two CTAs
+    1.6-1.8x over one (docs/kernels.md), three 1.11-1.26x over two at D = 32 (``MqaConfig``).
+    """
+    if occupancy not in _PLAIN_KERNELS:
+        _PLAIN_KERNELS[occupancy] = make_mqa_logits_kernel(occupancy=ct.ByTarget(sm_90=occupancy))
+    return _PLAIN_KERNELS[occupancy]
 
 
 def window_tiles(ks_t, ke_t, first_row, s_rows, s_kv, BQ: int, BK: int):
@@ -391,7 +402,7 @@ def launch_mqa_logits(
         conf.head_chain,
         conf.two_chains,
     )
-    launch(kernel or mqa_logits_kernel, (cdiv(s, conf.bq), 1, 1), args)
+    launch(kernel or plain_kernel_for(conf.occupancy), (cdiv(s, conf.bq), 1, 1), args)
     if clean:
         launch(mqa_clean_kernel, (cdiv(s, conf.bq), 1, 1), (ks, ke, out, conf.bq, conf.bk))
 
