@@ -55,7 +55,7 @@ def _sm(arch: str) -> int:
     return int(arch.removeprefix("sm_"))
 
 
-def plain_params(h: int, d: int, out_align: int = 16, arch: str = "sm_90") -> list:
+def plain_params(h: int, d: int, out_align: int = 16, inside: bool = False, arch: str = "sm_90") -> list:
     conf = mqa.mqa_logits_config(h, d, sm=_sm(arch))
     return [
         aot.array(ct.float8_e4m3fn, 3),  # q [S, H, D]
@@ -71,6 +71,9 @@ def plain_params(h: int, d: int, out_align: int = 16, arch: str = "sm_90") -> li
         conf.bk,
         conf.head_chain,
         conf.two_chains,
+        conf.unroll,
+        inside,
+        conf.scales_ldg,
     ]
 
 
@@ -103,6 +106,7 @@ def paged_params(
 SM100_KNOWN_SPILLS = {  # (kernel, variant + output alignment): local loads + stores
     ("plain", (64, 128, 16)): 22,
     ("plain", (64, 128, 4)): 22,
+    ("plain", (64, 128, 16, True)): 11,
     ("plain", (64, 64, 16)): 21,
     ("plain", (64, 64, 4)): 21,
     ("plain", (64, 32, 16)): 20,
@@ -112,10 +116,13 @@ SM100_KNOWN_SPILLS = {  # (kernel, variant + output alignment): local loads + st
 }
 
 # Each variant with output rows 16-byte aligned (TMA stores possible) and 4-byte aligned: the JIT
-# specializes on the real strides, and tileiras 13.4 once failed on one of the two (docs/kernels.md).
-JOBS = [("plain", v + (al,), arch) for v in PLAIN_VARIANTS for al in (16, 4) for arch in aot.ARCHS] + [
-    ("paged", v + (al,), arch) for v in PAGED_VARIANTS for al in (16, 4) for arch in aot.ARCHS
-]
+# specializes on the real strides, and tileiras 13.4 once failed on one of the two (docs/kernels.md). The plain
+# kernel also with its tiles inside (``mqa.tiles_inside``: stores unchecked, 16-byte rows, S_kv % 128 == 0).
+JOBS = (
+    [("plain", v + (al,), arch) for v in PLAIN_VARIANTS for al in (16, 4) for arch in aot.ARCHS]
+    + [("plain", v + (16, True), arch) for v in PLAIN_VARIANTS for arch in aot.ARCHS]
+    + [("paged", v + (al,), arch) for v in PAGED_VARIANTS for al in (16, 4) for arch in aot.ARCHS]
+)
 
 
 def _compile(job):
@@ -173,6 +180,7 @@ def clean_params(h: int, d: int, out_align: int, arch: str) -> list:
         aot.array(ct.float32, 2, align_bytes=out_align),
         conf.bq,
         conf.bk,
+        conf.unroll,
     ]
 
 
@@ -204,6 +212,41 @@ def test_plain_kernel_fits_two_ctas_per_sm90(h, d):
     assert res["threads"] == 256, res
     fit = conf.occupancy
     assert fit * res["threads"] * res["registers"] <= SM90_REGISTERS and fit * res["shared"] <= SM90_SHARED, res
+
+
+def test_unrolled_plain_kernel_holds_a_slot_per_key_tile_sm90():
+    """Two key tiles per loop iteration (``MqaConfig.unroll``, H = 64 at D = 64) are two loads, and tileiras gives
+    each its own shared-memory slot: at least one key tile (``bk * d`` bytes) more shared memory than the same
+    kernel with one tile per iteration, which has a single slot, so the next tile's load waits for the MMA on the
+    current one (docs/kernels.md, "Two key tiles per iteration")."""
+    d = 64
+    conf = mqa.mqa_logits_config(64, d)
+    assert conf.unroll == 2
+    kernel = mqa.plain_kernel_for(conf.occupancy)
+    one = plain_params(64, d)
+    one[-3] = 1  # UNROLL
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        cubins = list(pool.map(lambda p: aot.compile_cubin(kernel, p, "sm_90"), (plain_params(64, d), one)))
+    two_res, one_res = (launch_resources(c) for c in cubins)
+    assert two_res["shared"] - one_res["shared"] >= conf.bk * d, (two_res, one_res)
+    assert conf.occupancy * two_res["shared"] <= SM90_SHARED, two_res
+
+
+@pytest.mark.parametrize("h,d", [(64, 64), (32, 128)])
+def test_unchecked_output_stores_shorten_the_plain_loop_sm90(h, d):
+    """Where the output tiles divide the output (``mqa.tiles_inside``), the plain kernel stores them without
+    bounds checks, and its key loop is shorter (sm_90, instructions per iteration: H = 64 D = 64 with two tiles per
+    iteration 928 -> 840, H = 32 D = 128 589 -> 494)."""
+    from kernels.sass import dump_sass, loop_bodies
+
+    conf = mqa.mqa_logits_config(h, d)
+    kernel = mqa.plain_kernel_for(conf.occupancy)
+
+    def loop_length(inside: bool) -> int:
+        bodies = loop_bodies(dump_sass(aot.compile_cubin(kernel, plain_params(h, d, inside=inside), "sm_90")))
+        return min(len(b) for b in bodies if any("QGMMA" in i for i in b))
+
+    assert loop_length(True) + 40 * conf.unroll < loop_length(False)
 
 
 @pytest.mark.parametrize("h,next_n", [(64, 1), (32, 2), (64, 2)])

@@ -62,6 +62,11 @@ PLAIN_CASES = [
     (65, 300, 20, 32, "causal"),
     (129, 300, 48, 64, "ragged"),  # two MMA chains per key tile (sm_90), padded heads, an odd row count
     (131, 500, 48, 32, "causal"),  # ... at D = 32: three CTAs per SM (sm_90)
+    # tiles that divide the output and keys: stores (and one chain's key-scale loads) unchecked (mqa.tiles_inside)
+    (256, 1024, 64, 64, "ragged"),  # ... with two key tiles per iteration (sm_90)
+    (132, 384, 64, 64, "full"),  # ... three key tiles: the last pair ends past the keys
+    (128, 640, 32, 128, "causal"),
+    (96, 256, 64, 32, "ragged"),
 ]
 
 

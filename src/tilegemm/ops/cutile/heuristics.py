@@ -892,7 +892,9 @@ class MqaConfig:
     ``head_chain``: sum the weighted heads as a chain of FFMAs over groups of 8 (``mqa.weighted_head_sum``);
     otherwise one ``ct.sum`` (an FMUL and an FADD per score). ``two_chains``: the query rows in two halves with an
     MMA each per key tile (``mqa.key_tile_logits``). ``occupancy``: the sm_90 CTAs-per-SM hint
-    (``mqa.plain_kernel_for``).
+    (``mqa.plain_kernel_for``). ``unroll``: key tiles per loop iteration, each its own load and shared-memory slot.
+    ``scales_ldg``: where the tiles divide the keys (``mqa.tiles_inside``), the key scales are plain unchecked loads
+    rather than TMA loads.
     """
 
     bq: int
@@ -901,6 +903,8 @@ class MqaConfig:
     head_chain: bool = False
     two_chains: bool = False
     occupancy: int = 2
+    unroll: int = 1
+    scales_ldg: bool = False
 
 
 @dataclass(frozen=True)
@@ -956,6 +960,19 @@ def mqa_logits_config(h: int, d: int, sm: int = 90) -> MqaConfig | None:
     words, and one chain keeps 128 registers whatever the hint). H100, 2026-11-24, same process, outputs bitwise
     equal (``results/mqa/README.md``, run 18), H = 64 D = 32: S=2048 S_kv=8192 198.7 -> 178.6 us (DeepGEMM 164.2),
     S=8192 S_kv=8192 487.1 -> 424.9 (418.7), S=2048 S_kv=65536 1932.6 -> 1533.7 (1313.1).
+
+    Two key tiles per loop iteration with two chains at D = 64 (``MqaConfig.unroll``): tileiras gives the loop's key
+    load one shared-memory slot there (19.5 KB in all), so the next tile's load waits for the MMA on the current
+    one; two loads per iteration are two slots. H100, 2026-11-24, same process, outputs bitwise equal
+    (``results/mqa/README.md``, run 19), H = 64 D = 64: S=2048 S_kv=8192 218.4 -> 211.6 us, S_kv=65536 2001.1 ->
+    1773.6, S=8192 527.5 -> 512.4. One chain (H = 32) lost 2% at S_kv = 8192 (D = 64 127.5 -> 130.3), D = 32 at two
+    CTAs per SM lost to three (179.8 -> 187.9), and D = 128 went both ways in two runs (S=8192 S_kv=8192 680.9 ->
+    719.5, S_kv=65536 3-12% faster).
+
+    Key scales by plain loads with one chain on sm_90 (``MqaConfig.scales_ldg``, where the tiles divide the keys).
+    H100, 2026-11-24, same process, outputs bitwise equal (``results/mqa/README.md``, run 20), H = 32: D = 128
+    S=2048 S_kv=8192 156.7 -> 147.4 us, S=8192 397.0 -> 372.1, S_kv=65536 1342.7 -> 1212.7; D = 64 126.6 -> 123.1.
+    With two chains they lost (H = 64: D = 64 198.7 -> 216.6, D = 128 266.6 -> 500.3).
     """
     if d not in (32, 64, 128) or not 1 <= h <= 128:
         return None
@@ -963,7 +980,18 @@ def mqa_logits_config(h: int, d: int, sm: int = 90) -> MqaConfig | None:
     bq = max(1, 128 // hp)
     chain = _head_chain(sm, bq * hp)
     two = chain and bq == 2
-    return MqaConfig(bq=bq, hp=hp, bk=128, head_chain=chain, two_chains=two, occupancy=3 if two and d <= 32 else 2)
+    occupancy = 3 if two and d <= 32 else 2
+    unroll = 2 if two and d == 64 else 1
+    return MqaConfig(
+        bq=bq,
+        hp=hp,
+        bk=128,
+        head_chain=chain,
+        two_chains=two,
+        occupancy=occupancy,
+        unroll=unroll,
+        scales_ldg=sm == 90 and not two,
+    )
 
 
 def paged_mqa_config(

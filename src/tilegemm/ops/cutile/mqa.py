@@ -118,8 +118,15 @@ def make_mqa_logits_kernel(fast_acc: bool = False, **hints):
         BK: ct.Constant[int],
         HEAD_CHAIN: ct.Constant[bool],
         TWO_CHAINS: ct.Constant[bool],
+        UNROLL: ct.Constant[int],
+        INSIDE: ct.Constant[bool],
+        SCALES_LDG: ct.Constant[bool],
     ):
-        """One CTA per ``BQ`` query rows; loops over the key tiles inside the rows' windows."""
+        """One CTA per ``BQ`` query rows; loops over the key tiles inside the rows' windows, ``UNROLL`` per
+        iteration (each its own load, hence its own shared-memory slot: tileiras gives one load of the loop one).
+        ``INSIDE``: the ``[BQ, BK]`` output tiles and the ``BK``-key tiles divide the output and the keys
+        (:func:`tiles_inside`), so the output stores skip the bounds check, and with ``SCALES_LDG`` the key scales
+        are plain unchecked loads instead of TMA loads (``MqaConfig.scales_ldg``)."""
         s_rows = q.shape[0]
         s_kv = kv.shape[0]
         pid = ct.num_blocks(0) - 1 - ct.bid(0)  # the last rows (longest causal windows) start first
@@ -127,16 +134,30 @@ def make_mqa_logits_kernel(fast_acc: bool = False, **hints):
         w_t = ct.reshape(ct.load(w, (pid, 0), shape=(BQ, HP), padding_mode=ZERO), (1, BQ * HP))
         ks_t = ct.load(ks, (pid,), shape=(BQ,), padding_mode=ZERO)
         ke_t = ct.load(ke, (pid,), shape=(BQ,), padding_mode=ZERO)
-        t_lo, t_hi = window_tiles(ks_t, ke_t, pid * BQ, s_rows, s_kv, BQ, BK)
+        t_lo, t_hi = window_tiles(ks_t, ke_t, pid * BQ, s_rows, s_kv, BQ, BK, UNROLL)
         ks_r = ct.reshape(ks_t, (1, BQ))
         ke_r = ct.reshape(ke_t, (1, BQ))
-        for j in range(t_lo, t_hi):
-            k_t = ct.load(kv, (j, 0), shape=(BK, D), padding_mode=ZERO)
-            sc = ct.reshape(ct.load(kv_scale, (j,), shape=(BK,), padding_mode=ZERO), (BK, 1))
-            logit = key_tile_logits(k_t, q_t, w_t, BK, BQ, HP, HEAD_CHAIN, TWO_CHAINS, fast_acc) * sc  # [BK, BQ]
-            kidx = ct.reshape(ct.arange(BK, dtype=ct.int32) + j * BK, (BK, 1))
-            logit = ct.where((kidx >= ks_r) & (kidx < ke_r), logit, NEG_INF)
-            ct.store(out, (pid, j), ct.transpose(logit), allow_tma=False)
+        t_last = ct.cdiv(s_kv, BK) - 1
+        for i in range((t_hi - t_lo) // UNROLL):
+            for u in ct.static_iter(range(UNROLL)):
+                j = t_lo + i * UNROLL + u
+                if UNROLL > 1 or (INSIDE and SCALES_LDG):
+                    # a widened range may end past the keys (window_tiles); tileiras issues unchecked loads of
+                    # later iterations ahead, past the last one too
+                    j = ct.minimum(j, t_last)
+                k_t = ct.load(kv, (j, 0), shape=(BK, D), padding_mode=ZERO)
+                if INSIDE and SCALES_LDG:
+                    sc = ct.load(kv_scale, (j,), shape=(BK,), check_bounds=False, allow_tma=False)
+                else:
+                    sc = ct.load(kv_scale, (j,), shape=(BK,), padding_mode=ZERO)
+                sc = ct.reshape(sc, (BK, 1))
+                logit = key_tile_logits(k_t, q_t, w_t, BK, BQ, HP, HEAD_CHAIN, TWO_CHAINS, fast_acc) * sc  # [BK, BQ]
+                kidx = ct.reshape(ct.arange(BK, dtype=ct.int32) + j * BK, (BK, 1))
+                logit = ct.where((kidx >= ks_r) & (kidx < ke_r), logit, NEG_INF)
+                if INSIDE:
+                    ct.store(out, (pid, j), ct.transpose(logit), allow_tma=False, check_bounds=False)
+                else:
+                    ct.store(out, (pid, j), ct.transpose(logit), allow_tma=False)
 
     return mqa_logits_kernel
 
@@ -158,22 +179,42 @@ def plain_kernel_for(occupancy: int):
     return _PLAIN_KERNELS[occupancy]
 
 
-def window_tiles(ks_t, ke_t, first_row, s_rows, s_kv, BQ: int, BK: int):
-    """The key tiles ``[t_lo, t_hi)`` of ``BK`` keys that meet the union of ``BQ`` query rows' windows (tile code).
+def tiles_inside(conf: MqaConfig, s: int, s_kv: int) -> bool:
+    """Whether the plain kernel's ``[bq, bk]`` output tiles divide its fp32 ``[s, s_kv]`` output (and so its
+    ``bk``-key tiles the keys): it then stores its output and, with ``MqaConfig.scales_ldg``, loads its key scales
+    without bounds checks (``INSIDE``; tile indices never pass the last tile: :func:`window_tiles`).
+
+    The store checks cost the kernel's loop 44-95 of 464-628 instructions per key tile (sm_90 SASS), and the loop
+    is bound by its instruction issue. H100, 2026-11-24, same process, outputs bitwise equal
+    (``results/mqa/README.md``, run 20): S=2048 S_kv=8192 H=64 D=64 212.3 -> 198.3 us, D=32 183.7 -> 172.9, H=32
+    D=128 158.6 -> 154.8, H=64 D=128 273.4 -> 268.3.
+    """
+    return s % conf.bq == 0 and s_kv % conf.bk == 0
+
+
+def window_tiles(ks_t, ke_t, first_row, s_rows, s_kv, BQ: int, BK: int, UNROLL: int):
+    """The key tiles ``[t_lo, t_hi)`` of ``BK`` keys that the plain kernel computes for ``BQ`` query rows (tile code):
+    those that meet the union of the rows' windows, widened to a multiple of ``UNROLL`` tiles.
 
     ``ks_t``/``ke_t`` int32 ``[BQ]``: the ``[ks, ke)`` of rows ``first_row ..`` (rows past ``s_rows`` do not
-    count); bounds clamped to ``[0, s_kv]``. The plain kernel computes exactly these tiles and the clean kernel
-    fills every other one: both call this, so the two never disagree.
+    count); bounds clamped to ``[0, s_kv]``. The widening moves ``t_lo`` down, or where that would pass tile 0,
+    ``t_hi`` up, by at most ``UNROLL - 1`` tiles past the last one: the plain kernel takes those as the last tile
+    again (same values; a tile entirely outside an array is undefined behaviour for ``ct.load``/``ct.store``). The
+    added tiles lie outside every window, so the plain kernel writes ``-inf`` there, as the clean kernel would. The
+    plain kernel computes exactly these tiles and the clean kernel fills every other one: both call this, so the two
+    never disagree.
     """
     valid = (ct.arange(BQ, dtype=ct.int32) + first_row) < s_rows
     lo = ct.maximum(ct.min(ct.where(valid, ks_t, s_kv)), 0)
     hi = ct.minimum(ct.max(ct.where(valid, ke_t, 0)), s_kv)
-    t_lo = lo // BK
-    return t_lo, ct.maximum(ct.cdiv(hi, BK), t_lo)
+    t_hi = ct.maximum(ct.cdiv(hi, BK), lo // BK)
+    span = ct.cdiv(t_hi - lo // BK, UNROLL) * UNROLL
+    t_lo = ct.maximum(t_hi - span, 0)
+    return t_lo, t_lo + span
 
 
 @ct.kernel(occupancy=4)
-def mqa_clean_kernel(ks, ke, out, BQ: ct.Constant[int], BK: ct.Constant[int]):
+def mqa_clean_kernel(ks, ke, out, BQ: ct.Constant[int], BK: ct.Constant[int], UNROLL: ct.Constant[int]):
     """``-inf`` in every ``[BQ, BK]`` tile of ``out`` [S, S_kv] that :func:`mqa_logits_kernel` does not compute.
 
     One CTA per ``BQ`` query rows (the plain kernel's blocks): the key tiles before and after its
@@ -184,7 +225,7 @@ def mqa_clean_kernel(ks, ke, out, BQ: ct.Constant[int], BK: ct.Constant[int]):
     pid = ct.bid(0)
     ks_t = ct.load(ks, (pid,), shape=(BQ,), padding_mode=ZERO)
     ke_t = ct.load(ke, (pid,), shape=(BQ,), padding_mode=ZERO)
-    t_lo, t_hi = window_tiles(ks_t, ke_t, pid * BQ, out.shape[0], out.shape[1], BQ, BK)
+    t_lo, t_hi = window_tiles(ks_t, ke_t, pid * BQ, out.shape[0], out.shape[1], BQ, BK, UNROLL)
     fill = ct.full((BQ, BK), NEG_INF, dtype=ct.float32)
     for t in range(t_lo):
         ct.store(out, (pid, t), fill, allow_tma=False)
@@ -386,6 +427,8 @@ def launch_mqa_logits(
     uninitialised); otherwise the tiles outside the windows are left as they were.
     """
     s, _, d = q.shape
+    s_kv = kv_data.shape[0]
+    inside = tuple(out.shape) == (s, s_kv) and tiles_inside(conf, s, s_kv)
     ks, ke = ks.to(torch.int32).contiguous(), ke.to(torch.int32).contiguous()
     args = (
         q.contiguous(),
@@ -401,10 +444,13 @@ def launch_mqa_logits(
         conf.bk,
         conf.head_chain,
         conf.two_chains,
+        conf.unroll,
+        inside,
+        conf.scales_ldg,
     )
     launch(kernel or plain_kernel_for(conf.occupancy), (cdiv(s, conf.bq), 1, 1), args)
     if clean:
-        launch(mqa_clean_kernel, (cdiv(s, conf.bq), 1, 1), (ks, ke, out, conf.bq, conf.bk))
+        launch(mqa_clean_kernel, (cdiv(s, conf.bq), 1, 1), (ks, ke, out, conf.bq, conf.bk, conf.unroll))
 
 
 def fp8_mqa_logits(
