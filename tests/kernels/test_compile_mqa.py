@@ -74,6 +74,7 @@ def plain_params(h: int, d: int, out_align: int = 16, inside: bool = False, arch
         conf.unroll,
         inside,
         conf.scales_ldg,
+        conf.key_latency,
     ]
 
 
@@ -224,7 +225,7 @@ def test_unrolled_plain_kernel_holds_a_slot_per_key_tile_sm90():
     assert conf.unroll == 2
     kernel = mqa.plain_kernel_for(conf.occupancy)
     one = plain_params(64, d)
-    one[-3] = 1  # UNROLL
+    one[-4] = 1  # UNROLL
     with ThreadPoolExecutor(max_workers=2) as pool:
         cubins = list(pool.map(lambda p: aot.compile_cubin(kernel, p, "sm_90"), (plain_params(64, d), one)))
     two_res, one_res = (launch_resources(c) for c in cubins)
@@ -232,11 +233,27 @@ def test_unrolled_plain_kernel_holds_a_slot_per_key_tile_sm90():
     assert conf.occupancy * two_res["shared"] <= SM90_SHARED, two_res
 
 
+def test_d128_plain_kernel_does_not_serialize_its_mma_sm90():
+    """With two chains at D = 128 tileiras 13.4 waits after every QGMMA (a ``WARPGROUP.DEPBAR`` each) unless the
+    kernel takes two key tiles per iteration with a latency hint of 6 on the key load (``MqaConfig.key_latency``):
+    then at most one wait per four QGMMAs, spill-free (docs/kernels.md, "D = 128: two key tiles per iteration and a
+    latency hint")."""
+    import re
+
+    from kernels.sass import dump_sass
+
+    conf = mqa.mqa_logits_config(64, 128)
+    assert (conf.unroll, conf.key_latency) == (2, 6)
+    sass = dump_sass(aot.compile_cubin(mqa.plain_kernel_for(conf.occupancy), plain_params(64, 128), "sm_90"))
+    qgmma, waits = len(re.findall(r"QGMMA", sass)), len(re.findall(r"WARPGROUP\.DEPBAR", sass))
+    assert qgmma > 0 and 4 * waits <= qgmma, (qgmma, waits)
+
+
 @pytest.mark.parametrize("h,d", [(64, 64), (32, 128)])
 def test_unchecked_output_stores_shorten_the_plain_loop_sm90(h, d):
     """Where the output tiles divide the output (``mqa.tiles_inside``), the plain kernel stores them without
     bounds checks, and its key loop is shorter (sm_90, instructions per iteration: H = 64 D = 64 with two tiles per
-    iteration 928 -> 840, H = 32 D = 128 589 -> 494)."""
+    iteration 928 -> 840, H = 32 D = 128 589 -> 484, its key scales then plain loads: ``MqaConfig.scales_ldg``)."""
     from kernels.sass import dump_sass, loop_bodies
 
     conf = mqa.mqa_logits_config(h, d)

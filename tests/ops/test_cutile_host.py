@@ -230,13 +230,15 @@ def test_mqa_head_chain_only_where_gated(h, d):
     """The FFMA-chain head sum is chosen on sm_90 up to an MMA N side of 128 (sm_100 and N = 256 spill with it); the
     plain kernel's two MMA chains per key tile only on sm_90 with two query rows of 33-64 heads (four rows of 32
     heads spill at D = 128), three CTAs per SM only with them at D = 32 (D = 64 spills at 80 registers), and two key
-    tiles per loop iteration only with them at D = 64 (one chain lost with it, D = 32 keeps three CTAs); the key
-    scales by plain loads only with one chain (two lost with them)."""
+    tiles per loop iteration only with them at D = 64 and 128 (one chain lost with it, D = 32 keeps three CTAs; at
+    D = 128 with a latency hint on the key load); the key scales by plain loads only with one chain (two lost with
+    them)."""
     plain90, plain100 = heuristics.mqa_logits_config(h, d, sm=90), heuristics.mqa_logits_config(h, d, sm=100)
     assert plain90.bq * plain90.hp == 128 and plain90.head_chain and not plain100.head_chain
     assert plain90.two_chains == (33 <= h <= 64) and not plain100.two_chains
     assert plain90.occupancy == (3 if plain90.two_chains and d == 32 else 2) and plain100.occupancy == 2
-    assert plain90.unroll == (2 if plain90.two_chains and d == 64 else 1) and plain100.unroll == 1
+    assert plain90.unroll == (2 if plain90.two_chains and d >= 64 else 1) and plain100.unroll == 1
+    assert plain90.key_latency == (6 if plain90.two_chains and d == 128 else 0) and plain100.key_latency == 0
     assert plain90.scales_ldg == (not plain90.two_chains) and not plain100.scales_ldg
     assert (plain90.bq, plain90.hp, plain90.bk) == (plain100.bq, plain100.hp, plain100.bk)
     if d == 32:

@@ -319,8 +319,9 @@ def _rms_norm() -> str:
 @case("mqa logits: windows past both ends")
 def _mqa() -> str:
     g = torch.Generator().manual_seed(1)
-    # H = 64: two key tiles per iteration at D = 64 on sm_90 (an odd tile count: the last pair's second tile lies
-    # past the keys), three CTAs per SM at D = 32; 384 and 512 keys, even row counts: output tiles stored unchecked
+    # H = 64: two key tiles per iteration at D = 64 on sm_90 (odd tile counts: the last pair ends past the keys and
+    # takes the last tile again), three CTAs per SM at D = 32; 384 and 512 keys, even row counts: tiles inside
+    # (output stores unchecked, and at H = 32 the key scales too)
     plain = ((70, 333, 64, 128), (72, 300, 64, 64), (71, 300, 64, 32), (72, 384, 64, 64), (68, 512, 32, 128))
     for s, s_kv, h, d in plain:
         q8 = torch.randn(s, h, d, generator=g).to(torch.float8_e4m3fn).to(DEV)

@@ -894,7 +894,8 @@ class MqaConfig:
     MMA each per key tile (``mqa.key_tile_logits``). ``occupancy``: the sm_90 CTAs-per-SM hint
     (``mqa.plain_kernel_for``). ``unroll``: key tiles per loop iteration, each its own load and shared-memory slot.
     ``scales_ldg``: where the tiles divide the keys (``mqa.tiles_inside``), the key scales are plain unchecked loads
-    rather than TMA loads.
+    rather than TMA loads. ``key_latency``: the key load's latency hint (0: none), from which tileiras sizes its
+    pipeline.
     """
 
     bq: int
@@ -905,6 +906,7 @@ class MqaConfig:
     occupancy: int = 2
     unroll: int = 1
     scales_ldg: bool = False
+    key_latency: int = 0
 
 
 @dataclass(frozen=True)
@@ -966,8 +968,16 @@ def mqa_logits_config(h: int, d: int, sm: int = 90) -> MqaConfig | None:
     one; two loads per iteration are two slots. H100, 2026-11-24, same process, outputs bitwise equal
     (``results/mqa/README.md``, run 19), H = 64 D = 64: S=2048 S_kv=8192 218.4 -> 211.6 us, S_kv=65536 2001.1 ->
     1773.6, S=8192 527.5 -> 512.4. One chain (H = 32) lost 2% at S_kv = 8192 (D = 64 127.5 -> 130.3), D = 32 at two
-    CTAs per SM lost to three (179.8 -> 187.9), and D = 128 went both ways in two runs (S=8192 S_kv=8192 680.9 ->
-    719.5, S_kv=65536 3-12% faster).
+    CTAs per SM lost to three (179.8 -> 187.9), and D = 128 alone went both ways in two runs (S=8192 S_kv=8192
+    680.9 -> 719.5, S_kv=65536 3-12% faster).
+
+    At D = 128, two key tiles per iteration with a latency hint of 6 on the key load (``MqaConfig.key_latency``):
+    without the hint tileiras 13.4 waits after every QGMMA of the two-chain D = 128 kernel (one
+    ``WARPGROUP.DEPBAR`` each, sm_90), with it 12 waits for 96 QGMMAs and no spill (a hint of 7-10 spills 10
+    words, 5 spills 215). H100, 2026-11-24, same process, outputs bitwise equal (``results/mqa/README.md``, run
+    21), H = 64 D = 128: S=2048 S_kv=8192 265.7 -> 263.2 us, S=8192 S_kv=8192 654.2 -> 636.6, S=2048 S_kv=65536
+    2506.7 -> 2228.9, S=4096 S_kv=65536 4995.6 -> 4696.8, S=8192 S_kv=65536 9779.7 -> 9157.0; with one tile per
+    iteration the hint alone lost (7: 266.2 -> 333.2, 10: -> 294.5).
 
     Key scales by plain loads with one chain on sm_90 (``MqaConfig.scales_ldg``, where the tiles divide the keys).
     H100, 2026-11-24, same process, outputs bitwise equal (``results/mqa/README.md``, run 20), H = 32: D = 128
@@ -981,7 +991,7 @@ def mqa_logits_config(h: int, d: int, sm: int = 90) -> MqaConfig | None:
     chain = _head_chain(sm, bq * hp)
     two = chain and bq == 2
     occupancy = 3 if two and d <= 32 else 2
-    unroll = 2 if two and d == 64 else 1
+    unroll = 2 if two and d >= 64 else 1
     return MqaConfig(
         bq=bq,
         hp=hp,
@@ -991,6 +1001,7 @@ def mqa_logits_config(h: int, d: int, sm: int = 90) -> MqaConfig | None:
         occupancy=occupancy,
         unroll=unroll,
         scales_ldg=sm == 90 and not two,
+        key_latency=6 if two and d == 128 else 0,
     )
 
 

@@ -121,12 +121,14 @@ def make_mqa_logits_kernel(fast_acc: bool = False, **hints):
         UNROLL: ct.Constant[int],
         INSIDE: ct.Constant[bool],
         SCALES_LDG: ct.Constant[bool],
+        KEY_LATENCY: ct.Constant[int],
     ):
         """One CTA per ``BQ`` query rows; loops over the key tiles inside the rows' windows, ``UNROLL`` per
         iteration (each its own load, hence its own shared-memory slot: tileiras gives one load of the loop one).
         ``INSIDE``: the ``[BQ, BK]`` output tiles and the ``BK``-key tiles divide the output and the keys
         (:func:`tiles_inside`), so the output stores skip the bounds check, and with ``SCALES_LDG`` the key scales
-        are plain unchecked loads instead of TMA loads (``MqaConfig.scales_ldg``)."""
+        are plain unchecked loads instead of TMA loads (``MqaConfig.scales_ldg``). ``KEY_LATENCY``: the key load's
+        latency hint (0: none; ``MqaConfig.key_latency``)."""
         s_rows = q.shape[0]
         s_kv = kv.shape[0]
         pid = ct.num_blocks(0) - 1 - ct.bid(0)  # the last rows (longest causal windows) start first
@@ -145,7 +147,10 @@ def make_mqa_logits_kernel(fast_acc: bool = False, **hints):
                     # a widened range may end past the keys (window_tiles); tileiras issues unchecked loads of
                     # later iterations ahead, past the last one too
                     j = ct.minimum(j, t_last)
-                k_t = ct.load(kv, (j, 0), shape=(BK, D), padding_mode=ZERO)
+                if KEY_LATENCY > 0:
+                    k_t = ct.load(kv, (j, 0), shape=(BK, D), padding_mode=ZERO, latency=KEY_LATENCY)
+                else:
+                    k_t = ct.load(kv, (j, 0), shape=(BK, D), padding_mode=ZERO)
                 if INSIDE and SCALES_LDG:
                     sc = ct.load(kv_scale, (j,), shape=(BK,), check_bounds=False, allow_tma=False)
                 else:
@@ -447,6 +452,7 @@ def launch_mqa_logits(
         conf.unroll,
         inside,
         conf.scales_ldg,
+        conf.key_latency,
     )
     launch(kernel or plain_kernel_for(conf.occupancy), (cdiv(s, conf.bq), 1, 1), args)
     if clean:
