@@ -73,7 +73,7 @@ def plain_params(h: int, d: int, out_align: int = 16, inside: bool = False, arch
         conf.two_chains,
         conf.unroll,
         inside,
-        conf.scales_ldg,
+        inside and conf.scales_ldg,
         conf.key_latency,
     ]
 

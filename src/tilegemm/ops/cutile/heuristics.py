@@ -887,7 +887,8 @@ def moe_fp8_config(slots: int, hidden: int, experts: int) -> MoEBlocksConfig | M
 
 @dataclass(frozen=True)
 class MqaConfig:
-    """Tile sizes of :func:`mqa_logits_kernel`: ``bq`` query rows x ``hp`` (padded) heads, ``bk`` keys.
+    """Tile sizes of the plain MQA kernel (``mqa.make_mqa_logits_kernel``): ``bq`` query rows x ``hp`` (padded)
+    heads, ``bk`` keys.
 
     ``head_chain``: sum the weighted heads as a chain of FFMAs over groups of 8 (``mqa.weighted_head_sum``);
     otherwise one ``ct.sum`` (an FMUL and an FADD per score). ``two_chains``: the query rows in two halves with an

@@ -126,9 +126,9 @@ def make_mqa_logits_kernel(fast_acc: bool = False, **hints):
         """One CTA per ``BQ`` query rows; loops over the key tiles inside the rows' windows, ``UNROLL`` per
         iteration (each its own load, hence its own shared-memory slot: tileiras gives one load of the loop one).
         ``INSIDE``: the ``[BQ, BK]`` output tiles and the ``BK``-key tiles divide the output and the keys
-        (:func:`tiles_inside`), so the output stores skip the bounds check, and with ``SCALES_LDG`` the key scales
-        are plain unchecked loads instead of TMA loads (``MqaConfig.scales_ldg``). ``KEY_LATENCY``: the key load's
-        latency hint (0: none; ``MqaConfig.key_latency``)."""
+        (:func:`tiles_inside`), so the output stores skip the bounds check. ``SCALES_LDG`` (only with ``INSIDE``):
+        the key scales are plain unchecked loads instead of TMA loads (``MqaConfig.scales_ldg``). ``KEY_LATENCY``:
+        the key load's latency hint (0: none; ``MqaConfig.key_latency``)."""
         s_rows = q.shape[0]
         s_kv = kv.shape[0]
         pid = ct.num_blocks(0) - 1 - ct.bid(0)  # the last rows (longest causal windows) start first
@@ -143,7 +143,7 @@ def make_mqa_logits_kernel(fast_acc: bool = False, **hints):
         for i in range((t_hi - t_lo) // UNROLL):
             for u in ct.static_iter(range(UNROLL)):
                 j = t_lo + i * UNROLL + u
-                if UNROLL > 1 or (INSIDE and SCALES_LDG):
+                if UNROLL > 1 or SCALES_LDG:
                     # a widened range may end past the keys (window_tiles); tileiras issues unchecked loads of
                     # later iterations ahead, past the last one too
                     j = ct.minimum(j, t_last)
@@ -151,7 +151,7 @@ def make_mqa_logits_kernel(fast_acc: bool = False, **hints):
                     k_t = ct.load(kv, (j, 0), shape=(BK, D), padding_mode=ZERO, latency=KEY_LATENCY)
                 else:
                     k_t = ct.load(kv, (j, 0), shape=(BK, D), padding_mode=ZERO)
-                if INSIDE and SCALES_LDG:
+                if SCALES_LDG:
                     sc = ct.load(kv_scale, (j,), shape=(BK,), check_bounds=False, allow_tma=False)
                 else:
                     sc = ct.load(kv_scale, (j,), shape=(BK,), padding_mode=ZERO)
@@ -220,7 +220,8 @@ def window_tiles(ks_t, ke_t, first_row, s_rows, s_kv, BQ: int, BK: int, UNROLL: 
 
 @ct.kernel(occupancy=4)
 def mqa_clean_kernel(ks, ke, out, BQ: ct.Constant[int], BK: ct.Constant[int], UNROLL: ct.Constant[int]):
-    """``-inf`` in every ``[BQ, BK]`` tile of ``out`` [S, S_kv] that :func:`mqa_logits_kernel` does not compute.
+    """``-inf`` in every ``[BQ, BK]`` tile of ``out`` [S, S_kv] that the plain kernel (:func:`make_mqa_logits_kernel`)
+    does not compute.
 
     One CTA per ``BQ`` query rows (the plain kernel's blocks): the key tiles before and after its
     :func:`window_tiles`. The two kernels write disjoint tiles, in either order; together they write every element,
@@ -451,7 +452,7 @@ def launch_mqa_logits(
         conf.two_chains,
         conf.unroll,
         inside,
-        conf.scales_ldg,
+        inside and conf.scales_ldg,
         conf.key_latency,
     )
     launch(kernel or plain_kernel_for(conf.occupancy), (cdiv(s, conf.bq), 1, 1), args)
