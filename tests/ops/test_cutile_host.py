@@ -201,6 +201,19 @@ def test_fp8_scale_tiles_inside_only_where_they_are():
     assert not any(decode.narrow_scales_inside(c, 256, 4096, False) for c in heuristics.NARROW_CONFIGS["bf16"])
 
 
+def test_mqa_tiles_inside_only_where_they_divide():
+    """The plain MQA kernel stores its output (and with one chain loads its key scales) unchecked only where its
+    ``[bq, 128]`` tiles divide the ``[S, S_kv]`` output: S a multiple of ``bq`` (2 query rows at H = 64, 4 at 32),
+    S_kv of 128."""
+    from tilegemm.ops.cutile import mqa
+
+    h64, h32 = heuristics.mqa_logits_config(64, 128), heuristics.mqa_logits_config(32, 128)
+    assert mqa.tiles_inside(h64, 2048, 8192) and mqa.tiles_inside(h64, 130, 384)
+    assert not mqa.tiles_inside(h64, 129, 384)  # the last query tile half outside
+    assert not mqa.tiles_inside(h64, 130, 333)  # the last key tile partial
+    assert mqa.tiles_inside(h32, 128, 640) and not mqa.tiles_inside(h32, 130, 640)
+
+
 def test_decode_plan_split_override():
     """``DecodeConfig.splits`` fixes the K split (benchmark sweeps); 0 sizes it; never more splits than K steps."""
     import dataclasses
