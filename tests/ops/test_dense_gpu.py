@@ -320,7 +320,8 @@ def test_every_config(cfg, shape):
 
 # M = 1..255 (awkward), N not a multiple of 64/128, K not a multiple of 128 (520), split-K and whole-tile plans;
 # (5, 7000, 2100): an unsplit BF16 plan compiled for 2 CTAs per SM; (24, 7000, 4200): unsplit 32-row tiles (FP8
-# from K = 4096) at 3 per SM; (16, 1024, 2048), (128, 576, 7168): FP8 scale tiles inside the scales (unchecked loads).
+# from K = 4096) at 3 per SM; (16, 1024, 2048), (128, 576, 7168): FP8 scale tiles inside the scales (unchecked loads);
+# (3, 2000, 4096): 16 BF16 / 8 FP8 K splits.
 DECODE_SHAPES = [
     (1, 4096, 7168),
     (16, 1024, 2048),
@@ -331,6 +332,7 @@ DECODE_SHAPES = [
     (255, 1000, 1536),
     (64, 200, 520),
     (128, 576, 7168),
+    (3, 2000, 4096),
 ]
 
 
