@@ -182,7 +182,7 @@ for _fp8 in (False, True):
     # tiles at 17-32 rows (FP8 16 weight rows, BF16 32); (100, 3000, 1100): FP8 64x64 tiles two K blocks at a time
     # (an odd block count); (128, 2112, 1100), (16, 7168, 2048): FP8 scale loads without bounds checks (narrow 64x64
     # pairs with an odd block count, swap-AB with 16 rows); (3, 2000, 4096), (7, 2000, 7000): swap-AB split-K plans
-    # of 8-16 and 14 splits of 2 steps each. FP8
+    # (16 BF16 / 8 FP8 splits of 2 steps; 14 splits of 4 BF16 / 2 FP8 steps). FP8
     # split-K plans of 4+ steps per split are not here: memcheck reports no error on them but their results under
     # memcheck are wrong (right natively and under racecheck / synccheck; results/sanitize/README.md).
     for _m, _n, _k in [
