@@ -18,7 +18,8 @@ FP8 (DeepGEMM's block scaling): per 128-wide K block ``kb`` the raw product of t
 promoted as ``acc += P * sb * sa`` with ``sa[m, kb]`` (1x128 activation scales) and ``sb`` the
 weight's 128x128 block scale (one per tile and block, ``BW <= 128``) or its per-row 1x128 scale.
 Scales are read in place whatever their strides (row-major [rows, KB] or MN-major), bounds-checked unless every
-scale tile lies inside them (``INSIDE``: :func:`swap_scales_inside`, :func:`narrow_scales_inside`, :func:`_scale_k`).
+scale tile lies inside them (``INSIDE``: :func:`swap_scales_inside`, :func:`narrow_scales_inside`, the K index
+through :func:`tile_io.clamp_index`).
 ``KU`` K blocks are loaded per step (one TMA load of ``[BW, 128 * KU]``).
 
 Pipeline depth: ``LAT`` (``DecodePlan.latency``), when above 0, is the ``latency`` hint of the weight and
@@ -71,15 +72,6 @@ def _unit(num_m, splits, per, num_steps, SPLITK: ConstBool):
         k_lo = s * per
         k_hi = ct.minimum(num_steps, k_lo + per)
     return pm, pn, s, k_lo, k_hi
-
-
-def _load(X, index, shape, order, LAT: ConstInt):
-    """A zero-padded tile load; ``LAT > 0`` passes it as the load's latency hint (0: the compiler's choice)."""
-    if LAT > 0:
-        t = ct.load(X, index, shape, order=order, padding_mode=_ZERO, latency=LAT)
-    else:
-        t = ct.load(X, index, shape, order=order, padding_mode=_ZERO)
-    return t
 
 
 def _epilogue_t(D, C, acc, pm, pn, alpha, beta, HAS_C: ConstBool):
@@ -145,13 +137,13 @@ def _decode_bf16_body(
     acc = ct.zeros((BW, BM), dtype=ct.float32)
     for kb in range(k_lo, k_hi):
         if B_KMAJOR:
-            w = _load(B, (pn, kb), (BW, BK), (0, 1), LAT)
+            w = tile_io.load_hinted(B, (pn, kb), (BW, BK), LAT)
         else:
-            w = _load(B, (pn, kb), (BW, BK), (1, 0), LAT)
+            w = tile_io.load_hinted(B, (pn, kb), (BW, BK), LAT, (1, 0))
         if A_KMAJOR:
-            a = _load(A, (kb, pm), (BK, BM), (1, 0), LAT)
+            a = tile_io.load_hinted(A, (kb, pm), (BK, BM), LAT, (1, 0))
         else:
-            a = _load(A, (kb, pm), (BK, BM), (0, 1), LAT)
+            a = tile_io.load_hinted(A, (kb, pm), (BK, BM), LAT)
         acc = ct.mma(w, a, acc)
     _finish_t(D, C, W, CNT, acc, pm, pn, s, num_m, splits, alpha, beta, HAS_C, SPLITK)
 
@@ -194,9 +186,9 @@ def _decode_fp8_body(
     pm, pn, s, k_lo, k_hi = _unit(num_m, splits, per, num_steps, SPLITK)
     acc = ct.zeros((BW, BM), dtype=ct.float32)
     for ks in range(k_lo, k_hi):
-        w = _load(B, (pn, ks), (BW, 128 * KU), (0, 1), LAT)
-        a = _load(A, (ks, pm), (128 * KU, BM), (1, 0), LAT)
-        kc = _scale_k(ks, num_steps, INSIDE)
+        w = tile_io.load_hinted(B, (pn, ks), (BW, 128 * KU), LAT)
+        a = tile_io.load_hinted(A, (ks, pm), (128 * KU, BM), LAT, (1, 0))
+        kc = tile_io.clamp_index(ks, num_steps, INSIDE)
         sa = _scale_load(SA, (kc, pm), (KU, BM), INSIDE, (1, 0))
         if SB_ROWS:
             sb = _scale_load(SB, (pn, kc), (BW, KU), INSIDE)
@@ -326,20 +318,12 @@ def _narrow_bf16_body(
 
 def _scale_load(S, index, shape, INSIDE: ConstBool, order=(0, 1)):
     """A plain (non-TMA) load of a scale tile (tile code). ``INSIDE``: the caller knows the tile lies inside ``S``
-    (its K index from :func:`_scale_k`), so the load skips the bounds check (sm_90, instructions per K step of the
-    MMA loop: swap-AB with 16 activation rows 372 -> 231, narrow 64x64 pairs 301 -> 292); otherwise rows or
-    columns past ``S`` read as zero."""
+    (its K index from :func:`tile_io.clamp_index`), so the load skips the bounds check (sm_90, instructions per K
+    step of the MMA loop: swap-AB with 16 activation rows 372 -> 231, narrow 64x64 pairs 301 -> 292); otherwise
+    rows or columns past ``S`` read as zero."""
     if INSIDE:
         return ct.load(S, index, shape, order=order, check_bounds=False, allow_tma=False)
     return ct.load(S, index, shape, order=order, padding_mode=_ZERO, allow_tma=False)
-
-
-def _scale_k(k, count, INSIDE: ConstBool):
-    """The K index of a scale load in a K loop (tile code): ``k`` for every iteration that runs, clamped into
-    ``[0, count)`` when the load is unchecked. tileiras issues a loop's scale loads a few iterations ahead, also for
-    iterations past the last (their values unused); unchecked, those read past the scales without the clamp (sm_90
-    SASS: three 128-wide K blocks past the end)."""
-    return ct.minimum(k, count - 1) if INSIDE else k
 
 
 def _narrow_fp8_block(
@@ -360,9 +344,9 @@ def _narrow_fp8_block(
     """K block ``kb`` (of ``num_k``) of a narrow FP8 tile: its raw ``[BM, BN]`` product and the activation / weight
     scales that promote it. ``INSIDE``: the tile's activation rows (and with ``SB_ROWS`` its weight rows) lie inside
     the operands (:func:`narrow_scales_inside`): the scale loads skip their bounds checks."""
-    a = _load(A, (pm, kb), (BM, 128), (0, 1), LAT)
-    w = _load(B, (kb, pn), (128, BN), (1, 0), LAT)
-    kc = _scale_k(kb, num_k, INSIDE)
+    a = tile_io.load_hinted(A, (pm, kb), (BM, 128), LAT)
+    w = tile_io.load_hinted(B, (kb, pn), (128, BN), LAT, (1, 0))
+    kc = tile_io.clamp_index(kb, num_k, INSIDE)
     sa = _scale_load(SA, (pm, kc), (BM, 1), INSIDE)
     if SB_ROWS:
         sb = ct.reshape(_scale_load(SB, (pn, kc), (BN, 1), INSIDE), (1, BN))

@@ -28,6 +28,7 @@ block ids are clamped into the cache, tile indices stay inside the arrays.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +37,7 @@ import torch
 
 from tilegemm.backend.registry import Unsupported, register_impl, register_replay
 from tilegemm.ops.common import cdiv, compress_logits, paged_mqa_schedule, paged_mqa_split_kv
+from tilegemm.ops.cutile import tile_io
 from tilegemm.ops.cutile.heuristics import MqaConfig, PagedMqaConfig, mqa_logits_config, paged_mqa_config, print_once
 from tilegemm.ops.cutile.launch import launch
 
@@ -139,18 +141,12 @@ def make_mqa_logits_kernel(fast_acc: bool = False, **hints):
         t_lo, t_hi = window_tiles(ks_t, ke_t, pid * BQ, s_rows, s_kv, BQ, BK, UNROLL)
         ks_r = ct.reshape(ks_t, (1, BQ))
         ke_r = ct.reshape(ke_t, (1, BQ))
-        t_last = ct.cdiv(s_kv, BK) - 1
+        num_tiles = ct.cdiv(s_kv, BK)
         for i in range((t_hi - t_lo) // UNROLL):
             for u in ct.static_iter(range(UNROLL)):
-                j = t_lo + i * UNROLL + u
-                if UNROLL > 1 or SCALES_LDG:
-                    # a widened range may end past the keys (window_tiles); tileiras issues unchecked loads of
-                    # later iterations ahead, past the last one too
-                    j = ct.minimum(j, t_last)
-                if KEY_LATENCY > 0:
-                    k_t = ct.load(kv, (j, 0), shape=(BK, D), padding_mode=ZERO, latency=KEY_LATENCY)
-                else:
-                    k_t = ct.load(kv, (j, 0), shape=(BK, D), padding_mode=ZERO)
+                # a widened range may end past the keys (window_tiles), and unchecked scale loads need the clamp
+                j = tile_io.clamp_index(t_lo + i * UNROLL + u, num_tiles, UNROLL > 1 or SCALES_LDG)
+                k_t = tile_io.load_hinted(kv, (j, 0), (BK, D), KEY_LATENCY)
                 if SCALES_LDG:
                     sc = ct.load(kv_scale, (j,), shape=(BK,), check_bounds=False, allow_tma=False)
                 else:
@@ -167,9 +163,7 @@ def make_mqa_logits_kernel(fast_acc: bool = False, **hints):
     return mqa_logits_kernel
 
 
-_PLAIN_KERNELS: dict[int, object] = {}
-
-
+@functools.cache
 def plain_kernel_for(occupancy: int):
     """The plain kernel with the sm_90 ``occupancy`` hint ``MqaConfig.occupancy`` (one kernel object, hence one JIT
     cache, per value; other targets get no hint).
@@ -179,9 +173,7 @@ def plain_kernel_for(occupancy: int):
     warpgroup, and 256 threads x 128 registers fit twice (x 80 registers three times). Measured on an H100: two CTAs
     1.6-1.8x over one (docs/kernels.md), three 1.11-1.26x over two at D = 32 (``MqaConfig``).
     """
-    if occupancy not in _PLAIN_KERNELS:
-        _PLAIN_KERNELS[occupancy] = make_mqa_logits_kernel(occupancy=ct.ByTarget(sm_90=occupancy))
-    return _PLAIN_KERNELS[occupancy]
+    return make_mqa_logits_kernel(occupancy=ct.ByTarget(sm_90=occupancy))
 
 
 def tiles_inside(conf: MqaConfig, s: int, s_kv: int) -> bool:
@@ -379,19 +371,14 @@ def make_paged_mqa_logits_kernel(**hints):
     return paged_mqa_logits_kernel
 
 
-_PAGED_KERNELS: dict[int, object] = {}
-
-
+@functools.cache
 def paged_kernel_for(occupancy: int):
     """The paged kernel with an ``occupancy`` hint (one kernel object, hence one JIT cache, per value).
 
     The hint was tuned on sm_90; other targets get at most 4 (tileiras 13.4 rejects 8 on sm_100
     for some tile shapes, see the compile gate).
     """
-    if occupancy not in _PAGED_KERNELS:
-        hint = ct.ByTarget(sm_90=occupancy, default=min(occupancy, 4))
-        _PAGED_KERNELS[occupancy] = make_paged_mqa_logits_kernel(occupancy=hint)
-    return _PAGED_KERNELS[occupancy]
+    return make_paged_mqa_logits_kernel(occupancy=ct.ByTarget(sm_90=occupancy, default=min(occupancy, 4)))
 
 
 # --------------------------------------------------------------------------------------------
