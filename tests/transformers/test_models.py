@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_models import FAMILIES, assert_within_one_bf16_step, build, prompt
+from hf_models import FAMILIES, assert_within_one_bf16_step, build, prompt, require_bf16_linear_rounds_once
 
 from modeling.transformers import measure
 from tilegemm.testing import calc_diff
@@ -57,6 +57,7 @@ def test_patched_matches_stock(family, dtype):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_bf16_unfused_matches_stock_within_one_step(family, monkeypatch):
     """The unfused experts path keeps transformers' rounding sequence: bf16 logits within one bf16 step."""
+    require_bf16_linear_rounds_once()
     monkeypatch.setattr(experts, "fused_activation", lambda module, hidden_states: None)
     model = build(family, dtype=torch.bfloat16)
     ids = prompt()
