@@ -173,7 +173,7 @@ def test_choice_order(toy_op, cutile_present, monkeypatch):
 
 def test_unknown_backend_lists_known_ones(toy_op):
     toy, _ = toy_op
-    known = r"\['cutile', 'pytorch'\]"
+    known = r"\['gluon', 'cutile', 'pytorch'\]"
     with pytest.raises(ValueError, match=known):
         toy(1, backend="triton")
     with pytest.raises(ValueError, match=known):
@@ -185,7 +185,9 @@ def test_unknown_backend_lists_known_ones(toy_op):
 
 def test_env_backend_is_validated(monkeypatch):
     monkeypatch.setenv("TILEGEMM_BACKEND", "nope")
-    with pytest.raises(ValueError, match=r"TILEGEMM_BACKEND: got 'nope', expected one of \['cutile', 'pytorch'\]"):
+    with pytest.raises(
+        ValueError, match=r"TILEGEMM_BACKEND: got 'nope', expected one of \['gluon', 'cutile', 'pytorch'\]"
+    ):
         selector.get_current_backend()
     monkeypatch.setenv("TILEGEMM_BACKEND", "cuda")
     with pytest.raises(ValueError, match="TILEGEMM_BACKEND"):

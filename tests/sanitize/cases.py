@@ -46,17 +46,17 @@ def _gen(seed: int) -> torch.Generator:
     return torch.Generator(device=DEV).manual_seed(seed)
 
 
-def _cutile_vs_reference(op: Callable, *args, bar: float, **kwargs) -> str:
-    """Run ``op`` on cutile and pytorch into NaN-poisoned outputs; return the calc_diff as text."""
+def _cutile_vs_reference(op: Callable, *args, bar: float, backend: str = "cutile", **kwargs) -> str:
+    """Run ``op`` on ``backend`` and pytorch into NaN-poisoned outputs; return the calc_diff as text."""
     out = args[2]
     ref = torch.full_like(out, float("nan"))
-    op(*args, backend="cutile", **kwargs)
+    op(*args, backend=backend, **kwargs)
     op(*args[:2], ref, *args[3:], backend="pytorch", **kwargs)
     torch.cuda.synchronize()
     both = ~(out.isnan() & ref.isnan())
     diff = calc_diff(torch.nan_to_num(out[both]), torch.nan_to_num(ref[both])) if both.any() else 0.0
     if diff > bar or not torch.equal(out.isnan(), ref.isnan()):
-        raise AssertionError(f"cutile differs from pytorch: calc_diff {diff:.2e}, NaN rows differ")
+        raise AssertionError(f"{backend} differs from pytorch: calc_diff {diff:.2e}, NaN rows differ")
     return f"calc_diff {diff:.1e}"
 
 
@@ -216,6 +216,33 @@ for _fp8 in (False, True):
                     tg.fp8_gemm_nt, per_token_cast_to_fp8(a), per_block_cast_to_fp8(b), d, bar=1e-5
                 )
             return _cutile_vs_reference(tg.bf16_gemm_nt, a.bfloat16(), b.bfloat16(), d, bar=1e-5)
+
+
+# The gluon dense FP8 kernel (Hopper): partial tiles in M, N and K, odd K-block counts, 1x128 B scales, fp32 output
+# with an addend, more tiles than SMs.
+for _m, _n, _k, _rows, _c in [
+    (1, 8, 16, False, False),
+    (129, 136, 1100, False, False),
+    (300, 200, 1100, True, True),
+    (777, 1000, 4200, False, True),
+    (4097, 520, 640, True, False),
+]:
+
+    @case(f"dense fp8 gluon {_m}x{_n}x{_k}{' rows' if _rows else ''}{' c' if _c else ''}")
+    def _dense_gluon(m=_m, n=_n, k=_k, rows=_rows, with_c=_c) -> str:
+        from tilegemm.backend.selector import gluon_unavailable_reason
+
+        reason = gluon_unavailable_reason()
+        if reason is not None:
+            return f"skipped: gluon unavailable ({reason})"
+        g = _gen(m + n + k + 1)
+        a = torch.randn(m, k, device=DEV, generator=g)
+        b = torch.randn(n, k, device=DEV, generator=g)
+        qb = per_token_cast_to_fp8(b) if rows else per_block_cast_to_fp8(b)
+        dtype = torch.float32 if with_c else torch.bfloat16
+        d = torch.full((m, n), float("nan"), dtype=dtype, device=DEV)
+        c = torch.randn(m, n, device=DEV, generator=g) if with_c else None
+        return _cutile_vs_reference(tg.fp8_gemm_nt, per_token_cast_to_fp8(a), qb, d, c, bar=1e-5, backend="gluon")
 
 
 class _ForcedVariant:

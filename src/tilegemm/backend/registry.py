@@ -49,11 +49,16 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 log = logging.getLogger("tilegemm.dispatch")
 
-_BACKEND_MODULES = {"pytorch": "tilegemm.ops.reference", "cutile": "tilegemm.ops.cutile"}
+_BACKEND_MODULES = {
+    "pytorch": "tilegemm.ops.reference",
+    "cutile": "tilegemm.ops.cutile",
+    "gluon": "tilegemm.ops.gluon",
+}
 _STUBS: dict[str, inspect.Signature] = {}
 _IMPLS: dict[str, dict[str, Callable[..., Any]]] = {}
 _IMPORT_ERRORS: dict[str, str] = {}
 _REPLAYS: dict[tuple[str, str], Callable[[dict[str, Any]], Callable[..., Any] | None]] = {}
+_REPLAY_OPS: set[str] = set()  # the ops with a replay on some backend
 _HOT: dict[tuple[str, tuple], Callable[..., Any]] = {}  # (backend, signature key) -> replay
 _WARNED: set[tuple[str, str]] = set()
 _LOCK = threading.Lock()
@@ -126,9 +131,15 @@ def register_replay(name: str, backend: str) -> Callable[[F], F]:
 
     def decorator(factory: F) -> F:
         _REPLAYS[(name, backend)] = factory
+        _REPLAY_OPS.add(name)
         return factory
 
     return decorator
+
+
+def _has_replay(name: str, chosen: str) -> bool:
+    """True when a call of ``name`` on ``chosen`` (any backend for :data:`AUTO`) may take the hot lane."""
+    return name in _REPLAY_OPS if chosen == AUTO else (name, chosen) in _REPLAYS
 
 
 def clear_hot_lane() -> None:
@@ -162,12 +173,11 @@ def _unavailable_reason(name: str, backend: str, arguments: dict[str, Any]) -> s
         return f"{backend} backend failed to import ({_IMPORT_ERRORS[backend]})"
     if backend not in _IMPLS.get(name, {}):
         return f"no {backend} implementation of {name}"
-    if backend == "cutile":
-        reason = selector.cutile_unavailable_reason()
-        if reason is not None:
-            return f"cutile unavailable: {reason}"
-        if any(_off_cuda(v) for v in arguments.values()):
-            return "cutile needs CUDA tensors"
+    reason = selector.unavailable_reason(backend)
+    if reason is not None:
+        return f"{backend} unavailable: {reason}"
+    if any(_off_cuda(v) for v in arguments.values()):
+        return f"{backend} needs CUDA tensors"
     return None
 
 
@@ -257,9 +267,25 @@ def _fast_binder(name: str, signature: inspect.Signature) -> Callable[[tuple, di
     return bind
 
 
+AUTO = "auto"
+"""What :func:`_choose` returns when the user has chosen no backend: the chooser decides per call."""
+
+
 def _choose(backend: str | None) -> str:
-    """The backend a call runs on: its ``backend=``, else the current choice."""
-    return selector.validate_backend_name(backend) if backend is not None else selector.get_current_backend()
+    """The backend a call runs on: its ``backend=``, else the user's choice, else :data:`AUTO`."""
+    if backend is not None:
+        return selector.validate_backend_name(backend)
+    selected = selector.selected_backend()
+    return AUTO if selected is None else selected
+
+
+def _resolve(name: str, chosen: str, arguments: dict[str, Any]) -> str:
+    """The backend that runs a call: ``chosen``, or for :data:`AUTO` the chooser's pick for these arguments."""
+    if chosen != AUTO:
+        return chosen
+    from tilegemm.heuristics import backends
+
+    return backends.choose_backend(name, arguments)
 
 
 def _flattener(signature: inspect.Signature) -> Callable[[tuple, dict], tuple | None]:
@@ -298,7 +324,7 @@ def dispatch(
     """Turn ``stub`` into public op ``name``: bind, check, route to a backend.
 
     The returned function has the stub's signature plus a keyword-only ``backend``
-    (``None``, ``"cutile"`` or ``"pytorch"``). ``check`` receives every bound argument by
+    (``None``, ``"gluon"``, ``"cutile"`` or ``"pytorch"``). ``check`` receives every bound argument by
     keyword and raises ``TypeError``/``ValueError`` for bad input before any backend runs; when
     it returns a dict, the backend implementation is called with that dict instead.
     ``signature`` opens the hot lane for the op (see the module docstring).
@@ -318,7 +344,7 @@ def dispatch(
                     chosen = _choose(backend)
                 except ValueError:  # raised again, in its turn, by the full path
                     chosen = None
-                values = flat(args, kwargs) if (name, chosen) in _REPLAYS else None
+                values = flat(args, kwargs) if _has_replay(name, chosen) else None
                 found = signature(*values) if values is not None else None
                 if found is not None:
                     hot_key = (chosen, found[0])
@@ -337,11 +363,14 @@ def dispatch(
                     arguments = derived
             if chosen is None:
                 chosen = _choose(backend)
-            result, ran = _run(name, chosen, arguments)
-            if hot_key is not None and ran == chosen:
+            target = _resolve(name, chosen, arguments)
+            result, ran = _run(name, target, arguments)
+            if hot_key is not None and ran == target and (name, ran) in _REPLAYS:
                 replay = _REPLAYS[(name, ran)](arguments)
                 if replay is not None:
                     _HOT[hot_key] = replay
+                    if chosen == AUTO:  # the chooser's pick is a function of the signature key
+                        _HOT[(ran, hot_key[1])] = replay
             return result
 
         params = [

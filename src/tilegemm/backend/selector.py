@@ -1,8 +1,9 @@
 """Which backend runs an op: availability detection and the user's choice.
 
 Choice order (first match wins, see ``registry.dispatch``): the call's ``backend=``,
-``use_backend(...)``, ``set_backend(...)``, env ``TILEGEMM_BACKEND``, then ``cutile`` when
-it is available, else ``pytorch``.
+``use_backend(...)``, ``set_backend(...)``, env ``TILEGEMM_BACKEND``, then the automatic choice: the
+chooser's rule for the op and shape (``tilegemm.heuristics.backends``), else ``cutile`` when it is
+available, else ``pytorch``.
 
 ``use_backend`` scopes are kept in a :class:`contextvars.ContextVar`, so they follow the execution
 context: each thread and each asyncio task sees only the scopes entered in it (a task created inside a
@@ -26,8 +27,11 @@ from types import FrameType, TracebackType
 
 from tilegemm.env import BACKEND, env_choice
 
-BACKENDS: tuple[str, ...] = ("cutile", "pytorch")
+BACKENDS: tuple[str, ...] = ("gluon", "cutile", "pytorch")
 """Every backend name tilegemm knows, in order of preference."""
+
+TRITON_TESTED = ((3, 6), (3, 7))
+"""The triton versions the gluon backend is tested with: ``[low, high)`` as (major, minor)."""
 
 _global_backend: str | None = None
 _CONTEXTLIB_FILE = contextlib.__file__
@@ -92,10 +96,62 @@ def cutile_unavailable_reason() -> str | None:
     return None
 
 
+def triton_version_reason(version: str) -> str | None:
+    """Why triton ``version`` is outside the gluon backend's tested range, or ``None``."""
+    try:
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return f"triton version {version!r} not understood"
+    low, high = TRITON_TESTED
+    if not low <= (major, minor) < high:
+        return f"triton {version} is outside the tested range [{low[0]}.{low[1]}, {high[0]}.{high[1]})"
+    return None
+
+
+@functools.cache
+def gluon_unavailable_reason() -> str | None:
+    """Why the ``gluon`` backend cannot run here, or ``None`` when it can. Never raises.
+
+    It needs a Hopper GPU (sm_90: its kernels are wgmma / TMA / warp-specialized) and a triton in
+    :data:`TRITON_TESTED` whose Gluon Hopper module imports.
+    """
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return "no CUDA GPU"
+        cap = torch.cuda.get_device_capability()
+        if cap != (9, 0):
+            return f"GPU compute capability {cap[0]}.{cap[1]} (the gluon kernels are for Hopper, 9.0)"
+    except Exception as exc:  # pragma: no cover - broken driver
+        return f"CUDA query failed: {exc}"
+    try:
+        import triton
+    except Exception as exc:
+        return f"triton not importable ({type(exc).__name__}: {exc})"
+    reason = triton_version_reason(triton.__version__)
+    if reason is not None:
+        return reason
+    try:
+        import triton.experimental.gluon.language.nvidia.hopper  # noqa: F401
+    except Exception as exc:
+        return f"Gluon's Hopper module not importable ({type(exc).__name__}: {exc})"
+    return None
+
+
+def unavailable_reason(name: str) -> str | None:
+    """Why backend ``name`` cannot run on this machine, or ``None``."""
+    validate_backend_name(name)
+    if name == "cutile":
+        return cutile_unavailable_reason()
+    if name == "gluon":
+        return gluon_unavailable_reason()
+    return None
+
+
 def is_backend_available(name: str) -> bool:
     """True when backend ``name`` can run on this machine."""
-    validate_backend_name(name)
-    return name == "pytorch" or cutile_unavailable_reason() is None
+    return unavailable_reason(name) is None
 
 
 def get_available_backends() -> list[str]:
@@ -138,8 +194,9 @@ def _active_scope(scopes: tuple[_Scope, ...]) -> str | None:
     return None
 
 
-def get_current_backend() -> str:
-    """The backend a call without ``backend=`` would use now.
+def selected_backend() -> str | None:
+    """The backend the user has chosen for calls without ``backend=`` (``use_backend``, ``set_backend``,
+    ``TILEGEMM_BACKEND``), or ``None`` when the choice is automatic.
 
     Raises:
         ValueError: ``TILEGEMM_BACKEND`` is set to an unknown name (the message names the variable).
@@ -151,10 +208,26 @@ def get_current_backend() -> str:
             return scoped
     if _global_backend is not None:
         return _global_backend
-    env = env_choice(BACKEND, BACKENDS)
-    if env is not None:
-        return env
+    return env_choice(BACKEND, BACKENDS)
+
+
+def default_backend() -> str:
+    """The automatic choice's backend for ops and cases no chooser rule claims: ``cutile`` when it is
+    available, else ``pytorch``."""
     return "cutile" if cutile_unavailable_reason() is None else "pytorch"
+
+
+def get_current_backend() -> str:
+    """The backend a call without ``backend=`` would use now: the user's choice, else :func:`default_backend`.
+
+    With no user choice, the chooser (``tilegemm.heuristics.backends``) may still route a call to another
+    backend (``gluon`` for Hopper FP8 GEMMs where the committed measurements show it faster).
+
+    Raises:
+        ValueError: ``TILEGEMM_BACKEND`` is set to an unknown name (the message names the variable).
+    """
+    selected = selected_backend()
+    return selected if selected is not None else default_backend()
 
 
 class use_backend(contextlib.AbstractContextManager):  # noqa: N801 - a function-like public name

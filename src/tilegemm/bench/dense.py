@@ -1,7 +1,8 @@
 """Dense GEMMs: ``tilegemm.bf16_gemm_nt`` and ``tilegemm.fp8_gemm_nt`` (1x128 LHS / 128x128 RHS scales).
 
 Peers: cuBLAS through torch (``torch.matmul``; ``scaled_mm`` blockwise for FP8, which refuses some
-shapes, e.g. M=1) and DeepGEMM (``bf16_gemm_nt`` / ``fp8_gemm_nt`` on its own casts).
+shapes, e.g. M=1) and DeepGEMM (``bf16_gemm_nt`` / ``fp8_gemm_nt`` on its own casts). An FP8 row that the
+automatic choice runs on the gluon backend also times the cutile kernel (``tilegemm_cutile``).
 
 Shapes: decode M in {1..256} x the (N, K) of DeepSeek-V3 and Qwen3 layers, then prefill M (512, 2048:
 grids under half the SMs there are split along K) and large M (4096) on the same (N, K), and 8192^3.
@@ -54,6 +55,17 @@ def case(spec: dict[str, Any], dg: Any = None, dg_reason: str = "DeepGEMM not lo
     return Case(FAMILY, op, dt, shape, flops, nbytes, build)
 
 
+def _runs_on_gluon(m: int, n: int, k: int) -> bool:
+    """True when the automatic choice runs this FP8 row on the gluon backend (see ``tilegemm.heuristics``)."""
+    from tilegemm import config
+    from tilegemm.backend import selector
+    from tilegemm.heuristics import gluon
+
+    if timing.DEVICE != "cuda" or selector.gluon_unavailable_reason() is not None:
+        return False
+    return gluon.prefers_dense_fp8(m, n, k, config.get_num_sms())
+
+
 def _nsets(m: int, n: int, k: int, elt: int) -> int:
     return timing.rotation_count(elt * (m * k + n * k) + 2 * m * n)
 
@@ -101,6 +113,9 @@ def _build_fp8(m: int, n: int, k: int, dg: Any, dg_reason: str) -> Built:
             theirs.append(((dqa, peers.dg_sfa(dg, dsa)), (dqb, dsb), d))
         del xa, xb
     impls = [Impl("tilegemm", ours, lambda a, b, out: tilegemm.fp8_gemm_nt(a, b, out))]
+    if _runs_on_gluon(m, n, k):  # the automatic choice took the gluon kernel: cutile's time beside it
+        cutile = lambda a, b, out: tilegemm.fp8_gemm_nt(a, b, out, backend="cutile")  # noqa: E731
+        impls.append(Impl("tilegemm_cutile", ours, cutile, note="the cutile kernel of this row (backend='cutile')"))
     if isinstance(blas[0], str):
         impls.append(Impl("cublas", blas[0], None))
     else:

@@ -25,7 +25,8 @@ import os
 from dataclasses import dataclass, replace
 from enum import IntEnum
 
-from tilegemm.env import PRINT_CONFIGS, env_choice, env_flag
+from tilegemm.env import env_choice
+from tilegemm.heuristics.report import print_once
 from tilegemm.ops.common import cdiv, moe_blocks_sized, moe_decode_sized
 
 __all__ = [
@@ -1080,18 +1081,3 @@ def rms_norm_config(h: int) -> NormConfig | None:
         return None
     cols = 1 << (h - 1).bit_length()
     return NormConfig(rows=max(1, min(NORM_MAX_ROWS, NORM_TILE_ELEMS // cols)), cols=cols)
-
-
-# ------------------------------------------------------------------------------- printing
-
-_printed: set[str] = set()
-
-
-def print_once(op: str, shape: object, config: object) -> None:
-    """Print ``[tilegemm] {op} shape={shape} config={config}`` when ``TILEGEMM_PRINT_CONFIGS=1``, once per line."""
-    if not env_flag(PRINT_CONFIGS):
-        return
-    line = f"[tilegemm] {op} shape={shape} config={config}"
-    if line not in _printed:
-        _printed.add(line)
-        print(line, flush=True)

@@ -19,6 +19,8 @@ from tilegemm import config
 from tilegemm.backend import registry
 from tilegemm.backend.registry import Unsupported
 from tilegemm.ops.common import cdiv
+from tilegemm.ops.operands import ALIGN_BYTES as _ALIGN_BYTES
+from tilegemm.ops.operands import aligned_copy, as_row_major, tma_ready
 
 __all__ = [
     "current_stream",
@@ -36,7 +38,6 @@ __all__ = [
     "scratch",
 ]
 
-_ALIGN_BYTES = 16
 
 Runner = Callable[..., Any]
 
@@ -84,47 +85,6 @@ def launch(kernel: Any, grid: tuple[int, int, int], args: tuple, stream: torch.c
         ct.launch(current_stream() if stream is None else stream, grid, kernel, args)
     except ct.TileCompilerExecutionError as exc:
         raise Unsupported(f"tileiras could not compile this variant ({str(exc).splitlines()[0]})") from exc
-
-
-# ------------------------------------------------------------------------------------- operands
-
-
-def tma_ready(x: torch.Tensor) -> bool:
-    """True if ``x`` is what the JIT needs to see to read it with TMA.
-
-    Unit last stride, every other stride a multiple of 16 bytes, a 16-byte aligned base (the strides of
-    dimensions of size 1 are never used, so they do not count).
-    """
-    es = x.element_size()
-    for dim, (size, stride) in enumerate(zip(x.shape, x.stride())):
-        if size > 1 and (stride != 1 if dim == x.dim() - 1 else (stride * es) % _ALIGN_BYTES != 0):
-            return False
-    return x.data_ptr() % _ALIGN_BYTES == 0
-
-
-def aligned_copy(x: torch.Tensor) -> torch.Tensor:
-    """Row-major copy of 2-D ``x`` whose row pitch is padded to 16 bytes (same logical shape).
-
-    The padding columns are zero; kernels never read them (tile loads are bounded by the shape).
-    """
-    rows, cols = x.shape
-    per = _ALIGN_BYTES // x.element_size()
-    pitch = max(per, cdiv(cols, per) * per)
-    buf = torch.empty((rows, pitch), dtype=x.dtype, device=x.device)
-    out = buf[:, :cols]
-    out.copy_(x)
-    return out
-
-
-def as_row_major(x: torch.Tensor, pad_rows: bool = True) -> torch.Tensor:
-    """``x`` itself when it is :func:`tma_ready`, else a row-major copy.
-
-    ``pad_rows`` (2-D ``x``): the copy's rows are padded to 16 bytes (:func:`aligned_copy`), so it is TMA
-    ready. Otherwise (any rank) the copy is ``x.contiguous()``, TMA ready when a row is a multiple of 16 bytes.
-    """
-    if tma_ready(x):
-        return x
-    return aligned_copy(x) if pad_rows else x.contiguous()
 
 
 # -------------------------------------------------------------------------------- launch plans

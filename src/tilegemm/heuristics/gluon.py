@@ -1,0 +1,75 @@
+"""Configs of the gluon kernels (Hopper), chosen from the problem's shape alone (no runtime search)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+BLOCK_M = 128  # two MMA warpgroups of 64 rows
+BLOCK_K = 128  # one FP8 scale block per K step
+SMEM_BYTES = 232448  # shared memory one Hopper CTA may use (227 KiB)
+BARRIER_BYTES = 1024  # the ring's mbarriers, with room to spare
+
+
+# The automatic choice of the dense FP8 kernel, one reason a line (the rows: benchmarks/results/gluon/README.md).
+#: Its tile is 128 rows: below 256, cutile's decode kernels (swap-AB, split-K) serve.
+DENSE_FP8_MIN_M = 256
+#: Up to these rows cutile splits K: gluon needs half the SMs' worth of tiles to win (34 / 64 tiles lost).
+DENSE_FP8_DECODE_M = 256
+#: Fewer tile-steps (tiles x K blocks) per SM and cutile's split-K plans fill the machine better (384 on 132 lost).
+DENSE_FP8_MIN_STEPS_PER_SM = 4
+#: An eager call must be large enough to pay gluon's host cost: from here it won eager too, below not always.
+DENSE_FP8_MIN_FLOPS = 1.6e11
+
+
+class GluonDenseConfig(NamedTuple):
+    """One launch of ``fp8_gemm_kernel``: tile width, ring depth, raster group, MMA issue order, registers.
+
+    ``order`` 1: the two MMA warpgroups take turns issuing each K block's wgmma (an mbarrier pair), so one
+    promotes while the other's MMA runs; 0: free issue; 2: turns at MMA completion (1 measured fastest:
+    benchmarks/results/gluon/README.md).
+    """
+
+    block_n: int = 128
+    stages: int = 6
+    group_m: int = 8
+    order: int = 1
+    loader_regs: int = 40
+    mma_regs: int = 232
+
+
+def max_stages(block_n: int, out_bytes: int) -> int:
+    """The deepest A/B ring that fits beside the two [64, block_n] output staging tiles."""
+    stage = (BLOCK_M + block_n) * BLOCK_K + 4 * (BLOCK_M + block_n)  # FP8 tiles and their fp32 scales
+    return (SMEM_BYTES - BARRIER_BYTES - 2 * 64 * block_n * out_bytes) // stage
+
+
+def fit_stages(cfg: GluonDenseConfig, out_bytes: int) -> GluonDenseConfig:
+    """``cfg`` with its ring no deeper than shared memory allows for an output of ``out_bytes`` an element."""
+    return cfg._replace(stages=min(cfg.stages, max_stages(cfg.block_n, out_bytes)))
+
+
+def dense_fp8_config(m: int, n: int, k: int, num_sms: int, out_bytes: int = 2) -> GluonDenseConfig:
+    """The gluon dense FP8 config of an [M, K] x [N, K] problem on ``num_sms`` SMs, output ``out_bytes`` wide."""
+    return fit_stages(GluonDenseConfig(), out_bytes)
+
+
+def prefers_dense_fp8(m: int, n: int, k: int, num_sms: int) -> bool:
+    """True when the gluon kernel is the automatic choice for an [M, K] x [N, K] FP8 GEMM on ``num_sms`` SMs.
+
+    From the dense FP8 rows measured beside the cutile kernels (benchmarks/results/gluon/): where its kernel is
+    faster (:func:`kernel_faster_dense_fp8`) and the call is large enough that its host
+    cost does not undo that in an eager call (:data:`DENSE_FP8_MIN_FLOPS`).
+    """
+    if 2.0 * m * n * k < DENSE_FP8_MIN_FLOPS:
+        return False
+    return kernel_faster_dense_fp8(m, n, k, num_sms)
+
+
+def kernel_faster_dense_fp8(m: int, n: int, k: int, num_sms: int) -> bool:
+    """True where the gluon dense FP8 kernel beats cutile's kernels kernel-only (CUDA-graph replay), whatever
+    the host cost of a call: enough work per SM that the persistent 128x128 tiles fill the machine, and at
+    decode sizes enough tiles that not splitting K costs nothing."""
+    tiles = -(-m // BLOCK_M) * -(-n // 128)
+    if m < DENSE_FP8_MIN_M or tiles * -(-k // BLOCK_K) < DENSE_FP8_MIN_STEPS_PER_SM * num_sms:
+        return False
+    return m > DENSE_FP8_DECODE_M or 2 * tiles >= num_sms

@@ -1,0 +1,248 @@
+"""Gluon dense FP8 GEMM, host side: ``fp8_fp4_gemm_{nt,nn,tn,tt}`` on Hopper.
+
+The checks hand every layout over in the logical ``nt`` form (a [M, K], b [N, K] views with their scales in
+the same orientation). FP8 wgmma reads K-major operands only, so a view that is not K-major is copied to
+K-major here, as the cutile backend does. The kernel is :func:`fp8_gemm_kernel.fp8_gemm_kernel`; its config
+comes from :func:`tilegemm.heuristics.gluon.dense_fp8_config`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+from triton import knobs
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from tilegemm import config
+from tilegemm.backend.registry import Unsupported, register_impl, register_replay
+from tilegemm.heuristics.gluon import BLOCK_K, BLOCK_M, GluonDenseConfig, dense_fp8_config, fit_stages
+from tilegemm.heuristics.report import print_once
+from tilegemm.ops import operands
+from tilegemm.ops.gluon import fp8_gemm_kernel
+
+_GL_DTYPE = {torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}
+
+
+SCALE_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+"""Shared layout of the scale boxes: unswizzled rows (a [1, width] box per stage)."""
+
+
+@functools.cache
+def _default_layout(block: tuple[int, ...], dtype: torch.dtype) -> gl.NVMMASharedLayout:
+    return gl.NVMMASharedLayout.get_default_for(list(block), _GL_DTYPE[dtype])
+
+
+def operand_layout(block: list[int], dtype: torch.dtype) -> gl.NVMMASharedLayout:
+    """The shared layout a [rows, cols] tile of ``dtype`` takes: the widest swizzle the box allows."""
+    return _default_layout(tuple(block), dtype)
+
+
+class _Bound(NamedTuple):
+    """What triton's launcher reads of a tensor descriptor (``TensorDescriptor``'s fields), for launches of an
+    already compiled kernel: the block and layout are compiled in."""
+
+    base: torch.Tensor
+    shape: list[int]
+    strides: list[int]
+    padding: str = "zero"
+
+
+def _descriptor(x: torch.Tensor, block: list[int]) -> TensorDescriptor:
+    """A TMA descriptor over TMA-ready ``x`` whose box is ``block``."""
+    return TensorDescriptor(x, list(x.shape), _tma_strides(x), block, operand_layout(block, x.dtype))
+
+
+def _tma_strides(x: torch.Tensor) -> list[int]:
+    """``x``'s strides as a TMA descriptor takes them: the stride of a dimension of size 1 is never used, but
+    must still be a multiple of 16 bytes."""
+    strides = list(x.stride())
+    per = operands.ALIGN_BYTES // x.element_size()
+    for dim in range(x.dim() - 1):
+        if x.shape[dim] == 1:
+            strides[dim] = operands.cdiv(x.shape[dim + 1] * strides[dim + 1], per) * per
+    return strides
+
+
+def _scale_descriptor(s: torch.Tensor, box: int) -> TensorDescriptor:
+    """A TMA descriptor over TMA-ready 2-D fp32 scales ``s`` with a [1, box] box: one K block's (or one weight
+    block's) scales."""
+    return TensorDescriptor(s, list(s.shape), _tma_strides(s), [1, box], SCALE_LAYOUT)
+
+
+def _launch(compiled: Any, grid: tuple[int, int, int], values: tuple) -> None:
+    """Launch an already compiled ``fp8_gemm_kernel`` with every parameter's value, in order, on the current
+    stream: straight to triton's launcher, without the JIT's per-call specialization and cache lookup."""
+    stream = torch.cuda.current_stream().cuda_stream
+    hooks = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    meta = compiled.launch_metadata(grid, stream, *values)
+    compiled.run(*grid, stream, compiled.function, compiled.packed_metadata, meta, *hooks, *values)
+
+
+def block_shapes(cfg: GluonDenseConfig, sb_rows: bool) -> dict[str, list[int]]:
+    """The TMA box of each descriptor the kernel takes (A, B, their scales, D)."""
+    return {
+        "a": [BLOCK_M, BLOCK_K],
+        "b": [cfg.block_n, BLOCK_K],
+        "sa": [1, BLOCK_M],
+        "sb": [1, cfg.block_n if sb_rows else fp8_gemm_kernel.SB_BOX.value],
+        "d": [fp8_gemm_kernel.WG_ROWS, cfg.block_n],
+    }
+
+
+def constants(cfg: GluonDenseConfig, sb_rows: bool, has_c: bool) -> dict[str, Any]:
+    """The kernel's constexpr arguments for ``cfg``."""
+    return {
+        "GROUP_M": cfg.group_m,
+        "STAGES": cfg.stages,
+        "SB_ROWS": sb_rows,
+        "HAS_C": has_c,
+        "ORDER": cfg.order,
+        "LOADER_REGS": cfg.loader_regs,
+        "MMA_REGS": cfg.mma_regs,
+    }
+
+
+def unsupported_reason(m: int, n: int, k: int, d: torch.Tensor) -> str | None:
+    """Why the gluon FP8 kernel cannot run a call with these sizes and output, or ``None``."""
+    if m == 0 or n == 0 or k == 0:
+        return "an empty GEMM"
+    if d.dtype not in (torch.bfloat16, torch.float32):
+        return f"output dtype {d.dtype}"
+    if not operands.tma_ready(d):
+        return "the output is not TMA-aligned (row pitch a multiple of 16 bytes, 16-byte base)"
+    return None
+
+
+def fp8_gemm_nt(
+    a: tuple[torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor],
+    d: torch.Tensor,
+    c: torch.Tensor | None,
+    alpha: float,
+    beta: float,
+    recipe: tuple[int, int, int],
+    cfg: GluonDenseConfig | None = None,
+) -> torch.Tensor:
+    """``d = alpha * dequant(a) @ dequant(b).T (+ beta * c)`` on the gluon kernel, logical ``nt`` operands.
+
+    Args:
+        a: (fp8 [M, K], fp32 sa [M, ceil(K/128)]).
+        b: (fp8 [N, K], fp32 sb [ceil(N/128), ceil(K/128)] for ``recipe`` (1, 128, 128), or [N, ceil(K/128)]
+            for (1, 1, 128)).
+        d: bf16 or fp32 [M, N], TMA-aligned (see :func:`unsupported_reason`).
+        c: addend [M, N] read when not ``None`` and ``beta != 0``; may be ``d``.
+        cfg: the kernel config; ``None`` picks it with :func:`dense_fp8_config`.
+
+    Raises:
+        Unsupported: a case the kernel lacks (before anything is written).
+    """
+    fp8_plan(a, b, d, c if c is not None and beta != 0 else None, recipe, cfg)(a, b, d, c, alpha, beta)
+    return d
+
+
+Runner = Callable[..., None]
+_PLANS: dict[tuple, Runner] = {}
+
+
+def _meta(x: torch.Tensor) -> tuple:
+    return (x.dtype, x.shape, x.stride(), x.device, x.data_ptr() % operands.ALIGN_BYTES)
+
+
+def fp8_plan(a, b, d, c, recipe, cfg: GluonDenseConfig | None = None) -> Runner:
+    """The cached launch plan of a call (``c``: ``None`` when it is not read): ``run(a, b, d, c, alpha, beta)``.
+
+    Keyed by every operand's metadata (dtype, shape, strides, device, 16-byte alignment), the recipe, the config
+    and the SM count: what decides the copies, the descriptors' shapes and strides, the grid and triton's
+    specialization, so a repeated call only makes views and launches.
+    """
+    (a_data, sa), (b_data, sb) = a, b
+    tensors = (a_data, sa, b_data, sb, d) + (() if c is None else (c,))
+    key = (*map(_meta, tensors), c is None, tuple(recipe), cfg, config.get_num_sms())
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _build_plan(a_data, sa, b_data, sb, d, c, tuple(recipe), cfg)
+    return plan
+
+
+def _build_plan(a_data, sa, b_data, sb, d, c, recipe, cfg) -> Runner:
+    """Build the launch plan of a call (see :func:`fp8_plan`)."""
+    m, k = a_data.shape
+    n = b_data.shape[0]
+    reason = unsupported_reason(m, n, k, d)
+    if reason is not None:
+        raise Unsupported(reason)
+    sb_rows = recipe == (1, 1, 128)
+    out_bytes = d.element_size()
+    cfg = fit_stages(cfg, out_bytes) if cfg else dense_fp8_config(m, n, k, config.get_num_sms(), out_bytes)
+    has_c = c is not None
+    print_once("fp8_gemm_nt[gluon]", (m, n, k), cfg)
+    tiles = operands.cdiv(m, BLOCK_M) * operands.cdiv(n, cfg.block_n)
+    grid = (max(1, min(tiles, config.get_num_sms())), 1, 1)
+    consts = constants(cfg, sb_rows, has_c)
+    box = block_shapes(cfg, sb_rows)
+
+    def arrays(a, b, d, c) -> tuple[torch.Tensor, ...]:
+        """The tensors the kernel reads, in the layouts its descriptors take (copies only where needed)."""
+        sa_t = a[1].t()  # [KB, M]: one K block's row scales are contiguous
+        sb_t = b[1].t() if sb_rows else b[1]  # [KB, N] or [NB, KB]
+        c_arr = (c if c.stride(1) == 1 else c.contiguous()) if has_c else d
+        return (
+            operands.as_row_major(a[0]),
+            operands.as_row_major(b[0]),
+            operands.as_row_major(sa_t.to(torch.float32)),
+            operands.as_row_major(sb_t.to(torch.float32)),
+            d,
+            c_arr,
+        )
+
+    first = arrays((a_data, sa), (b_data, sb), d, c)
+    shapes = [(list(t.shape), _tma_strides(t)) for t in first[:5]]
+    c_stride = first[5].stride(0)
+    compiled = None
+
+    def run(a, b, d, c, alpha, beta) -> None:
+        nonlocal compiled
+        *tma, c_arr = arrays(a, b, d, c)
+        scalars = (c_arr, m, n, k, c_stride, float(alpha), float(beta))
+        if compiled is not None:
+            descs = [_Bound(t, shape, strides) for t, (shape, strides) in zip(tma, shapes)]
+            _launch(compiled, grid, (*descs, *scalars, *consts.values()))
+            return
+        descs = [
+            _descriptor(tma[0], box["a"]),
+            _descriptor(tma[1], box["b"]),
+            _scale_descriptor(tma[2], box["sa"][1]),
+            _scale_descriptor(tma[3], box["sb"][1]),
+            _descriptor(tma[4], box["d"]),
+        ]
+        args = dict(zip(fp8_gemm_kernel.fp8_gemm_kernel.arg_names, (*descs, *scalars)))
+        compiled = fp8_gemm_kernel.fp8_gemm_kernel[grid](num_warps=4, **args, **consts)
+
+    return run
+
+
+def _fp8_gemm(a, b, d, c, recipe, alpha, beta, stream) -> torch.Tensor:
+    """Gluon FP8 GEMM of any layout, in the logical ``nt`` form the checks derive."""
+    return fp8_gemm_nt(a, b, d, c, alpha, beta, recipe)
+
+
+def _fp8_replay(derived: dict[str, Any]) -> Callable[..., torch.Tensor]:
+    """The hot-lane replay of a call that ran here: its plan, without the checks, the chooser or the lookup."""
+    a, b, d, c, beta, recipe = (derived[key] for key in ("a", "b", "d", "c", "beta", "recipe"))
+    plan = fp8_plan(a, b, d, c if c is not None and beta != 0 else None, recipe)
+
+    def replay(a, b, d, c, alpha, beta) -> torch.Tensor:
+        plan(a, b, d, c, alpha, beta)
+        return d
+
+    return replay
+
+
+for _op in ("fp8_fp4_gemm_nt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt"):
+    register_impl(_op, "gluon")(_fp8_gemm)
+    register_replay(_op, "gluon")(_fp8_replay)
+del _op

@@ -1,0 +1,51 @@
+"""How an operand reaches a TMA-reading kernel: the one TMA contract and the copies that meet it (torch only).
+
+Both kernel backends read their tiles by TMA, which needs a unit last stride, every other stride a multiple
+of 16 bytes and a 16-byte aligned base.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tilegemm.ops.common import cdiv
+
+ALIGN_BYTES = 16
+
+
+def tma_ready(x: torch.Tensor) -> bool:
+    """True if ``x`` is what the JIT needs to see to read it with TMA.
+
+    Unit last stride, every other stride a multiple of 16 bytes, a 16-byte aligned base (the strides of
+    dimensions of size 1 are never used, so they do not count).
+    """
+    es = x.element_size()
+    for dim, (size, stride) in enumerate(zip(x.shape, x.stride())):
+        if size > 1 and (stride != 1 if dim == x.dim() - 1 else (stride * es) % ALIGN_BYTES != 0):
+            return False
+    return x.data_ptr() % ALIGN_BYTES == 0
+
+
+def aligned_copy(x: torch.Tensor) -> torch.Tensor:
+    """Row-major copy of 2-D ``x`` whose row pitch is padded to 16 bytes (same logical shape).
+
+    The padding columns are zero; kernels never read them (tile loads are bounded by the shape).
+    """
+    rows, cols = x.shape
+    per = ALIGN_BYTES // x.element_size()
+    pitch = max(per, cdiv(cols, per) * per)
+    buf = torch.empty((rows, pitch), dtype=x.dtype, device=x.device)
+    out = buf[:, :cols]
+    out.copy_(x)
+    return out
+
+
+def as_row_major(x: torch.Tensor, pad_rows: bool = True) -> torch.Tensor:
+    """``x`` itself when it is :func:`tma_ready`, else a row-major copy.
+
+    ``pad_rows`` (2-D ``x``): the copy's rows are padded to 16 bytes (:func:`aligned_copy`), so it is TMA
+    ready. Otherwise (any rank) the copy is ``x.contiguous()``, TMA ready when a row is a multiple of 16 bytes.
+    """
+    if tma_ready(x):
+        return x
+    return aligned_copy(x) if pad_rows else x.contiguous()
