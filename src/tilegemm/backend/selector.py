@@ -23,6 +23,7 @@ import inspect
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from types import FrameType, TracebackType
 
 from tilegemm.env import BACKEND, env_choice
@@ -74,19 +75,25 @@ def _find_tileiras() -> str | None:
     return None
 
 
-@functools.cache
-def cutile_unavailable_reason() -> str | None:
-    """Why the ``cutile`` backend cannot run here, or ``None`` when it can. Never raises."""
+def _gpu_reason(capability_reason: Callable[[tuple[int, int]], str | None]) -> str | None:
+    """Why the current CUDA device does not suit a backend: no GPU, a failed query, or ``capability_reason`` of
+    its compute capability; ``None`` when it suits. Never raises."""
     try:
         import torch
 
         if not torch.cuda.is_available():
             return "no CUDA GPU"
-        major, _ = torch.cuda.get_device_capability()
-        if major < 8:
-            return f"GPU compute capability {major}.x < 8.0"
+        return capability_reason(tuple(torch.cuda.get_device_capability()))
     except Exception as exc:  # pragma: no cover - broken driver
         return f"CUDA query failed: {exc}"
+
+
+@functools.cache
+def cutile_unavailable_reason() -> str | None:
+    """Why the ``cutile`` backend cannot run here, or ``None`` when it can. Never raises."""
+    reason = _gpu_reason(lambda cap: None if cap[0] >= 8 else f"GPU compute capability {cap[0]}.x < 8.0")
+    if reason is not None:
+        return reason
     try:
         import cuda.tile  # noqa: F401
     except Exception as exc:
@@ -115,16 +122,13 @@ def gluon_unavailable_reason() -> str | None:
     It needs a Hopper GPU (sm_90: its kernels are wgmma / TMA / warp-specialized) and a triton in
     :data:`TRITON_TESTED` whose Gluon Hopper module imports.
     """
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return "no CUDA GPU"
-        cap = torch.cuda.get_device_capability()
-        if cap != (9, 0):
-            return f"GPU compute capability {cap[0]}.{cap[1]} (the gluon kernels are for Hopper, 9.0)"
-    except Exception as exc:  # pragma: no cover - broken driver
-        return f"CUDA query failed: {exc}"
+    reason = _gpu_reason(
+        lambda cap: (
+            None if cap == (9, 0) else f"GPU compute capability {cap[0]}.{cap[1]} (the gluon kernels are for 9.0)"
+        )
+    )
+    if reason is not None:
+        return reason
     try:
         import triton
     except Exception as exc:

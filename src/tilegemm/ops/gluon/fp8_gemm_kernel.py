@@ -195,108 +195,6 @@ def _mma_warpgroup(
 
 
 @gluon.jit
-def _mma_warpgroup0(
-    a_ring,
-    b_ring,
-    sa_ring,
-    sb_ring,
-    ready,
-    empty,
-    turn,
-    d_desc,
-    out0,
-    out1,
-    c_ptr,
-    M,
-    N,
-    K,
-    c_stride,
-    alpha,
-    beta,
-    GROUP_M: gl.constexpr,
-    STAGES: gl.constexpr,
-    SB_ROWS: gl.constexpr,
-    HAS_C: gl.constexpr,
-    ORDER: gl.constexpr,
-):
-    _mma_warpgroup(
-        a_ring,
-        b_ring,
-        sa_ring,
-        sb_ring,
-        ready,
-        empty,
-        turn,
-        d_desc,
-        out0,
-        c_ptr,
-        M,
-        N,
-        K,
-        c_stride,
-        alpha,
-        beta,
-        0,
-        GROUP_M,
-        STAGES,
-        SB_ROWS,
-        HAS_C,
-        ORDER,
-    )
-
-
-@gluon.jit
-def _mma_warpgroup1(
-    a_ring,
-    b_ring,
-    sa_ring,
-    sb_ring,
-    ready,
-    empty,
-    turn,
-    d_desc,
-    out0,
-    out1,
-    c_ptr,
-    M,
-    N,
-    K,
-    c_stride,
-    alpha,
-    beta,
-    GROUP_M: gl.constexpr,
-    STAGES: gl.constexpr,
-    SB_ROWS: gl.constexpr,
-    HAS_C: gl.constexpr,
-    ORDER: gl.constexpr,
-):
-    _mma_warpgroup(
-        a_ring,
-        b_ring,
-        sa_ring,
-        sb_ring,
-        ready,
-        empty,
-        turn,
-        d_desc,
-        out1,
-        c_ptr,
-        M,
-        N,
-        K,
-        c_stride,
-        alpha,
-        beta,
-        1,
-        GROUP_M,
-        STAGES,
-        SB_ROWS,
-        HAS_C,
-        ORDER,
-    )
-
-
-@gluon.jit
 def fp8_gemm_kernel(
     a_desc,
     b_desc,
@@ -342,7 +240,7 @@ def fp8_gemm_kernel(
     gl.warp_specialize(
         [
             (
-                _mma_warpgroup0,
+                _mma_warpgroup,
                 (
                     a_ring,
                     b_ring,
@@ -353,7 +251,6 @@ def fp8_gemm_kernel(
                     turn,
                     d_desc,
                     out0,
-                    out1,
                     c_ptr,
                     M,
                     N,
@@ -361,6 +258,7 @@ def fp8_gemm_kernel(
                     c_stride,
                     alpha,
                     beta,
+                    0,
                     GROUP_M,
                     STAGES,
                     SB_ROWS,
@@ -369,7 +267,7 @@ def fp8_gemm_kernel(
                 ),
             ),
             (
-                _mma_warpgroup1,
+                _mma_warpgroup,
                 (
                     a_ring,
                     b_ring,
@@ -379,7 +277,6 @@ def fp8_gemm_kernel(
                     empty,
                     turn,
                     d_desc,
-                    out0,
                     out1,
                     c_ptr,
                     M,
@@ -388,6 +285,7 @@ def fp8_gemm_kernel(
                     c_stride,
                     alpha,
                     beta,
+                    1,
                     GROUP_M,
                     STAGES,
                     SB_ROWS,
