@@ -15,7 +15,7 @@ pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
 
 from kernels.sass import dump_sass, opcode_counts, sass_summary  # noqa: E402
 from tilegemm.heuristics.gluon import SMEM_BYTES, GluonDenseConfig, dense_fp8_config  # noqa: E402
-from tilegemm.ops.gluon import aot  # noqa: E402
+from tilegemm.ops.gluon import aot, fp8_gemm_kernel  # noqa: E402
 
 VARIANTS = [  # (1x128 B scales, addend, output dtype)
     (False, False, torch.bfloat16),
@@ -37,6 +37,7 @@ def compiled():
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"rows{int(v[0])}-c{int(v[1])}-{str(v[2])[6:]}")
 def test_dense_fp8_sass(compiled, variant):
     cfg, kernel = compiled[variant]
+    assert kernel.name == fp8_gemm_kernel.fp8_gemm_kernel.__name__
     summary = sass_summary(kernel.asm["cubin"])
     ops = opcode_counts(dump_sass(kernel.asm["cubin"]))
     assert summary["qgmma"] == 2 * 4, "two MMA warpgroups, four m64n128k32 QGMMAs each per K block"

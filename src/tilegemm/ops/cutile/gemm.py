@@ -669,9 +669,10 @@ def _fp8_gemm_skip_head_mid(a, b, d, head_splits, recipe, stream):
     return write_head_splits(d, out, head_splits)
 
 
-for _layout in ("nt", "nn", "tn", "tt"):
-    register_impl(f"bf16_gemm_{_layout}", "cutile")(_bf16_gemm)
-    register_impl(f"fp8_fp4_gemm_{_layout}", "cutile")(_fp8_gemm)
-    register_replay(f"bf16_gemm_{_layout}", "cutile")(_bf16_replay)
-    register_replay(f"fp8_fp4_gemm_{_layout}", "cutile")(_fp8_replay)
-del _layout
+for _op in ("bf16_gemm_nt", "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt"):
+    register_impl(_op, "cutile")(_bf16_gemm)
+    register_replay(_op, "cutile")(_bf16_replay)
+for _op in ("fp8_fp4_gemm_nt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt"):
+    register_impl(_op, "cutile")(_fp8_gemm)
+    register_replay(_op, "cutile")(_fp8_replay)
+del _op

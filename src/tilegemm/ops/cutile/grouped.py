@@ -748,10 +748,10 @@ def _m_grouped_fp8(a, b, d, grouped_layout, use_psum_layout, alignment, stream):
     return _m_grouped(op, a, b, d, grouped_layout, kind, trans_b, True, 0, alignment)
 
 
-for _layout in ("nt", "nn"):
-    register_impl(f"m_grouped_bf16_gemm_{_layout}_contiguous", "cutile")(_m_grouped_bf16)
-    register_impl(f"m_grouped_fp8_fp4_gemm_{_layout}_contiguous", "cutile")(_m_grouped_fp8)
-del _layout
+register_impl("m_grouped_bf16_gemm_nt_contiguous", "cutile")(_m_grouped_bf16)
+register_impl("m_grouped_bf16_gemm_nn_contiguous", "cutile")(_m_grouped_bf16)
+register_impl("m_grouped_fp8_fp4_gemm_nt_contiguous", "cutile")(_m_grouped_fp8)
+register_impl("m_grouped_fp8_fp4_gemm_nn_contiguous", "cutile")(_m_grouped_fp8)
 
 
 @register_impl("m_grouped_bf16_gemm_nt_masked", "cutile")

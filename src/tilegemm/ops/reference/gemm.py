@@ -14,8 +14,6 @@ from tilegemm.backend.registry import register_impl
 from tilegemm.ops.common import write_head_splits
 from tilegemm.ops.reference._common import SCALE_K, dequant, epilogue, exact_matmul
 
-LAYOUTS = ("nt", "nn", "tn", "tt")
-
 
 def dense_bf16(a, b, d, c, alpha, beta, stream):
     """Reference BF16 GEMM (any layout, logical form): fp32 product of the inputs, one rounding into ``d``."""
@@ -34,11 +32,13 @@ def dense_fp8(a, b, d, c, recipe, alpha, beta, stream):
     return epilogue(d, fp8_product(a, b, recipe), c, alpha, beta)
 
 
-for _layout in LAYOUTS:
-    register_impl(f"bf16_gemm_{_layout}", "pytorch")(dense_bf16)
-    register_impl(f"cublaslt_gemm_{_layout}", "pytorch")(dense_bf16)
-    register_impl(f"fp8_fp4_gemm_{_layout}", "pytorch")(dense_fp8)
-del _layout
+for _op in ("bf16_gemm_nt", "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt"):
+    register_impl(_op, "pytorch")(dense_bf16)
+for _op in ("cublaslt_gemm_nt", "cublaslt_gemm_nn", "cublaslt_gemm_tn", "cublaslt_gemm_tt"):
+    register_impl(_op, "pytorch")(dense_bf16)
+for _op in ("fp8_fp4_gemm_nt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt"):
+    register_impl(_op, "pytorch")(dense_fp8)
+del _op
 
 
 @register_impl("fp8_gemm_nt_skip_head_mid", "pytorch")

@@ -137,10 +137,10 @@ def m_grouped_fp8(a, b, d, grouped_layout, use_psum_layout, alignment, stream):
     return m_grouped_contiguous(a32, load_b, b_data.shape[0], d, grouped_layout, use_psum_layout, alignment)
 
 
-for _layout in ("nt", "nn"):
-    register_impl(f"m_grouped_bf16_gemm_{_layout}_contiguous", "pytorch")(m_grouped_bf16)
-    register_impl(f"m_grouped_fp8_fp4_gemm_{_layout}_contiguous", "pytorch")(m_grouped_fp8)
-del _layout
+register_impl("m_grouped_bf16_gemm_nt_contiguous", "pytorch")(m_grouped_bf16)
+register_impl("m_grouped_bf16_gemm_nn_contiguous", "pytorch")(m_grouped_bf16)
+register_impl("m_grouped_fp8_fp4_gemm_nt_contiguous", "pytorch")(m_grouped_fp8)
+register_impl("m_grouped_fp8_fp4_gemm_nn_contiguous", "pytorch")(m_grouped_fp8)
 
 
 # ------------------------------------------------------------------------------------ masked
