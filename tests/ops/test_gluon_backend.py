@@ -4,6 +4,8 @@ tests/kernels/test_compile_gluon.py)."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -107,3 +109,28 @@ def test_ring_depth_fits_shared_memory(out_bytes, stages):
     cfg = gluon.dense_fp8_config(4096, 4096, 4096, 132, out_bytes)
     assert cfg.stages == stages
     assert gluon.max_stages(cfg.block_n, out_bytes) == stages
+
+
+class _CudaLike:
+    """Stands in for a CUDA tensor where only ``is_cuda`` is read."""
+
+    is_cuda = True
+
+
+def test_reference_on_gpu_warns_once(monkeypatch):
+    monkeypatch.setattr(selector, "cutile_unavailable_reason", lambda: "cuda.tile not importable (ImportError)")
+    monkeypatch.setattr(backends, "_warned_reference_on_gpu", False)
+    monkeypatch.setattr(backends, "_on_cuda", lambda value: isinstance(value, _CudaLike))
+    with pytest.warns(backends.ReferenceOnGpuWarning, match=r"cuda\.tile not importable.*tilegemm\[cutile\]"):
+        assert backends.choose_backend("bf16_gemm_nt", {"a": _CudaLike()}) == "pytorch"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert backends.choose_backend("bf16_gemm_nt", {"a": _CudaLike()}) == "pytorch"  # once per process
+
+
+def test_reference_on_cpu_does_not_warn(monkeypatch):
+    monkeypatch.setattr(selector, "cutile_unavailable_reason", lambda: "no CUDA GPU")
+    monkeypatch.setattr(backends, "_warned_reference_on_gpu", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert backends.choose_backend("bf16_gemm_nt", {"a": torch.ones(2)}) == "pytorch"

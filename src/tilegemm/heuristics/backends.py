@@ -7,6 +7,7 @@ A backend chosen here still falls back to ``pytorch`` with a warning if it raise
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -40,8 +41,46 @@ _RULES: dict[str, Callable[[dict[str, Any]], str | None]] = {
 }
 
 
+class ReferenceOnGpuWarning(UserWarning):
+    """Issued once per process when the automatic choice runs a call on CUDA tensors with the reference backend."""
+
+
+_warned_reference_on_gpu = False
+
+
+def _on_cuda(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.is_cuda
+    return isinstance(value, (tuple, list)) and any(_on_cuda(v) for v in value)
+
+
+def _warn_reference_on_gpu(op: str, arguments: dict[str, Any]) -> None:
+    """Say once, naming the reason and the fix, that CUDA tensors are about to run on the exact fp32 reference."""
+    global _warned_reference_on_gpu
+    if _warned_reference_on_gpu or not any(_on_cuda(v) for v in arguments.values()):
+        return
+    _warned_reference_on_gpu = True
+    warnings.warn(
+        f"tilegemm.{op}: CUDA tensors run on the pytorch reference backend (exact, slow) because cutile is "
+        f"unavailable: {selector.cutile_unavailable_reason()}. Install the kernels with "
+        '`pip install "tilegemm[cutile]"` (cuda-tile[tileiras]), or choose a backend with '
+        "tilegemm.set_backend(...) to silence this.",
+        ReferenceOnGpuWarning,
+        stacklevel=5,
+    )
+
+
 def choose_backend(op: str, arguments: dict[str, Any]) -> str:
-    """The backend that runs op ``op`` on ``arguments`` (what its check derived) under the automatic choice."""
+    """The backend that runs op ``op`` on ``arguments`` (what its check derived) under the automatic choice.
+
+    When that is the ``pytorch`` reference for a call on CUDA tensors (no GPU backend can run here), a
+    :class:`ReferenceOnGpuWarning` says so once per process, with the reason and the fix.
+    """
     rule = _RULES.get(op)
     picked = rule(arguments) if rule is not None else None
-    return picked if picked is not None else selector.default_backend()
+    if picked is not None:
+        return picked
+    default = selector.default_backend()
+    if default == "pytorch":
+        _warn_reference_on_gpu(op, arguments)
+    return default
