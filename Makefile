@@ -42,13 +42,13 @@ test-gpu-sanitize:
 	$(SANITIZE_ENV) $(SANITIZER) --tool memcheck --error-exitcode 3 --print-limit 20 $(PY) tests/sanitize/cases.py
 	$(SANITIZE_ENV) $(SANITIZER) --tool initcheck --error-exitcode 3 --print-limit 20 $(PY) tests/sanitize/initcheck_probe.py prefilled
 
-# The benchmark harness (tilegemm-bench), --full set under a time budget, into tests/benchmark/results/.
+# The benchmark harness (tilegemm-bench), --full set under a time budget, into benchmarks/results/.
 # BENCH_ARGS adds options (e.g. `--family dense --deepgemm off`); BENCH_NAME names the files.
 BENCH_NAME ?= h100
 BENCH_ARGS ?=
 bench:
 	PYTHONPATH=src:$$PYTHONPATH $(PY) -m tilegemm.bench --full --time-budget 540 $(BENCH_ARGS) \
-		--save tests/benchmark/results/$(BENCH_NAME).json --markdown tests/benchmark/results/$(BENCH_NAME).md
+		--save benchmarks/results/$(BENCH_NAME).json --markdown benchmarks/results/$(BENCH_NAME).md
 
 lint: $(STAMP)
 	$(VPY) -m ruff check .

@@ -1,4 +1,4 @@
-"""Benchmark result rows of ``infer.py --compare`` comparisons, in the layout of tests/benchmark/results.
+"""Benchmark result rows of ``infer.py --compare`` comparisons, in the layout of benchmarks/results.
 
 Each comparison row of ``infer.run_one`` becomes a ``moe_prefill`` and a ``moe_decode`` row (and an
 accuracy row) with the shared keys ``op, dtype, layout, shape, backend, tflops, peer, peer_tflops, ratio,

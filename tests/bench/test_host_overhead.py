@@ -1,4 +1,4 @@
-"""tests/benchmark/host_overhead.py --stub: the host-path table runs on the CPU and leaves nothing patched."""
+"""benchmarks/host_overhead.py --stub: the host-path table runs on the CPU and leaves nothing patched."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pathlib
 
 import pytest
 
-SCRIPT = pathlib.Path(__file__).parents[1] / "benchmark" / "host_overhead.py"
+SCRIPT = pathlib.Path(__file__).parents[2] / "benchmarks" / "host_overhead.py"
 
 
 def _load():

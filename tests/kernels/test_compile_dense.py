@@ -337,7 +337,7 @@ def test_narrow_k_walk_has_no_division_sm90(dtype, cfg):
     """No loop of a narrow-tile kernel (the TMA producer's, the MMA warps') divides by a runtime value: its K walk
     wraps with a compare and a select (``decode._wrap``). A ``%`` there cost an integer division per K block in
     both loops (``I2F.RP``, ``MUFU.RCP`` and ~30 integer instructions); H100: FP8 up to 1.13x faster without it
-    (``tests/benchmark/results/decode/README.md``, "K-block wrap")."""
+    (``benchmarks/results/decode/README.md``, "K-block wrap")."""
     from kernels.sass import dump_sass, loop_bodies
 
     sass = dump_sass(aot.compile_cubin(decode.get_narrow_kernel(dtype, cfg), _narrow_params(dtype, cfg), "sm_90"))

@@ -446,7 +446,7 @@ def test_decode_fp8_default_plans(shape, kind):
     """The public default on the FP8 plans with a load latency hint (unsplit 64-row tiles, K >= 2048) and with a
     long-K split of 16-row tiles: float64 agreement and bitwise reruns (``compute-sanitizer memcheck`` reads these
     split plans wrong but reports no error; natively, under racecheck and synccheck they are right:
-    tests/benchmark/results/sanitize/README.md)."""
+    benchmarks/results/sanitize/README.md)."""
     from tilegemm.ops.cutile import heuristics, launch
 
     m, n, k = shape

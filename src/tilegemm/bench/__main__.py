@@ -9,7 +9,7 @@ Run (needs a CUDA GPU)::
 Read a saved run (no GPU needed)::
 
     tilegemm-bench --from run.json --markdown run.md --plot plots/ [--compare base.json]
-    tilegemm-bench render --from tests/benchmark/results/h100.json --readme README.md
+    tilegemm-bench render --from benchmarks/results/h100.json --readme README.md
 
 Exit codes: 0 ok; 1 a regression beyond ``--fail-on-regression``; 2 no GPU (or bad input).
 """

@@ -26,12 +26,12 @@ Running benchmarks needs a CUDA GPU (compute capability >= 8.0) with torch's CUD
 cuda-tile[tileiras] installed. On such a machine:
 
     tilegemm-bench --quick --save results.json        # or: python -m tilegemm.bench --quick
-    make bench PY=python3                              # the --full set, into tests/benchmark/results/
+    make bench PY=python3                              # the --full set, into benchmarks/results/
 
 Without a GPU, saved results can still be read back:
 
     tilegemm-bench --from results.json --markdown results.md --plot plots/ [--compare base.json]
-    tilegemm-bench render --from tests/benchmark/results/h100.json --readme README.md
+    tilegemm-bench render --from benchmarks/results/h100.json --readme README.md
 """
 
 

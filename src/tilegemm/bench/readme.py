@@ -1,6 +1,6 @@
 """The README's results section, generated from a committed results JSON (and its plots).
 
-``tilegemm-bench render --from tests/benchmark/results/h100.json --readme README.md`` replaces what
+``tilegemm-bench render --from benchmarks/results/h100.json --readme README.md`` replaces what
 lies between :data:`BEGIN` and :data:`END` in the README (the markers stay; nothing else changes):
 a line on the machine and run, the geomean speedups of tilegemm over each peer per family and
 dtype, and the family plots that exist next to the JSON (``plots/<family>.png``).

@@ -209,7 +209,7 @@ def _decode_fp8_body(
 # Lean entry points: a call without ``c`` and without split-K launches one of these, which pass the plain
 # kernels D for C, W and CNT (never read there: HAS_C and SPLITK are off). Three array parameters fewer:
 # ``ct.launch`` converts each array argument through DLPack, about 1 us of host time apiece on an H100
-# machine (tests/benchmark/results/host/README.md), a tenth of a small call's host time.
+# machine (benchmarks/results/host/README.md), a tenth of a small call's host time.
 
 
 def _decode_bf16_lean(

@@ -203,7 +203,7 @@ class SplitPlan:
         return self.tiles * self.splits
 
 
-# Measured on an H100 (docs/kernels.md, tests/benchmark/results/dense_h100.*).
+# Measured on an H100 (docs/kernels.md, benchmarks/results/dense_h100.*).
 BF16_CONFIGS: tuple[DenseConfig, ...] = (DenseConfig(128, 128, 64, dtype="bf16"),)
 
 #: FP8, M > SMALL_M, K > 4096: 64x128 tiles, two CTAs per SM (their MMA and promotion phases
@@ -612,7 +612,7 @@ def narrow_config(p: Problem) -> NarrowConfig | None:
     """The narrow-tile config of dense problem ``p``, or ``None`` where the swap-AB / tile kernels take it.
 
     H100, 2026-11-24, kernel-only, FP8 block-scaled NT, sweeps with L2-resident activations
-    (``tests/benchmark/results/decode/narrow_h100.json``): at 64-256 rows the narrow tiles beat the swap-AB kernel,
+    (``benchmarks/results/decode/narrow_h100.json``): at 64-256 rows the narrow tiles beat the swap-AB kernel,
     e.g. 64x7168x16384 67.4 -> 61.3 us, 256x7168x16384 104 -> 80, 64x4096x7168 23.6 -> 18.1, 64x1536x2048 8.2 ->
     5.8; below 32 rows the swap-AB kernel stays ahead (16x4096x7168: 17.2 vs 20.3). The harness (cold activations)
     over the issue's 48 shapes at 64-256 rows: FP8 1.09x, BF16 1.05x the swap-AB kernel's speed (geomean), three
@@ -882,7 +882,7 @@ def moe_fp8_config(slots: int, hidden: int, experts: int) -> MoEBlocksConfig | M
 
 # ------------------------------------------------------------------------------- MQA logits
 # (used by ops/cutile/mqa.py,
-#  tests/kernels/test_compile_mqa.py and tests/benchmark/bench_mqa.py. Static: derived from the
+#  tests/kernels/test_compile_mqa.py and benchmarks/bench_mqa.py. Static: derived from the
 #  shape, no tuning sweep; the measurements behind it are in docs/kernels.md.)
 
 

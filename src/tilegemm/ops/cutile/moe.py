@@ -13,7 +13,7 @@ per (token, slot), the row holding its result (``dest`` [T, k], -1 for a dropped
 1. **gate/up** (``_gate_up``): ``h[r] = act(x[tok(r)] @ Wg_e.T) * (x[tok(r)] @ Wu_e.T)`` for every row r of
    a block of expert e. The rows are gathered once into the aligned layout (``xs = x.index_select(0, tokens)``)
    and loaded by TMA: at prefill sizes that beat gathering them inside the kernel (``ct.gather``, which also
-   capped the tile at two 128x64 accumulators) by up to 2.3x (``tests/benchmark/results/moe/paths_h100.md``).
+   capped the tile at two 128x64 accumulators) by up to 2.3x (``benchmarks/results/moe/paths_h100.md``).
    One fp32 accumulator ``[BM, 2 * BN]`` over a ``[2 * BN, BK]`` weight tile: the gate rows ``[n, n + BN)`` of
    ``w13[e]`` and the up rows ``[I + n, I + n + BN)``, loaded by one TMA from the ``[E, 2, I, H]`` view of ``w13``
    (:func:`gate_up_view`; each half is zero-filled past ``I``, so I need not be a multiple of BN). Each warpgroup

@@ -19,11 +19,11 @@ path's output and gradients are compared with autograd on the float64 formula (`
 transformers', and a rerun of each tilegemm path must be bitwise identical. Prints one markdown table and writes
 ``--out`` JSON.
 
-    PYTHONPATH=src python3 tests/benchmark/moe_train.py [--models qwen3-30b-a3b] [--tokens 2048,8192,16384]
+    PYTHONPATH=src python3 benchmarks/moe_train.py [--models qwen3-30b-a3b] [--tokens 2048,8192,16384]
         [--out F.json] [--plot F.png]
-    python3 tests/benchmark/moe_train.py --from F.json [--plot F.png]     # the table (and plot) of a saved run
+    python3 benchmarks/moe_train.py --from F.json [--plot F.png]     # the table (and plot) of a saved run
 
-Results: ``tests/benchmark/results/moe/train_h100.json`` and ``results/moe/README.md`` ("Training").
+Results: ``benchmarks/results/moe/train_h100.json`` and ``results/moe/README.md`` ("Training").
 """
 
 from __future__ import annotations

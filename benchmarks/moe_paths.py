@@ -6,7 +6,7 @@ For each model's full-size experts (one layer's weights; ``tilegemm.bench.moe.MO
 kernel-only (median of 5 replays of a CUDA graph of 5 calls), in us. Checks each output against the float64
 formula (``calc_diff``) and each tilegemm output against a rerun (bitwise). Prints one markdown table.
 
-    PYTHONPATH=src python3 tests/benchmark/moe_paths.py [--paths slots,blocks,sorted] [--budget-s 170]
+    PYTHONPATH=src python3 benchmarks/moe_paths.py [--paths slots,blocks,sorted] [--budget-s 170]
 
 The path ``unfused`` is tilegemm's unfused transformers experts forward (routing, two m-grouped GEMMs, the
 activation and the combine as separate steps) on the stock module. A path ``blocks:w<BW>k<BK>[t<BT>]`` runs the
@@ -15,7 +15,7 @@ block kernels with other tiles than the default (``BW`` weight rows, ``BK`` of K
 tiles of those column widths, K steps (default 64) and worker warps (default 8; ``w0``: the compiler's choice):
 design sweeps, labelled as such in the table.
 
-Results: ``tests/benchmark/results/moe/paths_h100.md``. The path the heuristics take is
+Results: ``benchmarks/results/moe/paths_h100.md``. The path the heuristics take is
 ``tilegemm.ops.common.moe_decode_sized`` / ``moe_blocks_sized``.
 """
 

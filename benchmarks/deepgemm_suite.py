@@ -9,7 +9,7 @@ Each test function then runs in a fresh process (seeded as the test file's ``__m
 with ``DG_USE_NVIDIA_TOOLS=1``, which makes DeepGEMM's kineto timer a no-op: what runs is the
 correctness part of every test. Needs a CUDA GPU and a DeepGEMM source tree (no build)::
 
-    python tests/benchmark/deepgemm_suite.py --deepgemm-src DIR --out OUT_DIR [--timeout 300]
+    python benchmarks/deepgemm_suite.py --deepgemm-src DIR --out OUT_DIR [--timeout 300]
 
 Writes ``OUT_DIR/deepgemm_suite.json`` and ``.md`` (one row per test function: passed, failed with
 the last lines of its output, or timed out) and each function's log.

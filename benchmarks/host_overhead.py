@@ -15,8 +15,8 @@ Two measurements, one table each:
   arguments the call passed it). A second table times ``cuda.tile.launch`` alone on trivial kernels with
   1 array, 5 arrays, and a dense GEMM's parameter list, and ``launch.current_stream()``.
 
-    PYTHONPATH=src python3 tests/benchmark/host_overhead.py --stub
-    PYTHONPATH=src python3 tests/benchmark/host_overhead.py --out $OUT/host.json
+    PYTHONPATH=src python3 benchmarks/host_overhead.py --stub
+    PYTHONPATH=src python3 benchmarks/host_overhead.py --out $OUT/host.json
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 Run (from the repository root, no network needed)::
 
-    PYTHONPATH=src python3 tests/benchmark/decode_variants.py [--quick] [--budget-s 270]
-    PYTHONPATH=src python3 tests/benchmark/decode_variants.py --variants w64k256,w64k256/bm64,w64k256/bm64/s2,tile
-    PYTHONPATH=src python3 tests/benchmark/decode_variants.py --ms 64,128,256 --variants w64k256/bm64,tile
-    PYTHONPATH=src python3 tests/benchmark/decode_variants.py --nk 2048x768,1536x2048 --variants w64k256/s4,w64k128
+    PYTHONPATH=src python3 benchmarks/decode_variants.py [--quick] [--budget-s 270]
+    PYTHONPATH=src python3 benchmarks/decode_variants.py --variants w64k256,w64k256/bm64,w64k256/bm64/s2,tile
+    PYTHONPATH=src python3 benchmarks/decode_variants.py --ms 64,128,256 --variants w64k256/bm64,tile
+    PYTHONPATH=src python3 benchmarks/decode_variants.py --nk 2048x768,1536x2048 --variants w64k256/s4,w64k128
 
 For M in {1, 4, 16, 64, 128, 256} x (N, K) in {(7168, 2048), (4096, 7168), (2112, 7168),
 (24576, 1536)}, BF16 and FP8 (1x128 activation / 128x128 weight scales), NT, bf16 output:

@@ -1,9 +1,9 @@
 """Dense GEMMs that the tile kernel splits along K: kernel-only times of this tree's tilegemm next to torch.matmul.
 
-Usage (GPU; run it once per tree to compare two versions): ``python tests/benchmark/dense_splitk.py OUT.json``.
+Usage (GPU; run it once per tree to compare two versions): ``python benchmarks/dense_splitk.py OUT.json``.
 Each row: calc_diff against the float64 formula (FP8: of the dequantized operands), whether a rerun is
 bitwise identical, tilegemm's kernel-only microseconds (5 calls per CUDA graph) and, for BF16, torch.matmul's.
-Results: ``tests/benchmark/results/dense_splitk/``.
+Results: ``benchmarks/results/dense_splitk/``.
 """
 
 from __future__ import annotations
