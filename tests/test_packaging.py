@@ -1,0 +1,39 @@
+"""Packaging facts a user relies on: the licence the metadata declares ships, the package is typed, and the
+version has one source."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import tilegemm
+
+tomllib = pytest.importorskip("tomllib", reason="Python 3.11+ reads pyproject.toml with the standard library")
+
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_license_file_matches_the_metadata():
+    project = PYPROJECT["project"]
+    assert project["license"] == "MIT"
+    assert project["license-files"] == ["LICENSE"]
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License")
+
+
+def test_package_is_typed():
+    assert (Path(tilegemm.__file__).parent / "py.typed").is_file()
+    assert "py.typed" in PYPROJECT["tool"]["setuptools"]["package-data"]["tilegemm"]
+
+
+def test_version_has_one_source():
+    assert "version" not in PYPROJECT["project"] and "version" in PYPROJECT["project"]["dynamic"]
+    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "tilegemm.__version__"}
+    assert tilegemm.__version__.count(".") == 2
+
+
+def test_bench_extra_holds_the_plotting_dependencies():
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert set(extras["bench"]) == {"matplotlib", "tqdm"}
+    assert "tilegemm[bench]" in extras["dev"]
