@@ -237,6 +237,8 @@ def fp8_gemm_kernel(
     if ORDER != 0:
         mbarrier.arrive(turn.index(0))  # warpgroup 0's MMA goes first
     fence_async_shared()
+    # Each partition's arguments are spelled out: a tuple built by concatenation inside the kernel turns its
+    # constexprs (WG, GROUP_M, ...) into runtime values, which the partitions' static branches need.
     gl.warp_specialize(
         [
             (
