@@ -13,12 +13,12 @@ BARRIER_BYTES = 1024  # the ring's mbarriers, with room to spare
 # The automatic choice of the dense FP8 kernel, one reason a line (the rows: benchmarks/results/gluon/README.md).
 #: Its tile is 128 rows: below 256, cutile's decode kernels (swap-AB, split-K) serve.
 DENSE_FP8_MIN_M = 256
-#: Up to these rows cutile splits K: gluon needs half the SMs' worth of tiles to win (34 / 64 tiles lost).
-DENSE_FP8_DECODE_M = 256
 #: Fewer tile-steps (tiles x K blocks) per SM and cutile's split-K plans fill the machine better (384 on 132 lost).
 DENSE_FP8_MIN_STEPS_PER_SM = 4
-#: An eager call must be large enough to pay gluon's host cost: from here it won eager too, below not always.
-DENSE_FP8_MIN_FLOPS = 1.6e11
+#: Fewer output tiles than half the SMs leave most SMs idle (no split-K): 34-64 tiles on 132 lost (0.59-0.91x).
+DENSE_FP8_MIN_TILES_PER_SM = 0.5
+#: An eager call must be large enough to pay gluon's host cost: from here every measured row won eager too.
+DENSE_FP8_MIN_FLOPS = 2e10
 
 
 class GluonDenseConfig(NamedTuple):
@@ -67,9 +67,9 @@ def prefers_dense_fp8(m: int, n: int, k: int, num_sms: int) -> bool:
 
 def kernel_faster_dense_fp8(m: int, n: int, k: int, num_sms: int) -> bool:
     """True where the gluon dense FP8 kernel beats cutile's kernels kernel-only (CUDA-graph replay), whatever
-    the host cost of a call: enough work per SM that the persistent 128x128 tiles fill the machine, and at
-    decode sizes enough tiles that not splitting K costs nothing."""
+    the host cost of a call: 128-row tiles, enough of them to occupy half the SMs (it does not split K), and
+    enough tile-steps per SM that the persistent schedule fills the machine."""
     tiles = -(-m // BLOCK_M) * -(-n // 128)
-    if m < DENSE_FP8_MIN_M or tiles * -(-k // BLOCK_K) < DENSE_FP8_MIN_STEPS_PER_SM * num_sms:
+    if m < DENSE_FP8_MIN_M or tiles < DENSE_FP8_MIN_TILES_PER_SM * num_sms:
         return False
-    return m > DENSE_FP8_DECODE_M or 2 * tiles >= num_sms
+    return tiles * -(-k // BLOCK_K) >= DENSE_FP8_MIN_STEPS_PER_SM * num_sms
