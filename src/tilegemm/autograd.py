@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import torch
 
+from tilegemm.backend import registry
 from tilegemm.backend.selector import get_current_backend
 from tilegemm.ops import api
 from tilegemm.ops.checks import (
@@ -139,8 +140,10 @@ def _(x: Tensor, weight: Tensor) -> Tensor:
 def moe_experts_train(
     hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w13: Tensor, w2: Tensor, activation: str
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """``moe_experts_forward``: the output, then the fields of its ``MoETrainState``."""
-    out, state = api.moe_experts_forward(hidden, topk_ids, topk_weights, w13, w2, activation)
+    """``moe_experts_forward`` on arguments :func:`moe_experts` has checked: the output, then the fields of its
+    ``MoETrainState``."""
+    arguments = dict(hidden=hidden, topk_ids=topk_ids, topk_weights=topk_weights, w13=w13, w2=w2)
+    out, state = registry.call_checked("moe_experts_forward", dict(arguments, activation=activation, stream=None))
     return (out, *state)
 
 
@@ -386,7 +389,7 @@ def moe_experts(
     Raises:
         TypeError, ValueError: as :func:`tilegemm.moe_experts`.
     """
-    moe_experts_check(hidden, topk_ids, topk_weights, w13, w2, activation)
+    moe_experts_check(hidden, topk_ids, topk_weights, w13, w2, activation)  # once: moe_experts_train trusts it
     return moe_experts_train(hidden, topk_ids, topk_weights, w13, w2, activation)[0]
 
 

@@ -162,7 +162,7 @@ def _operands(m=8, n=16, k=256):
 
 
 def test_dense_signature_refuses_what_it_cannot_vouch_for():
-    sig = checks.dense_gemm_signature("nt", fp8=False)
+    sig = tilegemm.bf16_gemm_nt.hot_signature
     a, b, d = _operands()
     key, operands = sig(a, b, d, None, "nk", 1.0, 1.0, None)
     assert operands == (a, b, d, None, 1.0, 1.0)
@@ -195,7 +195,7 @@ def test_dense_signatures_give_the_checks_logical_form():
     for layout, (flip_a, flip_b) in checks.LAYOUTS.items():
         a, b, d = _operands()
         a, b = (a.t().contiguous() if flip_a else a), (b.t().contiguous() if flip_b else b)
-        _, operands = checks.dense_gemm_signature(layout, fp8=False)(a, b, d, None, "nk", 1.0, 1.0, None)
+        _, operands = getattr(tilegemm, f"bf16_gemm_{layout}").hot_signature(a, b, d, None, "nk", 1.0, 1.0, None)
         derived = checks.dense_gemm_check(layout, fp8=False)(a, b, d)
         for got, want in zip(operands[:2], (derived["a"], derived["b"])):
             assert got.shape == want.shape and got.stride() == want.stride() and got.data_ptr() == want.data_ptr()
@@ -204,7 +204,7 @@ def test_dense_signatures_give_the_checks_logical_form():
             a8 = tuple(x.t().contiguous() for x in tilegemm.per_token_cast_to_fp8(a.t().float()))
         if flip_b:
             b8 = tuple(x.t().contiguous() for x in tilegemm.per_block_cast_to_fp8(b.t().float()))
-        sig8 = checks.dense_gemm_signature(layout, fp8=True)
+        sig8 = getattr(tilegemm, f"fp8_gemm_{layout}").hot_signature
         _, operands = sig8(a8, b8, d, None, None, None, None, "nk", False, 1.0, 1.0, None)
         derived = checks.dense_gemm_check(layout, fp8=True)(a8, b8, d)
         for got, want in zip(operands[:2], (derived["a"], derived["b"])):
@@ -233,8 +233,8 @@ def recorded_launches(monkeypatch):
 
 def test_dense_calls_replay_with_the_new_tensors(recorded_launches, monkeypatch):
     checked = []
-    original = checks._same_device
-    monkeypatch.setattr(checks, "_same_device", lambda tensors: checked.append(1) or original(tensors))
+    original = checks.dense._same_device
+    monkeypatch.setattr(checks.dense, "_same_device", lambda tensors: checked.append(1) or original(tensors))
     for call, fp8 in ((tilegemm.bf16_gemm_nt, False), (tilegemm.fp8_gemm_nt, True)):
         recorded_launches.clear()
         checked.clear()
@@ -278,8 +278,8 @@ def _paged_operands(next_n=2, h=64, d=128, block_kv=64, seed=0):
 
 
 def test_paged_signature_refuses_what_it_cannot_vouch_for():
-    sig = checks.paged_mqa_logits_signature(fp4_form=False)
-    sig4 = checks.paged_mqa_logits_signature(fp4_form=True)
+    sig = tilegemm.fp8_paged_mqa_logits.hot_signature
+    sig4 = tilegemm.fp8_fp4_paged_mqa_logits.hot_signature
     q, cache, w, ctx, table, meta = _paged_operands()
     key, operands = sig(q, cache, w, ctx, table, meta, 320, False, None, None)
     assert all(x is y for x, y in zip(operands, (q, cache, w, ctx, table, meta)))
@@ -335,8 +335,8 @@ def test_paged_calls_replay_what_the_full_path_launched(recorded_launches, monke
 
     monkeypatch.setattr(mqa, "_check_arch", lambda t: 90)
     checked = []
-    original = checks._same_device
-    monkeypatch.setattr(checks, "_same_device", lambda tensors: checked.append(1) or original(tensors))
+    original = checks.mqa._same_device
+    monkeypatch.setattr(checks.mqa, "_same_device", lambda tensors: checked.append(1) or original(tensors))
     call = tilegemm.fp8_fp4_paged_mqa_logits if fp4_form else tilegemm.fp8_paged_mqa_logits
     calls = [_paged_operands(seed=seed) for seed in range(3)]  # same metadata, new tensors
     checked.clear()

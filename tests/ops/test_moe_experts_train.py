@@ -200,3 +200,18 @@ def test_custom_ops_pass_opcheck():
         _, state = api.moe_experts_forward(*args)
         grad_args = (grad, x, weights, w13, w2, *state, "silu", [True, False, True, True], "pytorch")
         torch.library.opcheck(tilegemm.autograd.moe_experts_grad, grad_args)
+
+
+def test_forward_checks_the_call_once(monkeypatch):
+    """``tilegemm.autograd.moe_experts`` checks its arguments once; the forward it runs trusts that check."""
+    from tilegemm.ops.checks import moe
+
+    args, _ = _inputs(5, 2, 4, 64, 32, False, torch.bfloat16, "cpu")
+    seen = []
+    original = moe._moe_tokens_check
+    monkeypatch.setattr(moe, "_moe_tokens_check", lambda *a: seen.append(1) or original(*a))
+    with tilegemm.use_backend("pytorch"):
+        out = tilegemm.autograd.moe_experts(*args)
+        assert len(seen) == 1
+        assert torch.equal(out, api.moe_experts_forward(*args)[0])  # the same forward, checked once more
+    assert len(seen) == 2

@@ -21,7 +21,9 @@ A call flows one way::
   a stderr handler if it has none.
 
 The hot lane. A stub may also give ``signature=fn``: ``fn(*values)`` (the call's arguments in the stub's
-parameter order) returns ``(key, operands)`` or ``None``. The key must hold everything the check and the
+parameter order) returns ``(key, operands)`` or ``None``; or an object with ``for_op(name, parameters)``
+that builds that function for the stub (the checks' :class:`~tilegemm.ops.checks.hot.HotLane`). The op's
+wrapper keeps the function as ``hot_signature``. The key must hold everything the check and the
 backend read from the call (tensor metadata, scalar values, settings), so that a key which passed them once
 passes them again. A backend may register, with ``@register_replay(name, backend)``, a factory that turns a
 call it has just run (what its check derived) into ``replay(*operands)``, the same work without
@@ -200,6 +202,12 @@ def call_backend(name: str, backend: str, arguments: dict[str, Any]) -> Any:
     return _run(name, backend, arguments)[0]
 
 
+def call_checked(name: str, arguments: dict[str, Any], backend: str | None = None) -> Any:
+    """Run op ``name`` with ``arguments`` its check has already derived (every parameter by name), on
+    ``backend`` or the backend a call would choose; for callers that ran the check themselves."""
+    return _run(name, _resolve(name, _choose(backend), arguments), arguments)[0]
+
+
 def _run(name: str, backend: str, arguments: dict[str, Any]) -> tuple[Any, str]:
     """:func:`call_backend`, and the backend that ran."""
     _load_backends()
@@ -319,7 +327,7 @@ def dispatch(
     name: str,
     *,
     check: Callable[..., Any] | None = None,
-    signature: Callable[..., tuple[tuple, tuple] | None] | None = None,
+    signature: Callable[..., tuple[tuple, tuple] | None] | Any | None = None,
 ) -> Callable[[F], F]:
     """Turn ``stub`` into public op ``name``: bind, check, route to a backend.
 
@@ -327,14 +335,17 @@ def dispatch(
     (``None``, ``"gluon"``, ``"cutile"`` or ``"pytorch"``). ``check`` receives every bound argument by
     keyword and raises ``TypeError``/``ValueError`` for bad input before any backend runs; when
     it returns a dict, the backend implementation is called with that dict instead.
-    ``signature`` opens the hot lane for the op (see the module docstring).
+    ``signature`` opens the hot lane for the op: a function or a ``for_op`` builder (see the module docstring).
     """
 
     def decorator(stub: F) -> F:
         stub_signature = inspect.signature(stub)
         _STUBS[name] = stub_signature
         bind = _fast_binder(name, stub_signature)
-        flat = _flattener(stub_signature) if signature is not None else None
+        hot_signature = signature
+        if hasattr(signature, "for_op"):  # a key built from per-argument kinds (tilegemm.ops.checks.hot)
+            hot_signature = signature.for_op(name, tuple(stub_signature.parameters))
+        flat = _flattener(stub_signature) if hot_signature is not None else None
 
         @functools.wraps(stub)
         def wrapper(*args: Any, backend: str | None = None, **kwargs: Any) -> Any:
@@ -345,7 +356,7 @@ def dispatch(
                 except ValueError:  # raised again, in its turn, by the full path
                     chosen = None
                 values = flat(args, kwargs) if _has_replay(name, chosen) else None
-                found = signature(*values) if values is not None else None
+                found = hot_signature(*values) if values is not None else None
                 if found is not None:
                     hot_key = (chosen, found[0])
                     replay = _HOT.get(hot_key)
@@ -379,6 +390,7 @@ def dispatch(
         ]
         wrapper.__signature__ = stub_signature.replace(parameters=params)  # type: ignore[attr-defined]
         wrapper.op_name = name  # type: ignore[attr-defined]
+        wrapper.hot_signature = hot_signature  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
 
     return decorator

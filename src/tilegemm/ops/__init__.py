@@ -1,1 +1,1 @@
-"""Public op stubs (api.py), shared input checks (checks.py) and the backends."""
+"""Public op stubs (api.py), shared input checks (checks/, one module per op family) and the backends."""

@@ -1,8 +1,8 @@
 """Every public op as a ``@dispatch`` stub: DeepGEMM 2.6's signature, defaults and documentation.
 
 The stubs hold no code: ``tilegemm.backend.registry.dispatch`` binds a call to the stub's
-signature, runs the op's check from ``ops/checks.py`` (which validates the call and returns its
-logical form: one layout per family, resolved recipe and alignment) and routes that to a backend
+signature, runs the op's check from ``ops/checks/`` (one module per op family; it validates the call and
+returns its logical form: one layout per family, resolved recipe and alignment) and routes that to a backend
 (``ops/reference`` for ``pytorch``, ``ops/cutile`` for ``cutile``). Every op also takes a
 keyword-only ``backend=`` that overrides the current backend for that call.
 

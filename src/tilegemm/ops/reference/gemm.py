@@ -1,6 +1,6 @@
 """Dense GEMMs of the ``pytorch`` backend: BF16, FP8, skip-head-mid FP8, and the TF32 pre-norm GEMM.
 
-Every layout reaches here in the logical ``nt`` form (``ops/checks.py`` collapses them): A [M, K],
+Every layout reaches here in the logical ``nt`` form (``ops/checks/`` collapses them): A [M, K],
 B [N, K], ``D = alpha * A @ B.T + beta * C`` computed in fp32 on the inputs' device and rounded
 once into ``d``. FP8 operands are dequantized with their fp32 scales first (1x128 LHS; 128x128 or
 1x128 RHS), which is the block-scaled formula of docs/design.md up to fp32 rounding.

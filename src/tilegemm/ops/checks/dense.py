@@ -1,0 +1,155 @@
+"""Checks of the dense GEMMs (``{bf16,fp8_fp4}_gemm_<layout>``, ``cublaslt_gemm_<layout>``,
+``fp8_gemm_nt_skip_head_mid``) and the dense ops' hot-lane keys."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from tilegemm import config
+from tilegemm.ops.checks import hot
+from tilegemm.ops.checks.base import (
+    BLOCK,
+    FP8,
+    LAYOUT_SHAPES,
+    LAYOUTS,
+    OUT_DTYPES,
+    _addend,
+    _bool,
+    _int_tuple,
+    _logical_shape,
+    _operand_devices,
+    _operands,
+    _output,
+    _pack,
+    _same_device,
+    _scalar,
+    _shape,
+    _stream,
+    _string,
+    _t,
+    resolve_recipe,
+)
+from tilegemm.ops.common import cdiv
+
+
+def dense_gemm_check(layout: str, fp8: bool) -> Callable[..., dict[str, Any]]:
+    """The check of ``{bf16,fp8_fp4}_gemm_<layout>``; returns the logical ``nt`` form.
+
+    Derived: ``a`` [M, K] (``(data, sa [M, K/128])`` for FP8), ``b`` [N, K] (``(data, sb)``, sb
+    ``[N/128, K/128]`` or ``[N, K/128]``), ``d``, ``c``, ``recipe`` (FP8, resolved), ``alpha``,
+    ``beta``, ``stream``.
+    """
+    flip_a, flip_b = LAYOUTS[layout]
+    a_shape, b_shape = LAYOUT_SHAPES[layout]
+
+    def check(
+        a,
+        b,
+        d,
+        c=None,
+        recipe=None,
+        recipe_a=None,
+        recipe_b=None,
+        compiled_dims="nk",
+        disable_ue8m0_cast=False,
+        *,
+        alpha=1.0,
+        beta=1.0,
+        stream=None,
+    ) -> dict[str, Any]:
+        a_data, sa, b_data, sb = _operands(fp8, a, b, 2, 2)
+        la, lb = _t(a_data, flip_a), _t(b_data, flip_b)
+        (m, k), (n, kb) = la.shape, lb.shape
+        if k != kb:
+            raise ValueError(
+                f"a and b disagree on K for layout {layout} (a {a_shape}, b {b_shape}): "
+                f"a has shape {list(a_data.shape)} (K={k}), b has shape {list(b_data.shape)} (K={kb})"
+            )
+        derived: dict[str, Any] = {}
+        if fp8:
+            sa, sb = _t(sa, flip_a), _t(sb, flip_b)
+            meaning = "1x128 LHS scales, in the data's orientation"
+            _logical_shape("a[1] (scales)", sa, [m, cdiv(k, BLOCK)], meaning, flip_a)
+            derived["recipe"] = resolve_recipe(sb, n, k, recipe, recipe_a, recipe_b, flip=flip_b)
+            _bool("disable_ue8m0_cast", disable_ue8m0_cast)
+        _string("compiled_dims", compiled_dims)
+        _output("d", d, OUT_DTYPES, [m, n], "[M, N]")
+        _addend(c, OUT_DTYPES, [m, n], "[M, N]")
+        alpha, beta = _scalar("alpha", alpha), _scalar("beta", beta)
+        _stream(stream)
+        _same_device(_operand_devices(a_data, sa, b_data, sb, d=d, c=c))
+        return dict(a=_pack(la, sa), b=_pack(lb, sb), d=d, c=c, **derived, alpha=alpha, beta=beta, stream=stream)
+
+    return check
+
+
+# The hot lane (see tilegemm.backend.registry): a signature holds everything a check and a launch plan read
+# from a call, so that a signature which passed once passes again. Only the canonical dtypes and 16-byte
+# aligned tensors take it (the fp16/fp32 operands that allow_float_operands admits depend on a thread-local
+# setting, not on the call). Written for speed: it runs on every call.
+
+
+def _num_sms() -> int:
+    """The ``set_num_sms`` setting (the plans read it)."""
+    return config._num_sms
+
+
+def dense_gemm_signature(layout: str, fp8: bool) -> hot.HotLane:
+    """The hot-lane key of ``{bf16,fp8_fp4}_gemm_<layout>``: the replay takes ``(a, b, d, c, alpha, beta)`` with
+    ``a``/``b`` in the logical ``nt`` form :func:`dense_gemm_check` derives.
+
+    The key holds the shape, strides, dtype and device of every tensor, ``alpha``, ``beta``, the recipe
+    arguments, ``compiled_dims`` and the ``set_num_sms`` setting. Calls with a ``stream``, non-float
+    ``alpha``/``beta``, an output that requires grad, a tensor not 16-byte aligned, or operands of other than
+    the canonical dtypes (the fp16/fp32 operands that ``allow_float_operands`` admits depend on a thread-local
+    setting, not on the call) take the full path.
+    """
+    flip_a, flip_b = LAYOUTS[layout]
+    operand = hot.pair(FP8, torch.float32) if fp8 else hot.tensor(torch.bfloat16)
+    flip = hot.transpose_pair if fp8 else hot.transpose
+    kinds = dict(
+        a=operand,
+        b=operand,
+        d=hot.output(*OUT_DTYPES),
+        c=hot.optional(hot.tensor(*OUT_DTYPES)),
+        recipe=hot.int_tuple,
+        recipe_a=hot.int_tuple,
+        recipe_b=hot.int_tuple,
+        compiled_dims=hot.exact(str),
+        disable_ue8m0_cast=hot.exact(bool),
+        alpha=hot.exact(float),
+        beta=hot.exact(float),
+        stream=hot.none,
+    )
+    operands = dict(a=flip if flip_a else None, b=flip if flip_b else None, d=None, c=None, alpha=None, beta=None)
+    return hot.HotLane(kinds, operands, setting=_num_sms)
+
+
+def skip_head_mid_check(
+    a, b, d, head_splits, recipe=None, compiled_dims="nk", disable_ue8m0_cast=False, *, stream=None
+) -> dict[str, Any]:
+    """The check of ``fp8_gemm_nt_skip_head_mid``: d [M, N + N / (left + right) * mid].
+
+    Derived: ``a``, ``b`` (``nt`` FP8 operands), ``d``, ``head_splits`` (a tuple), ``recipe``, ``stream``.
+    """
+    a_data, sa, b_data, sb = _operands(True, a, b, 2, 2)
+    (m, k), (n, kb) = a_data.shape, b_data.shape
+    if k != kb:
+        raise ValueError(f"a [M, K] has shape {list(a_data.shape)} but b [N, K] has {list(b_data.shape)}")
+    left, mid, right = _int_tuple("head_splits", head_splits, 3)
+    if min(left, mid, right) < 0 or left + right == 0 or n % (left + right):
+        raise ValueError(
+            f"head_splits: got {(left, mid, right)}, expected non-negative (left, mid, right) with N={n} "
+            "a multiple of left + right"
+        )
+    _shape("a[1] (scales)", sa, [m, cdiv(k, BLOCK)], "[M, ceil(K/128)]")
+    rec = resolve_recipe(sb, n, k, recipe)
+    _bool("disable_ue8m0_cast", disable_ue8m0_cast)
+    _string("compiled_dims", compiled_dims)
+    _output("d", d, OUT_DTYPES, [m, n + n // (left + right) * mid], "[M, N + N / (left + right) * mid]")
+    _stream(stream)
+    _same_device(_operand_devices(a_data, sa, b_data, sb, d=d))
+    return dict(a=(a_data, sa), b=(b_data, sb), d=d, head_splits=(left, mid, right), recipe=rec, stream=stream)

@@ -1,0 +1,304 @@
+"""Checks of the MQA logits ops (ragged and paged), the paged metadata, and the paged ops' hot-lane keys."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from tilegemm.ops.checks import hot
+from tilegemm.ops.checks.base import (
+    FP8,
+    INT32_MAX,
+    _bool,
+    _describe,
+    _dtype_arg,
+    _fp8_operand,
+    _int,
+    _same_device,
+    _shape,
+    _stream,
+    _tensor,
+    value_checks_enabled,
+)
+from tilegemm.ops.common import paged_mqa_schedule
+
+# ------------------------------------------------------------------------------ MQA logits
+
+LOGITS_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _q_operand(q: Any, ndim: int) -> torch.Tensor:
+    """``q`` as an FP8 tensor: DeepGEMM's ``(q, None)`` tuple or the tensor itself; FP4 ``(q, sf)`` is refused."""
+    if isinstance(q, (tuple, list)):
+        if len(q) != 2 or not (q[1] is None or isinstance(q[1], torch.Tensor)):
+            raise TypeError(f"q: got {_describe(q)}, expected an fp8 tensor or a (fp8 tensor, None) tuple")
+        if q[1] is not None:
+            raise NotImplementedError("q: FP4 queries with scale factors are DeepGEMM's SM100 path; pass (q, None)")
+        q = q[0]
+    if isinstance(q, torch.Tensor) and q.dtype in (torch.int8, torch.uint8):
+        raise NotImplementedError(f"q: FP4 queries (packed e2m1 in {q.dtype}) are DeepGEMM's SM100 path")
+    return _tensor("q", q, (FP8,), ndim)
+
+
+def _weights(weights: Any, shape: Sequence[int], meaning: str, logits_dtype: torch.dtype) -> None:
+    _tensor("weights", weights, (torch.float32, torch.bfloat16), 2)
+    _shape("weights", weights, shape, meaning)
+    if weights.dtype == torch.bfloat16 and logits_dtype != torch.bfloat16:
+        raise TypeError("weights: bf16 weights need logits_dtype=torch.bfloat16 (DeepGEMM's rule)")
+
+
+def mqa_logits_check(
+    q,
+    kv,
+    weights,
+    cu_seq_len_k_start,
+    cu_seq_len_k_end,
+    clean_logits=True,
+    max_seqlen_k=0,
+    logits_dtype=torch.float32,
+    *,
+    stream=None,
+) -> dict[str, Any]:
+    """The check of ``fp8_fp4_mqa_logits`` / ``fp8_mqa_logits``.
+
+    Derived: ``q`` (the fp8 tensor), ``kv``, ``weights``, ``cu_seq_len_k_start``, ``cu_seq_len_k_end``,
+    ``clean_logits``, ``max_seqlen_k``, ``logits_dtype``, ``stream``.
+    """
+    q = _q_operand(q, 3)
+    kv_data, kv_scale = _fp8_operand("kv", kv, 2)
+    s, h, dim = q.shape
+    s_kv = kv_data.shape[0]
+    _shape("kv[0] (data)", kv_data, [s_kv, dim], f"[S_kv, D={dim}]")
+    _tensor("kv[1] (scales)", kv_scale, (torch.float32,), 1)
+    _shape("kv[1] (scales)", kv_scale, [s_kv], "[S_kv], one per key")
+    _dtype_arg("logits_dtype", logits_dtype, LOGITS_DTYPES)
+    _weights(weights, [s, h], "[S, H]", logits_dtype)
+    for name, x in (("cu_seq_len_k_start", cu_seq_len_k_start), ("cu_seq_len_k_end", cu_seq_len_k_end)):
+        _tensor(name, x, (torch.int32,), 1)
+        _shape(name, x, [s], "[S], one per query")
+    _bool("clean_logits", clean_logits)
+    _int("max_seqlen_k", max_seqlen_k, 0, INT32_MAX)
+    _stream(stream)
+    _same_device(
+        {
+            "q": q,
+            "kv[0] (data)": kv_data,
+            "kv[1] (scales)": kv_scale,
+            "weights": weights,
+            "cu_seq_len_k_start": cu_seq_len_k_start,
+            "cu_seq_len_k_end": cu_seq_len_k_end,
+        }
+    )
+    if value_checks_enabled(cu_seq_len_k_start.device) and s:
+        ks, ke = cu_seq_len_k_start, cu_seq_len_k_end
+        bad = (ks < 0) | (ks > ke) | (ke > s_kv)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            raise ValueError(
+                f"cu_seq_len_k_start, cu_seq_len_k_end: query {i} has window [{int(ks[i])}, {int(ke[i])}), "
+                f"expected 0 <= start <= end <= S_kv={s_kv}"
+            )
+    return dict(
+        q=q,
+        kv=(kv_data, kv_scale),
+        weights=weights,
+        cu_seq_len_k_start=cu_seq_len_k_start,
+        cu_seq_len_k_end=cu_seq_len_k_end,
+        clean_logits=clean_logits,
+        max_seqlen_k=int(max_seqlen_k),
+        logits_dtype=logits_dtype,
+        stream=stream,
+    )
+
+
+def _context_lens(context_lens: Any, batch: int | None, next_n: int | None) -> None:
+    if not isinstance(context_lens, torch.Tensor):
+        raise TypeError(f"context_lens: got {_describe(context_lens)}, expected an int32 torch.Tensor")
+    if context_lens.dtype != torch.int32:
+        raise TypeError(f"context_lens: got dtype {context_lens.dtype}, expected torch.int32")
+    if context_lens.dim() not in (1, 2):
+        raise ValueError(f"context_lens: got shape {list(context_lens.shape)}, expected [B] or [B, next_n]")
+    if batch is not None:
+        expected = [batch] if context_lens.dim() == 1 else [batch, next_n]
+        _shape("context_lens", context_lens, expected, "[B] or [B, next_n]")
+
+
+def _indices(indices: Any, batch: int) -> None:
+    """DeepGEMM's varlen ``indices`` (int32 [B], each row's sequence): validated; the math does not depend on it."""
+    if indices is None:
+        return
+    _tensor("indices", indices, (torch.int32,), 1)
+    _shape("indices", indices, [batch], "[B], the sequence of each row")
+
+
+def paged_mqa_metadata_check(context_lens, block_kv, num_sms, indices=None) -> dict[str, Any]:
+    """The check of ``get_paged_mqa_logits_metadata``; derived: ``context_lens``, ``block_kv``, ``num_sms``."""
+    _context_lens(context_lens, None, None)
+    _int("block_kv", block_kv, 1, INT32_MAX)
+    _int("num_sms", num_sms, 1, INT32_MAX)
+    _indices(indices, context_lens.shape[0])
+    _same_device(dict(context_lens=context_lens, indices=indices))
+    if value_checks_enabled(context_lens.device):
+        _nonnegative_lengths(context_lens)
+    return dict(context_lens=context_lens, block_kv=block_kv, num_sms=num_sms)
+
+
+def _nonnegative_lengths(context_lens: torch.Tensor) -> None:
+    if context_lens.numel() and bool((context_lens < 0).any()):
+        raise ValueError(f"context_lens: got a negative length (min {int(context_lens.min())}), expected >= 0")
+
+
+def visible_lengths(context_lens: torch.Tensor, next_n: int) -> torch.Tensor:
+    """Keys row ``(b, t)`` sees, as int64 [B, next_n]: ``ctx[b] - next_n + t + 1`` (1-D) or ``ctx[b, t]`` (2-D)."""
+    if context_lens.dim() == 2:
+        return context_lens.long()
+    offsets = torch.arange(next_n, device=context_lens.device) - next_n + 1
+    return context_lens.long()[:, None] + offsets[None, :]
+
+
+def paged_mqa_logits_check(
+    q,
+    kv_cache,
+    weights,
+    context_lens,
+    block_table,
+    schedule_meta,
+    max_context_len,
+    clean_logits=False,
+    logits_dtype=torch.float32,
+    indices=None,
+    *,
+    stream=None,
+) -> dict[str, Any]:
+    """The check of ``fp8_fp4_paged_mqa_logits`` / ``fp8_paged_mqa_logits``.
+
+    Derived: ``q`` (the fp8 tensor), ``kv_cache``, ``weights``, ``context_lens``, ``block_table``,
+    ``schedule_meta``, ``max_context_len``, ``clean_logits``, ``logits_dtype``, ``stream``.
+    """
+    q = _q_operand(q, 4)
+    batch, next_n, h, dim = q.shape
+    _tensor("kv_cache", kv_cache, (torch.uint8,), 4)
+    num_blocks, block_kv = kv_cache.shape[0], kv_cache.shape[1]
+    if kv_cache.shape[2] != 1 or kv_cache.shape[3] != dim + 4:
+        raise ValueError(
+            f"kv_cache: got shape {list(kv_cache.shape)}, expected [num_blocks, block_kv, 1, D + 4 = {dim + 4}]"
+        )
+    if not kv_cache.is_contiguous():
+        raise ValueError("kv_cache: must be contiguous (its bytes hold keys then scales per block)")
+    _dtype_arg("logits_dtype", logits_dtype, LOGITS_DTYPES)
+    _weights(weights, [batch * next_n, h], "[B * next_n, H]", logits_dtype)
+    _context_lens(context_lens, batch, next_n)
+    _tensor("block_table", block_table, (torch.int32,), 2)
+    if block_table.shape[0] != batch:
+        raise ValueError(f"block_table: got shape {list(block_table.shape)}, expected [B={batch}, max_blocks]")
+    _tensor("schedule_meta", schedule_meta, (torch.int32,), 2)
+    if schedule_meta.shape[0] < 2 or schedule_meta.shape[1] != 2:
+        raise ValueError(f"schedule_meta: got shape {list(schedule_meta.shape)}, expected [num_sms + 1, 2]")
+    _int("max_context_len", max_context_len, 0, INT32_MAX)
+    _bool("clean_logits", clean_logits)
+    _indices(indices, batch)
+    _stream(stream)
+    _same_device(
+        dict(
+            q=q,
+            kv_cache=kv_cache,
+            weights=weights,
+            context_lens=context_lens,
+            block_table=block_table,
+            schedule_meta=schedule_meta,
+            indices=indices,
+        )
+    )
+    if value_checks_enabled(block_table.device):
+        _paged_values(context_lens, block_table, schedule_meta, next_n, num_blocks, block_kv, max_context_len)
+    return dict(
+        q=q,
+        kv_cache=kv_cache,
+        weights=weights,
+        context_lens=context_lens,
+        block_table=block_table,
+        schedule_meta=schedule_meta,
+        max_context_len=max_context_len,
+        clean_logits=clean_logits,
+        logits_dtype=logits_dtype,
+        stream=stream,
+    )
+
+
+def paged_mqa_logits_signature(fp4_form: bool) -> hot.HotLane:
+    """The hot-lane key of ``fp8_fp4_paged_mqa_logits`` (``fp4_form``) or ``fp8_paged_mqa_logits``: the replay
+    takes ``(q, kv_cache, weights, context_lens, block_table, schedule_meta)``.
+
+    The key holds the shape, dtype and device of every tensor, ``max_context_len``, ``clean_logits`` and
+    ``logits_dtype``. Calls with a ``stream``, ``indices``, a non-contiguous tensor, dtypes other than the
+    canonical ones (fp8 ``q``, uint8 cache, int32 lengths/table/schedule, fp32 weights, or bf16 in the fp8_fp4
+    form, whose check pairs them with bf16 logits), or with value checks on (``TILEGEMM_CHECK_VALUES=1``)
+    take the full path.
+    """
+    i32 = hot.packed(torch.int32)
+    kinds = dict(
+        q=hot.packed_or_pair_with_none(FP8) if fp4_form else hot.packed(FP8),
+        kv_cache=hot.packed(torch.uint8),
+        weights=hot.packed(torch.float32, torch.bfloat16) if fp4_form else hot.packed(torch.float32),
+        context_lens=i32,
+        block_table=i32,
+        schedule_meta=i32,
+        max_context_len=hot.exact(int),
+        clean_logits=hot.exact(bool),
+        logits_dtype=hot.one_of(LOGITS_DTYPES),
+        indices=hot.none,
+        stream=hot.none,
+    )
+    names = ("q", "kv_cache", "weights", "context_lens", "block_table", "schedule_meta")
+    operands = {name: None for name in names}
+    if fp4_form:
+        operands["q"] = hot.first_of_pair
+    return hot.HotLane(kinds, operands, value_checks=True)
+
+
+def _paged_values(
+    context_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    schedule_meta: torch.Tensor,
+    next_n: int,
+    num_blocks: int,
+    block_kv: int,
+    max_context_len: int,
+) -> None:
+    """The value checks of the paged MQA logits: lengths, the block table, the schedule."""
+    _nonnegative_lengths(context_lens)
+    visible = visible_lengths(context_lens, next_n)
+    if visible.numel():
+        _paged_block_table(visible, block_table, num_blocks, block_kv, max_context_len)
+    expected = paged_mqa_schedule(context_lens, block_kv, schedule_meta.shape[0] - 1)
+    if not torch.equal(schedule_meta, expected):
+        raise ValueError(
+            "schedule_meta: does not match get_paged_mqa_logits_metadata(context_lens, block_kv="
+            f"{block_kv}, num_sms={schedule_meta.shape[0] - 1}) (built for other lengths or another block size?)"
+        )
+
+
+def _paged_block_table(
+    visible: torch.Tensor, block_table: torch.Tensor, num_blocks: int, block_kv: int, max_context_len: int
+) -> None:
+    """Every row's visible keys fit ``max_context_len`` and the table, whose used entries name real blocks."""
+    longest = int(visible.max())
+    if longest > max_context_len:
+        raise ValueError(f"max_context_len: got {max_context_len}, but a row sees {longest} keys")
+    if longest > block_table.shape[1] * block_kv:
+        raise ValueError(
+            f"block_table: {block_table.shape[1]} blocks of {block_kv} keys cover {block_table.shape[1] * block_kv} "
+            f"keys, but a row sees {longest}"
+        )
+    used_blocks = (visible.max(dim=1).values.clamp(min=0) + block_kv - 1) // block_kv
+    cols = torch.arange(block_table.shape[1], device=block_table.device)
+    used = cols[None, :] < used_blocks[:, None]
+    bad = used & ((block_table < 0) | (block_table >= num_blocks))
+    if bool(bad.any()):
+        b, col = (int(v) for v in bad.nonzero()[0])
+        raise ValueError(
+            f"block_table: batch {b} slot {col} holds block {int(block_table[b, col])}, "
+            f"expected 0..{num_blocks - 1} (kv_cache has {num_blocks} blocks)"
+        )
