@@ -55,6 +55,45 @@ FP8_MAX = 448.0
 #: Lower clamp of a token's amax, so an all-zero key gets a finite scale.
 AMAX_EPS = 1e-4
 
+_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+def _count(name: str, value: object, minimum: int = 0) -> int:
+    """``value`` as a Python int >= ``minimum``: ``TypeError`` for a non-integer (a float such as 2.5 or 2.0, a
+    bool, a str), ``ValueError`` below ``minimum``; the message names the argument."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name}: got {type(value).__name__} {value!r}, expected an int")
+    if isinstance(value, torch.Tensor) and (value.dim() != 0 or value.dtype not in _INT_DTYPES):
+        raise TypeError(f"{name}: got a {value.dtype} tensor of shape {list(value.shape)}, expected an int")
+    number = int(value.__index__())  # type: ignore[attr-defined]
+    if number < minimum:
+        raise ValueError(f"{name}: got {number}, expected an int >= {minimum}")
+    return number
+
+
+def _counts(name: str, values: object) -> list[int]:
+    """A sequence (list, tuple, 1-D integer tensor) of ints >= 0, as a list; errors name ``name`` and the entry."""
+    if isinstance(values, torch.Tensor):
+        if values.dim() != 1 or values.dtype not in _INT_DTYPES:
+            raise TypeError(f"{name}: got a {values.dtype} tensor of shape {list(values.shape)}, expected 1-D integers")
+        values = values.tolist()
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise TypeError(f"{name}: got {type(values).__name__}, expected a sequence of ints")
+    return [_count(f"{name}[{i}]", v) for i, v in enumerate(values)]
+
+
+def _tensor(name: str, value: object, dims: int, dtypes: tuple[torch.dtype, ...] | None, what: str) -> torch.Tensor:
+    """``value`` if it is a ``dims``-D tensor of one of ``dtypes`` (``None``: any float), else TypeError/ValueError."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name}: got {type(value).__name__}, expected a tensor {what}")
+    if dtypes is None and not value.is_floating_point():
+        raise TypeError(f"{name}: got dtype {value.dtype}, expected a float tensor {what}")
+    if dtypes is not None and value.dtype not in dtypes:
+        raise TypeError(f"{name}: got dtype {value.dtype}, expected {' or '.join(map(str, dtypes))} {what}")
+    if value.dim() != dims:
+        raise ValueError(f"{name}: got shape {list(value.shape)}, expected {what}")
+    return value
+
 
 def quantize_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize keys per token: ``keys ~= fp8.float() * scale[:, None]``.
@@ -66,24 +105,27 @@ def quantize_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ``(fp8 [S_kv, D] float8_e4m3fn, fp32 [S_kv])`` with ``scale = max(amax_row, 1e-4) / 448``,
         the ``kv`` operand of :func:`tilegemm.fp8_mqa_logits`.
     """
-    if keys.dim() != 2:
-        raise ValueError(f"keys must be 2-D [S_kv, D], got shape {tuple(keys.shape)}")
-    if not keys.is_floating_point():
-        raise TypeError(f"keys must be a float tensor, got {keys.dtype}")
+    _tensor("keys", keys, 2, None, "[S_kv, D]")
     x = keys.float()
     scale = x.abs().amax(dim=1).clamp_min(AMAX_EPS) / FP8_MAX
     data = (x / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return data, scale
 
 
-def _as_fp8_keys(keys: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def _as_fp8_keys(
+    keys: torch.Tensor | tuple[torch.Tensor, torch.Tensor], name: str = "keys"
+) -> tuple[torch.Tensor, torch.Tensor]:
     if isinstance(keys, tuple):
-        data, scale = keys
-        if data.dtype != torch.float8_e4m3fn or data.dim() != 2:
-            raise TypeError(f"quantized keys must be float8_e4m3fn [L, D], got {data.dtype} {tuple(data.shape)}")
+        if len(keys) != 2:
+            raise ValueError(f"{name}: got a tuple of {len(keys)}, expected (fp8 [L, D], fp32 scales [L])")
+        data = _tensor(f"{name}[0]", keys[0], 2, (torch.float8_e4m3fn,), "[L, D] (quantized keys)")
+        scale = _tensor(f"{name}[1]", keys[1], 1, None, f"[{data.shape[0]}] (one scale per key)")
         if scale.shape != (data.shape[0],):
-            raise ValueError(f"key scales must be [{data.shape[0]}], got {tuple(scale.shape)}")
+            raise ValueError(f"{name}[1]: got shape {list(scale.shape)}, expected [{data.shape[0]}] (one per key)")
         return data, scale.float()
+    if not isinstance(keys, torch.Tensor):
+        raise TypeError(f"{name}: got {type(keys).__name__}, expected a float tensor [L, D] or (fp8, scales)")
+    _tensor(name, keys, 2, None, "[L, D]")
     return quantize_keys(keys)
 
 
@@ -116,14 +158,19 @@ def build_paged_kv_cache(
         context_lens int32 [B])``. Key j of sequence b lives in block ``block_table[b, j // block_kv]``
         at slot ``j % block_kv``.
     """
-    if block_kv <= 0:
-        raise ValueError(f"block_kv must be positive, got {block_kv}")
+    block_kv = _count("block_kv", block_kv, 1)
+    if isinstance(keys, (torch.Tensor, str, bytes)) or not isinstance(keys, Sequence):
+        raise TypeError(f"keys: got {type(keys).__name__}, expected a sequence of per-sequence keys")
     if len(keys) == 0:
-        raise ValueError("keys must name at least one sequence")
-    quant = [_as_fp8_keys(k) for k in keys]
+        raise ValueError("keys: got an empty sequence, expected at least one sequence")
+    if num_blocks is not None:
+        num_blocks = _count("num_blocks", num_blocks)
+    if max_blocks is not None:
+        max_blocks = _count("max_blocks", max_blocks)
+    quant = [_as_fp8_keys(k, f"keys[{b}]") for b, k in enumerate(keys)]
     dim = quant[0][0].shape[1]
     if any(d.shape[1] != dim for d, _ in quant):
-        raise ValueError("all sequences must have the same head dim D")
+        raise ValueError(f"keys: head dims differ ({sorted({d.shape[1] for d, _ in quant})}), expected one D")
     dev = torch.device(device) if device is not None else quant[0][0].device
     lens = [d.shape[0] for d, _ in quant]
     per_seq = [-(-n // block_kv) for n in lens]
@@ -176,11 +223,24 @@ def read_paged_kv_cache(
     Returns:
         one ``(fp8 [L_b, D], fp32 [L_b])`` per sequence.
     """
+    _tensor("kv_cache", kv_cache, 4, (torch.uint8,), "[num_blocks, block_kv, 1, D + 4]")
+    _tensor("block_table", block_table, 2, _INT_DTYPES, "[B, max_blocks]")
+    _tensor("context_lens", context_lens, 1, _INT_DTYPES, f"[B={block_table.shape[0]}]")
+    if context_lens.shape[0] != block_table.shape[0]:
+        raise ValueError(f"context_lens: got shape {list(context_lens.shape)}, expected [B={block_table.shape[0]}]")
     num_blocks, block_kv, _, dp4 = kv_cache.shape
+    lens = context_lens.tolist()
+    capacity = block_table.shape[1] * block_kv
+    for b, n in enumerate(lens):
+        if not 0 <= n <= capacity:
+            raise ValueError(
+                f"context_lens[{b}]: got {n}, expected 0 <= len <= {capacity} (block_table's {block_table.shape[1]} "
+                f"blocks of {block_kv})"
+            )
     dim = dp4 - 4
     raw = kv_cache.reshape(num_blocks, block_kv * dp4)
     out = []
-    for b, n in enumerate(context_lens.tolist()):
+    for b, n in enumerate(lens):
         nb = -(-int(n) // block_kv)
         ids = block_table[b, :nb].long().to(kv_cache.device)
         rows = raw.index_select(0, ids)
@@ -201,15 +261,13 @@ def causal_windows(
     Returns:
         int32 ``[s_q]`` tensors ``ks``, ``ke`` on ``device``.
     """
-    if not 0 <= s_q <= s_kv:
-        raise ValueError(f"need 0 <= s_q <= s_kv, got s_q={s_q}, s_kv={s_kv}")
+    s_q, s_kv = _count("s_q", s_q), _count("s_kv", s_kv)
+    if s_q > s_kv:
+        raise ValueError(f"s_q: got {s_q}, expected 0 <= s_q <= s_kv = {s_kv}")
+    if window is not None:
+        window = _count("window", window, 1)
     ke = torch.arange(s_kv - s_q + 1, s_kv + 1, dtype=torch.int32, device=device)
-    if window is None:
-        ks = torch.zeros_like(ke)
-    else:
-        if window <= 0:
-            raise ValueError(f"window must be positive, got {window}")
-        ks = (ke - window).clamp_min(0)
+    ks = torch.zeros_like(ke) if window is None else (ke - window).clamp_min(0)
     return ks, ke
 
 
@@ -227,13 +285,14 @@ def packed_causal_windows(
     Returns:
         int32 ``[sum(q_lens)]`` tensors ``ks``, ``ke`` on ``device``.
     """
+    q_lens, kv_lens = _counts("q_lens", q_lens), _counts("kv_lens", kv_lens)
     if len(q_lens) != len(kv_lens):
-        raise ValueError(f"q_lens and kv_lens differ in length: {len(q_lens)} vs {len(kv_lens)}")
+        raise ValueError(f"kv_lens: got {len(kv_lens)} lengths, expected one per q_lens entry ({len(q_lens)})")
     ks_parts, ke_parts = [], []
     k_base = 0
-    for nq, nk in zip(q_lens, kv_lens):
-        if not 0 <= nq <= nk:
-            raise ValueError(f"each sequence needs 0 <= q_len <= kv_len, got {nq} > {nk}")
+    for b, (nq, nk) in enumerate(zip(q_lens, kv_lens)):
+        if nq > nk:
+            raise ValueError(f"q_lens[{b}]: got {nq}, expected at most kv_lens[{b}] = {nk}")
         ks_parts.append(torch.full((nq,), k_base, dtype=torch.int32))
         ke_parts.append(torch.arange(k_base + nk - nq + 1, k_base + nk + 1, dtype=torch.int32))
         k_base += nk
@@ -259,8 +318,9 @@ def context_parallel_windows(
         ``(positions, ks, ke)``: int64 ``[seq_len / cp_size]`` positions of this rank's queries in
         the sequence (to slice ``q``/``weights``), and int32 ``ks``, ``ke`` of the same length.
     """
-    if cp_size <= 0 or not 0 <= cp_rank < cp_size:
-        raise ValueError(f"need cp_size > 0 and 0 <= cp_rank < cp_size, got {cp_size}, {cp_rank}")
+    seq_len, cp_size, cp_rank = _count("seq_len", seq_len), _count("cp_size", cp_size, 1), _count("cp_rank", cp_rank)
+    if cp_rank >= cp_size:
+        raise ValueError(f"cp_rank: got {cp_rank}, expected 0 <= cp_rank < cp_size = {cp_size}")
     if seq_len % (2 * cp_size):
         raise ValueError(f"seq_len={seq_len} must be a multiple of 2 * cp_size = {2 * cp_size}")
     chunk = seq_len // (2 * cp_size)

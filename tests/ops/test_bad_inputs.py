@@ -7,8 +7,11 @@ import math
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import tilegemm as tg
+from tilegemm import indexer
 
 FP8 = torch.float8_e4m3fn
 
@@ -226,3 +229,129 @@ def test_grouped_matmul_errors_name_its_arguments():
         tg.grouped_matmul(x, w, torch.tensor([4, 8]))
     with pytest.raises(ValueError, match="x .* w"):
         tg.grouped_matmul(x, torch.randn(2, 4, 15).bfloat16(), torch.tensor([4, 8]).int())
+
+
+# ------------------------------------------------------- einsum, fp8_moe_experts and the indexer helpers (issue 45)
+
+
+@pytest.mark.parametrize("expr", [["bmk,bnk->mn"], {"bmk,bnk->mn": 1}, None, 3], ids=["list", "dict", "None", "int"])
+def test_einsum_expr_of_another_type_names_expr(expr):
+    a, b, d = torch.randn(2, 4, 8).bfloat16(), torch.randn(2, 6, 8).bfloat16(), torch.zeros(4, 6)
+    with pytest.raises(TypeError, match=r"^expr: got .*expected a str"):
+        tg.einsum(expr, a, b, d, backend="pytorch")
+    with pytest.raises(TypeError, match=r"^expr: got .*expected a str"):
+        tg.fp8_einsum(expr, (fp8(2, 4, 128), scales(2, 4, 1)), (fp8(2, 6, 128), scales(2, 1, 1)), d)
+    assert d.eq(0).all()
+
+
+def _fp8_moe_operands(hidden_dim: int, inter: int):
+    experts, tokens = 2, 3
+    hidden = torch.randn(tokens, hidden_dim).bfloat16()
+    ids, weights = torch.zeros(tokens, 1, dtype=torch.int32), torch.ones(tokens, 1)
+    blocks = lambda n: -(-n // 128)  # noqa: E731
+    w13 = (fp8(experts, 2 * inter, hidden_dim), scales(experts, blocks(2 * inter), blocks(hidden_dim)))
+    w2 = (fp8(experts, hidden_dim, inter), scales(experts, blocks(hidden_dim), blocks(inter)))
+    return hidden, ids, weights, w13, w2
+
+
+@pytest.mark.parametrize(
+    ("hidden_dim", "inter", "name"), [(96, 128, "hidden"), (200, 128, "hidden"), (128, 64, "w13"), (128, 192, "w13")]
+)
+def test_fp8_moe_experts_unaligned_dims_name_the_operand(hidden_dim, inter, name):
+    with pytest.raises(ValueError, match=rf"^{name}(\[0\])?: got .*multiple of 128.*w2"):
+        tg.fp8_moe_experts(*_fp8_moe_operands(hidden_dim, inter), backend="pytorch")
+
+
+# The indexer helpers: every argument of the wrong type is a TypeError naming it, every value out of range a
+# ValueError naming it (before: AttributeError / RuntimeError from inside torch, or a silent result).
+INDEXER_BAD_CALLS = [
+    (lambda: indexer.causal_windows(2.5, 5), TypeError, "s_q"),
+    (lambda: indexer.causal_windows(2, 5.0), TypeError, "s_kv"),
+    (lambda: indexer.causal_windows("2", 5), TypeError, "s_q"),
+    (lambda: indexer.causal_windows(-1, 5), ValueError, "s_q"),
+    (lambda: indexer.causal_windows(6, 5), ValueError, "s_q"),
+    (lambda: indexer.causal_windows(2, 5, window=1.5), TypeError, "window"),
+    (lambda: indexer.causal_windows(2, 5, window=0), ValueError, "window"),
+    (lambda: indexer.packed_causal_windows([1.5], [3]), TypeError, r"q_lens\[0\]"),
+    (lambda: indexer.packed_causal_windows([1], [-3]), ValueError, r"kv_lens\[0\]"),
+    (lambda: indexer.packed_causal_windows([4], [3]), ValueError, r"q_lens\[0\]"),
+    (lambda: indexer.packed_causal_windows(3, [3]), TypeError, "q_lens"),
+    (lambda: indexer.packed_causal_windows([1, 2], [3]), ValueError, "kv_lens"),
+    (lambda: indexer.packed_causal_windows(torch.tensor([1.0]), [3]), TypeError, "q_lens"),
+    (lambda: indexer.context_parallel_windows(8.0, 2, 0), TypeError, "seq_len"),
+    (lambda: indexer.context_parallel_windows(8, 0, 0), ValueError, "cp_size"),
+    (lambda: indexer.context_parallel_windows(8, 2, -1), ValueError, "cp_rank"),
+    (lambda: indexer.context_parallel_windows(8, 2, 2), ValueError, "cp_rank"),
+    (lambda: indexer.quantize_keys([[1.0, 2.0]]), TypeError, "keys"),
+    (lambda: indexer.build_paged_kv_cache(torch.randn(3, 40, 64), 16), TypeError, "keys"),
+    (lambda: indexer.build_paged_kv_cache([torch.randn(40, 64)], 16.0), TypeError, "block_kv"),
+    (lambda: indexer.build_paged_kv_cache([torch.randn(40, 64)], 0), ValueError, "block_kv"),
+    (lambda: indexer.build_paged_kv_cache([torch.randn(40, 64)], 16, num_blocks=-1), ValueError, "num_blocks"),
+    (lambda: indexer.build_paged_kv_cache([torch.randn(40, 64)], 16, max_blocks=2.5), TypeError, "max_blocks"),
+    (lambda: indexer.build_paged_kv_cache([[1.0] * 64], 16), TypeError, r"keys\[0\]"),
+    (lambda: indexer.build_paged_kv_cache([torch.randn(40, 64), [1.0]], 16), TypeError, r"keys\[1\]"),
+    (lambda: indexer.build_paged_kv_cache([(torch.randn(4, 64), torch.ones(4))], 16), TypeError, r"keys\[0\]\[0\]"),
+]
+
+
+@pytest.mark.parametrize(("call", "error", "name"), INDEXER_BAD_CALLS, ids=[n for _, _, n in INDEXER_BAD_CALLS])
+def test_indexer_helpers_name_their_arguments(call, error, name):
+    with pytest.raises(error, match=rf"^({name}): got"):
+        call()
+
+
+def _paged_cache():
+    return indexer.build_paged_kv_cache([torch.randn(20, 64), torch.randn(5, 64)], 16)
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "name"),
+    [
+        (lambda c, t, n: (c, t, [20, 5]), TypeError, "context_lens"),
+        (lambda c, t, n: (c, t, n.float()), TypeError, "context_lens"),
+        (lambda c, t, n: (c, t, torch.tensor([20, -5], dtype=torch.int32)), ValueError, r"context_lens\[1\]"),
+        (lambda c, t, n: (c, t, torch.tensor([33, 5], dtype=torch.int32)), ValueError, r"context_lens\[0\]"),
+        (lambda c, t, n: (c, t, n[:1]), ValueError, "context_lens"),
+        (lambda c, t, n: (c, t.tolist(), n), TypeError, "block_table"),
+        (lambda c, t, n: (c.float(), t, n), TypeError, "kv_cache"),
+        (lambda c, t, n: (c.flatten(), t, n), ValueError, "kv_cache"),
+    ],
+    ids=["list", "float", "negative", "past-the-table", "short", "table-list", "cache-float", "cache-1d"],
+)
+def test_read_paged_kv_cache_names_its_arguments(change, error, name):
+    with pytest.raises(error, match=rf"^{name}: got"):
+        indexer.read_paged_kv_cache(*change(*_paged_cache()))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    s_q=st.one_of(st.integers(-5, 40), st.floats(-5, 40), st.text(max_size=2), st.none(), st.booleans()),
+    s_kv=st.one_of(st.integers(-5, 40), st.floats(-5, 40)),
+)
+def test_causal_windows_any_input_is_a_result_or_a_named_error(s_q, s_kv):
+    """Whatever the lengths: correct windows for ints 0 <= s_q <= s_kv, else TypeError/ValueError naming one."""
+    try:
+        ks, ke = indexer.causal_windows(s_q, s_kv)
+    except (TypeError, ValueError) as exc:
+        assert str(exc).split(":")[0] in ("s_q", "s_kv")
+        valid = all(isinstance(v, int) and not isinstance(v, bool) for v in (s_q, s_kv)) and 0 <= s_q <= s_kv
+        assert not valid, f"valid lengths refused: {exc}"
+        return
+    assert isinstance(s_q, int) and isinstance(s_kv, int) and not isinstance(s_q, bool)
+    assert ke.tolist() == list(range(s_kv - s_q + 1, s_kv + 1)) and ks.eq(0).all()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lens=st.lists(st.one_of(st.integers(-3, 40), st.floats(-3, 40)), min_size=1, max_size=3))
+def test_read_paged_kv_cache_any_context_lens(lens):
+    """Integer lengths within the table read back that many keys; negative, too long or fractional ones are errors
+    naming ``context_lens``."""
+    cache, table, _ = indexer.build_paged_kv_cache([torch.randn(40, 64)] * len(lens), 16)
+    is_int = all(isinstance(n, int) for n in lens)
+    context_lens = torch.tensor(lens, dtype=torch.int32 if is_int else torch.float32)
+    if is_int and all(0 <= n <= 48 for n in lens):
+        out = indexer.read_paged_kv_cache(cache, table, context_lens)
+        assert [len(data) for data, _ in out] == lens
+        return
+    with pytest.raises((TypeError, ValueError), match=r"^context_lens(\[\d\])?: got"):
+        indexer.read_paged_kv_cache(cache, table, context_lens)

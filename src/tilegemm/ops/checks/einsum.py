@@ -50,6 +50,8 @@ def _einsum_sizes(expr: str, a_dims: str, b_dims: str, a: torch.Tensor, b: torch
 
 
 def _einsum_expr(expr: Any, table: dict[str, tuple]) -> tuple:
+    if not isinstance(expr, str):
+        raise TypeError(f"expr: got {type(expr).__name__} {expr!r}, expected a str, one of {sorted(table)}")
     if expr not in table:
         raise ValueError(f"expr: got {expr!r}, expected one of {sorted(table)} (DeepGEMM's einsum expressions)")
     return table[expr]

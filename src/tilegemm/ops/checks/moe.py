@@ -93,8 +93,16 @@ def fp8_moe_experts_check(hidden, topk_ids, topk_weights, w13, w2, activation="s
             f"w13[0]: got shape {list(w13_data.shape)}, expected [E, 2I, H={hidden_dim}] (gate rows then up rows)"
         )
     inter = two_inter // 2
-    if hidden_dim % 128 or inter % 128:
-        raise ValueError(f"fp8_moe_experts: H={hidden_dim} and I={inter} must be multiples of 128 (1x128 blocks)")
+    if hidden_dim % 128:
+        raise ValueError(
+            f"hidden: got H={hidden_dim} (shape {list(hidden.shape)}), expected H a multiple of 128 (the 1x128 "
+            "activation blocks of fp8_moe_experts); w13 [E, 2I, H] and w2 [E, H, I] share it"
+        )
+    if inter % 128:
+        raise ValueError(
+            f"w13[0]: got shape {list(w13_data.shape)} (I={inter}), expected I a multiple of 128 (the 1x128 blocks of "
+            "fp8_moe_experts' intermediate); w2 [E, H, I] shares it"
+        )
     _shape("w13[1]", w13_scales, [experts, two_inter // 128, hidden_dim // 128], "128x128 block scales of w13")
     w2_data, w2_scales = _fp8_operand("w2", w2, 3)
     _shape("w2[0]", w2_data, [experts, hidden_dim, inter], "[E, H, I] to match w13 [E, 2I, H]")
