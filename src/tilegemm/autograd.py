@@ -182,13 +182,14 @@ def _(grad_out, hidden, topk_weights, w13, w2, *state_activation_needs_backend):
 
 
 @torch.library.custom_op("tilegemm::rms_norm", mutates_args=())
-def rms_norm_forward(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """``tilegemm.rms_norm(x, weight, eps)``: [..., H] in ``promote_types(x.dtype, weight.dtype)``."""
-    return api.rms_norm(x, weight, eps)
+def rms_norm_forward(x: Tensor, weight: Tensor, eps: float, backend: str | None = None) -> Tensor:
+    """``tilegemm.rms_norm(x, weight, eps, backend=backend)``: [..., H] in ``promote_types(x.dtype, weight.dtype)``
+    (``backend=None``: the current backend when the op runs)."""
+    return api.rms_norm(x, weight, eps, backend=backend)
 
 
 @rms_norm_forward.register_fake
-def _(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+def _(x: Tensor, weight: Tensor, eps: float, backend: str | None = None) -> Tensor:
     return x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype))
 
 
@@ -267,7 +268,7 @@ def _moe_backward(ctx, grad_out, *_):
 
 
 def _save_rms_norm(ctx, inputs, output) -> None:
-    x, weight, eps = inputs
+    x, weight, eps, _ = inputs
     ctx.save_for_backward(x, weight)
     ctx.eps = eps
 
@@ -287,7 +288,7 @@ def _rms_norm_backward(ctx, grad):
     if ctx.needs_input_grad[1]:
         n = xh.to(x.dtype).float()
         grad_w = (grad32 * n).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
-    return grad_x, grad_w, None
+    return grad_x, grad_w, None, None
 
 
 gemm.register_autograd(_gemm_backward, setup_context=_save_inputs)

@@ -24,13 +24,14 @@ class RouteRecorder:
     fused one) to record what it saw (calls, ids, expert count)."""
 
     def __init__(self):
+        import tilegemm.transformers.custom_ops as custom_ops
         import tilegemm.transformers.experts as experts
 
         self.original_route = experts.moe_route
-        self.original_fused = experts.api.moe_experts
+        self.original_fused = custom_ops.api.moe_experts
         self.reset()
         experts.moe_route = self.route
-        experts.api.moe_experts = self.fused
+        custom_ops.api.moe_experts = self.fused
 
     def reset(self) -> None:
         """Forget what was recorded."""

@@ -14,12 +14,37 @@ FAMILIES: tuple[str, ...] = tuple(presets.TINY_BY_MODEL_TYPE.get(f.model_type, f
 so that tests fail for a family without a preset)."""
 
 
-def build(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu", seed: int = 0, **overrides):
-    """A tiny random-weight causal LM of preset ``name`` in eval mode."""
-    from transformers import AutoModelForCausalLM
+_OTHER_COMMON = dict(
+    vocab_size=256, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False, eos_token_id=None,
+)  # fmt: skip
 
-    preset = presets.PRESETS[name]
-    config = preset.config()
+OTHER_FUSED: dict[str, dict] = {
+    "tiny-olmoe": dict(_OTHER_COMMON, model_type="olmoe", num_experts=8, num_experts_per_tok=2),
+    "tiny-gpt-oss": dict(
+        _OTHER_COMMON,
+        model_type="gpt_oss",
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        head_dim=16,
+        layer_types=["full_attention"] * 2,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    ),  # fmt: skip
+}
+"""Tiny configs of transformers families with fused experts that the families table does not list (no norm swap,
+no before-creation patcher): ``apply_tilegemm_to_model`` takes them through the experts registry. gpt-oss has
+biases, interleaved gate/up rows, transposed weights and a clamped SwiGLU: the unfused path."""
+
+
+def build(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu", seed: int = 0, **overrides):
+    """A tiny random-weight causal LM of preset ``name`` (or of :data:`OTHER_FUSED`) in eval mode."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if name in OTHER_FUSED:
+        kwargs = dict(OTHER_FUSED[name])
+        config = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
+    else:
+        config = presets.PRESETS[name].config()
     for key, value in overrides.items():
         setattr(config, key, value)
     torch.manual_seed(seed)

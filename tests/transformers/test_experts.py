@@ -12,6 +12,7 @@ from tilegemm.testing import calc_diff
 from tilegemm.transformers import (
     EXPERTS_NAME,
     FP8_EXPERTS_NAME,
+    custom_ops,
     experts,
     register_experts_functions,
     tilegemm_experts_forward,
@@ -113,9 +114,9 @@ def test_calls_past_the_int32_bound_run_in_token_chunks(dtype, monkeypatch):
     whole = tilegemm_experts_forward(module, x, index, weights)
     top_k, width = index.shape[1], max(*module.gate_up_proj.shape[1:], *module.down_proj.shape[1:])
     monkeypatch.setattr(experts, "MAX_ROUTED_ELEMENTS", 5 * top_k * width)
-    calls, unfused, fused = [], experts.unfused_experts_forward, experts.api.moe_experts
+    calls, unfused, fused = [], experts.unfused_experts_forward, custom_ops.api.moe_experts
     monkeypatch.setattr(experts, "unfused_experts_forward", lambda m, h, *a: calls.append(len(h)) or unfused(m, h, *a))
-    monkeypatch.setattr(experts.api, "moe_experts", lambda h, *a, **kw: calls.append(len(h)) or fused(h, *a, **kw))
+    monkeypatch.setattr(custom_ops.api, "moe_experts", lambda h, *a, **kw: calls.append(len(h)) or fused(h, *a, **kw))
     trained = tilegemm.autograd.moe_experts  # bf16 with gradients: the differentiable fused op
     monkeypatch.setattr(tilegemm.autograd, "moe_experts", lambda h, *a: calls.append(len(h)) or trained(h, *a))
     chunked = tilegemm_experts_forward(module, x, index, weights)

@@ -170,3 +170,28 @@ def test_cuda_graph_decode_matches_eager_static_loop():
     eager = measure.static_greedy(model, ids, 8, cuda_graph=False)
     graphed = measure.static_greedy(model, ids, 8, cuda_graph=True)
     assert torch.equal(graphed.tokens, eager.tokens)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_compiled_patched_model_runs_cutile_in_one_graph(fp8):
+    """``torch.compile(fullgraph=True)`` of a patched model on the GPU: one graph (a counting ``aot_eager``
+    backend), the cutile kernels inside the custom ops, logits equal to the eager patched model's bit for bit
+    (H = I = 128, so FP8 runs the fused op)."""
+    from torch._dynamo.backends.debugging import aot_eager
+
+    sizes = dict(hidden_size=128, moe_intermediate_size=128, head_dim=32)
+    model = apply_tilegemm_to_model(build("tiny-qwen3-moe", dtype=torch.bfloat16, device="cuda", **sizes), fp8=fp8)
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return aot_eager(gm, example_inputs)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=counting, fullgraph=True)
+    ids = prompt(device="cuda")
+    with torch.no_grad():
+        eager = model(ids).logits
+        got = compiled(ids).logits
+    assert len(graphs) == 1
+    assert torch.equal(got, eager)

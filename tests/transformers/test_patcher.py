@@ -66,8 +66,10 @@ def test_unsupported_model_type():
     llama = AutoModelForCausalLM.from_config(
         LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
     )
-    with pytest.raises(ValueError, match="model_type 'llama' is not supported; supported: deepseek_v2"):
+    with pytest.raises(ValueError, match="model_type 'llama'.* has no fused experts module"):
         apply_tilegemm_to_model(llama)
+    with pytest.raises(ValueError, match="model_type 'llama' is not supported; supported: deepseek_v2"):
+        apply_tilegemm_to_model(llama, experts=False)
     with pytest.raises(ValueError, match="not supported"):
         apply_tilegemm_kernel_to_model_type("gpt2")
 

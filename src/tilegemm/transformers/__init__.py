@@ -12,8 +12,11 @@ Quick start::
     apply_tilegemm_to_model(model)                      # experts -> fused experts op, RMSNorms -> one kernel
     apply_tilegemm_to_model(model, linear=True, fp8=True)  # + dense layers, FP8 everywhere
 
-or select the registered experts function by name after :func:`register_experts_functions`:
-``model.set_experts_implementation("tilegemm")`` / ``"tilegemm_fp8"``.
+or select the experts function by name: importing this package registers ``"tilegemm"`` and ``"tilegemm_fp8"`` in
+transformers' ``ExpertsInterface`` (:func:`register_experts_functions`), so ``model.set_experts_implementation(
+"tilegemm")`` and ``from_pretrained(path, experts_implementation="tilegemm")`` work after ``import
+tilegemm.transformers``. ``apply_tilegemm_to_model`` takes any model with transformers' fused experts (OLMoE,
+gpt-oss, ...); the RMSNorm swap applies where :data:`FAMILIES` knows the family's norm class.
 
 Sharded over ``torchrun`` ranks by transformers' own tensor / expert parallel plans (:mod:`.parallel`)::
 
@@ -85,3 +88,15 @@ __all__ = [
     "tilegemm_experts_forward",
     "tilegemm_fp8_experts_forward",
 ]
+
+
+def _register_at_import() -> None:
+    """Register the experts functions now when transformers is new enough; an old or missing transformers keeps
+    the import working and raises :class:`UnsupportedTransformersError` from the patchers instead."""
+    try:
+        register_experts_functions()
+    except UnsupportedTransformersError:
+        pass
+
+
+_register_at_import()

@@ -17,7 +17,10 @@ biases; other activations; training of those) runs the unfused path, per call:
 4. ``m_grouped_bf16_gemm_nt_contiguous`` with ``down_proj``;
 5. weighted sum of each token's ``k`` outputs in token order (``tilegemm.routing.unpermute_tokens``).
 
-No step reads device memory on the host, so with the cutile backend the call is CUDA-graph capturable. Calls whose
+No step reads device memory on the host, so with the cutile backend the call is CUDA-graph capturable. Every
+inference call into tilegemm (the fused ops, the unfused path's grouped GEMMs) is a ``torch.library`` custom op of
+:mod:`~tilegemm.transformers.custom_ops` taking the module's backend as an argument, so ``torch.compile(model,
+fullgraph=True)`` traces a patched model as one graph. Calls whose
 routed rows times the widest operand row pass ``2**30`` elements (the grouped kernels index with int32) run in
 token chunks below that (``MAX_ROUTED_ELEMENTS``).
 
@@ -57,10 +60,9 @@ import warnings
 
 import torch
 
-from tilegemm.ops import api
 from tilegemm.ops.checks import GROUPED_MATMUL_DTYPES, skip_value_checks
-from tilegemm.ops.op_call import grouped_linear, grouped_linear_fp8
 from tilegemm.routing import MoERouting, moe_route, permute_tokens, unpermute_tokens
+from tilegemm.transformers import custom_ops
 from tilegemm.transformers.fp8_weights import cached_fp8_weight
 
 EXPERTS_NAME = "tilegemm"
@@ -254,14 +256,13 @@ def tilegemm_experts_forward(
         return unfused_experts_forward(self, hidden_states, top_k_index, top_k_weights)
     weights = (self.gate_up_proj, self.down_proj)
     backend = _backend_for(self)
-    with skip_value_checks():  # the ids come from the model's own router
-        if training:
-            from tilegemm.autograd import moe_experts
-            from tilegemm.backend.selector import use_backend
+    if training:
+        from tilegemm.autograd import moe_experts
+        from tilegemm.backend.selector import use_backend
 
-            with use_backend(backend) if backend else contextlib.nullcontext():
-                return moe_experts(hidden_states, top_k_index, top_k_weights, *weights, activation)
-        return api.moe_experts(hidden_states, top_k_index, top_k_weights, *weights, activation, backend=backend)
+        with skip_value_checks(), use_backend(backend) if backend else contextlib.nullcontext():
+            return moe_experts(hidden_states, top_k_index, top_k_weights, *weights, activation)
+    return custom_ops.experts_moe(hidden_states, top_k_index, top_k_weights, *weights, activation, backend)
 
 
 def unfused_experts_forward(
@@ -281,7 +282,7 @@ def unfused_experts_forward(
     transposed = bool(getattr(self, "is_transposed", False))
     routing = moe_route(top_k_index, self.num_experts)
     offs = routing.psum_offsets
-    linear = grouped_linear_differentiable if training else grouped_linear
+    linear = grouped_linear_differentiable if training else custom_ops.experts_grouped_linear
     linear = functools.partial(linear, offs=offs, transposed=transposed, backend=backend)
 
     y = linear(permute_tokens(x, routing, layout="psum"), w_up)
@@ -306,13 +307,12 @@ def tilegemm_fp8_experts_forward(
     """
     activation = None if _needs_grad(self, hidden_states) else fused_activation(self, hidden_states)
     if activation is not None:
-        w_up, w_down = cached_fp8_weight(self, "gate_up_proj"), cached_fp8_weight(self, "down_proj")
-        hidden_dim, inter = w_down[0].shape[1:]
+        hidden_dim, inter = self.down_proj.shape[1:]
         if hidden_dim % 128 == 0 and inter % 128 == 0:
-            with skip_value_checks():  # the ids come from the model's own router
-                return api.fp8_moe_experts(
-                    hidden_states, top_k_index, top_k_weights, w_up, w_down, activation, backend=_backend_for(self)
-                )  # fmt: skip
+            return custom_ops.experts_fp8_moe(
+                hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj, activation,
+                _backend_for(self),
+            )  # fmt: skip
     return unfused_fp8_experts_forward(self, hidden_states, top_k_index, top_k_weights)
 
 
@@ -330,21 +330,23 @@ def unfused_fp8_experts_forward(
     training = _needs_grad(self, hidden_states)
     if training and (transposed or not _differentiable(self)):
         return _stock_forward(self, hidden_states, top_k_index, top_k_weights)
-    w_up = cached_fp8_weight(self, up_name, transpose=transposed)
-    w_down = cached_fp8_weight(self, down_name, transpose=transposed)
     backend = _backend_for(self)
     routing = moe_route(top_k_index, self.num_experts)
     offs = routing.psum_offsets
+    weights = getattr(self, up_name), getattr(self, down_name)
     if training:  # FP8 forward, straight-through gradients to the unquantized weights
-        weights = getattr(self, up_name), getattr(self, down_name)
+        w_up = cached_fp8_weight(self, up_name, transpose=transposed)
+        w_down = cached_fp8_weight(self, down_name, transpose=transposed)
         linear = functools.partial(_fp8_grouped_differentiable, offs=offs, backend=backend)
         y = linear(permute_tokens(hidden_states.to(weights[0].dtype), routing, layout="psum"), weights[0], w_up)
         y = _activate(self, _add_bias(y, self, up_name, routing))
         y = linear(y.to(weights[1].dtype), weights[1], w_down)
-    else:
-        y = grouped_linear_fp8(permute_tokens(hidden_states, routing, layout="psum"), w_up, offs, backend)
+    else:  # the FP8 blocks cached on the weights (custom_ops.weight_fp8_blocks)
+        linear = functools.partial(custom_ops.experts_grouped_linear_fp8, offs=offs, transposed=transposed,
+                                   backend=backend)  # fmt: skip
+        y = linear(permute_tokens(hidden_states, routing, layout="psum"), weights[0])
         y = _activate(self, _add_bias(y, self, up_name, routing))
-        y = grouped_linear_fp8(y, w_down, offs, backend)
+        y = linear(y, weights[1])
     y = _add_bias(y, self, down_name, routing)
     return _finish(self, y, routing, top_k_weights, hidden_states)
 
@@ -363,3 +365,23 @@ def register_experts_functions() -> None:
 
     ExpertsInterface.register(EXPERTS_NAME, tilegemm_experts_forward)
     ExpertsInterface.register(FP8_EXPERTS_NAME, tilegemm_fp8_experts_forward)
+
+
+class ExpertsRegistration:
+    """Held by patched experts modules as ``_tilegemm_registration``: unpickling it (``torch.load`` of a pickled
+    patched model) imports this package, which registers the experts functions, so the loaded model runs in a
+    fresh process without an ``import tilegemm.transformers`` first."""
+
+    def __reduce__(self):
+        return _registration, ()
+
+
+def _registration() -> ExpertsRegistration:
+    register_experts_functions()
+    return ExpertsRegistration()
+
+
+def mark_patched(module: torch.nn.Module, backend: str | None) -> None:
+    """Give an experts module running tilegemm's experts function its ``backend`` and the registration marker."""
+    module._tilegemm_backend = backend
+    module._tilegemm_registration = ExpertsRegistration()

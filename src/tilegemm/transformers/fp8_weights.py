@@ -69,9 +69,14 @@ def cached_fp8_weight(module: torch.nn.Module, name: str, transpose: bool = Fals
 
 
 def clear_fp8_cache(model: torch.nn.Module) -> int:
-    """Drop every cached FP8 weight under ``model``; returns how many modules held one."""
+    """Drop every cached FP8 weight under ``model`` (this module's cache and the copies the custom ops cache on the
+    weight tensors, :func:`tilegemm.transformers.custom_ops.weight_fp8_blocks`); returns how many modules held one."""
+    from tilegemm.transformers.custom_ops import clear_weight_fp8_blocks
+
     count = 0
     for module in model.modules():
-        if module.__dict__.pop(_ATTR, None) is not None:
-            count += 1
+        held = module.__dict__.pop(_ATTR, None) is not None
+        for param in module.parameters(recurse=False):
+            held = clear_weight_fp8_blocks(param) or held
+        count += held
     return count

@@ -9,7 +9,8 @@
   :func:`revert_tilegemm_kernel_patches` undoes it.
 * :data:`MODEL_TYPE_TO_PATCHER` maps ``config.model_type`` to the family patcher.
 
-Supported: the families of :data:`tilegemm.transformers.families.FAMILIES` on transformers >= 5.7. Anything
+Supported: :func:`apply_tilegemm_to_model` takes any model with transformers' fused experts; the before-creation
+patchers and the RMSNorm swap cover the families of :data:`tilegemm.transformers.families.FAMILIES`. Anything
 else raises ``ValueError``; an old transformers raises ``UnsupportedTransformersError``.
 """
 
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from torch import nn
 
 from tilegemm.transformers.compat import transformers_version
-from tilegemm.transformers.experts import EXPERTS_NAME, FP8_EXPERTS_NAME, register_experts_functions
+from tilegemm.transformers.experts import EXPERTS_NAME, FP8_EXPERTS_NAME, mark_patched, register_experts_functions
 from tilegemm.transformers.families import FAMILIES, FAMILY_BY_MODEL_TYPE, SUPPORTED_MODEL_TYPES, ModelFamily
 from tilegemm.transformers.linear import restore_linear_layers, swap_linear_layers
 from tilegemm.transformers.norm import restore_rms_norms, swap_rms_norms
@@ -67,40 +68,51 @@ def apply_tilegemm_to_model(
     backend: str | None = None,
     norm: bool = True,
 ) -> nn.Module:
-    """Patch a built DeepSeek-V2/V3, Qwen2-MoE, Qwen3-MoE or Mixtral model in place; returns it.
+    """Patch a built transformers model in place; returns it.
+
+    Any model whose experts are transformers' fused experts modules (``@use_experts_implementation``: 3-D
+    ``gate_up_proj`` / ``down_proj``, ``set_experts_implementation`` on the model) takes the experts patch:
+    the families of :data:`~tilegemm.transformers.families.FAMILIES`, and OLMoE, gpt-oss and the other fused
+    families, whose biases, activations and interleaved gates run on the unfused path. The RMSNorm swap applies
+    to the families of that table (their norm class is known and tested); other models keep their norms.
 
     Args:
-        model: a transformers ``PreTrainedModel`` of a supported ``config.model_type``.
+        model: a transformers ``PreTrainedModel``.
         experts: route the MoE experts through ``"tilegemm"`` (or ``"tilegemm_fp8"`` with ``fp8``).
         norm: run the family's RMSNorm modules as one tilegemm kernel each (:func:`tilegemm.autograd.rms_norm`,
-            the stock math; differentiable).
+            the stock math; differentiable); skipped for a model type outside the families table.
         linear: swap dense ``nn.Linear`` layers (attention, shared experts, dense MLPs, lm_head) to tilegemm's
             dense GEMM, keeping parameters, state_dict and weight tying.
         fp8: FP8 GEMMs (weights quantized once to 128x128 blocks and cached, activations per token).
         backend: tilegemm backend for these layers (``None``: the current backend at call time).
 
     Raises:
-        ValueError: unsupported model type, or ``experts=True`` on a model without fused experts.
+        ValueError: ``experts=True`` on a model without fused experts modules, or a model outside the families
+            table with nothing else to patch (``experts=False``, ``linear=False``).
         UnsupportedTransformersError: transformers < 5.7.
     """
     transformers_version()
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
-    if model_type not in FAMILY_BY_MODEL_TYPE:
-        raise _unsupported(model_type)
+    known = model_type in FAMILY_BY_MODEL_TYPE
     if backend is not None:
         from tilegemm.backend.selector import validate_backend_name
 
         validate_backend_name(backend)
+    if not (experts or linear or known):
+        raise _unsupported(model_type)
     if experts:
         found = experts_modules(model)
-        if not found:
-            raise ValueError(f"tilegemm: {type(model).__name__} has no fused experts module (gate_up_proj/down_proj)")
+        if not found or not hasattr(model, "set_experts_implementation"):
+            raise ValueError(
+                f"tilegemm: {type(model).__name__} (model_type {model_type!r}) has no fused experts module "
+                "(transformers' 3-D gate_up_proj/down_proj under @use_experts_implementation)"
+            )
         register_experts_functions()
         model.set_experts_implementation(FP8_EXPERTS_NAME if fp8 else EXPERTS_NAME)
         for module in found:
-            module._tilegemm_backend = backend
-    if norm:
+            mark_patched(module, backend)
+    if norm and known:
         swap_rms_norms(model, backend=backend)
     if linear:
         swap_linear_layers(model, fp8=fp8, backend=backend)
@@ -112,6 +124,8 @@ def revert_tilegemm_model(model: nn.Module, experts_implementation: str = "group
     layers."""
     if getattr(model.config, "_experts_implementation", None) in (EXPERTS_NAME, FP8_EXPERTS_NAME):
         model.set_experts_implementation(experts_implementation)
+    for module in experts_modules(model):
+        module.__dict__.pop("_tilegemm_registration", None)
     restore_rms_norms(model)
     restore_linear_layers(model)
     return model
@@ -150,7 +164,7 @@ def _patch_family(
         chosen = getattr(self.config, "_experts_implementation", None)
         if experts and chosen in (EXPERTS_NAME, FP8_EXPERTS_NAME):
             for module in experts_modules(self):
-                module._tilegemm_backend = backend
+                mark_patched(module, backend)
         if norm:
             swap_rms_norms(self, backend=backend)
         if linear:

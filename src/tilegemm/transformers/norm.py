@@ -14,29 +14,52 @@ Only modules whose class is exactly the family's RMSNorm class (``ModelFamily.rm
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import torch
 from torch import nn
 
-from tilegemm.autograd import rms_norm
-from tilegemm.backend.selector import use_backend
+from tilegemm.autograd import rms_norm_forward
+from tilegemm.ops.checks import rms_norm_check
 from tilegemm.transformers.families import FAMILY_BY_MODEL_TYPE
+
+
+def _forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    """:func:`tilegemm.autograd.rms_norm` on the module's backend: the ``tilegemm::rms_norm`` custom op, one opaque
+    node under ``torch.compile`` (the backend is an argument of the op, not a ``use_backend`` scope)."""
+    eps = rms_norm_check(hidden_states, self.weight, self.variance_epsilon)["eps"]
+    return rms_norm_forward(hidden_states, self.weight, eps, self._tilegemm_backend)
+
+
+def _reduce_ex(self, protocol: int):
+    """Pickle as the stock class plus the swap (the subclass is made at run time, so pickle cannot name it)."""
+    return _rebuild_swapped, (type(self)._tilegemm_stock, self.__getstate__())
+
+
+def _rebuild_swapped(stock: type, state: dict) -> nn.Module:
+    """Unpickle a swapped RMSNorm module: an instance of ``stock`` with ``state``, then swapped again."""
+    module = stock.__new__(stock)
+    module.__setstate__(state)
+    module.__class__ = tilegemm_rms_norm_class(stock)
+    return module
 
 
 @functools.cache
 def tilegemm_rms_norm_class(stock: type) -> type:
-    """The subclass of the stock RMSNorm class ``stock`` whose forward runs :func:`tilegemm.autograd.rms_norm`."""
+    """The subclass of the stock RMSNorm class ``stock`` whose forward runs :func:`tilegemm.autograd.rms_norm`.
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        backend = self._tilegemm_backend
-        with use_backend(backend) if backend is not None else contextlib.nullcontext():
-            return rms_norm(hidden_states, self.weight, self.variance_epsilon)
-
+    Its instances pickle (``torch.save(model)``, ``copy.deepcopy``) as the stock class and the swap, rebuilt by
+    :func:`_rebuild_swapped`, which importing this module provides.
+    """
     name = f"TileGemm{stock.__name__}"
     doc = f"``{stock.__name__}`` whose forward is one tilegemm RMSNorm kernel (same parameters and math)."
-    attrs = {"forward": forward, "__doc__": doc, "_tilegemm_backend": None, "_tilegemm_stock": stock}
+    attrs = {
+        "forward": _forward,
+        "__reduce_ex__": _reduce_ex,
+        "__doc__": doc,
+        "_tilegemm_backend": None,
+        "_tilegemm_stock": stock,
+    }
     return type(name, (stock,), attrs)
 
 

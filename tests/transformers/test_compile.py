@@ -1,0 +1,188 @@
+"""Patched models under ``torch.compile(fullgraph=True)`` and ``torch.save`` / ``pickle`` (CPU, tiny models).
+
+Every call from a patched module into tilegemm is a ``torch.library`` custom op
+(``tilegemm.transformers.custom_ops``), so a patched model traces as one graph: ``fullgraph=True`` raises on any
+graph break, and the counting backend sees exactly one graph. The compiled model (``aot_eager``: the custom ops'
+fake implementations, functionalization and the real kernels) must give the eager patched model's logits bit for
+bit.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+import subprocess
+import sys
+
+import pytest
+import torch
+from hf_models import FAMILIES, build, prompt
+
+from tilegemm.transformers import apply_tilegemm_to_model, custom_ops, swapped_rms_norms
+from tilegemm.transformers.monkey_patch import experts_modules
+
+
+class CountingBackend:
+    """A ``torch.compile`` backend that counts the graphs it is given and runs them with ``aot_eager``."""
+
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        from torch._dynamo.backends.debugging import aot_eager
+
+        self.graphs += 1
+        return aot_eager(gm, example_inputs)
+
+
+def _compile_and_compare(model, ids):
+    torch._dynamo.reset()
+    backend = CountingBackend()
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    with torch.no_grad():
+        eager = model(ids).logits
+        got = compiled(ids).logits
+    assert backend.graphs == 1, f"{backend.graphs} graphs: the patched model does not trace as one"
+    assert torch.equal(got, eager), f"compiled differs from eager by {(got - eager).abs().max().item():.3e}"
+
+
+CASES = [(f, torch.bfloat16) for f in FAMILIES] + [("tiny-qwen3-moe", torch.float32), ("tiny-gpt-oss", torch.float32)]
+
+
+@pytest.mark.parametrize(("family", "dtype"), CASES, ids=[f"{f}-{str(d)[6:]}" for f, d in CASES])
+def test_patched_model_compiles_whole_and_matches_eager(family, dtype):
+    """bf16: the fused experts op and the norm op; fp32 (and gpt-oss's biases): the unfused grouped ops."""
+    model = apply_tilegemm_to_model(build(family, dtype=dtype))
+    _compile_and_compare(model, prompt())
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused"])
+def test_fp8_model_compiles_whole_and_matches_eager(fused):
+    """``"tilegemm_fp8"``: the unfused FP8 grouped ops (H=64), or the fused ``fp8_moe_experts`` (H = I = 128), with
+    the FP8 weight blocks quantized inside the op and cached on the weight tensors."""
+    sizes = dict(hidden_size=128, moe_intermediate_size=128, head_dim=32) if fused else {}
+    model = apply_tilegemm_to_model(build("tiny-qwen3-moe", dtype=torch.bfloat16, **sizes), fp8=True)
+    _compile_and_compare(model, prompt())
+    w13 = experts_modules(model)[0].gate_up_proj
+    assert "_tilegemm_fp8_blocks" in w13.__dict__, "the compiled call cached the FP8 blocks on the weight"
+
+
+def test_stock_and_patched_trace_the_same_number_of_graphs():
+    """torch._dynamo.explain: tilegemm adds no graph break to a model that has none."""
+    model = build("tiny-deepseek-v3", dtype=torch.bfloat16)
+    ids = prompt()
+    counts = []
+    for patch in (False, True):
+        if patch:
+            apply_tilegemm_to_model(model)
+        torch._dynamo.reset()
+        with torch.no_grad():
+            explained = torch._dynamo.explain(model)(ids)
+        counts.append((explained.graph_count, explained.graph_break_count))
+    assert counts == [(1, 0), (1, 0)], counts
+
+
+# ------------------------------------------------------------------------------------- custom ops
+
+SAMPLES = {
+    "tilegemm::experts_moe": lambda: (
+        torch.randn(5, 16).bfloat16(),
+        torch.randint(0, 4, (5, 2)),
+        torch.rand(5, 2),
+        torch.randn(4, 16, 16).bfloat16(),
+        torch.randn(4, 16, 8).bfloat16(),
+        "silu",
+        None,
+    ),  # fmt: skip
+    "tilegemm::experts_fp8_moe": lambda: (
+        torch.randn(3, 128).bfloat16(),
+        torch.randint(0, 2, (3, 2)),
+        torch.rand(3, 2),
+        torch.randn(2, 256, 128).bfloat16(),
+        torch.randn(2, 128, 128).bfloat16(),
+        "silu",
+        None,
+    ),  # fmt: skip
+    "tilegemm::experts_grouped_linear": lambda: (
+        torch.randn(7, 16),
+        torch.randn(3, 8, 16),
+        torch.tensor([2, 5, 6], dtype=torch.int32),
+        False,
+        None,
+    ),  # fmt: skip
+    "tilegemm::experts_grouped_linear_fp8": lambda: (
+        torch.randn(7, 16).bfloat16(),
+        torch.randn(3, 16, 8).bfloat16(),
+        torch.tensor([2, 5, 7], dtype=torch.int32),
+        True,
+        None,
+    ),  # fmt: skip
+    "tilegemm::rms_norm": lambda: (torch.randn(3, 16).bfloat16(), torch.randn(16).bfloat16(), 1e-6, "pytorch"),
+}
+"""One sample call per op of ``custom_ops.MODEL_OPS``: an op added there without a sample here fails below."""
+
+
+def test_every_model_op_has_a_sample():
+    assert set(custom_ops.MODEL_OPS) == set(SAMPLES)
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_model_op_passes_opcheck(name):
+    """torch.library.opcheck: schema, fake implementation against the real one, and (for the differentiable
+    rms_norm) the autograd registration."""
+    torch.manual_seed(0)
+    torch.library.opcheck(custom_ops.MODEL_OPS[name], SAMPLES[name]())
+
+
+def test_model_op_names_are_tilegemm_ops():
+    with pytest.raises(ValueError, match="^name: got 'indexer'"):
+        custom_ops.model_op("indexer", fake=lambda: None)
+
+
+# ------------------------------------------------------------------------------------- pickling
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(ids).logits
+
+
+@pytest.mark.parametrize("family", [*FAMILIES, "tiny-olmoe"])
+def test_torch_save_and_pickle_round_trip(family):
+    model = apply_tilegemm_to_model(build(family, dtype=torch.bfloat16))
+    ids = prompt()
+    before = _logits(model, ids)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    for clone in (loaded, pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
+        assert [type(m) for m in swapped_rms_norms(clone)] == [type(m) for m in swapped_rms_norms(model)]
+        assert clone.config._experts_implementation == "tilegemm"
+        assert torch.equal(_logits(clone, ids), before)
+    if family in FAMILIES:
+        assert swapped_rms_norms(loaded), "the RMSNorm swap survives the round trip"
+
+
+def test_torch_load_in_a_fresh_process(tmp_path):
+    """A pickled patched model loads and runs where tilegemm was never imported: unpickling the swapped norms and
+    the experts' registration marker imports tilegemm.transformers, which registers the experts functions."""
+    ids = prompt()
+    for family in ("tiny-qwen3-moe", "tiny-olmoe"):
+        model = apply_tilegemm_to_model(build(family, dtype=torch.bfloat16))
+        torch.save({"model": model, "ids": ids, "logits": _logits(model, ids)}, tmp_path / f"{family}.pt")
+    script = (
+        "import sys, torch\n"
+        "for family in sys.argv[1:]:\n"
+        "    saved = torch.load(f'{family}.pt', weights_only=False)\n"
+        "    with torch.no_grad():\n"
+        "        out = saved['model'](saved['ids']).logits\n"
+        "    assert torch.equal(out, saved['logits']), family\n"
+        "    print(family, saved['model'].config._experts_implementation)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, "tiny-qwen3-moe", "tiny-olmoe"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["tiny-qwen3-moe", "tilegemm", "tiny-olmoe", "tilegemm"]
