@@ -66,6 +66,7 @@ from tilegemm.ops.api import (
     rms_norm,
     tf32_hc_prenorm_gemm,
 )
+from tilegemm.precompile import precompile
 from tilegemm.quant import (
     ceil_to_ue8m0,
     get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor,
@@ -155,6 +156,7 @@ __all__ = [
     "per_block_cast_to_fp8",
     "per_channel_cast_to_fp8",
     "per_token_cast_to_fp8",
+    "precompile",
     "rms_norm",
     "set_backend",
     "set_block_size_multiple_of",
