@@ -68,6 +68,36 @@ def test_fp8_model_compiles_whole_and_matches_eager(fused):
     assert "_tilegemm_fp8_blocks" in w13.__dict__, "the compiled call cached the FP8 blocks on the weight"
 
 
+def test_module_backend_is_an_op_argument():
+    """``backend=`` given to the patch reaches the ops as an argument (no ``use_backend`` scope in the trace)."""
+    model = apply_tilegemm_to_model(build("tiny-mixtral", dtype=torch.bfloat16), backend="pytorch", linear=True)
+    _compile_and_compare(model, prompt())
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_linear_swap_compiles_whole_and_matches_eager(fp8):
+    """``linear=True``: the dense layers (attention, lm_head) through the ``tilegemm::linear`` op."""
+    model = apply_tilegemm_to_model(build("tiny-deepseek-v3", dtype=torch.bfloat16), linear=True, fp8=fp8)
+    _compile_and_compare(model, prompt())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_training_step_compiles_whole_and_matches_eager(dtype):
+    """With gradients: bf16 trains through the fused op's custom op (``tilegemm::moe_experts_train``), fp32 through
+    ``tilegemm.grouped_matmul``; the compiled step's gradients equal the eager step's bit for bit."""
+    grads = []
+    for compiled in (False, True):
+        model = apply_tilegemm_to_model(build("tiny-qwen3-moe", dtype=dtype)).train()
+        backend = CountingBackend()
+        torch._dynamo.reset()
+        run = torch.compile(model, backend=backend, fullgraph=True) if compiled else model
+        run(prompt()).logits.float().square().mean().backward()
+        assert backend.graphs == int(compiled)
+        grads.append({name: p.grad for name, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and any("experts" in name for name in grads[0])
+    assert all(torch.equal(grads[0][name], grads[1][name]) for name in grads[0])
+
+
 def test_stock_and_patched_trace_the_same_number_of_graphs():
     """torch._dynamo.explain: tilegemm adds no graph break to a model that has none."""
     model = build("tiny-deepseek-v3", dtype=torch.bfloat16)
@@ -118,6 +148,7 @@ SAMPLES = {
         True,
         None,
     ),  # fmt: skip
+    "tilegemm::linear": lambda: (torch.randn(5, 16).bfloat16(), torch.randn(8, 16).bfloat16(), False, None),
     "tilegemm::rms_norm": lambda: (torch.randn(3, 16).bfloat16(), torch.randn(16).bfloat16(), 1e-6, "pytorch"),
 }
 """One sample call per op of ``custom_ops.MODEL_OPS``: an op added there without a sample here fails below."""

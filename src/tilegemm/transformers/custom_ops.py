@@ -15,6 +15,7 @@ Ops (each takes the patched module's ``backend``, ``None`` for the current choic
 * ``tilegemm::experts_grouped_linear(x [S, K], weight, offs [E], transposed, backend) -> [S, N]`` and
   ``tilegemm::experts_grouped_linear_fp8`` (same, FP8 weight blocks): the unfused path's grouped GEMMs
   (:func:`tilegemm.ops.op_call.grouped_linear`, ``grouped_linear_fp8``).
+* ``tilegemm::linear(x [M, K], weight [N, K], fp8, backend) -> [M, N]``: the ``nn.Linear`` swap's GEMM.
 * ``tilegemm::rms_norm(x, weight, eps, backend)`` (in :mod:`tilegemm.autograd`, differentiable): the RMSNorm swap.
 
 Adding a model-level op (an attention indexer, a fused router) is :func:`model_op`::
@@ -42,7 +43,7 @@ import torch
 
 from tilegemm.ops import api
 from tilegemm.ops.checks import skip_value_checks
-from tilegemm.ops.op_call import grouped_linear, grouped_linear_fp8
+from tilegemm.ops.op_call import grouped_linear, grouped_linear_fp8, out_dtype, run_op
 
 Tensor = torch.Tensor
 F = TypeVar("F", bound=Callable[..., object])
@@ -147,6 +148,26 @@ def experts_grouped_linear_fp8(
     """:func:`tilegemm.ops.op_call.grouped_linear_fp8` on the cached FP8 blocks of ``weight`` (``[E, N, K]``, or
     ``[E, K, N]`` when ``transposed``): ``[S, N]`` in ``x.dtype``."""
     return grouped_linear_fp8(x, weight_fp8_blocks(weight, transpose=transposed), offs, backend)
+
+
+def _fake_linear(x, weight, fp8, backend):
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+@model_op("tilegemm::linear", fake=_fake_linear)
+def linear(x: Tensor, weight: Tensor, fp8: bool, backend: str | None) -> Tensor:
+    """``x [M, K] @ weight [N, K].T`` (no bias): ``bf16_gemm_nt``, or ``fp8_gemm_nt`` of ``x`` cast per token and the
+    cached FP8 blocks of ``weight`` (``fp8``); fp16/fp32 on the exact ``pytorch`` backend. ``[M, N]`` in ``x.dtype``
+    (``x`` in ``weight``'s dtype)."""
+    d = torch.empty(x.shape[0], weight.shape[0], dtype=out_dtype(x.dtype), device=x.device)
+    common = dict(d=d, c=None, alpha=1.0, beta=0.0)
+    if fp8:
+        from tilegemm.quant import per_token_cast_to_fp8
+
+        run_op("fp8_gemm_nt", backend, a=per_token_cast_to_fp8(x.contiguous()), b=weight_fp8_blocks(weight), **common)
+    else:
+        run_op("bf16_gemm_nt", backend, a=x, b=weight, **common)
+    return d.to(x.dtype) if d.dtype != x.dtype else d
 
 
 def _register_rms_norm() -> None:

@@ -7,7 +7,9 @@ The swap changes only the layer's class (``nn.Linear`` -> :class:`TileGemmLinear
 
 Forward: ``y = x @ W.T (+ b)`` with ``bf16_gemm_nt`` (bf16 models on the current backend; fp16/fp32 models on
 the exact ``pytorch`` backend), or with ``fp8_gemm_nt`` when ``fp8`` (weight quantized once to 128x128 blocks
-and cached, activations cast per token). Inference only: when gradients are needed it runs ``F.linear``.
+and cached on the weight tensor, activations cast per token), through the ``tilegemm::linear`` custom op
+(:mod:`~tilegemm.transformers.custom_ops`: one node under ``torch.compile``). Inference only: when gradients are
+needed it runs ``F.linear``.
 """
 
 from __future__ import annotations
@@ -15,8 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tilegemm.ops.op_call import out_dtype, run_op
-from tilegemm.transformers.fp8_weights import cached_fp8_weight
+from tilegemm.transformers import custom_ops
 
 MIN_OUT_FEATURES = 8
 """Layers with fewer outputs (router-style gates such as Qwen's ``shared_expert_gate``, N=1) stay stock."""
@@ -32,17 +33,7 @@ class TileGemmLinear(nn.Linear):
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
             return nn.functional.linear(x, self.weight, self.bias)
         x2 = x.reshape(-1, self.in_features).to(self.weight.dtype)
-        d = torch.empty(x2.shape[0], self.out_features, dtype=out_dtype(x2.dtype), device=x2.device)
-        common = dict(d=d, c=None, alpha=1.0, beta=0.0)
-        if self._tilegemm_fp8:
-            from tilegemm.quant import per_token_cast_to_fp8
-
-            a = per_token_cast_to_fp8(x2.contiguous())
-            w = cached_fp8_weight(self, "weight")
-            run_op("fp8_gemm_nt", self._tilegemm_backend, a=a, b=w, **common)
-        else:
-            run_op("bf16_gemm_nt", self._tilegemm_backend, a=x2, b=self.weight, **common)
-        y = d.to(x2.dtype) if d.dtype != x2.dtype else d
+        y = custom_ops.linear(x2, self.weight, self._tilegemm_fp8, self._tilegemm_backend)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.view(*x.shape[:-1], self.out_features)
