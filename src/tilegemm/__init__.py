@@ -66,7 +66,6 @@ from tilegemm.ops.api import (
     rms_norm,
     tf32_hc_prenorm_gemm,
 )
-from tilegemm.precompile import precompile
 from tilegemm.quant import (
     ceil_to_ue8m0,
     get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor,
@@ -80,6 +79,7 @@ from tilegemm.quant import (
     transform_sf_into_required_layout,
 )
 from tilegemm.testing import calc_diff
+from tilegemm.warmup import precompile
 
 #: DeepGEMM's aliases of the contiguous-layout alignment.
 get_m_alignment_for_contiguous_layout = get_mk_alignment_for_contiguous_layout

@@ -11,8 +11,8 @@ import tilegemm
 from tilegemm.heuristics import gluon
 from tilegemm.ops.cutile import heuristics
 from tilegemm.ops.cutile.heuristics import Kind, Problem
-from tilegemm.precompile import token_buckets
 from tilegemm.transformers import apply_tilegemm_to_model
+from tilegemm.warmup import token_buckets
 
 SMS = 132
 MOE_SHAPES = [(8, 128, 2048, 768), (8, 256, 7168, 2048), (2, 8, 4096, 14336), (4, 60, 2048, 1408)]
