@@ -8,7 +8,8 @@
   256 experts of I=2048, top-8, group-limited routing, 1 shared expert; the first 3 layers dense as in the
   real model, so 4 layers hold one MoE layer), ``qwen2-moe-a2.7b``, ``mixtral-8x7b``.
 
-Building a config imports transformers; importing this module does not.
+Building a config imports transformers; this module's own code does not (its package, ``tilegemm.transformers``,
+imports transformers where it is installed, to register the experts functions).
 """
 
 from __future__ import annotations
