@@ -5,6 +5,7 @@ lists what matches, what is accepted without effect and what raises). Every op i
 backend (``cutile`` or ``pytorch``); see ``tilegemm.backend``. This module only re-exports the public API.
 """
 
+from tilegemm import testing, utils  # DeepGEMM's deep_gemm.testing and deep_gemm.utils
 from tilegemm.autograd import fp8_grouped_matmul, fp8_linear, grouped_matmul, matmul
 from tilegemm.backend.registry import get_available_backends_for_op, list_ops
 from tilegemm.backend.selector import get_available_backends, get_current_backend, set_backend, use_backend
@@ -165,8 +166,10 @@ __all__ = [
     "set_num_sms",
     "set_pdl",
     "set_tc_util",
+    "testing",
     "tf32_hc_prenorm_gemm",
     "transform_sf_into_required_layout",
     "transform_weights_for_mega_moe",
     "use_backend",
+    "utils",
 ]

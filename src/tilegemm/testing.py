@@ -1,11 +1,16 @@
 """Helpers shared by tests, benchmarks and the demo: ``calc_diff``, FP8 dequantization, timing, poison.
 
+Also DeepGEMM 2.6's ``deep_gemm.testing`` names, so that DeepGEMM's test files run through
+``import tilegemm as deep_gemm``: ``calc_diff``, ``count_bytes``, ``assert_bitwise_equal``, ``get_arch_major``,
+``test_filter``, ``ignore_env``, and the timers ``bench`` / ``bench_kineto`` (``tilegemm.kernel_timing``).
 Kept free of pytest (``backend_device_params`` imports it lazily).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -13,6 +18,7 @@ from typing import Any
 
 import torch
 
+from tilegemm.kernel_timing import bench, bench_kineto, empty_suppress, suppress_stdout_stderr  # noqa: F401
 from tilegemm.ops.checks import calc_diff_check
 
 #: (backend, device) pairs the per-op tests run: the pytorch reference on the CPU and on CUDA,
@@ -36,6 +42,83 @@ def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
     if denom == 0.0:
         return 0.0
     return 1.0 - 2.0 * num / denom
+
+
+def count_bytes(*tensors: Any) -> int:
+    """Bytes held by ``tensors``: each tensor's ``numel * element_size``, tuples and lists (FP8 operands)
+    counted element by element, ``None`` skipped."""
+    total = 0
+    for t in tensors:
+        if isinstance(t, (tuple, list)):
+            total += count_bytes(*t)
+        elif t is not None:
+            total += t.numel() * t.element_size()
+    return total
+
+
+def assert_bitwise_equal(x: torch.Tensor, y: torch.Tensor, label: str = "") -> None:
+    """Raise AssertionError unless ``x`` and ``y`` have one shape and dtype and the same bytes; the message names
+    the first differing element (its coordinates and both values)."""
+    if x.shape != y.shape or x.dtype != y.dtype:
+        raise AssertionError(
+            f"bitwise mismatch{f' ({label})' if label else ''}: {x.shape}/{x.dtype} vs {y.shape}/{y.dtype}"
+        )
+    xb, yb = x.contiguous().view(torch.uint8), y.contiguous().view(torch.uint8)
+    if torch.equal(xb, yb):
+        return
+    diff = (xb != yb).flatten()
+    first = int(diff.nonzero()[0].item())
+    elem = first // x.element_size()
+    coord = tuple(int(v) for v in torch.unravel_index(torch.tensor(elem), tuple(x.shape)))
+    raise AssertionError(
+        f"bitwise mismatch{f' ({label})' if label else ''}: {int(diff.sum())} of {diff.numel()} bytes differ, "
+        f"first at element {coord}: x={x.flatten()[elem].item()}, y={y.flatten()[elem].item()}"
+    )
+
+
+def get_arch_major() -> int:
+    """The compute-capability major of the current CUDA device (9 on Hopper)."""
+    return torch.cuda.get_device_capability()[0]
+
+
+def test_filter(condition: Callable[[], bool]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: run the function only when ``condition()`` is true, else print that it was filtered."""
+
+    def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if condition():
+                return func(*args, **kwargs)
+            print(f"{func.__name__}:\n > Filtered by {condition}\n")
+            return None
+
+        return wrapper
+
+    return decorator
+
+
+test_filter.__test__ = False  # a helper, not a pytest test
+
+
+def ignore_env(name: str, condition: Callable[[], bool]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: while the function runs, environment variable ``name`` is unset when ``condition()`` is true
+    (restored afterwards)."""
+
+    def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not condition():
+                return func(*args, **kwargs)
+            saved = os.environ.pop(name, None)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                if saved is not None:
+                    os.environ[name] = saved
+
+        return wrapper
+
+    return decorator
 
 
 def dequantize(data: torch.Tensor, scale: torch.Tensor, gran_rows: int, gran_cols: int = 128) -> torch.Tensor:

@@ -187,12 +187,14 @@ def clean_params(h: int, d: int, out_align: int, arch: str) -> list:
 
 @pytest.mark.parametrize("arch", aot.ARCHS)
 def test_clean_kernel_stores_without_spills(arch):
-    """The ``-inf`` fill of the tiles outside the windows (``mqa_clean_kernel``): every query-row block size of the
-    plain kernel, either output alignment; plain stores (no TMA: a store warpgroup would cost one CTA per SM),
+    """The ``-inf`` fill of the tiles outside the windows (``mqa_clean_logits_kernel``): every query-row block size of
+    the plain kernel, either output alignment; plain stores (no TMA: a store warpgroup would cost one CTA per SM),
     no spills, at most 64 registers (four CTAs per SM or more)."""
     jobs = [(h, d, al) for h, d in PLAIN_VARIANTS for al in (16, 4)]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        cubins = list(pool.map(lambda j: aot.compile_cubin(mqa.mqa_clean_kernel, clean_params(*j, arch), arch), jobs))
+        cubins = list(
+            pool.map(lambda j: aot.compile_cubin(mqa.mqa_clean_logits_kernel, clean_params(*j, arch), arch), jobs)
+        )
     for job, cubin in zip(jobs, cubins):
         s, res = sass_summary(cubin), launch_resources(cubin)
         assert s["ldl"] + s["stl"] == 0 and s["utmastg"] == 0, (job, s)

@@ -17,6 +17,10 @@ experts implementation (``grouped_mm``), switched back and forth by the calls. B
 replayed (for ``decode``, the decode loop of ``modeling/transformers/infer.py --cuda-graphs``). Times are
 per call: ``batch x prompt`` tokens for ``prefill``, ``batch`` tokens for ``decode``.
 
+The peer ``transformers_deepgemm`` is the same model again with transformers' ``deepgemm`` experts implementation,
+its kernels the real DeepGEMM of ``--deepgemm`` (:mod:`tilegemm.bench.hf_deepgemm`); without DeepGEMM, or off
+Hopper/Blackwell, the row records why.
+
 Correctness is measured against the stock model (its output is the reference, so the peer's calc_diff is
 0): ``calc_diff`` of the call's logits on the same inputs (teacher-forced: same prompt, same cache, same
 token), under :data:`BAR`; and ``greedy_agreement``: the fraction of equal tokens in :data:`AGREE_TOKENS`
@@ -114,7 +118,8 @@ def case(spec: dict[str, Any], dg: Any = None, dg_reason: str = "DeepGEMM not lo
         flops, nbytes = work(build_model(spec, "meta"), batch, tokens)
     except ImportError:  # no (recent) transformers: building the row says so
         flops = nbytes = 0.0
-    return Case(FAMILY, spec["phase"], spec["dtype"], shape, flops, nbytes, lambda: _build(spec), bar=BAR)
+    build = lambda: _build(spec, dg, dg_reason)  # noqa: E731
+    return Case(FAMILY, spec["phase"], spec["dtype"], shape, flops, nbytes, build, bar=BAR)
 
 
 class StaticDecode:
@@ -170,8 +175,18 @@ class StaticDecode:
         return torch.cat(tokens, dim=1)
 
 
-def _build(spec: dict[str, Any]) -> Built:
-    """Build the model, compare greedy decodes, and return the two variants of the row's call."""
+def _deepgemm_reason(dg: Any, dg_reason: str) -> str | None:
+    """Why transformers' ``deepgemm`` experts cannot run here (``None``: they can, on DeepGEMM ``dg``)."""
+    from tilegemm.bench import hf_deepgemm
+
+    if dg is not None and (not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] not in (9, 10)):
+        return "transformers' deepgemm experts need an SM90 or SM100 GPU"
+    hf = hf_deepgemm.install(dg, dg_reason)
+    return hf if isinstance(hf, str) else None
+
+
+def _build(spec: dict[str, Any], dg: Any = None, dg_reason: str = "DeepGEMM not loaded") -> Built:
+    """Build the model, compare greedy decodes, and return the variants of the row's call."""
     from tilegemm.testing import calc_diff
     from tilegemm.transformers import EXPERTS_NAME, apply_tilegemm_to_model, revert_tilegemm_model
     from tilegemm.transformers.compat import transformers_version
@@ -184,12 +199,18 @@ def _build(spec: dict[str, Any]) -> Built:
     prompt = torch.randint(0, model.config.vocab_size, (spec["batch"], spec["prompt"]), generator=gen)
     prompt = prompt.to(timing.DEVICE)
 
-    def select(patched: bool) -> None:
+    def select(patched: bool | str) -> None:
+        """``True``: tilegemm's patch; ``False``: the stock model; a string: that experts implementation."""
         current = model.config._experts_implementation
-        if patched and current != EXPERTS_NAME:
+        target = EXPERTS_NAME if patched is True else stock if patched is False else patched
+        if target == current:
+            return
+        if target == EXPERTS_NAME:
             apply_tilegemm_to_model(model)
-        elif not patched and current != stock:
-            revert_tilegemm_model(model, stock)
+        elif current == EXPERTS_NAME:
+            revert_tilegemm_model(model, target)
+        else:
+            model.set_experts_implementation(target)
 
     decode = StaticDecode(model, prompt, AGREE_TOKENS)
     select(False)
@@ -211,7 +232,7 @@ def _build(spec: dict[str, Any]) -> Built:
         def run() -> torch.Tensor:
             return decode.step(token, spec["prompt"])
 
-    def variant(patched: bool) -> Callable[[], torch.Tensor]:
+    def variant(patched: bool | str) -> Callable[[], torch.Tensor]:
         def call() -> torch.Tensor:
             select(patched)
             return run()
@@ -227,4 +248,9 @@ def _build(spec: dict[str, Any]) -> Built:
         Impl("tilegemm", [()], variant(True), check=lambda out: {**check(out), "greedy_agreement": agreement}),
         Impl("transformers", [()], variant(False), note=f"experts_implementation={stock}"),
     ]
+    why = _deepgemm_reason(dg, dg_reason)
+    if why is None:
+        impls.append(Impl("transformers_deepgemm", [()], variant("deepgemm"), note="experts_implementation=deepgemm"))
+    else:
+        impls.append(Impl("transformers_deepgemm", why, None))
     return Built(impls, check)

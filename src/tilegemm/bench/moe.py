@@ -14,7 +14,12 @@ where that copy would not fit. The harness times every implementation eagerly an
 
 FP8 rows (``dtype`` fp8): ``tilegemm.fp8_moe_experts`` on the same weights quantized to 128x128 blocks, beside the
 bf16 peers above (transformers' paths and ``tilegemm.moe_experts``, the latter as ``tilegemm_bf16``) and tilegemm's
-unfused FP8 experts path (``tilegemm_fp8_unfused``: ``unfused_fp8_experts_forward``). The FP8 op is compared with
+unfused FP8 experts path (``tilegemm_fp8_unfused``: ``unfused_fp8_experts_forward``).
+
+``transformers_deepgemm``: transformers' own ``deepgemm`` experts implementation (``deepgemm_bf16_experts_forward``
+on the stock module for bf16 rows, ``deepgemm_fp8_fp4_experts_forward`` on an ``FP8Experts`` module holding the same
+FP8 weights for fp8 rows), its kernels the real DeepGEMM of ``--deepgemm`` (:mod:`tilegemm.bench.hf_deepgemm`
+points transformers' hub loader at it); without DeepGEMM the row records why. The FP8 op is compared with
 the float64 formula of its recipe (quantized ``x`` and ``h``, dequantized weights), the bf16 ones with the bf16
 formula; the unfused FP8 path (``h`` rounded to bf16, then quantized) with the FP8 formula at its own bar.
 """
@@ -82,10 +87,10 @@ def case(spec: dict[str, Any], dg: Any = None, dg_reason: str = "DeepGEMM not lo
     flops = 6.0 * t * k * h * i
     if spec.get("dtype", "bf16") == "fp8":
         nbytes = touched * 3 * i * h * (1 + 4 / 128**2) + 2.0 * t * h * 2
-        build = lambda: _build_fp8(spec, t, h, e, k, i)  # noqa: E731
+        build = lambda: _build_fp8(spec, t, h, e, k, i, dg, dg_reason)  # noqa: E731
         return Case(FAMILY, "fp8_moe_experts", "fp8", shape, flops, nbytes, build, bar=FP8_BAR)
     nbytes = touched * 3 * i * h * 2 + 2.0 * t * h * 2
-    build = lambda: _build(spec, t, h, e, k, i)  # noqa: E731
+    build = lambda: _build(spec, t, h, e, k, i, dg, dg_reason)  # noqa: E731
     return Case(FAMILY, "moe_experts", "bf16", shape, flops, nbytes, build, bar=BAR)
 
 
@@ -101,26 +106,32 @@ def experts_module(model_type: str, w13: torch.Tensor, w2: torch.Tensor) -> torc
     """A stock transformers experts module of ``model_type`` (``qwen3_moe``, ``deepseek_v3``, ``mixtral``)
     holding ``w13 [E, 2I, H]`` as ``gate_up_proj`` and ``w2 [E, H, I]`` as ``down_proj`` (built on ``meta``,
     so no weights are allocated twice)."""
-    from transformers import AutoConfig
-
     e, two_i, h = w13.shape
-    config = AutoConfig.for_model(
-        model_type,
-        hidden_size=h,
-        intermediate_size=two_i // 2,
-        moe_intermediate_size=two_i // 2,
-        num_experts=e,
-        n_routed_experts=e,
-        num_local_experts=e,
-        hidden_act="silu",
-    )
-    config._experts_implementation = "grouped_mm"
+    config = experts_config(model_type, e, two_i // 2, h)
     cls = _experts_class(model_type)
     with torch.device("meta"):
         module = cls(config)
     module.gate_up_proj = torch.nn.Parameter(w13, requires_grad=False)
     module.down_proj = torch.nn.Parameter(w2, requires_grad=False)
     return module.eval()
+
+
+def experts_config(model_type: str, experts: int, inter: int, hidden: int) -> Any:
+    """A transformers config of ``model_type`` with these experts sizes (SiLU, ``grouped_mm`` experts)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(
+        model_type,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        moe_intermediate_size=inter,
+        num_experts=experts,
+        n_routed_experts=experts,
+        num_local_experts=experts,
+        hidden_act="silu",
+    )
+    config._experts_implementation = "grouped_mm"
+    return config
 
 
 def _experts_class(model_type: str) -> type:
@@ -163,6 +174,39 @@ def _peer(name: str, sets: list[tuple], model_type: str, check: Any = None) -> I
     return Impl(name, mods, call, check=check)
 
 
+def _deepgemm_peer(sets: list[tuple], model_type: str, dg: Any, dg_reason: str, check: Any = None) -> Impl:
+    """transformers' ``deepgemm`` experts forward on DeepGEMM ``dg`` (or why it cannot run): bf16 sets
+    ``(x, ids, w, w13, w2)`` run ``deepgemm_bf16_experts_forward`` on the stock module, FP8 sets (``w13``/``w2``
+    as ``(fp8, scales)`` tuples) ``deepgemm_fp8_fp4_experts_forward`` on transformers' ``FP8Experts``."""
+    from tilegemm.bench import hf_deepgemm
+
+    name = "transformers_deepgemm"
+    if dg is not None and (not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] not in (9, 10)):
+        return Impl(name, "transformers' deepgemm experts need an SM90 or SM100 GPU", None)
+    hf = hf_deepgemm.install(dg, dg_reason)
+    if isinstance(hf, str):
+        return Impl(name, hf, None)
+    try:
+        mods = []
+        for x, ids, w, w13, w2 in sets:
+            if isinstance(w13, tuple):
+                e, two_i, h = w13[0].shape
+                module = hf_deepgemm.fp8_experts_module(experts_config(model_type, e, two_i // 2, h), w13, w2)
+            else:
+                module = experts_module(model_type, w13, w2)
+            mods.append((module, x, ids, w))
+    except Exception as exc:
+        return Impl(name, f"transformers experts module unavailable: {type(exc).__name__}: {exc}", None)
+    fp8 = isinstance(sets[0][3], tuple)
+    fn = hf.deepgemm_fp8_fp4_experts_forward if fp8 else hf.deepgemm_bf16_experts_forward
+
+    def call(module, x, ids, w):
+        with torch.inference_mode():
+            return fn(module, x, ids, w)
+
+    return Impl(name, mods, call, check=check, note="transformers.integrations.deepgemm on the local DeepGEMM build")
+
+
 def _reference(x, ids, weights, w13, w2) -> torch.Tensor:
     """float64 experts layer, one expert at a time (its weights cast to float64 one at a time)."""
     t, h = x.shape
@@ -194,7 +238,7 @@ def _input_sets(spec: dict[str, Any], t: int, h: int, e: int, k: int, i: int, we
     return sets
 
 
-def _build(spec: dict[str, Any], t: int, h: int, e: int, k: int, i: int) -> Built:
+def _build(spec: dict[str, Any], t: int, h: int, e: int, k: int, i: int, dg: Any = None, dg_reason: str = "") -> Built:
     import tilegemm
 
     model_type = MODELS.get(spec.get("model"), (0, 0, 0, 0, "qwen3_moe"))[4]
@@ -208,6 +252,7 @@ def _build(spec: dict[str, Any], t: int, h: int, e: int, k: int, i: int) -> Buil
     else:
         impls.append(_peer("transformers_batched_mm", sets, model_type))
     impls.append(_peer("tilegemm_unfused", sets, model_type))
+    impls.append(_deepgemm_peer(sets, model_type, dg, dg_reason or "DeepGEMM not loaded"))
     x, ids, weights, w13, w2 = sets[0]
     return Built(impls, diff_check(lambda: _reference(x, ids, weights, w13, w2)))
 
@@ -232,7 +277,9 @@ def _reference_fp8(x, ids, weights, w13, w2) -> torch.Tensor:
     return out
 
 
-def _build_fp8(spec: dict[str, Any], t: int, h: int, e: int, k: int, i: int) -> Built:
+def _build_fp8(
+    spec: dict[str, Any], t: int, h: int, e: int, k: int, i: int, dg: Any = None, dg_reason: str = ""
+) -> Built:
     import tilegemm
     from tilegemm.transformers.fp8_weights import quantize_weight_blocks
 
@@ -248,4 +295,5 @@ def _build_fp8(spec: dict[str, Any], t: int, h: int, e: int, k: int, i: int) -> 
     impls = [fused, grouped_mm, Impl("tilegemm_bf16", sets, bf16, check=bf16_check, bar=BAR)]
     fp8_check = diff_check(lambda: _reference_fp8(x, ids, weights, fp8_sets[0][3], fp8_sets[0][4]))
     impls.append(_peer("tilegemm_fp8_unfused", sets, model_type, fp8_check))
+    impls.append(_deepgemm_peer(fp8_sets, model_type, dg, dg_reason or "DeepGEMM not loaded", fp8_check))
     return Built(impls, fp8_check)

@@ -163,10 +163,13 @@ def bf16_gemm_tt(
 
 # ------------------------------------------------------------------------- cuBLASLt GEMMs
 
-_CUBLASLT_DOC = """DeepGEMM's ``cublaslt_gemm_{layout}``: the BF16 ``{layout}`` GEMM ``D = A @ B.T (+ C)`` by cuBLAS.
+_CUBLASLT_DOC = """DeepGEMM's ``cublaslt_gemm_{layout}``: ``D = A @ B.T (+ C)`` by cuBLAS (DeepGEMM's baseline).
 
-    Shapes, dtypes and layouts as :func:`bf16_gemm_{layout}` (``alpha = beta = 1``). Only the ``pytorch``
-    backend implements it: an fp32 product by ``torch.matmul`` (cuBLAS on CUDA), rounded once into ``d``.
+    ``a``, ``b``: bare tensors of one dtype, bf16 or float8_e4m3fn (FP8 data without scales, as DeepGEMM takes
+    them), in the shapes of :func:`bf16_gemm_{layout}`; ``d`` bf16/fp32 [M, N]; ``c`` optional, of ``d``'s shape
+    (``c`` may be ``d``). Accumulated in fp32 and rounded once into ``d``. Every backend runs it the same way:
+    cuBLAS through torch on CUDA tensors (``torch.mm``; ``torch._scaled_mm`` with unit scales for FP8), the exact
+    fp32 product on the CPU.
     """
 
 
@@ -175,7 +178,7 @@ def _cublaslt_stub(layout: str) -> Any:
 
     stub.__name__ = stub.__qualname__ = f"cublaslt_gemm_{layout}"
     stub.__doc__ = _CUBLASLT_DOC.format(layout=layout)
-    return dispatch(f"cublaslt_gemm_{layout}", check=checks.dense_gemm_check(layout, fp8=False))(stub)
+    return dispatch(f"cublaslt_gemm_{layout}", check=checks.cublaslt_gemm_check(layout))(stub)
 
 
 cublaslt_gemm_nt = _cublaslt_stub("nt")

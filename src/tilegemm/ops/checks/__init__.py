@@ -52,7 +52,7 @@ from tilegemm.ops.checks.base import (
     skip_value_checks,
     value_checks_enabled,
 )
-from tilegemm.ops.checks.dense import dense_gemm_check, dense_gemm_signature, skip_head_mid_check
+from tilegemm.ops.checks.dense import cublaslt_gemm_check, dense_gemm_check, dense_gemm_signature, skip_head_mid_check
 from tilegemm.ops.checks.einsum import (
     EINSUM_EXPRS,
     FP8_EINSUM_EXPRS,
@@ -98,7 +98,8 @@ __all__ = [
     "BLOCK", "EINSUM_EXPRS", "FLOATS", "FP8", "FP8_EINSUM_EXPRS", "GROUPED_MATMUL_DTYPES", "INT32_MAX",
     "LAYOUTS", "LAYOUT_SHAPES", "LOGITS_DTYPES", "MOE_ACTIVATIONS", "M_ALIGNMENT", "OUT_DTYPES", "RECIPES",
     "HotLane", "allow_float_operands", "calc_diff_check", "ceil_to_ue8m0_check", "check_group_offsets",
-    "dense_gemm_check", "dense_gemm_signature", "einsum_check", "fp8_einsum_check", "fp8_linear_check",
+    "cublaslt_gemm_check", "dense_gemm_check", "dense_gemm_signature", "einsum_check", "fp8_einsum_check",
+    "fp8_linear_check",
     "fp8_moe_experts_check", "fp8_weight_check", "grouped_matmul_check", "k_grouped_check", "k_grouped_ue8m0_check",
     "m_grouped_contiguous_check", "m_grouped_masked_check", "matmul_check", "moe_experts_backward_check",
     "moe_experts_check", "mqa_logits_check", "pack_ue8m0_check", "paged_mqa_logits_check",

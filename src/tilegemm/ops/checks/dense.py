@@ -30,6 +30,7 @@ from tilegemm.ops.checks.base import (
     _stream,
     _string,
     _t,
+    _tensor,
     resolve_recipe,
 )
 from tilegemm.ops.common import cdiv
@@ -90,6 +91,37 @@ def dense_gemm_check(layout: str, fp8: bool) -> Callable[..., dict[str, Any]]:
 # from a call, so that a signature which passed once passes again. Only the canonical dtypes and 16-byte
 # aligned tensors take it (the fp16/fp32 operands that allow_float_operands admits depend on a thread-local
 # setting, not on the call). Written for speed: it runs on every call.
+
+
+def cublaslt_gemm_check(layout: str) -> Callable[..., dict[str, Any]]:
+    """The check of ``cublaslt_gemm_<layout>`` (DeepGEMM's cuBLASLt GEMM); returns the logical ``nt`` form.
+
+    ``a`` and ``b`` are bare tensors of one dtype, bf16 or float8_e4m3fn (unscaled FP8, as DeepGEMM takes them),
+    in ``layout``'s shapes; ``d`` bf16/fp32 [M, N]; ``c`` (optional) of ``d``'s shape.
+    Derived: ``a`` [M, K], ``b`` [N, K], ``d``, ``c``, ``stream``.
+    """
+    flip_a, flip_b = LAYOUTS[layout]
+    a_shape, b_shape = LAYOUT_SHAPES[layout]
+
+    def check(a, b, d, c=None, *, stream=None) -> dict[str, Any]:
+        _tensor("a", a, (torch.bfloat16, FP8), 2)
+        _tensor("b", b, (torch.bfloat16, FP8), 2)
+        if a.dtype != b.dtype:
+            raise TypeError(f"b: got dtype {b.dtype}, expected a's dtype {a.dtype} (both bf16 or both float8_e4m3fn)")
+        la, lb = _t(a, flip_a), _t(b, flip_b)
+        (m, k), (n, kb) = la.shape, lb.shape
+        if k != kb:
+            raise ValueError(
+                f"a and b disagree on K for layout {layout} (a {a_shape}, b {b_shape}): "
+                f"a has shape {list(a.shape)} (K={k}), b has shape {list(b.shape)} (K={kb})"
+            )
+        _output("d", d, OUT_DTYPES, [m, n], "[M, N]")
+        _addend(c, OUT_DTYPES, [m, n], "[M, N]")
+        _stream(stream)
+        _same_device(dict(a=a, b=b, d=d, c=c))
+        return dict(a=la, b=lb, d=d, c=c, stream=stream)
+
+    return check
 
 
 def _num_sms() -> int:

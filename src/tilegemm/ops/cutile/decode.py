@@ -26,8 +26,8 @@ Pipeline depth: ``LAT`` (``DecodePlan.latency``), when above 0, is the ``latency
 activation loads. tileiras sizes its load stages from it: the lean FP8 kernel with a 64-row activation tile gets
 one 32 KiB stage without a hint and two with ``LAT = 2`` (``docs/decode.md``).
 
-Narrow tiles (no swap): from 17 rows on, :func:`_narrow_bf16_body` / :func:`_narrow_fp8_body` compute ``D`` itself
-in ``[64, BN]`` tiles, ``BN`` 16..128 weight rows (the MMA's N side) against 64 activation rows (its M
+Narrow tiles (no swap): from 17 rows on, :func:`_narrow_bf16_gemm_body` / :func:`_narrow_fp8_gemm_body` compute
+``D`` itself in ``[64, BN]`` tiles, ``BN`` 16..128 weight rows (the MMA's N side) against 64 activation rows (its M
 side), the whole of K per CTA, no split-K and no ``c``. A tile of 16-32 weight rows leaves enough tiles to fill the
 SMs where a 64-row weight tile needs split-K, and each CTA is small (64 registers at occupancy 4) with a deep load
 pipeline; at M >= 128 the 128-row weight tiles halve the activation re-reads, and BF16 above 128 rows takes
@@ -103,7 +103,7 @@ def _finish_t(D, C, W, CNT, acc, pm, pn, s, num_m, splits, alpha, beta, HAS_C: C
         _epilogue_t(D, C, acc, pm, pn, alpha, beta, HAS_C)
 
 
-def _decode_bf16_body(
+def _decode_bf16_gemm_body(
     B,
     A,
     D,
@@ -148,7 +148,7 @@ def _decode_bf16_body(
     _finish_t(D, C, W, CNT, acc, pm, pn, s, num_m, splits, alpha, beta, HAS_C, SPLITK)
 
 
-def _decode_fp8_body(
+def _decode_fp8_gemm_body(
     B,
     A,
     SB,
@@ -212,7 +212,7 @@ def _decode_fp8_body(
 # machine (benchmarks/results/host/README.md), a tenth of a small call's host time.
 
 
-def _decode_bf16_lean(
+def _decode_bf16_gemm_lean(
     B,
     A,
     D,
@@ -225,11 +225,11 @@ def _decode_bf16_lean(
     B_KMAJOR: ConstBool,
     LAT: ConstInt,
 ):
-    """:func:`_decode_bf16_body` without ``c`` or split-K: ``D = alpha * A @ B.T``."""
-    _decode_bf16_body(B, A, D, D, D, D, alpha, 0.0, K, 1, 0, BW, BM, BK, A_KMAJOR, B_KMAJOR, LAT, False, False)
+    """:func:`_decode_bf16_gemm_body` without ``c`` or split-K: ``D = alpha * A @ B.T``."""
+    _decode_bf16_gemm_body(B, A, D, D, D, D, alpha, 0.0, K, 1, 0, BW, BM, BK, A_KMAJOR, B_KMAJOR, LAT, False, False)
 
 
-def _decode_fp8_lean(
+def _decode_fp8_gemm_lean(
     B,
     A,
     SB,
@@ -245,8 +245,8 @@ def _decode_fp8_lean(
     LAT: ConstInt,
     INSIDE: ConstBool,
 ):
-    """:func:`_decode_fp8_body` without ``c`` or split-K: ``D = alpha * sum_kb sa * sb * (A_kb @ B_kb.T)``."""
-    _decode_fp8_body(
+    """:func:`_decode_fp8_gemm_body` without ``c`` or split-K: ``D = alpha * sum_kb sa * sb * (A_kb @ B_kb.T)``."""
+    _decode_fp8_gemm_body(
         B, A, SB, SA, D, D, D, D, alpha, 0.0, K, 1, 0, BW, BM, KU, SB_ROWS, FAST_ACC, LAT, INSIDE, False, False
     )
 
@@ -286,7 +286,7 @@ def _wrap(j, num_k, ROTATE: ConstBool):
     return j
 
 
-def _narrow_bf16_body(
+def _narrow_bf16_gemm_body(
     A,
     B,
     D,
@@ -303,7 +303,7 @@ def _narrow_bf16_body(
 
     A: activations, [M, K] (A_KMAJOR) or its [K, M] storage; B: weight, [N, K] (B_KMAJOR) or its [K, N] storage;
     D [M, N]. Grid: ``cdiv(M, BM) * cdiv(N, BN)`` CTAs, the activation tile fastest (the CTAs that read one
-    weight tile run together). ``ROTATE`` as in :func:`_narrow_fp8_body`.
+    weight tile run together). ``ROTATE`` as in :func:`_narrow_fp8_gemm_body`.
     """
     num_k = ct.cdiv(K, BK)
     pm, pn, first = _narrow_unit(D, BM, num_k, ROTATE)
@@ -355,7 +355,7 @@ def _narrow_fp8_block(
     return ct.mma(a, w, ct.zeros((BM, BN), dtype=ct.float32), use_fast_acc=True), sa, sb
 
 
-def _narrow_fp8_body(
+def _narrow_fp8_gemm_body(
     A,
     B,
     SA,
@@ -375,7 +375,7 @@ def _narrow_fp8_body(
     no ``c``), promoted per 128-wide K block as the swap-AB kernel does.
 
     A fp8 [M, K], B fp8 [N, K] (K-major); SA fp32 [M, KB] and SB fp32 [ceil(N/128), KB] (128x128 blocks, ``BN``
-    divides 128) or with SB_ROWS [N, KB], any strides; D [M, N]. Grid as in :func:`_narrow_bf16_body`. ``LAT``:
+    divides 128) or with SB_ROWS [N, KB], any strides; D [M, N]. Grid as in :func:`_narrow_bf16_gemm_body`. ``LAT``:
     the load latency hint (0: none); ``ROTATE``: weight tile ``pn`` starts at K block ``pn % KB`` and wraps
     around (``heuristics.NarrowConfig``). ``PAIR``: two K blocks per iteration, both MMAs issued before either
     promotion (tileiras then overlaps the first block's promotion with the second block's MMAs on sm_90); the sum
@@ -418,7 +418,7 @@ def narrow_scales_inside(cfg: heuristics.NarrowConfig, m: int, n: int, sb_rows: 
 @functools.cache
 def get_narrow_kernel(dtype: str, cfg: heuristics.NarrowConfig) -> Any:
     """The ``@ct.kernel`` of the narrow-tile ``dtype`` ("bf16"/"fp8") kernel with ``cfg``'s compiler hints."""
-    return ct.kernel(_narrow_bf16_body if dtype == "bf16" else _narrow_fp8_body, **cfg.compiler_options())
+    return ct.kernel(_narrow_bf16_gemm_body if dtype == "bf16" else _narrow_fp8_gemm_body, **cfg.compiler_options())
 
 
 def narrow_constants(
@@ -445,9 +445,9 @@ def get_kernel(
     (``lean``: the entry point of a call without ``c`` or split-K; ``occupancy``: the plan's CTAs-per-SM hint,
     ``None``: ``cfg``'s for ``bm``)."""
     if lean:
-        body = _decode_bf16_lean if dtype == "bf16" else _decode_fp8_lean
+        body = _decode_bf16_gemm_lean if dtype == "bf16" else _decode_fp8_gemm_lean
     else:
-        body = _decode_bf16_body if dtype == "bf16" else _decode_fp8_body
+        body = _decode_bf16_gemm_body if dtype == "bf16" else _decode_fp8_gemm_body
     return ct.kernel(body, **cfg.compiler_options(bm, occupancy))
 
 

@@ -138,7 +138,7 @@ def _finish_3d(D, C, acc, pm, h, pn, HAS_C: ConstBool, C_IS_D: ConstBool):
     ct.store(D, (pm, h, pn), ct.astype(_add_c(tile, D, C, (pm, h, pn), HAS_C, C_IS_D), D.dtype))
 
 
-def _bmk_body(
+def _bmn_bnk_mn_gemm_impl(
     A, B, D, C, W, per: int,
     TM: ConstInt, TN: ConstInt, TK: ConstInt, GM: ConstInt, SPLIT: ConstBool, HAS_C: ConstBool, C_IS_D: ConstBool,
 ):  # fmt: skip
@@ -188,7 +188,7 @@ def _reduce_body(W, D, C, splits: int, RM: ConstInt, RN: ConstInt, HAS_C: ConstB
     _finish_2d(D, C, acc, pm, pn, HAS_C, C_IS_D)
 
 
-def _heads_body(
+def _heads_gemm_body(
     A, Y, D, C, TM: ConstInt, TN: ConstInt, TK: ConstInt, GM: ConstInt, HAS_C: ConstBool, C_IS_D: ConstBool
 ):
     """``D[b, h] = A[b, h] @ Y[h] (+ C[b, h])``: A ``[B, H, K]``, Y ``[H, K, N]`` (N contiguous), D/C ``[B, H, N]``.
@@ -215,7 +215,7 @@ def _heads_body(
 @functools.cache
 def get_kernel(name: str, cfg: EinsumConfig | None = None) -> Any:
     """The ``@ct.kernel`` of ``name`` (``"bmk"``, ``"heads"``, ``"reduce"``) with ``cfg``'s compiler hints."""
-    body = {"bmk": _bmk_body, "heads": _heads_body, "reduce": _reduce_body}[name]
+    body = {"bmk": _bmn_bnk_mn_gemm_impl, "heads": _heads_gemm_body, "reduce": _reduce_body}[name]
     return ct.kernel(body, **(cfg.compiler_options() if cfg is not None else {}))
 
 

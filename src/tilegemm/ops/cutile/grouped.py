@@ -327,7 +327,7 @@ def _m_grouped_tile(
             _store_rows(d, g, rb, nb, ct.astype(acc, d.dtype), end, KIND)
 
 
-def _m_grouped_bf16(
+def _m_grouped_bf16_gemm_kernel(
     a, b, d, index, mmax: int, num_groups: int, align: int, zero_tail: int,
     KIND: ConstInt, TRANS_B: ConstBool, BM: ConstInt, BN: ConstInt, BK: ConstInt, GM: ConstInt,
 ):  # fmt: skip
@@ -336,7 +336,7 @@ def _m_grouped_bf16(
     )
 
 
-def _m_grouped_fp8(
+def _m_grouped_fp8_gemm_kernel(
     a, sa, b, sb, d, index, mmax: int, num_groups: int, align: int, zero_tail: int,
     KIND: ConstInt, TRANS_B: ConstBool, BM: ConstInt, BN: ConstInt, BK: ConstInt, GM: ConstInt, FAST: ConstBool,
 ):  # fmt: skip
@@ -430,13 +430,13 @@ def _k_grouped_tile(
             _k_store(c, d, g, mb, nb, acc, HAS_C, C_IS_D)
 
 
-def _k_grouped_bf16(
+def _k_grouped_bf16_gemm_kernel(
     a, b, c, d, koffs, HAS_C: ConstBool, C_IS_D: ConstBool, BM: ConstInt, BN: ConstInt, BK: ConstInt, GM: ConstInt
 ):
     _k_grouped_body(a, a, b, b, c, d, koffs, False, HAS_C, C_IS_D, BM, BN, BK, GM, False)
 
 
-def _k_grouped_fp8(
+def _k_grouped_fp8_gemm_kernel(
     a, sa, b, sb, c, d, koffs,
     HAS_C: ConstBool, C_IS_D: ConstBool, BM: ConstInt, BN: ConstInt, BK: ConstInt, GM: ConstInt, FAST: ConstBool,
 ):  # fmt: skip
@@ -445,10 +445,10 @@ def _k_grouped_fp8(
 
 
 _KERNEL_FNS = {
-    "m_bf16": _m_grouped_bf16,
-    "m_fp8": _m_grouped_fp8,
-    "k_bf16": _k_grouped_bf16,
-    "k_fp8": _k_grouped_fp8,
+    "m_bf16": _m_grouped_bf16_gemm_kernel,
+    "m_fp8": _m_grouped_fp8_gemm_kernel,
+    "k_bf16": _k_grouped_bf16_gemm_kernel,
+    "k_fp8": _k_grouped_fp8_gemm_kernel,
 }
 
 

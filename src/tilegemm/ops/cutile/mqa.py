@@ -11,7 +11,7 @@ the padded heads load as zeros with zero weights.
 * ``fp8_mqa_logits``: one CTA per tile of ``BQ`` query rows (``BQ * HP = 128``), heaviest tiles
   first; it loops only over the key tiles that meet the union of its rows' ``[ks, ke)`` windows,
   so cost follows the valid pairs. ``-inf`` outside the windows: the in-tile mask, and
-  ``mqa_clean_kernel`` on the tiles the kernel does not compute. On sm_90 two CTAs share an SM, so one's MMA
+  ``mqa_clean_logits_kernel`` on the tiles the kernel does not compute. On sm_90 two CTAs share an SM, so one's MMA
   runs during the other's head sum (:func:`plain_kernel_for`), and with two query rows per CTA each row has
   its own MMA, so one row's head sum runs during the other's MMA (:func:`key_tile_logits`).
 * ``get_paged_mqa_logits_metadata``: torch ops on the device (no host sync), the same balanced
@@ -211,7 +211,7 @@ def window_tiles(ks_t, ke_t, first_row, s_rows, s_kv, BQ: int, BK: int, UNROLL: 
 
 
 @ct.kernel(occupancy=4)
-def mqa_clean_kernel(ks, ke, out, BQ: ct.Constant[int], BK: ct.Constant[int], UNROLL: ct.Constant[int]):
+def mqa_clean_logits_kernel(ks, ke, out, BQ: ct.Constant[int], BK: ct.Constant[int], UNROLL: ct.Constant[int]):
     """``-inf`` in every ``[BQ, BK]`` tile of ``out`` [S, S_kv] that the plain kernel (:func:`make_mqa_logits_kernel`)
     does not compute.
 
@@ -416,7 +416,7 @@ def launch_mqa_logits(
 ) -> None:
     """Launch the plain kernel on the current stream (inputs as the op's, already checked; ``out`` fp32 [S, S_kv]).
 
-    ``clean``: also launch :func:`mqa_clean_kernel`, so that every element of ``out`` is written (``out`` may be
+    ``clean``: also launch :func:`mqa_clean_logits_kernel`, so that every element of ``out`` is written (``out`` may be
     uninitialised); otherwise the tiles outside the windows are left as they were.
     """
     s, _, d = q.shape
@@ -444,7 +444,7 @@ def launch_mqa_logits(
     )
     launch(kernel or plain_kernel_for(conf.occupancy), (cdiv(s, conf.bq), 1, 1), args)
     if clean:
-        launch(mqa_clean_kernel, (cdiv(s, conf.bq), 1, 1), (ks, ke, out, conf.bq, conf.bk, conf.unroll))
+        launch(mqa_clean_logits_kernel, (cdiv(s, conf.bq), 1, 1), (ks, ke, out, conf.bq, conf.bk, conf.unroll))
 
 
 def fp8_mqa_logits(

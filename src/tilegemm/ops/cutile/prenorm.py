@@ -49,7 +49,7 @@ def split_blocks(blocks: int, splits: int) -> tuple[int, int]:
     return divmod(blocks, splits)
 
 
-def _prenorm_body(A, B, D, SQ, splits: int, per: int, rem: int, TM: ConstInt, TN: ConstInt, TK: ConstInt):
+def _tf32_hc_prenorm_gemm_body(A, B, D, SQ, splits: int, per: int, rem: int, TM: ConstInt, TN: ConstInt, TK: ConstInt):
     """A bf16 ``[M, K]``, B fp32 ``[N, K]``; D fp32 ``[splits, M, N]``, SQ fp32 ``[splits, M]`` (see module doc)."""
     num_m = ct.cdiv(A.shape[0], TM)
     num_n = ct.cdiv(B.shape[0], TN)
@@ -78,7 +78,7 @@ def _prenorm_body(A, B, D, SQ, splits: int, per: int, rem: int, TM: ConstInt, TN
 @functools.cache
 def get_kernel() -> Any:
     """The ``@ct.kernel`` of the pre-norm GEMM."""
-    return ct.kernel(_prenorm_body)
+    return ct.kernel(_tf32_hc_prenorm_gemm_body)
 
 
 def kernel_constants(n: int) -> list[Any]:

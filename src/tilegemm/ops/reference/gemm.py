@@ -34,8 +34,6 @@ def dense_fp8(a, b, d, c, recipe, alpha, beta, stream):
 
 for _op in ("bf16_gemm_nt", "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt"):
     register_impl(_op, "pytorch")(dense_bf16)
-for _op in ("cublaslt_gemm_nt", "cublaslt_gemm_nn", "cublaslt_gemm_tn", "cublaslt_gemm_tt"):
-    register_impl(_op, "pytorch")(dense_bf16)
 for _op in ("fp8_fp4_gemm_nt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt"):
     register_impl(_op, "pytorch")(dense_fp8)
 del _op
