@@ -547,3 +547,241 @@ def test_ue8m0_casts_are_powers_of_two(device):
     assert sf32.shape == (64, ceil_div(300, 32))
     _, packed = deep_gemm.per_token_cast_to_fp8(torch.randn(8, 512, device=device), True, 32, True)
     assert packed.dtype == torch.int32 and packed.shape == (8, 4)
+
+
+# ------------------------------------------------------------------ cuBLASLt baseline (test_bf16 / test_fp8_fp4)
+
+
+@pytest.mark.parametrize("layout", ["nt", "nn", "tn", "tt"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32], ids=["d-bf16", "d-fp32"])
+@pytest.mark.parametrize("accumulate", [False, True], ids=["", "acc"])
+@pytest.mark.parametrize(("m", "n", "k"), [(64, 128, 256), (37, 48, 160), (1, 16, 32)])
+def test_cublaslt_gemm(device, layout, dtype, out_dtype, accumulate, m, n, k):
+    """``cublaslt_gemm_*`` as DeepGEMM's baseline calls it: bare bf16 or FP8 operands (no scales), ``c=`` to
+    accumulate; ``d`` against the float64 product of the operands' own values."""
+    a = torch.randn(m, k, device=device).to(dtype)
+    b = torch.randn(n, k, device=device).to(dtype)
+    c = torch.randn(m, n, device=device).to(out_dtype) if accumulate else None
+    d = torch.full((m, n), float("nan"), device=device, dtype=out_dtype)
+    ref = a.double() @ b.double().T + (c.double() if c is not None else 0)
+    a_in = a if layout[0] == "n" else a.T.contiguous()
+    b_in = b if layout[1] == "t" else b.T.contiguous()
+    getattr(deep_gemm, f"cublaslt_gemm_{layout}")(a_in, b_in, d, c=c)
+    bar = 1e-5 if out_dtype == torch.bfloat16 else 6e-7  # DeepGEMM's test_cublaslt_gemm bars
+    assert calc_diff(d, ref) < bar
+
+
+def test_cublaslt_gemm_c_is_d_and_mn_major(device):
+    """``c`` may be ``d`` (DeepGEMM's in-place accumulation), and operands may be MN-major views."""
+    a = torch.randn(96, 64, device=device).to(torch.float8_e4m3fn)
+    b = torch.randn(128, 64, device=device).to(torch.float8_e4m3fn)
+    d = torch.randn(96, 128, device=device)
+    ref = a.double() @ b.double().T + d.double()
+    deep_gemm.cublaslt_gemm_nt(a.T.contiguous().T, b.T.contiguous().T, d, c=d)
+    assert calc_diff(d, ref) < 6e-7
+
+
+def test_cublaslt_gemm_is_one_implementation_on_every_backend():
+    """No backend lacks it, so fallback-disabled calls never refuse it: each runs cuBLAS through torch."""
+    from tilegemm.backend import registry
+    from tilegemm.ops import cublaslt
+
+    registry._load_backends()
+    for layout in ("nt", "nn", "tn", "tt"):
+        impls = registry._IMPLS[f"cublaslt_gemm_{layout}"]
+        assert {b: impls.get(b) for b in ("pytorch", "cutile", "gluon")} == dict.fromkeys(
+            ("pytorch", "cutile", "gluon"), cublaslt.cublaslt_gemm
+        )
+
+
+def test_cublaslt_gemm_bad_input_names_the_argument():
+    a = torch.randn(8, 32).bfloat16()
+    with pytest.raises(TypeError, match=r"^b: got dtype torch.float8_e4m3fn, expected a's dtype"):
+        deep_gemm.cublaslt_gemm_nt(a, torch.randn(16, 32).to(torch.float8_e4m3fn), torch.empty(8, 16))
+    with pytest.raises(TypeError, match=r"^a: got dtype torch.float16"):
+        deep_gemm.cublaslt_gemm_nt(a.half(), a, torch.empty(8, 8))
+    with pytest.raises(ValueError, match=r"^a and b disagree on K"):
+        deep_gemm.cublaslt_gemm_nt(a, torch.randn(16, 16).bfloat16(), torch.empty(8, 16))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backend", ["cutile", "gluon", "pytorch"])
+def test_cublaslt_gemm_fp8_on_every_backend_without_fallback(monkeypatch, backend):
+    """DeepGEMM's FP8 cuBLAS baseline on CUDA tensors runs on whichever backend is chosen, fallback disabled."""
+    if backend not in deep_gemm.get_available_backends():
+        pytest.skip(f"{backend} unavailable here")
+    monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
+    a = torch.randn(256, 512, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(384, 512, device="cuda").to(torch.float8_e4m3fn)
+    d = torch.empty(256, 384, device="cuda", dtype=torch.bfloat16)
+    deep_gemm.cublaslt_gemm_nt(a, b, d, backend=backend)
+    assert calc_diff(d, a.double() @ b.double().T) < 1e-5
+
+
+# --------------------------------------------------------------------- deep_gemm.utils / deep_gemm.testing names
+
+#: The public names of DeepGEMM 2.6.1's ``deep_gemm.utils`` (math, layout, dist) and ``deep_gemm.testing``
+#: (bench, numeric, utils) that its tests and transformers' integration import.
+UTILS_NAMES = (
+    "ceil_div", "align", "ceil_to_ue8m0", "pack_ue8m0_to_int", "per_token_cast_to_fp8", "per_channel_cast_to_fp8",
+    "per_block_cast_to_fp8", "per_custom_dims_cast_to_fp8", "per_token_cast_to_fp4", "transpose_packed_fp4",
+    "unpack_ue8m0_from_int", "cast_back_from_fp4", "get_tma_aligned_size", "get_mn_major_tma_aligned_tensor",
+    "get_mn_major_tma_aligned_packed_ue8m0_tensor", "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor",
+    "set_mk_alignment_for_contiguous_layout", "get_mk_alignment_for_contiguous_layout",
+    "get_theoretical_mk_alignment_for_contiguous_layout", "get_m_alignment_for_contiguous_layout",
+    "get_k_alignment_for_contiguous_layout", "init_dist", "uneven_all_gather", "dist_print",
+)  # fmt: skip
+TESTING_NAMES = (
+    "bench", "bench_kineto", "empty_suppress", "suppress_stdout_stderr", "calc_diff", "count_bytes",
+    "assert_bitwise_equal", "get_arch_major", "test_filter", "ignore_env",
+)  # fmt: skip
+
+
+def test_utils_and_testing_have_deepgemms_names():
+    import importlib
+
+    missing = [n for n in UTILS_NAMES if not callable(getattr(deep_gemm.utils, n, None))]
+    missing += [f"testing.{n}" for n in TESTING_NAMES if not callable(getattr(deep_gemm.testing, n, None))]
+    assert missing == []
+    for sub in ("tilegemm.utils.math", "tilegemm.utils.layout", "tilegemm.utils.dist"):
+        importlib.import_module(sub)  # ``from deep_gemm.utils.math import ...`` works too
+    assert deep_gemm.utils.per_token_cast_to_fp8 is deep_gemm.per_token_cast_to_fp8
+
+
+@pytest.mark.parametrize(("x", "y"), [(0, 1), (1, 128), (128, 128), (129, 128), (7, 3)])
+def test_ceil_div_and_align(x, y):
+    assert deep_gemm.utils.ceil_div(x, y) == -(-x // y)
+    assert deep_gemm.utils.align(x, y) == -(-x // y) * y
+    assert deep_gemm.utils.align(x, y) % y == 0 and 0 <= deep_gemm.utils.align(x, y) - x < y
+
+
+def test_ceil_div_bad_input():
+    with pytest.raises(TypeError, match="^y: "):
+        deep_gemm.utils.ceil_div(3, 2.0)
+    with pytest.raises(ValueError, match="^y: got 0"):
+        deep_gemm.utils.ceil_div(3, 0)
+
+
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("use_ue8m0", [False, True])
+@pytest.mark.parametrize(("m", "n", "gran_k"), [(4, 256, 128), (3, 70, 32), (8, 64, 128)])
+def test_per_token_cast_to_fp4_against_float64(use_ue8m0, m, n, gran_k):
+    """Every code is the E2M1 value nearest to ``x / scale`` (ties to the smaller magnitude), the scale is
+    ``amax / 6`` per row per ``gran_k`` (a power of two at or above it with ``use_ue8m0``), and the round trip
+    through ``cast_back_from_fp4`` gives ``code * scale``."""
+    x = torch.randn(m, n, dtype=torch.float32) * 3
+    packed, sf = deep_gemm.utils.per_token_cast_to_fp4(x, use_ue8m0=use_ue8m0, gran_k=gran_k)
+    assert packed.dtype == torch.int8 and list(packed.shape) == [m, n // 2] and list(sf.shape) == [m, -(-n // gran_k)]
+    x64 = torch.nn.functional.pad(x.double(), (0, sf.shape[1] * gran_k - n)).view(m, -1, gran_k)
+    amax = x64.abs().amax(-1).clamp(min=1e-4) / 6
+    if use_ue8m0:
+        assert torch.all(sf.double() >= amax) and torch.all(sf.double() < 2 * amax + 1e-30)
+    else:
+        assert torch.allclose(sf.double(), amax, rtol=1e-6)
+    scaled = (x64 / sf.double().unsqueeze(-1)).view(m, -1)[:, :n]
+    nearest = E2M1[(scaled.abs().unsqueeze(-1) - E2M1).abs().argmin(-1)] * scaled.sign()
+    back = deep_gemm.utils.cast_back_from_fp4(packed, sf, gran_k=gran_k).double()
+    expect = nearest * sf.double().repeat_interleave(gran_k, dim=1)[:, :n]
+    ties = ((scaled.abs().unsqueeze(-1) - E2M1).abs().sort(-1).values[..., :2].diff(dim=-1).abs() < 1e-9).squeeze(-1)
+    assert torch.equal(back[~ties], expect[~ties].abs() * back[~ties].sign()) or torch.allclose(
+        back[~ties], expect[~ties]
+    )
+
+
+def test_packed_fp4_transpose_and_packed_scales():
+    x = torch.randn(6, 64)
+    packed, sf = deep_gemm.utils.per_token_cast_to_fp4(x, use_ue8m0=True, gran_k=32, use_packed_ue8m0=True)
+    assert sf.dtype == torch.int32 and list(sf.shape) == [6, 1]  # two scales padded to four, packed in one int
+    values = deep_gemm.utils.cast_back_from_fp4(packed, sf, gran_k=32, use_packed_ue8m0=True)
+    unpacked_t = deep_gemm.utils.transpose_packed_fp4(packed)
+    assert list(unpacked_t.shape) == [64, 3]
+    codes = torch.stack((packed & 0x0F, (packed >> 4) & 0x0F), -1).view(6, 64)
+    codes_t = torch.stack((unpacked_t & 0x0F, (unpacked_t >> 4) & 0x0F), -1).view(64, 6)
+    assert torch.equal(codes_t, codes.T)
+    assert torch.all((values == 0) | (values.abs() >= 0.5 * values.abs().max() / 12))
+
+
+def test_per_custom_dims_cast_to_fp8():
+    x = torch.randn(4, 5, 6)
+    q, s = deep_gemm.utils.per_custom_dims_cast_to_fp8(x, (1,), use_ue8m0=False)
+    assert q.dtype == torch.float8_e4m3fn and list(s.shape) == [5]
+    assert torch.allclose(s, x.abs().amax(dim=(0, 2)) / 448)
+    assert calc_diff(q.double() * s.double().view(1, 5, 1), x) < 1e-3
+
+
+def test_count_bytes_and_assert_bitwise_equal():
+    a = torch.empty(3, 4, dtype=torch.bfloat16)
+    fp8 = (torch.empty(2, 8, dtype=torch.float8_e4m3fn), torch.empty(2, 1))
+    assert deep_gemm.testing.count_bytes(a, None, fp8, [a]) == 24 + 16 + 8 + 24
+    x = torch.randn(5, 7)
+    deep_gemm.testing.assert_bitwise_equal(x, x.clone())
+    y = x.clone()
+    y[2, 3] += 1
+    with pytest.raises(AssertionError, match=r"first at element \(2, 3\)"):
+        deep_gemm.testing.assert_bitwise_equal(x, y, "probe")
+
+
+def test_test_filter_and_ignore_env(monkeypatch, capsys):
+    calls = []
+    deep_gemm.testing.test_filter(lambda: False)(lambda: calls.append(1))()
+    deep_gemm.testing.test_filter(lambda: True)(lambda: calls.append(2))()
+    assert calls == [2] and "Filtered by" in capsys.readouterr().out
+    monkeypatch.setenv("TILEGEMM_PROBE_ENV", "1")
+    import os
+
+    seen = []
+    deep_gemm.testing.ignore_env("TILEGEMM_PROBE_ENV", lambda: True)(
+        lambda: seen.append(os.environ.get("TILEGEMM_PROBE_ENV"))
+    )()
+    deep_gemm.testing.ignore_env("TILEGEMM_PROBE_ENV", lambda: False)(
+        lambda: seen.append(os.environ.get("TILEGEMM_PROBE_ENV"))
+    )()
+    assert seen == [None, "1"] and os.environ["TILEGEMM_PROBE_ENV"] == "1"
+
+
+def test_bench_kineto_matching():
+    """bench_kineto's reading of the profiler rows: seconds per launch of the kernels a substring names, 0 when
+    none does, and an error when a substring names two kernels (DeepGEMM's rule)."""
+    from tilegemm.kernel_timing import match_kernels
+
+    rows = [("_bf16_gemm_body_K123", 4e-3, 40), ("nvjet_tst_64x8", 2e-3, 10), ("elementwise_kernel", 1e-3, 5)]
+    assert match_kernels(rows, ("bf16_gemm", "nvjet", "reduce")) == [1e-4, 2e-4, 0.0]
+    rows.append(("_splitk_bf16_gemm_reduce", 1e-3, 10))
+    with pytest.raises(AssertionError, match="matches 2 kernels"):
+        match_kernels(rows, ("bf16_gemm",))
+    assert match_kernels(rows, ("bf16_gemm",), with_multiple_kernels=True) == [pytest.approx(5e-3 / 50)]
+
+
+# ------------------------------------------------------------------------------------ kernel names in profiles
+
+
+def test_kernel_names_carry_deepgemms_profiler_filters():
+    """A cuTile or Gluon kernel's symbol starts with its Python function's name; DeepGEMM's benchmarks find its
+    kernels by substring (``bench_kineto(fn, "bf16_gemm")``), so each entry point of a DeepGEMM op carries the
+    substring DeepGEMM's test of that op filters on."""
+    pytest.importorskip("cuda.tile")
+    from tilegemm.ops.cutile import decode, einsum, gemm, grouped, mqa, prenorm
+
+    bf16 = [gemm._bf16_gemm_body, decode._decode_bf16_gemm_body, decode._decode_bf16_gemm_lean]
+    bf16 += [decode._narrow_bf16_gemm_body, grouped._KERNEL_FNS["m_bf16"], grouped._KERNEL_FNS["k_bf16"]]
+    fp8 = [
+        gemm._fp8_gemm_body,
+        decode._decode_fp8_gemm_body,
+        decode._decode_fp8_gemm_lean,
+        decode._narrow_fp8_gemm_body,
+    ]
+    fp8 += [grouped._KERNEL_FNS["m_fp8"], grouped._KERNEL_FNS["k_fp8"]]
+    names = {fn.__name__ for fn in bf16 + fp8}
+    assert all("bf16_gemm" in fn.__name__ for fn in bf16), names
+    assert all("gemm_" in fn.__name__ and "bf16_gemm" not in fn.__name__ for fn in fp8), names
+    assert "bmn_bnk_mn_gemm_impl" in einsum._bmn_bnk_mn_gemm_impl.__name__
+    assert "gemm" in einsum._heads_gemm_body.__name__ and "gemm" not in einsum._reduce_body.__name__
+    assert "tf32_hc_prenorm_gemm" in prenorm._tf32_hc_prenorm_gemm_body.__name__
+    clean = mqa.mqa_clean_logits_kernel._pyfunc.__name__  # a @ct.kernel object: its Python function's name
+    assert "clean_logits" in clean and "mqa_logits" not in clean
+    for helper in (gemm._splitk_reduce_body,):  # second kernels of an op must not match its filter
+        assert "gemm" not in helper.__name__
