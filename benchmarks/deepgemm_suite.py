@@ -1,18 +1,18 @@
-"""Run DeepGEMM v2.6.1's own test functions against tilegemm, as ``import tilegemm as deep_gemm``.
+"""Run DeepGEMM v2.6.1's own test files, unmodified, against tilegemm through a plain module alias.
 
-DeepGEMM's tests import ``deep_gemm`` (the API under test) and its helper packages
-``deep_gemm.testing`` and ``deep_gemm.utils`` (generators, casts, timers: not API under test).
-This script builds a stand-in ``deep_gemm`` package in a temporary folder: its ``__init__`` is
-``from tilegemm import *``; ``testing/`` and ``utils/`` are copied from a DeepGEMM source tree and
-their one import of DeepGEMM's extension (``deep_gemm._C``: layout helpers) is served by tilegemm.
-Each test function then runs in a fresh process (seeded as the test file's ``__main__`` seeds it)
-with ``DG_USE_NVIDIA_TOOLS=1``, which makes DeepGEMM's kineto timer a no-op: what runs is the
-correctness part of every test. Needs a CUDA GPU and a DeepGEMM source tree (no build)::
+DeepGEMM's tests import ``deep_gemm`` and its helpers ``deep_gemm.testing`` and ``deep_gemm.utils`` (generators,
+casts, timers). Each test function runs in a fresh process that first makes those names aliases of tilegemm's
+modules (``sys.modules["deep_gemm"] = tilegemm``, ``deep_gemm.utils`` -> ``tilegemm.utils``, ``deep_gemm.testing``
+-> ``tilegemm.testing``, ...), nothing of DeepGEMM's own code imported, then imports the test file from DeepGEMM's
+``tests/`` folder and calls the function, seeded as the file's ``__main__`` seeds it. DeepGEMM's kineto timer is
+tilegemm's ``bench_kineto``, so each function's benchmark prints run too (they find tilegemm's kernels by the
+substrings DeepGEMM filters on); ``--no-kineto`` sets ``DG_USE_NVIDIA_TOOLS=1`` to run the correctness part only.
+Needs a CUDA GPU and a DeepGEMM source tree (its ``tests/``; no build)::
 
-    python benchmarks/deepgemm_suite.py --deepgemm-src DIR --out OUT_DIR [--timeout 300]
+    python benchmarks/deepgemm_suite.py --deepgemm-src DIR --out OUT_DIR [--timeout 300] [--only test_bf16,...]
 
-Writes ``OUT_DIR/deepgemm_suite.json`` and ``.md`` (one row per test function: passed, failed with
-the last lines of its output, or timed out) and each function's log.
+Writes ``OUT_DIR/deepgemm_suite.json`` and ``.md`` (one row per test function: passed, failed with the last lines
+of its output, or timed out) and one log per test file (``OUT_DIR/<file>.log``, its functions' output in order).
 """
 
 from __future__ import annotations
@@ -21,10 +21,8 @@ import argparse
 import datetime
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -49,6 +47,7 @@ SUITE: dict[str, tuple[int, list[str]]] = {
         1,
         ["test_sf_layout_kernels", "test_k_grouped_sf_layout_kernels", "test_k_grouped_psum_sf_layout_kernels"],
     ),
+    "test_hyperconnection": (0, ["test_hc_prenorm_gemm"]),
     "test_einsum": (
         0,
         [
@@ -62,18 +61,20 @@ SUITE: dict[str, tuple[int, list[str]]] = {
     ),
 }
 
-_C_NAMES = (
-    "get_tma_aligned_size",
-    "get_mn_major_tma_aligned_tensor",
-    "get_mn_major_tma_aligned_packed_ue8m0_tensor",
-    "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor",
-    "set_mk_alignment_for_contiguous_layout",
-    "get_mk_alignment_for_contiguous_layout",
-    "get_theoretical_mk_alignment_for_contiguous_layout",
-)
+#: The modules DeepGEMM's tests import, and the tilegemm module each becomes.
+ALIASES = {
+    "deep_gemm": "tilegemm",
+    "deep_gemm.utils": "tilegemm.utils",
+    "deep_gemm.utils.math": "tilegemm.utils.math",
+    "deep_gemm.utils.layout": "tilegemm.utils.layout",
+    "deep_gemm.utils.dist": "tilegemm.utils.dist",
+    "deep_gemm.testing": "tilegemm.testing",
+}
 
 _RUNNER = """
-import random, sys, torch
+import importlib, random, sys, torch
+for alias, name in {aliases!r}.items():
+    sys.modules[alias] = importlib.import_module(name)
 sys.path.insert(0, {tests!r})
 torch.manual_seed({seed}); random.seed({seed})
 import {module} as m
@@ -82,24 +83,12 @@ print("DEEPGEMM_SUITE_OK")
 """
 
 
-def build_shim(deepgemm_src: Path, root: Path) -> Path:
-    """Write the stand-in ``deep_gemm`` package under ``root``; returns ``root``."""
-    pkg = root / "deep_gemm"
-    pkg.mkdir(parents=True)
-    for helper in ("testing", "utils"):
-        shutil.copytree(deepgemm_src / "deep_gemm" / helper, pkg / helper)
-    (pkg / "__init__.py").write_text(
-        "from tilegemm import *  # noqa: F403\nfrom tilegemm import __all__  # noqa: F401\n"
-    )
-    (pkg / "_C.py").write_text(f"from tilegemm import {', '.join(_C_NAMES)}  # noqa: F401\n")
-    return root
-
-
-def run_function(shim: Path, tests: Path, module: str, seed: int, function: str, timeout: float, log: Path) -> dict:
-    """Run one test function in a fresh process; returns its row."""
-    code = _RUNNER.format(tests=str(tests), seed=seed, module=module, function=function)
-    env = {**os.environ, "DG_USE_NVIDIA_TOOLS": "1"}
-    env["PYTHONPATH"] = f"{shim}:{env.get('PYTHONPATH', '')}"
+def run_function(tests: Path, module: str, seed: int, function: str, timeout: float, log: Path, kineto: bool) -> dict:
+    """Run one test function in a fresh process, appending its output to ``log``; returns its row."""
+    code = _RUNNER.format(aliases=ALIASES, tests=str(tests), seed=seed, module=module, function=function)
+    env = dict(os.environ)
+    if not kineto:
+        env["DG_USE_NVIDIA_TOOLS"] = "1"
     start = time.perf_counter()
     try:
         proc = subprocess.run(
@@ -109,7 +98,8 @@ def run_function(shim: Path, tests: Path, module: str, seed: int, function: str,
     except subprocess.TimeoutExpired as exc:
         output, status = f"{exc.stdout or ''}{exc.stderr or ''}", "timeout"
         output = output if isinstance(output, str) else output.decode(errors="replace")
-    log.write_text(output)
+    with log.open("a") as f:
+        f.write(f"===== {module}.{function}: {status}\n{output}\n")
     tail = [line for line in output.splitlines() if line.strip()][-6:]
     return dict(file=module, function=function, status=status, seconds=round(time.perf_counter() - start, 1), tail=tail)
 
@@ -120,9 +110,8 @@ def to_markdown(rows: list[dict], meta: dict) -> str:
     lines = [
         f"# DeepGEMM {meta['deepgemm']} test functions through `import tilegemm as deep_gemm`",
         "",
-        f"{meta['date']}, {meta['gpu']}, torch {meta['torch']}. DeepGEMM's kineto timing off "
-        "(`DG_USE_NVIDIA_TOOLS=1`): the correctness part of each function. "
-        f"**{passed}/{len(rows)} passed.**",
+        f"{meta['date']}, {meta['gpu']}, torch {meta['torch']}; DeepGEMM's test files unmodified, `deep_gemm` an "
+        f"alias of `tilegemm`; {meta['timing']}. **{passed}/{len(rows)} passed.**",
         "",
         "| file | function | status | s | last output |",
         "|---|---|---|---|---|",
@@ -140,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder for the JSON, markdown and logs")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per test function")
     parser.add_argument("--only", default="", help="comma-separated file names to run (default: all)")
+    parser.add_argument("--no-kineto", action="store_true", help="DG_USE_NVIDIA_TOOLS=1: correctness only")
     args = parser.parse_args(argv)
     import torch
 
@@ -151,22 +141,23 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     only = {name for name in args.only.split(",") if name}
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        shim = build_shim(args.deepgemm_src, Path(tmp))
-        for module, (seed, functions) in SUITE.items():
-            if only and module not in only:
-                continue
-            for function in functions:
-                row = run_function(
-                    shim, tests, module, seed, function, args.timeout, args.out / f"{module}.{function}.log"
-                )
-                print(f"{row['status']:8} {row['seconds']:7.1f}s {module}.{function}", flush=True)
-                rows.append(row)
+    for module, (seed, functions) in SUITE.items():
+        if only and module not in only:
+            continue
+        log = args.out / f"{module}.log"
+        log.write_text("")
+        for function in functions:
+            row = run_function(tests, module, seed, function, args.timeout, log, kineto=not args.no_kineto)
+            print(f"{row['status']:8} {row['seconds']:7.1f}s {module}.{function}", flush=True)
+            rows.append(row)
     meta = dict(
         date=datetime.date.today().isoformat(),
         gpu=torch.cuda.get_device_name(),
         torch=torch.__version__,
         deepgemm="v2.6.1",
+        timing="kineto off (`DG_USE_NVIDIA_TOOLS=1`): correctness only"
+        if args.no_kineto
+        else "kineto timing on (tilegemm.testing.bench_kineto)",
     )
     (args.out / "deepgemm_suite.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     (args.out / "deepgemm_suite.md").write_text(to_markdown(rows, meta))
