@@ -85,7 +85,7 @@ def _render_main(argv: list[str]) -> int:
         from tilegemm.bench import plots
 
         out = args.plots or str(Path(args.from_json).parent / "plots")
-        plots.plot_all(schema.load(args.from_json), out)
+        plots.plot_all(schema.load(args.from_json), out, progress=True)
     try:
         readme.render(args.from_json, args.readme, args.plots)
     except ValueError as exc:
@@ -104,7 +104,7 @@ def _outputs(doc: dict[str, Any], args: argparse.Namespace) -> int:
         try:
             from tilegemm.bench import plots
 
-            for path in plots.plot_all(doc, args.plot):
+            for path in plots.plot_all(doc, args.plot, progress=not args.no_progress):
                 print(f"wrote {path}")
         except ImportError as exc:
             print(f"--plot needs matplotlib ({exc}); render later on a CPU: tilegemm-bench --from FILE.json --plot DIR")
