@@ -11,6 +11,10 @@ Stock decode is measured with ``generate`` and the dynamic cache and, on a GPU, 
 patched decode uses ``generate`` with the dynamic cache, or with ``--cuda-graphs`` a static cache and
 a CUDA-graph-replayed decode step.
 
+On the ``pytorch`` backend (the CPU, or a GPU without cuTile) the models run tilegemm's exact reference, which is
+not a fast path: the run reports agreement only (no tokens/s, no ratios) and points at the committed GPU numbers
+(:data:`GPU_NUMBERS`).
+
 Run from a checkout: ``python modeling/transformers/infer.py --compare --model tiny`` (or
 ``python -m modeling.transformers.infer`` from the repository root).
 """
@@ -39,6 +43,14 @@ from tilegemm.transformers import apply_tilegemm_to_model, presets, revert_tileg
 from tilegemm.transformers.compat import UnsupportedTransformersError, transformers_version  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+#: Where the speed of the patched models is measured (H100, cutile backend), shown when a run cannot measure it.
+GPU_NUMBERS = (
+    "README.md (Measured), benchmarks/results/h100.md (the models rows: 4-layer Qwen3-30B-A3B and DeepSeek-V3, "
+    "patched vs stock in the same calls) and benchmarks/results/norm/README.md (this script with --compare "
+    "--cuda-graphs on an H100)"
+)
+#: The speed fields of a result row (dropped where the run cannot measure speed: see :func:`speed_measured`).
+SPEED_KEYS = ("prefill_ratio", "decode_ratio", "decode_ratio_vs_generate")
 
 
 def log(message: str) -> None:
@@ -290,7 +302,24 @@ def run_one(name: str, model, args, device, dtype) -> dict[str, Any]:
         if patched["decode_mode"] == "static+cuda_graph":
             row["stock"].update(_stock_graph_decode(model, ids, args, device))
         row.update(_decode_peer(row["stock"], patched["decode_tok_s"], patched["decode_mode"]))
+    if not speed_measured(row):
+        drop_speed(row)
     return row
+
+
+def speed_measured(row: dict[str, Any]) -> bool:
+    """Whether the row's speeds mean anything: not on the ``pytorch`` backend (the exact reference)."""
+    return row["backend"] != "pytorch"
+
+
+def drop_speed(row: dict[str, Any]) -> None:
+    """Remove the tokens/s and ratios from ``row`` (in place) and say where the GPU numbers are."""
+    for key in SPEED_KEYS:
+        row.pop(key, None)
+    for side in ("patched", "stock"):
+        for key in [k for k in row.get(side, {}) if k.endswith("_tok_s") or k == "decode_peer_mode"]:
+            del row[side][key]
+    row["speed"] = f"not measured on the {row['backend']} backend (tilegemm's exact reference); see {GPU_NUMBERS}"
 
 
 def _decode_peer(stock: dict[str, Any], tok_s: float, mode: str) -> dict[str, Any]:
@@ -325,7 +354,9 @@ _MODE_TAG = {"dynamic": "dyn", "static": "sta", "static+cuda_graph": "graph"}
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    """A plain-text table of the result rows."""
+    """A plain-text table of the result rows (agreement only where the rows carry no speeds)."""
+    if rows and not all(speed_measured(r) for r in rows):
+        return _agreement_table(rows)
     head = ["model", "batch", "prefill tok/s", "decode tok/s", "max|dlogit|", "calc_diff", "top1", "greedy"]
     lines = []
     for r in rows:
@@ -362,11 +393,42 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             "dynamic (dyn) and the static-compiled (sta) cache, the latter on a GPU for realistic models only; "
             "calc_diff/top1 teacher-forced on the stock greedy tokens; greedy = token agreement."
         )
-        if r["backend"] == "pytorch":
-            out.append(
-                "note: the pytorch backend is tilegemm's exact reference, not a fast path: its speed ratios "
-                "say nothing about the cutile kernels (run on a GPU for those)."
-            )
+    return "\n".join(out)
+
+
+def _agreement_table(rows: list[dict[str, Any]]) -> str:
+    """The table of a run on the reference backend: patched against stock logits and tokens, no speeds."""
+    head = ["model", "batch", "max|dlogit|", "calc_diff", "top1", "greedy"]
+    lines = [
+        [
+            r["model"],
+            str(r["batch"]),
+            _fmt(r.get("max_logit_diff"), ".2e"),
+            _fmt(r.get("calc_diff"), ".1e"),
+            _fmt(r.get("top1_agreement"), ".3f"),
+            _fmt(r.get("token_agreement"), ".3f"),
+        ]
+        for r in rows
+    ]
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    out = [fmt.format(*head), fmt.format(*("-" * w for w in widths))]
+    out += [fmt.format(*line) for line in lines]
+    r = rows[0]
+    compared = "stock" in r
+    out.append(
+        f"dtype {r['dtype']}, device {r['device']}, backend {r['backend']}, fp8 {r['fp8']}, linear {r['linear']}; "
+        + (
+            "patched vs stock (transformers grouped_mm): calc_diff/top1 teacher-forced on the stock greedy tokens; "
+            "greedy = token agreement."
+            if compared
+            else "run with --compare for the agreement with the stock model."
+        )
+    )
+    out.append(
+        f"Agreement only: the {r['backend']} backend is tilegemm's exact reference, not a fast path, so this run "
+        f"reports no speed. GPU numbers (H100, cutile kernels): {GPU_NUMBERS}."
+    )
     return "\n".join(out)
 
 

@@ -20,11 +20,44 @@ def test_compare_tiny_preset_json(tmp_path, capsys):
     args = ["--model", "tiny-qwen2-moe", "--compare", "--new-tokens", "4", "--prompt-tokens", "8", "--json", str(path)]
     assert infer.main(args) == 0
     table = capsys.readouterr().out
-    assert "tiny-qwen2-moe" in table and "prefill tok/s" in table
+    assert "tiny-qwen2-moe" in table and "calc_diff" in table
     (row,) = json.loads(path.read_text())
     assert row["model_type"] == "qwen2_moe" and row["backend"] == "pytorch" and row["dtype"] == "float32"
-    assert row["stock"]["prefill_tok_s"] > 0 and row["patched"]["decode_tok_s"] > 0
     assert row["calc_diff"] < 1e-5 and row["top1_agreement"] == 1.0 and row["token_agreement"] == 1.0
+
+
+def test_reference_backend_reports_agreement_only(capsys):
+    """On the pytorch backend (the exact reference) a run shows no tokens/s and no ratios, in the table or the JSON,
+    and points at the committed GPU numbers instead."""
+    args = ["--model", "tiny-qwen3-moe", "--compare", "--new-tokens", "3", "--prompt-tokens", "8", "--json", "-"]
+    assert infer.main(args) == 0
+    captured = capsys.readouterr()
+    (row,) = json.loads(captured.out)
+    table = captured.err
+    assert "tok/s" not in table and "x)" not in table and "Agreement only" in table
+    assert "benchmarks/results/h100.md" in table and "README.md" in table
+    for path in ("README.md", "benchmarks/results/h100.md", "benchmarks/results/norm/README.md"):
+        assert (ROOT / path).is_file() and path in infer.GPU_NUMBERS
+    assert not any(k in row for k in infer.SPEED_KEYS)
+    assert not [k for side in ("patched", "stock") for k in row[side] if "tok_s" in k]
+    assert row["speed"].startswith("not measured on the pytorch backend")
+    assert row["calc_diff"] < 1e-5 and row["token_agreement"] == 1.0
+
+
+def test_speed_rows_keep_their_ratios_off_the_reference_backend():
+    """A row measured on a kernel backend keeps its speeds and gets the speed table."""
+    row = {"model": "m", "batch": 1, "backend": "cutile", "dtype": "bfloat16", "device": "NVIDIA H100", "fp8": False}
+    row.update(linear=False, prefill_ratio=1.5, decode_ratio=1.2, calc_diff=1e-6, max_logit_diff=0.01)
+    row["patched"] = {"prefill_tok_s": 300.0, "decode_tok_s": 60.0, "decode_mode": "dynamic"}
+    row["stock"] = {
+        "prefill_tok_s": 200.0,
+        "decode_tok_s": 50.0,
+        "decode_peer_tok_s": 50.0,
+        "decode_peer_mode": "dynamic",
+    }
+    assert infer.speed_measured(row)
+    table = infer.format_table([row])
+    assert "prefill tok/s" in table and "(1.50x)" in table and "(1.20x)" in table and "Agreement only" not in table
 
 
 def test_json_to_stdout_is_only_json(capsys):
@@ -32,8 +65,8 @@ def test_json_to_stdout_is_only_json(capsys):
     assert infer.main(args) == 0
     captured = capsys.readouterr()
     (row,) = json.loads(captured.out)  # the whole of stdout parses
-    assert row["model"] == "tiny-mixtral" and row["patched"]["prefill_tok_s"] > 0
-    assert "prefill tok/s" in captured.err  # the table went to stderr
+    assert row["model"] == "tiny-mixtral" and row["patched"]["decode_mode"] == "dynamic"
+    assert "calc_diff" in captured.err  # the table went to stderr
 
 
 def test_fp8_cuda_graph_flags_on_cpu(capsys):
@@ -41,7 +74,7 @@ def test_fp8_cuda_graph_flags_on_cpu(capsys):
     args += ["--prompt-tokens", "8", "--dtype", "bf16"]
     assert infer.main(args) == 0
     out = capsys.readouterr().out
-    assert "-> " in out and " static (" in out  # --cuda-graphs on the CPU: static cache, no graph
+    assert "tiny-mixtral" in out and "fp8 True" in out and "Agreement only" in out
 
 
 def test_hub_name_is_refused_without_download(capsys):
