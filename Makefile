@@ -7,7 +7,7 @@ VPY := $(VENV)/bin/python
 TORCH_CPU ?= torch==2.13.0
 STAMP := $(VENV)/.tilegemm-installed
 
-.PHONY: demo test test-gpu test-gpu-sanitize bench lint format install clean
+.PHONY: demo test test-gpu test-gpu-sanitize bench lint format install clean wheel-smoke
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
@@ -50,6 +50,17 @@ bench:
 	PYTHONPATH=src:$$PYTHONPATH $(PY) -m tilegemm.bench --full --time-budget 540 $(BENCH_ARGS) \
 		--save benchmarks/results/$(BENCH_NAME).json --markdown benchmarks/results/$(BENCH_NAME).md
 
+# The README's install path: build the wheel, install it with the cutile and hf extras into a fresh venv (the CPU
+# torch where there is no GPU), and run the README's snippets on the CPU from outside the checkout (.ci/wheel_smoke.py).
+SMOKE := .wheel-smoke
+wheel-smoke: $(STAMP)
+	rm -rf $(SMOKE)
+	$(VPY) -m pip wheel -q --no-deps -w $(SMOKE)/dist .
+	$(PYTHON) -m venv $(SMOKE)/venv
+	if ! command -v nvidia-smi >/dev/null 2>&1; then $(SMOKE)/venv/bin/python -m pip install -q "$(TORCH_CPU)"; fi
+	$(SMOKE)/venv/bin/python -m pip install -q "$$(ls $(SMOKE)/dist/tilegemm-*.whl)[cutile,hf]"
+	cd $(SMOKE) && venv/bin/python ../.ci/wheel_smoke.py
+
 lint: $(STAMP)
 	$(VPY) -m ruff check .
 	$(VPY) -m ruff format --check .
@@ -59,4 +70,4 @@ format: $(STAMP)
 	$(VPY) -m ruff format .
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info
+	rm -rf $(VENV) build dist src/*.egg-info $(SMOKE)

@@ -1,0 +1,112 @@
+"""The README's first screen: the two commands first, install, the two snippets, support, and speedups that are the
+committed results' numbers; its results section is what ``tilegemm-bench render`` makes of ``h100.json``."""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tilegemm.bench import readme, report, schema
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = (ROOT / "README.md").read_text()
+FRONT = TEXT[: TEXT.index("## What is in it")]
+
+
+def _blocks(text: str, lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)
+
+
+def test_the_two_commands_come_first():
+    """CI reads the test command from the README: the first code block is `make demo` then `make test`."""
+    first = _blocks(TEXT, "bash")[0].splitlines()
+    assert [line.split("#")[0].strip() for line in first] == ["make demo", "make test"]
+    assert TEXT.index("```bash") < TEXT.index("## ")
+
+
+def test_install_line_and_cpu_torch_note():
+    assert 'pip install "tilegemm[cutile,hf]"' in FRONT
+    assert "--index-url https://download.pytorch.org/whl/cpu" in FRONT
+
+
+def test_hf_snippet_uses_the_experts_implementation_keyword():
+    (code,) = [b for b in _blocks(FRONT, "python") if "transformers" in b]
+    assert len([line for line in code.splitlines() if line.strip()]) <= 6
+    tree = ast.parse(code)
+    imports = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert "tilegemm.transformers" in imports
+    call = next(
+        n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "from_pretrained"
+    )
+    assert {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg == "experts_implementation"} == {
+        "experts_implementation": "tilegemm"
+    }
+
+
+def test_deepgemm_snippet_runs_on_the_cpu():
+    """The DeepGEMM snippet as written, with the device set to the CPU and smaller sizes: ``d`` is the float64
+    product of the FP8 operands (``a @ b.T`` up to the FP8 casts)."""
+    import torch
+
+    (code,) = [b for b in _blocks(FRONT, "python") if "tilegemm as deep_gemm" in b]
+    assert len([line for line in code.splitlines() if line.strip()]) <= 6
+    small = code.replace('device="cuda"', 'device="cpu"').replace("4096", "64").replace("7168", "256")
+    scope: dict = {}
+    exec(compile(small.replace("2112", "384"), "README", "exec"), scope)
+    a, b, d = scope["a"], scope["b"], scope["d"]
+    from tilegemm import per_block_cast_to_fp8, per_token_cast_to_fp8
+    from tilegemm.testing import calc_diff, dequant_per_block, dequant_per_token
+
+    ref = dequant_per_token(*per_token_cast_to_fp8(a)) @ dequant_per_block(*per_block_cast_to_fp8(b)).T
+    assert isinstance(d, torch.Tensor) and d.shape == (64, 384) and calc_diff(d, ref) < 1e-5
+
+
+def test_support_matrix_names_archs_backends_and_versions():
+    for needle in ("Hopper", "Blackwell", "Ampere", "`cutile` backend", "`gluon` backend", "`pytorch` reference"):
+        assert needle in FRONT
+    for needle in ("torch", "transformers", "cuda.tile", "triton", "CUDA, driver", "580.159.04"):
+        assert needle in FRONT
+
+
+#: Rows of the first screen's speedup table: (text that leads the row, [(family, dtype, peer), ...]).
+FRONT_ROWS = [
+    ("| MoE experts layer (`moe`, 18 shapes) | bf16 |", [("moe", "bf16", "transformers_grouped_mm")]),
+    ("| MoE experts layer (`moe`, 18 shapes) | fp8 |", [("moe", "fp8", "transformers_grouped_mm")]),
+    ("| 4-layer Qwen3-30B-A3B", [("models", "bf16", "transformers")]),
+    ("| RMSNorm (`norm`", [("norm", "bf16", "transformers")]),
+    ("| dense GEMM (`dense`, 97 shapes) | bf16 |", [("dense", "bf16", "cublas"), ("dense", "bf16", "deepgemm")]),
+    ("| dense GEMM (`dense`, 97 shapes; cuBLAS ran 81) | fp8 |", [("dense", "fp8", p) for p in ("cublas", "deepgemm")]),
+    ("| masked grouped GEMM", [("masked", "fp8", "deepgemm")]),
+    ("| contiguous grouped GEMM", [("m_grouped", "fp8", "deepgemm")]),
+]  # fmt: skip
+
+
+def test_first_screen_speedups_are_the_committed_results():
+    doc = schema.load(ROOT / "benchmarks/results/h100.json")
+    summary = {(s["family"], s["dtype"], s["peer"]): s for s in report.summary(doc["rows"])}
+    for lead, keys in FRONT_ROWS:
+        (line,) = [line for line in FRONT.splitlines() if line.startswith(lead)]
+        quoted = line.rstrip(" |").split("|")[-1].strip()
+        expect = " / ".join(f"{summary[k]['geomean']:.2f}x" for k in keys)
+        assert quoted == expect, (lead, quoted, expect)
+
+
+def test_results_section_is_rendered_from_h100_json(tmp_path):
+    """``tilegemm-bench render`` of the committed JSON reproduces the README's results section byte for byte."""
+    copy = tmp_path / "README.md"
+    shutil.copy(ROOT / "README.md", copy)
+    body = readme.section(
+        schema.load(ROOT / "benchmarks/results/h100.json"),
+        str(ROOT / "benchmarks/results/h100.json"),
+        ROOT,
+    )
+    assert readme.replace_section(TEXT, body) == TEXT
+
+
+@pytest.mark.parametrize("path", re.findall(r"\]\(((?:benchmarks|docs)/[^)#]+)", FRONT))
+def test_first_screen_links_exist(path):
+    assert (ROOT / path).exists(), path
