@@ -6,4 +6,4 @@ Gluon Hopper module is missing.
 
 import triton.experimental.gluon.language.nvidia.hopper  # noqa: F401  (fail early: no Gluon, no backend)
 
-from tilegemm.ops.gluon import gemm  # noqa: E402, F401
+from tilegemm.ops.gluon import cublaslt, gemm  # noqa: E402, F401

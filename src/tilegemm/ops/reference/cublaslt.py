@@ -2,7 +2,8 @@
 
 DeepGEMM's op is its cuBLASLt baseline: ``D = A @ B.T (+ C)`` of bare bf16 or float8_e4m3fn operands (FP8 data
 without scales), accumulated in fp32 and rounded once into ``d`` (bf16 or fp32). There is no kernel of ours to
-run, so every backend registers the same implementation: on CUDA tensors it calls cuBLAS through torch
+run, so every backend registers this implementation (the ``pytorch`` one here, ``cutile`` and ``gluon`` from their
+packages' ``cublaslt`` modules): on CUDA tensors it calls cuBLAS through torch
 (``torch.mm`` with an fp32 output for bf16, ``torch._scaled_mm`` with unit scales for FP8); on the CPU it is the
 exact fp32 product. Operands arrive in the logical ``nt`` form (``ops/checks.py``): A [M, K], B [N, K].
 """
@@ -61,6 +62,5 @@ def cublaslt_gemm(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Te
 
 
 for _op in ("cublaslt_gemm_nt", "cublaslt_gemm_nn", "cublaslt_gemm_tn", "cublaslt_gemm_tt"):
-    for _backend in ("pytorch", "cutile", "gluon"):
-        register_impl(_op, _backend)(cublaslt_gemm)
-del _op, _backend
+    register_impl(_op, "pytorch")(cublaslt_gemm)
+del _op
