@@ -446,9 +446,9 @@ def test_host_plan_arguments_compile(monkeypatch, kind, m, n, k):
     call()
     assert len(launch._PLANS) == 1 and len(calls) == 2 * len(first)
     if (m, n, k) == (8, 256, 256):
-        assert [kernel._pyfunc.__name__ for _, kernel, _ in first] == [f"_decode_{kind}_lean"]
+        assert [kernel._pyfunc.__name__ for _, kernel, _ in first] == [f"_decode_{kind}_gemm_lean"]
     if m == 64:
-        assert [kernel._pyfunc.__name__ for _, kernel, _ in first] == [f"_narrow_{kind}_body"]
+        assert [kernel._pyfunc.__name__ for _, kernel, _ in first] == [f"_narrow_{kind}_gemm_body"]
     for grid, kernel, args in first:
         assert len(grid) == 3 and grid[0] >= 1
         s = sass_summary(aot.compile_cubin(kernel, _constraints(kernel, args), "sm_90"))
