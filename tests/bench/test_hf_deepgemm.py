@@ -83,3 +83,22 @@ def test_moe_rows_record_why_the_peer_did_not_run(monkeypatch):
     if not torch.cuda.is_available():  # a module is given, but this machine has no Hopper GPU
         row = core.measure_case(moe.case(spec, tilegemm, "tilegemm"), {})
         assert "SM90 or SM100 GPU" in row["peer_notes"]["transformers_deepgemm"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_peer_runs_on_the_local_deepgemm_build(dtype):
+    """On the GPU machine (``.devbundle/deepgemm`` built): transformers' deepgemm experts run on the real DeepGEMM
+    and pass the row's float64 check, beside tilegemm."""
+    from tilegemm.bench import peers
+
+    dg, why = peers.load_deepgemm("auto")
+    if dg is None:
+        pytest.skip(f"DeepGEMM: {why}")
+    spec = {"dtype": dtype, "model": "qwen3-30b-a3b", "tokens": 64}
+    row = core.measure_case(moe.case(spec, dg, why), {})
+    peer = row["peers"]["transformers_deepgemm"]
+    assert peer is not None, row["peer_notes"]
+    assert peer["correct"] and peer["graph_ms"] > 0, peer
+    assert row["correct"], row
