@@ -1,23 +1,28 @@
-"""Distributed ``--compare``: stock vs tilegemm experts on one device and sharded over the ``torchrun`` ranks.
+"""Distributed ``--compare``: stock vs tilegemm on one device and sharded over the ``torchrun`` ranks (any number).
 
 Run with ``torchrun`` (or ``python -m torch.distributed.run``) from the repository root::
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 modeling/transformers/dist_check.py \\
-        --model qwen3-30b-a3b,deepseek-v3 --layers 4 --out results/dist
+    python -m torch.distributed.run --standalone --nproc-per-node 4 modeling/transformers/dist_check.py \\
+        --model qwen3-30b-a3b,deepseek-v3 --layers 4 --batch-size 1,32 --impls stock,patched,fp8 --out results/dist
 
-For each preset (random weights, built identically in every process from ``--seed``):
+For each preset (random weights, :func:`modeling.transformers.build.build_model`: identical in every process and
+layout) and each ``--batch-size`` entry:
 
-1. ``1dev``: every rank runs the whole model on its own device (rank 0 reports): stock (transformers' experts),
-   then patched with tilegemm; prefill and decode tokens/s. The stock greedy tokens, decoded by the same loop as
-   every row (static cache and CUDA graph with ``--cuda-graphs``, else ``generate`` with a dynamic cache), are the
-   reference sequence, and the stock teacher-forced logits on it the reference logits.
+1. ``1dev``: every rank runs the whole model on its own device (rank 0 reports): each ``--impls`` row (``stock``:
+   transformers' experts; ``patched``: tilegemm's defaults, BF16 experts and RMSNorm; ``fp8``: FP8 experts and
+   RMSNorm; ``experts``: BF16 experts only); prefill and decode tokens/s. The stock greedy tokens, decoded by the
+   same loop as every row (static cache and CUDA graph with ``--cuda-graphs``, else ``generate`` with a dynamic
+   cache), are the reference sequence, and the stock teacher-forced logits on it the reference logits
+   (``--reference-dir`` saves them, or loads them in a run with ``--skip-1dev``).
 2. each ``--modes`` layout over all ranks (``tp``: ``DistributedConfig(tp_size=N)``; ``ep``:
-   ``DistributedConfig(tp_size=N, ep_size=N)``), sharded by transformers' own plans
-   (:func:`tilegemm.transformers.parallel.distribute_model`): stock, then patched, in the same decode loop.
+   ``DistributedConfig(tp_size=N, ep_size=N)``), sharded by transformers' own plans: the same rows in the same loop.
 
-Every row says whether its greedy tokens equal the one-device stock tokens, and the teacher-forced ``calc_diff``,
-max |dlogit| and top-1 agreement against the one-device stock logits. Rank 0 prints a table and writes
-``dist_check.json`` and ``dist_check.md`` under ``--out``. Without ``torchrun`` only the ``1dev`` rows run.
+Every row says whether its greedy tokens equal the one-device stock tokens, the teacher-forced ``calc_diff``,
+max |dlogit| and top-1 agreement against the one-device stock logits, and ``calc_diff`` against the stock row of
+its own layout. ``--step-times`` adds each rank's CUDA-graph decode step with and without the experts
+(``step_profile.py``'s measurement): the per-rank step profile. A layout or FP8 copy that would not fit the
+device's free memory is a row that says so. Rank 0 prints a table last and writes ``dist_check.json`` and
+``dist_check.md`` under ``--out``. Without ``torchrun`` only the ``1dev`` rows run.
 """
 
 from __future__ import annotations
@@ -31,7 +36,6 @@ if __package__ in (None, ""):  # run as a script: make the repository root and s
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
-import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import time  # noqa: E402
@@ -41,18 +45,28 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from modeling.transformers import measure  # noqa: E402
+from modeling.transformers.build import build_model, free  # noqa: E402
 from tilegemm.backend.selector import BACKENDS, get_current_backend  # noqa: E402
 from tilegemm.transformers import apply_tilegemm_to_model, presets, revert_tilegemm_model  # noqa: E402
+from tilegemm.transformers.fp8_weights import clear_fp8_cache  # noqa: E402
 from tilegemm.transformers.monkey_patch import experts_modules  # noqa: E402
 from tilegemm.transformers.parallel import (  # noqa: E402
     PARALLEL_MODES,
-    distribute_model,
     local_experts,
     parallel_unavailable_reason,
 )
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 CALC_DIFF_TARGET = 1e-5
+#: Row name -> ``apply_tilegemm_to_model`` keywords (``None``: the stock model).
+IMPLS: dict[str, dict[str, bool] | None] = {
+    "stock": None,
+    "patched": {},
+    "fp8": {"fp8": True},
+    "experts": {"norm": False},
+}
+#: Device memory kept free beside a model (activations, cache, CUDA graphs, NCCL buffers), bytes.
+MEMORY_MARGIN = 6 << 30
 
 
 def log(message: str) -> None:
@@ -61,21 +75,36 @@ def log(message: str) -> None:
         print(f"[dist_check {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def _ints(text: str) -> list[int]:
+    values = [int(v) for v in text.split(",") if v]
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line."""
     p = argparse.ArgumentParser(prog="modeling/transformers/dist_check.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="qwen3-30b-a3b,deepseek-v3", help="comma-separated presets (or 'tiny')")
+    p.add_argument(
+        "--model",
+        default="qwen3-30b-a3b,deepseek-v3",
+        help="comma-separated presets (or 'tiny'), each optionally NAME:LAYERS (e.g. qwen3-30b-a3b:48,deepseek-v3:5)",
+    )
     p.add_argument("--layers", type=int, default=None, help="decoder layers of realistic presets (default 4)")
     p.add_argument("--modes", default=",".join(PARALLEL_MODES), help=f"sharded layouts, of {PARALLEL_MODES}")
+    p.add_argument("--impls", default="stock,patched", help=f"rows per layout, of {list(IMPLS)} (stock first)")
     p.add_argument("--ep-implementation", default="auto", help="transformers' EP token path (auto, all_to_all, ...)")
     p.add_argument("--backend", choices=["auto", *BACKENDS], default="auto", help="tilegemm backend of the patch")
     p.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: bf16 on a GPU, fp32 on the CPU")
     p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda when available")
-    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--batch-size", type=_ints, default=[1], help="comma-separated batch sizes")
     p.add_argument("--prompt-tokens", type=int, default=None, help="default: 16 (tiny), 512 (realistic)")
     p.add_argument("--new-tokens", type=int, default=None, help="default: 8 (tiny), 32 (realistic)")
     p.add_argument("--repeats", type=int, default=3, help="timed prefill repetitions (median)")
     p.add_argument("--cuda-graphs", action="store_true", help="both: static cache + CUDA-graph decode loop")
+    p.add_argument("--step-times", action="store_true", help="each rank's graph decode step, with/without experts")
+    p.add_argument("--skip-1dev", action="store_true", help="no one-device rows (reference from --reference-dir)")
+    p.add_argument("--reference-dir", default=None, help="where the one-device stock reference is saved / loaded")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="directory for dist_check.json and dist_check.md")
     return p
@@ -96,16 +125,6 @@ def init_distributed(device_type: str) -> tuple[int, int, torch.device]:
     return rank, world, device
 
 
-def _build(preset: presets.Preset, args, device: torch.device, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM
-
-    layers = args.layers if args.layers is not None else (None if preset.tiny else 4)
-    torch.manual_seed(args.seed)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(preset.config(layers), dtype=dtype)
-    return model.eval()
-
-
 def _decode(model, ids: torch.Tensor, args) -> measure.DecodeResult:
     if args.cuda_graphs:
         graphs = ids.device.type == "cuda"
@@ -113,6 +132,38 @@ def _decode(model, ids: torch.Tensor, args) -> measure.DecodeResult:
         return measure.static_greedy(model, ids, args.new_tokens, cuda_graph=graphs)
     measure.generate_greedy(model, ids, min(args.new_tokens, 2))
     return measure.generate_greedy(model, ids, args.new_tokens)
+
+
+def _gather(value: Any) -> list[Any]:
+    """``value`` of every rank (rank order); ``[value]`` without a process group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [value]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
+
+
+def _agreed(reason: str | None) -> str | None:
+    """The first rank's reason to skip, if any rank has one: every rank skips or none (the rows hold collectives)."""
+    return next((r for r in _gather(reason) if r is not None), None)
+
+
+def _step_times(model, ids: torch.Tensor, args) -> dict[str, Any]:
+    """Each rank's CUDA-graph decode step with and without the experts, after a prefill of ``ids`` (ms)."""
+    from modeling.transformers.step_profile import DecodeStep, experts_removed, graph_step_ms
+
+    step = DecodeStep(model, ids)
+    full = graph_step_ms(step, args.replays)
+    with experts_removed(model):
+        rest = graph_step_ms(step, args.replays)
+    del step
+    ranks = _gather((full, rest))
+    return {
+        "rank_graph_step_ms": [r[0] for r in ranks],
+        "rank_no_experts_step_ms": [r[1] for r in ranks],
+        "graph_step_ms": max(r[0] for r in ranks),
+        "no_experts_step_ms": max(r[1] for r in ranks),
+    }
 
 
 def _measure(model, ids: torch.Tensor, sequence: torch.Tensor | None, args) -> dict[str, Any]:
@@ -132,112 +183,256 @@ def _measure(model, ids: torch.Tensor, sequence: torch.Tensor | None, args) -> d
         out["decode_mode"] = "static"
     if sequence is not None:
         out["logits"] = measure.teacher_forced_logits(model, sequence, args.new_tokens)
+    if args.step_times and ids.is_cuda:
+        out.update(_step_times(model, ids, args))
     return out
 
 
-def _agreement(result: dict[str, Any], ref_tokens: torch.Tensor, ref_logits: torch.Tensor) -> dict[str, Any]:
+def _agreement(result: dict[str, Any], ref: dict[str, torch.Tensor] | None) -> dict[str, Any]:
     tokens = result.pop("tokens")
-    logits = result.pop("logits")
+    logits = result.get("logits")
+    if ref is None or logits is None:
+        return {"tokens_identical": None}
     return {
-        "tokens_identical": bool(torch.equal(tokens.cpu(), ref_tokens.cpu())),
-        **measure.greedy_agreement(tokens.cpu(), ref_tokens.cpu()),
-        **measure.compare_logits(logits, ref_logits),
+        "tokens_identical": bool(torch.equal(tokens.cpu(), ref["tokens"].cpu())),
+        **measure.greedy_agreement(tokens.cpu(), ref["tokens"].cpu()),
+        **measure.compare_logits(logits, ref["logits"].to(logits.device)),
     }
 
 
-def _layout_rows(model, name: str, layout: str, ids, sequence, ref, args) -> list[dict[str, Any]]:
-    """Stock then patched rows of one layout, compared with ``ref`` (the one-device stock tokens and logits)."""
+def _free_bytes(device: torch.device) -> int | None:
+    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+
+
+def _fp8_fit_problem(model, device: torch.device) -> str | None:
+    """Why the FP8 copies of the experts (half the bf16 bytes) would not fit beside the model, or ``None``."""
+    from torch.distributed.tensor import DTensor
+
+    free_bytes = _free_bytes(device)
+    if free_bytes is None:
+        return None
+    need = 0
+    for module in experts_modules(model):
+        for name in ("gate_up_proj", "up_proj", "down_proj"):
+            w = getattr(module, name, None)
+            if isinstance(w, torch.Tensor):
+                w = w.to_local() if isinstance(w, DTensor) else w
+                need += w.numel() * 1.02  # e4m3 bytes and the fp32 block scales
+    if need + MEMORY_MARGIN > free_bytes:
+        return f"FP8 expert copies need {need / 2**30:.1f} GiB, {free_bytes / 2**30:.1f} GiB free"
+    return None
+
+
+def _layout_rows(model, name: str, layout: str, batches: dict[int, dict[str, Any]], args) -> list[dict[str, Any]]:
+    """One row per (impl, batch) of one layout, compared with ``batches[b]["ref"]`` (one-device stock) and with this
+    layout's own stock row."""
     rows = []
     backend = None if args.backend == "auto" else args.backend
-    for impl in ("stock", "patched"):
-        if impl == "patched":
-            apply_tilegemm_to_model(model, backend=backend)
-        log(f"{name} {layout}: {impl} (experts {model.config._experts_implementation})")
-        result = _measure(model, ids, sequence, args)
-        row = {"model": name, "layout": layout, "impl": impl, "experts": model.config._experts_implementation}
-        row.update(_agreement(result, ref["tokens"], ref["logits"]))
-        row.update(result, local_experts=local_experts(experts_modules(model)[0]))
-        rows.append(row)
+    stock_logits: dict[int, torch.Tensor] = {}
+    for impl in args.impl_list:
+        revert_tilegemm_model(model)
+        base = {"model": name, "layout": layout, "impl": impl}
+        problem = _agreed(_fp8_fit_problem(model, batches_device(batches))) if impl == "fp8" else None
+        if problem is not None:
+            log(f"{name} {layout}: {impl} skipped ({problem})")
+            rows += [{**base, "batch": b, "skipped": problem} for b in batches]
+            continue
+        if IMPLS[impl] is not None:
+            apply_tilegemm_to_model(model, backend=backend, **IMPLS[impl])
+        for batch, data in batches.items():
+            log(f"{name} {layout} batch {batch}: {impl} (experts {model.config._experts_implementation})")
+            row = {**base, "batch": batch, "experts": model.config._experts_implementation}
+            try:
+                result = _measure(model, data["ids"], data["sequence"], args)
+            except Exception as exc:  # one failing row (an op, a capture) must not lose the others
+                log(f"{name} {layout} batch {batch}: {impl} failed: {exc!r}"[:400])
+                rows.append({**row, "error": repr(exc)[:400]})
+                continue
+            row.update(_agreement(result, data["ref"]))
+            logits = result.pop("logits", None)
+            if impl == "stock" and logits is not None:
+                stock_logits[batch] = logits
+            elif logits is not None and batch in stock_logits:
+                row["vs_layout_stock_calc_diff"] = measure.compare_logits(logits, stock_logits[batch])["calc_diff"]
+            row.update(result, local_experts=local_experts(experts_modules(model)[0]))
+            rows.append(row)
+        if impl == "fp8":
+            clear_fp8_cache(model)
     revert_tilegemm_model(model)
     return rows
 
 
-def run_preset(preset: presets.Preset, args, world: int, device: torch.device, dtype: torch.dtype) -> list[dict]:
-    """Every row of one preset: ``1dev`` stock / patched, then each sharded layout."""
-    model = _build(preset, args, device, dtype)
-    tiny = model.config.hidden_size <= 256
+def batches_device(batches: dict[int, dict[str, Any]]) -> torch.device:
+    """The device of the batches' inputs."""
+    return next(iter(batches.values()))["ids"].device
+
+
+def _reference_path(args, preset: presets.Preset, layers: int, batch: int, dtype: torch.dtype) -> Path | None:
+    if args.reference_dir is None:
+        return None
+    key = f"{preset.name}_{layers}L_b{batch}_p{args.prompt_tokens}_n{args.new_tokens}_{str(dtype)[6:]}_s{args.seed}"
+    return Path(args.reference_dir) / f"{key}_{'graph' if args.cuda_graphs else 'dyn'}.pt"
+
+
+def _model_bytes(preset: presets.Preset, layers: int | None, dtype: torch.dtype, world: int, mode: str | None) -> int:
+    """Parameter bytes one rank holds (the experts split over ``world`` ranks, the rest whole: an upper bound)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(preset.config(layers), dtype=dtype)
+    experts = {id(p) for m in experts_modules(model) for p in m.parameters()}
+    total = 0
+    for p in model.parameters():
+        share = world if (mode is not None and id(p) in experts) else 1
+        total += p.numel() * p.element_size() // share
+    return total
+
+
+def _fit_problem(preset, layers, dtype, world, mode, device) -> str | None:
+    free_bytes = _free_bytes(device)
+    if free_bytes is None:
+        return None
+    need = _model_bytes(preset, layers, dtype, world, mode)
+    if need + MEMORY_MARGIN > free_bytes:
+        return f"needs ~{need / 2**30:.0f} GiB per device, {free_bytes / 2**30:.0f} GiB free"
+    return None
+
+
+def parse_models(text: str, layers: int | None) -> list[tuple[presets.Preset, int | None]]:
+    """``(preset, decoder layers)`` of each comma-separated ``NAME`` or ``NAME:LAYERS`` (``layers`` by default;
+    ``None``: the harness default, 4 for a realistic preset and the preset's own count for a tiny one)."""
+    out = []
+    for item in (v for v in text.split(",") if v):
+        name, _, count = item.partition(":")
+        for preset in presets.resolve(name):
+            chosen = int(count) if count else layers
+            out.append((preset, chosen if chosen is not None else (None if preset.tiny else 4)))
+    return out
+
+
+def run_preset(
+    preset: presets.Preset, layers: int | None, args, world: int, device: torch.device, dtype: torch.dtype
+) -> list[dict]:
+    """Every row of one preset with ``layers`` decoder layers: ``1dev`` rows, then each sharded layout."""
     args = argparse.Namespace(**vars(args))
+    config = preset.config(layers)
+    tiny = config.hidden_size <= 256
     args.prompt_tokens = args.prompt_tokens or (16 if tiny else 512)
     args.new_tokens = args.new_tokens or (8 if tiny else 32)
-    gen = torch.Generator().manual_seed(args.seed)
-    ids = torch.randint(0, model.config.vocab_size, (args.batch_size, args.prompt_tokens), generator=gen).to(device)
-    meta = {"layers": model.config.num_hidden_layers, "batch": args.batch_size, "prompt_tokens": args.prompt_tokens}
-    meta["new_tokens"] = args.new_tokens
+    layers = config.num_hidden_layers
+    meta = {"layers": layers, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens}
+    batches: dict[int, dict[str, Any]] = {}
+    for batch in args.batch_size:
+        gen = torch.Generator().manual_seed(args.seed)
+        ids = torch.randint(0, config.vocab_size, (batch, args.prompt_tokens), generator=gen).to(device)
+        batches[batch] = {"ids": ids, "sequence": None, "ref": None}
+    rows: list[dict[str, Any]] = []
 
-    log(f"{preset.name}: reference = one-device stock greedy tokens (the rows' decode loop), teacher-forced logits")
-    tokens = _decode(model, ids, args).tokens
-    sequence = torch.cat([ids, tokens], dim=1)
-    ref = {"tokens": tokens, "logits": measure.teacher_forced_logits(model, sequence, args.new_tokens)}
-    rows = _layout_rows(model, preset.name, "1dev", ids, sequence, ref, args)
-    del model
-    _empty_cache(device)
+    if not args.skip_1dev:
+        problem = _agreed(_fit_problem(preset, layers, dtype, 1, None, device))
+        if problem is not None:
+            log(f"{preset.name} 1dev: skipped ({problem})")
+            rows.append({"model": preset.name, "layout": "1dev", "impl": "-", "skipped": problem})
+        else:
+            model = build_model(preset, layers, dtype, device, args.seed)
+            for batch, data in batches.items():
+                log(f"{preset.name} batch {batch}: reference = one-device stock greedy tokens, teacher-forced logits")
+                tokens = _decode(model, data["ids"], args).tokens
+                data["sequence"] = torch.cat([data["ids"], tokens], dim=1)
+                logits = measure.teacher_forced_logits(model, data["sequence"], args.new_tokens)
+                data["ref"] = {"tokens": tokens.cpu(), "logits": logits.cpu()}
+                path = _reference_path(args, preset, layers, batch, dtype)
+                if path is not None and int(os.environ.get("RANK", "0")) == 0:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    torch.save(data["ref"], path)
+            rows += _layout_rows(model, preset.name, "1dev", batches, args)
+            del model
+            free(device)
+    else:
+        for batch, data in batches.items():
+            path = _reference_path(args, preset, layers, batch, dtype)
+            if path is not None and path.exists():
+                data["ref"] = torch.load(path)
+                data["sequence"] = torch.cat([data["ids"], data["ref"]["tokens"].to(device)], dim=1)
+            else:
+                log(f"{preset.name} batch {batch}: no one-device reference ({path}); agreement vs layout stock only")
+
+    for batch, data in batches.items():
+        if data["sequence"] is None:  # no reference: teacher-force the prompt's own continuation of zeros
+            pad = torch.zeros(batch, args.new_tokens, dtype=torch.long, device=device)
+            data["sequence"] = torch.cat([data["ids"], pad], dim=1)
 
     for mode in args.mode_list if world > 1 else []:
         layout = f"{mode}{world}"
-        reason = parallel_unavailable_reason(preset.config(1), mode, world)
+        reason = _agreed(
+            parallel_unavailable_reason(preset.config(1), mode, world)
+            or _fit_problem(preset, layers, dtype, world, mode, device)
+        )
         if reason is not None:
             log(f"{preset.name} {layout}: skipped ({reason})")
             rows.append({"model": preset.name, "layout": layout, "impl": "-", "skipped": reason})
             continue
-        model = distribute_model(_build(preset, args, device, dtype), mode, world, args.ep_implementation)
-        rows += _layout_rows(model, preset.name, layout, ids, sequence, ref, args)
+        model = build_model(preset, layers, dtype, device, args.seed, mode, world, args.ep_implementation)
+        rows += _layout_rows(model, preset.name, layout, batches, args)
         del model
-        _empty_cache(device)
+        free(device)
     for row in rows:
-        row.update(meta)
+        for key, value in meta.items():
+            row.setdefault(key, value)
     return rows
-
-
-def _empty_cache(device: torch.device) -> None:
-    gc.collect()  # a sharded model's hooks hold reference cycles: without this its memory outlives ``del``
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 def _num(value: Any, spec: str) -> str:
     return "-" if value is None or (isinstance(value, float) and value != value) else format(value, spec)
 
 
+def _steps(r: dict[str, Any]) -> str:
+    if "rank_graph_step_ms" not in r:
+        return "-"
+    full, rest = r["rank_graph_step_ms"], r["rank_no_experts_step_ms"]
+    span = lambda v: f"{min(v):.2f}" if max(v) - min(v) < 0.005 else f"{min(v):.2f}-{max(v):.2f}"  # noqa: E731
+    return f"{span(full)} / {span(rest)}"
+
+
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    """The result table: one row per (model, layout, experts), agreement against one-device stock."""
+    """The result table: one row per (model, batch, layout, impl), agreement against one-device stock."""
     lines = [
-        "# Distributed MoE inference: stock vs tilegemm experts, one device vs sharded",
+        "# Distributed MoE inference: stock vs tilegemm, one device vs sharded",
         "",
-        "| model | layout | experts | local experts | prefill tok/s | decode tok/s | tokens = 1dev stock "
-        "| calc_diff | max abs dlogit | top1 |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | batch | layout | impl | local experts | prefill tok/s | decode tok/s | x stock "
+        "| tokens = 1dev stock | calc_diff | max abs dlogit | top1 | vs layout stock | step ms / w/o experts (ranks) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    stock = {(r["model"], r.get("batch"), r["layout"]): r for r in rows if r["impl"] == "stock" and "error" not in r}
     for r in rows:
-        if "skipped" in r:
-            lines.append(f"| {r['model']} | {r['layout']} | skipped: {r['skipped']} | | | | | | | |")
+        head = f"| {r['model']} ({r.get('layers', '-')}L) | {r.get('batch', '-')} | {r['layout']} | {r['impl']} |"
+        if "skipped" in r or "error" in r:
+            lines.append(f"{head} {'skipped' if 'skipped' in r else 'error'}: {r.get('skipped') or r['error']} "
+                         "| | | | | | | | | |")  # fmt: skip
             continue
         local = r.get("local_experts") or {}
+        ref = stock.get((r["model"], r["batch"], r["layout"]))
+        ratio = r["decode_tok_s"] / ref["decode_tok_s"] if ref and ref.get("decode_tok_s") else None
+        same = r["tokens_identical"]
+        tokens = "-" if same is None else f"{'yes' if same else 'NO'} ({_num(r.get('token_agreement'), '.3f')})"
         lines.append(
-            f"| {r['model']} ({r['layers']}L) | {r['layout']} | {r['impl']} ({r['experts']}) | "
-            f"{local.get('num_experts', '-')} | {_num(r['prefill_tok_s'], ',.0f')} | "
-            f"{_num(r['decode_tok_s'], ',.1f')} {r['decode_mode']} | {'yes' if r['tokens_identical'] else 'NO'} "
-            f"({_num(r['token_agreement'], '.3f')}) | {_num(r['calc_diff'], '.1e')} | "
-            f"{_num(r['max_logit_diff'], '.2e')} | {_num(r['top1_agreement'], '.3f')} |"
+            f"{head} {local.get('num_experts', '-')} | {_num(r['prefill_tok_s'], ',.0f')} | "
+            f"{_num(r['decode_tok_s'], ',.1f')} | {_num(ratio, '.2f')} | {tokens} | {_num(r.get('calc_diff'), '.1e')} "
+            f"| {_num(r.get('max_logit_diff'), '.2e')} | {_num(r.get('top1_agreement'), '.3f')} | "
+            f"{_num(r.get('vs_layout_stock_calc_diff'), '.1e')} | {_steps(r)} |"
         )
     lines += [
         "",
         f"{meta['device']} x{meta['world_size']}, dtype {meta['dtype']}, tilegemm backend {meta['backend']}, "
-        f"torch {meta['torch']}, transformers {meta['transformers']}, {meta['date']}. Layouts: 1dev = the whole "
-        "model on one device; tpN = DistributedConfig(tp_size=N) (experts cut along the intermediate dimension); "
-        f"epN = DistributedConfig(tp_size=N, ep_size=N, ep_implementation={meta['ep_implementation']!r}) "
-        "(experts split by expert). Stock and patched share the model and the decode loop. Agreement is against "
-        f"the one-device stock run: greedy tokens (identical?) and teacher-forced logits of its tokens "
-        f"(target: tokens identical or calc_diff < {CALC_DIFF_TARGET:g}).",
+        f"torch {meta['torch']}, transformers {meta['transformers']}, {meta['date']}, decode loop "
+        f"{'static cache + CUDA graph' if meta['cuda_graphs'] else 'generate (dynamic cache)'}. Layouts: 1dev = the "
+        "whole model on one device; tpN = DistributedConfig(tp_size=N) (experts cut along the intermediate "
+        f"dimension); epN = DistributedConfig(tp_size=N, ep_size=N, ep_implementation={meta['ep_implementation']!r}) "
+        "(experts split by expert). impl: stock = transformers' experts; patched = tilegemm BF16 experts + RMSNorm; "
+        "fp8 = tilegemm FP8 experts + RMSNorm; experts = tilegemm BF16 experts only. All rows of a layout share the "
+        "model and the decode loop. Agreement is against the one-device stock run: greedy tokens (identical?) and "
+        "teacher-forced logits of its tokens; 'vs layout stock' = calc_diff against the stock row of the same "
+        "layout. Step ms: each rank's CUDA-graph decode step and the same step with the experts returning zeros.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -245,17 +440,21 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     args = build_parser().parse_args(argv)
+    args.replays = 20
     device_type = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     rank, world, device = init_distributed(device_type)
     dtype = DTYPES[args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
     args.mode_list = [m for m in args.modes.split(",") if m]
+    args.impl_list = [i for i in args.impls.split(",") if i]
     if unknown := set(args.mode_list) - set(PARALLEL_MODES):
         raise SystemExit(f"--modes: unknown {sorted(unknown)}; choose from {PARALLEL_MODES}")
-    chosen = [p for name in args.model.split(",") if name for p in presets.resolve(name)]
+    if unknown := set(args.impl_list) - set(IMPLS):
+        raise SystemExit(f"--impls: unknown {sorted(unknown)}; choose from {list(IMPLS)}")
+    args.impl_list = ["stock", *[i for i in args.impl_list if i != "stock"]]  # stock first: the layout's baseline
     rows: list[dict[str, Any]] = []
     with torch.no_grad():
-        for preset in chosen:
-            rows += run_preset(preset, args, world, device, dtype)
+        for preset, layers in parse_models(args.model, args.layers):
+            rows += run_preset(preset, layers, args, world, device, dtype)
     import transformers
 
     meta = {

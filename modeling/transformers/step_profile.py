@@ -43,13 +43,14 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from modeling.transformers.build import build_model  # noqa: E402
 from modeling.transformers.dist_check import init_distributed  # noqa: E402
 from modeling.transformers.measure import sync  # noqa: E402
 from tilegemm.transformers import apply_tilegemm_to_model, presets, revert_tilegemm_model  # noqa: E402
 from tilegemm.transformers.compat import cache_kwargs, rewind_static_cache  # noqa: E402
 from tilegemm.transformers.monkey_patch import experts_modules  # noqa: E402
 from tilegemm.transformers.norm import swapped_rms_norms  # noqa: E402
-from tilegemm.transformers.parallel import PARALLEL_MODES, distribute_model  # noqa: E402
+from tilegemm.transformers.parallel import PARALLEL_MODES  # noqa: E402
 
 #: The rows: the stock model, tilegemm's experts alone (``norm=False``), and the default patch (experts and the
 #: RMSNorm modules), each its ``apply_tilegemm_to_model`` keywords (``None``: stock).
@@ -232,6 +233,9 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     """One line per row: step times, experts share, kernels."""
 
     def num(row: dict[str, Any], key: str) -> str:
+        ranks = row.get(f"rank_{key}")
+        if ranks and max(ranks) - min(ranks) >= 0.005:
+            return f"{min(ranks):.2f}-{max(ranks):.2f}"
         return f"{row[key]:.2f}" if key in row else "-"
 
     lines = [
@@ -249,7 +253,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             f"{r['kernels']} | {r['kernel_ms']:.2f} | {r['nccl_ms']:.2f} ({r['nccl_kernels']}) |"
         )
     lines += ["", f"{meta['device']} x{meta['world_size']}, torch {meta['torch']}, transformers "]
-    lines[-1] += f"{meta['transformers']}, {meta['date']}; kernels from one profiled eager step (rank 0)."
+    lines[-1] += f"{meta['transformers']}, {meta['date']}; kernels from one profiled eager step (rank 0); a-b: the "
+    lines[-1] += "ranks' range."
     return "\n".join(lines) + "\n"
 
 
@@ -261,19 +266,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode is None and world > 1:
         raise SystemExit("several ranks: name the layout with --mode tp|ep")
     (preset,) = presets.resolve(args.model)
-    from transformers import AutoModelForCausalLM
-
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     layers = args.layers if args.layers is not None else (None if preset.tiny else 4)
-    torch.manual_seed(args.seed)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(preset.config(layers), dtype=dtype).eval()
-    if args.mode is not None and world > 1:
-        model = distribute_model(model, args.mode, world)
+    mode = args.mode if args.mode is not None and world > 1 else None
+    model = build_model(preset, layers, dtype, device, args.seed, mode, world)
     gen = torch.Generator().manual_seed(args.seed)
     ids = torch.randint(0, model.config.vocab_size, (args.batch_size, args.prompt_tokens), generator=gen)
     with torch.no_grad():
         rows = profile_model(model, ids.to(device), args)
+    per_rank = [rows]
+    if world > 1:
+        per_rank = [None] * world
+        dist.all_gather_object(per_rank, rows)
+    for i, row in enumerate(rows):  # each rank's step: the slowest sets the pace of the collectives
+        for key in ("graph_step_ms", "no_experts_graph_step_ms", "experts_ms", "eager_step_ms"):
+            if key in row:
+                row[f"rank_{key}"] = [r[i][key] for r in per_rank]
     import transformers
 
     meta = {

@@ -113,6 +113,19 @@ def num_routed_experts(config: Any) -> int | None:
     return None
 
 
+def _unsplit_heads(config: Any, world_size: int) -> str | None:
+    """Why the tensor-parallel plan cannot cut the attention heads over ``world_size`` ranks, or ``None``: a plan that
+    shards ``k_proj`` by columns gives every rank ``heads / world_size`` query and key/value heads."""
+    text = _text_config(config)
+    if not any(k.endswith("k_proj") and v == "colwise" for k, v in family_plan(config, "tp").items()):
+        return None
+    for name in ("num_attention_heads", "num_key_value_heads"):
+        heads = getattr(text, name, None)
+        if isinstance(heads, int) and heads % world_size:
+            return f"{heads} {name} do not split over {world_size} tensor-parallel ranks"
+    return None
+
+
 def parallel_unavailable_reason(config: Any, mode: str, world_size: int = 2) -> str | None:
     """Why ``mode`` cannot shard a model of ``config`` over ``world_size`` ranks here (``None``: it can)."""
     problem = parallel_api_problem()
@@ -121,6 +134,9 @@ def parallel_unavailable_reason(config: Any, mode: str, world_size: int = 2) -> 
     if not family_plan(config, mode):
         needed = " and ".join(_PLAN_ATTR[m] for m in (("tp", "ep") if mode == "ep" else ("tp",)))
         return f"the installed transformers has no {needed} for model_type {config.model_type!r}"
+    heads = _unsplit_heads(config, world_size)
+    if heads is not None:
+        return heads
     if mode == "ep":
         experts = num_routed_experts(config)
         if experts is None or experts % world_size:
