@@ -123,7 +123,8 @@ def pieces(args, work: Path) -> list[Piece]:
                     "--out", str(work / name), *device]  # fmt: skip
             out.append(Piece(name, argv, w, 150, 50, str(work / name / "route_check.json")))
         for name, preset, prompt in (("f64_dsv3", "deepseek-v3", "256"), ("f64_qwen3", "qwen3-30b-a3b", "512")):
-            preset, layers, prompt = ("tiny-deepseek-v3", "3", "12") if dry else (preset, "4", prompt)
+            tiny = "tiny-deepseek-v3" if "dsv3" in name else "tiny-qwen3-moe"
+            preset, layers, prompt = (tiny, "3" if "dsv3" in name else "2", "12") if dry else (preset, "4", prompt)
             argv = [f"{HARNESS}/f64_check.py", "--model", preset, "--layers", layers, "--prompt", prompt, "--seeds",
                     "0", "--impls", "patched,fp8", "--out", str(work / name / "f64.json"), *device]  # fmt: skip
             out.append(Piece(name, argv, 1, 240 if "dsv3" in name else 120, 60, str(work / name / "f64.json")))

@@ -95,6 +95,8 @@ def check(
     _log(f"{model_name} seed {seed}: float64 model on {where}")
     if where == "cpu":
         torch.set_num_threads(os.cpu_count() or 1)
+    if where == "cpu":  # move first: a cross-device copy that casts may stage the float64 tensor on the GPU
+        model = model.to(device="cpu")
     model = model.to(device=where, dtype=torch.float64)
     free(device)
     model.set_experts_implementation("eager")
