@@ -214,10 +214,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status."""
-    from modeling.transformers.dist_check import init_distributed
-
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The parsed command line, with ``dtype_list``, ``mode_list`` and ``impl_list`` (checked)."""
     args = build_parser().parse_args(argv)
     args.dtype_list = [d for d in args.dtypes.split(",") if d]
     args.mode_list = [m for m in args.modes.split(",") if m]
@@ -226,6 +224,14 @@ def main(argv: list[str] | None = None) -> int:
                                 ("--impls", args.impl_list, IMPLS)):  # fmt: skip
         if unknown := set(values) - set(known):
             raise SystemExit(f"{name}: unknown {sorted(unknown)}; choose from {sorted(known)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    from modeling.transformers.dist_check import init_distributed
+
+    args = parse(argv)
     device_type = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     rank, world, device = init_distributed(device_type)
     with torch.no_grad():
