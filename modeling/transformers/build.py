@@ -76,14 +76,20 @@ def expert_weight(
     return (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * std).to(dtype)
 
 
+def _draw(seed: int, name: str, experts: range, shape: tuple[int, ...], std: float, dtype, device) -> torch.Tensor:
+    """Experts ``experts`` of weight ``name`` stacked into a new ``shape`` tensor (filled in place, no second copy)."""
+    out = torch.empty(shape, dtype=dtype, device=device)
+    for i, e in enumerate(experts):
+        out[i] = expert_weight(seed, name, e, shape[1:], std, dtype, device)
+    return out
+
+
 def _materialize(param: torch.Tensor, name: str, seed: int, std: float, device) -> torch.Tensor:
     """The value of the meta expert weight ``param`` ``[E, N, K]`` (a plain tensor or a DTensor) on ``device``."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     if not isinstance(param, DTensor):
-        experts, *shape = param.shape
-        rows = [expert_weight(seed, name, e, tuple(shape), std, param.dtype, device) for e in range(experts)]
-        return torch.stack(rows)
+        return _draw(seed, name, range(param.shape[0]), tuple(param.shape), std, param.dtype, device)
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     mesh, placements = param.device_mesh, param.placements
@@ -93,8 +99,7 @@ def _materialize(param: torch.Tensor, name: str, seed: int, std: float, device) 
     sharded = {p.dim % len(global_shape) for p in placements if hasattr(p, "dim")}  # Shard, _StridedShard
     if sharded <= {0}:  # split by expert only (or not at all)
         experts = range(offset[0], offset[0] + local_shape[0])
-        rows = [expert_weight(seed, name, e, per_expert, std, param.dtype, device) for e in experts]
-        local = torch.stack(rows) if rows else torch.empty(local_shape, dtype=param.dtype, device=device)
+        local = _draw(seed, name, experts, tuple(local_shape), std, param.dtype, device)
     else:  # cut inside each expert: draw a chunk of whole experts, keep this rank's slice of each
         if 0 in sharded:
             raise NotImplementedError(f"{name}: placements {placements} cut both the experts and inside them")
@@ -102,9 +107,7 @@ def _materialize(param: torch.Tensor, name: str, seed: int, std: float, device) 
         step = max(1, EXPERT_CHUNK_BYTES // (4 * max(1, per_expert[0] * per_expert[1])))
         for start in range(0, global_shape[0], step):
             stop = min(global_shape[0], start + step)
-            chunk = torch.stack(
-                [expert_weight(seed, name, e, per_expert, std, param.dtype, device) for e in range(start, stop)]
-            )
+            chunk = _draw(seed, name, range(start, stop), (stop - start, *per_expert), std, param.dtype, device)
             local[start:stop] = distribute_tensor(chunk, mesh, placements, src_data_rank=None).to_local()
             del chunk
     return DTensor.from_local(local, mesh, placements, run_check=False, shape=param.shape, stride=param.stride())

@@ -36,6 +36,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root and s
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import time  # noqa: E402
@@ -274,18 +275,22 @@ def _reference_path(args, preset: presets.Preset, layers: int, batch: int, dtype
     return Path(args.reference_dir) / f"{key}_{'graph' if args.cuda_graphs else 'dyn'}.pt"
 
 
-def _model_bytes(preset: presets.Preset, layers: int | None, dtype: torch.dtype, world: int, mode: str | None) -> int:
-    """Parameter bytes one rank holds (the experts split over ``world`` ranks, the rest whole: an upper bound)."""
+@functools.cache
+def _param_bytes(name: str, layers: int | None, dtype: torch.dtype) -> tuple[int, int]:
+    """``(expert bytes, other bytes)`` of preset ``name``'s parameters (counted on a ``meta`` model)."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(preset.config(layers), dtype=dtype)
+        model = AutoModelForCausalLM.from_config(presets.PRESETS[name].config(layers), dtype=dtype)
     experts = {id(p) for m in experts_modules(model) for p in m.parameters()}
-    total = 0
-    for p in model.parameters():
-        share = world if (mode is not None and id(p) in experts) else 1
-        total += p.numel() * p.element_size() // share
-    return total
+    sizes = [(id(p) in experts, p.numel() * p.element_size()) for p in model.parameters()]
+    return sum(n for e, n in sizes if e), sum(n for e, n in sizes if not e)
+
+
+def _model_bytes(preset: presets.Preset, layers: int | None, dtype: torch.dtype, world: int, mode: str | None) -> int:
+    """Parameter bytes one rank holds (the experts split over ``world`` ranks, the rest whole: an upper bound)."""
+    experts, rest = _param_bytes(preset.name, layers, dtype)
+    return rest + experts // (world if mode is not None else 1)
 
 
 def _fit_problem(preset, layers, dtype, world, mode, device) -> str | None:
