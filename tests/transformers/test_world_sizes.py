@@ -215,3 +215,21 @@ def test_suite_dry_run_four_ranks(tmp_path):
                     for b in (1, 32)}  # fmt: skip
     table = done.stdout
     assert "| tiny-deepseek-v3 3L | 32 | ep4 |" in table and "| routes_fp32_w4 | ok |" in table
+
+
+def test_layouts_and_fp8_copies_that_do_not_fit_are_reasons(monkeypatch):
+    """dist_check skips what would not fit the device's free memory (read as 1 GiB here) instead of failing."""
+    from modeling.transformers import dist_check
+    from tilegemm.transformers import presets
+
+    monkeypatch.setattr(dist_check, "_free_bytes", lambda device: 1 << 30)
+    dsv3 = presets.PRESETS["deepseek-v3"]
+    reason = dist_check._fit_problem(dsv3, 12, torch.bfloat16, 4, "ep", torch.device("cpu"))
+    assert reason.startswith("needs ~58 GiB per device")  # 9 MoE layers of 22.5 GB over 4 ranks, the rest whole
+    assert "~200 GiB" in dist_check._fit_problem(dsv3, 12, torch.bfloat16, 1, None, torch.device("cpu"))
+    monkeypatch.setattr(dist_check, "_free_bytes", lambda device: 1 << 40)
+    assert dist_check._fit_problem(dsv3, 12, torch.bfloat16, 4, "ep", torch.device("cpu")) is None
+    model = _tiny()
+    assert dist_check._fp8_fit_problem(model, torch.device("cpu")) is None
+    monkeypatch.setattr(dist_check, "_free_bytes", lambda device: 1 << 20)
+    assert "FP8 expert copies need" in dist_check._fp8_fit_problem(model, torch.device("cpu"))
