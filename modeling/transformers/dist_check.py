@@ -442,6 +442,19 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _write(rows: list[dict[str, Any]], meta: dict[str, Any], out: str, final: bool) -> None:
+    """``dist_check.json`` and ``dist_check.md`` under ``out``; the table printed when ``final``."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "dist_check.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=2, default=str)
+    text = markdown(rows, meta)
+    with open(os.path.join(out, "dist_check.md"), "w") as f:
+        f.write(text)
+    if final:
+        print(text, flush=True)
+        log(f"wrote {out}/dist_check.json and dist_check.md")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     args = build_parser().parse_args(argv)
@@ -456,10 +469,6 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := set(args.impl_list) - set(IMPLS):
         raise SystemExit(f"--impls: unknown {sorted(unknown)}; choose from {list(IMPLS)}")
     args.impl_list = ["stock", *[i for i in args.impl_list if i != "stock"]]  # stock first: the layout's baseline
-    rows: list[dict[str, Any]] = []
-    with torch.no_grad():
-        for preset, layers in parse_models(args.model, args.layers):
-            rows += run_preset(preset, layers, args, world, device, dtype)
     import transformers
 
     meta = {
@@ -473,15 +482,13 @@ def main(argv: list[str] | None = None) -> int:
         "transformers": transformers.__version__,
         "date": datetime.date.today().isoformat(),
     }
-    if rank == 0:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "dist_check.json"), "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=2, default=str)
-        text = markdown(rows, meta)
-        with open(os.path.join(args.out, "dist_check.md"), "w") as f:
-            f.write(text)
-        print(text, flush=True)
-        log(f"wrote {args.out}/dist_check.json and dist_check.md")
+    rows: list[dict[str, Any]] = []
+    models = parse_models(args.model, args.layers)
+    with torch.no_grad():
+        for i, (preset, layers) in enumerate(models):
+            rows += run_preset(preset, layers, args, world, device, dtype)
+            if rank == 0:  # after every preset: a run stopped later keeps what it measured
+                _write(rows, meta, args.out, final=i == len(models) - 1)
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()

@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -85,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", default="", help="comma-separated piece names to run (default: all of the part)")
     p.add_argument("--dry-run", action="store_true", help="CPU, gloo, tiny DeepSeek-V3, few tokens")
     p.add_argument("--list", action="store_true", help="print the pieces and their commands, run nothing")
+    p.add_argument("--work", default=os.environ.get("DIST_SUITE_WORK", "/tmp/dist_suite_work"),
+                   help="scratch directory of the pieces (emptied first)")  # fmt: skip
     return p
 
 
@@ -298,15 +301,20 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns 0 when every piece that ran succeeded."""
     args = build_parser().parse_args(argv)
     out = Path(args.out)
-    work = Path(os.environ.get("DIST_SUITE_WORK", "/tmp/dist_suite_work"))
+    work = Path(args.work)
     todo = pieces(args, work)
     python = sys.executable
     if args.list:
         for p in todo:
             print(f"{p.name} (timeout {p.timeout:.0f} s): {shlex.join(p.command(python))}")
         return 0
+    marker = work / ".dist_suite_work"
+    if work.exists() and any(work.iterdir()) and not marker.exists():
+        raise SystemExit(f"--work {work}: not empty and not a dist_suite scratch directory; choose another")
     out.mkdir(parents=True, exist_ok=True)
-    work.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(work, ignore_errors=True)  # no stale result or reference of an earlier run is read as this run's
+    work.mkdir(parents=True)
+    marker.touch()
     env = dict(os.environ)
     env.setdefault("NCCL_NVLS_ENABLE", "0")
     env.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")

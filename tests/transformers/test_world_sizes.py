@@ -198,7 +198,8 @@ def test_suite_dry_run_four_ranks(tmp_path):
     """The whole suite on the CPU at world size 4 (gloo, tiny DeepSeek-V3): every piece runs, at most 8 files come
     back, and the tables printed last hold the sharded rows."""
     out = tmp_path / "out"
-    done = _suite("--out", str(out), "--dry-run", "--world-sizes", "4", "--budget", "1500", timeout=1800)
+    args = ["--out", str(out), "--work", str(tmp_path / "work"), "--dry-run", "--world-sizes", "4", "--budget", "1500"]
+    done = _suite(*args, timeout=1800)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
     assert sorted(p.name for p in out.iterdir()) == ["suite.json", "suite.log", "suite.md"]
     report = json.loads((out / "suite.json").read_text())
