@@ -225,7 +225,8 @@ def routes_summary(result: dict[str, Any]) -> list[str]:
 
 def speed_summary(results: list[dict[str, Any]]) -> list[str]:
     """One line per (model, batch, layout): decode tok/s of stock and each patch (x stock, x the one-device row of the
-    same impl), prefill x stock, calc_diff, each rank's step and step without experts (max over ranks)."""
+    same impl), prefill x stock, calc_diff, the decode step and the step without experts (slowest rank), and the
+    bound the rest sets on the patched speedup (stock step / patched step without experts)."""
     rows = [r for res in results for r in res["rows"]]
     one_dev = {(r["model"], r["layers"], r.get("batch"), r["impl"]): r for r in rows if r["layout"] == "1dev"}
     keys: dict[tuple, dict[str, dict]] = {}
@@ -233,6 +234,9 @@ def speed_summary(results: list[dict[str, Any]]) -> list[str]:
         keys.setdefault((r["model"], r["layers"], r.get("batch"), r["layout"]), {})[r["impl"]] = r
     lines = []
     for (model, layers, batch, layout), impls in keys.items():
+        if "-" in impls:  # the whole layout was skipped
+            lines.append(f"| {model} {layers}L | - | {layout} | skipped: {impls['-'].get('skipped')} |")
+            continue
         stock = impls.get("stock", {})
         cells = []
         for impl in ("stock", "patched", "fp8"):
@@ -252,10 +256,12 @@ def speed_summary(results: list[dict[str, Any]]) -> list[str]:
             f"{impls[i]['graph_step_ms']:.2f}, {impls[i]['no_experts_step_ms']:.2f}"
             for i in ("stock", "patched") if "graph_step_ms" in impls.get(i, {})
         )  # fmt: skip
+        rest = patched.get("no_experts_step_ms")
+        bound = stock["graph_step_ms"] / rest if rest and "graph_step_ms" in stock else None
         lines.append(
             f"| {model} {layers}L | {batch} | {layout} | {' | '.join(cells)} | {_f(prefill, '.2f')} | "
             f"{_f(stock.get('calc_diff'), '.1e')} / {_f(patched.get('calc_diff'), '.1e')} | "
-            f"{_f(patched.get('vs_layout_stock_calc_diff'), '.1e')} | {steps or '-'} |"
+            f"{_f(patched.get('vs_layout_stock_calc_diff'), '.1e')} | {steps or '-'} | {_f(bound, '.2f')} |"
         )
     return lines
 
@@ -292,7 +298,8 @@ def summary(done: list[Piece], skipped: list[tuple[str, str]]) -> str:
     if speed:
         lines += ["", "| model | batch | layout | stock tok/s | patched tok/s (x stock) | fp8 tok/s (x stock) | "
                   "prefill patched x stock | calc_diff vs 1dev stock: stock / patched | patched vs layout stock | "
-                  "step ms, w/o experts: stock / patched |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "step ms, w/o experts: stock / patched | bound: stock step / patched rest |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         lines += speed_summary(speed)
     return "\n".join(lines) + "\n"
 
