@@ -234,3 +234,23 @@ def test_layouts_and_fp8_copies_that_do_not_fit_are_reasons(monkeypatch):
     assert dist_check._fp8_fit_problem(model, torch.device("cpu")) is None
     monkeypatch.setattr(dist_check, "_free_bytes", lambda device: 1 << 20)
     assert "FP8 expert copies need" in dist_check._fp8_fit_problem(model, torch.device("cpu"))
+
+
+def test_speed_summary_ratios_scaling_and_bound():
+    """The suite's speed table on GPU-shaped rows: x stock, x the one-device row, the step profile and its bound."""
+    from modeling.transformers.dist_suite import speed_summary
+
+    def row(layout, impl, tok, step, rest, **extra):
+        return {"model": "m", "layers": 48, "batch": 32, "layout": layout, "impl": impl, "decode_tok_s": tok,
+                "prefill_tok_s": 1000.0, "calc_diff": 1e-4, "graph_step_ms": step, "no_experts_step_ms": rest,
+                **extra}  # fmt: skip
+
+    skipped_fp8 = {"model": "m", "layers": 48, "batch": 32, "layout": "1dev", "impl": "fp8", "skipped": "no room"}
+    one = {"rows": [row("1dev", "stock", 80.0, 12.0, 7.5), row("1dev", "patched", 100.0, 9.0, 7.5), skipped_fp8]}
+    four = {"rows": [row("tp4", "stock", 120.0, 10.0, 8.0), row("tp4", "patched", 150.0, 8.5, 8.0),
+                     {"model": "m", "layers": 48, "layout": "ep4", "impl": "-", "skipped": "heads"}]}  # fmt: skip
+    lines = speed_summary([one, four])
+    assert lines[0] == ("| m 48L | 32 | 1dev | 80 | 100 1.25x | skip | 1.00 | 1.0e-04 / 1.0e-04 | - | "
+                        "12.00, 7.50 / 9.00, 7.50 | 1.60 |")  # fmt: skip
+    assert "| 120 (1.50x 1dev) | 150 1.25x (1.50x 1dev) | - |" in lines[1] and lines[1].endswith("| 1.25 |")
+    assert lines[2] == "| m 48L | - | ep4 | skipped: heads |"
