@@ -82,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--deep", default=None, help="speed: the deeper preset NAME:LAYERS (default deepseek-v3:12)")
     p.add_argument("--batch-sizes", default="1,32")
     p.add_argument("--impls", default="stock,patched,fp8")
+    p.add_argument("--backend", default="auto", help="speed: tilegemm backend of the patched rows (dist_check)")
     p.add_argument("--budget", type=float, default=540.0, help="seconds for every piece together")
     p.add_argument("--only", default="", help="comma-separated piece names to run (default: all of the part)")
     p.add_argument("--dry-run", action="store_true", help="CPU, gloo, tiny DeepSeek-V3, few tokens")
@@ -142,8 +143,8 @@ def pieces(args, work: Path) -> list[Piece]:
         tokens = ["--prompt-tokens", "8", "--new-tokens", "4", "--repeats", "1"] if dry else [
             "--prompt-tokens", "256", "--new-tokens", "16", "--repeats", "2"]  # fmt: skip
         ref = work / "reference"
-        common = ["--batch-size", args.batch_sizes, "--impls", args.impls, "--cuda-graphs", "--step-times", *tokens,
-                  *device]  # fmt: skip
+        common = ["--batch-size", args.batch_sizes, "--impls", args.impls, "--backend", args.backend, "--cuda-graphs",
+                  "--step-times", *tokens, *device]  # fmt: skip
         for w in sorted(args.world_sizes):
             name = f"speed_w{w}"
             skip = ["--skip-1dev"] if w > 1 and 1 in args.world_sizes else []
