@@ -302,3 +302,47 @@ def test_cutile_schedule_matches_reference_on_cpu():
         assert got.dtype == torch.int32 and got.shape == (num_sms + 1, 2)
         assert torch.equal(got, want), (trial, ctx, num_sms)
         assert got[-1].tolist() == [batch, 0]
+
+
+# (H, D) of the BF16 plain kernel (``bf16_mqa_logits``): the indexers' heads at D = 128, and every head-dim class.
+BF16_VARIANTS = [(64, 128), (32, 128), (128, 128), (16, 128), (64, 64), (64, 32), (8, 64)]
+
+
+def bf16_plain_params(h: int, d: int, out_align: int = 16, arch: str = "sm_90") -> list:
+    """The plain kernel's signature with bf16 ``q`` and keys and ``bf16_mqa_logits_config``'s tiles."""
+    conf = mqa.bf16_mqa_logits_config(h, d, sm=_sm(arch))
+    params = plain_params(h, d, out_align=out_align, arch=arch)
+    params[0], params[1] = aot.array(ct.bfloat16, 3), aot.array(ct.bfloat16, 2)
+    params[7:] = [conf.bq, conf.hp, d, conf.bk, conf.head_chain, conf.two_chains, conf.unroll, False, False, 0]
+    return params
+
+
+def test_bf16_plain_kernel_sm90():
+    """The BF16 plain kernel on sm_90, every variant at either output alignment: BF16 warpgroup MMAs (``HGMMA``), TMA
+    loads of q and the keys, no spills, and two CTAs per SM (256 threads; registers and shared memory for two)."""
+    jobs = [(h, d, al) for h, d in BF16_VARIANTS for al in (16, 4)]
+
+    def build(job):
+        h, d, al = job
+        conf = mqa.bf16_mqa_logits_config(h, d)
+        return aot.compile_cubin(mqa.plain_kernel_for(conf.occupancy), bf16_plain_params(h, d, al), "sm_90")
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        cubins = list(pool.map(build, jobs))
+    for job, cubin in zip(jobs, cubins):
+        s, res = sass_summary(cubin), launch_resources(cubin)
+        assert s["hgmma"] > 0 and s["qgmma"] == 0, (job, s)
+        assert s["ldl"] == 0 and s["stl"] == 0, (job, s)
+        assert s["utmaldg"] > 0, (job, s)
+        assert res["threads"] == 256, (job, res)
+        assert 2 * res["threads"] * res["registers"] <= SM90_REGISTERS and 2 * res["shared"] <= SM90_SHARED, (job, res)
+
+
+def test_bf16_plain_kernel_compiles_sm100():
+    """The BF16 plain kernel also compiles for sm_100 (tcgen05 BF16 MMAs) at the indexers' sizes."""
+    for h, d in ((64, 128), (32, 128)):
+        conf = mqa.bf16_mqa_logits_config(h, d, sm=100)
+        s = sass_summary(
+            aot.compile_cubin(mqa.plain_kernel_for(conf.occupancy), bf16_plain_params(h, d, arch="sm_100"), "sm_100")
+        )
+        assert s["utchmma"] > 0 or s["utc_mma"] > 0, ((h, d), s)

@@ -647,6 +647,40 @@ fp8_fp4_mqa_logits.__doc__ = _MQA_DOC.format(
 fp8_mqa_logits.__doc__ = _MQA_DOC.format(q_tuple="", dtype_doc="") + "\n    DeepGEMM's legacy form: fp32 logits.\n"
 
 
+@dispatch("bf16_mqa_logits", check=checks.bf16_mqa_logits_check)
+def bf16_mqa_logits(
+    q: Tensor,
+    kv: Tensor,
+    weights: Tensor,
+    cu_seq_len_k_start: Tensor,
+    cu_seq_len_k_end: Tensor,
+    clean_logits: bool = True,
+    max_seqlen_k: int = 0,
+    logits_dtype: torch.dtype = torch.float32,
+    *,
+    stream=None,
+) -> Tensor:
+    """BF16 MQA logits (the indexer's scores without quantization); returns a new [S, S_kv] (or [S, max_seqlen_k]).
+
+    ``logits[i, j] = sum_h weights[i, h] * relu(q[i, h, :] . kv[j, :])`` for ``ks[i] <= j < ke[i]``, the products
+    of the bf16 inputs summed in fp32; ``-inf`` elsewhere when ``clean_logits`` (unspecified otherwise). The
+    arguments are :func:`fp8_fp4_mqa_logits`'s (DeepGEMM's order and defaults) with bf16 ``q`` and ``kv`` and no
+    key scales (a per-key scale of 1).
+
+    Args:
+        q: bf16 [S, H, D].
+        kv: bf16 [S_kv, D].
+        weights: fp32 [S, H].
+        cu_seq_len_k_start: int32 [S], ``ks``; ``0 <= ks <= ke``.
+        cu_seq_len_k_end: int32 [S], ``ke``; ``ke <= S_kv``.
+        clean_logits: write ``-inf`` outside each row's window.
+        max_seqlen_k: ``0``: the output is [S, S_kv]; ``> 0``: the compressed form [S, max_seqlen_k],
+            ``out[i, j] = logits[i, ks[i] + j]``.
+        logits_dtype: ``torch.float32`` or ``torch.bfloat16`` (rounded once from fp32).
+        stream: CUDA stream (``None``: current).
+    """
+
+
 @dispatch("get_paged_mqa_logits_metadata", check=checks.paged_mqa_metadata_check)
 def get_paged_mqa_logits_metadata(
     context_lens: Tensor, block_kv: int, num_sms: int, indices: Tensor | None = None

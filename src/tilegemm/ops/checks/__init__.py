@@ -76,6 +76,7 @@ from tilegemm.ops.checks.moe import (
 )
 from tilegemm.ops.checks.mqa import (
     LOGITS_DTYPES,
+    bf16_mqa_logits_check,
     mqa_logits_check,
     paged_mqa_logits_check,
     paged_mqa_logits_signature,
@@ -97,7 +98,8 @@ from tilegemm.ops.checks.testing import calc_diff_check
 __all__ = [
     "BLOCK", "EINSUM_EXPRS", "FLOATS", "FP8", "FP8_EINSUM_EXPRS", "GROUPED_MATMUL_DTYPES", "INT32_MAX",
     "LAYOUTS", "LAYOUT_SHAPES", "LOGITS_DTYPES", "MOE_ACTIVATIONS", "M_ALIGNMENT", "OUT_DTYPES", "RECIPES",
-    "HotLane", "allow_float_operands", "calc_diff_check", "ceil_to_ue8m0_check", "check_group_offsets",
+    "HotLane", "allow_float_operands", "bf16_mqa_logits_check", "calc_diff_check", "ceil_to_ue8m0_check",
+    "check_group_offsets",
     "cublaslt_gemm_check", "dense_gemm_check", "dense_gemm_signature", "einsum_check", "fp8_einsum_check",
     "fp8_linear_check",
     "fp8_moe_experts_check", "fp8_weight_check", "grouped_matmul_check", "k_grouped_check", "k_grouped_ue8m0_check",

@@ -1,4 +1,4 @@
-"""Checks of the MQA logits ops (ragged and paged), the paged metadata, and the paged ops' hot-lane keys."""
+"""Checks of the MQA logits ops (ragged FP8 and BF16, paged), the paged metadata, and the paged ops' hot-lane keys."""
 
 from __future__ import annotations
 
@@ -91,8 +91,23 @@ def mqa_logits_check(
             "cu_seq_len_k_end": cu_seq_len_k_end,
         }
     )
-    if value_checks_enabled(cu_seq_len_k_start.device) and s:
-        ks, ke = cu_seq_len_k_start, cu_seq_len_k_end
+    _window_values(cu_seq_len_k_start, cu_seq_len_k_end, s, s_kv)
+    return dict(
+        q=q,
+        kv=(kv_data, kv_scale),
+        weights=weights,
+        cu_seq_len_k_start=cu_seq_len_k_start,
+        cu_seq_len_k_end=cu_seq_len_k_end,
+        clean_logits=clean_logits,
+        max_seqlen_k=int(max_seqlen_k),
+        logits_dtype=logits_dtype,
+        stream=stream,
+    )
+
+
+def _window_values(ks: torch.Tensor, ke: torch.Tensor, s: int, s_kv: int) -> None:
+    """Every query's window ``[ks, ke)`` lies in ``[0, S_kv]`` (a value check: reads device memory)."""
+    if value_checks_enabled(ks.device) and s:
         bad = (ks < 0) | (ks > ke) | (ke > s_kv)
         if bool(bad.any()):
             i = int(bad.nonzero()[0, 0])
@@ -100,9 +115,53 @@ def mqa_logits_check(
                 f"cu_seq_len_k_start, cu_seq_len_k_end: query {i} has window [{int(ks[i])}, {int(ke[i])}), "
                 f"expected 0 <= start <= end <= S_kv={s_kv}"
             )
+
+
+def bf16_mqa_logits_check(
+    q,
+    kv,
+    weights,
+    cu_seq_len_k_start,
+    cu_seq_len_k_end,
+    clean_logits=True,
+    max_seqlen_k=0,
+    logits_dtype=torch.float32,
+    *,
+    stream=None,
+) -> dict[str, Any]:
+    """The check of ``bf16_mqa_logits``: bf16 ``q`` [S, H, D] and ``kv`` [S_kv, D] (no scales), fp32 ``weights``
+    [S, H], int32 windows; derived as :func:`mqa_logits_check`'s, with ``kv`` the bf16 tensor."""
+    if isinstance(q, (tuple, list)):
+        raise TypeError(f"q: got {_describe(q)}, expected a bf16 torch.Tensor [S, H, D] (no scale tuple)")
+    if isinstance(kv, (tuple, list)):
+        raise TypeError(f"kv: got {_describe(kv)}, expected a bf16 torch.Tensor [S_kv, D] (no scale tuple)")
+    _tensor("q", q, (torch.bfloat16,), 3)
+    _tensor("kv", kv, (torch.bfloat16,), 2)
+    s, h, dim = q.shape
+    s_kv = kv.shape[0]
+    _shape("kv", kv, [s_kv, dim], f"[S_kv, D={dim}]")
+    _dtype_arg("logits_dtype", logits_dtype, LOGITS_DTYPES)
+    _tensor("weights", weights, (torch.float32,), 2)
+    _shape("weights", weights, [s, h], "[S, H]")
+    for name, x in (("cu_seq_len_k_start", cu_seq_len_k_start), ("cu_seq_len_k_end", cu_seq_len_k_end)):
+        _tensor(name, x, (torch.int32,), 1)
+        _shape(name, x, [s], "[S], one per query")
+    _bool("clean_logits", clean_logits)
+    _int("max_seqlen_k", max_seqlen_k, 0, INT32_MAX)
+    _stream(stream)
+    _same_device(
+        {
+            "q": q,
+            "kv": kv,
+            "weights": weights,
+            "cu_seq_len_k_start": cu_seq_len_k_start,
+            "cu_seq_len_k_end": cu_seq_len_k_end,
+        }
+    )
+    _window_values(cu_seq_len_k_start, cu_seq_len_k_end, s, s_kv)
     return dict(
         q=q,
-        kv=(kv_data, kv_scale),
+        kv=kv,
         weights=weights,
         cu_seq_len_k_start=cu_seq_len_k_start,
         cu_seq_len_k_end=cu_seq_len_k_end,

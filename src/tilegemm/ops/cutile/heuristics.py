@@ -1007,6 +1007,32 @@ def mqa_logits_config(h: int, d: int, sm: int = 90) -> MqaConfig | None:
     )
 
 
+def bf16_mqa_logits_config(h: int, d: int, sm: int = 90) -> MqaConfig | None:
+    """Tiles of the plain MQA kernel with bf16 ``q`` and keys (``bf16_mqa_logits``); ``None`` if unsupported.
+
+    :func:`mqa_logits_config`'s tiles with one key tile per iteration and no latency hint, and two MMA chains only at
+    D = 128: a bf16 key tile is twice an FP8 one, and with FP8's D = 128 choice (two tiles, hint 6) tileiras 13.4
+    spills 17 + 12 words on sm_90, with two chains at D = 64 82 + 32, at D = 32 33 + 34; these settings compile
+    spill-free at every head class (``tests/kernels/test_compile_mqa.py``), two CTAs per SM at about 100 KB of
+    shared memory each.
+    """
+    base = mqa_logits_config(h, d, sm)
+    if base is None:
+        return None
+    two = base.two_chains and d == 128
+    return MqaConfig(
+        bq=base.bq,
+        hp=base.hp,
+        bk=base.bk,
+        head_chain=base.head_chain,
+        two_chains=two,
+        occupancy=2,
+        unroll=1,
+        scales_ldg=sm == 90 and not two,
+        key_latency=0,
+    )
+
+
 def paged_mqa_config(
     h: int, d: int, next_n: int, block_kv: int, split: int = 256, sm: int = 90
 ) -> PagedMqaConfig | None:

@@ -14,6 +14,7 @@ the padded heads load as zeros with zero weights.
   ``mqa_clean_logits_kernel`` on the tiles the kernel does not compute. On sm_90 two CTAs share an SM, so one's MMA
   runs during the other's head sum (:func:`plain_kernel_for`), and with two query rows per CTA each row has
   its own MMA, so one row's head sum runs during the other's MMA (:func:`key_tile_logits`).
+* ``bf16_mqa_logits``: the same kernel on bf16 ``q`` and keys (BF16 MMAs), key scales of 1.
 * ``get_paged_mqa_logits_metadata``: torch ops on the device (no host sync), the same balanced
   split as the reference backend (``ops.common.paged_mqa_schedule``).
 * ``fp8_paged_mqa_logits``: a persistent kernel; ``parts`` CTAs share schedule row i (the splits
@@ -38,7 +39,14 @@ import torch
 from tilegemm.backend.registry import Unsupported, register_impl, register_replay
 from tilegemm.ops.common import cdiv, compress_logits, paged_mqa_schedule, paged_mqa_split_kv
 from tilegemm.ops.cutile import tile_io
-from tilegemm.ops.cutile.heuristics import MqaConfig, PagedMqaConfig, mqa_logits_config, paged_mqa_config, print_once
+from tilegemm.ops.cutile.heuristics import (
+    MqaConfig,
+    PagedMqaConfig,
+    bf16_mqa_logits_config,
+    mqa_logits_config,
+    paged_mqa_config,
+    print_once,
+)
 from tilegemm.ops.cutile.launch import launch
 
 ZERO = ct.PaddingMode.ZERO
@@ -474,6 +482,28 @@ def fp8_mqa_logits(
 
 register_impl("fp8_fp4_mqa_logits", "cutile")(fp8_mqa_logits)
 register_impl("fp8_mqa_logits", "cutile")(fp8_mqa_logits)
+
+
+@register_impl("bf16_mqa_logits", "cutile")
+def bf16_mqa_logits(
+    q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits, max_seqlen_k, logits_dtype, stream
+):
+    """cuTile BF16 MQA logits: the plain kernel on bf16 ``q`` and keys (BF16 MMAs, fp32 accumulate) with key scales
+    of 1 and :func:`~tilegemm.ops.cutile.heuristics.bf16_mqa_logits_config`'s tiles; then compression and the cast,
+    as :func:`fp8_mqa_logits`."""
+    s, h, d = q.shape
+    s_kv = kv.shape[0]
+    conf = bf16_mqa_logits_config(h, d, sm=_check_arch(q))
+    if conf is None:
+        raise Unsupported(f"bf16_mqa_logits: H={h}, D={d} not supported (H <= 128, D in {{32, 64, 128}})")
+    print_once("bf16_mqa_logits", {"S": s, "S_kv": s_kv, "H": h, "D": d}, conf)
+    out = torch.empty((s, s_kv), dtype=torch.float32, device=q.device)
+    if s and s_kv:
+        ones = torch.ones(s_kv, dtype=torch.float32, device=q.device)
+        launch_mqa_logits(q, kv, ones, weights, cu_seq_len_k_start, cu_seq_len_k_end, out, conf, clean=clean_logits)
+    if max_seqlen_k:
+        out = compress_logits(out, cu_seq_len_k_start, max_seqlen_k)
+    return out.to(logits_dtype)
 
 
 @register_impl("get_paged_mqa_logits_metadata", "cutile")

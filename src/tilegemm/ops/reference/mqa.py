@@ -4,6 +4,7 @@
   relu(q[i, h] . kv[j])`` inside each row's window ``[ks[i], ke[i])``; computed over chunks of query
   rows so the ``[chunk, H, S_kv]`` score temporary stays near ``CHUNK_BYTES``; compressed
   (``max_seqlen_k > 0``) and cast to ``logits_dtype`` (one rounding from fp32) at the end.
+* ``bf16_mqa_logits``: the same formula on bf16 ``q`` and keys, without key scales.
 * ``get_paged_mqa_logits_metadata``: the balanced split schedule (``ops.common.paged_mqa_schedule``).
 * ``fp8_fp4_paged_mqa_logits`` / ``fp8_paged_mqa_logits``: the same logits over a paged FP8 KV cache,
   chunked over key columns.
@@ -26,18 +27,40 @@ def fp8_mqa_logits(
     """Reference MQA logits: [S, S_kv] (or [S, max_seqlen_k]) of ``logits_dtype``, ``-inf`` outside the
     windows when ``clean_logits``."""
     kv_data, kv_scale = kv
+    return _mqa_logits(
+        q, kv_data, kv_scale, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits, max_seqlen_k, logits_dtype
+    )
+
+
+@register_impl("bf16_mqa_logits", "pytorch")
+def bf16_mqa_logits(
+    q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits, max_seqlen_k, logits_dtype, stream
+):
+    """Reference BF16 MQA logits: the FP8 formula on bf16 ``q``/``kv`` (exact fp32 products) with key scales of 1;
+    memory stays near ``CHUNK_BYTES`` of scores whatever ``S`` and ``S_kv``."""
+    return _mqa_logits(
+        q, kv, None, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits, max_seqlen_k, logits_dtype
+    )
+
+
+def _mqa_logits(
+    q, kv_data, kv_scale, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits, max_seqlen_k, logits_dtype
+):
+    """The reference's loop over chunks of query rows (``kv_scale`` ``None``: no key scales)."""
     s, h, dim = q.shape
     s_kv = kv_data.shape[0]
     device = q.device
     out = torch.empty(s, s_kv, dtype=torch.float32, device=device)
     keys_t = kv_data.float().t()  # [D, S_kv]
-    scale = kv_scale.float()
+    scale = kv_scale.float() if kv_scale is not None else None
     cols = torch.arange(s_kv, device=device)
     step = chunk_count(s, 4 * (2 * h * s_kv + h * dim + 2 * s_kv))
     for s0 in range(0, s, step):
         s1 = min(s, s0 + step)
         scores = exact_matmul(q[s0:s1].float().reshape(-1, dim), keys_t).view(s1 - s0, h, s_kv).relu_()
-        logits = exact_matmul(weights[s0:s1].float().unsqueeze(1), scores).squeeze(1).mul_(scale)
+        logits = exact_matmul(weights[s0:s1].float().unsqueeze(1), scores).squeeze(1)
+        if scale is not None:
+            logits.mul_(scale)
         if clean_logits:
             inside = (cols >= cu_seq_len_k_start[s0:s1, None]) & (cols < cu_seq_len_k_end[s0:s1, None])
             logits = torch.where(inside, logits, float("-inf"))
