@@ -35,11 +35,14 @@ from tilegemm.transformers.experts import (
 )
 from tilegemm.transformers.families import FAMILIES, SUPPORTED_MODEL_TYPES, ModelFamily
 from tilegemm.transformers.fp8_weights import clear_fp8_cache
+from tilegemm.transformers.indexer import restore_indexers, swap_indexers, swapped_indexers
 from tilegemm.transformers.linear import TileGemmLinear, restore_linear_layers, swap_linear_layers
 from tilegemm.transformers.monkey_patch import (
     MODEL_TYPE_TO_PATCHER,
     apply_tilegemm_kernel_to_deepseek_v2,
     apply_tilegemm_kernel_to_deepseek_v3,
+    apply_tilegemm_kernel_to_deepseek_v32,
+    apply_tilegemm_kernel_to_glm_moe_dsa,
     apply_tilegemm_kernel_to_mixtral,
     apply_tilegemm_kernel_to_model_type,
     apply_tilegemm_kernel_to_qwen2_moe,
@@ -68,6 +71,8 @@ __all__ = [
     "UnsupportedTransformersError",
     "apply_tilegemm_kernel_to_deepseek_v2",
     "apply_tilegemm_kernel_to_deepseek_v3",
+    "apply_tilegemm_kernel_to_deepseek_v32",
+    "apply_tilegemm_kernel_to_glm_moe_dsa",
     "apply_tilegemm_kernel_to_mixtral",
     "apply_tilegemm_kernel_to_model_type",
     "apply_tilegemm_kernel_to_qwen2_moe",
@@ -78,12 +83,15 @@ __all__ = [
     "make_distributed_config",
     "parallel_unavailable_reason",
     "register_experts_functions",
+    "restore_indexers",
     "restore_linear_layers",
     "restore_rms_norms",
     "revert_tilegemm_kernel_patches",
     "revert_tilegemm_model",
+    "swap_indexers",
     "swap_linear_layers",
     "swap_rms_norms",
+    "swapped_indexers",
     "swapped_rms_norms",
     "tilegemm_experts_forward",
     "tilegemm_fp8_experts_forward",

@@ -65,11 +65,12 @@ def rewind_static_cache(cache, length: int) -> None:
     no-op.
     """
     for layer in getattr(cache, "layers", ()):
-        counter = getattr(layer, "cumulative_length", None)
-        if isinstance(counter, torch.Tensor):
-            counter.fill_(length)
-        elif isinstance(counter, int):
-            layer.cumulative_length = length
+        for name in ("cumulative_length", "indexer_cumulative_length"):  # the DSA layers' indexer keys have their own
+            counter = getattr(layer, name, None)
+            if isinstance(counter, torch.Tensor):
+                counter.fill_(length)
+            elif isinstance(counter, int):
+                setattr(layer, name, length)
         if isinstance(getattr(layer, "cumulative_length_int", None), int):
             layer.cumulative_length_int = length
 

@@ -49,6 +49,8 @@ class ModelFamily:
 FAMILIES: tuple[ModelFamily, ...] = (
     ModelFamily("deepseek_v2", "modeling_deepseek_v2", "DeepseekV2PreTrainedModel", "DeepseekV2RMSNorm"),
     ModelFamily("deepseek_v3", "modeling_deepseek_v3", "DeepseekV3PreTrainedModel", "DeepseekV3RMSNorm"),
+    ModelFamily("deepseek_v32", "modeling_deepseek_v32", "DeepseekV32PreTrainedModel", "DeepseekV32RMSNorm"),
+    ModelFamily("glm_moe_dsa", "modeling_glm_moe_dsa", "GlmMoeDsaPreTrainedModel", "GlmMoeDsaRMSNorm"),
     ModelFamily("qwen2_moe", "modeling_qwen2_moe", "Qwen2MoePreTrainedModel", "Qwen2MoeRMSNorm"),
     ModelFamily("qwen3_moe", "modeling_qwen3_moe", "Qwen3MoePreTrainedModel", "Qwen3MoeRMSNorm"),
     ModelFamily("mixtral", "modeling_mixtral", "MixtralPreTrainedModel", "MixtralRMSNorm"),

@@ -24,6 +24,7 @@ from torch import nn
 from tilegemm.transformers.compat import transformers_version
 from tilegemm.transformers.experts import EXPERTS_NAME, FP8_EXPERTS_NAME, mark_patched, register_experts_functions
 from tilegemm.transformers.families import FAMILIES, FAMILY_BY_MODEL_TYPE, SUPPORTED_MODEL_TYPES, ModelFamily
+from tilegemm.transformers.indexer import restore_indexers, swap_indexers
 from tilegemm.transformers.linear import restore_linear_layers, swap_linear_layers
 from tilegemm.transformers.norm import restore_rms_norms, swap_rms_norms
 
@@ -67,6 +68,7 @@ def apply_tilegemm_to_model(
     fp8: bool = False,
     backend: str | None = None,
     norm: bool = True,
+    indexer: bool = True,
 ) -> nn.Module:
     """Patch a built transformers model in place; returns it.
 
@@ -74,7 +76,9 @@ def apply_tilegemm_to_model(
     ``gate_up_proj`` / ``down_proj``, ``set_experts_implementation`` on the model) takes the experts patch:
     the families of :data:`~tilegemm.transformers.families.FAMILIES`, and OLMoE, gpt-oss and the other fused
     families, whose biases, activations and interleaved gates run on the unfused path. The RMSNorm swap applies
-    to the families of that table (their norm class is known and tested); other models keep their norms.
+    to the families of that table (their norm class is known and tested); other models keep their norms. The
+    sparse-attention indexers of DeepSeek-V3.2 and GLM-MoE-DSA score through the MQA-logits ops
+    (:mod:`~tilegemm.transformers.indexer`).
 
     Args:
         model: a transformers ``PreTrainedModel``.
@@ -83,8 +87,14 @@ def apply_tilegemm_to_model(
             the stock math; differentiable); skipped for a model type outside the families table.
         linear: swap dense ``nn.Linear`` layers (attention, shared experts, dense MLPs, lm_head) to tilegemm's
             dense GEMM, keeping parameters, state_dict and weight tying.
-        fp8: FP8 GEMMs (weights quantized once to 128x128 blocks and cached, activations per token).
+        indexer: score the sparse-attention indexers (DeepSeek-V3.2, GLM-MoE-DSA) through the MQA-logits ops
+            (:mod:`~tilegemm.transformers.indexer`), never materializing ``[B, S, H, T]``.
+        fp8: FP8 GEMMs (weights quantized once to 128x128 blocks and cached, activations per token), and DeepSeek's
+            FP8 recipe for the indexers.
         backend: tilegemm backend for these layers (``None``: the current backend at call time).
+
+    Returns:
+        ``model``.
 
     Raises:
         ValueError: ``experts=True`` on a model without fused experts modules, or a model outside the families
@@ -116,23 +126,32 @@ def apply_tilegemm_to_model(
         swap_rms_norms(model, backend=backend)
     if linear:
         swap_linear_layers(model, fp8=fp8, backend=backend)
+    if indexer:
+        swap_indexers(model, fp8=fp8, backend=backend)
     return model
 
 
 def revert_tilegemm_model(model: nn.Module, experts_implementation: str = "grouped_mm") -> nn.Module:
-    """Undo :func:`apply_tilegemm_to_model`: stock experts implementation, RMSNorm modules and ``nn.Linear``
-    layers."""
+    """Undo :func:`apply_tilegemm_to_model`: stock experts implementation, RMSNorm modules, ``nn.Linear`` layers and
+    indexers."""
     if getattr(model.config, "_experts_implementation", None) in (EXPERTS_NAME, FP8_EXPERTS_NAME):
         model.set_experts_implementation(experts_implementation)
     for module in experts_modules(model):
         module.__dict__.pop("_tilegemm_registration", None)
     restore_rms_norms(model)
     restore_linear_layers(model)
+    restore_indexers(model)
     return model
 
 
 def _patch_family(
-    family: ModelFamily, experts: bool, linear: bool, fp8: bool, backend: str | None, norm: bool = True
+    family: ModelFamily,
+    experts: bool,
+    linear: bool,
+    fp8: bool,
+    backend: str | None,
+    norm: bool = True,
+    indexer: bool = True,
 ) -> None:
     """Make tilegemm's experts function the family's default experts implementation and patch its ``post_init``.
 
@@ -169,6 +188,8 @@ def _patch_family(
             swap_rms_norms(self, backend=backend)
         if linear:
             swap_linear_layers(self, fp8=fp8, backend=backend)
+        if indexer:
+            swap_indexers(self, fp8=fp8, backend=backend)
         return result
 
     for method in (post_init, get_correct_experts_implementation):
@@ -179,9 +200,14 @@ def _patch_family(
 
 def _make_family_patcher(family: ModelFamily) -> Callable[..., None]:
     def patcher(
-        experts: bool = True, linear: bool = False, fp8: bool = False, backend: str | None = None, norm: bool = True
+        experts: bool = True,
+        linear: bool = False,
+        fp8: bool = False,
+        backend: str | None = None,
+        norm: bool = True,
+        indexer: bool = True,
     ) -> None:
-        _patch_family(family, experts, linear, fp8, backend, norm)
+        _patch_family(family, experts, linear, fp8, backend, norm, indexer)
 
     patcher.__name__ = family.patcher_name
     patcher.__qualname__ = patcher.__name__
@@ -202,6 +228,8 @@ MODEL_TYPE_TO_PATCHER: dict[str, Callable[..., None]] = {f.model_type: _make_fam
 # The public names of the patchers (tests/transformers/test_families.py checks one per family).
 apply_tilegemm_kernel_to_deepseek_v2 = MODEL_TYPE_TO_PATCHER["deepseek_v2"]
 apply_tilegemm_kernel_to_deepseek_v3 = MODEL_TYPE_TO_PATCHER["deepseek_v3"]
+apply_tilegemm_kernel_to_deepseek_v32 = MODEL_TYPE_TO_PATCHER["deepseek_v32"]
+apply_tilegemm_kernel_to_glm_moe_dsa = MODEL_TYPE_TO_PATCHER["glm_moe_dsa"]
 apply_tilegemm_kernel_to_qwen2_moe = MODEL_TYPE_TO_PATCHER["qwen2_moe"]
 apply_tilegemm_kernel_to_qwen3_moe = MODEL_TYPE_TO_PATCHER["qwen3_moe"]
 apply_tilegemm_kernel_to_mixtral = MODEL_TYPE_TO_PATCHER["mixtral"]

@@ -2,11 +2,13 @@
 ``models`` family, ``modeling/transformers/`` (``infer.py``, ``dist_check.py``) and the tests.
 
 * ``tiny-<family>``: a few-layer model of each supported family with tiny dimensions (runs on a CPU in
-  well under a second per forward); ``tiny`` means all five.
+  well under a second per forward); ``tiny`` means all of them.
 * realistic dimensions, random weights, ``layers`` decoder layers (the harnesses default to 4): ``qwen3-30b-a3b``
   (Qwen3-30B-A3B: H=2048, 128 experts of I=768, top-8), ``deepseek-v3`` (DeepSeek-V3: H=7168, MLA,
   256 experts of I=2048, top-8, group-limited routing, 1 shared expert; the first 3 layers dense as in the
-  real model, so 4 layers hold one MoE layer), ``qwen2-moe-a2.7b``, ``mixtral-8x7b``.
+  real model, so 4 layers hold one MoE layer), ``deepseek-v3.2`` (DeepSeek-V3.2: V3's dimensions plus the DSA
+  indexer, 64 heads of 128, top-2048), ``glm-5`` (GLM-MoE-DSA: H=6144, 256 experts, indexer 32 heads of 128),
+  ``qwen2-moe-a2.7b``, ``mixtral-8x7b``.
 
 Building a config imports transformers; this module's own code does not (its package, ``tilegemm.transformers``,
 imports transformers where it is installed, to register the experts functions).
@@ -64,6 +66,9 @@ _TINY_MLA = dict(
     num_hidden_layers=3,
 )
 
+_TINY_INDEXER = dict(index_n_heads=4, index_head_dim=32, index_topk=6)
+"""The sparse-attention indexer of the tiny DSA presets: top-6 keys, so prompts of 12 tokens exercise the top-k."""
+
 PRESETS: dict[str, Preset] = {
     "tiny-deepseek-v2": Preset(
         "tiny-deepseek-v2",
@@ -83,6 +88,18 @@ PRESETS: dict[str, Preset] = {
         "deepseek_v3",
         {**_TINY_COMMON, **_TINY_MLA, "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5},
         description="DeepSeek-V3 family, 3 layers (1 dense), 8 experts top-2, sigmoid group routing",
+    ),
+    "tiny-deepseek-v32": Preset(
+        "tiny-deepseek-v32",
+        "deepseek_v32",
+        {**_TINY_COMMON, **_TINY_MLA, **_TINY_INDEXER, "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5},
+        description="DeepSeek-V3.2 family, 3 layers (1 dense), 8 experts top-2, indexer 4 heads of 32, top-6 keys",
+    ),
+    "tiny-glm-moe-dsa": Preset(
+        "tiny-glm-moe-dsa",
+        "glm_moe_dsa",
+        {**_TINY_COMMON, **_TINY_MLA, **_TINY_INDEXER, "n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.5},
+        description="GLM-MoE-DSA family, 3 layers (1 dense), 8 experts top-2, indexer 4 heads of 32, top-6 keys",
     ),
     "tiny-qwen2-moe": Preset(
         "tiny-qwen2-moe",
@@ -167,6 +184,72 @@ PRESETS: dict[str, Preset] = {
         ),
         tiny=False,
         description="DeepSeek-V3 dimensions (first 3 layers dense), random weights",
+    ),
+    "deepseek-v3.2": Preset(
+        "deepseek-v3.2",
+        "deepseek_v32",
+        dict(
+            vocab_size=129280,
+            hidden_size=7168,
+            intermediate_size=18432,
+            moe_intermediate_size=2048,
+            num_hidden_layers=61,
+            num_attention_heads=128,
+            num_key_value_heads=128,
+            n_shared_experts=1,
+            n_routed_experts=256,
+            routed_scaling_factor=2.5,
+            kv_lora_rank=512,
+            q_lora_rank=1536,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+            qk_nope_head_dim=128,
+            n_group=8,
+            topk_group=4,
+            num_experts_per_tok=8,
+            first_k_dense_replace=3,
+            norm_topk_prob=True,
+            index_n_heads=64,
+            index_head_dim=128,
+            index_topk=2048,
+            max_position_embeddings=163840,
+            tie_word_embeddings=False,
+        ),
+        tiny=False,
+        description="DeepSeek-V3.2 dimensions (DSA indexer: 64 heads of 128, top-2048; first 3 layers dense)",
+    ),
+    "glm-5": Preset(
+        "glm-5",
+        "glm_moe_dsa",
+        dict(
+            vocab_size=154880,
+            hidden_size=6144,
+            intermediate_size=12288,
+            moe_intermediate_size=2048,
+            num_hidden_layers=78,
+            num_attention_heads=64,
+            num_key_value_heads=64,
+            n_shared_experts=1,
+            n_routed_experts=256,
+            routed_scaling_factor=2.5,
+            kv_lora_rank=512,
+            q_lora_rank=2048,
+            qk_rope_head_dim=64,
+            v_head_dim=256,
+            qk_nope_head_dim=192,
+            n_group=1,
+            topk_group=1,
+            num_experts_per_tok=8,
+            first_k_dense_replace=3,
+            norm_topk_prob=True,
+            index_n_heads=32,
+            index_head_dim=128,
+            index_topk=2048,
+            max_position_embeddings=202752,
+            tie_word_embeddings=False,
+        ),
+        tiny=False,
+        description="GLM-MoE-DSA (GLM-5) dimensions (DSA indexer: 32 heads of 128, top-2048; first 3 layers dense)",
     ),
     "qwen2-moe-a2.7b": Preset(
         "qwen2-moe-a2.7b",

@@ -1,0 +1,432 @@
+"""Sparse-attention indexers (DSA) of transformers models scored by tilegemm's MQA-logits ops.
+
+The lightning indexer of DeepSeek-V3.2 and GLM-MoE-DSA picks each query's top-k keys by
+``score[b, s, t] = sum_h w[b, s, h] * relu(q[b, s, h] . k[b, t]) * softmax_scale`` with
+``w = weights_proj(x) * H**-0.5``. transformers computes it by materializing ``[B, S, H, T]`` fp32 scores (64 heads
+at 4k context: 4.3 GB per layer). The swap replaces that with one MQA-logits call per sequence (the ``[S, T]``
+logits only), with the same projections, rotary embedding, key cache, mask and ``torch.topk``:
+
+* BF16 (default): :func:`tilegemm.bf16_mqa_logits` on the bf16 queries and keys (fp32 products and sums), the
+  softmax scale folded into the weights (``relu(x * c) == c * relu(x)`` for ``c > 0``). The same scores as stock up
+  to fp32 summation order, so the same top-k up to near-ties.
+* FP8 (``fp8=True``, DeepSeek's recipe): queries and keys optionally rotated by the orthonormal Hadamard transform
+  (``hadamard``, as the reference implementation's ``rotate_activation``; dot products unchanged), queries cast to
+  FP8 per (token, head) with the scale folded into the weights, keys per token, then :func:`tilegemm.fp8_mqa_logits`.
+  The keys of the cache are quantized on every call (transformers' cache holds bf16 keys).
+
+Each query's key window ``[ks, ke)`` is the span of its row of the attention mask (first to last visible key), so
+the kernel skips the causal future and the unfilled slots of a static cache; the mask itself is then applied as
+stock applies it (``masked_fill`` for a boolean mask, addition for an additive one), which also covers holes
+(padding) inside a span. Nothing synchronises the host, so a static-cache decode step can be captured in a CUDA graph.
+
+Only classes whose stock ``forward`` holds the formula are swapped: :data:`INDEXERS` names them and
+:func:`stock_formula_matches` checks the stock source for the scoring lines the swap replaces (a transformers
+release that changes them is left stock, with a warning). :func:`restore_indexers` swaps back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import inspect
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from tilegemm.backend.selector import use_backend
+
+FP8_MAX = 448.0
+
+
+@dataclass(frozen=True)
+class IndexerSpec:
+    """A transformers indexer class whose stock scoring is the MQA-logits formula.
+
+    Attributes:
+        model_type: ``config.model_type`` of the models that hold it.
+        module: the modeling module inside ``transformers.models.<model_type>``.
+        indexer_class: the indexer's class name in that module.
+        rope: the module-level rotary function the indexer applies (``apply_rotary_pos_emb``: half-split,
+            ``apply_rotary_pos_emb_interleave``: interleaved pairs).
+    """
+
+    model_type: str
+    module: str
+    indexer_class: str
+    rope: str
+
+    def load_class(self) -> type | None:
+        """The stock indexer class, or ``None`` where this transformers has no such model."""
+        try:
+            module = importlib.import_module(f"transformers.models.{self.model_type}.{self.module}")
+        except ImportError:
+            return None
+        return getattr(module, self.indexer_class, None)
+
+
+INDEXERS: tuple[IndexerSpec, ...] = (
+    IndexerSpec("deepseek_v32", "modeling_deepseek_v32", "DeepseekV32Indexer", "apply_rotary_pos_emb"),
+    IndexerSpec("glm_moe_dsa", "modeling_glm_moe_dsa", "GlmMoeDsaIndexer", "apply_rotary_pos_emb_interleave"),
+)
+"""Every swapped indexer, one per model type."""
+
+INDEXER_BY_MODEL_TYPE: dict[str, IndexerSpec] = {spec.model_type: spec for spec in INDEXERS}
+
+#: The stock lines the swap replaces (whitespace-insensitive), in order: key cache, scores, weights, mask, top-k.
+STOCK_SCORING = (
+    "k = cache.update_indexer(k, self.layer_idx)",
+    "scores = torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1)) * self.softmax_scale",
+    "scores = F.relu(scores)",
+    "weights = self.weights_proj(hidden_states.to(self.weights_proj.weight.dtype)).float() * (self.n_heads**-0.5)",
+    "index_scores = torch.matmul(weights.unsqueeze(-2), scores).squeeze(-2)",
+    'index_scores = index_scores.masked_fill(~attention_mask, float("-inf"))',
+    "index_scores = index_scores + attention_mask",
+    "topk = min(self.index_topk, index_scores.shape[-1])",
+    "return index_scores.topk(topk, dim=-1).indices.to(torch.int32)",
+)
+_STOCK_PARAMETERS = (
+    "self",
+    "hidden_states",
+    "q_resid",
+    "position_embeddings",
+    "attention_mask",
+    "position_ids",
+    "cache",
+)
+
+
+def _squash(text: str) -> str:
+    return "".join(text.split())
+
+
+@functools.cache
+def stock_formula_matches(stock: type, rope: str) -> bool:
+    """Whether ``stock.forward`` computes what the swap computes: its parameters, its rotary function and every line
+    of :data:`STOCK_SCORING`, in order."""
+    forward = inspect.unwrap(stock.forward)
+    try:
+        source = _squash(inspect.getsource(forward))
+    except (OSError, TypeError):
+        return False
+    if tuple(inspect.signature(forward).parameters) != _STOCK_PARAMETERS:
+        return False
+    if _squash(f"= {rope}(q_rot, k_rot, cos, sin, unsqueeze_dim=2)") not in source:
+        return False
+    at = 0
+    for line in STOCK_SCORING:
+        found = source.find(_squash(line), at)
+        if found < 0:
+            return False
+        at = found
+    return True
+
+
+# ------------------------------------------------------------------------------------------------ scoring
+
+
+def mask_windows(attention_mask: torch.Tensor, rows_per_chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query's key window from its mask row: ``ks`` = first visible key, ``ke`` = last visible key + 1.
+
+    Args:
+        attention_mask: ``[B, S, T]``, boolean (True: visible) or additive float (visible where above the
+            dtype's lowest value, as transformers' ``min`` / ``-inf`` masks mark hidden keys).
+        rows_per_chunk: query rows per pass (default: about 2**24 mask elements), bounding the temporaries.
+
+    Returns:
+        int32 ``ks``, ``ke`` of shape ``[B, S]``; a row with no visible key gets ``[0, 0)``. No host sync.
+    """
+    if attention_mask.dim() != 3:
+        raise ValueError(f"attention_mask: got shape {list(attention_mask.shape)}, expected [B, S, T]")
+    batch, rows, keys = attention_mask.shape
+    step = rows_per_chunk or max(1, (1 << 24) // max(1, batch * keys))
+    cols = torch.arange(1, keys + 1, dtype=torch.int32, device=attention_mask.device)
+    ks = torch.empty(batch, rows, dtype=torch.int32, device=attention_mask.device)
+    ke = torch.empty_like(ks)
+    for r0 in range(0, rows, step):
+        part = attention_mask[:, r0 : r0 + step]
+        if part.dtype != torch.bool:
+            part = part > torch.finfo(part.dtype).min
+        last = torch.where(part, cols, 0).amax(dim=-1)  # last visible + 1, or 0
+        first = torch.where(part, cols, keys + 1).amin(dim=-1) - 1  # first visible, or T
+        ke[:, r0 : r0 + step] = last
+        ks[:, r0 : r0 + step] = torch.minimum(first, last)
+    return ks, ke
+
+
+@functools.cache
+def _hadamard(dim: int, device: torch.device) -> torch.Tensor:
+    """The orthonormal Sylvester-Hadamard matrix fp32 ``[dim, dim]`` (``dim`` a power of two), times ``dim**-0.5``."""
+    h = torch.ones(1, 1)
+    while h.shape[0] < dim:
+        h = torch.cat([torch.cat([h, h], dim=1), torch.cat([h, -h], dim=1)], dim=0)
+    return (h * dim**-0.5).to(device)
+
+
+def hadamard_rotate(x: torch.Tensor) -> torch.Tensor:
+    """``x @ H`` in fp32 for the orthonormal Hadamard ``H`` over the last dim (a power of two): the reference
+    indexer's ``rotate_activation``; ``(x H) . (y H) == x . y``."""
+    dim = x.shape[-1]
+    if dim & (dim - 1):
+        raise ValueError(f"hadamard: the head dim must be a power of two, got {dim}")
+    return x.float() @ _hadamard(dim, x.device)
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row FP8 cast over the last dim: ``(fp8 x / s, s)``, ``s = max(amax, 1e-4) / 448`` fp32 ``x.shape[:-1]``."""
+    xf = x.float()
+    scale = xf.abs().amax(dim=-1).clamp_min(1e-4) / FP8_MAX
+    return (xf / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+
+
+def _float_logits(
+    q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, chunk_bytes: int = 1 << 28
+) -> torch.Tensor:
+    """The logits of an fp16/fp32 model's indexer (the MQA ops take bf16 or FP8): fp32 ``[S, T]``, ``-inf`` outside
+    the windows, over chunks of query rows whose ``[rows, H, T]`` scores stay near ``chunk_bytes``.
+
+    ``q`` [S, H, D], ``k`` [T, D], ``w`` fp32 [S, H] (softmax scale folded in), int32 ``ks``/``ke`` [S]."""
+    rows, heads, dim = q.shape
+    keys = k.shape[0]
+    out = torch.empty(rows, keys, dtype=torch.float32, device=q.device)
+    k_t = k.float().t()
+    cols = torch.arange(keys, device=q.device)
+    step = max(1, chunk_bytes // max(1, 4 * heads * keys))
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        scores = (q[r0:r1].float().reshape(-1, dim) @ k_t).view(r1 - r0, heads, keys).relu_()
+        logits = (w[r0:r1].float().unsqueeze(1) @ scores).squeeze(1)
+        inside = (cols >= ks[r0:r1, None]) & (cols < ke[r0:r1, None])
+        out[r0:r1] = torch.where(inside, logits, float("-inf"))
+    return out
+
+
+def _check_scoring_inputs(q, k, weights, attention_mask) -> None:
+    """Shapes and dtypes of :func:`index_scores`' inputs, checked before any kernel runs."""
+    for name, x, ndim in (("q", q, 4), ("k", k, 3), ("weights", weights, 3)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: got {type(x).__name__}, expected a torch.Tensor")
+        if x.dim() != ndim:
+            raise ValueError(f"{name}: got shape {list(x.shape)}, expected {ndim}-D")
+        if not x.is_floating_point():
+            raise TypeError(f"{name}: got dtype {x.dtype}, expected a float tensor")
+    batch, rows, heads, dim = q.shape
+    if k.shape[0] != batch or k.shape[2] != dim:
+        raise ValueError(f"k: got shape {list(k.shape)}, expected [B={batch}, T, D={dim}]")
+    if tuple(weights.shape) != (batch, rows, heads):
+        raise ValueError(f"weights: got shape {list(weights.shape)}, expected [B, S, H] = {[batch, rows, heads]}")
+    if attention_mask is not None:
+        if not isinstance(attention_mask, torch.Tensor):
+            raise TypeError(f"attention_mask: got {type(attention_mask).__name__}, expected a torch.Tensor or None")
+        if attention_mask.dim() != 3 or tuple(attention_mask.shape) != (batch, rows, k.shape[1]):
+            raise ValueError(
+                f"attention_mask: got shape {list(attention_mask.shape)}, "
+                f"expected [B, S, T] = {[batch, rows, k.shape[1]]}"
+            )
+        if attention_mask.dtype != torch.bool and not attention_mask.is_floating_point():
+            raise TypeError(f"attention_mask: got dtype {attention_mask.dtype}, expected bool or a float dtype")
+
+
+def index_scores(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    weights: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    softmax_scale: float,
+    fp8: bool = False,
+    hadamard: bool = True,
+) -> torch.Tensor:
+    """The indexer's masked scores through the MQA-logits ops, never materializing ``[B, S, H, T]``.
+
+    Args:
+        q: queries ``[B, S, H, D]``: bf16 with bf16 ``k`` runs :func:`tilegemm.bf16_mqa_logits`; other float dtypes
+            (an fp32 model) the same formula in fp32 torch ops over chunks of query rows (bounded memory).
+        k: keys ``[B, T, D]`` (the key cache).
+        weights: fp32 ``[B, S, H]`` head weights (``weights_proj(x) * H**-0.5``).
+        attention_mask: ``[B, S, T]`` boolean or additive mask as transformers passes it, or ``None`` (every key
+            visible).
+        softmax_scale: the positive scale of ``q . k`` (``D**-0.5``).
+        fp8: DeepSeek's FP8 recipe (module docstring) instead of BF16.
+        hadamard: with ``fp8``, rotate queries and keys by the orthonormal Hadamard transform first.
+
+    Returns:
+        fp32 ``[B, S, T]``: ``sum_h weights * relu(q . k) * softmax_scale`` inside each mask span, the mask applied
+        as stock applies it (``-inf`` where a boolean mask hides a key, ``+ mask`` for an additive one).
+    """
+    _check_scoring_inputs(q, k, weights, attention_mask)
+    if not softmax_scale > 0:
+        raise ValueError(f"softmax_scale: got {softmax_scale}, expected a positive number")
+    from tilegemm.ops import api
+
+    batch, rows, _, _ = q.shape
+    keys = k.shape[1]
+    if attention_mask is None:
+        ks = torch.zeros(batch, rows, dtype=torch.int32, device=q.device)
+        ke = torch.full_like(ks, keys)
+    else:
+        ks, ke = mask_windows(attention_mask)
+    w = weights.float() * softmax_scale
+    if fp8:
+        if hadamard:
+            q, k = hadamard_rotate(q), hadamard_rotate(k)
+        q8, q_scale = quantize_rows(q)
+        k8, k_scale = quantize_rows(k)
+        w = w * q_scale
+        parts = [api.fp8_mqa_logits(q8[b], (k8[b], k_scale[b]), w[b].contiguous(), ks[b], ke[b]) for b in range(batch)]
+    elif q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16:
+        parts = [api.bf16_mqa_logits(q[b], k[b], w[b].contiguous(), ks[b], ke[b]) for b in range(batch)]
+    else:
+        parts = [_float_logits(q[b], k[b], w[b], ks[b], ke[b]) for b in range(batch)]
+    scores = parts[0].unsqueeze(0) if batch == 1 else torch.stack(parts)
+    if attention_mask is None:
+        return scores
+    if attention_mask.dtype == torch.bool:
+        return scores.masked_fill_(~attention_mask, float("-inf"))
+    return scores.add_(attention_mask)
+
+
+# ------------------------------------------------------------------------------------------------ the swap
+
+
+def _patched_forward(rope_name: str):
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        q_resid: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        cache=None,
+        past_key_values=None,
+    ) -> torch.Tensor:
+        """The stock indexer's forward with its scoring through :func:`index_scores` (int32 top-k ``[B, S, k]``)."""
+        if cache is None:
+            cache = past_key_values
+        rope = self._tilegemm_rope
+        batch, seq_len, _ = hidden_states.shape
+        cos, sin = position_embeddings
+        split = [self.qk_rope_head_dim, self.head_dim - self.qk_rope_head_dim]
+        with torch.no_grad():
+            q = self.wq_b(q_resid).view(batch, seq_len, self.n_heads, self.head_dim)
+            q_rot, q_pass = torch.split(q, split, dim=-1)
+            k = self.k_norm(self.wk(hidden_states)).unsqueeze(2)
+            k_rot, k_pass = torch.split(k, split, dim=-1)
+            q_rot, k_rot = rope(q_rot, k_rot, cos, sin, unsqueeze_dim=2)
+            q = torch.cat([q_rot, q_pass], dim=-1)
+            k = torch.cat([k_rot, k_pass], dim=-1).squeeze(2)
+            if cache is not None:
+                k = cache.update_indexer(k, self.layer_idx)
+            weights = self.weights_proj(hidden_states.to(self.weights_proj.weight.dtype)).float() * (self.n_heads**-0.5)
+            backend = self._tilegemm_backend
+            with use_backend(backend) if backend is not None else contextlib.nullcontext():
+                scores = index_scores(
+                    q, k, weights, attention_mask, self.softmax_scale, self._tilegemm_fp8, self._tilegemm_hadamard
+                )
+            topk = min(self.index_topk, scores.shape[-1])
+            return scores.topk(topk, dim=-1).indices.to(torch.int32)
+
+    return forward
+
+
+@functools.cache
+def tilegemm_indexer_class(stock: type, rope_name: str) -> type:
+    """The subclass of the stock indexer class whose forward scores through the MQA-logits ops."""
+    rope = inspect.unwrap(stock.forward).__globals__[rope_name]
+    name = f"TileGemm{stock.__name__}"
+    doc = f"``{stock.__name__}`` scored by tilegemm's MQA-logits ops (same parameters, cache and top-k)."
+    attrs = {
+        "forward": _patched_forward(rope_name),
+        "__doc__": doc,
+        "_tilegemm_rope": staticmethod(rope),
+        "_tilegemm_backend": None,
+        "_tilegemm_fp8": False,
+        "_tilegemm_hadamard": True,
+        "_tilegemm_stock": stock,
+    }
+    return type(name, (stock,), attrs)
+
+
+_warned: set[type] = set()
+
+
+def swap_indexers(model: nn.Module, fp8: bool = False, backend: str | None = None, hadamard: bool = True) -> list[str]:
+    """Make every indexer of ``model``'s type (:data:`INDEXERS`) score through the MQA-logits ops.
+
+    Args:
+        model: a transformers model; a type without an indexer row is left alone (returns ``[]``).
+        fp8: DeepSeek's FP8 recipe instead of BF16 (module docstring).
+        backend: tilegemm backend for the MQA-logits calls (``None``: the current one).
+        hadamard: with ``fp8``, the Hadamard rotation of queries and keys.
+
+    Returns:
+        the swapped modules' names. Modules already swapped get the new settings. A stock class whose forward no
+        longer holds the formula (:func:`stock_formula_matches`) is left stock with one warning.
+    """
+    if not isinstance(fp8, bool) or not isinstance(hadamard, bool):
+        raise TypeError(f"fp8 and hadamard must be bools, got {fp8!r} and {hadamard!r}")
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    spec = INDEXER_BY_MODEL_TYPE.get(model_type)
+    stock = spec.load_class() if spec is not None else None
+    if stock is None:
+        return []
+    if not stock_formula_matches(stock, spec.rope):
+        if stock not in _warned:
+            _warned.add(stock)
+            warnings.warn(
+                f"tilegemm: {stock.__name__}.forward differs from the scoring tilegemm replaces; left stock",
+                stacklevel=2,
+            )
+        return []
+    patched = tilegemm_indexer_class(stock, spec.rope)
+    names = []
+    for name, module in model.named_modules():
+        if type(module) is stock:
+            module.__class__ = patched
+        if type(module) is patched:
+            module._tilegemm_backend = backend
+            module._tilegemm_fp8 = fp8
+            module._tilegemm_hadamard = hadamard
+            names.append(name)
+    return names
+
+
+def swapped_indexers(model: nn.Module) -> list[nn.Module]:
+    """Every indexer under ``model`` that scores through tilegemm (swapped by :func:`swap_indexers`)."""
+    return [
+        m for m in model.modules() if "_tilegemm_stock" in type(m).__dict__ and "_tilegemm_rope" in type(m).__dict__
+    ]
+
+
+def restore_indexers(model: nn.Module) -> int:
+    """Turn every swapped indexer under ``model`` back into its stock class; returns how many."""
+    swapped = swapped_indexers(model)
+    for module in swapped:
+        module.__class__ = type(module)._tilegemm_stock
+        for key in ("_tilegemm_backend", "_tilegemm_fp8", "_tilegemm_hadamard"):
+            module.__dict__.pop(key, None)
+    return len(swapped)
+
+
+def dense_index_scores(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, softmax_scale: float) -> torch.Tensor:
+    """Stock's formula in float64 (tests and measurements): ``[B, S, T]`` = ``sum_h w * relu(q . k * scale)``."""
+    scores = torch.einsum("bshd,btd->bsht", q.double(), k.double()).mul_(softmax_scale).relu_()
+    return torch.einsum("bsh,bsht->bst", weights.double(), scores)
+
+
+__all__ = [
+    "INDEXERS",
+    "INDEXER_BY_MODEL_TYPE",
+    "IndexerSpec",
+    "dense_index_scores",
+    "hadamard_rotate",
+    "index_scores",
+    "mask_windows",
+    "quantize_rows",
+    "restore_indexers",
+    "stock_formula_matches",
+    "swap_indexers",
+    "swapped_indexers",
+    "tilegemm_indexer_class",
+]
