@@ -343,7 +343,7 @@ def tilegemm_indexer_class(stock: type, rope_name: str) -> type:
         "_tilegemm_backend": None,
         "_tilegemm_fp8": False,
         "_tilegemm_hadamard": True,
-        "_tilegemm_stock": stock,
+        "_tilegemm_stock_indexer": stock,
     }
     return type(name, (stock,), attrs)
 
@@ -394,16 +394,14 @@ def swap_indexers(model: nn.Module, fp8: bool = False, backend: str | None = Non
 
 def swapped_indexers(model: nn.Module) -> list[nn.Module]:
     """Every indexer under ``model`` that scores through tilegemm (swapped by :func:`swap_indexers`)."""
-    return [
-        m for m in model.modules() if "_tilegemm_stock" in type(m).__dict__ and "_tilegemm_rope" in type(m).__dict__
-    ]
+    return [m for m in model.modules() if "_tilegemm_stock_indexer" in type(m).__dict__]
 
 
 def restore_indexers(model: nn.Module) -> int:
     """Turn every swapped indexer under ``model`` back into its stock class; returns how many."""
     swapped = swapped_indexers(model)
     for module in swapped:
-        module.__class__ = type(module)._tilegemm_stock
+        module.__class__ = type(module)._tilegemm_stock_indexer
         for key in ("_tilegemm_backend", "_tilegemm_fp8", "_tilegemm_hadamard"):
             module.__dict__.pop(key, None)
     return len(swapped)

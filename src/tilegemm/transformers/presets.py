@@ -98,7 +98,16 @@ PRESETS: dict[str, Preset] = {
     "tiny-glm-moe-dsa": Preset(
         "tiny-glm-moe-dsa",
         "glm_moe_dsa",
-        {**_TINY_COMMON, **_TINY_MLA, **_TINY_INDEXER, "n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.5},
+        {
+            **_TINY_COMMON,
+            **_TINY_MLA,
+            **_TINY_INDEXER,
+            "qk_nope_head_dim": 24,  # GLM-5's head ratios (nope 192 : rope 64 : v 256)
+            "v_head_dim": 32,
+            "n_group": 1,
+            "topk_group": 1,
+            "routed_scaling_factor": 2.5,
+        },
         description="GLM-MoE-DSA family, 3 layers (1 dense), 8 experts top-2, indexer 4 heads of 32, top-6 keys",
     ),
     "tiny-qwen2-moe": Preset(
