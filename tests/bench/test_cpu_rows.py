@@ -19,6 +19,8 @@ SPECS = [
     ("k_grouped", {"dtype": "fp8", "groups": 2, "m": 64, "n": 128, "k_per_group": 256}),
     ("mqa", {"kind": "plain", "S": 16, "S_kv": 64, "H": 4, "D": 32}),
     ("mqa", {"kind": "paged", "B": 2, "next_n": 2, "avg_ctx": 100, "H": 64, "D": 128}),
+    ("mqa", {"kind": "indexer", "dtype": "bf16", "S": 16, "S_kv": 64, "H": 4, "D": 32}),
+    ("mqa", {"kind": "indexer", "dtype": "fp8", "S": 1, "S_kv": 40, "H": 8, "D": 64}),
     (
         "moe",
         {"dtype": "bf16", "model": "qwen3-30b-a3b", "tokens": 5, "hidden": 64, "experts": 8, "top_k": 2, "inter": 32},
@@ -59,8 +61,10 @@ def test_row_on_cpu(on_cpu, family, spec):
     for name, peer in row["peers"].items():
         if peer is not None:  # a peer that ran on the CPU is checked like tilegemm
             assert peer["correct"] is True, (name, peer)
-    if spec.get("kind") == "plain":
+    if spec.get("kind") in ("plain", "indexer"):
         assert row["same_inf_mask"] is True
+    if spec.get("kind") == "indexer" and spec["dtype"] == "bf16":  # the stock formula ran beside it
+        assert row["peers"]["transformers"]["correct"] is True
     if family == "models":  # the stock model is the reference; only the patched one has a greedy agreement
         assert 0.0 <= row["greedy_agreement"] <= 1.0
         peer = row["peers"]["transformers"]
@@ -141,7 +145,9 @@ def _fake_deepgemm():
     )
 
 
-DG_SPECS = [(f, s) for f, s in SPECS if f not in NO_DEEPGEMM]
+#: Rows DeepGEMM has no op for (its peer then says so).
+NO_DEEPGEMM_OP = [("mqa", {"kind": "indexer", "dtype": "bf16", "S": 16, "S_kv": 64, "H": 4, "D": 32})]
+DG_SPECS = [(f, s) for f, s in SPECS if f not in NO_DEEPGEMM and (f, s) not in NO_DEEPGEMM_OP]
 
 
 @pytest.mark.parametrize(
@@ -156,3 +162,12 @@ def test_deepgemm_peer_wiring_on_cpu(on_cpu, family, spec):
     assert peer is not None, row["peer_notes"].get("deepgemm")
     assert peer["correct"] is True and peer["calc_diff"] < row["bar"], peer
     assert "differ" not in (peer.get("note") or "")  # same casts as tilegemm's here
+
+
+@pytest.mark.parametrize(("family", "spec"), NO_DEEPGEMM_OP, ids=["mqa-indexer-bf16"])
+def test_rows_without_a_deepgemm_op_say_so(on_cpu, family, spec):
+    import importlib
+
+    mod = importlib.import_module(f"tilegemm.bench.{family}")
+    row = core.measure_case(mod.case(spec, _fake_deepgemm(), "unused"), CEIL)
+    assert row["peers"]["deepgemm"] is None and "no BF16" in row["peer_notes"]["deepgemm"]

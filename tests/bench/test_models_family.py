@@ -18,7 +18,12 @@ def test_quick_is_one_decode_step_and_full_every_model_batch_and_phase():
     assert quick == [
         {"dtype": "bf16", "model": "qwen3-30b-a3b", "layers": 4, "phase": "decode", "batch": 1, "prompt": 512}
     ]
-    expected = {(m, b, p) for m in ("qwen3-30b-a3b", "deepseek-v3") for b in (1, 32) for p in ("prefill", "decode")}
+    expected = {
+        (m, b, p)
+        for m in ("qwen3-30b-a3b", "deepseek-v3", "deepseek-v3.2")
+        for b in (1, 32)
+        for p in ("prefill", "decode")
+    }
     assert {(s["model"], s["batch"], s["phase"]) for s in full} == expected and len(full) == len(expected)
     assert all(not PRESETS[s["model"]].tiny for s in full)
 

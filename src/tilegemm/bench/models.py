@@ -1,8 +1,10 @@
 """Whole HuggingFace MoE models: the tilegemm-patched model against the stock model, in the same calls.
 
-Models: ``qwen3-30b-a3b`` and ``deepseek-v3`` from :mod:`tilegemm.transformers.presets` (real dimensions,
-random bf16 weights, nothing downloaded) with :data:`LAYERS` decoder layers: all MoE in Qwen3-30B-A3B;
-DeepSeek-V3's first 3 are dense as in the real model, so its 4th is the MoE layer. Batch 1 and 32, a
+Models: ``qwen3-30b-a3b``, ``deepseek-v3`` and ``deepseek-v3.2`` from :mod:`tilegemm.transformers.presets` (real
+dimensions, random bf16 weights, nothing downloaded) with :data:`LAYERS` decoder layers: all MoE in Qwen3-30B-A3B;
+DeepSeek-V3's first 3 are dense as in the real model, so its 4th is the MoE layer; DeepSeek-V3.2 is V3 with the
+sparse-attention indexer in every layer (patched: :mod:`tilegemm.transformers.indexer`; at this prompt length its
+top-2048 keeps every key, so the row measures the indexer's cost, not its selection). Batch 1 and 32, a
 :data:`PROMPT`-token random prompt per sequence. Two rows per (model, batch):
 
 * ``prefill``: one forward over the prompt (no cache, logits of the last position only);
@@ -46,7 +48,7 @@ from tilegemm.bench.moe import touched_experts
 
 FAMILY = "models"
 #: Presets measured (names in :data:`tilegemm.transformers.presets.PRESETS`).
-MODELS = ("qwen3-30b-a3b", "deepseek-v3")
+MODELS = ("qwen3-30b-a3b", "deepseek-v3", "deepseek-v3.2")
 #: Decoder layers of each model (DeepSeek-V3 needs 4 for one MoE layer; 30 GB of weights).
 LAYERS = 4
 BATCHES = (1, 32)
