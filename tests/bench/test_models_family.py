@@ -83,7 +83,7 @@ def test_models_is_a_registered_family_with_a_budget_share(capsys):
     assert set(runner.BUDGET_SHARE) == set(runner.FAMILIES)
     assert sum(runner.BUDGET_SHARE.values()) == pytest.approx(1.0)
     assert main(["--list", "--full", "--family", "models"]) == 0
-    assert "models: 8 rows" in capsys.readouterr().out
+    assert "models: 12 rows" in capsys.readouterr().out
 
 
 def test_no_gpu_message_for_the_models_family(monkeypatch, capsys):
