@@ -389,6 +389,36 @@ def _paged() -> str:
     return "ran"
 
 
+@case("bf16 mqa logits: windows past both ends, then valid windows against the reference")
+def _bf16_mqa() -> str:
+    g = torch.Generator().manual_seed(2)
+    # H = 64 at D = 128: two MMA chains (the indexers' size); H = 32, 64 at D = 64, 32: one chain; odd row and key
+    # counts (tiles outside), and 384 keys at an even row count (tiles inside: unchecked stores and scale loads)
+    shapes = ((70, 333, 64, 128), (71, 300, 64, 64), (72, 300, 64, 32), (68, 384, 32, 128), (1, 1000, 64, 128))
+    worst = 0.0
+    for s, s_kv, h, d in shapes:
+        q = torch.randn(s, h, d, generator=g).bfloat16().to(DEV)
+        kv = torch.randn(s_kv, d, generator=g).bfloat16().to(DEV)
+        w = torch.randn(s, h, generator=g).to(DEV)
+        ks = torch.randint(-1000, 100, (s,), generator=g, dtype=torch.int32).to(DEV)
+        ke = torch.randint(200, 5000, (s,), generator=g, dtype=torch.int32).to(DEV)
+        tg.bf16_mqa_logits(q, kv, w, ks, ke, backend="cutile")
+        ke = torch.randint(0, s_kv + 1, (s,), generator=g, dtype=torch.int32)
+        ks = (ke - torch.randint(0, s_kv + 1, (s,), generator=g, dtype=torch.int32)).clamp(min=0).to(DEV)
+        ke = ke.to(DEV)
+        got = tg.bf16_mqa_logits(q, kv, w, ks, ke, backend="cutile")
+        ref = tg.bf16_mqa_logits(q, kv, w, ks, ke, backend="pytorch")
+        if not torch.equal(got.isneginf(), ref.isneginf()):
+            raise AssertionError(f"bf16 mqa logits {s}x{s_kv}x{h}x{d}: -inf masks differ")
+        finite = ref.isfinite()
+        if finite.any():
+            worst = max(worst, calc_diff(got[finite], ref[finite]))
+    torch.cuda.synchronize()
+    if worst > 1e-6:
+        raise AssertionError(f"cutile differs from pytorch: calc_diff {worst:.2e}")
+    return f"calc_diff {worst:.1e}"
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("tests/sanitize/cases.py needs a CUDA GPU (make test-gpu-sanitize on a GPU machine)", file=sys.stderr)

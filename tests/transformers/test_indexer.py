@@ -272,3 +272,23 @@ def test_swap_indexers_bad_switch_and_changed_stock(monkeypatch):
             assert swap_indexers(model) == []
     finally:
         idx.stock_formula_matches.cache_clear()
+
+
+def test_indexer_bench_smoke_on_cpu(tmp_path):
+    """The GPU script's code path on the CPU with a tiny preset: every part runs, writes its JSON and markdown, the
+    patched BF16 top-k agrees with stock (up to near-ties) and FP8's overlap with BF16 is reported."""
+    import json
+
+    from modeling.transformers import indexer_bench
+
+    argv = ["--device", "cpu", "--preset", "tiny-deepseek-v32", "--contexts", "64", "--decode-contexts", "48"]
+    assert indexer_bench.main([*argv, "--layers", "3", "--reps", "1", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "indexer_bench.json").read_text())
+    (row,) = result["prefill"]
+    assert row["bf16"]["vs_stock"]["worst_tie_gap"] <= TIE and row["bf16"]["calc_diff_vs_f64"] < 1e-6
+    assert 0.5 <= row["fp8"]["vs_bf16"]["topk_overlap"] <= 1.0 and row["fp8"]["vs_bf16"]["calc_diff"] < 1e-3
+    (dec,) = result["decode_module"]
+    assert dec["bf16"]["topk_overlap_vs_stock"] == 1.0
+    (model,) = result["decode_model"]
+    assert model["indexer"]["calc_diff_vs_stock"] < 1e-6 and "error" not in model["all"]
+    assert "## Prefill" in (tmp_path / "indexer_bench.md").read_text()

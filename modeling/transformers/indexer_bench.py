@@ -1,0 +1,545 @@
+"""Sparse-attention indexers on one GPU: tilegemm's patched indexer against the stock one, in the same loop.
+
+``python modeling/transformers/indexer_bench.py --out $OUT`` (from the repository root) measures, on a
+random-weight realistic preset (default ``deepseek-v3.2``: indexer 64 heads of 128, top-2048):
+
+1. ``prefill``: one indexer module's forward over a whole causal prompt of 4k / 16k / 64k tokens (no cache):
+   stock (``[1, S, H, S]`` fp32 scores; an out-of-memory is caught and reported with its length, and stock is
+   not tried at longer ones), patched BF16 (``bf16_mqa_logits``) and patched FP8 (DeepSeek's recipe). Per
+   variant: median ms, peak memory above the inputs; patched vs stock top-k agreement on sampled rows (keys
+   chosen by one side only must be near-ties, as in ``tests/transformers/test_indexer.py``), and FP8 against
+   BF16: the top-k overlap and the scores' ``calc_diff``.
+2. ``decode_module``: the indexer's decode step (one query over a static key cache of 4k / 16k / 64k keys,
+   the cache write included) replayed from a CUDA graph, each variant.
+3. ``decode_model``: the whole model (``--layers``, default 4: three dense layers and one MoE layer) decode step
+   with a static cache of the same lengths (filled with random keys) replayed from a CUDA graph: stock,
+   indexers patched alone, and everything patched (indexers, experts, norms); logits ``calc_diff`` vs stock.
+
+Writes ``indexer_bench.json`` and ``indexer_bench.md`` under ``--out``. ``--device cpu --preset tiny-deepseek-v32
+--contexts 64 --decode-contexts 64`` runs the same code on the CPU (no CUDA graphs, no timing meaning): the
+smoke test in ``tests/transformers/test_indexer.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repository root and src/ importable
+    _ROOT = Path(__file__).resolve().parents[2]
+    sys.path[0:1] = [str(_ROOT), str(_ROOT / "src")]
+
+import argparse  # noqa: E402
+import functools  # noqa: E402
+import importlib  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+
+from tilegemm.testing import calc_diff  # noqa: E402
+from tilegemm.transformers import indexer as idx  # noqa: E402
+from tilegemm.transformers.presets import PRESETS  # noqa: E402
+
+SAMPLE_ROWS = 128
+TIE = 1e-5
+
+
+def log(message: str) -> None:
+    """Progress line on stderr."""
+    print(f"[indexer_bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="deepseek-v3.2", help="a DSA preset of tilegemm.transformers.presets")
+    p.add_argument("--contexts", type=_ints, default=[4096, 16384, 65536], help="prefill lengths")
+    p.add_argument("--decode-contexts", type=_ints, default=[4096, 16384, 65536], help="decode cache lengths")
+    p.add_argument("--layers", type=int, default=4, help="decoder layers of the whole-model decode (0: skip it)")
+    p.add_argument("--reps", type=int, default=5, help="timed repetitions per measurement")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--out", default=".", help="folder for indexer_bench.json and indexer_bench.md")
+    return p
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_ms(fn: Callable[[], Any], reps: int, device: torch.device) -> float:
+    """Median ms of ``reps`` calls after one warm-up call."""
+    fn()
+    sync(device)
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def peak_extra_gib(fn: Callable[[], Any], device: torch.device) -> float | None:
+    """GiB allocated at the peak of one ``fn()`` call above what was allocated before it (CUDA only)."""
+    if device.type != "cuda":
+        return None
+    sync(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    sync(device)
+    return (torch.cuda.max_memory_allocated(device) - base) / 2**30
+
+
+def graph_replay_ms(fn: Callable[[], Any], reps: int, device: torch.device) -> tuple[float, Any]:
+    """Capture ``fn`` in a CUDA graph (after two eager warm-ups on a side stream) and return the median ms of a
+    replay and the graph's output; on the CPU the eager time and output."""
+    if device.type != "cuda":
+        out = fn()
+        return timed_ms(fn, reps, device), out
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    graph.replay()
+    sync(device)
+    times = []
+    for _ in range(reps):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times), out
+
+
+def is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+def free(device: torch.device) -> None:
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def model_module(model_type: str):
+    return importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+
+
+def set_variant(module: torch.nn.Module, stock: type, variant: str, rope: str) -> None:
+    """``stock``, ``bf16`` or ``fp8``: the module's class and the patched settings."""
+    if variant == "stock":
+        module.__class__ = stock
+        return
+    module.__class__ = idx.tilegemm_indexer_class(stock, rope)
+    module._tilegemm_backend = None
+    module._tilegemm_fp8 = variant == "fp8"
+    module._tilegemm_hadamard = True
+
+
+def capture_scores(call: Callable[[], Any]) -> tuple[Any, torch.Tensor]:
+    """Run ``call`` (a patched indexer forward) and return its output and the scores it handed to ``topk``."""
+    captured = {}
+    original = idx.index_scores
+
+    def spy(*a, **kw):
+        captured["scores"] = original(*a, **kw)
+        return captured["scores"]
+
+    idx.index_scores = spy
+    try:
+        out = call()
+    finally:
+        idx.index_scores = original
+    return out, captured["scores"]
+
+
+def capture_stock_scores(call: Callable[[], Any]) -> tuple[Any, torch.Tensor]:
+    """Run a stock indexer forward and return its output and the scores it handed to ``Tensor.topk``."""
+    captured = {}
+    original = torch.Tensor.topk
+
+    def spy(self, k, dim=-1, *a, **kw):
+        captured["scores"] = self
+        return original(self, k, dim, *a, **kw)
+
+    torch.Tensor.topk = spy
+    try:
+        out = call()
+    finally:
+        torch.Tensor.topk = original
+    return out, captured["scores"]
+
+
+def topk_agreement(a: torch.Tensor, b: torch.Tensor, scores_b: torch.Tensor, visible: torch.Tensor) -> dict:
+    """Rows ``[R, k]`` of indices ``a`` vs reference ``b`` (scored ``scores_b`` ``[R, T]``): the fraction of rows
+    whose visible selected sets are equal, the worst relative distance from the row's k-th score of a key chosen by
+    one side only (near-tie if <= TIE), and the mean overlap ``|A & B| / |B|``."""
+    k = b.shape[-1]
+    kth = scores_b.topk(k, dim=-1).values[:, -1]
+    scale = scores_b.masked_fill(~visible, 0).abs().amax(dim=-1).clamp_min(1e-30)
+    equal, worst, overlaps = 0, 0.0, []
+    for r in range(b.shape[0]):
+        sa = {int(i) for i in a[r].tolist() if visible[r, int(i)]}
+        sb = {int(i) for i in b[r].tolist() if visible[r, int(i)]}
+        equal += sa == sb
+        overlaps.append(len(sa & sb) / max(1, len(sb)))
+        for key in sa ^ sb:
+            worst = max(worst, abs(float(scores_b[r, key]) - float(kth[r])) / float(scale[r]))
+    return {"rows_equal": equal / b.shape[0], "worst_tie_gap": worst, "overlap": statistics.fmean(overlaps)}
+
+
+# ------------------------------------------------------------------------------------------------ prefill
+
+
+def forward(module, hidden, q_resid, pe, mask, positions, cache) -> torch.Tensor:
+    """One indexer forward without autograd (the stock and patched signatures are the same)."""
+    with torch.no_grad():
+        return module(hidden, q_resid, pe, mask, positions, cache=cache)
+
+
+def make_indexer(config, device: torch.device):
+    mod = model_module(config.model_type)
+    spec = idx.INDEXER_BY_MODEL_TYPE[config.model_type]
+    stock = getattr(mod, spec.indexer_class)
+    torch.manual_seed(0)
+    module = stock(config, 0).to(device=device, dtype=torch.bfloat16).eval()
+    module.weights_proj.float()  # transformers keeps it in fp32 (_keep_in_fp32_modules)
+    rotary = getattr(mod, stock.__name__.replace("Indexer", "RotaryEmbedding"))(config).to(device)
+    if not idx.stock_formula_matches(stock, spec.rope):
+        raise RuntimeError(f"{stock.__name__}.forward differs from the formula tilegemm replaces")
+    return module, stock, spec.rope, rotary
+
+
+def indexer_inputs(config, module, rotary, length: int, device: torch.device, seed: int):
+    g = torch.Generator(device=device).manual_seed(seed)
+    hidden = torch.randn(1, length, config.hidden_size, device=device, generator=g).bfloat16()
+    q_resid = torch.randn(1, length, config.q_lora_rank, device=device, generator=g).bfloat16()
+    positions = torch.arange(length, device=device)[None]
+    cos, sin = rotary(hidden, positions)
+    return hidden, q_resid, (cos, sin), positions
+
+
+def prefill(config, contexts: list[int], reps: int, device: torch.device) -> list[dict]:
+    module, stock, rope, rotary = make_indexer(config, device)
+    rows, stock_oom_at = [], None
+    for length in contexts:
+        log(f"prefill {length}")
+        hidden, q_resid, pe, positions = indexer_inputs(config, module, rotary, length, device, length)
+        mask = torch.ones(length, length, dtype=torch.bool, device=device).tril_()[None]
+        sample = torch.linspace(0, length - 1, min(length, SAMPLE_ROWS), device=device).round().long().unique()
+        visible = mask[0, sample]
+        row: dict[str, Any] = {"context": length, "heads": module.n_heads, "head_dim": module.head_dim}
+        kept: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        for variant in ("stock", "bf16", "fp8"):
+            if variant == "stock" and stock_oom_at is not None:
+                row["stock"] = {"error": f"not run: out of memory at {stock_oom_at}"}
+                continue
+            set_variant(module, stock, variant, rope)
+            call = functools.partial(forward, module, hidden, q_resid, pe, mask, positions, None)
+            try:
+                ms = timed_ms(call, reps, device)
+                peak = peak_extra_gib(call, device)
+                capture = capture_stock_scores if variant == "stock" else capture_scores
+                out, scores = capture(call)
+                kept[variant] = (out[0, sample].clone(), scores[0, sample].clone())
+                del out, scores
+                row[variant] = {"ms": ms, "peak_gib": peak}
+            except Exception as exc:  # an OOM of stock is a result; anything else too, with its message
+                if is_oom(exc) and variant == "stock":
+                    stock_oom_at = length
+                row[variant] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}", "oom": is_oom(exc)}
+            free(device)
+        if "stock" in kept and "bf16" in kept:
+            agree = topk_agreement(kept["bf16"][0], kept["stock"][0], kept["stock"][1], visible)
+            row["bf16"]["vs_stock"] = agree
+            finite = visible
+            row["bf16"]["vs_stock"]["calc_diff"] = calc_diff(kept["bf16"][1][finite], kept["stock"][1][finite])
+            row["bf16"]["speedup"] = row["stock"]["ms"] / row["bf16"]["ms"]
+        if "bf16" in kept:
+            ref = sampled_formula(module, hidden, q_resid, pe, sample)
+            row["bf16"]["calc_diff_vs_f64"] = calc_diff(kept["bf16"][1][visible], ref[visible])
+        if "bf16" in kept and "fp8" in kept:
+            agree = topk_agreement(kept["fp8"][0], kept["bf16"][0], kept["bf16"][1], visible)
+            row["fp8"]["vs_bf16"] = {
+                "topk_overlap": agree["overlap"],
+                "rows_equal": agree["rows_equal"],
+                "calc_diff": calc_diff(kept["fp8"][1][visible], kept["bf16"][1][visible]),
+            }
+            row["fp8"]["speed_vs_bf16"] = row["bf16"]["ms"] / row["fp8"]["ms"]
+        rows.append(row)
+        del hidden, q_resid, pe, mask, kept
+        free(device)
+    set_variant(module, stock, "stock", rope)
+    return rows
+
+
+def sampled_formula(module, hidden, q_resid, pe, sample) -> torch.Tensor:
+    """Stock's formula in float64 for the sampled query rows, from the module's own q and k (captured from a
+    patched forward's :func:`index_scores` arguments)."""
+    captured = {}
+    original = idx.index_scores
+
+    def spy(q, k, weights, mask, scale, *a, **kw):
+        captured.update(q=q[:, sample], k=k, w=weights[:, sample], scale=scale)
+        return original(q[:, :1], k, weights[:, :1], None if mask is None else mask[:, :1], scale)
+
+    idx.index_scores = spy
+    try:
+        with torch.no_grad():
+            module(hidden, q_resid, pe, None, None, cache=None)
+    finally:
+        idx.index_scores = original
+    ref = idx.dense_index_scores(captured["q"], captured["k"], captured["w"], captured["scale"])[0]
+    cols = torch.arange(ref.shape[-1], device=ref.device)
+    return ref.masked_fill(cols[None, :] > sample[:, None], float("-inf"))
+
+
+# ------------------------------------------------------------------------------------------------ decode
+
+
+class StaticKeys:
+    """A static indexer key cache for one layer: ``update_indexer`` writes at a device position (graph-safe)."""
+
+    def __init__(self, keys: torch.Tensor, position: int) -> None:
+        self.keys = keys
+        self.position = torch.tensor([position], device=keys.device)
+
+    def update_indexer(self, k: torch.Tensor, layer_idx: int) -> torch.Tensor:
+        self.keys.index_copy_(1, self.position, k)
+        return self.keys
+
+
+def decode_module(config, contexts: list[int], reps: int, device: torch.device) -> list[dict]:
+    module, stock, rope, rotary = make_indexer(config, device)
+    rows = []
+    for length in contexts:
+        log(f"decode_module {length}")
+        g = torch.Generator(device=device).manual_seed(length)
+        cache = StaticKeys(torch.randn(1, length + 1, module.head_dim, device=device, generator=g).bfloat16(), length)
+        hidden = torch.randn(1, 1, config.hidden_size, device=device, generator=g).bfloat16()
+        q_resid = torch.randn(1, 1, config.q_lora_rank, device=device, generator=g).bfloat16()
+        position = torch.tensor([[length]], device=device)
+        pe = rotary(hidden, position)
+        mask = torch.ones(1, 1, length + 1, dtype=torch.bool, device=device)
+        row: dict[str, Any] = {"context": length}
+        outs = {}
+        for variant in ("stock", "bf16", "fp8"):
+            set_variant(module, stock, variant, rope)
+            call = functools.partial(forward, module, hidden, q_resid, pe, mask, position, cache)
+            try:
+                ms, out = graph_replay_ms(call, reps * 20, device)
+                outs[variant] = out.clone()
+                row[variant] = {"graph_ms": ms}
+            except Exception as exc:
+                row[variant] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            free(device)
+        for variant in ("bf16", "fp8"):
+            if "stock" in outs and variant in outs:
+                a, b = outs[variant][0, 0].tolist(), outs["stock"][0, 0].tolist()
+                row[variant]["topk_overlap_vs_stock"] = len(set(a) & set(b)) / len(b)
+                row[variant]["speedup"] = row["stock"]["graph_ms"] / row[variant]["graph_ms"]
+        rows.append(row)
+    set_variant(module, stock, "stock", rope)
+    return rows
+
+
+def decode_model(preset: str, layers: int, contexts: list[int], reps: int, device: torch.device) -> list[dict]:
+    from transformers import AutoModelForCausalLM
+
+    from tilegemm.bench.models import StaticDecode
+    from tilegemm.transformers import apply_tilegemm_to_model, revert_tilegemm_model
+
+    config = PRESETS[preset].config(layers)
+    torch.manual_seed(0)
+    log(f"building {preset} with {layers} layers")
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+    stock_experts = model.config._experts_implementation
+    rows = []
+    for length in contexts:
+        log(f"decode_model {length}")
+        prompt = torch.randint(0, config.vocab_size, (1, 16), device=device)
+        decode = StaticDecode(model, prompt, length)
+        row: dict[str, Any] = {"context": length, "layers": layers}
+        try:
+            revert_tilegemm_model(model, stock_experts)
+            decode.prefill()
+            g = torch.Generator(device=device).manual_seed(length)
+            for layer in decode.cache.layers:  # a full context of random keys, values and indexer keys
+                for name in ("keys", "values", "indexer_keys"):
+                    t = getattr(layer, name, None)
+                    if isinstance(t, torch.Tensor) and t.is_floating_point():
+                        t.copy_(torch.randn(t.shape, device=device, generator=g).to(t.dtype))
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            rows.append(row)
+            continue
+        token = prompt[:, :1].clone()
+        logits = {}
+        for variant in ("stock", "indexer", "all"):
+            revert_tilegemm_model(model, stock_experts)
+            if variant == "indexer":
+                apply_tilegemm_to_model(model, experts=False, norm=False)
+            elif variant == "all":
+                apply_tilegemm_to_model(model)
+            step = functools.partial(decode.step, token, length)
+            try:
+                ms, out = graph_replay_ms(step, reps * 4, device)
+                logits[variant] = out.float().clone()
+                row[variant] = {"graph_ms": ms, "peak_gib": peak_extra_gib(step, device)}
+            except Exception as exc:
+                row[variant] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            free(device)
+        for variant in ("indexer", "all"):
+            if "stock" in logits and variant in logits:
+                row[variant]["calc_diff_vs_stock"] = calc_diff(logits[variant], logits["stock"])
+                row[variant]["speedup"] = row["stock"]["graph_ms"] / row[variant]["graph_ms"]
+        rows.append(row)
+        del decode
+        free(device)
+    revert_tilegemm_model(model, stock_experts)
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+
+def _fmt(v: Any, spec: str = ".3g") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return format(v, spec)
+    return str(v)
+
+
+def _cell(entry: dict | None, key: str, spec: str = ".3g") -> str:
+    if entry is None:
+        return "-"
+    if "error" in entry:
+        return "OOM" if entry.get("oom") or "out of memory" in entry["error"] else "error"
+    return _fmt(entry.get(key), spec)
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# Indexer: tilegemm vs stock ({result['preset']}, {result['device']})", ""]
+    lines += [f"torch {result['torch']}, transformers {result['transformers']}, {result['when']}", ""]
+    lines += ["## Prefill (one indexer, causal prompt, no cache)", ""]
+    lines += [
+        "| context | stock ms | stock peak GiB | bf16 ms | bf16 peak GiB | speedup | top-k rows equal | worst tie gap "
+        "| bf16 calc_diff vs f64 | fp8 ms | fp8 top-k overlap vs bf16 | fp8 calc_diff vs bf16 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result.get("prefill", []):
+        s, b, f = r.get("stock"), r.get("bf16"), r.get("fp8")
+        vs = (b or {}).get("vs_stock", {})
+        f8 = (f or {}).get("vs_bf16", {})
+        lines.append(
+            f"| {r['context']} | {_cell(s, 'ms')} | {_cell(s, 'peak_gib')} | {_cell(b, 'ms')} | {_cell(b, 'peak_gib')} "
+            f"| {_cell(b, 'speedup')} | {_fmt(vs.get('rows_equal'))} | {_fmt(vs.get('worst_tie_gap'))} "
+            f"| {_cell(b, 'calc_diff_vs_f64')} | {_cell(f, 'ms')} | {_fmt(f8.get('topk_overlap'))} "
+            f"| {_fmt(f8.get('calc_diff'))} |"
+        )
+    lines += ["", "## Decode step, one indexer (static key cache, CUDA graph)", ""]
+    lines += [
+        "| context | stock ms | bf16 ms | speedup | fp8 ms | fp8 top-k overlap vs stock |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in result.get("decode_module", []):
+        s, b, f = r.get("stock"), r.get("bf16"), r.get("fp8")
+        lines.append(
+            f"| {r['context']} | {_cell(s, 'graph_ms')} | {_cell(b, 'graph_ms')} | {_cell(b, 'speedup')} "
+            f"| {_cell(f, 'graph_ms')} | {_cell(f, 'topk_overlap_vs_stock')} |"
+        )
+    lines += ["", "## Decode step, whole model (static cache, CUDA graph)", ""]
+    lines += [
+        "| context | layers | stock ms | stock peak GiB | indexer-patched ms | speedup | all-patched ms | speedup "
+        "| all-patched peak GiB | calc_diff vs stock |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result.get("decode_model", []):
+        s, i, a = r.get("stock"), r.get("indexer"), r.get("all")
+        lines.append(
+            f"| {r['context']} | {r['layers']} | {_cell(s, 'graph_ms')} | {_cell(s, 'peak_gib')} "
+            f"| {_cell(i, 'graph_ms')} | {_cell(i, 'speedup')} | {_cell(a, 'graph_ms')} | {_cell(a, 'speedup')} "
+            f"| {_cell(a, 'peak_gib')} | {_cell(a, 'calc_diff_vs_stock')} |"
+        )
+    errors = [
+        f"- {part} {r.get('context')} {name}: {entry['error']}"
+        for part in ("prefill", "decode_module", "decode_model")
+        for r in result.get(part, [])
+        for name, entry in r.items()
+        if isinstance(entry, dict) and "error" in entry
+    ]
+    errors += [f"- {part}: {msg}" for part, msg in result.get("errors", {}).items()]
+    if errors:
+        lines += ["", "## Errors and skips", "", *errors]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    device = torch.device(args.device)
+    import transformers
+
+    config = PRESETS[args.preset].config(1)
+    if config.model_type not in idx.INDEXER_BY_MODEL_TYPE:
+        print(f"{args.preset} has no indexer tilegemm patches", file=sys.stderr)
+        return 2
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    result: dict[str, Any] = {
+        "preset": args.preset,
+        "device": name,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "errors": {},
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    parts = [
+        ("prefill", lambda: prefill(config, args.contexts, args.reps, device)),
+        ("decode_module", lambda: decode_module(config, args.decode_contexts, args.reps, device)),
+    ]
+    if args.layers > 0:
+        parts.append(
+            ("decode_model", lambda: decode_model(args.preset, args.layers, args.decode_contexts, args.reps, device))
+        )
+    for part, run in parts:
+        try:
+            result[part] = run()
+        except Exception as exc:
+            result["errors"][part] = f"{type(exc).__name__}: {exc}"[:500]
+            traceback.print_exc()
+        free(device)
+        (out / "indexer_bench.json").write_text(json.dumps(result, indent=2))
+        (out / "indexer_bench.md").write_text(markdown(result))
+    print(markdown(result))
+    return 1 if result["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
