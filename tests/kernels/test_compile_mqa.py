@@ -304,8 +304,9 @@ def test_cutile_schedule_matches_reference_on_cpu():
         assert got[-1].tolist() == [batch, 0]
 
 
-# (H, D) of the BF16 plain kernel (``bf16_mqa_logits``): the indexers' heads at D = 128, and every head-dim class.
-BF16_VARIANTS = [(64, 128), (32, 128), (128, 128), (16, 128), (64, 64), (64, 32), (8, 64)]
+# (H, D) of the BF16 plain kernel (``bf16_mqa_logits``): the indexers' heads at D = 128, every head-dim class, and the
+# tiny DSA presets' indexer (4 heads of 32).
+BF16_VARIANTS = [(64, 128), (32, 128), (128, 128), (16, 128), (64, 64), (64, 32), (8, 64), (4, 32)]
 
 
 def bf16_plain_params(h: int, d: int, out_align: int = 16, arch: str = "sm_90") -> list:

@@ -479,6 +479,35 @@ def mqa(draw) -> Case:
     return Case(getattr(tg, name), kw, dims, reference, out=None, values=bad, compare="logits")
 
 
+def bf16_mqa(draw) -> Case:
+    s, s_kv, h, dim = (
+        draw(st.integers(0, 6)),
+        draw(st.integers(0, 40)),
+        draw(st.integers(1, 4)),
+        draw(st.sampled_from([32, 64])),
+    )
+    q, kv, w = torch.randn(s, h, dim).bfloat16(), torch.randn(s_kv, dim).bfloat16(), torch.randn(s, h)
+    starts = [draw(st.integers(0, s_kv)) for _ in range(s)]
+    ends = [draw(st.integers(st_, s_kv)) for st_ in starts]
+    ks, ke = torch.tensor(starts, dtype=torch.int32), torch.tensor(ends, dtype=torch.int32)
+    width = draw(st.sampled_from([0, 0, 1, 8, 50]))
+    kw = dict(q=q, kv=kv, weights=w, cu_seq_len_k_start=ks, cu_seq_len_k_end=ke, max_seqlen_k=width)
+    dims = {"q": "SHD", "kv": "VD", "weights": "SH", "cu_seq_len_k_start": "S", "cu_seq_len_k_end": "S"}
+
+    def reference(call: dict[str, Any], _: Any) -> torch.Tensor:
+        full = _logits64(q, d64(kv), torch.ones(s_kv), w).reshape(s, s_kv)
+        cols = torch.arange(s_kv)
+        full = torch.where((cols >= ks[:, None]) & (cols < ke[:, None]), full, -math.inf)
+        if not width:
+            return full
+        idx = ks.long()[:, None] + torch.arange(width)[None, :]
+        padded = torch.cat([full, torch.full((s, width), -math.inf, dtype=torch.float64)], dim=1)
+        return padded.gather(1, idx)
+
+    bad = {"cu_seq_len_k_end": lambda t: t + s_kv + 1} if s else {}
+    return Case(tg.bf16_mqa_logits, kw, dims, reference, out=None, values=bad, compare="logits")
+
+
 def schedule64(lens: list[int], block_kv: int, num_sms: int) -> list[list[int]]:
     """The paged-MQA schedule in plain Python: where each SM starts, as (batch, split within it)."""
     split = math.lcm(256, block_kv)
@@ -830,6 +859,7 @@ FAMILIES: dict[str, Callable[[Any], Case]] = {
     "k_grouped_fp8_tn": lambda draw: k_grouped(draw, "tn"),
     "k_grouped_fp8_nt": lambda draw: k_grouped(draw, "nt"),
     "mqa": mqa,
+    "bf16_mqa": bf16_mqa,
     "metadata": metadata,
     "paged_mqa": paged,
     "einsum": einsum,
@@ -999,8 +1029,9 @@ def test_every_public_tensor_op_is_fuzzed():
         "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nn_contiguous", "m_grouped_bf16_gemm_nt_masked",
         "bf16_m_grouped_gemm_nt_masked", "m_grouped_fp8_gemm_nt_masked", "fp8_m_grouped_gemm_nt_masked",
         "k_grouped_bf16_gemm_tn_contiguous", "k_grouped_fp8_gemm_tn_contiguous", "k_grouped_fp8_gemm_nt_contiguous",
-        "fp8_mqa_logits", "fp8_fp4_mqa_logits", "get_paged_mqa_logits_metadata", "fp8_paged_mqa_logits",
-        "fp8_fp4_paged_mqa_logits", "einsum", "fp8_einsum", "tf32_hc_prenorm_gemm", "matmul", "grouped_matmul",
+        "fp8_mqa_logits", "fp8_fp4_mqa_logits", "bf16_mqa_logits", "get_paged_mqa_logits_metadata",
+        "fp8_paged_mqa_logits", "fp8_fp4_paged_mqa_logits", "einsum", "fp8_einsum", "tf32_hc_prenorm_gemm", "matmul",
+        "grouped_matmul",
         "fp8_grouped_matmul", "fp8_linear", "per_token_cast_to_fp8", "per_channel_cast_to_fp8", "per_block_cast_to_fp8",
         "get_mn_major_tma_aligned_tensor", "calc_diff", "cublaslt_gemm_nn", "cublaslt_gemm_nt", "cublaslt_gemm_tn",
         "cublaslt_gemm_tt", "moe_experts", "fp8_moe_experts", "rms_norm",

@@ -292,3 +292,43 @@ def test_indexer_bench_smoke_on_cpu(tmp_path):
     (model,) = result["decode_model"]
     assert model["indexer"]["calc_diff_vs_stock"] < 1e-6 and "error" not in model["all"]
     assert "## Prefill" in (tmp_path / "indexer_bench.md").read_text()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("family", DSA_FAMILIES)
+def test_patched_indexer_on_gpu_cutile(family, monkeypatch):
+    """bf16 tiny model on the GPU, cutile's BF16 MQA kernel (fallback disabled): each indexer call selects stock's
+    top-k up to near-ties with scores within ``calc_diff < 1e-6`` of stock's; the FP8 recipe runs; the static-cache
+    decode loop replayed from a CUDA graph gives the stock greedy tokens."""
+    from tilegemm.backend.selector import is_backend_available
+
+    if not is_backend_available("cutile"):
+        pytest.skip("cutile backend unavailable")
+    monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
+    model = build(family, dtype=torch.bfloat16, device="cuda")
+    ids = prompt(device="cuda")
+    calls = _capture_indexer_calls(model, ids)
+    swap_indexers(model, backend="cutile")
+    for module, args, kwargs in calls:
+        stock_scores, stock_idx = _stock_scores(module, args, kwargs)
+        mask = args[3]
+        visible = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min
+        with torch.no_grad():
+            patched_idx = module(*args, **kwargs)
+        assert_same_topk(patched_idx.cpu(), stock_idx.cpu(), stock_scores.cpu(), visible.cpu())
+        patched_scores = _patched_scores(module, args, kwargs)
+        assert calc_diff(patched_scores[visible], stock_scores[visible]) < 1e-6
+    swap_indexers(model, fp8=True, backend="cutile")
+    for module, args, kwargs in calls:
+        with torch.no_grad():
+            assert module(*args, **kwargs).shape == _stock_scores(module, args, kwargs)[1].shape
+    revert_tilegemm_model(model)
+    with torch.no_grad():
+        stock_tokens = measure.static_greedy(model, ids, 6, cuda_graph=True)
+        swap_indexers(model, backend="cutile")
+        patched = measure.static_greedy(model, ids, 6, cuda_graph=True)
+        eager = measure.static_greedy(model, ids, 6)
+    assert not patched.note and not stock_tokens.note, (patched.note, stock_tokens.note)
+    assert torch.equal(patched.tokens, eager.tokens)  # the graph replays the patched step
+    assert torch.equal(patched.tokens, stock_tokens.tokens)
