@@ -264,7 +264,7 @@ def test_swap_indexers_bad_switch_and_changed_stock(monkeypatch):
     with pytest.raises(TypeError, match="fp8"):
         swap_indexers(model, fp8="yes")
     assert swap_indexers(build("tiny-qwen3-moe")) == []
-    monkeypatch.setattr(idx, "STOCK_SCORING", (*idx.STOCK_SCORING, "a line stock does not have"))
+    monkeypatch.setattr(idx, "STOCK_SCORING", (*idx.STOCK_SCORING, ("a line stock does not have",)))
     idx.stock_formula_matches.cache_clear()
     idx._warned.clear()
     try:
@@ -332,3 +332,34 @@ def test_patched_indexer_on_gpu_cutile(family, monkeypatch):
     assert not patched.note and not stock_tokens.note, (patched.note, stock_tokens.note)
     assert torch.equal(patched.tokens, eager.tokens)  # the graph replays the patched step
     assert torch.equal(patched.tokens, stock_tokens.tokens)
+
+
+def test_earlier_release_form_is_recognized_and_swapped():
+    """Releases before 5.24 call the cache parameter ``past_key_values`` (and some flatten q before the score
+    matmul): the guard accepts that form, and the swapped forward takes ``past_key_values=``."""
+    import inspect
+    import linecache
+    import textwrap
+
+    spec = idx.INDEXER_BY_MODEL_TYPE["deepseek_v32"]
+    stock = spec.load_class()
+    source = textwrap.dedent(inspect.getsource(inspect.unwrap(stock.forward)))
+    source = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("@"))
+    source = source.replace("cache", "past_key_values").replace(
+        "torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1)) * self.softmax_scale",
+        "torch.matmul(q.flatten(1, 2).float(), k.transpose(-1, -2).float()) * self.softmax_scale",
+    )
+    namespace: dict = {}
+    filename = "<earlier release of DeepseekV32Indexer.forward>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # inspect reads it there
+    exec(compile(source, filename, "exec"), inspect.unwrap(stock.forward).__globals__, namespace)
+    earlier = type("EarlierIndexer", (stock,), {"forward": namespace["forward"]})
+    assert idx.stock_formula_matches(earlier, spec.rope)
+    model = build("tiny-deepseek-v32")
+    calls = _capture_indexer_calls(model, prompt())
+    module, args, kwargs = calls[0]
+    module.__class__ = idx.tilegemm_indexer_class(stock, spec.rope)
+    kwargs = {("past_key_values" if k == "cache" else k): v for k, v in kwargs.items()}
+    with torch.no_grad():
+        got = module(*args, **kwargs)
+    assert got.dtype == torch.int32 and got.shape[:2] == args[0].shape[:2]

@@ -75,27 +75,26 @@ INDEXERS: tuple[IndexerSpec, ...] = (
 
 INDEXER_BY_MODEL_TYPE: dict[str, IndexerSpec] = {spec.model_type: spec for spec in INDEXERS}
 
-#: The stock lines the swap replaces (whitespace-insensitive), in order: key cache, scores, weights, mask, top-k.
-STOCK_SCORING = (
-    "k = cache.update_indexer(k, self.layer_idx)",
-    "scores = torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1)) * self.softmax_scale",
-    "scores = F.relu(scores)",
-    "weights = self.weights_proj(hidden_states.to(self.weights_proj.weight.dtype)).float() * (self.n_heads**-0.5)",
-    "index_scores = torch.matmul(weights.unsqueeze(-2), scores).squeeze(-2)",
-    'index_scores = index_scores.masked_fill(~attention_mask, float("-inf"))',
-    "index_scores = index_scores + attention_mask",
-    "topk = min(self.index_topk, index_scores.shape[-1])",
-    "return index_scores.topk(topk, dim=-1).indices.to(torch.int32)",
+#: The stock lines the swap replaces (whitespace-insensitive), in order, each step as the alternatives transformers
+#: releases have written it (``{cache}``: the forward's cache parameter): key cache, scores, weights, head sum,
+#: mask, top-k.
+STOCK_SCORING: tuple[tuple[str, ...], ...] = (
+    ("k = {cache}.update_indexer(k, self.layer_idx)",),
+    (
+        "scores = torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1)) * self.softmax_scale",
+        "scores = torch.matmul(q.flatten(1, 2).float(), k.transpose(-1, -2).float()) * self.softmax_scale",
+    ),
+    ("scores = F.relu(scores)",),
+    ("weights = self.weights_proj(hidden_states.to(self.weights_proj.weight.dtype)).float() * (self.n_heads**-0.5)",),
+    ("index_scores = torch.matmul(weights.unsqueeze(-2), scores).squeeze(-2)",),
+    ('index_scores = index_scores.masked_fill(~attention_mask, float("-inf"))',),
+    ("index_scores = index_scores + attention_mask",),
+    ("topk = min(self.index_topk, index_scores.shape[-1])",),
+    ("return index_scores.topk(topk, dim=-1).indices.to(torch.int32)",),
 )
-_STOCK_PARAMETERS = (
-    "self",
-    "hidden_states",
-    "q_resid",
-    "position_embeddings",
-    "attention_mask",
-    "position_ids",
-    "cache",
-)
+#: The stock forward's parameters, with its cache parameter last (``cache`` from transformers 5.24 on).
+_STOCK_PARAMETERS = ("self", "hidden_states", "q_resid", "position_embeddings", "attention_mask", "position_ids")
+_CACHE_PARAMETERS = ("cache", "past_key_values")
 
 
 def _squash(text: str) -> str:
@@ -104,23 +103,25 @@ def _squash(text: str) -> str:
 
 @functools.cache
 def stock_formula_matches(stock: type, rope: str) -> bool:
-    """Whether ``stock.forward`` computes what the swap computes: its parameters, its rotary function and every line
-    of :data:`STOCK_SCORING`, in order."""
+    """Whether ``stock.forward`` computes what the swap computes: its parameters, its rotary function and one
+    alternative of every step of :data:`STOCK_SCORING`, in order."""
     forward = inspect.unwrap(stock.forward)
     try:
         source = _squash(inspect.getsource(forward))
     except (OSError, TypeError):
         return False
-    if tuple(inspect.signature(forward).parameters) != _STOCK_PARAMETERS:
+    params = tuple(inspect.signature(forward).parameters)
+    if params[:-1] != _STOCK_PARAMETERS or params[-1] not in _CACHE_PARAMETERS:
         return False
     if _squash(f"= {rope}(q_rot, k_rot, cos, sin, unsqueeze_dim=2)") not in source:
         return False
     at = 0
-    for line in STOCK_SCORING:
-        found = source.find(_squash(line), at)
-        if found < 0:
+    for alternatives in STOCK_SCORING:
+        found = [source.find(_squash(line.format(cache=params[-1])), at) for line in alternatives]
+        found = [f for f in found if f >= 0]
+        if not found:
             return False
-        at = found
+        at = min(found)
     return True
 
 
