@@ -150,6 +150,16 @@ SAMPLES = {
     ),  # fmt: skip
     "tilegemm::linear": lambda: (torch.randn(5, 16).bfloat16(), torch.randn(8, 16).bfloat16(), False, None),
     "tilegemm::rms_norm": lambda: (torch.randn(3, 16).bfloat16(), torch.randn(16).bfloat16(), 1e-6, "pytorch"),
+    "tilegemm::indexer_scores": lambda: (
+        torch.randn(2, 5, 4, 32).bfloat16(),
+        torch.randn(2, 7, 32).bfloat16(),
+        torch.randn(2, 5, 4),
+        torch.ones(7, 7, dtype=torch.bool).tril(2)[2:].expand(2, 5, 7).clone(),
+        32**-0.5,
+        False,
+        True,
+        None,
+    ),  # fmt: skip
 }
 """One sample call per op of ``custom_ops.MODEL_OPS``: an op added there without a sample here fails below."""
 

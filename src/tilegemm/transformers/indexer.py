@@ -18,6 +18,8 @@ Each query's key window ``[ks, ke)`` is the span of its row of the attention mas
 the kernel skips the causal future and the unfilled slots of a static cache; the mask itself is then applied as
 stock applies it (``masked_fill`` for a boolean mask, addition for an additive one), which also covers holes
 (padding) inside a span. Nothing synchronises the host, so a static-cache decode step can be captured in a CUDA graph.
+The swapped forward calls the scoring as the custom op ``tilegemm::indexer_scores`` (:func:`indexer_scores_op`), so
+patched models compile whole with ``torch.compile(fullgraph=True)``; swapped indexers pickle as their stock class.
 
 Only classes whose stock ``forward`` holds the formula are swapped: :data:`INDEXERS` names them and
 :func:`stock_formula_matches` checks the stock source for the scoring lines the swap replaces (a transformers
@@ -26,7 +28,6 @@ release that changes them is left stock, with a warning). :func:`restore_indexer
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 import inspect
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tilegemm.backend.selector import use_backend
+from tilegemm.transformers.custom_ops import model_op
 
 FP8_MAX = 448.0
 
@@ -238,6 +239,7 @@ def index_scores(
     softmax_scale: float,
     fp8: bool = False,
     hadamard: bool = True,
+    backend: str | None = None,
 ) -> torch.Tensor:
     """The indexer's masked scores through the MQA-logits ops, never materializing ``[B, S, H, T]``.
 
@@ -251,6 +253,7 @@ def index_scores(
         softmax_scale: the positive scale of ``q . k`` (``D**-0.5``).
         fp8: DeepSeek's FP8 recipe (module docstring) instead of BF16.
         hadamard: with ``fp8``, rotate queries and keys by the orthonormal Hadamard transform first.
+        backend: the tilegemm backend of the MQA-logits calls (``None``: the current choice).
 
     Returns:
         fp32 ``[B, S, T]``: ``sum_h weights * relu(q . k) * softmax_scale`` inside each mask span, the mask applied
@@ -275,9 +278,14 @@ def index_scores(
         q8, q_scale = quantize_rows(q)
         k8, k_scale = quantize_rows(k)
         w = w * q_scale
-        parts = [api.fp8_mqa_logits(q8[b], (k8[b], k_scale[b]), w[b].contiguous(), ks[b], ke[b]) for b in range(batch)]
+        parts = [
+            api.fp8_mqa_logits(q8[b], (k8[b], k_scale[b]), w[b].contiguous(), ks[b], ke[b], backend=backend)
+            for b in range(batch)
+        ]
     elif q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16:
-        parts = [api.bf16_mqa_logits(q[b], k[b], w[b].contiguous(), ks[b], ke[b]) for b in range(batch)]
+        parts = [
+            api.bf16_mqa_logits(q[b], k[b], w[b].contiguous(), ks[b], ke[b], backend=backend) for b in range(batch)
+        ]
     else:
         parts = [_float_logits(q[b], k[b], w[b], ks[b], ke[b]) for b in range(batch)]
     scores = parts[0].unsqueeze(0) if batch == 1 else torch.stack(parts)
@@ -286,6 +294,26 @@ def index_scores(
     if attention_mask.dtype == torch.bool:
         return scores.masked_fill_(~attention_mask, float("-inf"))
     return scores.add_(attention_mask)
+
+
+def _fake_scores(q, k, weights, attention_mask, softmax_scale, fp8, hadamard, backend):
+    return q.new_empty(q.shape[0], q.shape[1], k.shape[1], dtype=torch.float32)
+
+
+@model_op("tilegemm::indexer_scores", fake=_fake_scores)
+def indexer_scores_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    weights: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    softmax_scale: float,
+    fp8: bool,
+    hadamard: bool,
+    backend: str | None,
+) -> torch.Tensor:
+    """:func:`index_scores` as the ``torch.library`` custom op the swapped indexers call (so patched models compile
+    whole: ``tilegemm.transformers.custom_ops``). Returns a new fp32 ``[B, S, T]``."""
+    return index_scores(q, k, weights, attention_mask, softmax_scale, fp8, hadamard, backend).contiguous()
 
 
 # ------------------------------------------------------------------------------------------------ the swap
@@ -320,25 +348,49 @@ def _patched_forward(rope_name: str):
             if cache is not None:
                 k = cache.update_indexer(k, self.layer_idx)
             weights = self.weights_proj(hidden_states.to(self.weights_proj.weight.dtype)).float() * (self.n_heads**-0.5)
-            backend = self._tilegemm_backend
-            with use_backend(backend) if backend is not None else contextlib.nullcontext():
-                scores = index_scores(
-                    q, k, weights, attention_mask, self.softmax_scale, self._tilegemm_fp8, self._tilegemm_hadamard
-                )
+            scores = indexer_scores_op(
+                q,
+                k,
+                weights,
+                attention_mask,
+                float(self.softmax_scale),
+                self._tilegemm_fp8,
+                self._tilegemm_hadamard,
+                self._tilegemm_backend,
+            )
             topk = min(self.index_topk, scores.shape[-1])
             return scores.topk(topk, dim=-1).indices.to(torch.int32)
 
     return forward
 
 
+def _reduce_ex(self, protocol: int):
+    """Pickle as the stock class plus the swap (the subclass is made at run time, so pickle cannot name it)."""
+    spec = INDEXER_BY_MODEL_TYPE[self.config.model_type]
+    return _rebuild_swapped, (type(self)._tilegemm_stock_indexer, spec.rope, self.__getstate__())
+
+
+def _rebuild_swapped(stock: type, rope_name: str, state: dict) -> nn.Module:
+    """Unpickle a swapped indexer: an instance of ``stock`` with ``state`` (its settings included), swapped again."""
+    module = stock.__new__(stock)
+    module.__setstate__(state)
+    module.__class__ = tilegemm_indexer_class(stock, rope_name)
+    return module
+
+
 @functools.cache
 def tilegemm_indexer_class(stock: type, rope_name: str) -> type:
-    """The subclass of the stock indexer class whose forward scores through the MQA-logits ops."""
+    """The subclass of the stock indexer class whose forward scores through the MQA-logits ops.
+
+    Its instances pickle (``torch.save(model)``, ``copy.deepcopy``) as the stock class and the swap, rebuilt by
+    :func:`_rebuild_swapped`, which importing this module provides.
+    """
     rope = inspect.unwrap(stock.forward).__globals__[rope_name]
     name = f"TileGemm{stock.__name__}"
     doc = f"``{stock.__name__}`` scored by tilegemm's MQA-logits ops (same parameters, cache and top-k)."
     attrs = {
         "forward": _patched_forward(rope_name),
+        "__reduce_ex__": _reduce_ex,
         "__doc__": doc,
         "_tilegemm_rope": staticmethod(rope),
         "_tilegemm_backend": None,
