@@ -31,6 +31,14 @@ DSA_FAMILIES = ("tiny-deepseek-v32", "tiny-glm-moe-dsa")
 TIE = 1e-5
 
 
+@pytest.fixture(autouse=True)
+def _fused_scores_at_every_size(monkeypatch, request):
+    """The tiny models' scores are small enough for the torch path (``SMALL_SCORES_BYTES``): the tests run the
+    MQA-logits op at every size, except those marked ``small_scores_path`` (the decode rule itself)."""
+    if "small_scores_path" not in request.keywords:
+        monkeypatch.setattr(idx, "SMALL_SCORES_BYTES", 0)
+
+
 def _capture_indexer_calls(model, ids: torch.Tensor) -> list[tuple[torch.nn.Module, tuple, dict]]:
     """Run ``model(ids)`` once and record every indexer call's module, args and kwargs."""
     calls = []
@@ -202,6 +210,31 @@ def test_index_scores_bf16_matches_formula():
     ref = idx.dense_index_scores(q, k, w, scale)
     assert torch.equal(torch.isneginf(got), ~mask)
     assert calc_diff(got[mask], ref[mask]) < 1e-6
+
+
+@pytest.mark.small_scores_path
+def test_decode_sized_scores_take_torch_path(monkeypatch):
+    """A decode step (one query row, small ``[S, H, T]``) scores with torch's fp32 matmul, not the MQA kernel (which
+    runs one query row on one CTA); same values as the kernel's path (fp32 products of the same bf16 inputs) and
+    the same top-k; a prefill-sized call still takes the op."""
+    from tilegemm.ops import api
+
+    q, k, w, mask = _random_indexer_inputs()
+    scale = q.shape[-1] ** -0.5
+    last = (q[:, -1:], k, w[:, -1:], mask[:, -1:])
+    calls = []
+    real = api.bf16_mqa_logits
+    monkeypatch.setattr(api, "bf16_mqa_logits", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    small = idx.index_scores(*last[:3], last[3], scale)
+    assert calls == []
+    monkeypatch.setattr(idx, "SMALL_SCORES_BYTES", 0)
+    fused = idx.index_scores(*last[:3], last[3], scale)
+    assert calls == [1] * q.shape[0]
+    visible = last[3]
+    assert torch.equal(torch.isneginf(small), ~visible)
+    assert calc_diff(small[visible], fused[visible]) < 1e-6
+    ref = idx.dense_index_scores(*last[:3], scale)
+    assert calc_diff(small[visible], ref[visible]) < 1e-6
 
 
 @pytest.mark.parametrize("hadamard", [True, False], ids=["hadamard", "plain"])

@@ -65,6 +65,11 @@ from tilegemm.routing import MoERouting, moe_route, permute_tokens, unpermute_to
 from tilegemm.transformers import custom_ops
 from tilegemm.transformers.fp8_weights import cached_fp8_weight
 
+try:  # imported here, not on the traced path: torch 2.11's dynamo refuses a lazy package as an import result
+    from transformers.integrations import moe as _hf_moe
+except ImportError:  # transformers absent, or a release without fused experts
+    _hf_moe = None
+
 EXPERTS_NAME = "tilegemm"
 FP8_EXPERTS_NAME = "tilegemm_fp8"
 
@@ -107,15 +112,13 @@ def fused_activation(module: torch.nn.Module, hidden_states: torch.Tensor) -> st
     and ``down_proj [E, H, I]``, bf16 hidden states, no biases, no post-expert norm, transformers' default
     ``_apply_gate`` and an activation in :data:`FUSED_ACTIVATIONS`.
     """
-    from transformers.integrations import moe as hf_moe
-
     plain = not (
         getattr(module, "is_transposed", False)
         or getattr(module, "has_bias", False)
         or getattr(module, "has_post_expert_norm", False)
         or not getattr(module, "has_gate", True)
     )
-    default_gate = getattr(hf_moe, "_default_apply_gate", None)
+    default_gate = getattr(_hf_moe, "_default_apply_gate", None)
     if not plain or default_gate is None or getattr(type(module), "_apply_gate", None) is not default_gate:
         return None
     if hidden_states.dtype != torch.bfloat16 or module.gate_up_proj.dtype != torch.bfloat16:

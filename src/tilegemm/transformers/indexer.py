@@ -205,6 +205,12 @@ def _float_logits(
     return out
 
 
+#: Up to this size of the fp32 ``[S, H, T]`` scores (decode: one or a few query rows) the bf16 path scores with
+#: torch's matmul over the whole key cache: the MQA kernel spreads query rows over the SMs, so a single row runs on
+#: one CTA (decode through it measured 0.18-0.61x stock, benchmarks/results/indexer/).
+SMALL_SCORES_BYTES = 1 << 26
+
+
 def _check_scoring_inputs(q, k, weights, attention_mask) -> None:
     """Shapes and dtypes of :func:`index_scores`' inputs, checked before any kernel runs."""
     for name, x, ndim in (("q", q, 4), ("k", k, 3), ("weights", weights, 3)):
@@ -244,8 +250,9 @@ def index_scores(
     """The indexer's masked scores through the MQA-logits ops, never materializing ``[B, S, H, T]``.
 
     Args:
-        q: queries ``[B, S, H, D]``: bf16 with bf16 ``k`` runs :func:`tilegemm.bf16_mqa_logits`; other float dtypes
-            (an fp32 model) the same formula in fp32 torch ops over chunks of query rows (bounded memory).
+        q: queries ``[B, S, H, D]``: bf16 with bf16 ``k`` runs :func:`tilegemm.bf16_mqa_logits`, except where the
+            ``[S, H, T]`` scores are small (:data:`SMALL_SCORES_BYTES`, decode); there, and for other float dtypes
+            (an fp32 model), the same formula in fp32 torch ops over chunks of query rows (bounded memory).
         k: keys ``[B, T, D]`` (the key cache).
         weights: fp32 ``[B, S, H]`` head weights (``weights_proj(x) * H**-0.5``).
         attention_mask: ``[B, S, T]`` boolean or additive mask as transformers passes it, or ``None`` (every key
@@ -282,7 +289,7 @@ def index_scores(
             api.fp8_mqa_logits(q8[b], (k8[b], k_scale[b]), w[b].contiguous(), ks[b], ke[b], backend=backend)
             for b in range(batch)
         ]
-    elif q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16:
+    elif q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16 and rows * q.shape[2] * keys * 4 > SMALL_SCORES_BYTES:
         parts = [
             api.bf16_mqa_logits(q[b], k[b], w[b].contiguous(), ks[b], ke[b], backend=backend) for b in range(batch)
         ]
