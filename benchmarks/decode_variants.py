@@ -186,7 +186,7 @@ def _decode_variant(name: str):
     """The decode config a variant name describes: a shipped variant, then optional ``/bm<N>`` (activation tile
     capped at N rows), ``/s<N>`` (N K splits forced) and ``/l<N>`` (load latency hint N, 0: the compiler's),
     e.g. ``w64k256/bm64/s2/l3``."""
-    from tilegemm.ops.cutile import heuristics
+    from tilegemm.heuristics import cutile as heuristics
 
     base, *mods = name.split("/")
     cfg = heuristics.decode_config(base)
@@ -204,7 +204,7 @@ def _decode_variant(name: str):
 
 def _variants(args) -> list[str]:
     """The variants to time: ``--variants`` (comma-separated) or every decode variant and ``tile``."""
-    from tilegemm.ops.cutile import heuristics
+    from tilegemm.heuristics import cutile as heuristics
 
     every = [c.name for c in heuristics.DECODE_CONFIGS] + ["tile"]
     if not args.variants:
@@ -223,7 +223,8 @@ def _variants(args) -> list[str]:
 
 
 def run(args) -> list[dict]:
-    from tilegemm.ops.cutile import heuristics, launch
+    from tilegemm.heuristics import cutile as heuristics
+    from tilegemm.ops.cutile import launch
 
     t0 = time.time()
     ms = args.ms or (QUICK_MS if args.quick else MS)
@@ -352,7 +353,8 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    from tilegemm.ops.cutile import heuristics, launch
+    from tilegemm.heuristics import cutile as heuristics
+    from tilegemm.ops.cutile import launch
 
     torch.manual_seed(0)
     variants = _variants(args)

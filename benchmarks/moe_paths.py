@@ -16,7 +16,7 @@ tiles of those column widths, K steps (default 64) and worker warps (default 8; 
 design sweeps, labelled as such in the table.
 
 Results: ``benchmarks/results/moe/paths_h100.md``. The path the heuristics take is
-``tilegemm.ops.common.moe_decode_sized`` / ``moe_blocks_sized``.
+``tilegemm.heuristics.cutile.moe.moe_decode_sized`` / ``moe_blocks_sized``.
 """
 
 from __future__ import annotations
@@ -46,16 +46,16 @@ _SORTED_TILES = re.compile(r"sorted:u(\d+)(?:k(\d+))?(?:w(\d+))?d(\d+)(?:k(\d+))
 def _forced(path: str):
     """``TILEGEMM_MOE_VARIANT`` set to ``path`` for the block (``blocks:...``: the block kernels with those tiles;
     ``sorted:u<BN>[k<BK>][w<W>]d<BN>[k<BK>][w<W>]``: the sorted path's 128-row gate/up and down tiles)."""
-    from tilegemm.ops.cutile import heuristics
+    from tilegemm.heuristics import cutile as heuristics
 
-    saved = heuristics.moe_blocks_config, heuristics.MOE_BLOCKS_MIN_BT
+    saved = heuristics.moe.moe_blocks_config, heuristics.moe.MOE_BLOCKS_MIN_BT
     saved_sorted = dict(heuristics.MOE_UP_CONFIGS), dict(heuristics.MOE_DOWN_CONFIGS)
     tiles = _BLOCKS_TILES.fullmatch(path)
     sorted_tiles = _SORTED_TILES.fullmatch(path)
     if tiles:
         bw, bk, bt = tiles.groups()
-        heuristics.moe_blocks_config = functools.partial(saved[0], bw=int(bw), bk=int(bk))
-        heuristics.MOE_BLOCKS_MIN_BT = int(bt or saved[1])
+        heuristics.moe.moe_blocks_config = functools.partial(saved[0], bw=int(bw), bk=int(bk))
+        heuristics.moe.MOE_BLOCKS_MIN_BT = int(bt or saved[1])
     if sorted_tiles:
         up_bn, up_bk, up_w, down_bn, down_bk, down_w = sorted_tiles.groups()
         heuristics.MOE_UP_CONFIGS[128] = _sorted_tile(up_bn, up_bk, up_w)
@@ -65,14 +65,14 @@ def _forced(path: str):
         yield
     finally:
         del os.environ[heuristics.MOE_VARIANT_ENV]
-        heuristics.moe_blocks_config, heuristics.MOE_BLOCKS_MIN_BT = saved
+        heuristics.moe.moe_blocks_config, heuristics.moe.MOE_BLOCKS_MIN_BT = saved
         heuristics.MOE_UP_CONFIGS.update(saved_sorted[0])
         heuristics.MOE_DOWN_CONFIGS.update(saved_sorted[1])
 
 
 def _sorted_tile(bn: str, bk: str | None, warps: str | None):
     """A 128-row sorted-path tile from a ``sorted:`` spec's fields (K step 64 and 8 warps unless given)."""
-    from tilegemm.ops.cutile import heuristics
+    from tilegemm.heuristics import cutile as heuristics
 
     w = 8 if warps is None else int(warps)
     return heuristics.TileConfig(128, int(bn), int(bk or 64), num_worker_warps=w or None)

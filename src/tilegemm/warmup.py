@@ -26,9 +26,9 @@ def size_classes(tokens: int, moe_shape: tuple[int, int, int, int], sms: int) ->
     ``(top_k, num_experts, H, I)``: dense BF16 and FP8 GEMMs of ``tokens`` rows (the cutile and gluon choices), the
     fused BF16 and FP8 experts and the unfused path's grouped GEMM of ``tokens * top_k`` rows. Two token counts with
     equal tuples run the same kernels."""
+    from tilegemm.heuristics import cutile as heuristics
     from tilegemm.heuristics import gluon
-    from tilegemm.ops.cutile import heuristics
-    from tilegemm.ops.cutile.heuristics import Kind, Problem
+    from tilegemm.heuristics.cutile import Kind, Problem
 
     top_k, experts, hidden, inter = moe_shape
     slots = tokens * top_k
@@ -37,7 +37,7 @@ def size_classes(tokens: int, moe_shape: tuple[int, int, int, int], sms: int) ->
         heuristics.choose(Problem("dense", "fp8", tokens, hidden, hidden, sms)),
         gluon.dense_fp8_config(tokens, hidden, hidden, sms),
         heuristics.choose(Problem("moe", "bf16", slots, hidden, inter, sms, groups=experts)),
-        heuristics.moe_fp8_config(slots, hidden, experts),
+        heuristics.choose(Problem("moe_fp8", "fp8", slots, hidden, inter, sms, groups=experts)),
         heuristics.choose(Problem("grouped", "bf16", slots, 2 * inter, hidden, sms, groups=experts, kind=Kind.PSUM)),
     )
 

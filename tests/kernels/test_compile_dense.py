@@ -16,7 +16,8 @@ import pytest
 ct = pytest.importorskip("cuda.tile")
 
 from kernels.sass import sass_summary  # noqa: E402
-from tilegemm.ops.cutile import aot, decode, gemm, heuristics, launch  # noqa: E402
+from tilegemm.heuristics import cutile as heuristics  # noqa: E402
+from tilegemm.ops.cutile import aot, decode, gemm, launch  # noqa: E402
 
 ARCHS = aot.ARCHS
 _A = aot.array

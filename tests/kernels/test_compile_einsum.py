@@ -16,7 +16,9 @@ import torch
 ct = pytest.importorskip("cuda.tile")
 
 from kernels.sass import compile_all  # noqa: E402
-from tilegemm.ops.cutile import aot, einsum, grouped, heuristics, launch, prenorm  # noqa: E402
+from tilegemm.heuristics import cutile as heuristics  # noqa: E402
+from tilegemm.heuristics.cutile import einsum as einsum_rules  # noqa: E402
+from tilegemm.ops.cutile import aot, einsum, grouped, launch, prenorm  # noqa: E402
 
 ARCHS = aot.ARCHS
 _A = aot.array
@@ -28,7 +30,7 @@ EPILOGUES = [("bf16", "bf16", False, False), ("f32-c-is-d", "f32", True, True), 
 EINSUM_HEADS = [(128, 128, 512), (128, 512, 128), (8, 1024, 4096), (8, 4096, 1024), (64, 7168, 512)]
 
 
-def _bmk(cfg: einsum.EinsumConfig, split: bool, out: str, has_c: bool, c_is_d: bool) -> list:
+def _bmk(cfg: heuristics.TileConfig, split: bool, out: str, has_c: bool, c_is_d: bool) -> list:
     consts = einsum.bmk_constants(cfg, split=split, has_c=has_c, c_is_d=c_is_d)
     d = [_A(OUT[out], 2), _A(OUT[out], 2), _A(ct.float32, 3)]  # D, C, W
     return [_A(ct.bfloat16, 3), _A(ct.bfloat16, 3), *d, _I32, *consts]
@@ -39,7 +41,7 @@ def _reduce(out: str, has_c: bool, c_is_d: bool) -> list:
     return [_A(ct.float32, 3), _A(OUT[out], 2), _A(OUT[out], 2), _I32, *consts]
 
 
-def _heads(cfg: einsum.EinsumConfig, out: str, has_c: bool, c_is_d: bool) -> list:
+def _heads(cfg: heuristics.TileConfig, out: str, has_c: bool, c_is_d: bool) -> list:
     consts = einsum.heads_constants(cfg, has_c=has_c, c_is_d=c_is_d)
     return [_A(ct.bfloat16, 3), _A(ct.bfloat16, 3), _A(OUT[out], 3), _A(OUT[out], 3), *consts]
 
@@ -63,18 +65,18 @@ def _masked(fp8: bool, cfg: heuristics.TileConfig) -> list:
 def _variants():
     """(id, kernel, params, mma kind or None) for every kernel variant the einsum and pre-norm ops launch."""
     out = []
-    split_cfg = einsum.bmk_config(False)
+    split_cfg = einsum_rules.bmk_config(False)
     for dt in OUT:
         kernel = einsum.get_kernel("bmk", split_cfg)
         out.append((f"bmk-split-{dt}", kernel, _bmk(split_cfg, True, dt, False, False), "bf16"))
     for tag, dt, has_c, c_is_d in EPILOGUES:
-        cfg = einsum.bmk_config(has_c)
+        cfg = einsum_rules.bmk_config(has_c)
         kernel = einsum.get_kernel("bmk", cfg)
         out.append((f"bmk-whole-{cfg.name}-{tag}", kernel, _bmk(cfg, False, dt, has_c, c_is_d), "bf16"))
         out.append((f"reduce-{tag}", einsum.get_kernel("reduce"), _reduce(dt, has_c, c_is_d), None))
-    for batch in (einsum.SMALL_BATCH, einsum.SMALL_BATCH + 1):
+    for batch in (einsum_rules.SMALL_BATCH, einsum_rules.SMALL_BATCH + 1):
         for tag, dt, has_c, c_is_d in EPILOGUES:
-            cfg = einsum.heads_config(batch, has_c)
+            cfg = einsum_rules.heads_config(batch, has_c)
             kernel = einsum.get_kernel("heads", cfg)
             out.append((f"heads-{cfg.name}-{tag}", kernel, _heads(cfg, dt, has_c, c_is_d), "bf16"))
     for tn in prenorm.TILE_NS:
@@ -125,14 +127,21 @@ def compiled():
 
 
 def test_configs_are_gated():
-    """The host paths pick configs only from :func:`einsum.bmk_config` / :func:`einsum.heads_config` at the
+    """The host paths pick configs only from :func:`einsum_rules.bmk_config` / :func:`einsum_rules.heads_config` at the
     batch sizes compiled above, and the pre-norm column tiles compiled above."""
-    small, big = einsum.heads_config(einsum.SMALL_BATCH, False), einsum.heads_config(einsum.SMALL_BATCH + 1, False)
+    small, big = (
+        einsum_rules.heads_config(einsum_rules.SMALL_BATCH, False),
+        einsum_rules.heads_config(einsum_rules.SMALL_BATCH + 1, False),
+    )
     for b in (1, 4, 32, 64, 65, 128, 4096, 8192):
         for has_c in (False, True):
-            want = small if b <= einsum.SMALL_BATCH else einsum.heads_config(einsum.SMALL_BATCH + 1, has_c)
-            assert einsum.heads_config(b, has_c) == want
-    assert small.tm == 64 and big.tm == 128
+            want = (
+                small
+                if b <= einsum_rules.SMALL_BATCH
+                else einsum_rules.heads_config(einsum_rules.SMALL_BATCH + 1, has_c)
+            )
+            assert einsum_rules.heads_config(b, has_c) == want
+    assert small.bm == 64 and big.bm == 128
     assert {prenorm.tile_n(n) for n in range(1, 300)} == set(prenorm.TILE_NS)
 
 

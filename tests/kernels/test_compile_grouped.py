@@ -15,7 +15,8 @@ import pytest
 ct = pytest.importorskip("cuda.tile")
 
 from kernels.sass import compile_all  # noqa: E402
-from tilegemm.ops.cutile import aot, grouped, heuristics  # noqa: E402
+from tilegemm.heuristics import cutile as heuristics  # noqa: E402
+from tilegemm.ops.cutile import aot, grouped  # noqa: E402
 
 ARCHS = aot.ARCHS
 _A = aot.array

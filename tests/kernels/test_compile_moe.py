@@ -19,7 +19,8 @@ import pytest
 ct = pytest.importorskip("cuda.tile")
 
 from kernels.sass import compile_all, dump_sass, opcode_counts, sass_summary  # noqa: E402
-from tilegemm.ops.cutile import aot, heuristics, moe, moe_blocks, moe_fp8, moe_slots  # noqa: E402
+from tilegemm.heuristics import cutile as heuristics  # noqa: E402
+from tilegemm.ops.cutile import aot, moe, moe_blocks, moe_fp8, moe_slots  # noqa: E402
 
 ARCHS = aot.ARCHS
 _A = aot.array
@@ -177,7 +178,8 @@ def test_heuristics_only_pick_gated_configs():
     for t, k, e in ((1, 8, 128), (64, 8, 256), (4096, 8, 128), (16384, 2, 8), (3, 1, 1)):
         for h in (2048, 7168, 4096, 136):
             cfg = heuristics.choose(heuristics.Problem("moe", "bf16", t * k, h, 1024, 132, groups=e))
-            fp8 = heuristics.moe_fp8_config(t * k, h, e)  # the FP8 op: block form (128x128 weight tiles) or row form
+            fp8_problem = heuristics.Problem("moe_fp8", "fp8", t * k, h, 1024, 132, groups=e)
+            fp8 = heuristics.choose(fp8_problem)  # the FP8 op: block form (128x128 weight tiles) or row form
             if isinstance(fp8, heuristics.MoEBlocksConfig):
                 assert (fp8.bw, fp8.bk) == (128, 128) and f"fp8-down-t{fp8.bt}" in {v[0] for v in FP8_VARIANTS}, fp8
             else:

@@ -13,7 +13,8 @@ import pytest
 ct = pytest.importorskip("cuda.tile")
 
 from kernels.sass import compile_all, launch_resources, sass_summary  # noqa: E402
-from tilegemm.ops.cutile import aot, heuristics, norm  # noqa: E402
+from tilegemm.heuristics import cutile as heuristics  # noqa: E402
+from tilegemm.ops.cutile import aot, norm  # noqa: E402
 
 ARCHS = aot.ARCHS
 _F32 = aot.scalar(ct.float32)

@@ -10,9 +10,10 @@ import torch
 ct = pytest.importorskip("cuda.tile")
 
 from tilegemm.backend.registry import Unsupported  # noqa: E402
+from tilegemm.heuristics import cutile as heuristics  # noqa: E402
 from tilegemm.heuristics import report  # noqa: E402
-from tilegemm.ops.cutile import heuristics, launch  # noqa: E402
-from tilegemm.ops.cutile.heuristics import Kind, Problem  # noqa: E402
+from tilegemm.heuristics.cutile import Kind, Problem  # noqa: E402
+from tilegemm.ops.cutile import launch  # noqa: E402
 
 
 def test_choose_routes_each_family():
@@ -96,8 +97,29 @@ def test_narrow_config_rule():
 
 def test_narrow_config_yields_to_a_forced_swap_variant(monkeypatch):
     monkeypatch.setenv(heuristics.DECODE_VARIANT_ENV, "w64k128")
-    p = Problem("dense", "fp8", 64, 4096, 7168, 132)
+    p = heuristics.problem("dense", "fp8", 64, 4096, 7168, 132)  # the variant read once, into the problem
+    assert p.variant == "w64k128"
     assert heuristics.narrow_config(p) is None and heuristics.choose(p) == heuristics.DECODE_W64_K128
+    monkeypatch.setenv(heuristics.DECODE_VARIANT_ENV, "w64k999")
+    with pytest.raises(ValueError, match="TILEGEMM_DECODE_VARIANT"):
+        heuristics.choose(heuristics.problem("dense", "fp8", 8, 4096, 7168, 132))
+    monkeypatch.delenv(heuristics.DECODE_VARIANT_ENV)
+    assert heuristics.choose(p) == heuristics.DECODE_W64_K128  # a problem keeps the variant it was made with
+
+
+def test_every_config_names_its_path():
+    """Host code dispatches on ``cfg.path``, never on a config's type: each family's configs name theirs."""
+    paths = {
+        "narrow": heuristics.narrow_config(Problem("dense", "fp8", 256, 7168, 2048, 132)),
+        "decode": heuristics.choose(Problem("dense", "bf16", 16, 4096, 7168, 132)),
+        "tile": heuristics.choose(Problem("dense", "fp8", 4096, 4096, 7168, 132)),
+        "slots": heuristics.choose(Problem("moe", "bf16", 8, 7168, 2048, 132, groups=256)),
+        "blocks": heuristics.choose(Problem("moe", "bf16", 128, 7168, 2048, 132, groups=256)),
+        "sorted": heuristics.choose(Problem("moe", "bf16", 65536, 7168, 2048, 132, groups=256)),
+    }
+    assert {path: cfg.path for path, cfg in paths.items()} == {path: path for path in paths}
+    for rules in (heuristics.dense.TILE_RULES, heuristics.grouped.RULES):
+        assert rules[-1].applies(Problem("dense", "bf16", 1, 1, 1, 1)) and all(rule.why for rule in rules)
 
 
 def test_decode_activation_tile():

@@ -249,7 +249,7 @@ CONFIG_SHAPES = [(333, 777, 4100), (64, 2112, 7168), (4096, 576, 7168)]
 
 
 def _all_configs():
-    from tilegemm.ops.cutile import heuristics
+    from tilegemm.heuristics import cutile as heuristics
 
     return list(heuristics.all_dense_configs())
 
@@ -265,7 +265,8 @@ SPLIT_SHAPES = [(512, 512, 7168), (384, 1536, 7168), (777, 1000, 4200)]
 def test_split_k_tile_kernel(shape, dtype, with_c):
     """Split-K on the tile kernel (partials in a workspace, summed in split order by the reduce kernel, which applies
     alpha, beta * c): float64 agreement, every element written, bitwise reruns."""
-    from tilegemm.ops.cutile import heuristics, launch
+    from tilegemm.heuristics import cutile as heuristics
+    from tilegemm.ops.cutile import launch
 
     m, n, k = shape
     problem = heuristics.Problem("dense", dtype, m, n, k, launch.num_sms())
@@ -337,7 +338,7 @@ DECODE_SHAPES = [
 
 
 def _decode_configs():
-    from tilegemm.ops.cutile import heuristics
+    from tilegemm.heuristics import cutile as heuristics
 
     return list(heuristics.DECODE_CONFIGS)
 
@@ -388,7 +389,7 @@ NARROW_SHAPES = [
 
 
 def _narrow_configs(dtype):
-    from tilegemm.ops.cutile import heuristics
+    from tilegemm.heuristics import cutile as heuristics
 
     return list(heuristics.NARROW_CONFIGS[dtype])
 
@@ -429,7 +430,8 @@ def test_narrow_fp8(cfg, recipe, shape):
 def test_narrow_rejects_c():
     """A forced narrow config with a ``c`` (no epilogue for it) is refused, not silently wrong."""
     from tilegemm.backend.registry import Unsupported
-    from tilegemm.ops.cutile import gemm, heuristics
+    from tilegemm.heuristics import cutile as heuristics
+    from tilegemm.ops.cutile import gemm
 
     _, _, a, b = _bf16_case("nt", 64, 256, 256, seed=30)
     d = torch.zeros(64, 256, device="cuda", dtype=torch.float32)
@@ -447,7 +449,8 @@ def test_decode_fp8_default_plans(shape, kind):
     long-K split of 16-row tiles: float64 agreement and bitwise reruns (``compute-sanitizer memcheck`` reads these
     split plans wrong but reports no error; natively, under racecheck and synccheck they are right:
     benchmarks/results/sanitize/README.md)."""
-    from tilegemm.ops.cutile import heuristics, launch
+    from tilegemm.heuristics import cutile as heuristics
+    from tilegemm.ops.cutile import launch
 
     m, n, k = shape
     plan = heuristics.decode_plan(

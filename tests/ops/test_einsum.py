@@ -233,6 +233,8 @@ def test_prenorm_rounds_b_to_tf32_ties_away(backend, device, strict):
 # ----------------------------------------------------------------------- cutile host paths on the CPU
 
 cutile_einsum = pytest.importorskip("tilegemm.ops.cutile.einsum")
+from tilegemm.heuristics.cutile import einsum as einsum_rules  # noqa: E402
+
 cutile_fp8_einsum = pytest.importorskip("tilegemm.ops.cutile.fp8_einsum")
 cutile_prenorm = pytest.importorskip("tilegemm.ops.cutile.prenorm")
 
@@ -371,13 +373,13 @@ def test_cutile_empty_sums_launch_nothing():
 @pytest.mark.parametrize("tiles,steps,slots", [(3, 8192, 132), (9, 24, 132), (1, 3, 132), (66, 500, 132),
                                                (200, 100, 132), (4, 6, 132), (1, 10**6, 1024)])  # fmt: skip
 def test_split_steps_cover_every_step_once(tiles, steps, slots):
-    splits, per = cutile_einsum.split_steps(tiles, steps, slots)
+    splits, per = einsum_rules.split_steps(tiles, steps, slots)
     ranges = [range(sp * per, min(steps, (sp + 1) * per)) for sp in range(splits)]
     assert sorted(j for r in ranges for j in r) == list(range(steps))
-    assert all(len(r) > 0 for r in ranges) and splits <= cutile_einsum.MAX_SPLITS
+    assert all(len(r) > 0 for r in ranges) and splits <= einsum_rules.MAX_SPLITS
     if splits > 1:
-        assert tiles * splits <= slots and per >= cutile_einsum.MIN_SPLIT_STEPS
-        assert tiles < cutile_einsum.SPLIT_BELOW * slots
+        assert tiles * splits <= slots and per >= einsum_rules.MIN_SPLIT_STEPS
+        assert tiles < einsum_rules.SPLIT_BELOW * slots
 
 
 @pytest.mark.parametrize("blocks,splits", [(120, 16), (448, 16), (112, 16), (3, 16), (0, 4), (7, 1)])
@@ -390,10 +392,10 @@ def test_prenorm_split_blocks_cover_k(blocks, splits):
 
 def test_tile_choices():
     assert [cutile_prenorm.tile_n(n) for n in (1, 8, 16, 17, 24, 32, 33, 100)] == [16, 16, 16, 32, 32, 32, 32, 32]
-    assert cutile_einsum.heads_config(64, False).tm == 64 and cutile_einsum.heads_config(65, False).tm == 128
-    assert cutile_einsum.heads_config(65, True).num_worker_warps == 8
-    assert cutile_einsum.bmk_config(True).num_worker_warps == 8
-    assert cutile_einsum.bmk_config(False).num_worker_warps is None
+    assert einsum_rules.heads_config(64, False).bm == 64 and einsum_rules.heads_config(65, False).bm == 128
+    assert einsum_rules.heads_config(65, True).num_worker_warps == 8
+    assert einsum_rules.bmk_config(True).num_worker_warps == 8
+    assert einsum_rules.bmk_config(False).num_worker_warps is None
     assert cutile_einsum.masked_hint(4096, torch.bfloat16) == 4096
     assert cutile_einsum.masked_hint(4096, torch.float32) == cutile_einsum.FP32_OUT_MAX_HINT
     assert cutile_einsum.masked_hint(5, torch.float32) == 5

@@ -16,7 +16,7 @@ import torch
 
 import tilegemm
 from tilegemm.bench.moe import FP8_BAR
-from tilegemm.ops.cutile import heuristics
+from tilegemm.heuristics import cutile as heuristics
 from tilegemm.testing import (
     MOE_ACTIVATIONS,
     backend_device_params,
@@ -181,13 +181,16 @@ def test_cutile_graph_capture_replays_new_routing(strict):
 def test_form_choice(monkeypatch, t, k, e, form):
     """The row form from 16 routed rows per touched expert on average (the H100 crossover), the block form below;
     ``TILEGEMM_MOE_VARIANT`` forces either."""
+
+    def pick():  # as the host path asks: the variant read once, into the problem
+        return heuristics.choose(heuristics.problem("moe_fp8", "fp8", t * k, 2048, 1024, 132, groups=e))
+
     monkeypatch.delenv(heuristics.MOE_VARIANT_ENV, raising=False)
-    cfg = heuristics.moe_fp8_config(t * k, 2048, e)
-    assert isinstance(cfg, heuristics.MoEBlocksConfig if form == "blocks" else heuristics.MoEConfig), cfg
+    assert pick().path == ("blocks" if form == "blocks" else "sorted"), pick()
     monkeypatch.setenv(heuristics.MOE_VARIANT_ENV, "sorted")
-    assert isinstance(heuristics.moe_fp8_config(t * k, 2048, e), heuristics.MoEConfig)
+    assert isinstance(pick(), heuristics.MoEConfig) and pick().path == "sorted"
     monkeypatch.setenv(heuristics.MOE_VARIANT_ENV, "blocks")
-    assert isinstance(heuristics.moe_fp8_config(t * k, 2048, e), heuristics.MoEBlocksConfig)
+    assert isinstance(pick(), heuristics.MoEBlocksConfig) and pick().path == "blocks"
 
 
 @pytest.mark.gpu

@@ -351,3 +351,20 @@ def test_paged_calls_replay_what_the_full_path_launched(recorded_launches, monke
     arrays = [(x.shape, x.stride(), x.dtype) for x in full[:8]]
     assert arrays == [(x.shape, x.stride(), x.dtype) for x in replayed[:8]]
     assert full[8:] == replayed[8:]  # the same constants
+
+
+def test_a_forced_decode_variant_takes_a_new_plan(recorded_launches, monkeypatch):
+    """``TILEGEMM_DECODE_VARIANT`` is part of the plan key and of the hot-lane key: setting it between two calls of
+    one shape builds the forced variant's plan instead of replaying the first."""
+    from tilegemm.ops.cutile import launch
+
+    monkeypatch.delenv("TILEGEMM_DECODE_VARIANT", raising=False)
+    a, b, d = _operands(m=16, n=64, k=256)
+    tilegemm.bf16_gemm_nt(a, b, d, backend="cutile")
+    tilegemm.bf16_gemm_nt(a, b, d, backend="cutile")
+    plans = dict(launch._PLANS)
+    monkeypatch.setenv("TILEGEMM_DECODE_VARIANT", "w64k128")
+    tilegemm.bf16_gemm_nt(a, b, d, backend="cutile")
+    new = [key for key in launch._PLANS if key not in plans]
+    assert len(new) == 1 and "w64k128" in new[0]
+    assert len(recorded_launches) == 3

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import tilegemm as tg
 from tilegemm.autograd import rms_norm as rms_norm_fn
 from tilegemm.bench.norm import stock_rms_norm as stock_module
-from tilegemm.ops.cutile.heuristics import NORM_MAX_COLS
+from tilegemm.heuristics.cutile import NORM_MAX_COLS
 from tilegemm.testing import backend_device_params, calc_diff
 from tilegemm.testing import rms_norm_float64 as reference
 

@@ -22,7 +22,7 @@ import torch
 
 import tilegemm as tg
 from tilegemm import indexer
-from tilegemm.ops.cutile.heuristics import MOE_VARIANT_ENV
+from tilegemm.heuristics.cutile import MOE_VARIANT_ENV
 from tilegemm.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
 from tilegemm.testing import calc_diff
 

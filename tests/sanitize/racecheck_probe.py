@@ -68,7 +68,8 @@ import torch
 from cuda.tile import compilation as cc
 
 import tilegemm as tg
-from tilegemm.ops.cutile import aot, gemm, heuristics
+from tilegemm.heuristics import cutile as heuristics
+from tilegemm.ops.cutile import aot, gemm
 from tilegemm.testing import calc_diff, dequantize
 
 ConstInt = ct.Constant[int]

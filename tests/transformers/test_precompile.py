@@ -8,9 +8,9 @@ import torch
 from hf_models import build, prompt
 
 import tilegemm
+from tilegemm.heuristics import cutile as heuristics
 from tilegemm.heuristics import gluon
-from tilegemm.ops.cutile import heuristics
-from tilegemm.ops.cutile.heuristics import Kind, Problem
+from tilegemm.heuristics.cutile import Kind, Problem
 from tilegemm.transformers import apply_tilegemm_to_model
 from tilegemm.warmup import token_buckets
 
@@ -30,7 +30,7 @@ def _configs(tokens: int, top_k: int, experts: int, hidden: int, inter: int) -> 
         *(heuristics.choose(Problem("dense", dt, tokens, n, k, SMS)) for n, k in dense for dt in ("bf16", "fp8")),
         *(gluon.dense_fp8_config(tokens, n, k, SMS) for n, k in dense),
         heuristics.choose(Problem("moe", "bf16", slots, hidden, inter, SMS, groups=experts)),
-        heuristics.moe_fp8_config(slots, hidden, experts),
+        heuristics.choose(Problem("moe_fp8", "fp8", slots, hidden, inter, SMS, groups=experts)),
         *(heuristics.choose(Problem("grouped", "bf16", slots, n, k, SMS, groups=experts, kind=Kind.PSUM))
           for n, k in grouped),
     )  # fmt: skip

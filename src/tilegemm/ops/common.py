@@ -143,37 +143,3 @@ def compress_logits(full: torch.Tensor, starts: torch.Tensor, width: int) -> tor
         return full.new_full((s, width), float("-inf"))
     picked = full.gather(1, cols.clamp(max=s_kv - 1))
     return picked.masked_fill_(cols >= s_kv, float("-inf"))
-
-
-#: Routed slots per expert, and routed slots in all, up to which an MoE call is decode-sized
-#: (:func:`moe_decode_sized`): the per-slot path; above, the block path (``ops/cutile/moe_blocks.py``). H100,
-#: 2026-11-23, kernel-only, bf16 (``benchmarks/results/moe/paths_h100.md``): per-slot vs block path, Qwen3
-#: 8 tokens (64 slots, 0.5 per expert) 184 vs 194 us, 16 tokens (128 slots) 305 vs 295; DeepSeek-V3 8 tokens
-#: 1683 vs 1706, 16 tokens 3315 vs 3173; Mixtral 4 tokens (1 per expert) 495 vs 500, 8 tokens (2 per expert)
-#: 998 vs 964. The per-slot path reads an expert's weights once per slot routed to it (L2 catches only a few).
-MOE_DECODE_SLOTS_PER_EXPERT = 1
-MOE_DECODE_MAX_SLOTS = 64
-
-
-def moe_decode_sized(tokens: int, top_k: int, experts: int) -> bool:
-    """True when the ``tokens * top_k`` routed slots are at most :data:`MOE_DECODE_SLOTS_PER_EXPERT` per expert
-    and :data:`MOE_DECODE_MAX_SLOTS` in all: reading each slot's expert weights directly (an expert shared by
-    several slots is read again) costs less than sorting the slots by expert (two routing launches and a gather)."""
-    slots = tokens * top_k
-    return slots <= MOE_DECODE_SLOTS_PER_EXPERT * experts and slots <= MOE_DECODE_MAX_SLOTS
-
-
-#: Mean routed rows per expert up to which the fused experts op takes a call that is not decode-sized with its
-#: block path (``ops/cutile/moe_blocks.py``); above it the sorted path (``ops/cutile/moe.py``). H100, 2026-11-24,
-#: kernel-only, bf16, after the sorted gate/up became one 64 x 2BN MMA chain (``benchmarks/results/moe/
-#: paths_h100.md``, "One MMA chain for gate and up"), blocks vs sorted: at 16 rows per expert Qwen3 509 vs 521 us,
-#: DeepSeek-V3 8877 vs 9132 and Mixtral 998 vs 1064; at 32 Qwen3 598 vs 532, DeepSeek-V3 10335 vs 9178 and Mixtral
-#: 1013 vs 1060; at 64 Qwen3 706 vs 588 and Mixtral 1070 vs 1075.
-MOE_BLOCKS_MAX_ROWS = 16
-
-
-def moe_blocks_sized(tokens: int, top_k: int, experts: int) -> bool:
-    """True when the fused experts op takes the per-slot or the block path for ``tokens * top_k`` routed slots
-    over ``experts``: at most :data:`MOE_BLOCKS_MAX_ROWS` rows per expert on average (every decode-sized call,
-    :func:`moe_decode_sized`, is within that)."""
-    return tokens * top_k <= MOE_BLOCKS_MAX_ROWS * experts

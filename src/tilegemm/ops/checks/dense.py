@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from tilegemm import config
+from tilegemm.env import DECODE_VARIANT
 from tilegemm.ops.checks import hot
 from tilegemm.ops.checks.base import (
     BLOCK,
@@ -124,9 +126,9 @@ def cublaslt_gemm_check(layout: str) -> Callable[..., dict[str, Any]]:
     return check
 
 
-def _num_sms() -> int:
-    """The ``set_num_sms`` setting (the plans read it)."""
-    return config._num_sms
+def _settings() -> tuple[int, str | None]:
+    """The global settings the dense plans read: ``set_num_sms`` and ``$TILEGEMM_DECODE_VARIANT``."""
+    return config._num_sms, os.environ.get(DECODE_VARIANT)
 
 
 def dense_gemm_signature(layout: str, fp8: bool) -> hot.HotLane:
@@ -134,10 +136,10 @@ def dense_gemm_signature(layout: str, fp8: bool) -> hot.HotLane:
     ``a``/``b`` in the logical ``nt`` form :func:`dense_gemm_check` derives.
 
     The key holds the shape, strides, dtype and device of every tensor, ``alpha``, ``beta``, the recipe
-    arguments, ``compiled_dims`` and the ``set_num_sms`` setting. Calls with a ``stream``, non-float
-    ``alpha``/``beta``, an output that requires grad, a tensor not 16-byte aligned, or operands of other than
-    the canonical dtypes (the fp16/fp32 operands that ``allow_float_operands`` admits depend on a thread-local
-    setting, not on the call) take the full path.
+    arguments, ``compiled_dims``, the ``set_num_sms`` setting and ``$TILEGEMM_DECODE_VARIANT``. Calls with a
+    ``stream``, non-float ``alpha``/``beta``, an output that requires grad, a tensor not 16-byte aligned, or
+    operands of other than the canonical dtypes (the fp16/fp32 operands that ``allow_float_operands`` admits
+    depend on a thread-local setting, not on the call) take the full path.
     """
     flip_a, flip_b = LAYOUTS[layout]
     operand = hot.pair(FP8, torch.float32) if fp8 else hot.tensor(torch.bfloat16)
@@ -157,7 +159,7 @@ def dense_gemm_signature(layout: str, fp8: bool) -> hot.HotLane:
         stream=hot.none,
     )
     operands = dict(a=flip if flip_a else None, b=flip if flip_b else None, d=None, c=None, alpha=None, beta=None)
-    return hot.HotLane(kinds, operands, setting=_num_sms)
+    return hot.HotLane(kinds, operands, setting=_settings)
 
 
 def skip_head_mid_check(

@@ -35,8 +35,8 @@ pipeline; at M >= 128 the 128-row weight tiles halve the activation re-reads, an
 that fit one wave run one CTA per SM too, for a deeper load pipeline (~9 stages). A tile's K walk may start at a
 rotated block and wraps with a compare (:func:`_wrap`), never a ``%``. (H100 sweeps: ``docs/decode.md``.)
 
-Config choice: :func:`tilegemm.ops.cutile.heuristics.decode_plan` (swap-AB) and
-:func:`tilegemm.ops.cutile.heuristics.narrow_config` (narrow); host path: ``gemm.py``.
+Config choice: :func:`tilegemm.heuristics.cutile.decode_plan` (swap-AB) and
+:func:`tilegemm.heuristics.cutile.narrow_config` (narrow); host path: ``gemm.py``.
 """
 
 from __future__ import annotations
@@ -46,8 +46,9 @@ from typing import Any
 
 import cuda.tile as ct
 
+from tilegemm.heuristics import cutile as heuristics
 from tilegemm.ops.common import cdiv
-from tilegemm.ops.cutile import heuristics, tile_io
+from tilegemm.ops.cutile import tile_io
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]

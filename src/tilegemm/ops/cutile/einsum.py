@@ -20,100 +20,27 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import cuda.tile as ct
 import torch
 
 from tilegemm.backend.registry import Unsupported, get_impl, register_impl
-from tilegemm.ops.cutile import heuristics, launch
+from tilegemm.heuristics.cutile.einsum import (
+    BMK_CONFIG,
+    REDUCE_TILE,
+    bmk_config,
+    heads_config,
+    split_steps,
+)
+from tilegemm.heuristics.cutile.problem import TileConfig
+from tilegemm.heuristics.report import print_once
+from tilegemm.ops.cutile import launch
 from tilegemm.ops.cutile.gemm import _tile_coords
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 _ZERO = ct.PaddingMode.ZERO
-
-# ---------------------------------------------------------------------------------------- configs
-
-
-@dataclass(frozen=True)
-class EinsumConfig:
-    """Tile config of an einsum kernel: ``tm x tn`` output tile, ``tk`` K step, ``gm`` row tiles per swizzle
-    band, and the cuTile compiler hints (``None``: the compiler's choice)."""
-
-    tm: int
-    tn: int
-    tk: int
-    gm: int = 8
-    num_worker_warps: int | None = None
-    occupancy: int | None = None
-
-    @property
-    def ctas_per_sm(self) -> int:
-        return self.occupancy or 1
-
-    @property
-    def name(self) -> str:
-        parts = [f"{self.tm}x{self.tn}x{self.tk}", f"g{self.gm}"]
-        if self.num_worker_warps:
-            parts.append(f"w{self.num_worker_warps}")
-        if self.occupancy:
-            parts.append(f"o{self.occupancy}")
-        return "_".join(parts)
-
-    def compiler_options(self) -> dict[str, int]:
-        """Keyword arguments for ``ct.kernel`` (only the hints that are set)."""
-        opts = {"num_worker_warps": self.num_worker_warps, "occupancy": self.occupancy}
-        return {k: v for k, v in opts.items() if v is not None}
-
-
-#: ``bmk,bnk->mn``: the dense BF16 tile (docs/kernels.md); with a ``c`` read in the kernel's epilogue, two
-#: warpgroups (a 128x128 fp32 ``c`` tile beside the accumulator spills with one on sm_90 or sm_100).
-BMK_CONFIG = EinsumConfig(128, 128, 64)
-BMK_C_CONFIG = EinsumConfig(128, 128, 64, num_worker_warps=8)
-#: ``bhd,hdr->bhr``: 128-row tiles (two warpgroups with a ``c``, as above), or 64 rows for a batch of at most
-#: :data:`SMALL_BATCH`.
-HEADS_CONFIG = EinsumConfig(128, 128, 64)
-HEADS_C_CONFIG = EinsumConfig(128, 128, 64, num_worker_warps=8)
-HEADS_SMALL_CONFIG = EinsumConfig(64, 128, 64)
-SMALL_BATCH = 64
-#: The split-K reduce kernel's tile: rows x columns of fp32 per CTA (64 x 128 spills with a C tile).
-REDUCE_TILE = (32, 128)
-#: At most this many splits; each gets at least :data:`MIN_SPLIT_STEPS` K steps.
-MAX_SPLITS = 64
-MIN_SPLIT_STEPS = 4
-#: Split only outputs whose tiles fill less than this share of the CTA slots.
-SPLIT_BELOW = 0.5
-
-
-def bmk_config(has_c: bool) -> EinsumConfig:
-    """The ``bmk,bnk->mn`` config; ``has_c``: the kernel itself adds ``c`` (whole tiles, no split)."""
-    return BMK_C_CONFIG if has_c else BMK_CONFIG
-
-
-def heads_config(batch: int, has_c: bool) -> EinsumConfig:
-    """The ``bhd,hdr->bhr`` config for ``batch`` rows per head, with or without a ``c``."""
-    if batch <= SMALL_BATCH:
-        return HEADS_SMALL_CONFIG
-    return HEADS_C_CONFIG if has_c else HEADS_CONFIG
-
-
-def split_steps(tiles: int, steps: int, slots: int) -> tuple[int, int]:
-    """``(splits, per)``: how ``steps`` K steps of each of ``tiles`` output tiles are cut for ``slots`` CTA slots.
-
-    No split (``(1, steps)``) when the tiles fill at least :data:`SPLIT_BELOW` of the slots; otherwise enough
-    splits to fill them, each of at least :data:`MIN_SPLIT_STEPS` steps, at most :data:`MAX_SPLITS`. ``per`` is
-    the steps of each split (the last may have fewer), and no split is empty.
-    """
-    if tiles <= 0 or steps <= 0 or tiles >= SPLIT_BELOW * slots:
-        return 1, max(steps, 0)
-    splits = min(slots // tiles, steps // MIN_SPLIT_STEPS, MAX_SPLITS)
-    if splits < 2:
-        return 1, steps
-    per = launch.cdiv(steps, splits)
-    return launch.cdiv(steps, per), per
-
 
 # ---------------------------------------------------------------------------------------- kernels
 
@@ -213,15 +140,15 @@ def _heads_gemm_body(
 
 
 @functools.cache
-def get_kernel(name: str, cfg: EinsumConfig | None = None) -> Any:
+def get_kernel(name: str, cfg: TileConfig | None = None) -> Any:
     """The ``@ct.kernel`` of ``name`` (``"bmk"``, ``"heads"``, ``"reduce"``) with ``cfg``'s compiler hints."""
     body = {"bmk": _bmn_bnk_mn_gemm_impl, "heads": _heads_gemm_body, "reduce": _reduce_body}[name]
     return ct.kernel(body, **(cfg.compiler_options() if cfg is not None else {}))
 
 
-def bmk_constants(cfg: EinsumConfig, *, split: bool, has_c: bool, c_is_d: bool) -> list[Any]:
+def bmk_constants(cfg: TileConfig, *, split: bool, has_c: bool, c_is_d: bool) -> list[Any]:
     """The ``ct.Constant`` arguments of the ``bmk`` kernel, in parameter order."""
-    return [cfg.tm, cfg.tn, cfg.tk, cfg.gm, split, has_c, c_is_d]
+    return [cfg.bm, cfg.bn, cfg.bk, cfg.gm, split, has_c, c_is_d]
 
 
 def reduce_constants(*, has_c: bool, c_is_d: bool) -> list[Any]:
@@ -229,9 +156,9 @@ def reduce_constants(*, has_c: bool, c_is_d: bool) -> list[Any]:
     return [*REDUCE_TILE, has_c, c_is_d]
 
 
-def heads_constants(cfg: EinsumConfig, *, has_c: bool, c_is_d: bool) -> list[Any]:
+def heads_constants(cfg: TileConfig, *, has_c: bool, c_is_d: bool) -> list[Any]:
     """The ``ct.Constant`` arguments of the ``heads`` kernel, in parameter order."""
-    return [cfg.tm, cfg.tn, cfg.tk, cfg.gm, has_c, c_is_d]
+    return [cfg.bm, cfg.bn, cfg.bk, cfg.gm, has_c, c_is_d]
 
 
 # ------------------------------------------------------------------------------- host helpers
@@ -346,13 +273,13 @@ def bmk_bnk_mn(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tenso
     a, b = aligned(a), aligned(b)
     c_arg, has_c, c_is_d = addend(d, c)
     sms = launch.num_sms()
-    tiles = launch.cdiv(m, BMK_CONFIG.tm) * launch.cdiv(n, BMK_CONFIG.tn)
-    steps = s_dim * launch.cdiv(k, BMK_CONFIG.tk)
+    tiles = launch.cdiv(m, BMK_CONFIG.bm) * launch.cdiv(n, BMK_CONFIG.bn)
+    steps = s_dim * launch.cdiv(k, BMK_CONFIG.bk)
     splits, per = split_steps(tiles, steps, sms * BMK_CONFIG.ctas_per_sm)
     split = splits > 1
     cfg = bmk_config(has_c and not split)  # a split call adds c in the reduce kernel
     grid = launch.persistent_grid(tiles * splits, cfg.ctas_per_sm, sms)
-    heuristics.print_once("einsum bmk,bnk->mn", (s_dim, m, n, k), f"{cfg.name} grid={grid} split={splits}")
+    print_once("einsum bmk,bnk->mn", (s_dim, m, n, k), f"{cfg.name} grid={grid} split={splits}")
     work = _workspace(d, splits if split else 0)
     consts = bmk_constants(cfg, split=split, has_c=has_c and not split, c_is_d=c_is_d and not split)
     launch.launch(get_kernel("bmk", cfg), grid, (a, b, d, c_arg, work, per, *consts))
@@ -377,9 +304,9 @@ def bhd_hdr_bhr(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tens
     c_arg, has_c, c_is_d = addend(d, c)
     cfg = heads_config(batch, has_c)
     sms = launch.num_sms()
-    tiles = heads * launch.cdiv(batch, cfg.tm) * launch.cdiv(n, cfg.tn)
+    tiles = heads * launch.cdiv(batch, cfg.bm) * launch.cdiv(n, cfg.bn)
     grid = launch.persistent_grid(tiles, cfg.ctas_per_sm, sms)
-    heuristics.print_once("einsum bhd,hdr->bhr", (batch, heads, k, n), f"{cfg.name} grid={grid} split=1")
+    print_once("einsum bhd,hdr->bhr", (batch, heads, k, n), f"{cfg.name} grid={grid} split=1")
     consts = heads_constants(cfg, has_c=has_c, c_is_d=c_is_d)
     launch.launch(get_kernel("heads", cfg), grid, (a, b, d, c_arg, *consts))
     return d

@@ -16,7 +16,7 @@ grouped (swizzled) order, ``GROUP_M`` row-tiles at a time, so consecutive tiles 
 
 The epilogue computes ``alpha * acc + beta * C`` in fp32 and rounds once to ``D.dtype`` (for FP8
 with a ``c`` it runs in the reduce kernel). Config choice lives in
-:mod:`tilegemm.ops.cutile.heuristics`; host-side launch helpers in :mod:`tilegemm.ops.cutile.launch`.
+:mod:`tilegemm.heuristics.cutile`; host-side launch helpers in :mod:`tilegemm.ops.cutile.launch`.
 Measurements and SASS findings: ``docs/kernels.md``.
 """
 
@@ -30,8 +30,9 @@ import cuda.tile as ct
 import torch
 
 from tilegemm.backend.registry import Unsupported, register_impl, register_replay
+from tilegemm.heuristics import cutile as heuristics
 from tilegemm.ops.common import write_head_splits
-from tilegemm.ops.cutile import decode, heuristics, launch, tile_io
+from tilegemm.ops.cutile import decode, launch, tile_io
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -470,21 +471,22 @@ def bf16_gemm(
 def bf16_plan(layout: str, a, b, d, c, config=None) -> Runner:
     """The cached launch plan of a BF16 call (``c``: ``None`` when it is not read): ``run(a, b, d, c, alpha, beta)``."""
     tk = launch.tensor_key
-    key = ("bf16", layout, tk(a), tk(b), tk(d), None if c is None else tk(c), config, launch.sms_key(d.device))
-    return launch.cached_plan(key, _bf16_plan, layout, a, b, d, c, config)
+    variant = heuristics.variant("dense")
+    key = ("bf16", layout, tk(a), tk(b), tk(d), None if c is None else tk(c), config, variant, launch.sms_key(d.device))
+    return launch.cached_plan(key, _bf16_plan, layout, a, b, d, c, config, variant)
 
 
-def _bf16_plan(layout: str, a, b, d, c, config) -> Runner:
+def _bf16_plan(layout: str, a, b, d, c, config, variant: str | None) -> Runner:
     """Build the launch plan of a BF16 call (see :func:`bf16_gemm`)."""
     m, n, k, trivial = _plan_dims(layout, a, b, d)
     if trivial is not None:
         return trivial
-    op, p, cfg, (fa, a_kmajor), (fb, b_kmajor), c_fn = _prepare("bf16", layout, a, b, d, c, config, m, n, k)
+    op, p, cfg, (fa, a_kmajor), (fb, b_kmajor), c_fn = _prepare("bf16", layout, a, b, d, c, config, variant, m, n, k)
     has_c = c is not None
-    if isinstance(cfg, heuristics.NarrowConfig):
+    if cfg.path == "narrow":
         consts = decode.narrow_constants("bf16", cfg, a_kmajor=a_kmajor, b_kmajor=b_kmajor, sb_rows=False)
         return _narrow_runner(op, p, cfg, consts, lambda a, b: (_apply(fa, a), _apply(fb, b)))
-    if isinstance(cfg, heuristics.DecodeConfig):
+    if cfg.path == "decode":
 
         def dconsts(plan: heuristics.DecodePlan, splitk: bool) -> list[Any]:
             return decode.bf16_constants(plan, a_kmajor=a_kmajor, b_kmajor=b_kmajor, has_c=has_c, splitk=splitk)
@@ -513,16 +515,17 @@ def _plan_dims(layout: str, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor) -
     return m, n, k, trivial
 
 
-def _prepare(dtype: str, layout: str, a, b, d, c, config, m: int, n: int, k: int) -> tuple:
+def _prepare(dtype: str, layout: str, a, b, d, c, config, variant: str | None, m: int, n: int, k: int) -> tuple:
     """What a dense plan starts from: ``(op, problem, config, (fa, a_kmajor), (fb, b_kmajor), c_fn)``.
 
-    The config is ``config`` when forced, else the heuristics' choice; ``fa``/``fb`` and ``c_fn`` as
+    The config is ``config`` when forced, else the heuristics' choice (under ``variant``, what
+    ``$TILEGEMM_DECODE_VARIANT`` forced when the plan's key was taken); ``fa``/``fb`` and ``c_fn`` as
     :func:`_operand_fn` and :func:`_addend_fn` give them (FP8 operands must reach the kernel K-major).
     """
     need_kmajor = dtype == "fp8"
     fa = _operand_fn(a, layout[0] == "t", need_kmajor)
     fb = _operand_fn(b, layout[1] == "n", need_kmajor)
-    p = heuristics.Problem("dense", dtype, m, n, k, launch.num_sms(), has_c=c is not None)
+    p = heuristics.Problem("dense", dtype, m, n, k, launch.num_sms(), has_c=c is not None, variant=variant)
     return f"{dtype}_gemm_{layout}", p, config or heuristics.choose(p), fa, fb, _addend_fn(d, c)
 
 
@@ -560,6 +563,7 @@ def fp8_plan(layout: str, a, b, d, c, recipe, config=None) -> Runner:
     """The cached launch plan of an FP8 call (``c``: ``None`` when it is not read): ``run(a, b, d, c, alpha, beta)``."""
     (a_data, sa), (b_data, sb) = a, b
     tk = launch.tensor_key
+    variant = heuristics.variant("dense")
     key = (
         "fp8",
         layout,
@@ -571,21 +575,22 @@ def fp8_plan(layout: str, a, b, d, c, recipe, config=None) -> Runner:
         None if c is None else tk(c),
         None if recipe is None else tuple(recipe),
         config,
+        variant,
         launch.sms_key(d.device),
     )
-    return launch.cached_plan(key, _fp8_plan, layout, a_data, sa, b_data, sb, d, c, recipe, config)
+    return launch.cached_plan(key, _fp8_plan, layout, a_data, sa, b_data, sb, d, c, recipe, config, variant)
 
 
-def _fp8_plan(layout: str, a_data, sa, b_data, sb, d, c, recipe, config) -> Runner:
+def _fp8_plan(layout: str, a_data, sa, b_data, sb, d, c, recipe, config, variant: str | None) -> Runner:
     """Build the launch plan of an FP8 call (see :func:`fp8_gemm`)."""
     m, n, k, trivial = _plan_dims(layout, a_data, b_data, d)
     if trivial is not None:
         return trivial
     sb_rows = tuple(recipe) == (1, 1, 128)
-    op, p, cfg, (fa, _), (fb, _), c_fn = _prepare("fp8", layout, a_data, b_data, d, c, config, m, n, k)
+    op, p, cfg, (fa, _), (fb, _), c_fn = _prepare("fp8", layout, a_data, b_data, d, c, config, variant, m, n, k)
     has_c = c is not None
     to_f32 = sa.dtype != torch.float32
-    if isinstance(cfg, heuristics.NarrowConfig):
+    if cfg.path == "narrow":
         inside = decode.narrow_scales_inside(cfg, m, n, sb_rows)
         consts = decode.narrow_constants("fp8", cfg, a_kmajor=True, b_kmajor=True, sb_rows=sb_rows, inside=inside)
         if not sb_rows and 128 % cfg.bn != 0:
@@ -595,7 +600,7 @@ def _fp8_plan(layout: str, a_data, sa, b_data, sb, d, c, recipe, config) -> Runn
             return (_apply(fa, a[0]), _apply(fb, b[0]), a[1].to(torch.float32) if to_f32 else a[1], b[1])
 
         return _narrow_runner(op, p, cfg, consts, narrow_operands)
-    if isinstance(cfg, heuristics.DecodeConfig):
+    if cfg.path == "decode":
 
         def dconsts(plan: heuristics.DecodePlan, splitk: bool) -> list[Any]:
             inside = decode.swap_scales_inside(plan, m, n, k, sb_rows)

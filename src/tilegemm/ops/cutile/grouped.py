@@ -9,7 +9,7 @@ while the tile index passes the group's end, so empty groups cost one comparison
 tile count never has to be known on the host (no host sync, CUDA-graph capturable). Within a
 group, tiles are swizzled in bands of ``GM`` row blocks so that neighbours share B in L2.
 
-Layouts (``KIND``, a :class:`~tilegemm.ops.cutile.heuristics.Kind`):
+Layouts (``KIND``, a :class:`~tilegemm.heuristics.cutile.Kind`):
 
 * ``Kind.INDICES``: ``m_indices[M]`` layout, one walk group of rows ``[0, M)``; each row block's
   expert is its first row's ``m_indices`` entry (-1: the tile is written as zeros; any other
@@ -50,8 +50,9 @@ import cuda.tile as ct
 import torch
 
 from tilegemm.backend.registry import Unsupported, register_impl
-from tilegemm.ops.cutile import heuristics, launch
-from tilegemm.ops.cutile.heuristics import Kind
+from tilegemm.heuristics import cutile as heuristics
+from tilegemm.heuristics.cutile import Kind
+from tilegemm.ops.cutile import launch
 from tilegemm.routing import expert_ends
 
 ConstInt = ct.Constant[int]

@@ -105,8 +105,7 @@ def cached_plan(key: tuple, build: Callable[..., Runner], *args: Any) -> Runner:
 
 
 def clear_plans() -> None:
-    """Forget every cached launch plan and hot-lane replay (after changing ``TILEGEMM_DECODE_VARIANT`` or the
-    device)."""
+    """Forget every cached launch plan and hot-lane replay (tests; plans are keyed by what they read)."""
     _PLANS.clear()
     registry.clear_hot_lane()
 

@@ -42,9 +42,10 @@ import cuda.tile as ct
 import torch
 
 from tilegemm.backend.registry import Unsupported, register_impl
-from tilegemm.ops.cutile import heuristics, launch, moe_blocks, moe_slots
+from tilegemm.heuristics import cutile as heuristics
+from tilegemm.heuristics.cutile import Kind
+from tilegemm.ops.cutile import launch, moe_blocks, moe_slots
 from tilegemm.ops.cutile.grouped import _check_tma_weight, _mma_bf16, _swizzle
-from tilegemm.ops.cutile.heuristics import Kind
 from tilegemm.routing import max_padded_rows
 
 ConstInt = ct.Constant[int]
@@ -179,18 +180,17 @@ def moe_experts(hidden, topk_ids, topk_weights, w13, w2, activation, stream):
         return out
     if top_k == 0 or inter == 0 or num_experts == 0:
         return out.zero_()
-    problem = heuristics.Problem(
+    problem = heuristics.problem(
         "moe", "bf16", num_tokens * top_k, hidden_dim, inter, launch.num_sms(), groups=num_experts
     )
     cfg = heuristics.choose(problem)
     shape = {"t": num_tokens, "k": top_k, "e": num_experts, "h": hidden_dim, "i": inter}
     x = launch.as_row_major(hidden, pad_rows=False)
-    if isinstance(cfg, heuristics.MoESlotsConfig):
+    if cfg.path == "slots":
         heuristics.print_once("moe_experts", shape, cfg.name)
         act = ACTIVATIONS[activation]
         return moe_slots.slot_experts(x, topk_ids, topk_weights, w13, w2, act, cfg, out)
-    blocks = isinstance(cfg, heuristics.MoEBlocksConfig)
-    align = cfg.bt if blocks else cfg.bm
+    align = cfg.row_align
     rows = max_padded_rows(num_tokens, top_k, num_experts, align)
     if rows * max(hidden_dim, inter) >= 2**31 or hidden.numel() >= 2**31:
         raise Unsupported("a buffer has >= 2**31 elements (int32 indexing)")
@@ -200,7 +200,7 @@ def moe_experts(hidden, topk_ids, topk_weights, w13, w2, activation, stream):
     y = torch.empty(rows, hidden_dim, dtype=torch.bfloat16, device=hidden.device)
     act = ACTIVATIONS[activation]
     tokens, row_weight, dest, block_expert = moe_blocks.route(topk_ids, topk_weights, num_experts, align, rows)
-    gemms = moe_blocks.block_gemms if blocks else _sorted_gemms
+    gemms = moe_blocks.block_gemms if cfg.path == "blocks" else _sorted_gemms
     # Both paths' GEMMs read the routed rows gathered once into their sorted order (TMA tiles).
     gemms(x.index_select(0, tokens), w13, w2, h, y, block_expert, row_weight, act, cfg)
     grid = (launch.cdiv(num_tokens, cfg.combine_bt), hidden_dim // cfg.combine_bn, 1)

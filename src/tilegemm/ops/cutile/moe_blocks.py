@@ -39,7 +39,8 @@ from typing import Any
 import cuda.tile as ct
 import torch
 
-from tilegemm.ops.cutile import heuristics, launch, moe_slots
+from tilegemm.heuristics import cutile as heuristics
+from tilegemm.ops.cutile import launch, moe_slots
 
 ConstInt = ct.Constant[int]
 _ZERO = ct.PaddingMode.ZERO

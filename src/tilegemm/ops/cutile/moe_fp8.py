@@ -38,7 +38,8 @@ import cuda.tile as ct
 import torch
 
 from tilegemm.backend.registry import Unsupported, register_impl
-from tilegemm.ops.cutile import heuristics, launch, moe, moe_blocks, moe_slots
+from tilegemm.heuristics import cutile as heuristics
+from tilegemm.ops.cutile import launch, moe, moe_blocks, moe_slots
 from tilegemm.quant import AMAX_EPS, FP8_MAX
 from tilegemm.routing import max_padded_rows
 
@@ -226,9 +227,12 @@ def fp8_moe_experts(hidden, topk_ids, topk_weights, w13, w2, activation, stream)
         return out
     if top_k == 0 or num_experts == 0:
         return out.zero_()
-    cfg = heuristics.moe_fp8_config(num_tokens * top_k, hidden_dim, num_experts)
-    blocks = isinstance(cfg, heuristics.MoEBlocksConfig)
-    align = cfg.bt if blocks else cfg.bm
+    slots = num_tokens * top_k
+    cfg = heuristics.choose(
+        heuristics.problem("moe_fp8", "fp8", slots, hidden_dim, inter, launch.num_sms(), groups=num_experts)
+    )
+    blocks = cfg.path == "blocks"
+    align = cfg.row_align
     rows = max_padded_rows(num_tokens, top_k, num_experts, align)
     if rows * max(hidden_dim, inter) >= 2**31 or hidden.numel() >= 2**31:
         raise Unsupported("a buffer has >= 2**31 elements (int32 indexing)")

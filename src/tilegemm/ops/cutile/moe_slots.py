@@ -17,7 +17,7 @@ aligned layout are a dozen small launches. Here every slot is its own one-row GE
 A slot whose id is outside ``[0, E)`` (expert parallelism's sentinel) writes zero rows and reads no weight.
 The roundings are those of ``moe.py`` and ``moe_blocks.py`` (``h`` and ``y`` in bf16, the sum in fp32), so all
 three paths compute the same function. Config and the choice among the paths: ``heuristics.choose``
-(``family="moe"``), by ``ops.common.moe_decode_sized``.
+(``family="moe"``), by ``heuristics.cutile.moe.moe_decode_sized``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from typing import Any
 import cuda.tile as ct
 import torch
 
-from tilegemm.ops.cutile import heuristics, launch
+from tilegemm.heuristics import cutile as heuristics
+from tilegemm.ops.cutile import launch
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]

@@ -38,10 +38,11 @@ import cuda.tile as ct
 import torch
 
 from tilegemm.backend.registry import Unsupported, register_impl
+from tilegemm.heuristics import cutile as heuristics
+from tilegemm.heuristics.cutile import Kind
 from tilegemm.ops.common import MoETrainState, moe_train_empty, moe_train_is_empty, moe_train_zero_grads
-from tilegemm.ops.cutile import grouped, heuristics, launch, moe, moe_blocks
+from tilegemm.ops.cutile import grouped, launch, moe, moe_blocks
 from tilegemm.ops.cutile.grouped import _mma_bf16, _swizzle
-from tilegemm.ops.cutile.heuristics import Kind
 from tilegemm.routing import ALIGNED_ROWS, aligned_blocks, expert_counts, expert_ends, max_padded_rows
 
 ConstInt = ct.Constant[int]

@@ -37,9 +37,7 @@ import cuda.tile as ct
 import torch
 
 from tilegemm.backend.registry import Unsupported, register_impl, register_replay
-from tilegemm.ops.common import cdiv, compress_logits, paged_mqa_schedule, paged_mqa_split_kv
-from tilegemm.ops.cutile import tile_io
-from tilegemm.ops.cutile.heuristics import (
+from tilegemm.heuristics.cutile import (
     MqaConfig,
     PagedMqaConfig,
     bf16_mqa_logits_config,
@@ -47,6 +45,8 @@ from tilegemm.ops.cutile.heuristics import (
     paged_mqa_config,
     print_once,
 )
+from tilegemm.ops.common import cdiv, compress_logits, paged_mqa_schedule, paged_mqa_split_kv
+from tilegemm.ops.cutile import tile_io
 from tilegemm.ops.cutile.launch import launch
 
 ZERO = ct.PaddingMode.ZERO
@@ -489,7 +489,7 @@ def bf16_mqa_logits(
     q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits, max_seqlen_k, logits_dtype, stream
 ):
     """cuTile BF16 MQA logits: the plain kernel on bf16 ``q`` and keys (BF16 MMAs, fp32 accumulate) with key scales
-    of 1 and :func:`~tilegemm.ops.cutile.heuristics.bf16_mqa_logits_config`'s tiles; then compression and the cast,
+    of 1 and :func:`~tilegemm.heuristics.cutile.bf16_mqa_logits_config`'s tiles; then compression and the cast,
     as :func:`fp8_mqa_logits`."""
     s, h, d = q.shape
     s_kv = kv.shape[0]

@@ -6,7 +6,7 @@ mean as ``torch.mean`` forms it), rounds to ``x``'s dtype, multiplies by the wei
 the output dtype (``torch.promote_types(x.dtype, w.dtype)``), the steps and roundings of the stock module
 (``Qwen3MoeRMSNorm`` and its copies), so only the order of the squares' sum differs from it.
 
-Config choice: :func:`tilegemm.ops.cutile.heuristics.rms_norm_config`.
+Config choice: :func:`tilegemm.heuristics.cutile.rms_norm_config`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import cuda.tile as ct
 import torch
 
 from tilegemm.backend.registry import Unsupported, register_impl
-from tilegemm.ops.cutile import heuristics, launch
+from tilegemm.heuristics import cutile as heuristics
+from tilegemm.ops.cutile import launch
 
 ConstInt = ct.Constant[int]
 _ZERO = ct.PaddingMode.ZERO
@@ -36,7 +37,7 @@ def _rms_norm_body(X, W, Y, eps: float, inv_h: float, ROWS: ConstInt, COLS: Cons
 
 @functools.cache
 def get_kernel() -> Any:
-    """The ``@ct.kernel`` of the RMSNorm (occupancy hint :data:`~tilegemm.ops.cutile.heuristics.NORM_OCCUPANCY`)."""
+    """The ``@ct.kernel`` of the RMSNorm (occupancy hint :data:`~tilegemm.heuristics.cutile.NORM_OCCUPANCY`)."""
     return ct.kernel(_rms_norm_body, occupancy=heuristics.NORM_OCCUPANCY)
 
 

@@ -1,0 +1,172 @@
+"""MQA logits (not GEMMs): the plain and paged kernels' tiles from heads, head size and compute capability
+(``ops/cutile/mqa.py``; the CPU gate ``tests/kernels/test_compile_mqa.py`` holds the spill claims). Measurements:
+``docs/notes/heuristics.md``, "MQA logits"."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MqaConfig:
+    """Tile sizes of the plain MQA kernel (``mqa.make_mqa_logits_kernel``): ``bq`` query rows x ``hp`` (padded)
+    heads, ``bk`` keys.
+
+    ``head_chain``: sum the weighted heads as a chain of FFMAs over groups of 8 (``mqa.weighted_head_sum``);
+    otherwise one ``ct.sum`` (an FMUL and an FADD per score). ``two_chains``: the query rows in two halves with an
+    MMA each per key tile (``mqa.key_tile_logits``). ``occupancy``: the sm_90 CTAs-per-SM hint
+    (``mqa.plain_kernel_for``). ``unroll``: key tiles per loop iteration, each its own load and shared-memory slot.
+    ``scales_ldg``: where the tiles divide the keys (``mqa.tiles_inside``), the key scales are plain unchecked loads
+    rather than TMA loads. ``key_latency``: the key load's latency hint (0: none), from which tileiras sizes its
+    pipeline.
+    """
+
+    bq: int
+    hp: int
+    bk: int
+    head_chain: bool = False
+    two_chains: bool = False
+    occupancy: int = 2
+    unroll: int = 1
+    scales_ldg: bool = False
+    key_latency: int = 0
+
+
+@dataclass(frozen=True)
+class PagedMqaConfig:
+    """Tile sizes and launch shape of :func:`paged_mqa_logits_kernel`.
+
+    ``nnp``: next_n rounded up to a power of two; ``rg``: query rows per MMA (``rg * hp <= 256``);
+    ``ck``: keys per chunk (one indexed load of ``ck / block_kv`` cache blocks); ``split``: keys per
+    schedule split; ``parts``: CTAs sharing each schedule row (round-robin over its splits), so
+    several gathers are in flight per SM; ``occupancy``: the compiler's CTAs-per-SM hint; ``head_chain``: as
+    :class:`MqaConfig`'s; ``batch_major``: the kernel walks its splits one batch row at a time with a branch-free
+    chunk loop (sm_90; on sm_100 tileiras 13.4 spills with it, so it walks one split per iteration);
+    ``rows_outer``: with ``batch_major``, one row group (``nnp == rg``) whose rows are loaded once per batch row
+    rather than once per chunk.
+    """
+
+    nnp: int
+    rg: int
+    hp: int
+    ck: int
+    split: int
+    parts: int
+    occupancy: int
+    head_chain: bool = False
+    batch_major: bool = False
+    rows_outer: bool = False
+
+
+def _mqa_pow2_ceil(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+def _head_chain(sm: int, n_side: int) -> bool:
+    """The FFMA-chain head sum: on sm_90 up to an MMA N side of 128.
+
+    Measured on an H100 (``docs/kernels.md``), plain kernel at two CTAs per SM: 1.07-1.23x over ``ct.sum``.
+    tileiras 13.4 spills with it on sm_100 (up to thousands of words) and on sm_90 at N = 256, so those keep
+    ``ct.sum``.
+    """
+    return sm == 90 and n_side <= 128
+
+
+def mqa_logits_config(h: int, d: int, sm: int = 90) -> MqaConfig | None:
+    """Tiles for ``fp8_mqa_logits``: ``h`` heads of size ``d``, compute capability ``sm``; ``None`` if unsupported.
+
+    The N side of the MMA is ``bq * hp = 128`` (query rows x padded heads); 128 keys per tile. The rules, each
+    measured on an H100 with bitwise-equal outputs (``docs/notes/heuristics.md``, "MQA logits"):
+
+    * two rows of 64 (padded) heads: two MMA chains of one row each on sm_90 (1.01-1.08x; with four rows of 32
+      heads tileiras spills at D = 128, so H <= 32 keeps one chain);
+    * two CTAs per SM on sm_90, three with two chains at D = 32 (1.1-1.26x; at D = 64 it spills);
+    * two key tiles per loop iteration with two chains at D >= 64 (``unroll``: each its own shared-memory slot;
+      1.03-1.13x at D = 64);
+    * at D = 128 with two chains, a latency hint of 6 on the key load (12 MMA waits for 96 QGMMAs instead of one
+      each; 1.01-1.12x);
+    * key scales by plain loads with one chain on sm_90 (``scales_ldg``; 1.03-1.11x, two chains lost).
+    """
+    if d not in (32, 64, 128) or not 1 <= h <= 128:
+        return None
+    hp = _mqa_pow2_ceil(h)
+    bq = max(1, 128 // hp)
+    chain = _head_chain(sm, bq * hp)
+    two = chain and bq == 2
+    occupancy = 3 if two and d <= 32 else 2
+    unroll = 2 if two and d >= 64 else 1
+    return MqaConfig(
+        bq=bq,
+        hp=hp,
+        bk=128,
+        head_chain=chain,
+        two_chains=two,
+        occupancy=occupancy,
+        unroll=unroll,
+        scales_ldg=sm == 90 and not two,
+        key_latency=6 if two and d == 128 else 0,
+    )
+
+
+def bf16_mqa_logits_config(h: int, d: int, sm: int = 90) -> MqaConfig | None:
+    """Tiles of the plain MQA kernel with bf16 ``q`` and keys (``bf16_mqa_logits``); ``None`` if unsupported.
+
+    :func:`mqa_logits_config`'s tiles with one key tile per iteration and no latency hint, and two MMA chains only at
+    D = 128: a bf16 key tile is twice an FP8 one, and with FP8's D = 128 choice (two tiles, hint 6) tileiras 13.4
+    spills 17 + 12 words on sm_90, with two chains at D = 64 82 + 32, at D = 32 33 + 34; these settings compile
+    spill-free at every head class (``tests/kernels/test_compile_mqa.py``), two CTAs per SM at about 100 KB of
+    shared memory each.
+    """
+    base = mqa_logits_config(h, d, sm)
+    if base is None:
+        return None
+    two = base.two_chains and d == 128
+    return MqaConfig(
+        bq=base.bq,
+        hp=base.hp,
+        bk=base.bk,
+        head_chain=base.head_chain,
+        two_chains=two,
+        occupancy=2,
+        unroll=1,
+        scales_ldg=sm == 90 and not two,
+        key_latency=0,
+    )
+
+
+def paged_mqa_config(
+    h: int, d: int, next_n: int, block_kv: int, split: int = 256, sm: int = 90
+) -> PagedMqaConfig | None:
+    """Tiles and launch shape for ``fp8_paged_mqa_logits`` on compute capability ``sm``; ``None`` if unsupported.
+
+    Decode is bound by the latency of dependent loads (schedule -> block table -> cache blocks) more than by the
+    MMA, so several CTAs share each schedule row and the kernel streams each batch row's chunks without a branch.
+    With an MMA N side (``rg * hp``) of at most 128: 128-key chunks, 2 CTAs per row, occupancy 3 up to N = 32 else 2
+    (the hints that compile spill-free on sm_90; 0.94-0.98x DeepGEMM, ``docs/notes/heuristics.md``, "Paged MQA
+    logits"). N = 256 keeps the config the GPU tests ran (64-key chunks, 4 CTAs, occupancy 4). sm_100 takes the
+    same tiles (spill-free with its walk, never measured).
+    """
+    if d not in (64, 128) or not 1 <= h <= 128 or not 1 <= next_n <= 4 or block_kv not in (16, 32, 64):
+        return None
+    if split % 128:
+        return None
+    hp = _mqa_pow2_ceil(h)
+    nnp = _mqa_pow2_ceil(next_n)
+    rg = min(nnp, max(1, 256 // hp))
+    n_side = rg * hp
+    if n_side <= 128:
+        ck, parts, occupancy = 128, 2, 3 if n_side <= 32 else 2
+    else:
+        ck, parts, occupancy = 64, 4, 4
+    return PagedMqaConfig(
+        nnp=nnp,
+        rg=rg,
+        hp=hp,
+        ck=ck,
+        split=split,
+        parts=parts,
+        occupancy=occupancy,
+        head_chain=_head_chain(sm, n_side),
+        batch_major=sm == 90,
+        rows_outer=sm == 90 and nnp == rg,
+    )
