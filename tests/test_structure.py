@@ -7,6 +7,7 @@ backend that defines kernels is compiled by the CPU compile gate (``tests/kernel
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -15,7 +16,12 @@ from tilegemm.backend import registry
 TESTS = Path(__file__).resolve().parent
 SRC = TESTS.parent / "src" / "tilegemm"
 KERNEL_BACKENDS = ("cutile", "gluon")
-_DEFINES_KERNEL = re.compile(r"^\s*@(ct\.kernel|gluon\.jit)\b|(?<![`@])\bct\.kernel\(", re.MULTILINE)
+_DEFINES_KERNEL = re.compile(
+    r"^\s*@(ct\.kernel|gluon\.jit)\b|(?<![`@])\bct\.kernel\(|\blaunch\.kernel_factory\(", re.MULTILINE
+)
+#: Modules of a kernel backend that make no kernels of their own: the AOT compiler, the launch layer (its
+#: ``kernel_factory`` makes the other modules' kernels).
+_NOT_KERNEL_MODULES = {"aot", "launch"}
 
 
 def _ops() -> dict[str, dict]:
@@ -45,9 +51,10 @@ def test_every_kernel_module_is_in_the_compile_gate():
         (backend, path.stem)
         for backend in KERNEL_BACKENDS
         for path in sorted((SRC / "ops" / backend).glob("*.py"))
-        if _DEFINES_KERNEL.search(path.read_text()) and path.stem != "aot"
+        if _DEFINES_KERNEL.search(path.read_text()) and path.stem not in _NOT_KERNEL_MODULES
     ]
     assert ("gluon", "fp8_gemm_kernel") in kernel_modules and ("cutile", "gemm") in kernel_modules
+    assert ("cutile", "moe_blocks") in kernel_modules  # kernels made by launch.kernel_factory count
     missing = [
         f"tilegemm.ops.{backend}.{name}"
         for backend, name in kernel_modules
@@ -62,3 +69,36 @@ def test_every_kernel_backend_registers_through_its_package():
         for op, impls in _ops().items():
             fn = impls.get(backend)
             assert fn is None or fn.__module__.startswith(f"tilegemm.ops.{backend}."), (op, backend, fn.__module__)
+
+
+def test_no_module_defines_a_name_twice():
+    """A module-level function or class defined twice hides the first (a kernel and its host function under one
+    name, say); ``_`` (the fake implementations of custom ops) is exempt."""
+    repeated = {}
+    for path in sorted(SRC.rglob("*.py")):
+        names = [
+            node.name
+            for node in ast.parse(path.read_text()).body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name != "_"
+        ]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            repeated[str(path.relative_to(SRC))] = twice
+    assert not repeated, f"names defined twice: {repeated}"
+
+
+def test_kernel_modules_share_code_through_public_names():
+    """A kernel module uses another module's helpers by their public names (device helpers live in
+    ``ops/cutile/tile_lib.py``), never by a private ``module._name``."""
+    for backend in KERNEL_BACKENDS:
+        folder = SRC / "ops" / backend
+        siblings = "|".join(p.stem for p in folder.glob("*.py") if p.stem != "__init__")
+        attribute = rf"(?<![\w.])({siblings})\._[a-z]\w*"
+        imported = rf"^from tilegemm\.ops\.{backend}\.\w+ import .*\b_[a-z]\w*"
+        private = re.compile(f"{attribute}|{imported}", re.MULTILINE)
+        found = {
+            p.name: sorted({m.group(0) for m in private.finditer(p.read_text())})
+            for p in sorted(folder.glob("*.py"))
+            if private.search(p.read_text())
+        }
+        assert not found, f"private names of sibling modules: {found}"

@@ -19,7 +19,7 @@ promoted as ``acc += P * sb * sa`` with ``sa[m, kb]`` (1x128 activation scales) 
 weight's 128x128 block scale (one per tile and block, ``BW <= 128``) or its per-row 1x128 scale.
 Scales are read in place whatever their strides (row-major [rows, KB] or MN-major), bounds-checked unless every
 scale tile lies inside them (``INSIDE``: :func:`swap_scales_inside`, :func:`narrow_scales_inside`, the K index
-through :func:`tile_io.clamp_index`).
+through :func:`tile_lib.clamp_index`).
 ``KU`` K blocks are loaded per step (one TMA load of ``[BW, 128 * KU]``).
 
 Pipeline depth: ``LAT`` (``DecodePlan.latency``), when above 0, is the ``latency`` hint of the weight and
@@ -48,7 +48,7 @@ import cuda.tile as ct
 
 from tilegemm.heuristics import cutile as heuristics
 from tilegemm.ops.common import cdiv
-from tilegemm.ops.cutile import tile_io
+from tilegemm.ops.cutile import tile_lib
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -138,13 +138,13 @@ def _decode_bf16_gemm_body(
     acc = ct.zeros((BW, BM), dtype=ct.float32)
     for kb in range(k_lo, k_hi):
         if B_KMAJOR:
-            w = tile_io.load_hinted(B, (pn, kb), (BW, BK), LAT)
+            w = tile_lib.load_hinted(B, (pn, kb), (BW, BK), LAT)
         else:
-            w = tile_io.load_hinted(B, (pn, kb), (BW, BK), LAT, (1, 0))
+            w = tile_lib.load_hinted(B, (pn, kb), (BW, BK), LAT, (1, 0))
         if A_KMAJOR:
-            a = tile_io.load_hinted(A, (kb, pm), (BK, BM), LAT, (1, 0))
+            a = tile_lib.load_hinted(A, (kb, pm), (BK, BM), LAT, (1, 0))
         else:
-            a = tile_io.load_hinted(A, (kb, pm), (BK, BM), LAT)
+            a = tile_lib.load_hinted(A, (kb, pm), (BK, BM), LAT)
         acc = ct.mma(w, a, acc)
     _finish_t(D, C, W, CNT, acc, pm, pn, s, num_m, splits, alpha, beta, HAS_C, SPLITK)
 
@@ -187,9 +187,9 @@ def _decode_fp8_gemm_body(
     pm, pn, s, k_lo, k_hi = _unit(num_m, splits, per, num_steps, SPLITK)
     acc = ct.zeros((BW, BM), dtype=ct.float32)
     for ks in range(k_lo, k_hi):
-        w = tile_io.load_hinted(B, (pn, ks), (BW, 128 * KU), LAT)
-        a = tile_io.load_hinted(A, (ks, pm), (128 * KU, BM), LAT, (1, 0))
-        kc = tile_io.clamp_index(ks, num_steps, INSIDE)
+        w = tile_lib.load_hinted(B, (pn, ks), (BW, 128 * KU), LAT)
+        a = tile_lib.load_hinted(A, (ks, pm), (128 * KU, BM), LAT, (1, 0))
+        kc = tile_lib.clamp_index(ks, num_steps, INSIDE)
         sa = _scale_load(SA, (kc, pm), (KU, BM), INSIDE, (1, 0))
         if SB_ROWS:
             sb = _scale_load(SB, (pn, kc), (BW, KU), INSIDE)
@@ -311,15 +311,15 @@ def _narrow_bf16_gemm_body(
     acc = ct.zeros((BM, BN), dtype=ct.float32)
     for i in range(num_k):
         kb = _wrap(first + i, num_k, ROTATE)
-        a = tile_io.load_mk(A, pm, kb, BM, BK, A_KMAJOR)
-        w = tile_io.load_kn(B, kb, pn, BK, BN, B_KMAJOR)
+        a = tile_lib.load_mk(A, pm, kb, BM, BK, A_KMAJOR)
+        w = tile_lib.load_kn(B, kb, pn, BK, BN, B_KMAJOR)
         acc = ct.mma(a, w, acc)
     ct.store(D, (pm, pn), ct.astype(acc * alpha, D.dtype))
 
 
 def _scale_load(S, index, shape, INSIDE: ConstBool, order=(0, 1)):
     """A plain (non-TMA) load of a scale tile (tile code). ``INSIDE``: the caller knows the tile lies inside ``S``
-    (its K index from :func:`tile_io.clamp_index`), so the load skips the bounds check (sm_90, instructions per K
+    (its K index from :func:`tile_lib.clamp_index`), so the load skips the bounds check (sm_90, instructions per K
     step of the MMA loop: swap-AB with 16 activation rows 372 -> 231, narrow 64x64 pairs 301 -> 292); otherwise
     rows or columns past ``S`` read as zero."""
     if INSIDE:
@@ -345,9 +345,9 @@ def _narrow_fp8_block(
     """K block ``kb`` (of ``num_k``) of a narrow FP8 tile: its raw ``[BM, BN]`` product and the activation / weight
     scales that promote it. ``INSIDE``: the tile's activation rows (and with ``SB_ROWS`` its weight rows) lie inside
     the operands (:func:`narrow_scales_inside`): the scale loads skip their bounds checks."""
-    a = tile_io.load_hinted(A, (pm, kb), (BM, 128), LAT)
-    w = tile_io.load_hinted(B, (kb, pn), (128, BN), LAT, (1, 0))
-    kc = tile_io.clamp_index(kb, num_k, INSIDE)
+    a = tile_lib.load_hinted(A, (pm, kb), (BM, 128), LAT)
+    w = tile_lib.load_hinted(B, (kb, pn), (128, BN), LAT, (1, 0))
+    kc = tile_lib.clamp_index(kb, num_k, INSIDE)
     sa = _scale_load(SA, (pm, kc), (BM, 1), INSIDE)
     if SB_ROWS:
         sb = ct.reshape(_scale_load(SB, (pn, kc), (BN, 1), INSIDE), (1, BN))

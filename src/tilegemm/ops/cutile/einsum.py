@@ -35,8 +35,7 @@ from tilegemm.heuristics.cutile.einsum import (
 )
 from tilegemm.heuristics.cutile.problem import TileConfig
 from tilegemm.heuristics.report import print_once
-from tilegemm.ops.cutile import launch
-from tilegemm.ops.cutile.gemm import _tile_coords
+from tilegemm.ops.cutile import launch, tile_lib
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -86,7 +85,7 @@ def _bmn_bnk_mn_gemm_impl(
         units = tiles * ct.cdiv(steps, per)
     for u in range(ct.bid(0), units, ct.num_blocks(0)):
         sp = u // tiles
-        pm, pn = _tile_coords(u - sp * tiles, num_m, num_n, GM)
+        pm, pn = tile_lib.swizzle(u - sp * tiles, num_m, num_n, GM)
         j0 = 0
         j1 = steps
         if SPLIT:
@@ -130,7 +129,7 @@ def _heads_gemm_body(
     kblocks = ct.cdiv(A.shape[2], TK)
     for u in range(ct.bid(0), heads * per_head, ct.num_blocks(0)):
         h = u // per_head
-        pm, pn = _tile_coords(u - h * per_head, num_m, num_n, GM)
+        pm, pn = tile_lib.swizzle(u - h * per_head, num_m, num_n, GM)
         acc = ct.zeros((TM, TN), dtype=ct.float32)
         for kb in range(kblocks):
             a = ct.load(A, (pm, h, kb), (TM, 1, TK), padding_mode=_ZERO)

@@ -32,22 +32,13 @@ import torch
 from tilegemm.backend.registry import Unsupported, register_impl, register_replay
 from tilegemm.heuristics import cutile as heuristics
 from tilegemm.ops.common import write_head_splits
-from tilegemm.ops.cutile import decode, launch, tile_io
+from tilegemm.ops.cutile import decode, launch, tile_lib
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 _ZERO = ct.PaddingMode.ZERO
 
 # ------------------------------------------------------------------------------- kernels
-
-
-def _tile_coords(tile, num_m, num_n, GROUP_M: ConstInt):
-    """Grouped (swizzled) order: GROUP_M row-tiles share each column sweep, so B stays in L2."""
-    per_group = GROUP_M * num_n
-    first_m = (tile // per_group) * GROUP_M
-    rows = ct.minimum(num_m - first_m, GROUP_M)
-    local = tile % per_group
-    return first_m + local % rows, local // rows
 
 
 def _split_unit(v, tiles, splits, num_k):
@@ -98,11 +89,11 @@ def _bf16_gemm_body(
         tile, k_lo, k_hi = u, 0, num_k
         if SPLITK:
             tile, k_lo, k_hi = _split_unit(u, tiles, splits, num_k)
-        pm, pn = _tile_coords(tile, num_m, num_n, GROUP_M)
+        pm, pn = tile_lib.swizzle(tile, num_m, num_n, GROUP_M)
         acc = ct.zeros((TM, TN), dtype=ct.float32)
         for kb in range(k_lo, k_hi):
-            a = tile_io.load_mk(A, pm, kb, TM, TK, A_KMAJOR)
-            b = tile_io.load_kn(B, kb, pn, TK, TN, B_KMAJOR)
+            a = tile_lib.load_mk(A, pm, kb, TM, TK, A_KMAJOR)
+            b = tile_lib.load_kn(B, kb, pn, TK, TN, B_KMAJOR)
             acc = ct.mma(a, b, acc)
         if SPLITK:
             _store_split(W, acc, u, tiles, 0)
@@ -159,7 +150,7 @@ def _fp8_gemm_body(
         tile, k_lo, k_hi = u, 0, num_k
         if SPLITK:
             tile, k_lo, k_hi = _split_unit(u, tiles, splits, num_k)
-        pm, pn = _tile_coords(tile, num_m, num_n, GROUP_M)
+        pm, pn = tile_lib.swizzle(tile, num_m, num_n, GROUP_M)
         acc0 = ct.zeros((TM, HN), dtype=ct.float32)
         acc1 = ct.zeros((TM, HN), dtype=ct.float32)
         for kb in range(k_lo, k_hi):
@@ -224,7 +215,7 @@ def _splitk_reduce_body(
     num_n = ct.cdiv(D.shape[1], TN)
     t = ct.bid(0) // (TM // RM)
     r = ct.bid(0) % (TM // RM)
-    pm, pn = _tile_coords(t, num_m, num_n, GROUP_M)
+    pm, pn = tile_lib.swizzle(t, num_m, num_n, GROUP_M)
     row = pm * (TM // RM) + r
     if row * RM < D.shape[0]:  # rows wholly past M: nothing to write (and a store there is undefined)
         acc = ct.zeros((RM, TN), dtype=ct.float32)

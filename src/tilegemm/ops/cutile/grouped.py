@@ -52,7 +52,7 @@ import torch
 from tilegemm.backend.registry import Unsupported, register_impl
 from tilegemm.heuristics import cutile as heuristics
 from tilegemm.heuristics.cutile import Kind
-from tilegemm.ops.cutile import launch
+from tilegemm.ops.cutile import launch, tile_lib
 from tilegemm.routing import expert_ends
 
 ConstInt = ct.Constant[int]
@@ -112,23 +112,6 @@ def _num_walk_groups(KIND: int, num_groups):
     return num_groups
 
 
-def _swizzle(lt, mblocks, n_tiles, GM: int):
-    """Group-local tile ``lt`` -> (row block, col block), bands of ``GM`` row blocks, rows fastest."""
-    band = lt // (GM * n_tiles)
-    first = band * GM
-    gm = ct.minimum(mblocks - first, GM)
-    w = lt - band * GM * n_tiles
-    return first + w % gm, w // gm
-
-
-def _load_rows(x, g, rb, kb, ROWS: int, COLS: int, KIND: int):
-    """The ``[ROWS, COLS]`` tile (row block ``rb``, column block ``kb``) of ``x``: ``[rows, cols]``, or for masked
-    ``[G, Mmax, cols]`` with ``rb`` counted inside group ``g`` (loads past Mmax read 0)."""
-    if KIND == Kind.MASKED:
-        return ct.reshape(ct.load(x, (g, rb, kb), shape=(1, ROWS, COLS), padding_mode=_ZERO), (ROWS, COLS))
-    return ct.load(x, (rb, kb), shape=(ROWS, COLS), padding_mode=_ZERO)
-
-
 def _load_sa(sa, g, kb, rb, ROWS: int, KIND: int):
     """LHS scales of a ROWS-row block as a ``(1, ROWS)`` tile: ``sa`` is MN-major ``[K/128, rows]`` (masked:
     ``[G, K/128, Mmax]``)."""
@@ -165,19 +148,6 @@ def _zero_rows_from(acc, row0, end):
 # ----------------------------------------------------------------------------------- tile math
 
 
-def _mma_bf16(a, b, g, e, rb, nb, nk, BM: int, BN: int, BK: int, TRANS_B: bool, KIND: int):
-    """fp32 [BM, BN] = row block ``rb`` of ``a`` @ B_e[:, nb cols] over ``nk`` blocks of BK (zero padded)."""
-    acc = ct.full((BM, BN), 0.0, dtype=ct.float32)
-    for kb in range(nk):
-        at = _load_rows(a, g, rb, kb, BM, BK, KIND)
-        if TRANS_B:
-            bt = ct.load(b, (e, kb, nb), shape=(1, BK, BN), order=(0, 2, 1), padding_mode=_ZERO)
-        else:
-            bt = ct.load(b, (e, kb, nb), shape=(1, BK, BN), padding_mode=_ZERO)
-        acc = ct.mma(at, ct.reshape(bt, (BK, BN)), acc)
-    return acc
-
-
 def _mma_fp8_part(a, sa, bt, sbv, mrow, kb, BK: int, FAST: bool):
     """One 64-row promotion step: ``mma(a, b, 0) * sa[:, None] * sb`` (``a`` [rows, K], ``sa`` MN-major [K/128, rows]).
 
@@ -192,7 +162,7 @@ def _mma_fp8_part(a, sa, bt, sbv, mrow, kb, BK: int, FAST: bool):
 
 def _mma_fp8_rows(a, sa, g, bt, sbv, rb, kb, FAST: bool, KIND: int):
     """:func:`_mma_fp8_part` for 64-row block ``rb`` of ``a`` (masked: inside group ``g``)."""
-    at = _load_rows(a, g, rb, kb, 64, bt.shape[0], KIND)
+    at = tile_lib.load_rows(a, g, rb, kb, 64, bt.shape[0], KIND)
     sat = _load_sa(sa, g, kb, rb, 64, KIND)
     part = ct.mma(at, bt, ct.full((64, bt.shape[1]), 0.0, dtype=ct.float32), use_fast_acc=FAST)
     return part * (ct.transpose(sat) * sbv)
@@ -293,7 +263,7 @@ def _m_grouped_tile(
 ):  # fmt: skip
     """Tile ``lt`` of walk group ``g`` (rows ``[start, store_end)``, product rows ``[start, end)``): computed,
     zeroed or skipped, and stored."""
-    mb, nb = _swizzle(lt, ct.cdiv(store_end - start, BM), n_tiles, GM)
+    mb, nb = tile_lib.swizzle(lt, ct.cdiv(store_end - start, BM), n_tiles, GM)
     rb = start // BM + mb  # starts are multiples of BM: psum (align % BM == 0), masked and m_indices (0)
     row0 = rb * BM
 
@@ -324,7 +294,9 @@ def _m_grouped_tile(
                 _store_rows(d, g, rb, nb, ct.astype(acc0, d.dtype), end, KIND)
     else:
         if valid:
-            acc = _rows_of_group(_mma_bf16(a, b, g, e, rb, nb, nk, BM, BN, BK, TRANS_B, KIND), index, rb, e, end, KIND)
+            acc = _rows_of_group(
+                tile_lib.mma_bf16(a, b, g, e, rb, nb, nk, BM, BN, BK, TRANS_B, KIND), index, rb, e, end, KIND
+            )
             _store_rows(d, g, rb, nb, ct.astype(acc, d.dtype), end, KIND)
 
 
@@ -398,7 +370,7 @@ def _k_grouped_tile(
     FP8: bool, HAS_C: bool, C_IS_D: bool, BM: int, BN: int, BK: int, GM: int, FAST: bool,
 ):  # fmt: skip
     """Tile ``lt`` of ``d[g]``: the product over group ``g``'s K range (plus ``c``), stored."""
-    mb, nb = _swizzle(lt, mblocks, n_tiles, GM)
+    mb, nb = tile_lib.swizzle(lt, mblocks, n_tiles, GM)
     # Group g's K range [k0, k1): every group starts on a K block (the host aligns ragged ks), so
     # its blocks are plain tile indices; the array's end stops the last one (zero padding).
     k0 = _clamp(ct.load(koffs, (g,), shape=()), 0, k_total)
@@ -445,18 +417,15 @@ def _k_grouped_fp8_gemm_kernel(
     _k_grouped_body(a, sa, b, sb, c, d, koffs, True, HAS_C, C_IS_D, BM, BN, BK, GM, FAST)
 
 
-_KERNEL_FNS = {
-    "m_bf16": _m_grouped_bf16_gemm_kernel,
-    "m_fp8": _m_grouped_fp8_gemm_kernel,
-    "k_bf16": _k_grouped_bf16_gemm_kernel,
-    "k_fp8": _k_grouped_fp8_gemm_kernel,
-}
-
-
-@functools.cache
-def get_kernel(name: str, num_worker_warps: int | None = None, occupancy: int | None = None) -> Any:
-    """The ``@ct.kernel`` object for kernel family ``name`` with these compiler options (cached)."""
-    return ct.kernel(_KERNEL_FNS[name], num_worker_warps=num_worker_warps, occupancy=occupancy)
+#: ``get_kernel(name, num_worker_warps, occupancy)``: the cached ``@ct.kernel`` of each kernel with those hints.
+get_kernel = launch.kernel_factory(
+    {
+        "m_bf16": _m_grouped_bf16_gemm_kernel,
+        "m_fp8": _m_grouped_fp8_gemm_kernel,
+        "k_bf16": _k_grouped_bf16_gemm_kernel,
+        "k_fp8": _k_grouped_fp8_gemm_kernel,
+    }
+)
 
 
 # ------------------------------------------------------------------------------------- host side
@@ -474,7 +443,7 @@ def _check_sizes(*tensors: torch.Tensor) -> None:
             raise Unsupported("a tensor has >= 2**31 elements (int32 indexing)")
 
 
-def _check_tma_weight(b: torch.Tensor) -> None:
+def check_tma_weight(b: torch.Tensor) -> None:
     """The per-expert weight ``b [G, N, K]`` is only read by TMA (64-bit addresses from the tensor map), so
     its element count may pass 2**31 (DeepSeek-V3: 256 x 4096 x 7168); each of its sizes and element
     strides must still fit the int32 index type."""
@@ -482,12 +451,12 @@ def _check_tma_weight(b: torch.Tensor) -> None:
         raise Unsupported("a weight dimension or stride is >= 2**31 (int32 indexing)")
 
 
-def _launch(kernel: Any, cfg: heuristics.TileConfig, upper_tiles: int, args: tuple[Any, ...]) -> None:
+def launch_tiles(kernel: Any, cfg: heuristics.TileConfig, upper_tiles: int, args: tuple[Any, ...]) -> None:
     """Launch a persistent grouped kernel: at most ``upper_tiles`` CTAs (a bound on the tiles it walks)."""
     launch.launch(kernel, launch.persistent_grid(upper_tiles, cfg.ctas_per_sm), args)
 
 
-def _m_grouped(
+def m_grouped(
     op: str,
     a: Any,
     b: Any,
@@ -528,7 +497,7 @@ def _m_grouped(
             return d.masked_fill_(valid, 0)
         return d.zero_()
     _check_sizes(a_data, d)
-    _check_tma_weight(b_data)
+    check_tma_weight(b_data)
     if fp8 and sb.shape[-2] != launch.cdiv(n_dim, 128):
         raise Unsupported("m-grouped FP8 takes 128x128 RHS scales only")
     if cfg is None:
@@ -564,7 +533,7 @@ def _m_grouped(
     else:
         kernel = get_kernel("m_bf16", cfg.num_worker_warps, cfg.occupancy)
         args = (a_data, b_data, d, *runtime, *consts)
-    _launch(kernel, cfg, upper, args)
+    launch_tiles(kernel, cfg, upper, args)
     return d
 
 
@@ -624,7 +593,7 @@ def _m_grouped_repacked(
     d_pad = d.new_empty(rows_aligned + 1, d.shape[1])
     d_pad[rows_aligned].zero_()
     # Rows of the aligned layout past its last group are read by no one: the kernel leaves them alone.
-    _m_grouped(op, a_arg, b, d_pad[:rows_aligned], offs_aligned, Kind.PSUM, trans_b, fp8, 0, cfg.bm, cfg, False)
+    m_grouped(op, a_arg, b, d_pad[:rows_aligned], offs_aligned, Kind.PSUM, trans_b, fp8, 0, cfg.bm, cfg, False)
     return torch.index_select(d_pad, 0, dst, out=d)
 
 
@@ -709,7 +678,7 @@ def _k_grouped(
     else:
         kernel = get_kernel("k_bf16", cfg.num_worker_warps, cfg.occupancy)
         args = (_row_major(a_data), _row_major(b_data), c_arg, d, koffs, *consts)
-    _launch(kernel, cfg, upper, args)
+    launch_tiles(kernel, cfg, upper, args)
     return d
 
 
@@ -738,7 +707,7 @@ def _m_grouped_bf16(a, b, d, grouped_layout, use_psum_layout, alignment, stream)
     op = "m_grouped_bf16_gemm_contiguous"
     b, trans_b = _stored_weights(b)
     kind = _contiguous_kind(use_psum_layout)
-    return _m_grouped(op, a, b, d, grouped_layout, kind, trans_b, False, 0, alignment)
+    return m_grouped(op, a, b, d, grouped_layout, kind, trans_b, False, 0, alignment)
 
 
 def _m_grouped_fp8(a, b, d, grouped_layout, use_psum_layout, alignment, stream):
@@ -746,7 +715,7 @@ def _m_grouped_fp8(a, b, d, grouped_layout, use_psum_layout, alignment, stream):
     op = "m_grouped_fp8_fp4_gemm_contiguous"
     b, trans_b = _stored_weights(b)
     kind = _contiguous_kind(use_psum_layout)
-    return _m_grouped(op, a, b, d, grouped_layout, kind, trans_b, True, 0, alignment)
+    return m_grouped(op, a, b, d, grouped_layout, kind, trans_b, True, 0, alignment)
 
 
 register_impl("m_grouped_bf16_gemm_nt_contiguous", "cutile")(_m_grouped_bf16)
@@ -758,13 +727,13 @@ register_impl("m_grouped_fp8_fp4_gemm_nn_contiguous", "cutile")(_m_grouped_fp8)
 @register_impl("m_grouped_bf16_gemm_nt_masked", "cutile")
 def m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, expected_m, stream):
     """Masked BF16 m-grouped NT: rows ``>= masked_m[g]`` untouched; see ``tilegemm.ops.api``."""
-    return _m_grouped("m_grouped_bf16_gemm_nt_masked", a, b, d, masked_m, Kind.MASKED, True, False, expected_m)
+    return m_grouped("m_grouped_bf16_gemm_nt_masked", a, b, d, masked_m, Kind.MASKED, True, False, expected_m)
 
 
 @register_impl("m_grouped_fp8_fp4_gemm_nt_masked", "cutile")
 def m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m, stream):
     """Masked FP8 m-grouped NT: rows ``>= masked_m[g]`` untouched; see ``tilegemm.ops.api``."""
-    return _m_grouped("m_grouped_fp8_fp4_gemm_nt_masked", a, b, d, masked_m, Kind.MASKED, True, True, expected_m)
+    return m_grouped("m_grouped_fp8_fp4_gemm_nt_masked", a, b, d, masked_m, Kind.MASKED, True, True, expected_m)
 
 
 @register_impl("k_grouped_bf16_gemm_tn_contiguous", "cutile")

@@ -1,6 +1,7 @@
 """The launch layer every cutile kernel family goes through.
 
 * Where and how wide: :func:`current_stream`, :func:`num_sms`, :func:`persistent_grid` (``SMs * ctas_per_sm``).
+* Kernels: :func:`kernel_factory` (a module's cached ``@ct.kernel`` objects by name and compiler hints).
 * Launching: :func:`launch` (a kernel ``tileiras`` rejects becomes :class:`Unsupported`, so the call falls back).
 * Operands: one TMA contract, :func:`tma_ready`, and the copies that meet it (:func:`as_row_major`).
 * Launch plans: :func:`cached_plan` builds a call's plan once per key (shapes, strides, config, SMs).
@@ -9,6 +10,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +29,7 @@ __all__ = [
     "num_sms",
     "persistent_grid",
     "launch",
+    "kernel_factory",
     "tma_ready",
     "aligned_copy",
     "as_row_major",
@@ -72,6 +75,25 @@ def persistent_grid(units: int, ctas_per_sm: int = 1, sms: int | None = None) ->
     """
     sms = num_sms() if sms is None else sms
     return (max(1, min(units, sms * ctas_per_sm)), 1, 1)
+
+
+def kernel_factory(bodies: dict[str, Callable[..., None]], *, hints: bool = True) -> Callable[..., Any]:
+    """``get_kernel(name, num_worker_warps=None, occupancy=None)``: the ``@ct.kernel`` of ``bodies[name]`` with those
+    compiler hints, made once per (name, hints). ``hints=False``: ``get_kernel(name)``, the compiler's own choices."""
+
+    if hints:
+
+        @functools.cache
+        def get_kernel(name: str, num_worker_warps: int | None = None, occupancy: int | None = None) -> Any:
+            return ct.kernel(bodies[name], num_worker_warps=num_worker_warps, occupancy=occupancy)
+
+    else:
+
+        @functools.cache
+        def get_kernel(name: str) -> Any:
+            return ct.kernel(bodies[name])
+
+    return get_kernel
 
 
 def launch(kernel: Any, grid: tuple[int, int, int], args: tuple, stream: torch.cuda.Stream | None = None) -> None:

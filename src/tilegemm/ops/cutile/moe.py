@@ -34,18 +34,14 @@ call.
 
 from __future__ import annotations
 
-import functools
-import math
-from typing import Any
-
 import cuda.tile as ct
 import torch
 
 from tilegemm.backend.registry import Unsupported, register_impl
 from tilegemm.heuristics import cutile as heuristics
 from tilegemm.heuristics.cutile import Kind
-from tilegemm.ops.cutile import launch, moe_blocks, moe_slots
-from tilegemm.ops.cutile.grouped import _check_tma_weight, _mma_bf16, _swizzle
+from tilegemm.ops.cutile import launch, moe_blocks, moe_slots, tile_lib
+from tilegemm.ops.cutile.grouped import check_tma_weight
 from tilegemm.routing import max_padded_rows
 
 ConstInt = ct.Constant[int]
@@ -54,14 +50,6 @@ _ZERO = ct.PaddingMode.ZERO
 
 #: Activations of the gate/up epilogue: name -> kernel constant.
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
-_GELU_C = math.sqrt(2.0 / math.pi)
-
-
-def _activation(g, ACT: int):
-    """``silu(g) = g * sigmoid(g)`` or the tanh GELU ``0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))``, fp32."""
-    if ACT == 0:
-        return g / (1.0 + ct.exp(-g))
-    return 0.5 * g * (1.0 + ct.tanh(_GELU_C * (g + 0.044715 * g * g * g)))
 
 
 def gate_up_view(w13: torch.Tensor) -> torch.Tensor:
@@ -93,11 +81,11 @@ def _gate_up(
     t = ct.bid(0)
     step = ct.num_blocks(0)
     while t < total:
-        mb, nb = _swizzle(t, mblocks, n_tiles, GM)
+        mb, nb = tile_lib.swizzle(t, mblocks, n_tiles, GM)
         e = ct.load(block_expert, (mb,), shape=())
         if (e >= 0) & (e < num_experts):
             acc_g, acc_u = gate_up_tile(xs, w4, e, mb, nb, nk, BM, BN, BK)
-            ct.store(h, (mb, nb), ct.astype(_activation(acc_g, ACT) * acc_u, h.dtype))
+            ct.store(h, (mb, nb), ct.astype(tile_lib.activation(acc_g, ACT) * acc_u, h.dtype))
         t = t + step
 
 
@@ -111,10 +99,10 @@ def _down(h, w2, y, block_expert, row_weight, num_experts: int, BM: ConstInt, BN
     t = ct.bid(0)
     step = ct.num_blocks(0)
     while t < total:
-        mb, nb = _swizzle(t, mblocks, n_tiles, GM)
+        mb, nb = tile_lib.swizzle(t, mblocks, n_tiles, GM)
         e = ct.load(block_expert, (mb,), shape=())
         if (e >= 0) & (e < num_experts):
-            acc = _mma_bf16(h, w2, 0, e, mb, nb, nk, BM, BN, BK, True, Kind.INDICES)
+            acc = tile_lib.mma_bf16(h, w2, 0, e, mb, nb, nk, BM, BN, BK, True, Kind.INDICES)
             wt = ct.reshape(ct.load(row_weight, (mb,), shape=(BM,), padding_mode=_ZERO), (BM, 1))
             ct.store(y, (mb, nb), ct.astype(acc * wt, y.dtype))
         t = t + step
@@ -139,19 +127,14 @@ def slot_rows(y, dest, tok, j, cols, BT: int):
     return ct.astype(vals, ct.float32)
 
 
-_KERNEL_FNS = {"gate_up": _gate_up, "down": _down, "combine": _combine}
-
-
-@functools.cache
-def get_kernel(name: str, num_worker_warps: int | None = None, occupancy: int | None = None) -> Any:
-    """The ``@ct.kernel`` object of kernel ``name`` (``gate_up``, ``down``, ``combine``) with these hints (cached)."""
-    return ct.kernel(_KERNEL_FNS[name], num_worker_warps=num_worker_warps, occupancy=occupancy)
+#: ``get_kernel(name, num_worker_warps, occupancy)``: the cached ``@ct.kernel`` of ``gate_up``, ``down``, ``combine``.
+get_kernel = launch.kernel_factory({"gate_up": _gate_up, "down": _down, "combine": _combine})
 
 
 # ------------------------------------------------------------------------------------- host side
 
 
-def _supported(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, activation: str) -> None:
+def supported(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, activation: str) -> None:
     """Raise :class:`Unsupported` (before anything is written) for what the kernels do not take."""
     if activation not in ACTIVATIONS:
         raise Unsupported(f"activation {activation!r} (the kernels take {sorted(ACTIVATIONS)})")
@@ -165,14 +148,14 @@ def _supported(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, activa
             raise Unsupported("w13 and w2 must be contiguous")
         if t.data_ptr() % 16:
             raise Unsupported("weights must be 16-byte aligned")
-    _check_tma_weight(w13)
-    _check_tma_weight(w2)
+    check_tma_weight(w13)
+    check_tma_weight(w2)
 
 
 @register_impl("moe_experts", "cutile")
 def moe_experts(hidden, topk_ids, topk_weights, w13, w2, activation, stream):
     """Fused BF16 MoE experts; see ``tilegemm.ops.api.moe_experts`` and the module docstring."""
-    _supported(hidden, w13, w2, activation)
+    supported(hidden, w13, w2, activation)
     num_tokens, hidden_dim = hidden.shape
     num_experts, top_k, inter = w13.shape[0], topk_ids.shape[1], w2.shape[2]
     out = torch.empty(num_tokens, hidden_dim, dtype=hidden.dtype, device=hidden.device)

@@ -33,24 +33,14 @@ among the paths: ``heuristics.choose`` (``family="moe"``).
 
 from __future__ import annotations
 
-import functools
-from typing import Any
-
 import cuda.tile as ct
 import torch
 
 from tilegemm.heuristics import cutile as heuristics
-from tilegemm.ops.cutile import launch, moe_slots
+from tilegemm.ops.cutile import launch, tile_lib
 
 ConstInt = ct.Constant[int]
 _ZERO = ct.PaddingMode.ZERO
-
-
-def _block_expert(block_expert, mb, num_experts: int):
-    """``(e, live)``: block ``mb``'s expert clamped into ``[0, E)``, and whether it was in range."""
-    e = ct.load(block_expert, (mb,), shape=())
-    live = (e >= 0) & (e < num_experts)
-    return ct.where(live, e, 0), live
 
 
 def _block_gate_up(
@@ -59,7 +49,7 @@ def _block_gate_up(
     """``h [M, I]`` rows of block ``bid(0)``, columns ``[bid(1) * BW, +BW)``; xs [M, H]; wg, wu [E, I, H]."""
     mb = ct.bid(0)
     pn = ct.bid(1)
-    e, live = _block_expert(block_expert, mb, num_experts)
+    e, live = tile_lib.block_expert(block_expert, mb, num_experts)
     if live:
         acc_g = ct.zeros((BW, BT), dtype=ct.float32)
         acc_u = ct.zeros((BW, BT), dtype=ct.float32)
@@ -69,14 +59,14 @@ def _block_gate_up(
             u = ct.reshape(ct.load(wu, (e, pn, kb), shape=(1, BW, BK), padding_mode=_ZERO), (BW, BK))
             acc_g = ct.mma(g, a, acc_g)
             acc_u = ct.mma(u, a, acc_u)
-        ct.store(h, (pn, mb), ct.astype(moe_slots._act(acc_g, ACT) * acc_u, h.dtype), order=(1, 0))
+        ct.store(h, (pn, mb), ct.astype(tile_lib.activation(acc_g, ACT) * acc_u, h.dtype), order=(1, 0))
 
 
 def _block_down(h, w2, y, block_expert, row_weight, num_experts: int, BW: ConstInt, BK: ConstInt, BT: ConstInt):
     """``y [M, H]`` rows of block ``bid(0)``, columns ``[bid(1) * BW, +BW)``; h [M, I]; w2 [E, H, I]; row_weight [M]."""
     mb = ct.bid(0)
     pn = ct.bid(1)
-    e, live = _block_expert(block_expert, mb, num_experts)
+    e, live = tile_lib.block_expert(block_expert, mb, num_experts)
     if live:
         acc = ct.zeros((BW, BT), dtype=ct.float32)
         for kb in range(ct.cdiv(h.shape[1], BK)):
@@ -173,13 +163,10 @@ def _route_place(
         b = b + ct.num_blocks(0) * ct.num_blocks(1)
 
 
-_KERNEL_FNS = {"count": _route_count, "place": _route_place, "gate_up": _block_gate_up, "down": _block_down}
-
-
-@functools.cache
-def get_kernel(name: str) -> Any:
-    """The ``@ct.kernel`` object of ``name`` (``count``, ``place``, ``gate_up``, ``down``), cached."""
-    return ct.kernel(_KERNEL_FNS[name])
+#: ``get_kernel(name)``: the cached ``@ct.kernel`` of ``count``, ``place``, ``gate_up``, ``down``.
+get_kernel = launch.kernel_factory(
+    {"count": _route_count, "place": _route_place, "gate_up": _block_gate_up, "down": _block_down}, hints=False
+)
 
 
 def route(

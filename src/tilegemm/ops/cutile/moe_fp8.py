@@ -31,15 +31,12 @@ The form and its tiles: ``heuristics.moe_fp8_config``.
 
 from __future__ import annotations
 
-import functools
-from typing import Any
-
 import cuda.tile as ct
 import torch
 
 from tilegemm.backend.registry import Unsupported, register_impl
 from tilegemm.heuristics import cutile as heuristics
-from tilegemm.ops.cutile import launch, moe, moe_blocks, moe_slots
+from tilegemm.ops.cutile import launch, moe, moe_blocks, tile_lib
 from tilegemm.quant import AMAX_EPS, FP8_MAX
 from tilegemm.routing import max_padded_rows
 
@@ -105,7 +102,7 @@ def _block_gate_up(
     """
     mb = ct.bid(0)
     pn = ct.bid(1)
-    e, live = moe_blocks._block_expert(block_expert, mb, num_experts)
+    e, live = tile_lib.block_expert(block_expert, mb, num_experts)
     if live:
         acc_g = ct.zeros((128, BT), dtype=ct.float32)
         acc_u = ct.zeros((128, BT), dtype=ct.float32)
@@ -115,7 +112,7 @@ def _block_gate_up(
             u, suw = _weight_block(wu, su, e, pn, kb)
             acc_g = _promote(g, a, sa, sgw, acc_g)
             acc_u = _promote(u, a, sa, suw, acc_u)
-        q, scale = _quantize(moe_slots._act(acc_g, ACT) * acc_u, 0)
+        q, scale = _quantize(tile_lib.activation(acc_g, ACT) * acc_u, 0)
         ct.store(hq, (pn, mb), q, order=(1, 0))
         ct.store(sh, (pn, mb), scale, order=(1, 0))
 
@@ -127,7 +124,7 @@ def _block_down(hq, sh, w2, s2, y, block_expert, row_weight, num_experts: int, B
     """
     mb = ct.bid(0)
     pn = ct.bid(1)
-    e, live = moe_blocks._block_expert(block_expert, mb, num_experts)
+    e, live = tile_lib.block_expert(block_expert, mb, num_experts)
     if live:
         acc = ct.zeros((128, BT), dtype=ct.float32)
         for kb in range(hq.shape[1] // 128):
@@ -157,7 +154,7 @@ def _tile_gate_up(xq, sx, wg, wu, sg, su, hq, sh, block_expert, num_experts: int
     ``[bid(1) * 128, +128)``; the rows ``[64, 128]`` are the MMA's first operand, the weight block its second."""
     mb = ct.bid(0)
     pn = ct.bid(1)
-    e, live = moe_blocks._block_expert(block_expert, mb, num_experts)
+    e, live = tile_lib.block_expert(block_expert, mb, num_experts)
     if live:
         acc_g = ct.zeros((64, 128), dtype=ct.float32)
         acc_u = ct.zeros((64, 128), dtype=ct.float32)
@@ -167,7 +164,7 @@ def _tile_gate_up(xq, sx, wg, wu, sg, su, hq, sh, block_expert, num_experts: int
             a, sa = _row_operands(xq, sx, mb, kb)
             acc_g = _promote(a, g, sa, sgw, acc_g)
             acc_u = _promote(a, u, sa, suw, acc_u)
-        q, scale = _quantize(moe_slots._act(acc_g, ACT) * acc_u, 1)
+        q, scale = _quantize(tile_lib.activation(acc_g, ACT) * acc_u, 1)
         ct.store(hq, (mb, pn), q)
         ct.store(sh, (mb, pn), scale)
 
@@ -176,7 +173,7 @@ def _tile_down(hq, sh, w2, s2, y, block_expert, row_weight, num_experts: int):
     """Row form of :func:`_block_down`: the 64 rows of block ``bid(0)``, columns ``[bid(1) * 128, +128)``."""
     mb = ct.bid(0)
     pn = ct.bid(1)
-    e, live = moe_blocks._block_expert(block_expert, mb, num_experts)
+    e, live = tile_lib.block_expert(block_expert, mb, num_experts)
     if live:
         acc = ct.zeros((64, 128), dtype=ct.float32)
         for kb in range(hq.shape[1] // 128):
@@ -187,19 +184,16 @@ def _tile_down(hq, sh, w2, s2, y, block_expert, row_weight, num_experts: int):
         ct.store(y, (mb, pn), ct.astype(acc * wt, y.dtype))
 
 
-_KERNEL_FNS = {
-    "gather_quant": _gather_quant,
-    "block_gate_up": _block_gate_up,
-    "block_down": _block_down,
-    "tile_gate_up": _tile_gate_up,
-    "tile_down": _tile_down,
-}
-
-
-@functools.cache
-def get_kernel(name: str, num_worker_warps: int | None = None, occupancy: int | None = None) -> Any:
-    """The ``@ct.kernel`` object of ``name`` (a key of ``_KERNEL_FNS``) with these compiler hints, cached."""
-    return ct.kernel(_KERNEL_FNS[name], num_worker_warps=num_worker_warps, occupancy=occupancy)
+#: ``get_kernel(name, num_worker_warps, occupancy)``: the cached ``@ct.kernel`` of each kernel of this module.
+get_kernel = launch.kernel_factory(
+    {
+        "gather_quant": _gather_quant,
+        "block_gate_up": _block_gate_up,
+        "block_down": _block_down,
+        "tile_gate_up": _tile_gate_up,
+        "tile_down": _tile_down,
+    }
+)
 
 
 # ------------------------------------------------------------------------------------- host side

@@ -22,25 +22,15 @@ three paths compute the same function. Config and the choice among the paths: ``
 
 from __future__ import annotations
 
-import functools
-from typing import Any
-
 import cuda.tile as ct
 import torch
 
 from tilegemm.heuristics import cutile as heuristics
-from tilegemm.ops.cutile import launch
+from tilegemm.ops.cutile import launch, tile_lib
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 _ZERO = ct.PaddingMode.ZERO
-
-
-def _act(g, ACT: int):
-    """silu (``ACT == 0``) or the tanh GELU, fp32 (the same formulas as ``moe._activation``)."""
-    if ACT == 0:
-        return g / (1.0 + ct.exp(-g))
-    return 0.5 * g * (1.0 + ct.tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)))
 
 
 def _row_t(x, row, kb, BK: int, BT: int, EVEN_K: bool):
@@ -80,7 +70,7 @@ def _slot_gate_up(
             acc_u = ct.mma(u, xt, acc_u)
         col_g = ct.extract(acc_g, (0, 0), (BW, 1))
         col_u = ct.extract(acc_u, (0, 0), (BW, 1))
-        out = ct.reshape(ct.astype(_act(col_g, ACT) * col_u, h.dtype), (1, BW))
+        out = ct.reshape(ct.astype(tile_lib.activation(col_g, ACT) * col_u, h.dtype), (1, BW))
     ct.store(h, (s, pn), out)
 
 
@@ -110,13 +100,10 @@ def _slot_combine(y, out, TOPK: ConstInt, BT: ConstInt, BN: ConstInt):
     ct.store(out, (ct.bid(0), ct.bid(1)), ct.astype(acc, out.dtype))
 
 
-_KERNEL_FNS = {"gate_up": _slot_gate_up, "down": _slot_down, "combine": _slot_combine}
-
-
-@functools.cache
-def get_kernel(name: str) -> Any:
-    """The ``@ct.kernel`` object of ``name`` (``gate_up``, ``down``, ``combine``)."""
-    return ct.kernel(_KERNEL_FNS[name])
+#: ``get_kernel(name)``: the cached ``@ct.kernel`` of ``gate_up``, ``down``, ``combine``.
+get_kernel = launch.kernel_factory(
+    {"gate_up": _slot_gate_up, "down": _slot_down, "combine": _slot_combine}, hints=False
+)
 
 
 def slot_experts(

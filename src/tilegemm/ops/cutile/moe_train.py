@@ -31,9 +31,6 @@ k-grouped GEMMs take the ``grouped`` family's choice.
 
 from __future__ import annotations
 
-import functools
-from typing import Any
-
 import cuda.tile as ct
 import torch
 
@@ -41,8 +38,7 @@ from tilegemm.backend.registry import Unsupported, register_impl
 from tilegemm.heuristics import cutile as heuristics
 from tilegemm.heuristics.cutile import Kind
 from tilegemm.ops.common import MoETrainState, moe_train_empty, moe_train_is_empty, moe_train_zero_grads
-from tilegemm.ops.cutile import grouped, launch, moe, moe_blocks
-from tilegemm.ops.cutile.grouped import _mma_bf16, _swizzle
+from tilegemm.ops.cutile import grouped, launch, moe, moe_blocks, tile_lib
 from tilegemm.routing import ALIGNED_ROWS, aligned_blocks, expert_counts, expert_ends, max_padded_rows
 
 ConstInt = ct.Constant[int]
@@ -55,7 +51,7 @@ def _activation_grad(g, ACT: int):
     if ACT == 0:
         s = 1.0 / (1.0 + ct.exp(-g))
         return g * s, s * (1.0 + g * (1.0 - s))
-    c = moe._GELU_C
+    c = tile_lib.GELU_C
     t = ct.tanh(c * (g + 0.044715 * g * g * g))
     return 0.5 * g * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * g * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * g * g)
 
@@ -70,13 +66,13 @@ def _gate_up_train(
     mblocks = ct.cdiv(h.shape[0], BM)
     t = ct.bid(0)
     while t < mblocks * n_tiles:
-        mb, nb = _swizzle(t, mblocks, n_tiles, GM)
+        mb, nb = tile_lib.swizzle(t, mblocks, n_tiles, GM)
         e = ct.load(block_expert, (mb,), shape=())
         if (e >= 0) & (e < num_experts):
             acc_g, acc_u = moe.gate_up_tile(xs, w4, e, mb, nb, nk, BM, BN, BK)
             ct.store(gate, (mb, nb), ct.astype(acc_g, gate.dtype))
             ct.store(up, (mb, nb), ct.astype(acc_u, up.dtype))
-            ct.store(h, (mb, nb), ct.astype(moe._activation(acc_g, ACT) * acc_u, h.dtype))
+            ct.store(h, (mb, nb), ct.astype(tile_lib.activation(acc_g, ACT) * acc_u, h.dtype))
         t = t + ct.num_blocks(0)
 
 
@@ -91,10 +87,10 @@ def _dgate_up(
     mblocks = ct.cdiv(dgate.shape[0], BM)
     t = ct.bid(0)
     while t < mblocks * n_tiles:
-        mb, nb = _swizzle(t, mblocks, n_tiles, GM)
+        mb, nb = tile_lib.swizzle(t, mblocks, n_tiles, GM)
         e = ct.load(block_expert, (mb,), shape=())
         if (e >= 0) & (e < num_experts):
-            dh = _mma_bf16(dy, w2, 0, e, mb, nb, nk, BM, BN, BK, False, Kind.INDICES)
+            dh = tile_lib.mma_bf16(dy, w2, 0, e, mb, nb, nk, BM, BN, BK, False, Kind.INDICES)
             # The epilogue in 64-row halves: the whole tile's gate, up and dh at once spill on sm_100.
             for half in ct.static_iter(range(BM // 64)):
                 hb = mb * (BM // 64) + half
@@ -142,19 +138,16 @@ def _slot_dots(dout, y, dest, dw, TOPK: ConstInt, BT: ConstInt, BN: ConstInt):
         ct.store(dw, (j, ct.bid(0)), ct.reshape(acc, (1, BT)))
 
 
-_KERNEL_FNS = {
-    "gate_up": _gate_up_train,
-    "dgate_up": _dgate_up,
-    "combine_weighted": _combine_weighted,
-    "scale_rows": _scale_rows,
-    "slot_dots": _slot_dots,
-}
-
-
-@functools.cache
-def get_kernel(name: str, num_worker_warps: int | None = None, occupancy: int | None = None) -> Any:
-    """The ``@ct.kernel`` object of kernel ``name`` (a key of ``_KERNEL_FNS``) with these hints (cached)."""
-    return ct.kernel(_KERNEL_FNS[name], num_worker_warps=num_worker_warps, occupancy=occupancy)
+#: ``get_kernel(name, num_worker_warps, occupancy)``: the cached ``@ct.kernel`` of each kernel of this module.
+get_kernel = launch.kernel_factory(
+    {
+        "gate_up": _gate_up_train,
+        "dgate_up": _dgate_up,
+        "combine_weighted": _combine_weighted,
+        "scale_rows": _scale_rows,
+        "slot_dots": _slot_dots,
+    }
+)
 
 
 # ------------------------------------------------------------------------------------- host side
@@ -166,7 +159,7 @@ def _config(hidden_dim: int) -> heuristics.MoEConfig:
 
 def _supported(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, activation: str, rows: int) -> None:
     """Raise :class:`Unsupported` (before anything is written) for what the kernels do not take."""
-    moe._supported(hidden, w13, w2, activation)
+    moe.supported(hidden, w13, w2, activation)
     if rows * max(2 * w2.shape[2], hidden.shape[1]) >= 2**31 or hidden.numel() >= 2**31:
         raise Unsupported("a buffer has >= 2**31 elements (int32 indexing)")
 
@@ -174,7 +167,7 @@ def _supported(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, activa
 def _gemm_rows(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, ends: torch.Tensor, trans_b: bool, cfg) -> None:
     """``d[r] = a[r] @ B_e`` for the rows of each expert (``B_e = b[e].T`` when ``trans_b``, else ``b[e]``); rows of no
     expert come out 0 (``grouped.py``'s psum layout, 128-row alignment)."""
-    grouped._m_grouped("moe_train_gemm", a, b, d, ends, Kind.PSUM, trans_b, False, 0, ALIGNED_ROWS, cfg)
+    grouped.m_grouped("moe_train_gemm", a, b, d, ends, Kind.PSUM, trans_b, False, 0, ALIGNED_ROWS, cfg)
 
 
 def _weight_grad(a: torch.Tensor, b: torch.Tensor, starts: torch.Tensor, out: torch.Tensor) -> None:
@@ -186,7 +179,7 @@ def _weight_grad(a: torch.Tensor, b: torch.Tensor, starts: torch.Tensor, out: to
     cfg = heuristics.choose(problem)
     tiles = num_experts * launch.cdiv(m_dim, cfg.bm) * launch.cdiv(n_dim, cfg.bn)
     args = (a, b, out, out, starts, False, False, cfg.bm, cfg.bn, cfg.bk, cfg.gm)
-    grouped._launch(grouped.get_kernel("k_bf16", cfg.num_worker_warps, cfg.occupancy), cfg, tiles, args)
+    grouped.launch_tiles(grouped.get_kernel("k_bf16", cfg.num_worker_warps, cfg.occupancy), cfg, tiles, args)
 
 
 def _token_grid(num_tokens: int, cols: int, cfg: heuristics.MoEConfig) -> tuple[int, int, int]:
@@ -216,7 +209,7 @@ def moe_experts_forward(hidden, topk_ids, topk_weights, w13, w2, activation, str
     tiles = rows // up.bm * launch.cdiv(inter, up.bn)
     args = (xs, moe.gate_up_view(w13), gate_up[:, :inter], gate_up[:, inter:], h, block_expert, num_experts)
     args = (*args, moe.ACTIVATIONS[activation], up.bm, up.bn, up.bk, up.gm)
-    grouped._launch(get_kernel("gate_up", up.num_worker_warps, up.occupancy), up, tiles, args)
+    grouped.launch_tiles(get_kernel("gate_up", up.num_worker_warps, up.occupancy), up, tiles, args)
     y = torch.empty(rows, hidden_dim, dtype=dtype, device=dev)
     _gemm_rows(h, w2, y, ends, True, cfg.down)
     out = torch.empty(num_tokens, hidden_dim, dtype=dtype, device=dev)
@@ -263,7 +256,7 @@ def moe_experts_backward(grad_out, hidden, topk_weights, w13, w2, state, activat
     gate, up_half = state.gate_up[:, :inter], state.gate_up[:, inter:]
     args = (dy, w2, gate, up_half, dgu[:, :inter], dgu[:, inter:], block_expert, num_experts)
     args = (*args, moe.ACTIVATIONS[activation], up.bm, up.bn, up.bk, up.gm)
-    grouped._launch(get_kernel("dgate_up", up.num_worker_warps, up.occupancy), up, tiles, args)
+    grouped.launch_tiles(get_kernel("dgate_up", up.num_worker_warps, up.occupancy), up, tiles, args)
     d_w13 = None
     if need_w13:
         d_w13 = torch.empty_like(w13)

@@ -46,7 +46,7 @@ from tilegemm.heuristics.cutile import (
     print_once,
 )
 from tilegemm.ops.common import cdiv, compress_logits, paged_mqa_schedule, paged_mqa_split_kv
-from tilegemm.ops.cutile import tile_io
+from tilegemm.ops.cutile import tile_lib
 from tilegemm.ops.cutile.launch import launch
 
 ZERO = ct.PaddingMode.ZERO
@@ -153,8 +153,8 @@ def make_mqa_logits_kernel(fast_acc: bool = False, **hints):
         for i in range((t_hi - t_lo) // UNROLL):
             for u in ct.static_iter(range(UNROLL)):
                 # a widened range may end past the keys (window_tiles), and unchecked scale loads need the clamp
-                j = tile_io.clamp_index(t_lo + i * UNROLL + u, num_tiles, UNROLL > 1 or SCALES_LDG)
-                k_t = tile_io.load_hinted(kv, (j, 0), (BK, D), KEY_LATENCY)
+                j = tile_lib.clamp_index(t_lo + i * UNROLL + u, num_tiles, UNROLL > 1 or SCALES_LDG)
+                k_t = tile_lib.load_hinted(kv, (j, 0), (BK, D), KEY_LATENCY)
                 if SCALES_LDG:
                     sc = ct.load(kv_scale, (j,), shape=(BK,), check_bounds=False, allow_tma=False)
                 else:

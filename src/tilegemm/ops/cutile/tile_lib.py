@@ -1,0 +1,108 @@
+"""The device-side library every cutile kernel module imports (tile code only; host code lives beside each kernel
+family): the swizzled tile order, tile loads (a logical BF16 operand from either storage order, since TMA reads
+16-bit data K-major or MN-major alike; a load with a latency hint; the index clamp an unchecked load in a loop
+needs; a grouped operand's row block), the grouped BF16 MMA loop, the gated activations and an expert block's
+lookup. A helper used by more than one kernel module lives here, not as another module's private name."""
+
+from __future__ import annotations
+
+import math
+
+import cuda.tile as ct
+
+from tilegemm.heuristics.cutile import Kind
+
+_ZERO = ct.PaddingMode.ZERO
+#: ``sqrt(2 / pi)``, the tanh GELU's constant.
+GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def load_mk(A, pm, kb, TM: int, TK: int, KMAJOR: bool):
+    """Tile ``(pm, kb)`` ``[TM, TK]`` of the logical ``[M, K]`` operand, zero past the edges.
+
+    ``A`` is that ``[M, K]`` array (``KMAJOR``) or its ``[K, M]`` storage, read transposed (``order=(1, 0)``).
+    """
+    if KMAJOR:
+        tile = ct.load(A, (pm, kb), (TM, TK), padding_mode=_ZERO)
+    else:
+        tile = ct.load(A, (pm, kb), (TM, TK), order=(1, 0), padding_mode=_ZERO)
+    return tile
+
+
+def load_kn(B, kb, pn, TK: int, TN: int, KMAJOR: bool):
+    """Tile ``(kb, pn)`` ``[TK, TN]`` of the logical ``[K, N]`` operand ``B.T``, zero past the edges.
+
+    ``B`` is the ``[N, K]`` weight (``KMAJOR``, read transposed with ``order=(1, 0)``) or its ``[K, N]`` storage.
+    """
+    if KMAJOR:
+        tile = ct.load(B, (kb, pn), (TK, TN), order=(1, 0), padding_mode=_ZERO)
+    else:
+        tile = ct.load(B, (kb, pn), (TK, TN), padding_mode=_ZERO)
+    return tile
+
+
+def load_hinted(X, index, shape, LAT: int, order=(0, 1)):
+    """A zero-padded tile load; ``LAT > 0`` passes it as the load's latency hint (0: the compiler's choice).
+
+    tileiras sizes a loop's load pipeline (stages, shared-memory slots) from the hint: the decode kernels'
+    ``DecodePlan.latency`` / ``NarrowConfig.latency``, the plain MQA kernel's ``MqaConfig.key_latency``.
+    """
+    if LAT > 0:
+        return ct.load(X, index, shape, order=order, padding_mode=_ZERO, latency=LAT)
+    return ct.load(X, index, shape, order=order, padding_mode=_ZERO)
+
+
+def clamp_index(k, count, CLAMP: bool):
+    """Tile index ``k`` of a loop, clamped into ``[0, count)`` when ``CLAMP`` (else ``k`` itself).
+
+    A load without bounds checks needs it: tileiras issues a loop's loads a few iterations ahead, also for the
+    iterations after the last (their values unused), and unchecked those read past the array (sm_90 SASS of the FP8
+    decode kernels' scale loads: three 128-wide K blocks past the end). Every iteration that runs keeps its index.
+    """
+    return ct.minimum(k, count - 1) if CLAMP else k
+
+
+def swizzle(lt, mblocks, n_tiles, GM: int):
+    """Tile ``lt`` -> (row block, col block) in the swizzled order every persistent kernel walks (dense, einsum,
+    grouped within a group, MoE): bands of ``GM`` row blocks, rows fastest, so consecutive tiles share their
+    column's B tiles in L2."""
+    band = lt // (GM * n_tiles)
+    first = band * GM
+    gm = ct.minimum(mblocks - first, GM)
+    w = lt - band * GM * n_tiles
+    return first + w % gm, w // gm
+
+
+def load_rows(x, g, rb, kb, ROWS: int, COLS: int, KIND: int):
+    """The ``[ROWS, COLS]`` tile (row block ``rb``, column block ``kb``) of ``x``: ``[rows, cols]``, or for masked
+    ``[G, Mmax, cols]`` with ``rb`` counted inside group ``g`` (loads past Mmax read 0)."""
+    if KIND == Kind.MASKED:
+        return ct.reshape(ct.load(x, (g, rb, kb), shape=(1, ROWS, COLS), padding_mode=_ZERO), (ROWS, COLS))
+    return ct.load(x, (rb, kb), shape=(ROWS, COLS), padding_mode=_ZERO)
+
+
+def mma_bf16(a, b, g, e, rb, nb, nk, BM: int, BN: int, BK: int, TRANS_B: bool, KIND: int):
+    """fp32 [BM, BN] = row block ``rb`` of ``a`` @ B_e[:, nb cols] over ``nk`` blocks of BK (zero padded)."""
+    acc = ct.full((BM, BN), 0.0, dtype=ct.float32)
+    for kb in range(nk):
+        at = load_rows(a, g, rb, kb, BM, BK, KIND)
+        if TRANS_B:
+            bt = ct.load(b, (e, kb, nb), shape=(1, BK, BN), order=(0, 2, 1), padding_mode=_ZERO)
+        else:
+            bt = ct.load(b, (e, kb, nb), shape=(1, BK, BN), padding_mode=_ZERO)
+        acc = ct.mma(at, ct.reshape(bt, (BK, BN)), acc)
+    return acc
+
+
+def activation(g, ACT: int):
+    """``silu(g) = g * sigmoid(g)`` or the tanh GELU ``0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))``, fp32."""
+    if ACT == 0:
+        return g / (1.0 + ct.exp(-g))
+    return 0.5 * g * (1.0 + ct.tanh(GELU_C * (g + 0.044715 * g * g * g)))
+
+
+def block_expert(block_expert, mb, num_experts: int):
+    """``(e, live)``: block ``mb``'s expert clamped into ``[0, E)``, and whether it was in range."""
+    e = ct.load(block_expert, (mb,), shape=())
+    live = (e >= 0) & (e < num_experts)
+    return ct.where(live, e, 0), live
