@@ -437,11 +437,11 @@ def test_host_plan_arguments_compile(monkeypatch, kind, m, n, k):
     d = torch.empty(m, n, dtype=torch.bfloat16)
     if kind == "bf16":
         a, b = torch.randn(m, k).bfloat16(), torch.randn(n, k).bfloat16()
-        call = lambda: gemm.bf16_gemm("nt", a, b, d, None, 1.0, 1.0)  # noqa: E731
+        call = lambda: gemm.bf16_gemm(a, b, d, None, 1.0, 1.0)  # noqa: E731
     else:
         qa, qb = per_token_cast_to_fp8(torch.randn(m, k)), per_block_cast_to_fp8(torch.randn(n, k))
         qa = (qa[0], get_mn_major_tma_aligned_tensor(qa[1]))
-        call = lambda: gemm.fp8_gemm("nt", qa, qb, d, None, 1.0, 1.0, (1, 128, 128))  # noqa: E731
+        call = lambda: gemm.fp8_gemm(qa, qb, d, None, 1.0, 1.0, (1, 128, 128))  # noqa: E731
     call()
     first = list(calls)
     call()

@@ -48,7 +48,7 @@ import cuda.tile as ct
 
 from tilegemm.heuristics import cutile as heuristics
 from tilegemm.ops.common import cdiv
-from tilegemm.ops.cutile import tile_lib
+from tilegemm.ops.cutile import launch, tile_lib
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -434,8 +434,14 @@ def narrow_constants(
     """The ``ct.Constant`` tail of the narrow ``dtype`` kernel of ``cfg``, in parameter order (FP8 operands are
     K-major: ``a_kmajor`` / ``b_kmajor`` are BF16's; ``inside``: FP8's ``INSIDE``, see :func:`narrow_scales_inside`)."""
     if dtype == "bf16":
-        return [cfg.bm, cfg.bn, cfg.bk_bf16, a_kmajor, b_kmajor, cfg.rotate_k]
-    return [cfg.bm, cfg.bn, sb_rows, cfg.latency, cfg.rotate_k, cfg.pair_k, inside]
+        return launch.trailing(
+            _narrow_bf16_body, BM=cfg.bm, BN=cfg.bn, BK=cfg.bk_bf16, A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor,
+            ROTATE=cfg.rotate_k,
+        )  # fmt: skip
+    return launch.trailing(
+        _narrow_fp8_body, BM=cfg.bm, BN=cfg.bn, SB_ROWS=sb_rows, LAT=cfg.latency, ROTATE=cfg.rotate_k,
+        PAIR=cfg.pair_k, INSIDE=inside,
+    )  # fmt: skip
 
 
 @functools.cache
@@ -453,19 +459,26 @@ def get_kernel(
 
 
 def bf16_constants(
-    plan: heuristics.DecodePlan, *, a_kmajor: bool, b_kmajor: bool, has_c: bool, splitk: bool
+    plan: heuristics.DecodePlan, *, a_kmajor: bool, b_kmajor: bool, has_c: bool, splitk: bool, lean: bool = False
 ) -> list[Any]:
-    """The ``ct.Constant`` tail of the BF16 decode kernel of ``plan``, in parameter order (the lean kernel's: all
-    but the last two)."""
-    return [plan.cfg.bw, plan.bm, plan.cfg.bk_bf16, a_kmajor, b_kmajor, plan.latency, has_c, splitk]
+    """The ``ct.Constant`` tail of the BF16 decode kernel of ``plan`` (``lean``: of its lean entry point, which has
+    no ``HAS_C`` / ``SPLITK``), in parameter order."""
+    cfg = plan.cfg
+    named = dict(BW=cfg.bw, BM=plan.bm, BK=cfg.bk_bf16, A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, LAT=plan.latency)
+    if lean:
+        return launch.trailing(_decode_bf16_lean, **named)
+    return launch.trailing(_decode_bf16_body, **named, HAS_C=has_c, SPLITK=splitk)
 
 
 def fp8_constants(
-    plan: heuristics.DecodePlan, *, sb_rows: bool, has_c: bool, splitk: bool, inside: bool = False
+    plan: heuristics.DecodePlan, *, sb_rows: bool, has_c: bool, splitk: bool, inside: bool = False, lean: bool = False
 ) -> list[Any]:
-    """The ``ct.Constant`` tail of the FP8 decode kernel of ``plan``, in parameter order, fast accumulation on (the
-    lean kernel's: all but the last two; ``inside``: :func:`swap_scales_inside`)."""
-    return [plan.cfg.bw, plan.bm, plan.cfg.ku, sb_rows, True, plan.latency, inside, has_c, splitk]
+    """The ``ct.Constant`` tail of the FP8 decode kernel of ``plan``, in parameter order, fast accumulation on
+    (``lean``: of its lean entry point, which has no ``HAS_C`` / ``SPLITK``; ``inside``: :func:`swap_scales_inside`)."""
+    named = dict(BW=plan.cfg.bw, BM=plan.bm, KU=plan.cfg.ku, SB_ROWS=sb_rows, FAST_ACC=True, LAT=plan.latency)
+    if lean:
+        return launch.trailing(_decode_fp8_lean, **named, INSIDE=inside)
+    return launch.trailing(_decode_fp8_body, **named, INSIDE=inside, HAS_C=has_c, SPLITK=splitk)
 
 
 def swap_scales_inside(plan: heuristics.DecodePlan, m: int, n: int, k: int, sb_rows: bool) -> bool:

@@ -85,7 +85,7 @@ def _bmn_bnk_mn_gemm_impl(
         units = tiles * ct.cdiv(steps, per)
     for u in range(ct.bid(0), units, ct.num_blocks(0)):
         sp = u // tiles
-        pm, pn = tile_lib.swizzle(u - sp * tiles, num_m, num_n, GM)
+        pm, pn = tile_lib.tile_coords(u - sp * tiles, num_m, num_n, GM)
         j0 = 0
         j1 = steps
         if SPLIT:
@@ -129,7 +129,7 @@ def _heads_gemm_body(
     kblocks = ct.cdiv(A.shape[2], TK)
     for u in range(ct.bid(0), heads * per_head, ct.num_blocks(0)):
         h = u // per_head
-        pm, pn = tile_lib.swizzle(u - h * per_head, num_m, num_n, GM)
+        pm, pn = tile_lib.tile_coords(u - h * per_head, num_m, num_n, GM)
         acc = ct.zeros((TM, TN), dtype=ct.float32)
         for kb in range(kblocks):
             a = ct.load(A, (pm, h, kb), (TM, 1, TK), padding_mode=_ZERO)
@@ -147,17 +147,20 @@ def get_kernel(name: str, cfg: TileConfig | None = None) -> Any:
 
 def bmk_constants(cfg: TileConfig, *, split: bool, has_c: bool, c_is_d: bool) -> list[Any]:
     """The ``ct.Constant`` arguments of the ``bmk`` kernel, in parameter order."""
-    return [cfg.bm, cfg.bn, cfg.bk, cfg.gm, split, has_c, c_is_d]
+    return launch.trailing(
+        _bmk_body, TM=cfg.bm, TN=cfg.bn, TK=cfg.bk, GM=cfg.gm, SPLIT=split, HAS_C=has_c, C_IS_D=c_is_d
+    )
 
 
 def reduce_constants(*, has_c: bool, c_is_d: bool) -> list[Any]:
     """The ``ct.Constant`` arguments of the reduce kernel, in parameter order."""
-    return [*REDUCE_TILE, has_c, c_is_d]
+    rm, rn = REDUCE_TILE
+    return launch.trailing(_reduce_body, RM=rm, RN=rn, HAS_C=has_c, C_IS_D=c_is_d)
 
 
 def heads_constants(cfg: TileConfig, *, has_c: bool, c_is_d: bool) -> list[Any]:
     """The ``ct.Constant`` arguments of the ``heads`` kernel, in parameter order."""
-    return [cfg.bm, cfg.bn, cfg.bk, cfg.gm, has_c, c_is_d]
+    return launch.trailing(_heads_body, TM=cfg.bm, TN=cfg.bn, TK=cfg.bk, GM=cfg.gm, HAS_C=has_c, C_IS_D=c_is_d)
 
 
 # ------------------------------------------------------------------------------- host helpers

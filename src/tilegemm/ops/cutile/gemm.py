@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import cuda.tile as ct
@@ -89,7 +90,7 @@ def _bf16_gemm_body(
         tile, k_lo, k_hi = u, 0, num_k
         if SPLITK:
             tile, k_lo, k_hi = _split_unit(u, tiles, splits, num_k)
-        pm, pn = tile_lib.swizzle(tile, num_m, num_n, GROUP_M)
+        pm, pn = tile_lib.tile_coords(tile, num_m, num_n, GROUP_M)
         acc = ct.zeros((TM, TN), dtype=ct.float32)
         for kb in range(k_lo, k_hi):
             a = tile_lib.load_mk(A, pm, kb, TM, TK, A_KMAJOR)
@@ -150,7 +151,7 @@ def _fp8_gemm_body(
         tile, k_lo, k_hi = u, 0, num_k
         if SPLITK:
             tile, k_lo, k_hi = _split_unit(u, tiles, splits, num_k)
-        pm, pn = tile_lib.swizzle(tile, num_m, num_n, GROUP_M)
+        pm, pn = tile_lib.tile_coords(tile, num_m, num_n, GROUP_M)
         acc0 = ct.zeros((TM, HN), dtype=ct.float32)
         acc1 = ct.zeros((TM, HN), dtype=ct.float32)
         for kb in range(k_lo, k_hi):
@@ -215,7 +216,7 @@ def _splitk_reduce_body(
     num_n = ct.cdiv(D.shape[1], TN)
     t = ct.bid(0) // (TM // RM)
     r = ct.bid(0) % (TM // RM)
-    pm, pn = tile_lib.swizzle(t, num_m, num_n, GROUP_M)
+    pm, pn = tile_lib.tile_coords(t, num_m, num_n, GROUP_M)
     row = pm * (TM // RM) + r
     if row * RM < D.shape[0]:  # rows wholly past M: nothing to write (and a store there is undefined)
         acc = ct.zeros((RM, TN), dtype=ct.float32)
@@ -248,8 +249,14 @@ def kernel_constants(
 ) -> list[Any]:
     """The ``ct.Constant`` arguments of ``cfg``'s kernel, in parameter order (``has_c``: BF16 only)."""
     if cfg.dtype == "bf16":
-        return [cfg.bm, cfg.bn, cfg.bk, cfg.gm, a_kmajor, b_kmajor, has_c, splitk]
-    return [cfg.bm, cfg.bn, cfg.nh, cfg.gm, sb_rows, cfg.fast_acc, cfg.scale_tma, splitk]
+        return launch.trailing(
+            _bf16_gemm_body, TM=cfg.bm, TN=cfg.bn, TK=cfg.bk, GROUP_M=cfg.gm, A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor,
+            HAS_C=has_c, SPLITK=splitk,
+        )  # fmt: skip
+    return launch.trailing(
+        _fp8_gemm_body, TM=cfg.bm, TN=cfg.bn, NH=cfg.nh, GROUP_M=cfg.gm, SB_ROWS=sb_rows, FAST_ACC=cfg.fast_acc,
+        SCALE_TMA=cfg.scale_tma, SPLITK=splitk,
+    )  # fmt: skip
 
 
 #: Rows per split-K reduce CTA: a (32, TN) fp32 sum, four CTAs per 128-row tile.
@@ -263,41 +270,59 @@ def reduce_rows(cfg: heuristics.DenseConfig) -> int:
 
 def reduce_constants(cfg: heuristics.DenseConfig, *, has_c: bool = False) -> list[Any]:
     """The ``ct.Constant`` arguments of the split-K reduce kernel for ``cfg``."""
-    return [cfg.bm, cfg.bn, cfg.gm, has_c, reduce_rows(cfg)]
+    return launch.trailing(_splitk_reduce_body, TM=cfg.bm, TN=cfg.bn, GROUP_M=cfg.gm, HAS_C=has_c, RM=reduce_rows(cfg))
 
 
 # --------------------------------------------------------------------------- host side
 #
-# A call builds a launch plan once per (op, layout, operand shapes/strides/dtypes/alignment,
-# epilogue, config, SM count): the config, grid, kernel object, constant arguments and how each
-# operand reaches the kernel (``launch.cached_plan``). A repeated call only looks its plan up and
-# launches: no heuristics, no allocations (split-K workspaces and counters are cached per device and
-# stream), no views.
+# Operands arrive in the logical ``nt`` form the checks derive: a [M, K] and b [N, K] views (FP8: with their scales
+# sa [M, K/128] and sb [N/128, K/128] or [N, K/128]). A call's launch plan is built once per key (operand
+# metadata, epilogue, recipe, config, decode variant, SMs): ``bf16_plan`` / ``fp8_plan`` -> ``launch.cached_plan``
+# -> :func:`_build` -> the runner of the config's kernel family (``_RUNNERS[cfg.path]``). A repeated call only
+# looks its plan up and launches: no heuristics, no allocations (split-K workspaces and counters are cached per
+# device and stream), no views.
 
 Runner = launch.Runner
 
 
-def _logical(x: torch.Tensor, transposed: bool) -> torch.Tensor:
-    """The operand as its logical [rows, K] matrix (a view)."""
-    return x.t() if transposed else x
+@dataclass(frozen=True)
+class _Call:
+    """What a plan is built from: the problem, its config, and how each operand reaches the kernels.
+
+    ``fa`` / ``fb``: the logical operand -> the kernel's array (``None``: as it is), ``a_kmajor`` / ``b_kmajor``
+    whether that array is K-major; ``c_fn``: ``(d, c) ->`` the C array; FP8: ``sb_rows`` (1x128 RHS scales),
+    ``sa_to_f32`` (``sa`` is not fp32 yet).
+    """
+
+    op: str
+    p: heuristics.Problem
+    cfg: Any
+    fa: Callable | None
+    a_kmajor: bool
+    fb: Callable | None
+    b_kmajor: bool
+    c_fn: Callable
+    sb_rows: bool = False
+    sa_to_f32: bool = False
+
+    @property
+    def fp8(self) -> bool:
+        return self.p.dtype == "fp8"
 
 
 def _transpose(x: torch.Tensor) -> torch.Tensor:
     return x.t()
 
 
-def _operand_fn(x: torch.Tensor, transposed: bool, need_kmajor: bool) -> tuple[Callable | None, bool]:
-    """How a stored operand reaches the kernel: ``(fn, kmajor)``, the kernel's array being ``fn(x)`` (``None``: ``x``).
-
-    The logical [rows, K] matrix is used when TMA can read it (K-major), else its [K, rows]
-    storage (not when ``need_kmajor``), else an aligned K-major copy is made per call.
-    """
-    lx = _logical(x, transposed)
-    if launch.tma_ready(lx):
-        return (_transpose if transposed else None), True
-    if not need_kmajor and launch.tma_ready(lx.t()):
-        return (None if transposed else _transpose), False
-    return (lambda t: launch.aligned_copy(_logical(t, transposed))), True
+def _operand_fn(x: torch.Tensor, need_kmajor: bool) -> tuple[Callable | None, bool]:
+    """How logical operand ``x`` ([rows, K]) reaches the kernel: ``(fn, kmajor)``, the kernel's array being ``fn(x)``
+    (``None``: ``x``). ``x`` itself when TMA can read it (K-major), else its [K, rows] storage (not when
+    ``need_kmajor``: FP8 MMAs read K-major data only), else an aligned K-major copy made per call."""
+    if launch.tma_ready(x):
+        return None, True
+    if not need_kmajor and launch.tma_ready(x.t()):
+        return _transpose, False
+    return launch.aligned_copy, True
 
 
 def _apply(fn: Callable | None, x: torch.Tensor) -> torch.Tensor:
@@ -338,30 +363,147 @@ def _stream_buffers(d: torch.Tensor, handle: int, ws_elems: int, ws_shape: tuple
     return ws[: max(1, ws_elems)].view(ws_shape), cnt[: max(1, cnt_elems)]
 
 
-def _decode_runner(
-    op: str,
-    p: heuristics.Problem,
-    cfg: heuristics.DecodeConfig,
-    consts: Callable[[heuristics.DecodePlan, bool], list[Any]],
-    operands: Callable[..., tuple],
-    c_fn: Callable,
-    has_c: bool,
-) -> Runner:
-    """The launch of a decode-size GEMM: one swap-AB kernel (split-K reduced inside it); without ``c`` and
-    split-K, its lean entry point (no C, workspace or counter arguments)."""
+def _has_c(c: torch.Tensor | None, beta: float) -> bool:
+    return c is not None and beta != 0
+
+
+def bf16_gemm(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c, alpha, beta, config=None) -> torch.Tensor:
+    """BF16 GEMM ``d = alpha * a @ b.T + beta * c`` on the logical ``nt`` form (a [M, K], b [N, K] views of any
+    storage order; see ops/api.py).
+
+    ``config`` overrides the heuristic choice (benchmarks, tests): a ``DenseConfig`` forces the
+    persistent-tile kernel, a ``DecodeConfig`` the swap-AB decode kernel, a ``NarrowConfig`` the narrow-tile
+    decode kernel (calls without ``c`` only).
+    """
+    bf16_plan(a, b, d, c if _has_c(c, beta) else None, config)(a, b, d, c, alpha, beta)
+    return d
+
+
+def bf16_plan(a, b, d, c, config=None) -> Runner:
+    """The cached launch plan of a BF16 call (``c``: ``None`` when it is not read): ``run(a, b, d, c, alpha, beta)``."""
+    tk, variant = launch.tensor_key, heuristics.variant("dense")
+    key = ("bf16", tk(a), tk(b), tk(d), None if c is None else tk(c), config, variant, launch.sms_key(d.device))
+    return launch.cached_plan(key, _build, "bf16", a, None, b, None, d, c, None, config, variant)
+
+
+def fp8_gemm(a, b, d: torch.Tensor, c, alpha, beta, recipe, config=None) -> torch.Tensor:
+    """FP8 block-scaled GEMM on the logical ``nt`` form (see ops/api.py); operands are (fp8, fp32 scales): a
+    [M, K] with sa [M, K/128], b [N, K] with sb [N/128, K/128] or [N, K/128]; ``recipe`` resolved (the checks do
+    both). Operands that are not K-major are copied to K-major (Hopper FP8 MMAs read K-major data only).
+    ``config`` as in :func:`bf16_gemm`.
+    """
+    fp8_plan(a, b, d, c if _has_c(c, beta) else None, recipe, config)(a, b, d, c, alpha, beta)
+    return d
+
+
+def fp8_plan(a, b, d, c, recipe, config=None) -> Runner:
+    """The cached launch plan of an FP8 call (``c``: ``None`` when it is not read): ``run(a, b, d, c, alpha, beta)``."""
+    (a_data, sa), (b_data, sb) = a, b
+    tk, variant = launch.tensor_key, heuristics.variant("dense")
+    recipe = None if recipe is None else tuple(recipe)
+    key = (
+        "fp8", tk(a_data), tk(sa), tk(b_data), tk(sb), tk(d), None if c is None else tk(c), recipe, config, variant,
+        launch.sms_key(d.device),
+    )  # fmt: skip
+    return launch.cached_plan(key, _build, "fp8", a_data, sa, b_data, sb, d, c, recipe, config, variant)
+
+
+def _build(dtype: str, a, sa, b, sb, d, c, recipe, config, variant: str | None) -> Runner:
+    """Build the plan of a ``dtype`` call: the trivial plan of an empty problem, else the runner of the config's
+    kernel family (``config`` when forced, else the heuristics' choice under ``variant``)."""
+    (m, k), n = a.shape, b.shape[0]
+    trivial = _trivial_plan(m, n, k)
+    if trivial is not None:
+        return trivial
+    if not d.is_contiguous():
+        raise Unsupported("d must be contiguous")
+    fp8 = dtype == "fp8"
+    p = heuristics.Problem("dense", dtype, m, n, k, launch.num_sms(), has_c=c is not None, variant=variant)
+    cfg = config or heuristics.choose(p)
+    (fa, a_kmajor), (fb, b_kmajor) = _operand_fn(a, fp8), _operand_fn(b, fp8)
+    call = _Call(
+        f"{dtype}_gemm_nt", p, cfg, fa, a_kmajor, fb, b_kmajor, _addend_fn(d, c),
+        sb_rows=fp8 and tuple(recipe) == (1, 1, 128), sa_to_f32=fp8 and sa.dtype != torch.float32,
+    )  # fmt: skip
+    return _RUNNERS[cfg.path](call)
+
+
+def _narrow_runner(call: _Call) -> Runner:
+    """The narrow-tile decode kernel (calls without ``c``): one kernel, no workspace."""
+    p, cfg, fa, fb = call.p, call.cfg, call.fa, call.fb
+    if p.has_c:
+        raise Unsupported(f"config {cfg.name}: the narrow-tile kernel has no c epilogue")
+    if call.fp8:
+        inside = decode.narrow_scales_inside(cfg, p.m, p.n, call.sb_rows)
+        consts = decode.narrow_constants("fp8", cfg, a_kmajor=True, b_kmajor=True, sb_rows=call.sb_rows, inside=inside)
+        if not call.sb_rows and 128 % cfg.bn != 0:
+            raise Unsupported(f"config {cfg.name}: 128x128 weight scales need a weight tile that divides 128")
+        to_f32 = call.sa_to_f32
+
+        def operands(a, b):
+            return (_apply(fa, a[0]), _apply(fb, b[0]), a[1].to(torch.float32) if to_f32 else a[1], b[1])
+
+    else:
+        consts = decode.narrow_constants("bf16", cfg, a_kmajor=call.a_kmajor, b_kmajor=call.b_kmajor, sb_rows=False)
+
+        def operands(a, b):
+            return (_apply(fa, a), _apply(fb, b))
+
+    heuristics.print_once(call.op, (p.m, p.n, p.k), cfg.summary(p.m, p.n))
+    kernel = decode.get_narrow_kernel(p.dtype, cfg)
+    grid = cfg.grid(p.m, p.n)
+    tail = (p.k, *consts)
+
+    def run(a, b, d, c, alpha, beta):
+        launch.launch(kernel, grid, (*operands(a, b), d, float(alpha), *tail))
+
+    return run
+
+
+def _decode_constants(call: _Call, plan: heuristics.DecodePlan, splitk: bool, lean: bool = False) -> list[Any]:
+    """The constant tail of the swap-AB kernel of ``plan`` for ``call`` (``lean``: its lean entry point's)."""
+    has_c = call.p.has_c
+    if call.fp8:
+        inside = decode.swap_scales_inside(plan, call.p.m, call.p.n, call.p.k, call.sb_rows)
+        return decode.fp8_constants(plan, sb_rows=call.sb_rows, has_c=has_c, splitk=splitk, inside=inside, lean=lean)
+    return decode.bf16_constants(
+        plan, a_kmajor=call.a_kmajor, b_kmajor=call.b_kmajor, has_c=has_c, splitk=splitk, lean=lean
+    )
+
+
+def _decode_operands(call: _Call) -> Callable[..., tuple]:
+    """``(a, b) ->`` the swap-AB kernel's leading arrays: the weight side first (``B, A`` and FP8 ``SB, SA``)."""
+    fa, fb = call.fa, call.fb
+    if not call.fp8:
+        return _swap_pair if fa is None and fb is None else lambda a, b: (_apply(fb, b), _apply(fa, a))
+    if fa is None and fb is None and not call.sa_to_f32:
+        return _fp8_swap
+    to_f32 = call.sa_to_f32
+
+    def operands(a, b):
+        sa_arr = a[1].to(torch.float32) if to_f32 else a[1]
+        return (_apply(fb, b[0]), _apply(fa, a[0]), b[1], sa_arr)
+
+    return operands
+
+
+def _decode_runner(call: _Call) -> Runner:
+    """A decode-size GEMM: one swap-AB kernel (split-K reduced inside it); without ``c`` and split-K, its lean
+    entry point (no C, workspace or counter arguments)."""
+    p, cfg, c_fn, has_c = call.p, call.cfg, call.c_fn, call.p.has_c
     plan = heuristics.decode_plan(p, cfg)
-    heuristics.print_once(op, (p.m, p.n, p.k), plan.summary)
-    grid = plan.grid
+    heuristics.print_once(call.op, (p.m, p.n, p.k), plan.summary)
+    grid, operands = plan.grid, _decode_operands(call)
     if not (has_c or plan.splitk):
         lean = decode.get_kernel(p.dtype, cfg, plan.bm, lean=True, occupancy=plan.occupancy)
-        lean_tail = (p.k, *consts(plan, False)[:-2])
+        lean_tail = (p.k, *_decode_constants(call, plan, False, lean=True))
 
         def run_lean(a, b, d, c, alpha, beta):
             launch.launch(lean, grid, (*operands(a, b), d, float(alpha), *lean_tail))
 
         return run_lean
     kernel = decode.get_kernel(p.dtype, cfg, plan.bm, occupancy=plan.occupancy)
-    tail = (p.k, plan.splits, plan.per, *consts(plan, plan.splitk))
+    tail = (p.k, plan.splits, plan.per, *_decode_constants(call, plan, plan.splitk))
     ws_shape = (plan.splits * plan.tiles, cfg.bw, plan.bm) if plan.splitk else (1, 1, 1)
     per_stream: dict[int, tuple] = {}
 
@@ -378,40 +520,36 @@ def _decode_runner(
     return run
 
 
-def _narrow_runner(op: str, p: heuristics.Problem, cfg: heuristics.NarrowConfig, consts: list[Any], operands) -> Runner:
-    """The launch of a narrow-tile decode GEMM (calls without ``c``): one kernel, no workspace."""
-    if p.has_c:
-        raise Unsupported(f"config {cfg.name}: the narrow-tile kernel has no c epilogue")
-    heuristics.print_once(op, (p.m, p.n, p.k), cfg.summary(p.m, p.n))
-    kernel = decode.get_narrow_kernel(p.dtype, cfg)
-    grid = cfg.grid(p.m, p.n)
-    tail = (p.k, *consts)
+def _tile_runner(call: _Call) -> Runner:
+    """The persistent-tile kernel (and the split-K reduce kernel when the plan splits tiles). FP8 has no ``c``
+    epilogue in the tile kernel: with a ``c`` every tile goes through the fp32 workspace and the reduce kernel
+    applies the epilogue."""
+    p, cfg, fa, fb, c_fn, has_c = call.p, call.cfg, call.fa, call.fb, call.c_fn, call.p.has_c
+    if call.fp8:
+        sb_rows = call.sb_rows
+        if not sb_rows and cfg.bn // cfg.nh != 128:
+            raise Unsupported(f"config {cfg.name}: 128x128 RHS scales need 128-wide N parts")
 
-    def run(a, b, d, c, alpha, beta):
-        launch.launch(kernel, grid, (*operands(a, b), d, float(alpha), *tail))
+        def consts(splitk: bool) -> list[Any]:
+            return kernel_constants(cfg, sb_rows=sb_rows, splitk=splitk)
 
-    return run
+        def operands(a, b):
+            arr_sa = _mn_major_scales(a[1].to(torch.float32))
+            arr_sb = _mn_major_scales(b[1]) if sb_rows else b[1].contiguous()
+            return (_apply(fa, a[0]), _apply(fb, b[0]), arr_sa, arr_sb)
 
+    else:
 
-def _dense_runner(
-    op: str,
-    p: heuristics.Problem,
-    cfg: heuristics.DenseConfig,
-    consts: Callable[[bool], list[Any]],
-    operands: Callable[..., list],
-    c_fn: Callable,
-    has_c: bool,
-    c_in_reduce: bool = False,
-) -> Runner:
-    """The launch of the persistent-tile kernel (and the split-K reduce kernel when the plan splits tiles).
+        def consts(splitk: bool) -> list[Any]:
+            return kernel_constants(cfg, a_kmajor=call.a_kmajor, b_kmajor=call.b_kmajor, has_c=has_c, splitk=splitk)
 
-    ``c_in_reduce``: with a ``c``, every tile goes through the fp32 workspace so that the reduce
-    kernel applies the epilogue (the FP8 kernel has no ``c`` epilogue).
-    """
+        def operands(a, b):
+            return (_apply(fa, a), _apply(fb, b))
+
     plan = heuristics.split_plan(p, cfg)
-    splitk = plan.splits > 1 or (c_in_reduce and has_c)
+    splitk = plan.splits > 1 or (call.fp8 and has_c)
     grid = launch.persistent_grid(plan.units, cfg.ctas_per_sm, p.sms)
-    heuristics.print_once(op, (p.m, p.n, p.k), f"{cfg.name} grid={grid} split={plan.splits}")
+    heuristics.print_once(call.op, (p.m, p.n, p.k), f"{cfg.name} grid={grid} split={plan.splits}")
     kernel = get_kernel(cfg)
     main_tail = (p.k, plan.splits, *consts(splitk))
     red_grid = (plan.tiles * (cfg.bm // reduce_rows(cfg)), 1, 1)
@@ -435,93 +573,20 @@ def _dense_runner(
     return run
 
 
-def _has_c(c: torch.Tensor | None, beta: float) -> bool:
-    return c is not None and beta != 0
-
-
-def bf16_gemm(
-    layout: str,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    d: torch.Tensor,
-    c,
-    alpha,
-    beta,
-    config: heuristics.DenseConfig | heuristics.DecodeConfig | heuristics.NarrowConfig | None = None,
-) -> torch.Tensor:
-    """BF16 GEMM ``d = alpha * op(a) @ op(b) + beta * c`` for ``layout`` in nt/nn/tn/tt (see ops/api.py).
-
-    ``config`` overrides the heuristic choice (benchmarks, tests): a ``DenseConfig`` forces the
-    persistent-tile kernel, a ``DecodeConfig`` the swap-AB decode kernel, a ``NarrowConfig`` the narrow-tile
-    decode kernel (calls without ``c`` only).
-    """
-    bf16_plan(layout, a, b, d, c if _has_c(c, beta) else None, config)(a, b, d, c, alpha, beta)
-    return d
-
-
-def bf16_plan(layout: str, a, b, d, c, config=None) -> Runner:
-    """The cached launch plan of a BF16 call (``c``: ``None`` when it is not read): ``run(a, b, d, c, alpha, beta)``."""
-    tk = launch.tensor_key
-    variant = heuristics.variant("dense")
-    key = ("bf16", layout, tk(a), tk(b), tk(d), None if c is None else tk(c), config, variant, launch.sms_key(d.device))
-    return launch.cached_plan(key, _bf16_plan, layout, a, b, d, c, config, variant)
-
-
-def _bf16_plan(layout: str, a, b, d, c, config, variant: str | None) -> Runner:
-    """Build the launch plan of a BF16 call (see :func:`bf16_gemm`)."""
-    m, n, k, trivial = _plan_dims(layout, a, b, d)
-    if trivial is not None:
-        return trivial
-    op, p, cfg, (fa, a_kmajor), (fb, b_kmajor), c_fn = _prepare("bf16", layout, a, b, d, c, config, variant, m, n, k)
-    has_c = c is not None
-    if cfg.path == "narrow":
-        consts = decode.narrow_constants("bf16", cfg, a_kmajor=a_kmajor, b_kmajor=b_kmajor, sb_rows=False)
-        return _narrow_runner(op, p, cfg, consts, lambda a, b: (_apply(fa, a), _apply(fb, b)))
-    if cfg.path == "decode":
-
-        def dconsts(plan: heuristics.DecodePlan, splitk: bool) -> list[Any]:
-            return decode.bf16_constants(plan, a_kmajor=a_kmajor, b_kmajor=b_kmajor, has_c=has_c, splitk=splitk)
-
-        if fa is None and fb is None:
-            operands = _swap_pair
-        else:
-            operands = lambda a, b: (_apply(fb, b), _apply(fa, a))  # noqa: E731
-        return _decode_runner(op, p, cfg, dconsts, operands, c_fn, has_c)
-
-    def consts(splitk: bool) -> list[Any]:
-        return kernel_constants(cfg, a_kmajor=a_kmajor, b_kmajor=b_kmajor, has_c=has_c, splitk=splitk)
-
-    return _dense_runner(op, p, cfg, consts, lambda a, b: (_apply(fa, a), _apply(fb, b)), c_fn, has_c)
-
-
-def _plan_dims(layout: str, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor) -> tuple[int, int, int, Runner | None]:
-    """``(M, N, K, trivial)`` of a dense call stored in ``layout``: ``trivial`` is the plan of an empty
-    problem (else ``None``); a non-contiguous ``d`` of a non-trivial call is ``Unsupported``."""
-    la = _logical(a, layout[0] == "t")  # [M, K]
-    lb = _logical(b, layout[1] == "n")  # [N, K]
-    (m, k), n = la.shape, lb.shape[0]
-    trivial = _trivial_plan(m, n, k)
-    if trivial is None and not d.is_contiguous():
-        raise Unsupported("d must be contiguous")
-    return m, n, k, trivial
-
-
-def _prepare(dtype: str, layout: str, a, b, d, c, config, variant: str | None, m: int, n: int, k: int) -> tuple:
-    """What a dense plan starts from: ``(op, problem, config, (fa, a_kmajor), (fb, b_kmajor), c_fn)``.
-
-    The config is ``config`` when forced, else the heuristics' choice (under ``variant``, what
-    ``$TILEGEMM_DECODE_VARIANT`` forced when the plan's key was taken); ``fa``/``fb`` and ``c_fn`` as
-    :func:`_operand_fn` and :func:`_addend_fn` give them (FP8 operands must reach the kernel K-major).
-    """
-    need_kmajor = dtype == "fp8"
-    fa = _operand_fn(a, layout[0] == "t", need_kmajor)
-    fb = _operand_fn(b, layout[1] == "n", need_kmajor)
-    p = heuristics.Problem("dense", dtype, m, n, k, launch.num_sms(), has_c=c is not None, variant=variant)
-    return f"{dtype}_gemm_{layout}", p, config or heuristics.choose(p), fa, fb, _addend_fn(d, c)
+#: The runner of each kernel family a dense config names (``cfg.path``).
+_RUNNERS: dict[str, Callable[[_Call], Runner]] = {
+    "narrow": _narrow_runner,
+    "decode": _decode_runner,
+    "tile": _tile_runner,
+}
 
 
 def _swap_pair(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return b, a
+
+
+def _fp8_swap(a, b) -> tuple:
+    return b[0], a[0], b[1], a[1]
 
 
 def _mn_major_scales(s: torch.Tensor) -> torch.Tensor:
@@ -529,112 +594,17 @@ def _mn_major_scales(s: torch.Tensor) -> torch.Tensor:
     return launch.as_row_major(s.t())
 
 
-def fp8_gemm(
-    layout: str,
-    a,
-    b,
-    d: torch.Tensor,
-    c,
-    alpha,
-    beta,
-    recipe,
-    config: heuristics.DenseConfig | heuristics.DecodeConfig | heuristics.NarrowConfig | None = None,
-) -> torch.Tensor:
-    """FP8 block-scaled GEMM for ``layout`` in nt/nn/tn/tt (see ops/api.py); operands are (fp8, fp32 scales).
-
-    ``a``/``b`` data are stored in ``layout``; their scales are logical (sa [M, K/128], sb [N/128, K/128]
-    or [N, K/128]) and ``recipe`` is resolved (the checks do both). Non-K-major operands are copied to
-    K-major (Hopper FP8 MMAs read K-major data only). ``config`` as in :func:`bf16_gemm`.
-    """
-    fp8_plan(layout, a, b, d, c if _has_c(c, beta) else None, recipe, config)(a, b, d, c, alpha, beta)
-    return d
-
-
-def fp8_plan(layout: str, a, b, d, c, recipe, config=None) -> Runner:
-    """The cached launch plan of an FP8 call (``c``: ``None`` when it is not read): ``run(a, b, d, c, alpha, beta)``."""
-    (a_data, sa), (b_data, sb) = a, b
-    tk = launch.tensor_key
-    variant = heuristics.variant("dense")
-    key = (
-        "fp8",
-        layout,
-        tk(a_data),
-        tk(sa),
-        tk(b_data),
-        tk(sb),
-        tk(d),
-        None if c is None else tk(c),
-        None if recipe is None else tuple(recipe),
-        config,
-        variant,
-        launch.sms_key(d.device),
-    )
-    return launch.cached_plan(key, _fp8_plan, layout, a_data, sa, b_data, sb, d, c, recipe, config, variant)
-
-
-def _fp8_plan(layout: str, a_data, sa, b_data, sb, d, c, recipe, config, variant: str | None) -> Runner:
-    """Build the launch plan of an FP8 call (see :func:`fp8_gemm`)."""
-    m, n, k, trivial = _plan_dims(layout, a_data, b_data, d)
-    if trivial is not None:
-        return trivial
-    sb_rows = tuple(recipe) == (1, 1, 128)
-    op, p, cfg, (fa, _), (fb, _), c_fn = _prepare("fp8", layout, a_data, b_data, d, c, config, variant, m, n, k)
-    has_c = c is not None
-    to_f32 = sa.dtype != torch.float32
-    if cfg.path == "narrow":
-        inside = decode.narrow_scales_inside(cfg, m, n, sb_rows)
-        consts = decode.narrow_constants("fp8", cfg, a_kmajor=True, b_kmajor=True, sb_rows=sb_rows, inside=inside)
-        if not sb_rows and 128 % cfg.bn != 0:
-            raise Unsupported(f"config {cfg.name}: 128x128 weight scales need a weight tile that divides 128")
-
-        def narrow_operands(a, b):
-            return (_apply(fa, a[0]), _apply(fb, b[0]), a[1].to(torch.float32) if to_f32 else a[1], b[1])
-
-        return _narrow_runner(op, p, cfg, consts, narrow_operands)
-    if cfg.path == "decode":
-
-        def dconsts(plan: heuristics.DecodePlan, splitk: bool) -> list[Any]:
-            inside = decode.swap_scales_inside(plan, m, n, k, sb_rows)
-            return decode.fp8_constants(plan, sb_rows=sb_rows, has_c=has_c, splitk=splitk, inside=inside)
-
-        if fa is None and fb is None and not to_f32:
-            operands = _fp8_swap
-        else:
-
-            def operands(a, b):
-                sa_arr = a[1].to(torch.float32) if to_f32 else a[1]
-                return (_apply(fb, b[0]), _apply(fa, a[0]), b[1], sa_arr)
-
-        return _decode_runner(op, p, cfg, dconsts, operands, c_fn, has_c)
-    if not sb_rows and cfg.bn // cfg.nh != 128:
-        raise Unsupported(f"config {cfg.name}: 128x128 RHS scales need 128-wide N parts")
-
-    def consts(splitk: bool) -> list[Any]:
-        return kernel_constants(cfg, sb_rows=sb_rows, splitk=splitk)
-
-    def operands(a, b):
-        arr_sa = _mn_major_scales(a[1].to(torch.float32))
-        arr_sb = _mn_major_scales(b[1]) if sb_rows else b[1].contiguous()
-        return (_apply(fa, a[0]), _apply(fb, b[0]), arr_sa, arr_sb)
-
-    return _dense_runner(op, p, cfg, consts, operands, c_fn, has_c, c_in_reduce=True)
-
-
-def _fp8_swap(a, b) -> tuple:
-    return b[0], a[0], b[1], a[1]
-
-
 # --------------------------------------------------------------------------- registration
 
 
 def _bf16_gemm(a, b, d, c, alpha, beta, stream):
     """cuTile BF16 GEMM of any layout, in the logical ``nt`` form the checks derive (a [M, K], b [N, K] views)."""
-    return bf16_gemm("nt", a, b, d, c, alpha, beta)
+    return bf16_gemm(a, b, d, c, alpha, beta)
 
 
 def _fp8_gemm(a, b, d, c, recipe, alpha, beta, stream):
     """cuTile FP8 GEMM of any layout, in the logical ``nt`` form (data and scales transposed together)."""
-    return fp8_gemm("nt", a, b, d, c, alpha, beta, recipe)
+    return fp8_gemm(a, b, d, c, alpha, beta, recipe)
 
 
 def _replay(plan: Runner) -> Callable[..., torch.Tensor]:
@@ -649,19 +619,19 @@ def _replay(plan: Runner) -> Callable[..., torch.Tensor]:
 
 def _bf16_replay(derived: dict[str, Any]) -> Callable[..., torch.Tensor]:
     a, b, d, c, beta = (derived[key] for key in ("a", "b", "d", "c", "beta"))
-    return _replay(bf16_plan("nt", a, b, d, c if _has_c(c, beta) else None))
+    return _replay(bf16_plan(a, b, d, c if _has_c(c, beta) else None))
 
 
 def _fp8_replay(derived: dict[str, Any]) -> Callable[..., torch.Tensor]:
     a, b, d, c, beta, recipe = (derived[key] for key in ("a", "b", "d", "c", "beta", "recipe"))
-    return _replay(fp8_plan("nt", a, b, d, c if _has_c(c, beta) else None, recipe))
+    return _replay(fp8_plan(a, b, d, c if _has_c(c, beta) else None, recipe))
 
 
 @register_impl("fp8_gemm_nt_skip_head_mid", "cutile")
 def _fp8_gemm_skip_head_mid(a, b, d, head_splits, recipe, stream):
     """The FP8 ``nt`` GEMM into a temporary [M, N] of ``d``'s dtype, then placed around each head's gap."""
     out = torch.empty(a[0].shape[0], b[0].shape[0], dtype=d.dtype, device=d.device)
-    fp8_gemm("nt", a, b, out, None, 1.0, 0.0, recipe)
+    fp8_gemm(a, b, out, None, 1.0, 0.0, recipe)
     return write_head_splits(d, out, head_splits)
 
 

@@ -1,7 +1,8 @@
 """The launch layer every cutile kernel family goes through.
 
 * Where and how wide: :func:`current_stream`, :func:`num_sms`, :func:`persistent_grid` (``SMs * ctas_per_sm``).
-* Kernels: :func:`kernel_factory` (a module's cached ``@ct.kernel`` objects by name and compiler hints).
+* Kernels: :func:`kernel_factory` (a module's cached ``@ct.kernel`` objects by name and compiler hints);
+  :func:`trailing` (a kernel's trailing arguments, given by name, in its parameter order).
 * Launching: :func:`launch` (a kernel ``tileiras`` rejects becomes :class:`Unsupported`, so the call falls back).
 * Operands: one TMA contract, :func:`tma_ready`, and the copies that meet it (:func:`as_row_major`).
 * Launch plans: :func:`cached_plan` builds a call's plan once per key (shapes, strides, config, SMs).
@@ -11,6 +12,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +32,7 @@ __all__ = [
     "persistent_grid",
     "launch",
     "kernel_factory",
+    "trailing",
     "tma_ready",
     "aligned_copy",
     "as_row_major",
@@ -94,6 +97,25 @@ def kernel_factory(bodies: dict[str, Callable[..., None]], *, hints: bool = True
             return ct.kernel(bodies[name])
 
     return get_kernel
+
+
+@functools.cache
+def _parameters(body: Callable[..., None]) -> tuple[str, ...]:
+    return tuple(inspect.signature(body).parameters)
+
+
+def trailing(body: Callable[..., None], **named: Any) -> list[Any]:
+    """The values of ``body``'s last ``len(named)`` parameters (its ``ct.Constant`` tail, say), given by name, in
+    the kernel's parameter order: a launch or a compile-gate signature never depends on remembering that order.
+
+    Raises:
+        TypeError: ``named`` is not exactly the kernel's last parameters (the message names both).
+    """
+    params = _parameters(body)
+    tail = params[len(params) - len(named) :] if named else ()
+    if set(tail) != set(named):
+        raise TypeError(f"{body.__name__}: got arguments {sorted(named)}, expected its last parameters {list(tail)}")
+    return [named[p] for p in tail]
 
 
 def launch(kernel: Any, grid: tuple[int, int, int], args: tuple, stream: torch.cuda.Stream | None = None) -> None:

@@ -43,7 +43,7 @@ def get_kernel() -> Any:
 
 def kernel_constants(cfg: heuristics.NormConfig) -> list[Any]:
     """The ``ct.Constant`` arguments of ``cfg``, in parameter order."""
-    return [cfg.rows, cfg.cols]
+    return launch.trailing(_rms_norm_body, ROWS=cfg.rows, COLS=cfg.cols)
 
 
 @register_impl("rms_norm", "cutile")
