@@ -102,3 +102,49 @@ def test_kernel_modules_share_code_through_public_names():
             if private.search(p.read_text())
         }
         assert not found, f"private names of sibling modules: {found}"
+
+
+def test_modules_are_small_or_say_why():
+    """No module under ``src/tilegemm`` is over 600 lines, except kernel modules that say why in their docstring
+    (a line ``Over 600 lines: <reason>``)."""
+    long = {}
+    for path in sorted(SRC.rglob("*.py")):
+        text = path.read_text()
+        if text.count("\n") > 600:
+            doc = ast.get_docstring(ast.parse(text)) or ""
+            is_kernel = path.parent.name in KERNEL_BACKENDS and _DEFINES_KERNEL.search(text)
+            if not (is_kernel and re.search(r"^Over 600 lines: \S", doc, re.MULTILINE)):
+                long[str(path.relative_to(SRC))] = text.count("\n")
+    assert not long, f"modules over 600 lines without a reason (kernel modules only): {long}"
+
+
+def _gate_imports() -> set[tuple[str, str]]:
+    """(backend, module) pairs the compile-gate tests import."""
+    found = set()
+    for path in (TESTS / "kernels").glob("test_compile_*.py"):
+        for m in re.finditer(r"^from tilegemm\.ops\.(\w+) import ([\w, ]+)", path.read_text(), re.MULTILINE):
+            found |= {(m.group(1), name.strip()) for name in m.group(2).split(",")}
+    return found
+
+
+def test_every_kernel_backend_op_has_a_compile_gate_entry():
+    """Every op a kernel backend implements runs kernels the CPU compile gate compiles: its implementation's module
+    is in the gate, or it composes ops or kernel modules that are (``get_impl``, imported sibling modules)."""
+    gated = _gate_imports()
+    missing = []
+    for op, impls in _ops().items():
+        for backend in KERNEL_BACKENDS:
+            fn = impls.get(backend)
+            if fn is None:
+                continue
+            module = fn.__module__.rsplit(".", 1)[-1]
+            text = (SRC / "ops" / backend / f"{module}.py").read_text()
+            siblings = {
+                name.strip()
+                for m in re.finditer(rf"^from tilegemm\.ops\.{backend}(?:\.\w+)? import ([\w, ]+)", text, re.M)
+                for name in m.group(1).split(",")
+            }
+            composed = "get_impl(" in text or any((backend, name) in gated for name in siblings)
+            if (backend, module) not in gated and not composed:
+                missing.append(f"{op} ({backend}: {fn.__module__})")
+    assert not missing, f"kernel-backend ops whose kernels no compile-gate test compiles: {missing}"

@@ -2,7 +2,7 @@
 
 A call flows one way::
 
-    public stub (ops/api.py) -> dispatch wrapper -> checks -> chosen backend impl -> kernel
+    public stub (ops/api/) -> dispatch wrapper -> checks -> chosen backend impl -> kernel
 
 * ``@dispatch(name, check=fn)`` wraps a stub. The wrapper binds the call to the stub's
   signature (so the stub's defaults and keyword names hold for every backend), runs the

@@ -435,11 +435,11 @@ def narrow_constants(
     K-major: ``a_kmajor`` / ``b_kmajor`` are BF16's; ``inside``: FP8's ``INSIDE``, see :func:`narrow_scales_inside`)."""
     if dtype == "bf16":
         return launch.trailing(
-            _narrow_bf16_body, BM=cfg.bm, BN=cfg.bn, BK=cfg.bk_bf16, A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor,
+            _narrow_bf16_gemm_body, BM=cfg.bm, BN=cfg.bn, BK=cfg.bk_bf16, A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor,
             ROTATE=cfg.rotate_k,
         )  # fmt: skip
     return launch.trailing(
-        _narrow_fp8_body, BM=cfg.bm, BN=cfg.bn, SB_ROWS=sb_rows, LAT=cfg.latency, ROTATE=cfg.rotate_k,
+        _narrow_fp8_gemm_body, BM=cfg.bm, BN=cfg.bn, SB_ROWS=sb_rows, LAT=cfg.latency, ROTATE=cfg.rotate_k,
         PAIR=cfg.pair_k, INSIDE=inside,
     )  # fmt: skip
 
@@ -466,8 +466,8 @@ def bf16_constants(
     cfg = plan.cfg
     named = dict(BW=cfg.bw, BM=plan.bm, BK=cfg.bk_bf16, A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, LAT=plan.latency)
     if lean:
-        return launch.trailing(_decode_bf16_lean, **named)
-    return launch.trailing(_decode_bf16_body, **named, HAS_C=has_c, SPLITK=splitk)
+        return launch.trailing(_decode_bf16_gemm_lean, **named)
+    return launch.trailing(_decode_bf16_gemm_body, **named, HAS_C=has_c, SPLITK=splitk)
 
 
 def fp8_constants(
@@ -477,8 +477,8 @@ def fp8_constants(
     (``lean``: of its lean entry point, which has no ``HAS_C`` / ``SPLITK``; ``inside``: :func:`swap_scales_inside`)."""
     named = dict(BW=plan.cfg.bw, BM=plan.bm, KU=plan.cfg.ku, SB_ROWS=sb_rows, FAST_ACC=True, LAT=plan.latency)
     if lean:
-        return launch.trailing(_decode_fp8_lean, **named, INSIDE=inside)
-    return launch.trailing(_decode_fp8_body, **named, INSIDE=inside, HAS_C=has_c, SPLITK=splitk)
+        return launch.trailing(_decode_fp8_gemm_lean, **named, INSIDE=inside)
+    return launch.trailing(_decode_fp8_gemm_body, **named, INSIDE=inside, HAS_C=has_c, SPLITK=splitk)
 
 
 def swap_scales_inside(plan: heuristics.DecodePlan, m: int, n: int, k: int, sb_rows: bool) -> bool:

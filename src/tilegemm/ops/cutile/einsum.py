@@ -148,7 +148,7 @@ def get_kernel(name: str, cfg: TileConfig | None = None) -> Any:
 def bmk_constants(cfg: TileConfig, *, split: bool, has_c: bool, c_is_d: bool) -> list[Any]:
     """The ``ct.Constant`` arguments of the ``bmk`` kernel, in parameter order."""
     return launch.trailing(
-        _bmk_body, TM=cfg.bm, TN=cfg.bn, TK=cfg.bk, GM=cfg.gm, SPLIT=split, HAS_C=has_c, C_IS_D=c_is_d
+        _bmn_bnk_mn_gemm_impl, TM=cfg.bm, TN=cfg.bn, TK=cfg.bk, GM=cfg.gm, SPLIT=split, HAS_C=has_c, C_IS_D=c_is_d
     )
 
 
@@ -160,7 +160,7 @@ def reduce_constants(*, has_c: bool, c_is_d: bool) -> list[Any]:
 
 def heads_constants(cfg: TileConfig, *, has_c: bool, c_is_d: bool) -> list[Any]:
     """The ``ct.Constant`` arguments of the ``heads`` kernel, in parameter order."""
-    return launch.trailing(_heads_body, TM=cfg.bm, TN=cfg.bn, TK=cfg.bk, GM=cfg.gm, HAS_C=has_c, C_IS_D=c_is_d)
+    return launch.trailing(_heads_gemm_body, TM=cfg.bm, TN=cfg.bn, TK=cfg.bk, GM=cfg.gm, HAS_C=has_c, C_IS_D=c_is_d)
 
 
 # ------------------------------------------------------------------------------- host helpers

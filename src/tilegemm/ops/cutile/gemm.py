@@ -1,5 +1,8 @@
 """cuTile dense GEMMs: ``bf16_gemm_{nt,nn,tn,tt}`` and ``fp8_gemm_{nt,nn,tn,tt}`` (block-scaled).
 
+Over 600 lines: the dense kernels (BF16, FP8, split-K reduce) and the one host path that plans their launches
+(with the decode kernels of ``decode.py``) belong together: a plan is checked against the kernels' parameters.
+
 Kernels are persistent: ``grid = min(units, SMs * occupancy)`` CTAs walk the output tiles in a
 grouped (swizzled) order, ``GROUP_M`` row-tiles at a time, so consecutive tiles share B in L2.
 
@@ -369,7 +372,7 @@ def _has_c(c: torch.Tensor | None, beta: float) -> bool:
 
 def bf16_gemm(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c, alpha, beta, config=None) -> torch.Tensor:
     """BF16 GEMM ``d = alpha * a @ b.T + beta * c`` on the logical ``nt`` form (a [M, K], b [N, K] views of any
-    storage order; see ops/api.py).
+    storage order; see ops/api/).
 
     ``config`` overrides the heuristic choice (benchmarks, tests): a ``DenseConfig`` forces the
     persistent-tile kernel, a ``DecodeConfig`` the swap-AB decode kernel, a ``NarrowConfig`` the narrow-tile
@@ -387,7 +390,7 @@ def bf16_plan(a, b, d, c, config=None) -> Runner:
 
 
 def fp8_gemm(a, b, d: torch.Tensor, c, alpha, beta, recipe, config=None) -> torch.Tensor:
-    """FP8 block-scaled GEMM on the logical ``nt`` form (see ops/api.py); operands are (fp8, fp32 scales): a
+    """FP8 block-scaled GEMM on the logical ``nt`` form (see ops/api/); operands are (fp8, fp32 scales): a
     [M, K] with sa [M, K/128], b [N, K] with sb [N/128, K/128] or [N, K/128]; ``recipe`` resolved (the checks do
     both). Operands that are not K-major are copied to K-major (Hopper FP8 MMAs read K-major data only).
     ``config`` as in :func:`bf16_gemm`.

@@ -1,5 +1,8 @@
 """cuTile grouped GEMMs for MoE: m-grouped contiguous / psum / masked and k-grouped, BF16 and FP8.
 
+Over 600 lines: the kernels of every grouped layout share one scheduler and its tile helpers, and the host
+paths launch them; split apart, each kernel would import the scheduler's private steps.
+
 One persistent scheduler serves every layout. The grid has at most ``SMs * ctas_per_sm`` CTAs (the
 config's occupancy hint, 1 when unset; fewer when a bound on the tile count is smaller); each walks a
 virtual list of (group, tile) pairs in strides of the grid size. A group is a range of

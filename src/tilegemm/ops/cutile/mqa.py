@@ -1,5 +1,8 @@
 """FP8 MQA-logits kernels of the ``cutile`` backend (DeepSeek sparse-attention indexer).
 
+Over 600 lines: the plain and paged kernels share their tile math (weighted head sums, key tiles) and the hot-lane
+replay of the paged op needs the kernels' launch shapes.
+
 Both ops compute ``logits[i, j] = kv_scale[j] * sum_h w[i, h] * relu(q[i, h, :] . k[j, :])``.
 
 Layout of the work (both kernels): keys go on the MMA's M side and (query row, head) pairs on

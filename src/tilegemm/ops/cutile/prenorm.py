@@ -83,7 +83,7 @@ def get_kernel() -> Any:
 
 def kernel_constants(n: int) -> list[Any]:
     """The ``ct.Constant`` arguments for ``n`` columns, in parameter order."""
-    return launch.trailing(_prenorm_body, TM=TM, TN=tile_n(n), TK=TK)
+    return launch.trailing(_tf32_hc_prenorm_gemm_body, TM=TM, TN=tile_n(n), TK=TK)
 
 
 @register_impl("tf32_hc_prenorm_gemm", "cutile")

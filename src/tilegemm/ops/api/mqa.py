@@ -1,0 +1,193 @@
+"""MQA logits stubs: ragged and paged, and the paged schedule (see the package docstring)."""
+
+from __future__ import annotations
+
+import torch
+
+from tilegemm.backend.registry import dispatch
+from tilegemm.ops import checks
+
+Tensor = torch.Tensor
+FP8Operand = tuple[torch.Tensor, torch.Tensor]
+Recipe = tuple[int, int, int]
+
+# ---------------------------------------------------------------------------- MQA logits
+
+_MQA_DOC = """FP8 MQA logits of DeepSeek's sparse-attention indexer; returns a new [S, S_kv] (or [S, max_seqlen_k]).
+
+    ``logits[i, j] = kv_scale[j] * sum_h weights[i, h] * relu(q[i, h, :] . kv[j, :])`` for
+    ``ks[i] <= j < ke[i]``; ``-inf`` elsewhere when ``clean_logits`` (unspecified otherwise).
+
+    Args:
+        q: fp8 [S, H, D]{q_tuple}.
+        kv: ``(fp8 [S_kv, D], fp32 [S_kv])`` keys and per-key scales.
+        weights: fp32 [S, H] (bf16 with ``logits_dtype=torch.bfloat16``).
+        cu_seq_len_k_start: int32 [S], ``ks``; ``0 <= ks <= ke``.
+        cu_seq_len_k_end: int32 [S], ``ke``; ``ke <= S_kv``.
+        clean_logits: write ``-inf`` outside each row's window.
+        max_seqlen_k: ``0``: the output is [S, S_kv]. ``> 0``: the compressed form [S, max_seqlen_k],
+            ``out[i, j] = logits[i, ks[i] + j]``; columns at or past ``ke[i] - ks[i]`` are ``-inf`` when
+            ``clean_logits`` (DeepGEMM requires ``clean_logits=False`` there), unspecified otherwise.{dtype_doc}
+        stream: CUDA stream (``None``: current).
+    """
+
+
+@dispatch("fp8_fp4_mqa_logits", check=checks.mqa_logits_check)
+def fp8_fp4_mqa_logits(
+    q: tuple[Tensor, Tensor | None] | Tensor,
+    kv: FP8Operand,
+    weights: Tensor,
+    cu_seq_len_k_start: Tensor,
+    cu_seq_len_k_end: Tensor,
+    clean_logits: bool = True,
+    max_seqlen_k: int = 0,
+    logits_dtype: torch.dtype = torch.float32,
+    *,
+    stream=None,
+) -> Tensor: ...
+
+
+@dispatch("fp8_mqa_logits", check=checks.mqa_logits_check)
+def fp8_mqa_logits(
+    q: Tensor,
+    kv: FP8Operand,
+    weights: Tensor,
+    cu_seq_len_k_start: Tensor,
+    cu_seq_len_k_end: Tensor,
+    clean_logits: bool = True,
+    max_seqlen_k: int = 0,
+    *,
+    stream=None,
+) -> Tensor: ...
+
+
+fp8_fp4_mqa_logits.__doc__ = _MQA_DOC.format(
+    q_tuple=", or DeepGEMM's ``(q, None)`` (FP4 ``(q, sf)`` raises ``NotImplementedError``)",
+    dtype_doc="\n        logits_dtype: ``torch.float32`` or ``torch.bfloat16`` (rounded once from fp32).",
+)
+fp8_mqa_logits.__doc__ = _MQA_DOC.format(q_tuple="", dtype_doc="") + "\n    DeepGEMM's legacy form: fp32 logits.\n"
+
+
+@dispatch("bf16_mqa_logits", check=checks.bf16_mqa_logits_check)
+def bf16_mqa_logits(
+    q: Tensor,
+    kv: Tensor,
+    weights: Tensor,
+    cu_seq_len_k_start: Tensor,
+    cu_seq_len_k_end: Tensor,
+    clean_logits: bool = True,
+    max_seqlen_k: int = 0,
+    logits_dtype: torch.dtype = torch.float32,
+    *,
+    stream=None,
+) -> Tensor:
+    """BF16 MQA logits (the indexer's scores without quantization); returns a new [S, S_kv] (or [S, max_seqlen_k]).
+
+    ``logits[i, j] = sum_h weights[i, h] * relu(q[i, h, :] . kv[j, :])`` for ``ks[i] <= j < ke[i]``, the products
+    of the bf16 inputs summed in fp32; ``-inf`` elsewhere when ``clean_logits`` (unspecified otherwise). The
+    arguments are :func:`fp8_fp4_mqa_logits`'s (DeepGEMM's order and defaults) with bf16 ``q`` and ``kv`` and no
+    key scales (a per-key scale of 1).
+
+    Args:
+        q: bf16 [S, H, D].
+        kv: bf16 [S_kv, D].
+        weights: fp32 [S, H].
+        cu_seq_len_k_start: int32 [S], ``ks``; ``0 <= ks <= ke``.
+        cu_seq_len_k_end: int32 [S], ``ke``; ``ke <= S_kv``.
+        clean_logits: write ``-inf`` outside each row's window.
+        max_seqlen_k: ``0``: the output is [S, S_kv]; ``> 0``: the compressed form [S, max_seqlen_k],
+            ``out[i, j] = logits[i, ks[i] + j]``.
+        logits_dtype: ``torch.float32`` or ``torch.bfloat16`` (rounded once from fp32).
+        stream: CUDA stream (``None``: current).
+    """
+
+
+@dispatch("get_paged_mqa_logits_metadata", check=checks.paged_mqa_metadata_check)
+def get_paged_mqa_logits_metadata(
+    context_lens: Tensor, block_kv: int, num_sms: int, indices: Tensor | None = None
+) -> Tensor:
+    """Balanced split of the paged MQA work over ``num_sms`` SMs; returns int32 [num_sms + 1, 2].
+
+    The work of batch b is cut into splits of a fixed number of keys (the implementation's
+    split size, a multiple of ``block_kv``). Row i is where SM i starts, as (batch index,
+    split index within that batch); SMs get counts of splits that differ by at most one;
+    the last row is (B, 0).
+
+    Args:
+        context_lens: int32 [B] or [B, next_n] (the row's own length; the max over rows counts).
+        block_kv: tokens per KV-cache block.
+        num_sms: SMs to spread the work over (>= 1).
+        indices: DeepGEMM's varlen sequence index per row (int32 [B]); validated, no effect.
+    """
+
+
+_PAGED_DOC = """FP8 MQA logits over a paged KV cache (decode); returns a new [B * next_n, max_context_len].
+
+    Row ``b * next_n + t`` holds ``kv_scale[j] * sum_h weights[row, h] * relu(q[b, t, h] . k[j])`` for
+    the keys it sees: ``j < ctx[b] - next_n + t + 1`` with 1-D ``context_lens``, ``j < ctx[b, t]`` with
+    2-D; ``-inf`` past that when ``clean_logits`` (unspecified otherwise). Key j of batch b lives in block
+    ``block_table[b, j // block_kv]`` at slot ``j % block_kv``.
+
+    Args:
+        q: fp8 [B, next_n, H, D]{q_tuple}.
+        kv_cache: uint8 [num_blocks, block_kv, 1, D + 4]; each block's bytes are ``block_kv * D`` fp8 key
+            bytes (token-major) followed by ``block_kv`` fp32 scales (DeepGEMM's layout).
+        weights: fp32 [B * next_n, H] (bf16 with ``logits_dtype=torch.bfloat16``).
+        context_lens: int32 [B] or [B, next_n].
+        block_table: int32 [B, max_blocks].
+        schedule_meta: int32 [num_sms + 1, 2] from :func:`get_paged_mqa_logits_metadata` for these
+            ``context_lens`` and ``block_kv`` (checked when value checks run).
+        max_context_len: output width (>= every visible length).
+        clean_logits: write ``-inf`` past each row's visible length.{dtype_doc}
+        indices: DeepGEMM's varlen sequence index per row (int32 [B]); validated, no effect (the
+            rows' ``context_lens`` and ``block_table`` already say everything).
+        stream: CUDA stream (``None``: current).
+    """
+
+
+@dispatch(
+    "fp8_fp4_paged_mqa_logits",
+    check=checks.paged_mqa_logits_check,
+    signature=checks.paged_mqa_logits_signature(fp4_form=True),
+)
+def fp8_fp4_paged_mqa_logits(
+    q: tuple[Tensor, Tensor | None] | Tensor,
+    kv_cache: Tensor,
+    weights: Tensor,
+    context_lens: Tensor,
+    block_table: Tensor,
+    schedule_meta: Tensor,
+    max_context_len: int,
+    clean_logits: bool = False,
+    logits_dtype: torch.dtype = torch.float32,
+    indices: Tensor | None = None,
+    *,
+    stream=None,
+) -> Tensor: ...
+
+
+@dispatch(
+    "fp8_paged_mqa_logits",
+    check=checks.paged_mqa_logits_check,
+    signature=checks.paged_mqa_logits_signature(fp4_form=False),
+)
+def fp8_paged_mqa_logits(
+    q: Tensor,
+    kv_cache: Tensor,
+    weights: Tensor,
+    context_lens: Tensor,
+    block_table: Tensor,
+    schedule_meta: Tensor,
+    max_context_len: int,
+    clean_logits: bool = False,
+    indices: Tensor | None = None,
+    *,
+    stream=None,
+) -> Tensor: ...
+
+
+fp8_fp4_paged_mqa_logits.__doc__ = _PAGED_DOC.format(
+    q_tuple=", or DeepGEMM's ``(q, None)`` (FP4 ``(q, sf)`` raises ``NotImplementedError``)",
+    dtype_doc="\n        logits_dtype: ``torch.float32`` or ``torch.bfloat16`` (rounded once from fp32).",
+)
+fp8_paged_mqa_logits.__doc__ = _PAGED_DOC.format(q_tuple="", dtype_doc="") + "\n    DeepGEMM's legacy form: fp32.\n"
