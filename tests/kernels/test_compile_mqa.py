@@ -221,7 +221,7 @@ def test_unrolled_plain_kernel_holds_a_slot_per_key_tile_sm90():
     """Two key tiles per loop iteration (``MqaConfig.unroll``, H = 64 at D = 64) are two loads, and tileiras gives
     each its own shared-memory slot: at least one key tile (``bk * d`` bytes) more shared memory than the same
     kernel with one tile per iteration, which has a single slot, so the next tile's load waits for the MMA on the
-    current one (docs/kernels.md, "Two key tiles per iteration")."""
+    current one (docs/notes/kernels.md, "Two key tiles per iteration")."""
     d = 64
     conf = mqa.mqa_logits_config(64, d)
     assert conf.unroll == 2
@@ -238,8 +238,8 @@ def test_unrolled_plain_kernel_holds_a_slot_per_key_tile_sm90():
 def test_d128_plain_kernel_does_not_serialize_its_mma_sm90():
     """With two chains at D = 128 tileiras 13.4 waits after every QGMMA (a ``WARPGROUP.DEPBAR`` each) unless the
     kernel takes two key tiles per iteration with a latency hint of 6 on the key load (``MqaConfig.key_latency``):
-    then at most one wait per four QGMMAs, spill-free (docs/kernels.md, "D = 128: two key tiles per iteration and a
-    latency hint")."""
+    then at most one wait per four QGMMAs, spill-free (docs/notes/kernels.md, "D = 128: two key tiles per iteration
+    and a latency hint")."""
     import re
 
     from kernels.sass import dump_sass
@@ -272,7 +272,7 @@ def test_unchecked_output_stores_shorten_the_plain_loop_sm90(h, d):
 def test_paged_kernel_fits_two_ctas_per_sm90(h, next_n):
     """The paged shapes of the benchmark (block_kv 64, N = 64 and 128: 128-key chunks with the rows once per batch
     row; H a multiple of 4, so 16-byte weight rows as the JIT sees them) keep two CTAs per SM on sm_90: one CTA per
-    row of the schedule ran 0.78-0.86x DeepGEMM, two 0.94-0.98x (docs/kernels.md, "The paged kernel's batch-major
+    row of the schedule ran 0.78-0.86x DeepGEMM, two 0.94-0.98x (docs/notes/kernels.md, "The paged kernel's batch-major
     walk"). With 4-byte weight rows tileiras takes 117 KB of shared memory at N = 64: one CTA."""
     conf = mqa.paged_mqa_config(h, 128, next_n, 64, sm=90)
     assert conf.batch_major and conf.rows_outer and conf.ck == 128

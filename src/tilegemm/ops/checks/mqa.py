@@ -259,26 +259,19 @@ def paged_mqa_logits_check(
     _bool("clean_logits", clean_logits)
     _indices(indices, batch)
     _stream(stream)
-    _same_device(
-        dict(
-            q=q,
-            kv_cache=kv_cache,
-            weights=weights,
-            context_lens=context_lens,
-            block_table=block_table,
-            schedule_meta=schedule_meta,
-            indices=indices,
-        )
-    )
-    if value_checks_enabled(block_table.device):
-        _paged_values(context_lens, block_table, schedule_meta, next_n, num_blocks, block_kv, max_context_len)
-    return dict(
+    tensors = dict(
         q=q,
         kv_cache=kv_cache,
         weights=weights,
         context_lens=context_lens,
         block_table=block_table,
         schedule_meta=schedule_meta,
+    )
+    _same_device(dict(tensors, indices=indices))
+    if value_checks_enabled(block_table.device):
+        _paged_values(context_lens, block_table, schedule_meta, next_n, num_blocks, block_kv, max_context_len)
+    return dict(
+        tensors,
         max_context_len=max_context_len,
         clean_logits=clean_logits,
         logits_dtype=logits_dtype,

@@ -83,7 +83,7 @@ def _bf16_gemm_body(
     partial sums go to ``W[split, tile]`` (summed in order by the reduce kernel, so results are
     deterministic). A kernel stores either to D or to W, never both: a split-K kernel that also
     kept whole tiles (a run-time choice of store per unit) had tileiras 13.4 wait for every HGMMA
-    (docs/kernels.md, "MMA groups and the walk loop").
+    (docs/notes/kernels.md, "MMA groups and the walk loop").
     """
     num_m = ct.cdiv(D.shape[0], TM)
     num_n = ct.cdiv(D.shape[1], TN)

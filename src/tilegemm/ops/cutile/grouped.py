@@ -41,7 +41,7 @@ each block of 128 K promoted as ``acc += mma(a, b, 0) * sa[:, None] * sb``.
 The walk is ``while g < groups: ...; if g < groups: <tile>``, not ``while True`` with a ``break``: with the
 ``break``, tileiras 13.4 made every m-grouped BF16 kernel (and the k-grouped one without C) wait for each warpgroup
 MMA before issuing the next (``WARPGROUP.DEPBAR.LE gsb0, 0x0`` after each ``HGMMA``); without it the MMAs of a K
-block go out in one group (docs/kernels.md, "MMA groups and the walk loop"; the compile gate checks the grouping).
+block go out in one group (docs/notes/kernels.md, "MMA groups and the walk loop"; the compile gate checks the grouping).
 """
 
 from __future__ import annotations
