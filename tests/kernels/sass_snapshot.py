@@ -1,0 +1,99 @@
+"""Normalized sm_90 SASS fingerprints of the cutile compile gate's kernel variants, to show a refactor keeps the
+generated code (CPU only; ``tileiras`` runs out of process).
+
+    PYTHONPATH=src:tests python tests/kernels/sass_snapshot.py OUT.json [--threads N]
+
+run at two commits (e.g. in two ``git worktree`` checkouts) and compare the files with ``--compare A.json B.json``.
+A fingerprint is the SHA-1 of ``cuobjdump --dump-sass`` with the kernel's symbol name replaced (a renamed kernel
+keeps its fingerprint). Variants: every one of the dense, grouped, einsum, MoE, MoE-training and RMSNorm gates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+
+def _jobs() -> list[tuple[str, Any, Any]]:
+    """(variant id, kernel, params) of every gated cutile variant."""
+    from kernels import (
+        test_compile_dense,
+        test_compile_einsum,
+        test_compile_grouped,
+        test_compile_moe,
+        test_compile_moe_train,
+        test_compile_norm,
+    )
+    from tilegemm.ops.cutile import grouped, moe, moe_blocks, moe_fp8, moe_slots, norm
+
+    jobs = [(f"dense:{vid}", kernel, params) for vid, _, kernel, params in test_compile_dense.VARIANTS]
+    jobs += [
+        (f"grouped:{vid}", grouped.get_kernel(fam, cfg.num_worker_warps, cfg.occupancy), params)
+        for vid, fam, cfg, params, _ in test_compile_grouped.VARIANTS
+    ]
+    jobs += [(f"einsum:{vid}", kernel, params) for vid, kernel, params, _ in test_compile_einsum.VARIANTS]
+    m = test_compile_moe
+    jobs += [(f"moe:{vid}", moe.get_kernel(name, *hints), params) for vid, name, hints, params in m.VARIANTS]
+    jobs += [(f"moe:{vid}", moe_slots.get_kernel(name), params) for vid, name, params in m.SLOT_VARIANTS]
+    jobs += [(f"moe:{vid}", moe_blocks.get_kernel(name), params) for vid, name, params in m.BLOCK_VARIANTS]
+    jobs += [(f"moe:{vid}", moe_fp8.get_kernel(name, *hints), params) for vid, name, hints, params in m.FP8_VARIANTS]
+    jobs += [(f"moe_train:{vid}", kernel, params) for vid, kernel, params in test_compile_moe_train.VARIANTS]
+    jobs += [(f"norm:{vid}", norm.get_kernel(), params) for vid, params in test_compile_norm.VARIANTS]
+    return jobs
+
+
+def fingerprint(kernel: Any, params: Any) -> str:
+    """SHA-1 (16 hex digits) of the kernel's sm_90 SASS with its symbol names replaced, and its line count."""
+    from kernels.sass import dump_sass
+    from tilegemm.ops.cutile import aot
+
+    text = dump_sass(aot.compile_cubin(kernel, params, "sm_90"))
+    for name in set(re.findall(r"Function : (\S+)", text)):
+        text = text.replace(name, "FN")
+    return f"{hashlib.sha1(text.encode()).hexdigest()[:16]} ({len(text.splitlines())} lines)"
+
+
+def _one(job: tuple[str, Any, Any]) -> tuple[str, str]:
+    vid, kernel, params = job
+    try:
+        return vid, fingerprint(kernel, params)
+    except Exception as exc:  # reported in the file: a variant that no longer compiles is a difference too
+        return vid, f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+
+
+def compare(a: dict[str, str], b: dict[str, str]) -> list[str]:
+    """The variant ids whose fingerprints differ (or that one side lacks)."""
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", nargs="?", help="JSON file to write the fingerprints to")
+    parser.add_argument("--threads", type=int, default=int(os.environ.get("TILEGEMM_COMPILE_THREADS", "2")))
+    parser.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two fingerprint files")
+    args = parser.parse_args(argv)
+    if args.compare:
+        a, b = (json.load(open(p)) for p in args.compare)
+        diff = compare(a, b)
+        for k in diff:
+            print(f"DIFF {k}: {a.get(k)} -> {b.get(k)}")
+        print(f"{len(set(a) | set(b)) - len(diff)} same, {len(diff)} different")
+        return 1 if diff else 0
+    if not args.out:
+        parser.error("give OUT.json or --compare A B")
+    with ThreadPoolExecutor(max_workers=args.threads) as pool:
+        result = dict(pool.map(_one, _jobs()))
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1, sort_keys=True)
+    print(f"{len(result)} variants, {sum(v.startswith('error') for v in result.values())} errors")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
