@@ -129,7 +129,8 @@ def _gate_imports() -> set[tuple[str, str]]:
 
 def test_every_kernel_backend_op_has_a_compile_gate_entry():
     """Every op a kernel backend implements runs kernels the CPU compile gate compiles: its implementation's module
-    is in the gate, or it composes ops or kernel modules that are (``get_impl``, imported sibling modules)."""
+    is in the gate, or it composes ops or kernel modules that are (``get_impl``, imported sibling modules). A module
+    that runs none of its backend's kernels (``cublaslt_gemm_*``: cuBLAS through torch) needs no entry."""
     gated = _gate_imports()
     missing = []
     for op, impls in _ops().items():
@@ -145,6 +146,7 @@ def test_every_kernel_backend_op_has_a_compile_gate_entry():
                 for name in m.group(1).split(",")
             }
             composed = "get_impl(" in text or any((backend, name) in gated for name in siblings)
-            if (backend, module) not in gated and not composed:
+            runs_kernels = _DEFINES_KERNEL.search(text) or siblings or "get_impl(" in text
+            if runs_kernels and (backend, module) not in gated and not composed:
                 missing.append(f"{op} ({backend}: {fn.__module__})")
     assert not missing, f"kernel-backend ops whose kernels no compile-gate test compiles: {missing}"
