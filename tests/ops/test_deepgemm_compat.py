@@ -773,14 +773,14 @@ def test_kernel_names_carry_deepgemms_profiler_filters():
     from tilegemm.ops.cutile import decode, einsum, gemm, grouped, mqa, prenorm
 
     bf16 = [gemm._bf16_gemm_body, decode._decode_bf16_gemm_body, decode._decode_bf16_gemm_lean]
-    bf16 += [decode._narrow_bf16_gemm_body, grouped._KERNEL_FNS["m_bf16"], grouped._KERNEL_FNS["k_bf16"]]
+    bf16 += [decode._narrow_bf16_gemm_body, grouped.get_kernel.bodies["m_bf16"], grouped.get_kernel.bodies["k_bf16"]]
     fp8 = [
         gemm._fp8_gemm_body,
         decode._decode_fp8_gemm_body,
         decode._decode_fp8_gemm_lean,
         decode._narrow_fp8_gemm_body,
     ]
-    fp8 += [grouped._KERNEL_FNS["m_fp8"], grouped._KERNEL_FNS["k_fp8"]]
+    fp8 += [grouped.get_kernel.bodies["m_fp8"], grouped.get_kernel.bodies["k_fp8"]]
     names = {fn.__name__ for fn in bf16 + fp8}
     assert all("bf16_gemm" in fn.__name__ for fn in bf16), names
     assert all("gemm_" in fn.__name__ and "bf16_gemm" not in fn.__name__ for fn in fp8), names

@@ -82,7 +82,8 @@ def persistent_grid(units: int, ctas_per_sm: int = 1, sms: int | None = None) ->
 
 def kernel_factory(bodies: dict[str, Callable[..., None]], *, hints: bool = True) -> Callable[..., Any]:
     """``get_kernel(name, num_worker_warps=None, occupancy=None)``: the ``@ct.kernel`` of ``bodies[name]`` with those
-    compiler hints, made once per (name, hints). ``hints=False``: ``get_kernel(name)``, the compiler's own choices."""
+    compiler hints, made once per (name, hints). ``hints=False``: ``get_kernel(name)``, the compiler's own choices.
+    ``get_kernel.bodies`` is ``bodies``."""
 
     if hints:
 
@@ -96,6 +97,7 @@ def kernel_factory(bodies: dict[str, Callable[..., None]], *, hints: bool = True
         def get_kernel(name: str) -> Any:
             return ct.kernel(bodies[name])
 
+    get_kernel.bodies = bodies  # type: ignore[attr-defined]  # the kernel functions by name (profiler names, tests)
     return get_kernel
 
 
