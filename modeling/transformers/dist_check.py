@@ -39,7 +39,6 @@ import datetime  # noqa: E402
 import functools  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import time  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
@@ -47,6 +46,7 @@ import torch.distributed as dist  # noqa: E402
 
 from modeling.transformers import measure  # noqa: E402
 from modeling.transformers.build import build_model, free  # noqa: E402
+from modeling.transformers.cli import positive_ints, progress_log  # noqa: E402
 from tilegemm.backend.selector import BACKENDS, get_current_backend  # noqa: E402
 from tilegemm.transformers import apply_tilegemm_to_model, presets, revert_tilegemm_model  # noqa: E402
 from tilegemm.transformers.fp8_weights import clear_fp8_cache  # noqa: E402
@@ -70,17 +70,8 @@ IMPLS: dict[str, dict[str, bool] | None] = {
 MEMORY_MARGIN = 6 << 30
 
 
-def log(message: str) -> None:
-    """Progress line on stderr (rank 0 only)."""
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(f"[dist_check {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def _ints(text: str) -> list[int]:
-    values = [int(v) for v in text.split(",") if v]
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
+log = progress_log("dist_check")
+"""Progress line on stderr (rank 0 only under torchrun)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["auto", *BACKENDS], default="auto", help="tilegemm backend of the patch")
     p.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: bf16 on a GPU, fp32 on the CPU")
     p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda when available")
-    p.add_argument("--batch-size", type=_ints, default=[1], help="comma-separated batch sizes")
+    p.add_argument("--batch-size", type=positive_ints, default=[1], help="comma-separated batch sizes")
     p.add_argument("--prompt-tokens", type=int, default=None, help="default: 16 (tiny), 512 (realistic)")
     p.add_argument("--new-tokens", type=int, default=None, help="default: 8 (tiny), 32 (realistic)")
     p.add_argument("--repeats", type=int, default=3, help="timed prefill repetitions (median)")

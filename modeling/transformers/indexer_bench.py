@@ -42,6 +42,7 @@ from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
+from modeling.transformers.cli import positive_ints, progress_log  # noqa: E402
 from tilegemm.testing import calc_diff  # noqa: E402
 from tilegemm.transformers import indexer as idx  # noqa: E402
 from tilegemm.transformers.presets import PRESETS  # noqa: E402
@@ -50,20 +51,15 @@ SAMPLE_ROWS = 128
 TIE = 1e-5
 
 
-def log(message: str) -> None:
-    """Progress line on stderr."""
-    print(f"[indexer_bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
+log = progress_log("indexer_bench")
+"""Progress line on stderr (rank 0 only under torchrun)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="deepseek-v3.2", help="a DSA preset of tilegemm.transformers.presets")
-    p.add_argument("--contexts", type=_ints, default=[4096, 16384, 65536], help="prefill lengths")
-    p.add_argument("--decode-contexts", type=_ints, default=[4096, 16384, 65536], help="decode cache lengths")
+    p.add_argument("--contexts", type=positive_ints, default=[4096, 16384, 65536], help="prefill lengths")
+    p.add_argument("--decode-contexts", type=positive_ints, default=[4096, 16384, 65536], help="decode cache lengths")
     p.add_argument("--layers", type=int, default=4, help="decoder layers of the whole-model decode (0: skip it)")
     p.add_argument("--reps", type=int, default=5, help="timed repetitions per measurement")
     p.add_argument("--device", default="cuda")

@@ -32,12 +32,12 @@ import argparse  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import time  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
 from modeling.transformers import measure  # noqa: E402
+from modeling.transformers.cli import positive_int, progress_log  # noqa: E402
 from tilegemm.backend.selector import BACKENDS, cutile_unavailable_reason, get_current_backend  # noqa: E402
 from tilegemm.transformers import apply_tilegemm_to_model, presets, revert_tilegemm_model  # noqa: E402
 from tilegemm.transformers.compat import UnsupportedTransformersError, transformers_version  # noqa: E402
@@ -53,20 +53,8 @@ GPU_NUMBERS = (
 SPEED_KEYS = ("prefill_ratio", "decode_ratio", "decode_ratio_vs_generate")
 
 
-def log(message: str) -> None:
-    """Progress line on stderr."""
-    print(f"[infer {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def _positive_int(text: str) -> int:
-    """argparse type: an int >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+log = progress_log("infer")
+"""Progress line on stderr (rank 0 only under torchrun)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,9 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     names = ", ".join([*presets.ALIASES, *presets.PRESETS])
     p = argparse.ArgumentParser(prog="modeling/transformers/infer.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="tiny", help=f"preset ({names}) or a local checkpoint directory")
-    p.add_argument(
-        "--layers", type=_positive_int, default=None, help="decoder layers of a preset (realistic default 4)"
-    )
+    p.add_argument("--layers", type=positive_int, default=None, help="decoder layers of a preset (realistic default 4)")
     p.add_argument("--compare", action="store_true", help="also run the stock model and compare")
     p.add_argument("--backend", choices=["auto", *BACKENDS], default="auto", help="tilegemm backend of the patch")
     p.add_argument("--fp8", action="store_true", help="FP8 experts (and dense layers with --linear)")
@@ -84,9 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-norm", action="store_true", help="keep the stock RMSNorm modules (patch the experts only)")
     p.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: bf16 on a GPU, fp32 on the CPU")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N; default: cuda when available, else cpu")
-    p.add_argument("--batch-size", type=_positive_int, default=1)
-    p.add_argument("--prompt-tokens", type=_positive_int, default=None, help="default: 16 (tiny), 4096 (realistic)")
-    p.add_argument("--new-tokens", type=_positive_int, default=None, help="default: 8 (tiny), 64 (realistic)")
+    p.add_argument("--batch-size", type=positive_int, default=1)
+    p.add_argument("--prompt-tokens", type=positive_int, default=None, help="default: 16 (tiny), 4096 (realistic)")
+    p.add_argument("--new-tokens", type=positive_int, default=None, help="default: 8 (tiny), 64 (realistic)")
     p.add_argument("--cuda-graphs", action="store_true", help="patched decode: static cache + CUDA graph")
     p.add_argument(
         "--stock-static",
@@ -95,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="stock decode with cache_implementation='static' (compiled); auto: on a GPU, realistic models",
     )
     p.add_argument(
-        "--repeats", type=_positive_int, default=None, help="timed prefill repetitions, median (1 tiny, 3 else)"
+        "--repeats", type=positive_int, default=None, help="timed prefill repetitions, median (1 tiny, 3 else)"
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the results as JSON to this path ('-': stdout, table to stderr)")

@@ -32,7 +32,6 @@ import argparse  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import time  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
@@ -40,6 +39,7 @@ import torch.distributed as dist  # noqa: E402
 
 from modeling.transformers import measure  # noqa: E402
 from modeling.transformers.build import build_model, free  # noqa: E402
+from modeling.transformers.cli import positive_ints, progress_log  # noqa: E402
 from modeling.transformers.routes import RouteRecorder, flip_report  # noqa: E402
 from tilegemm.transformers import apply_tilegemm_to_model, presets, revert_tilegemm_model  # noqa: E402
 from tilegemm.transformers.parallel import PARALLEL_MODES, parallel_unavailable_reason  # noqa: E402
@@ -47,17 +47,8 @@ from tilegemm.transformers.parallel import PARALLEL_MODES, parallel_unavailable_
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def log(message: str) -> None:
-    """Progress line on stderr (rank 0 only)."""
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(f"[route_check {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def _ints(text: str) -> list[int]:
-    values = [int(v) for v in text.split(",") if v]
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
+log = progress_log("route_check")
+"""Progress line on stderr (rank 0 only under torchrun)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="deepseek-v3", help="a preset name")
     p.add_argument("--layers", type=int, default=None, help="decoder layers (default: 4 realistic, preset's tiny)")
     p.add_argument("--dtypes", default="fp32", help=f"comma-separated, of {sorted(DTYPES)}")
-    p.add_argument("--batch-size", type=_ints, default=[32], help="comma-separated batch sizes")
+    p.add_argument("--batch-size", type=positive_ints, default=[32], help="comma-separated batch sizes")
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=8, help="teacher-forced logit positions compared (the last)")
     p.add_argument("--decode-tokens", type=int, default=4, help="greedy tokens compared (0: none)")

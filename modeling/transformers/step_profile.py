@@ -44,6 +44,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from modeling.transformers.build import build_model  # noqa: E402
+from modeling.transformers.cli import positive_int  # noqa: E402
 from modeling.transformers.dist_check import init_distributed  # noqa: E402
 from modeling.transformers.measure import sync  # noqa: E402
 from tilegemm.transformers import apply_tilegemm_to_model, presets, revert_tilegemm_model  # noqa: E402
@@ -57,26 +58,17 @@ from tilegemm.transformers.parallel import PARALLEL_MODES  # noqa: E402
 IMPLS: dict[str, dict[str, bool] | None] = {"stock": None, "experts": {"norm": False}, "patched": {}}
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The command line."""
     p = argparse.ArgumentParser(prog="modeling/transformers/step_profile.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="qwen3-30b-a3b", help="a preset name (see tilegemm.transformers.presets)")
-    p.add_argument(
-        "--layers", type=_positive_int, default=None, help="decoder layers of a realistic preset (default 4)"
-    )
+    p.add_argument("--layers", type=positive_int, default=None, help="decoder layers of a realistic preset (default 4)")
     p.add_argument("--mode", choices=PARALLEL_MODES, default=None, help="shard over the torchrun ranks")
     p.add_argument("--fp8", action="store_true", help="patched: FP8 experts (weights cast once, 128x128 blocks)")
-    p.add_argument("--batch-size", type=_positive_int, default=1)
-    p.add_argument("--prompt-tokens", type=_positive_int, default=128)
-    p.add_argument("--replays", type=_positive_int, default=20, help="timed CUDA-graph replays per measurement")
-    p.add_argument("--top", type=_positive_int, default=15, help="kernels listed per row")
+    p.add_argument("--batch-size", type=positive_int, default=1)
+    p.add_argument("--prompt-tokens", type=positive_int, default=128)
+    p.add_argument("--replays", type=positive_int, default=20, help="timed CUDA-graph replays per measurement")
+    p.add_argument("--top", type=positive_int, default=15, help="kernels listed per row")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="JSON file (rank 0)")
     return p

@@ -37,6 +37,8 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from typing import Any  # noqa: E402
 
+from modeling.transformers.cli import positive_int  # noqa: E402
+
 CACHE_ENV = ("CUDA_TILE_CACHE_DIR", "TRITON_CACHE_DIR")
 """The on-disk kernel caches each scenario points at its own directories."""
 
@@ -49,20 +51,13 @@ SCENARIOS: tuple[tuple[str, str, bool], ...] = (
 """(name, cache directory set, whether ``tilegemm.precompile`` runs before the requests), in run order."""
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text}")
-    return value
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="qwen3-30b-a3b", help="a preset of tilegemm.transformers.presets")
-    parser.add_argument("--layers", type=_positive_int, default=4, help="decoder layers of the preset")
-    parser.add_argument("--prompt-tokens", type=_positive_int, default=512)
-    parser.add_argument("--new-tokens", type=_positive_int, default=8)
-    parser.add_argument("--max-tokens", type=_positive_int, default=512, help="tilegemm.precompile's max_tokens")
+    parser.add_argument("--layers", type=positive_int, default=4, help="decoder layers of the preset")
+    parser.add_argument("--prompt-tokens", type=positive_int, default=512)
+    parser.add_argument("--new-tokens", type=positive_int, default=8)
+    parser.add_argument("--max-tokens", type=positive_int, default=512, help="tilegemm.precompile's max_tokens")
     parser.add_argument("--budget", type=float, default=280.0, help="seconds for all scenarios")
     parser.add_argument("--out", default=None, help="JSON path (default: $OUT/warmup_bench.json, else stdout only)")
     parser.add_argument("--child", choices=("request", "precompile"), help=argparse.SUPPRESS)
