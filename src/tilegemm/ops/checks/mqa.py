@@ -75,29 +75,39 @@ def mqa_logits_check(
     _shape("kv[1] (scales)", kv_scale, [s_kv], "[S_kv], one per key")
     _dtype_arg("logits_dtype", logits_dtype, LOGITS_DTYPES)
     _weights(weights, [s, h], "[S, H]", logits_dtype)
-    for name, x in (("cu_seq_len_k_start", cu_seq_len_k_start), ("cu_seq_len_k_end", cu_seq_len_k_end)):
+    operands = {"q": q, "kv[0] (data)": kv_data, "kv[1] (scales)": kv_scale, "weights": weights}
+    return _windowed(
+        operands,
+        (kv_data, kv_scale),
+        cu_seq_len_k_start,
+        cu_seq_len_k_end,
+        clean_logits,
+        max_seqlen_k,
+        logits_dtype,
+        stream,
+        s,
+        s_kv,
+    )
+
+
+def _windowed(operands, kv, ks, ke, clean_logits, max_seqlen_k, logits_dtype, stream, s, s_kv) -> dict[str, Any]:
+    """The rest of an MQA-logits check once ``q``, ``kv`` and ``weights`` passed (``operands``: those tensors by
+    the names errors give them): the int32 windows ``ks``/``ke`` [S] and their values, the flags, the stream, one
+    device; returns the derived arguments."""
+    for name, x in (("cu_seq_len_k_start", ks), ("cu_seq_len_k_end", ke)):
         _tensor(name, x, (torch.int32,), 1)
         _shape(name, x, [s], "[S], one per query")
     _bool("clean_logits", clean_logits)
     _int("max_seqlen_k", max_seqlen_k, 0, INT32_MAX)
     _stream(stream)
-    _same_device(
-        {
-            "q": q,
-            "kv[0] (data)": kv_data,
-            "kv[1] (scales)": kv_scale,
-            "weights": weights,
-            "cu_seq_len_k_start": cu_seq_len_k_start,
-            "cu_seq_len_k_end": cu_seq_len_k_end,
-        }
-    )
-    _window_values(cu_seq_len_k_start, cu_seq_len_k_end, s, s_kv)
+    _same_device({**operands, "cu_seq_len_k_start": ks, "cu_seq_len_k_end": ke})
+    _window_values(ks, ke, s, s_kv)
     return dict(
-        q=q,
-        kv=(kv_data, kv_scale),
-        weights=weights,
-        cu_seq_len_k_start=cu_seq_len_k_start,
-        cu_seq_len_k_end=cu_seq_len_k_end,
+        q=operands["q"],
+        kv=kv,
+        weights=operands["weights"],
+        cu_seq_len_k_start=ks,
+        cu_seq_len_k_end=ke,
         clean_logits=clean_logits,
         max_seqlen_k=int(max_seqlen_k),
         logits_dtype=logits_dtype,
@@ -143,32 +153,9 @@ def bf16_mqa_logits_check(
     _dtype_arg("logits_dtype", logits_dtype, LOGITS_DTYPES)
     _tensor("weights", weights, (torch.float32,), 2)
     _shape("weights", weights, [s, h], "[S, H]")
-    for name, x in (("cu_seq_len_k_start", cu_seq_len_k_start), ("cu_seq_len_k_end", cu_seq_len_k_end)):
-        _tensor(name, x, (torch.int32,), 1)
-        _shape(name, x, [s], "[S], one per query")
-    _bool("clean_logits", clean_logits)
-    _int("max_seqlen_k", max_seqlen_k, 0, INT32_MAX)
-    _stream(stream)
-    _same_device(
-        {
-            "q": q,
-            "kv": kv,
-            "weights": weights,
-            "cu_seq_len_k_start": cu_seq_len_k_start,
-            "cu_seq_len_k_end": cu_seq_len_k_end,
-        }
-    )
-    _window_values(cu_seq_len_k_start, cu_seq_len_k_end, s, s_kv)
-    return dict(
-        q=q,
-        kv=kv,
-        weights=weights,
-        cu_seq_len_k_start=cu_seq_len_k_start,
-        cu_seq_len_k_end=cu_seq_len_k_end,
-        clean_logits=clean_logits,
-        max_seqlen_k=int(max_seqlen_k),
-        logits_dtype=logits_dtype,
-        stream=stream,
+    operands = {"q": q, "kv": kv, "weights": weights}
+    return _windowed(
+        operands, kv, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits, max_seqlen_k, logits_dtype, stream, s, s_kv
     )
 
 
