@@ -110,3 +110,40 @@ def test_results_section_is_rendered_from_h100_json(tmp_path):
 @pytest.mark.parametrize("path", re.findall(r"\]\(((?:benchmarks|docs)/[^)#]+)", FRONT))
 def test_first_screen_links_exist(path):
     assert (ROOT / path).exists(), path
+
+
+def _expand(pattern: str) -> list[str]:
+    """``bf16_gemm_{nt,nn}`` -> ``bf16_gemm_nt``, ``bf16_gemm_nn`` (brace groups expanded left to right)."""
+    match = re.search(r"\{([^}]*)\}", pattern)
+    if match is None:
+        return [pattern]
+    return [n for alt in match[1].split(",") for n in _expand(pattern[: match.start()] + alt + pattern[match.end() :])]
+
+
+def readme_op_names() -> list[str]:
+    """Every op name the README's API table gives: each row's function and its aliases (``fp8_gemm_*``: every
+    public name of that form)."""
+    import fnmatch
+
+    import tilegemm
+
+    api = TEXT[TEXT.index("## API") :]
+    names = []
+    for row in (line for line in api[: api.index("\n\n", api.index("| op |"))].splitlines() if line.startswith("| `")):
+        head = row.split("|")[1]
+        for code in re.findall(r"`([a-z0-9_{},*]+)(?:\(|`)", head):
+            for name in _expand(code):
+                found = fnmatch.filter(tilegemm.__all__, name) if "*" in name else [name]
+                assert found, name
+                names += found
+    return names
+
+
+def test_every_op_name_of_the_api_table_is_accepted_by_name():
+    """``get_available_backends_for_op`` takes each name the table documents (``fp8_gemm_nt`` included)."""
+    import tilegemm
+
+    names = readme_op_names()
+    assert {"fp8_gemm_nt", "fp8_gemm_nn", "fp8_fp4_gemm_tt", "m_grouped_fp8_fp4_gemm_nt_masked"} <= set(names)
+    for name in names:
+        assert "pytorch" in tilegemm.get_available_backends_for_op(name), name

@@ -363,6 +363,29 @@ def test_introspection_without_gpu(monkeypatch):
         tilegemm.get_available_backends_for_op("not_an_op")
 
 
+PUBLIC_OPS = sorted(n for n in tilegemm.__all__ if hasattr(getattr(tilegemm, n), "op_name"))
+
+
+@pytest.mark.parametrize("name", PUBLIC_OPS)
+def test_every_public_op_name_is_taken_where_an_op_name_is(name):
+    """DeepGEMM's aliases (``fp8_gemm_nt`` is ``fp8_fp4_gemm_nt``) name their op in every function taking an op name."""
+    op = getattr(tilegemm, name).op_name
+    assert registry.canonical_op(name) == op
+    assert tilegemm.get_available_backends_for_op(name) == tilegemm.get_available_backends_for_op(op)
+    assert "pytorch" in tilegemm.get_available_backends_for_op(name)
+    assert registry.get_registered_backends_for_op(name) == registry.get_registered_backends_for_op(op)
+    assert registry.get_impl(name, "pytorch") is registry.get_impl(op, "pytorch")
+
+
+def test_aliases_are_the_public_ones():
+    """The alias map is derived from the public names bound to an op of another name, not written by hand."""
+    aliases = {n: getattr(tilegemm, n).op_name for n in PUBLIC_OPS if getattr(tilegemm, n).op_name != n}
+    assert aliases == registry._ALIASES
+    assert {"fp8_gemm_nt", "fp8_gemm_nn", "m_grouped_fp8_gemm_nt_masked", "fp8_m_grouped_gemm_nt_masked"} <= {*aliases}
+    with pytest.raises(ValueError, match="fp8_gemm_nt"):  # the message lists the aliases too
+        registry.canonical_op("fp8_gemm_xx")
+
+
 def test_failed_backend_import_falls_back(toy_op, monkeypatch):
     toy, calls = toy_op
     monkeypatch.setattr(registry, "_IMPORT_ERRORS", {"cutile": "ImportError: no cuda.tile"})
