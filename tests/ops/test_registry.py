@@ -194,6 +194,11 @@ def test_env_backend_is_validated(monkeypatch):
         selector.get_current_backend()
 
 
+#: Scoping tests switch between pytorch and cutile whether or not cutile can run: its warning is not under test.
+_SCOPING_ONLY = pytest.mark.filterwarnings("ignore:tilegemm.use_backend:UserWarning")
+
+
+@_SCOPING_ONLY
 def test_use_backend_does_not_leak_between_asyncio_tasks(monkeypatch):
     """Two tasks on one thread: a scope entered in one is invisible to the other while it is suspended."""
     monkeypatch.delenv("TILEGEMM_BACKEND", raising=False)
@@ -225,6 +230,7 @@ def test_use_backend_does_not_leak_between_asyncio_tasks(monkeypatch):
     assert selector.get_current_backend() == outside
 
 
+@_SCOPING_ONLY
 def test_use_backend_in_suspended_generator_does_not_leak(monkeypatch):
     monkeypatch.delenv("TILEGEMM_BACKEND", raising=False)
     outside = selector.get_current_backend()
@@ -246,6 +252,7 @@ def test_use_backend_in_suspended_generator_does_not_leak(monkeypatch):
     assert selector.get_current_backend() == outside
 
 
+@_SCOPING_ONLY
 def test_use_backend_through_contextlib_applies_to_the_with_block(monkeypatch):
     """A @contextmanager wrapping use_backend and ExitStack.enter_context scope the caller's block."""
     monkeypatch.delenv("TILEGEMM_BACKEND", raising=False)
@@ -265,6 +272,7 @@ def test_use_backend_through_contextlib_applies_to_the_with_block(monkeypatch):
     assert selector.get_current_backend() == outside
 
 
+@_SCOPING_ONLY
 def test_use_backend_is_per_thread(monkeypatch):
     monkeypatch.delenv("TILEGEMM_BACKEND", raising=False)
     outside = selector.get_current_backend()
@@ -353,6 +361,59 @@ def test_cpu_tensors_never_reach_cutile(cutile_present):
     with pytest.warns(FallbackWarning, match="CUDA tensors"):
         tilegemm.bf16_gemm_nt(a, b, d, backend="cutile")
     torch.testing.assert_close(d, a.float() @ b.float().T)
+
+
+@pytest.fixture
+def cutile_absent(monkeypatch):
+    """The cutile backend cannot run (as on a machine without a GPU); the user's choice is restored after."""
+    monkeypatch.setattr(selector, "cutile_unavailable_reason", lambda: "no CUDA GPU")
+    monkeypatch.setattr(registry, "_IMPORT_ERRORS", {})
+    monkeypatch.delenv("TILEGEMM_BACKEND", raising=False)
+    monkeypatch.delenv("TILEGEMM_DISABLE_FALLBACK", raising=False)
+    yield
+    tilegemm.set_backend(None)
+
+
+def test_set_backend_says_at_once_when_the_backend_cannot_run(toy_op, cutile_absent):
+    """The choice stands (``get_current_backend`` names it) but a FallbackWarning, with the reason, says at the
+    caller's line that its calls run on pytorch; once per process."""
+    toy, calls = toy_op
+    with pytest.warns(FallbackWarning, match=r"set_backend\('cutile'\).*cutile unavailable: no CUDA GPU") as caught:
+        tilegemm.set_backend("cutile")
+    assert caught[0].filename == __file__
+    assert tilegemm.get_current_backend() == "cutile"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        tilegemm.set_backend("cutile")  # said once
+        tilegemm.set_backend("pytorch")  # always runs
+    with pytest.warns(FallbackWarning, match=r"use_backend\('cutile'\).*no CUDA GPU") as caught:
+        with tilegemm.use_backend("cutile"):
+            assert tilegemm.get_current_backend() == "cutile"
+            with pytest.warns(FallbackWarning, match="_toy_op"):
+                assert toy(1) == 2.0
+    assert caught[0].filename == __file__ and calls == [("pytorch", 1, 2.0, "default")]
+
+
+def test_set_backend_that_cannot_run_raises_without_fallback(cutile_absent, monkeypatch):
+    """``TILEGEMM_DISABLE_FALLBACK=1``: choosing a backend that cannot run here is an error, and nothing changes."""
+    monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
+    tilegemm.set_backend("pytorch")
+    with pytest.raises(RuntimeError, match=r"set_backend\('cutile'\).*no CUDA GPU.*fallback is disabled"):
+        tilegemm.set_backend("cutile")
+    assert tilegemm.get_current_backend() == "pytorch"
+    with pytest.raises(RuntimeError, match=r"use_backend\('gluon'\).*fallback is disabled"):
+        with tilegemm.use_backend("gluon"):
+            pass
+    assert tilegemm.get_current_backend() == "pytorch"
+
+
+def test_set_backend_that_can_run_is_silent(cutile_present):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        tilegemm.set_backend("cutile")
+        with tilegemm.use_backend("pytorch"):
+            pass
+    tilegemm.set_backend(None)
 
 
 def test_introspection_without_gpu(monkeypatch):

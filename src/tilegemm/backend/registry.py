@@ -40,12 +40,11 @@ import inspect
 import logging
 import sys
 import threading
-import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from tilegemm.backend import selector
-from tilegemm.env import DEBUG, DISABLE_FALLBACK, env_flag
+from tilegemm.env import DEBUG, env_flag
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -63,7 +62,6 @@ _IMPORT_ERRORS: dict[str, str] = {}
 _REPLAYS: dict[tuple[str, str], Callable[[dict[str, Any]], Callable[..., Any] | None]] = {}
 _REPLAY_OPS: set[str] = set()  # the ops with a replay on some backend
 _HOT: dict[tuple[str, tuple], Callable[..., Any]] = {}  # (backend, signature key) -> replay
-_WARNED: set[tuple[str, str]] = set()
 _LOCK = threading.Lock()
 _loaded = False
 
@@ -72,8 +70,8 @@ class Unsupported(Exception):
     """Raised by a backend implementation, before it writes anything, for a case it lacks."""
 
 
-class FallbackWarning(UserWarning):
-    """Issued once per (op, reason) when a call falls back to the ``pytorch`` backend."""
+FallbackWarning = selector.FallbackWarning
+reset_fallback_warnings = selector.reset_fallback_warnings
 
 
 _debug_configured = False
@@ -184,20 +182,6 @@ def _unavailable_reason(name: str, backend: str, arguments: dict[str, Any]) -> s
     return None
 
 
-def _fall_back(name: str, backend: str, reason: str) -> None:
-    if env_flag(DISABLE_FALLBACK):
-        raise RuntimeError(f"{name}: backend {backend!r} cannot run this call ({reason}) and fallback is disabled")
-    key = (name, reason)
-    if key not in _WARNED:
-        _WARNED.add(key)
-        warnings.warn(f"tilegemm.{name}: falling back to pytorch: {reason}", FallbackWarning, stacklevel=4)
-
-
-def reset_fallback_warnings() -> None:
-    """Forget which fallback warnings were issued, so they are issued again (for tests)."""
-    _WARNED.clear()
-
-
 def call_backend(name: str, backend: str, arguments: dict[str, Any]) -> Any:
     """Run op ``name`` (or an alias, see :func:`canonical_op`) on ``backend`` with bound ``arguments``, falling back
     to ``pytorch``."""
@@ -228,7 +212,7 @@ def _run(name: str, backend: str, arguments: dict[str, Any]) -> tuple[Any, str]:
                 return result, backend
             except Unsupported as exc:
                 reason = str(exc)
-        _fall_back(name, backend, reason)
+        selector.fall_back(name, backend, reason, stacklevel=3)
         if _debug_enabled():
             log.debug("%s -> pytorch (fallback from %s: %s)", name, backend, reason)
     elif _debug_enabled():

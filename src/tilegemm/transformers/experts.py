@@ -148,9 +148,9 @@ def grouped_linear_differentiable(
     ``backward()`` is called. fp16/fp32 run on the ``pytorch`` backend (:func:`tilegemm.grouped_matmul`).
     """
     from tilegemm.autograd import grouped_matmul
-    from tilegemm.backend.selector import use_backend
+    from tilegemm.backend.selector import BackendScope
 
-    with use_backend(backend) if backend else contextlib.nullcontext(), skip_value_checks():  # offs is ours
+    with BackendScope(backend) if backend else contextlib.nullcontext(), skip_value_checks():  # offs is ours
         return grouped_matmul(x, weight, offs, transposed)
 
 
@@ -164,9 +164,9 @@ def _fp8_grouped_differentiable(
     """:func:`grouped_linear_fp8` with straight-through gradients to ``x`` and ``weight [E, N, K]``
     (:func:`tilegemm.fp8_grouped_matmul`; ``weight_fp8`` is its cached FP8 copy)."""
     from tilegemm.autograd import fp8_grouped_matmul
-    from tilegemm.backend.selector import use_backend
+    from tilegemm.backend.selector import BackendScope
 
-    with use_backend(backend) if backend else contextlib.nullcontext(), skip_value_checks():  # offs is ours
+    with BackendScope(backend) if backend else contextlib.nullcontext(), skip_value_checks():  # offs is ours
         return fp8_grouped_matmul(x, weight, offs, weight_fp8)
 
 
@@ -261,9 +261,9 @@ def tilegemm_experts_forward(
     backend = _backend_for(self)
     if training:
         from tilegemm.autograd import moe_experts
-        from tilegemm.backend.selector import use_backend
+        from tilegemm.backend.selector import BackendScope
 
-        with skip_value_checks(), use_backend(backend) if backend else contextlib.nullcontext():
+        with skip_value_checks(), BackendScope(backend) if backend else contextlib.nullcontext():
             return moe_experts(hidden_states, top_k_index, top_k_weights, *weights, activation)
     return custom_ops.experts_moe(hidden_states, top_k_index, top_k_weights, *weights, activation, backend)
 
