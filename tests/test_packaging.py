@@ -1,8 +1,9 @@
-"""Packaging facts a user relies on: the licence the metadata declares ships, the package is typed, and the
-version has one source."""
+"""Packaging facts a user relies on: the licence the metadata declares ships, the package is typed, the version
+has one source, and the long description reads right where the package index shows it."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -37,3 +38,28 @@ def test_bench_extra_holds_the_plotting_dependencies():
     extras = PYPROJECT["project"]["optional-dependencies"]
     assert set(extras["bench"]) == {"matplotlib", "tqdm"}
     assert "tilegemm[bench]" in extras["dev"]
+
+
+def _long_description() -> str:
+    readme = PYPROJECT["project"]["readme"]
+    return (ROOT / (readme if isinstance(readme, str) else readme["file"])).read_text()
+
+
+def test_long_description_has_no_relative_links():
+    """The index shows it outside the repository, and the wheel ships neither docs/ nor benchmarks/: every link and
+    image is absolute (README.md's links into the repository are why it is not the long description)."""
+    text = _long_description()
+    targets = re.findall(r"\]\(\s*<?([^)>\s]+)", text)  # [text](target), ![alt](target)
+    targets += re.findall(r"^\s*\[[^\]]+\]:\s*<?(\S+?)>?$", text, flags=re.M)  # [label]: target
+    targets += re.findall(r"\b(?:href|src)\s*=\s*[\"']([^\"']+)", text)  # HTML
+    assert targets, "expected at least the DeepGEMM link"
+    assert [t for t in targets if not re.match(r"https?://", t)] == []
+
+
+def test_long_description_code_is_the_readmes_first_screen():
+    """Its snippets are the README's first-screen ones, which tests/test_readme.py runs."""
+    readme = (ROOT / "README.md").read_text()
+    front = readme[: readme.index("## What is in it")]
+    blocks = re.findall(r"```python\n.*?```", _long_description(), flags=re.S)
+    assert len(blocks) == 3 and all(block in front for block in blocks)
+    assert 'pip install "tilegemm[cutile,hf]"' in _long_description()

@@ -1,11 +1,14 @@
-"""The README's first screen: the two commands first, install, the two snippets, support, and speedups that are the
-committed results' numbers; its results section is what ``tilegemm-bench render`` makes of ``h100.json``."""
+"""The README's first screen: the two commands first, install, the three snippets (each run on the CPU), support,
+and speedups that are the committed results' numbers; its results section is what ``tilegemm-bench render`` makes
+of ``h100.json``."""
 
 from __future__ import annotations
 
-import ast
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,36 +36,71 @@ def test_install_line_and_cpu_torch_note():
     assert "--index-url https://download.pytorch.org/whl/cpu" in FRONT
 
 
-def test_hf_snippet_uses_the_experts_implementation_keyword():
-    (code,) = [b for b in _blocks(FRONT, "python") if "transformers" in b]
-    assert len([line for line in code.splitlines() if line.strip()]) <= 6
-    tree = ast.parse(code)
-    imports = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    assert "tilegemm.transformers" in imports
-    call = next(
-        n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "from_pretrained"
+#: What picks each Python snippet of the first screen; every one is run on the CPU by a test below.
+SNIPPETS = {"offline": "from_config(", "hub": "from_pretrained(", "deepgemm": "tilegemm as deep_gemm"}
+
+
+def _snippet(kind: str) -> str:
+    (code,) = [b for b in _blocks(FRONT, "python") if SNIPPETS[kind] in b]
+    assert len([line for line in code.splitlines() if line.strip()]) <= 10, kind
+    return code
+
+
+def test_every_first_screen_snippet_is_run():
+    assert sorted(_blocks(FRONT, "python")) == sorted(_snippet(kind) for kind in SNIPPETS)
+
+
+def test_offline_transformers_snippet_runs_as_written():
+    """In a fresh process, as a newcomer runs it, with the Hub offline: the model runs with the tilegemm experts."""
+    script = _snippet("offline") + (
+        "\nassert model.config._experts_implementation == 'tilegemm'"
+        "\nassert logits.shape == (1, 8, 1000) and torch.isfinite(logits).all()\n"
     )
-    assert {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg == "experts_implementation"} == {
-        "experts_implementation": "tilegemm"
-    }
+    offline = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=offline)
+    assert result.returncode == 0, result.stderr[-3000:]
 
 
-def test_deepgemm_snippet_runs_on_the_cpu():
-    """The DeepGEMM snippet as written, with the device set to the CPU and smaller sizes: ``d`` is the float64
-    product of the FP8 operands (``a @ b.T`` up to the FP8 casts)."""
+def test_hub_snippet_asks_for_the_tilegemm_experts(monkeypatch):
+    """The Hub snippet as written, its ``from_pretrained`` given a tiny local model of the same arguments (no
+    download, no GPU): the keyword reaches transformers, which takes the name after ``import tilegemm.transformers``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tilegemm.transformers.presets import PRESETS
+
+    asked = []
+
+    def from_pretrained(path, **kwargs):
+        asked.append((path, kwargs))
+        return AutoModelForCausalLM.from_config(
+            PRESETS["tiny-qwen3-moe"].config(),
+            dtype=kwargs["dtype"],
+            experts_implementation=kwargs["experts_implementation"],
+        )
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    scope: dict = {}
+    exec(compile(_snippet("hub"), "README", "exec"), scope)
+    assert asked == [
+        ("Qwen/Qwen3-30B-A3B", {"dtype": torch.bfloat16, "device_map": "cuda", "experts_implementation": "tilegemm"})
+    ]
+    assert scope["model"].config._experts_implementation == "tilegemm"
+
+
+def test_deepgemm_snippet_runs_as_written():
+    """The DeepGEMM snippet as written (on the CPU here): ``d`` is the float64 product of the FP8 operands
+    (``a @ b.T`` up to the FP8 casts)."""
     import torch
 
-    (code,) = [b for b in _blocks(FRONT, "python") if "tilegemm as deep_gemm" in b]
-    assert len([line for line in code.splitlines() if line.strip()]) <= 6
-    small = code.replace('device="cuda"', 'device="cpu"').replace("4096", "64").replace("7168", "256")
     scope: dict = {}
-    exec(compile(small.replace("2112", "384"), "README", "exec"), scope)
+    exec(compile(_snippet("deepgemm"), "README", "exec"), scope)
     a, b, d = scope["a"], scope["b"], scope["d"]
     from tilegemm import per_block_cast_to_fp8, per_token_cast_to_fp8
     from tilegemm.testing import calc_diff, dequant_per_block, dequant_per_token
 
     ref = dequant_per_token(*per_token_cast_to_fp8(a)) @ dequant_per_block(*per_block_cast_to_fp8(b)).T
-    assert isinstance(d, torch.Tensor) and d.shape == (64, 384) and calc_diff(d, ref) < 1e-5
+    assert isinstance(d, torch.Tensor) and d.shape == (a.shape[0], b.shape[0]) and calc_diff(d, ref) < 1e-5
 
 
 def test_support_matrix_names_archs_backends_and_versions():
@@ -110,3 +148,40 @@ def test_results_section_is_rendered_from_h100_json(tmp_path):
 @pytest.mark.parametrize("path", re.findall(r"\]\(((?:benchmarks|docs)/[^)#]+)", FRONT))
 def test_first_screen_links_exist(path):
     assert (ROOT / path).exists(), path
+
+
+def _expand(pattern: str) -> list[str]:
+    """``bf16_gemm_{nt,nn}`` -> ``bf16_gemm_nt``, ``bf16_gemm_nn`` (brace groups expanded left to right)."""
+    match = re.search(r"\{([^}]*)\}", pattern)
+    if match is None:
+        return [pattern]
+    return [n for alt in match[1].split(",") for n in _expand(pattern[: match.start()] + alt + pattern[match.end() :])]
+
+
+def readme_op_names() -> list[str]:
+    """Every op name the README's API table gives: each row's function and its aliases (``fp8_gemm_*``: every
+    public name of that form)."""
+    import fnmatch
+
+    import tilegemm
+
+    api = TEXT[TEXT.index("## API") :]
+    names = []
+    for row in (line for line in api[: api.index("\n\n", api.index("| op |"))].splitlines() if line.startswith("| `")):
+        head = row.split("|")[1]
+        for code in re.findall(r"`([a-z0-9_{},*]+)(?:\(|`)", head):
+            for name in _expand(code):
+                found = fnmatch.filter(tilegemm.__all__, name) if "*" in name else [name]
+                assert found, name
+                names += found
+    return names
+
+
+def test_every_op_name_of_the_api_table_is_accepted_by_name():
+    """``get_available_backends_for_op`` takes each name the table documents (``fp8_gemm_nt`` included)."""
+    import tilegemm
+
+    names = readme_op_names()
+    assert {"fp8_gemm_nt", "fp8_gemm_nn", "fp8_fp4_gemm_tt", "m_grouped_fp8_fp4_gemm_nt_masked"} <= set(names)
+    for name in names:
+        assert "pytorch" in tilegemm.get_available_backends_for_op(name), name

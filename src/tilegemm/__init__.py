@@ -1,8 +1,9 @@
 """tilegemm: DeepGEMM 2.6's API (dense, grouped, MQA-logits GEMMs) with cuTile kernels and a PyTorch reference.
 
-``import tilegemm as deep_gemm`` gives DeepGEMM's names, arguments and defaults (docs/deepgemm.md
-lists what matches, what is accepted without effect and what raises). Every op is dispatched to a
-backend (``cutile`` or ``pytorch``); see ``tilegemm.backend``. This module only re-exports the public API.
+``import tilegemm as deep_gemm`` gives DeepGEMM's names, arguments and defaults (each op's docstring says what
+it accepts without effect and what raises; the project's docs/deepgemm.md in the source repository lists them all).
+Every op is dispatched to a backend (``gluon``, ``cutile`` or ``pytorch``); see ``tilegemm.backend.selector``. This
+module only re-exports the public API.
 """
 
 from tilegemm import testing, utils  # DeepGEMM's deep_gemm.testing and deep_gemm.utils

@@ -111,3 +111,31 @@ def test_group_sizes_are_aligned_and_seeded():
     assert case.shape["m_sum"] % 128 == 0 and case.flops == 2.0 * case.shape["m_sum"] * 4096 * 7168
     kc = k_grouped.case({"dtype": "fp8", "groups": 4, "m": 4096, "n": 7168, "k_per_group": 8192})
     assert kc.shape["k_sum"] % 128 == 0 and kc.settings == {"c": "d"}
+
+
+def test_usage_lists_render(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    usage = capsys.readouterr().out.split("\n\n")[0]
+    assert "tilegemm-bench [-h]" in usage and "tilegemm-bench render [-h] --from FILE.json --readme README.md" in usage
+
+
+@pytest.mark.parametrize("render", [False, True], ids=["plot", "render-replot"])
+def test_plot_without_matplotlib_fails_naming_the_extra(tmp_path, doc, capsys, monkeypatch, render):
+    """A plot asked for and impossible: exit 2 before anything is read, run or written, with the install line."""
+    from tilegemm.bench import schema
+
+    schema.save(doc, tmp_path / "run.json")
+    readme = tmp_path / "README.md"
+    readme.write_text("unchanged")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    run = str(tmp_path / "run.json")
+    argv = ["render", "--from", run, "--readme", str(readme), "--replot"] if render else ["--from", run]
+    assert (
+        main(argv if render else [*argv, "--plot", str(tmp_path / "plots"), "--markdown", str(tmp_path / "a.md")]) == 2
+    )
+    captured = capsys.readouterr()
+    assert 'pip install "tilegemm[bench]"' in captured.err and "Traceback" not in captured.err + captured.out
+    assert ("--replot" if render else "--plot") in captured.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "run.json"] and readme.read_text() == "unchanged"

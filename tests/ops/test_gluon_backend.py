@@ -26,10 +26,20 @@ def test_triton_version_range(version, ok):
         assert version in reason
 
 
-def test_gluon_is_a_backend_name():
+def test_gluon_is_a_backend_name(monkeypatch):
+    """Chosen even where it cannot run (with a FallbackWarning naming the reason there)."""
     assert "gluon" in selector.BACKENDS
-    with tilegemm.use_backend("gluon"):
-        assert tilegemm.get_current_backend() == "gluon"
+    monkeypatch.delenv("TILEGEMM_DISABLE_FALLBACK", raising=False)
+    reason = selector.gluon_unavailable_reason()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FallbackWarning)
+        with tilegemm.use_backend("gluon"):
+            assert tilegemm.get_current_backend() == "gluon"
+    assert [str(w.message) for w in caught] == (
+        []
+        if reason is None
+        else [f"tilegemm.use_backend('gluon'): falling back to pytorch: gluon unavailable: {reason}"]
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the reason given without a GPU")

@@ -194,6 +194,11 @@ def test_env_backend_is_validated(monkeypatch):
         selector.get_current_backend()
 
 
+#: Scoping tests switch between pytorch and cutile whether or not cutile can run: its warning is not under test.
+_SCOPING_ONLY = pytest.mark.filterwarnings("ignore:tilegemm.use_backend:UserWarning")
+
+
+@_SCOPING_ONLY
 def test_use_backend_does_not_leak_between_asyncio_tasks(monkeypatch):
     """Two tasks on one thread: a scope entered in one is invisible to the other while it is suspended."""
     monkeypatch.delenv("TILEGEMM_BACKEND", raising=False)
@@ -225,6 +230,7 @@ def test_use_backend_does_not_leak_between_asyncio_tasks(monkeypatch):
     assert selector.get_current_backend() == outside
 
 
+@_SCOPING_ONLY
 def test_use_backend_in_suspended_generator_does_not_leak(monkeypatch):
     monkeypatch.delenv("TILEGEMM_BACKEND", raising=False)
     outside = selector.get_current_backend()
@@ -246,6 +252,7 @@ def test_use_backend_in_suspended_generator_does_not_leak(monkeypatch):
     assert selector.get_current_backend() == outside
 
 
+@_SCOPING_ONLY
 def test_use_backend_through_contextlib_applies_to_the_with_block(monkeypatch):
     """A @contextmanager wrapping use_backend and ExitStack.enter_context scope the caller's block."""
     monkeypatch.delenv("TILEGEMM_BACKEND", raising=False)
@@ -265,6 +272,7 @@ def test_use_backend_through_contextlib_applies_to_the_with_block(monkeypatch):
     assert selector.get_current_backend() == outside
 
 
+@_SCOPING_ONLY
 def test_use_backend_is_per_thread(monkeypatch):
     monkeypatch.delenv("TILEGEMM_BACKEND", raising=False)
     outside = selector.get_current_backend()
@@ -355,12 +363,88 @@ def test_cpu_tensors_never_reach_cutile(cutile_present):
     torch.testing.assert_close(d, a.float() @ b.float().T)
 
 
+@pytest.fixture
+def cutile_absent(monkeypatch):
+    """The cutile backend cannot run (as on a machine without a GPU); the user's choice is restored after."""
+    monkeypatch.setattr(selector, "cutile_unavailable_reason", lambda: "no CUDA GPU")
+    monkeypatch.setattr(registry, "_IMPORT_ERRORS", {})
+    monkeypatch.delenv("TILEGEMM_BACKEND", raising=False)
+    monkeypatch.delenv("TILEGEMM_DISABLE_FALLBACK", raising=False)
+    yield
+    tilegemm.set_backend(None)
+
+
+def test_set_backend_says_at_once_when_the_backend_cannot_run(toy_op, cutile_absent):
+    """The choice stands (``get_current_backend`` names it) but a FallbackWarning, with the reason, says at the
+    caller's line that its calls run on pytorch; once per process."""
+    toy, calls = toy_op
+    with pytest.warns(FallbackWarning, match=r"set_backend\('cutile'\).*cutile unavailable: no CUDA GPU") as caught:
+        tilegemm.set_backend("cutile")
+    assert caught[0].filename == __file__
+    assert tilegemm.get_current_backend() == "cutile"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        tilegemm.set_backend("cutile")  # said once
+        tilegemm.set_backend("pytorch")  # always runs
+    with pytest.warns(FallbackWarning, match=r"use_backend\('cutile'\).*no CUDA GPU") as caught:
+        with tilegemm.use_backend("cutile"):
+            assert tilegemm.get_current_backend() == "cutile"
+            with pytest.warns(FallbackWarning, match="_toy_op"):
+                assert toy(1) == 2.0
+    assert caught[0].filename == __file__ and calls == [("pytorch", 1, 2.0, "default")]
+
+
+def test_set_backend_that_cannot_run_raises_without_fallback(cutile_absent, monkeypatch):
+    """``TILEGEMM_DISABLE_FALLBACK=1``: choosing a backend that cannot run here is an error, and nothing changes."""
+    monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
+    tilegemm.set_backend("pytorch")
+    with pytest.raises(RuntimeError, match=r"set_backend\('cutile'\).*no CUDA GPU.*fallback is disabled"):
+        tilegemm.set_backend("cutile")
+    assert tilegemm.get_current_backend() == "pytorch"
+    with pytest.raises(RuntimeError, match=r"use_backend\('gluon'\).*fallback is disabled"):
+        with tilegemm.use_backend("gluon"):
+            pass
+    assert tilegemm.get_current_backend() == "pytorch"
+
+
+def test_set_backend_that_can_run_is_silent(cutile_present):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        tilegemm.set_backend("cutile")
+        with tilegemm.use_backend("pytorch"):
+            pass
+    tilegemm.set_backend(None)
+
+
 def test_introspection_without_gpu(monkeypatch):
     monkeypatch.setattr(selector, "cutile_unavailable_reason", lambda: "no CUDA GPU")
     assert selector.get_available_backends() == ["pytorch"]
     assert tilegemm.get_available_backends_for_op("bf16_gemm_nt") == ["pytorch"]
     with pytest.raises(ValueError, match="not_an_op"):
         tilegemm.get_available_backends_for_op("not_an_op")
+
+
+PUBLIC_OPS = sorted(n for n in tilegemm.__all__ if hasattr(getattr(tilegemm, n), "op_name"))
+
+
+@pytest.mark.parametrize("name", PUBLIC_OPS)
+def test_every_public_op_name_is_taken_where_an_op_name_is(name):
+    """DeepGEMM's aliases (``fp8_gemm_nt`` is ``fp8_fp4_gemm_nt``) name their op in every function taking an op name."""
+    op = getattr(tilegemm, name).op_name
+    assert registry.canonical_op(name) == op
+    assert tilegemm.get_available_backends_for_op(name) == tilegemm.get_available_backends_for_op(op)
+    assert "pytorch" in tilegemm.get_available_backends_for_op(name)
+    assert registry.get_registered_backends_for_op(name) == registry.get_registered_backends_for_op(op)
+    assert registry.get_impl(name, "pytorch") is registry.get_impl(op, "pytorch")
+
+
+def test_aliases_are_the_public_ones():
+    """The alias map is derived from the public names bound to an op of another name, not written by hand."""
+    aliases = {n: getattr(tilegemm, n).op_name for n in PUBLIC_OPS if getattr(tilegemm, n).op_name != n}
+    assert aliases == registry._ALIASES
+    assert {"fp8_gemm_nt", "fp8_gemm_nn", "m_grouped_fp8_gemm_nt_masked", "fp8_m_grouped_gemm_nt_masked"} <= {*aliases}
+    with pytest.raises(ValueError, match="fp8_gemm_nt"):  # the message lists the aliases too
+        registry.canonical_op("fp8_gemm_xx")
 
 
 def test_failed_backend_import_falls_back(toy_op, monkeypatch):

@@ -47,6 +47,28 @@ print(model.config._experts_implementation)
     assert result.stdout.split() == ["['tilegemm',", "'tilegemm_fp8']", EXPERTS_NAME, FP8_EXPERTS_NAME]
 
 
+def test_import_pulls_no_transformers_module_and_registers_when_transformers_imports_its_moe():
+    """``import tilegemm.transformers`` imports no transformers module (transformers.integrations.moe imports its
+    DeepGEMM and hub-kernels integrations: about a second); the experts functions are registered when that module is
+    imported (transformers imports it before any model can ask for them), and fused_activation gets it."""
+    script = """
+import sys
+import tilegemm.transformers
+from tilegemm.transformers import experts
+
+pulled = sorted(m for m in sys.modules if m.split(".")[0] == "transformers")
+assert not pulled, pulled
+assert experts._hf_moe is None
+from transformers.integrations.moe import ExpertsInterface
+
+assert experts._hf_moe is sys.modules["transformers.integrations.moe"]
+print(sorted(n for n in ExpertsInterface._global_mapping if n.startswith("tilegemm")))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["['tilegemm',", "'tilegemm_fp8']"]
+
+
 @pytest.mark.parametrize("family", sorted(OTHER_FUSED))
 def test_model_outside_the_families_table_runs_tilegemm_experts(family, monkeypatch):
     """fp32: the patched model equals stock to fp32 rounding (the unfused path computes the module's own activation,

@@ -40,12 +40,11 @@ import inspect
 import logging
 import sys
 import threading
-import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from tilegemm.backend import selector
-from tilegemm.env import DEBUG, DISABLE_FALLBACK, env_flag
+from tilegemm.env import DEBUG, env_flag
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -57,12 +56,12 @@ _BACKEND_MODULES = {
     "gluon": "tilegemm.ops.gluon",
 }
 _STUBS: dict[str, inspect.Signature] = {}
+_ALIASES: dict[str, str] = {}  # a public alias -> the op it names (DeepGEMM's fp8_gemm_nt -> fp8_fp4_gemm_nt)
 _IMPLS: dict[str, dict[str, Callable[..., Any]]] = {}
 _IMPORT_ERRORS: dict[str, str] = {}
 _REPLAYS: dict[tuple[str, str], Callable[[dict[str, Any]], Callable[..., Any] | None]] = {}
 _REPLAY_OPS: set[str] = set()  # the ops with a replay on some backend
 _HOT: dict[tuple[str, tuple], Callable[..., Any]] = {}  # (backend, signature key) -> replay
-_WARNED: set[tuple[str, str]] = set()
 _LOCK = threading.Lock()
 _loaded = False
 
@@ -71,8 +70,8 @@ class Unsupported(Exception):
     """Raised by a backend implementation, before it writes anything, for a case it lacks."""
 
 
-class FallbackWarning(UserWarning):
-    """Issued once per (op, reason) when a call falls back to the ``pytorch`` backend."""
+FallbackWarning = selector.FallbackWarning
+reset_fallback_warnings = selector.reset_fallback_warnings
 
 
 _debug_configured = False
@@ -183,28 +182,16 @@ def _unavailable_reason(name: str, backend: str, arguments: dict[str, Any]) -> s
     return None
 
 
-def _fall_back(name: str, backend: str, reason: str) -> None:
-    if env_flag(DISABLE_FALLBACK):
-        raise RuntimeError(f"{name}: backend {backend!r} cannot run this call ({reason}) and fallback is disabled")
-    key = (name, reason)
-    if key not in _WARNED:
-        _WARNED.add(key)
-        warnings.warn(f"tilegemm.{name}: falling back to pytorch: {reason}", FallbackWarning, stacklevel=4)
-
-
-def reset_fallback_warnings() -> None:
-    """Forget which fallback warnings were issued, so they are issued again (for tests)."""
-    _WARNED.clear()
-
-
 def call_backend(name: str, backend: str, arguments: dict[str, Any]) -> Any:
-    """Run op ``name`` on ``backend`` with bound ``arguments``, falling back to ``pytorch``."""
-    return _run(name, backend, arguments)[0]
+    """Run op ``name`` (or an alias, see :func:`canonical_op`) on ``backend`` with bound ``arguments``, falling back
+    to ``pytorch``."""
+    return _run(canonical_op(name), backend, arguments)[0]
 
 
 def call_checked(name: str, arguments: dict[str, Any], backend: str | None = None) -> Any:
-    """Run op ``name`` with ``arguments`` its check has already derived (every parameter by name), on
+    """Run op ``name`` (or an alias) with ``arguments`` its check has already derived (every parameter by name), on
     ``backend`` or the backend a call would choose; for callers that ran the check themselves."""
+    name = canonical_op(name)
     return _run(name, _resolve(name, _choose(backend), arguments), arguments)[0]
 
 
@@ -225,7 +212,7 @@ def _run(name: str, backend: str, arguments: dict[str, Any]) -> tuple[Any, str]:
                 return result, backend
             except Unsupported as exc:
                 reason = str(exc)
-        _fall_back(name, backend, reason)
+        selector.fall_back(name, backend, reason, stacklevel=3)
         if _debug_enabled():
             log.debug("%s -> pytorch (fallback from %s: %s)", name, backend, reason)
     elif _debug_enabled():
@@ -397,22 +384,45 @@ def dispatch(
 
 
 def list_ops() -> list[str]:
-    """Names of every public op, sorted."""
+    """Names of every public op, sorted (their aliases, such as ``fp8_gemm_nt``, are not listed: see
+    :func:`canonical_op`)."""
     _load_backends()
     return sorted(_STUBS)
 
 
-def get_available_backends_for_op(name: str) -> list[str]:
-    """Backends that implement op ``name`` and can run on this machine."""
+def register_aliases(namespace: dict[str, Any]) -> None:
+    """Accept every name of ``namespace`` that is bound to an op of another name (DeepGEMM's ``fp8_gemm_nt`` is
+    ``fp8_fp4_gemm_nt``) wherever an op name is taken. ``tilegemm.ops.api`` passes its public names, so the
+    aliases are exactly the public ones."""
+    for alias, value in namespace.items():
+        name = getattr(value, "op_name", None)
+        if isinstance(name, str) and name != alias:
+            _ALIASES[alias] = name
+
+
+def canonical_op(name: str) -> str:
+    """The op that ``name`` names: an op of :func:`list_ops`, or the op a public alias is bound to
+    (``fp8_gemm_nt`` -> ``fp8_fp4_gemm_nt``, ``fp8_m_grouped_gemm_nt_masked`` -> ``m_grouped_fp8_fp4_gemm_nt_masked``).
+
+    Raises:
+        ValueError: ``name`` is neither, naming the ops and aliases.
+    """
     _load_backends()
-    if name not in _STUBS:
-        raise ValueError(f"op: got {name!r}, expected one of {sorted(_STUBS)}")
-    impls = _IMPLS.get(name, {})
+    op = _ALIASES.get(name, name) if isinstance(name, str) else name
+    if op not in _STUBS:
+        raise ValueError(f"op: got {name!r}, expected one of {sorted(_STUBS)} or of their aliases {sorted(_ALIASES)}")
+    return op
+
+
+def get_available_backends_for_op(name: str) -> list[str]:
+    """Backends that implement op ``name`` (or an alias, see :func:`canonical_op`) and can run on this machine."""
+    impls = _IMPLS.get(canonical_op(name), {})
     return [b for b in selector.BACKENDS if b in impls and selector.is_backend_available(b)]
 
 
 def get_impl(name: str, backend: str) -> Callable[..., Any]:
-    """Backend ``backend``'s registered implementation of op ``name``, for composing one op from another.
+    """Backend ``backend``'s registered implementation of op ``name`` (or an alias, see :func:`canonical_op`), for
+    composing one op from another.
 
     It takes what the op's check derives, by keyword (``stream`` included), and skips the public checks:
     the caller vouches for its arguments (views such as a permuted ``d`` the public op would refuse are
@@ -421,7 +431,7 @@ def get_impl(name: str, backend: str) -> Callable[..., Any]:
     Raises:
         ValueError: no such op, or ``backend`` has no implementation of it.
     """
-    _load_backends()
+    name = canonical_op(name)
     impl = _IMPLS.get(name, {}).get(backend)
     if impl is None:
         raise ValueError(f"op {name!r}: no {backend!r} implementation (registered: {sorted(_IMPLS.get(name, {}))})")
@@ -429,6 +439,7 @@ def get_impl(name: str, backend: str) -> Callable[..., Any]:
 
 
 def get_registered_backends_for_op(name: str) -> list[str]:
-    """Backends that implement op ``name``, whether or not they can run here."""
-    _load_backends()
-    return [b for b in selector.BACKENDS if b in _IMPLS.get(name, {})]
+    """Backends that implement op ``name`` (or an alias, see :func:`canonical_op`), whether or not they can run
+    here."""
+    impls = _IMPLS.get(canonical_op(name), {})
+    return [b for b in selector.BACKENDS if b in impls]

@@ -23,10 +23,11 @@ import inspect
 import os
 import shutil
 import sys
+import warnings
 from collections.abc import Callable
 from types import FrameType, TracebackType
 
-from tilegemm.env import BACKEND, env_choice
+from tilegemm.env import BACKEND, DISABLE_FALLBACK, env_choice, env_flag
 
 BACKENDS: tuple[str, ...] = ("gluon", "cutile", "pytorch")
 """Every backend name tilegemm knows, in order of preference."""
@@ -47,6 +48,35 @@ class _Scope:
     def __init__(self, name: str, generator_frame: FrameType | None):
         self.name = name
         self.generator_frame = generator_frame
+
+
+_WARNED: set[tuple[str, str]] = set()
+
+
+class FallbackWarning(UserWarning):
+    """Issued once per (op, reason) when a call falls back to the ``pytorch`` backend, and once per (selection,
+    reason) when ``set_backend`` / ``use_backend`` choose a backend that cannot run here."""
+
+
+def fall_back(subject: str, backend: str, reason: str, stacklevel: int = 1) -> None:
+    """Say that ``subject`` (an op, or a backend selection) runs on ``pytorch`` instead of ``backend`` because of
+    ``reason``: a :class:`FallbackWarning` once per (subject, reason) per process, issued ``stacklevel`` frames above
+    the caller as ``warnings.warn`` counts them.
+
+    Raises:
+        RuntimeError: ``TILEGEMM_DISABLE_FALLBACK`` is on.
+    """
+    if env_flag(DISABLE_FALLBACK):
+        raise RuntimeError(f"{subject}: backend {backend!r} cannot run here ({reason}) and fallback is disabled")
+    key = (subject, reason)
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(f"tilegemm.{subject}: falling back to pytorch: {reason}", FallbackWarning, stacklevel + 1)
+
+
+def reset_fallback_warnings() -> None:
+    """Forget which fallback warnings were issued, so they are issued again (for tests)."""
+    _WARNED.clear()
 
 
 _SCOPES: contextvars.ContextVar[tuple[_Scope, ...]] = contextvars.ContextVar("tilegemm_backend_scopes", default=())
@@ -163,10 +193,28 @@ def get_available_backends() -> list[str]:
     return [b for b in BACKENDS if is_backend_available(b)]
 
 
+def _chosen(caller: str, name: str) -> str:
+    """``name`` validated; when that backend cannot run on this machine, :func:`fall_back` says so (with the reason)
+    at the line that called ``caller`` (``set_backend`` or ``use_backend``)."""
+    reason = unavailable_reason(validate_backend_name(name))
+    if reason is not None:
+        fall_back(f"{caller}({name!r})", name, f"{name} unavailable: {reason}", stacklevel=3)
+    return name
+
+
 def set_backend(name: str | None) -> None:
-    """Select the backend for all later calls (``None`` restores automatic choice)."""
+    """Select the backend for all later calls (``None`` restores automatic choice).
+
+    A backend that cannot run on this machine (``cutile`` or ``gluon`` without a suitable GPU) is still selected, so
+    :func:`get_current_backend` names it, but its calls fall back to ``pytorch``: a :class:`FallbackWarning` says so at
+    once, with the reason (once per process).
+
+    Raises:
+        ValueError: ``name`` is not a backend name.
+        RuntimeError: the backend cannot run here and ``TILEGEMM_DISABLE_FALLBACK`` is on (nothing is selected).
+    """
     global _global_backend
-    _global_backend = None if name is None else validate_backend_name(name)
+    _global_backend = None if name is None else _chosen("set_backend", name)
 
 
 def _owner_frame(frame: FrameType) -> FrameType:
@@ -234,11 +282,11 @@ def get_current_backend() -> str:
     return selected if selected is not None else default_backend()
 
 
-class use_backend(contextlib.AbstractContextManager):  # noqa: N801 - a function-like public name
+class BackendScope(contextlib.AbstractContextManager):
     """Context manager: calls inside the ``with`` block use backend ``name``; ``as`` gives ``name``.
 
-    Scoped to the current thread / asyncio task and, inside a generator, to the generator's own
-    execution (see the module docstring).
+    :class:`use_backend` without its availability warning, for tilegemm's own scopes of a backend the user chose
+    elsewhere (a patched module's ``backend=``): their calls still warn per op when they fall back.
     """
 
     def __init__(self, name: str):
@@ -258,3 +306,15 @@ class use_backend(contextlib.AbstractContextManager):  # noqa: N801 - a function
         scope = self._entered.pop()
         # Remove this scope by identity (not a token reset): exits may interleave with a generator's.
         _SCOPES.set(tuple(s for s in _SCOPES.get() if s is not scope))
+
+
+class use_backend(BackendScope):  # noqa: N801 - a function-like public name
+    """Context manager: calls inside the ``with`` block use backend ``name``; ``as`` gives ``name``.
+
+    Scoped to the current thread / asyncio task and, inside a generator, to the generator's own
+    execution (see the module docstring). A backend that cannot run here warns at once, as :func:`set_backend`
+    does (``RuntimeError`` under ``TILEGEMM_DISABLE_FALLBACK``).
+    """
+
+    def __init__(self, name: str):
+        super().__init__(_chosen("use_backend", name))

@@ -11,7 +11,8 @@ Read a saved run (no GPU needed)::
     tilegemm-bench --from run.json --markdown run.md --plot plots/ [--compare base.json]
     tilegemm-bench render --from benchmarks/results/h100.json --readme README.md
 
-Exit codes: 0 ok; 1 a regression beyond ``--fail-on-regression``; 2 no GPU (or bad input).
+Exit codes: 0 ok; 1 a regression beyond ``--fail-on-regression``; 2 no GPU, no matplotlib for ``--plot`` /
+``--replot`` (``pip install "tilegemm[bench]"``; checked before anything runs), or bad input.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ QUICK_BUDGET_S = 100.0
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The options of a run (or of reading saved runs); its usage also shows :func:`_render_parser`'s."""
     p = argparse.ArgumentParser(
         prog="tilegemm-bench",
         description="tilegemm's benchmark harness: every op through the public API next to cuBLAS, torch and DeepGEMM.",
@@ -69,10 +71,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-on-regression", type=float, metavar="PCT", help="exit 1 if a row is PCT%% slower than BASE")
     p.add_argument("--list", action="store_true", help="print the rows the run would measure and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    usages = (parser.format_usage().removeprefix("usage: ").rstrip() for parser in (p, _render_parser()))
+    p.usage = "\n       ".join(usages)
     return p
 
 
-def _render_main(argv: list[str]) -> int:
+def _render_parser() -> argparse.ArgumentParser:
+    """The options of ``tilegemm-bench render``."""
     from tilegemm.bench import readme
 
     p = argparse.ArgumentParser(prog="tilegemm-bench render", description=readme.__doc__)
@@ -80,10 +85,30 @@ def _render_main(argv: list[str]) -> int:
     p.add_argument("--readme", required=True, metavar="README.md")
     p.add_argument("--plots", metavar="DIR", help="plots folder (default: plots/ next to the JSON)")
     p.add_argument("--replot", action="store_true", help="first (re)draw the plots from the JSON (needs matplotlib)")
-    args = p.parse_args(argv)
+    return p
+
+
+def _plots_missing(option: str) -> bool:
+    """True (after saying why on stderr) when ``option`` asks for plots and matplotlib is missing."""
+    from tilegemm.bench import plots
+
+    try:
+        plots.require_matplotlib()
+    except ImportError as exc:
+        print(f"tilegemm-bench: {option} cannot draw: {exc}", file=sys.stderr)
+        return True
+    return False
+
+
+def _render_main(argv: list[str]) -> int:
+    from tilegemm.bench import readme
+
+    args = _render_parser().parse_args(argv)
     if args.replot:
         from tilegemm.bench import plots
 
+        if _plots_missing("--replot"):
+            return 2
         out = args.plots or str(Path(args.from_json).parent / "plots")
         plots.plot_all(schema.load(args.from_json), out, progress=True)
     try:
@@ -101,13 +126,10 @@ def _outputs(doc: dict[str, Any], args: argparse.Namespace) -> int:
         Path(args.markdown).write_text(report.markdown(doc))
         print(f"wrote {args.markdown}")
     if args.plot:
-        try:
-            from tilegemm.bench import plots
+        from tilegemm.bench import plots
 
-            for path in plots.plot_all(doc, args.plot, progress=not args.no_progress):
-                print(f"wrote {path}")
-        except ImportError as exc:
-            print(f"--plot needs matplotlib ({exc}); render later on a CPU: tilegemm-bench --from FILE.json --plot DIR")
+        for path in plots.plot_all(doc, args.plot, progress=not args.no_progress):
+            print(f"wrote {path}")
     if not args.markdown:
         print(report.summary_table(doc["rows"]))
     code = 0
@@ -128,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "render":
         return _render_main(argv[1:])
     args = _parser().parse_args(argv)
+    if args.plot and _plots_missing("--plot"):
+        return 2
     size = args.size or "quick"
     families = args.family or [f for f in FAMILIES if f in _available_families()]
     from tilegemm.bench import runner

@@ -17,6 +17,9 @@ from typing import Any
 from tilegemm.bench import report
 from tilegemm.bench.schema import shape_label
 
+#: How to get what the plots need (pyproject's ``bench`` extra: matplotlib and tqdm).
+INSTALL_HINT = 'pip install "tilegemm[bench]"'
+
 #: The width of a figure in inches at :data:`DPI` (1000 px, the README's width).
 WIDTH_IN = 10.0
 DPI = 100
@@ -25,6 +28,14 @@ DPI = 100
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#E69F00", "#56B4E9", "#CC79A7", "#000000", "#999999")
 #: Speedup ticks: readable round numbers on a log axis.
 TICKS = (0.125, 0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0)
+
+
+def require_matplotlib() -> None:
+    """Return when matplotlib imports; else raise ``ImportError`` naming the extra to install."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(f"plots need matplotlib ({exc}): {INSTALL_HINT}") from None
 
 
 def peer_color(name: str, peers: list[str]) -> str:

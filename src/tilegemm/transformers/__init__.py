@@ -25,7 +25,8 @@ Sharded over ``torchrun`` ranks by transformers' own tensor / expert parallel pl
     apply_tilegemm_to_model(model)                      # each rank runs its local experts
 """
 
-from tilegemm.transformers.compat import UnsupportedTransformersError
+from tilegemm.transformers import experts
+from tilegemm.transformers.compat import UnsupportedTransformersError, after_import
 from tilegemm.transformers.experts import (
     EXPERTS_NAME,
     FP8_EXPERTS_NAME,
@@ -98,13 +99,8 @@ __all__ = [
 ]
 
 
-def _register_at_import() -> None:
-    """Register the experts functions now when transformers is new enough; an old or missing transformers keeps
-    the import working and raises :class:`UnsupportedTransformersError` from the patchers instead."""
-    try:
-        register_experts_functions()
-    except UnsupportedTransformersError:
-        pass
-
-
-_register_at_import()
+# The experts functions are registered in transformers' ExpertsInterface when transformers.integrations.moe is
+# imported (now if it is; else by transformers itself, before any model can ask for them), not by importing it here:
+# it imports transformers' DeepGEMM and hub-kernels integrations (about a second). An old or missing transformers
+# keeps the import working; the patchers raise UnsupportedTransformersError then.
+after_import("transformers.integrations.moe", experts.bind_transformers_moe)

@@ -4,14 +4,20 @@ The integration needs transformers' experts registry (``transformers.integration
 and MoE models whose experts are fused 3-D parameters dispatched through ``@use_experts_implementation``
 (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``): transformers >= 5.7. :func:`rewind_static_cache` hides
 how a version's ``StaticCache`` keeps its write position, :func:`cache_kwargs` what a version's forward calls the
-cache.
+cache. :func:`after_import` runs code when a transformers module is first imported, so that importing tilegemm's
+integration does not import transformers' (about a second: its MoE module imports its DeepGEMM and hub-kernels
+integrations).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.abc
 import inspect
 import re
+import sys
+from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -53,6 +59,50 @@ def transformers_version() -> tuple[int, int]:
             f"transformers {transformers.__version__} has no transformers.integrations.moe.ExpertsInterface ({exc})"
         ) from None
     return version
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """A finder at the front of ``sys.meta_path`` that finds nothing itself: for module ``name`` it takes the spec
+    the other finders give and runs ``callback(module)`` right after the module's code has run, then removes
+    itself."""
+
+    def __init__(self, name: str, callback: Callable[[ModuleType], None]):
+        self.name = name
+        self.callback = callback
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None) if finder is not self else None
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module = loader.exec_module
+
+        def exec_then_call(module: ModuleType) -> None:
+            exec_module(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            self.callback(module)
+
+        loader.exec_module = exec_then_call  # this spec's own loader (a fresh one per spec for source files)
+        return spec
+
+
+def after_import(name: str, callback: Callable[[ModuleType], None]) -> None:
+    """Run ``callback(module)`` once module ``name`` is imported: now when it already is, else right after its code
+    has run on its first import (before the importer gets it). ``callback`` must not raise."""
+    module = sys.modules.get(name)
+    if module is not None:
+        callback(module)
+    elif not any(isinstance(f, _AfterImport) and f.name == name and f.callback == callback for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(name, callback))
 
 
 def rewind_static_cache(cache, length: int) -> None:

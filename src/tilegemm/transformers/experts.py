@@ -65,10 +65,9 @@ from tilegemm.routing import MoERouting, moe_route, permute_tokens, unpermute_to
 from tilegemm.transformers import custom_ops
 from tilegemm.transformers.fp8_weights import cached_fp8_weight
 
-try:  # imported here, not on the traced path: torch 2.11's dynamo refuses a lazy package as an import result
-    from transformers.integrations import moe as _hf_moe
-except ImportError:  # transformers absent, or a release without fused experts
-    _hf_moe = None
+#: ``transformers.integrations.moe`` once it is imported (:func:`bind_transformers_moe`), else ``None``. A module
+#: global, not an import on the traced path: torch 2.11's dynamo refuses a lazy package as an import result.
+_hf_moe = None
 
 EXPERTS_NAME = "tilegemm"
 FP8_EXPERTS_NAME = "tilegemm_fp8"
@@ -148,9 +147,9 @@ def grouped_linear_differentiable(
     ``backward()`` is called. fp16/fp32 run on the ``pytorch`` backend (:func:`tilegemm.grouped_matmul`).
     """
     from tilegemm.autograd import grouped_matmul
-    from tilegemm.backend.selector import use_backend
+    from tilegemm.backend.selector import BackendScope
 
-    with use_backend(backend) if backend else contextlib.nullcontext(), skip_value_checks():  # offs is ours
+    with BackendScope(backend) if backend else contextlib.nullcontext(), skip_value_checks():  # offs is ours
         return grouped_matmul(x, weight, offs, transposed)
 
 
@@ -164,9 +163,9 @@ def _fp8_grouped_differentiable(
     """:func:`grouped_linear_fp8` with straight-through gradients to ``x`` and ``weight [E, N, K]``
     (:func:`tilegemm.fp8_grouped_matmul`; ``weight_fp8`` is its cached FP8 copy)."""
     from tilegemm.autograd import fp8_grouped_matmul
-    from tilegemm.backend.selector import use_backend
+    from tilegemm.backend.selector import BackendScope
 
-    with use_backend(backend) if backend else contextlib.nullcontext(), skip_value_checks():  # offs is ours
+    with BackendScope(backend) if backend else contextlib.nullcontext(), skip_value_checks():  # offs is ours
         return fp8_grouped_matmul(x, weight, offs, weight_fp8)
 
 
@@ -261,9 +260,9 @@ def tilegemm_experts_forward(
     backend = _backend_for(self)
     if training:
         from tilegemm.autograd import moe_experts
-        from tilegemm.backend.selector import use_backend
+        from tilegemm.backend.selector import BackendScope
 
-        with skip_value_checks(), use_backend(backend) if backend else contextlib.nullcontext():
+        with skip_value_checks(), BackendScope(backend) if backend else contextlib.nullcontext():
             return moe_experts(hidden_states, top_k_index, top_k_weights, *weights, activation)
     return custom_ops.experts_moe(hidden_states, top_k_index, top_k_weights, *weights, activation, backend)
 
@@ -352,6 +351,20 @@ def unfused_fp8_experts_forward(
         y = linear(y, weights[1])
     y = _add_bias(y, self, down_name, routing)
     return _finish(self, y, routing, top_k_weights, hidden_states)
+
+
+def bind_transformers_moe(module) -> None:
+    """transformers' MoE integration (``module``, ``transformers.integrations.moe``) has been imported: keep it for
+    :func:`fused_activation` and register the experts functions in it (nothing when transformers is too old: the
+    patchers raise then). ``import tilegemm.transformers`` has this run when that module is first imported."""
+    global _hf_moe
+    _hf_moe = module
+    from tilegemm.transformers.compat import UnsupportedTransformersError
+
+    try:
+        register_experts_functions()
+    except UnsupportedTransformersError:
+        pass
 
 
 def register_experts_functions() -> None:

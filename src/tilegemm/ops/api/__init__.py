@@ -25,6 +25,7 @@ importable from here.
 
 from __future__ import annotations
 
+from tilegemm.backend import registry
 from tilegemm.ops.api.dense import (
     bf16_gemm_nn,
     bf16_gemm_nt,
@@ -96,3 +97,6 @@ __all__ = [
     "m_grouped_fp8_gemm_nt_masked", "moe_experts", "moe_experts_backward", "moe_experts_forward", "rms_norm",
     "tf32_hc_prenorm_gemm",
 ]  # fmt: skip
+
+# DeepGEMM's other names of an op (fp8_gemm_nt for fp8_fp4_gemm_nt, ...) name that op wherever an op name is taken
+registry.register_aliases({name: globals()[name] for name in __all__})
