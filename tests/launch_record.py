@@ -313,6 +313,77 @@ def record(families: tuple[str, ...] = ("dense", "grouped")) -> dict[str, Any]:
     return out
 
 
+HOP_CALLS = ("bf16_nt_300x512x512", "fp8_nt_300x512x512_128_cutile", "fp8_nt_300x512x512_128_gluon")
+
+
+def _traced(call: Callable[[], Any], rec: Recorder, root: str) -> tuple[list[str] | None, dict[str, set[str]]]:
+    """Run ``call``: the tilegemm frames on the stack at its first launch, and the tilegemm functions that ran, by
+    file (paths relative to ``root``)."""
+    import os
+    import traceback
+
+    import cuda.tile as ct
+
+    stacks: list[list[str]] = []
+    ran: dict[str, set[str]] = {}
+
+    def stack() -> None:
+        if not stacks:
+            frames = [f for f in traceback.extract_stack()[:-2] if f.filename.startswith(root)]
+            stacks.append([f"{os.path.relpath(f.filename, root)}:{f.name}" for f in frames])
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(root):
+            file = os.path.relpath(frame.f_code.co_filename, root)
+            ran.setdefault(file, set()).add(frame.f_code.co_name)
+
+    cutile_launch, record = ct.launch, rec.record
+
+    def on_launch(*args, **kwargs):
+        stack()
+        return cutile_launch(*args, **kwargs)
+
+    def on_record(backend, *rest):
+        if backend == "gluon":
+            stack()
+        return record(backend, *rest)
+
+    ct.launch, rec.record = on_launch, on_record
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+        ct.launch, rec.record = cutile_launch, record
+    return (stacks[0] if stacks else None), ran
+
+
+def hops(ids: tuple[str, ...] = HOP_CALLS) -> dict[str, Any]:
+    """For each call (its first run: plan built, then launched; and its second: the hot lane): the tilegemm frames
+    on the stack at its first launch (``file:function``, outermost first) and the tilegemm files and functions that
+    ran during the call (the checks, the chooser, the plan's build included)."""
+    import os
+
+    import tilegemm
+
+    root = os.path.dirname(tilegemm.__file__)
+    rec = Recorder()
+    out: dict[str, Any] = {}
+    calls = {vid: (call, tensors) for vid, call, tensors in dense_calls()}
+    with intercepted(rec):
+        for vid in ids:
+            call, tensors = calls[vid]
+            rec.name_inputs(tensors)
+            clear_all_plans()
+            for run in ("first", "again"):
+                stack, ran = _traced(call, rec, root)
+                out[f"{vid} ({run})"] = {
+                    "stack at the first launch": stack,
+                    "files": {f: sorted(names) for f, names in sorted(ran.items())},
+                }
+    return out
+
+
 def compare(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     """The call ids whose recorded launches differ (or that one side lacks)."""
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
@@ -323,7 +394,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", nargs="?", help="JSON file to write the recorded launches to")
     parser.add_argument("--only", default="dense,grouped", help="comma-separated: dense, grouped")
     parser.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two recordings")
+    parser.add_argument("--hops", action="store_true", help="print the path from the public op to the launch")
     args = parser.parse_args(argv)
+    if args.hops:
+        for vid, found in hops().items():
+            stack = found["stack at the first launch"]
+            print(f"{vid}: {len(stack or ())} frames at the launch, {len(found['files'])} files ran")
+            print("  stack: " + " -> ".join(stack or ()))
+            for file, names in found["files"].items():
+                print(f"  {file}: {', '.join(names)}")
+        return 0
     if args.compare:
         a, b = (json.load(open(p)) for p in args.compare)
         diff = compare(a, b)

@@ -17,6 +17,7 @@ ct = pytest.importorskip("cuda.tile")
 
 from kernels.sass import sass_summary  # noqa: E402
 from tilegemm.heuristics import cutile as heuristics  # noqa: E402
+from tilegemm.ops import plans  # noqa: E402
 from tilegemm.ops.cutile import aot, decode, gemm, launch  # noqa: E402
 
 ARCHS = aot.ARCHS
@@ -432,20 +433,20 @@ def test_host_plan_arguments_compile(monkeypatch, kind, m, n, k):
     calls = []
     monkeypatch.setattr(ct, "launch", lambda stream, grid, kernel, args: calls.append((grid, kernel, args)))
     monkeypatch.setattr(launch, "current_stream", lambda: type("S", (), {"cuda_stream": 1})())
-    monkeypatch.setattr(launch, "_PLANS", {})
+    monkeypatch.setattr(plans, "_PLANS", {})
     monkeypatch.setattr(tilegemm.config, "_num_sms", 132)
     d = torch.empty(m, n, dtype=torch.bfloat16)
     if kind == "bf16":
         a, b = torch.randn(m, k).bfloat16(), torch.randn(n, k).bfloat16()
-        call = lambda: gemm.bf16_gemm(a, b, d, None, 1.0, 1.0)  # noqa: E731
+        call = lambda: gemm.bf16_gemm(a, b, d)  # noqa: E731
     else:
         qa, qb = per_token_cast_to_fp8(torch.randn(m, k)), per_block_cast_to_fp8(torch.randn(n, k))
         qa = (qa[0], get_mn_major_tma_aligned_tensor(qa[1]))
-        call = lambda: gemm.fp8_gemm(qa, qb, d, None, 1.0, 1.0, (1, 128, 128))  # noqa: E731
+        call = lambda: gemm.fp8_gemm(qa, qb, d, recipe=(1, 128, 128))  # noqa: E731
     call()
     first = list(calls)
     call()
-    assert len(launch._PLANS) == 1 and len(calls) == 2 * len(first)
+    assert len(plans._PLANS) == 1 and len(calls) == 2 * len(first)
     if (m, n, k) == (8, 256, 256):
         assert [kernel._pyfunc.__name__ for _, kernel, _ in first] == [f"_decode_{kind}_gemm_lean"]
     if m == 64:

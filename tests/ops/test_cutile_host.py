@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 
 import pytest
@@ -9,10 +10,12 @@ import torch
 
 ct = pytest.importorskip("cuda.tile")
 
+from tilegemm.backend import registry  # noqa: E402
 from tilegemm.backend.registry import Unsupported  # noqa: E402
 from tilegemm.heuristics import cutile as heuristics  # noqa: E402
 from tilegemm.heuristics import report  # noqa: E402
 from tilegemm.heuristics.cutile import Kind, Problem  # noqa: E402
+from tilegemm.ops import plans  # noqa: E402
 from tilegemm.ops.cutile import launch  # noqa: E402
 
 
@@ -332,19 +335,65 @@ def test_launch_turns_compile_errors_into_unsupported(monkeypatch):
         launch.launch(object(), (1, 1, 1), (), stream=object())
 
 
-def test_cached_plan_builds_once(monkeypatch):
-    monkeypatch.setattr(launch, "_PLANS", {})
-    built = []
-
-    def build(x):
-        built.append(x)
-        return lambda: x
-
-    assert launch.cached_plan(("k", 1), build, 7)() == 7
-    assert launch.cached_plan(("k", 1), build, 8)() == 7
-    assert built == [7]
+def test_one_plan_cache_for_every_backend(monkeypatch):
+    """Plans of every backend are kept in ``tilegemm.ops.plans``; ``clear_plans`` (also ``launch.clear_plans``) forgets
+    them all with the hot-lane replays."""
+    monkeypatch.setattr(plans, "_PLANS", {})
+    monkeypatch.setattr(registry, "_HOT", {("cutile", "k"): print})
+    assert plans.find(("cutile", 1)) is None
+    run = plans.keep(("cutile", 1), lambda: 7)
+    plans.keep(("gluon", 1), lambda: 8)
+    assert plans.find(("cutile", 1)) is run and run() == 7
+    assert launch.clear_plans is plans.clear_plans
     launch.clear_plans()
-    assert launch.cached_plan(("k", 1), build, 9)() == 9
+    assert plans.find(("cutile", 1)) is None and plans.find(("gluon", 1)) is None and not registry._HOT
+
+
+class _Stream:
+    """Stands for a ``torch.cuda.Stream`` on the CPU."""
+
+    def __init__(self, handle: int) -> None:
+        self.cuda_stream = handle
+
+
+# (dtype, M, N, K): the decode kernel's lean entry point, the narrow-tile kernel, the tile kernel with split-K
+# and its reduce kernel, the decode kernel with a c.
+STREAM_CASES = [("bf16", 8, 256, 256), ("bf16", 64, 2112, 1024), ("bf16", 96, 136, 2048), ("fp8", 8, 256, 256)]
+STREAM_CASES += [("fp8", 64, 4096, 1024), ("fp8", 300, 512, 512)]
+
+
+@pytest.mark.parametrize("dtype,m,n,k", STREAM_CASES, ids=["-".join(map(str, c)) for c in STREAM_CASES])
+@pytest.mark.parametrize("with_c", [False, True])
+def test_dense_calls_launch_on_the_given_stream(monkeypatch, dtype, m, n, k, with_c):
+    """A dense call's ``stream=`` reaches every launch it makes (the registry making it current is not relied on);
+    without one, a call launches on the current stream: also when its plan was built by a call with a stream."""
+    import tilegemm
+    from tilegemm import config
+
+    launched = []
+    monkeypatch.setattr(ct, "launch", lambda stream, grid, kernel, args: launched.append(stream))
+    current, given = _Stream(1), _Stream(2)
+    monkeypatch.setattr(torch.cuda, "Stream", _Stream)  # what the checks accept as a stream
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())  # the registry's context
+    monkeypatch.setattr(launch, "current_stream", lambda: current)
+    monkeypatch.setattr(registry, "_unavailable_reason", lambda *args: None)
+    monkeypatch.setattr(config, "_num_sms", 132)
+    monkeypatch.setattr(plans, "_PLANS", {})
+    monkeypatch.setattr(registry, "_HOT", {})
+    a, b = torch.randn(m, k).bfloat16(), torch.randn(n, k).bfloat16()
+    c = torch.randn(m, n).bfloat16() if with_c else None
+    d = torch.zeros(m, n, dtype=torch.bfloat16)
+    if dtype == "fp8":
+        a, b = tilegemm.per_token_cast_to_fp8(a.float()), tilegemm.per_block_cast_to_fp8(b.float())
+    op = tilegemm.fp8_gemm_nt if dtype == "fp8" else tilegemm.bf16_gemm_nt
+    for _ in range(2):
+        op(a, b, d, c, stream=given, backend="cutile")
+        assert launched and all(s is given for s in launched), launched
+        launched.clear()
+    for _ in range(2):  # the full path, then the hot lane
+        op(a, b, d, c, backend="cutile")
+        assert launched and all(s is current for s in launched), launched
+        launched.clear()
 
 
 @pytest.mark.parametrize("src_align", [1, 3, 64, 128])

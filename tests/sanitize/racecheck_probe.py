@@ -228,7 +228,7 @@ def run_real(name: str) -> float:
         if cfg is None:
             tg.fp8_gemm_nt(a, b, d, backend="cutile")
         else:
-            gemm.fp8_gemm(a, b, d, None, 1.0, 0.0, (1, 128, 128), config=cfg)
+            gemm.fp8_gemm(a, b, d, None, recipe=(1, 128, 128), alpha=1.0, beta=0.0, config=cfg)
         want = dequantize(*a, 1, 128) @ dequantize(*b, 128, 128).T
     torch.cuda.synchronize()
     return calc_diff(d, want) if torch.isfinite(d).all() else math.nan

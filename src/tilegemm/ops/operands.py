@@ -1,4 +1,5 @@
-"""How an operand reaches a TMA-reading kernel: the one TMA contract and the copies that meet it (torch only).
+"""The ground floor both kernel backends' host paths stand on (torch only): :func:`cdiv`, and how an operand reaches
+a TMA-reading kernel: the one TMA contract (:func:`tma_ready`) and the copies that meet it.
 
 Both kernel backends read their tiles by TMA, which needs a unit last stride, every other stride a multiple
 of 16 bytes and a 16-byte aligned base.
@@ -8,9 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from tilegemm.ops.common import cdiv
-
 ALIGN_BYTES = 16
+
+
+def cdiv(x: int, y: int) -> int:
+    """Ceiling division of non-negative ints: ``ceil(x / y)``."""
+    return -(-x // y)
 
 
 def tma_ready(x: torch.Tensor) -> bool:

@@ -35,6 +35,7 @@ import torch
 
 from tilegemm.backend.registry import Unsupported, register_impl, register_replay
 from tilegemm.heuristics import cutile as heuristics
+from tilegemm.ops import plans
 from tilegemm.ops.common import write_head_splits
 from tilegemm.ops.cutile import decode, launch, tile_lib
 
@@ -279,13 +280,17 @@ def reduce_constants(cfg: heuristics.DenseConfig, *, has_c: bool = False) -> lis
 # --------------------------------------------------------------------------- host side
 #
 # Operands arrive in the logical ``nt`` form the checks derive: a [M, K] and b [N, K] views (FP8: with their scales
-# sa [M, K/128] and sb [N/128, K/128] or [N, K/128]). A call's launch plan is built once per key (operand
-# metadata, epilogue, recipe, config, decode variant, SMs): ``bf16_plan`` / ``fp8_plan`` -> ``launch.cached_plan``
-# -> :func:`_build` -> the runner of the config's kernel family (``_RUNNERS[cfg.path]``). A repeated call only
-# looks its plan up and launches: no heuristics, no allocations (split-K workspaces and counters are cached per
-# device and stream), no views.
+# sa [M, K/128] and sb [N/128, K/128] or [N, K/128]). One host function per dtype, DeepGEMM's shape:
+#
+#     bf16_gemm / fp8_gemm (the registered implementation, named arguments)
+#       -> bf16_plan / fp8_plan: the key; the kept plan, or _plan: problem -> config -> operands -> kernel, grid,
+#          constants (one builder per kernel family the config names: _narrow_plan, _decode_plan, _tile_plan)
+#       -> run(a, b, d, c, alpha, beta, stream) -> launch.launch(kernel, grid, args, stream)
+#
+# A repeated call only looks its plan up and launches: no heuristics, no allocations (split-K workspaces and
+# counters are cached per device and stream), no views. A plan is also the op's hot-lane replay.
 
-Runner = launch.Runner
+Runner = plans.Runner
 
 
 @dataclass(frozen=True)
@@ -353,9 +358,9 @@ def _empty_k(d: torch.Tensor, c: torch.Tensor | None, beta: float) -> torch.Tens
 def _trivial_plan(m: int, n: int, k: int) -> Runner | None:
     """The plan of an empty output (nothing to do) or of K == 0 (``d = beta * c``), else ``None``."""
     if m == 0 or n == 0:
-        return lambda a, b, d, c, alpha, beta: None
+        return lambda a, b, d, c, alpha, beta, stream=None: d
     if k == 0:
-        return lambda a, b, d, c, alpha, beta: _empty_k(d, c, beta)
+        return lambda a, b, d, c, alpha, beta, stream=None: _empty_k(d, c, beta)
     return None
 
 
@@ -370,50 +375,61 @@ def _has_c(c: torch.Tensor | None, beta: float) -> bool:
     return c is not None and beta != 0
 
 
-def bf16_gemm(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c, alpha, beta, config=None) -> torch.Tensor:
-    """BF16 GEMM ``d = alpha * a @ b.T + beta * c`` on the logical ``nt`` form (a [M, K], b [N, K] views of any
-    storage order; see ops/api/).
+def bf16_gemm(a, b, d, c=None, *, alpha=1.0, beta=1.0, stream=None, config=None) -> torch.Tensor:
+    """cuTile BF16 GEMM ``d = alpha * a @ b.T + beta * c`` of any layout, on the logical ``nt`` form the checks derive
+    (a [M, K], b [N, K] views of any storage order; see ops/api/), launched on ``stream`` (``None``: the current one).
 
     ``config`` overrides the heuristic choice (benchmarks, tests): a ``DenseConfig`` forces the
     persistent-tile kernel, a ``DecodeConfig`` the swap-AB decode kernel, a ``NarrowConfig`` the narrow-tile
     decode kernel (calls without ``c`` only).
     """
-    bf16_plan(a, b, d, c if _has_c(c, beta) else None, config)(a, b, d, c, alpha, beta)
-    return d
+    return bf16_plan(a, b, d, c if _has_c(c, beta) else None, config)(a, b, d, c, alpha, beta, stream)
 
 
 def bf16_plan(a, b, d, c, config=None) -> Runner:
-    """The cached launch plan of a BF16 call (``c``: ``None`` when it is not read): ``run(a, b, d, c, alpha, beta)``."""
-    tk, variant = launch.tensor_key, heuristics.variant("dense")
-    key = ("bf16", tk(a), tk(b), tk(d), None if c is None else tk(c), config, variant, launch.sms_key(d.device))
-    return launch.cached_plan(key, _build, "bf16", a, None, b, None, d, c, None, config, variant)
+    """The launch plan of a BF16 call (``c``: ``None`` when it is not read): ``run(a, b, d, c, alpha, beta, stream=None)
+    -> d``, kept in :mod:`tilegemm.ops.plans`."""
+    tk, variant = plans.tensor_key, heuristics.variant("dense")
+    key = (
+        "cutile", "bf16_gemm", tk(a), tk(b), tk(d), None if c is None else tk(c), config, variant,
+        plans.sms_key(d.device),
+    )  # fmt: skip
+    run = plans.find(key)
+    if run is None:
+        run = plans.keep(key, _plan("bf16", a, None, b, None, d, c, None, config, variant))
+    return run
 
 
-def fp8_gemm(a, b, d: torch.Tensor, c, alpha, beta, recipe, config=None) -> torch.Tensor:
-    """FP8 block-scaled GEMM on the logical ``nt`` form (see ops/api/); operands are (fp8, fp32 scales): a
+def fp8_gemm(a, b, d, c=None, *, recipe, alpha=1.0, beta=1.0, stream=None, config=None) -> torch.Tensor:
+    """cuTile FP8 block-scaled GEMM of any layout, on the logical ``nt`` form (see ops/api/; data and scales
+    transposed together), launched on ``stream`` (``None``: the current one). Operands are (fp8, fp32 scales): a
     [M, K] with sa [M, K/128], b [N, K] with sb [N/128, K/128] or [N, K/128]; ``recipe`` resolved (the checks do
     both). Operands that are not K-major are copied to K-major (Hopper FP8 MMAs read K-major data only).
     ``config`` as in :func:`bf16_gemm`.
     """
-    fp8_plan(a, b, d, c if _has_c(c, beta) else None, recipe, config)(a, b, d, c, alpha, beta)
-    return d
+    return fp8_plan(a, b, d, c if _has_c(c, beta) else None, recipe, config)(a, b, d, c, alpha, beta, stream)
 
 
 def fp8_plan(a, b, d, c, recipe, config=None) -> Runner:
-    """The cached launch plan of an FP8 call (``c``: ``None`` when it is not read): ``run(a, b, d, c, alpha, beta)``."""
+    """The launch plan of an FP8 call (``c``: ``None`` when it is not read): ``run(a, b, d, c, alpha, beta,
+    stream=None) -> d``, kept in :mod:`tilegemm.ops.plans`."""
     (a_data, sa), (b_data, sb) = a, b
-    tk, variant = launch.tensor_key, heuristics.variant("dense")
+    tk, variant = plans.tensor_key, heuristics.variant("dense")
     recipe = None if recipe is None else tuple(recipe)
     key = (
-        "fp8", tk(a_data), tk(sa), tk(b_data), tk(sb), tk(d), None if c is None else tk(c), recipe, config, variant,
-        launch.sms_key(d.device),
+        "cutile", "fp8_gemm", tk(a_data), tk(sa), tk(b_data), tk(sb), tk(d), None if c is None else tk(c), recipe,
+        config, variant, plans.sms_key(d.device),
     )  # fmt: skip
-    return launch.cached_plan(key, _build, "fp8", a_data, sa, b_data, sb, d, c, recipe, config, variant)
+    run = plans.find(key)
+    if run is None:
+        run = plans.keep(key, _plan("fp8", a_data, sa, b_data, sb, d, c, recipe, config, variant))
+    return run
 
 
-def _build(dtype: str, a, sa, b, sb, d, c, recipe, config, variant: str | None) -> Runner:
-    """Build the plan of a ``dtype`` call: the trivial plan of an empty problem, else the runner of the config's
-    kernel family (``config`` when forced, else the heuristics' choice under ``variant``)."""
+def _plan(dtype: str, a, sa, b, sb, d, c, recipe, config, variant: str | None) -> Runner:
+    """Build the plan of a ``dtype`` call: the trivial plan of an empty problem, else problem -> config (``config``
+    when forced, else the heuristics' choice under ``variant``) -> how each operand reaches the kernel -> the plan of
+    the kernel family the config names (``cfg.path``)."""
     (m, k), n = a.shape, b.shape[0]
     trivial = _trivial_plan(m, n, k)
     if trivial is not None:
@@ -428,10 +444,16 @@ def _build(dtype: str, a, sa, b, sb, d, c, recipe, config, variant: str | None) 
         f"{dtype}_gemm_nt", p, cfg, fa, a_kmajor, fb, b_kmajor, _addend_fn(d, c),
         sb_rows=fp8 and tuple(recipe) == (1, 1, 128), sa_to_f32=fp8 and sa.dtype != torch.float32,
     )  # fmt: skip
-    return _RUNNERS[cfg.path](call)
+    if cfg.path == "narrow":
+        return _narrow_plan(call)
+    if cfg.path == "decode":
+        return _decode_plan(call)
+    if cfg.path == "tile":
+        return _tile_plan(call)
+    raise ValueError(f"config {cfg.name}: no dense kernel family {cfg.path!r}")
 
 
-def _narrow_runner(call: _Call) -> Runner:
+def _narrow_plan(call: _Call) -> Runner:
     """The narrow-tile decode kernel (calls without ``c``): one kernel, no workspace."""
     p, cfg, fa, fb = call.p, call.cfg, call.fa, call.fb
     if p.has_c:
@@ -457,8 +479,9 @@ def _narrow_runner(call: _Call) -> Runner:
     grid = cfg.grid(p.m, p.n)
     tail = (p.k, *consts)
 
-    def run(a, b, d, c, alpha, beta):
-        launch.launch(kernel, grid, (*operands(a, b), d, float(alpha), *tail))
+    def run(a, b, d, c, alpha, beta, stream=None):
+        launch.launch(kernel, grid, (*operands(a, b), d, float(alpha), *tail), stream)
+        return d
 
     return run
 
@@ -490,7 +513,7 @@ def _decode_operands(call: _Call) -> Callable[..., tuple]:
     return operands
 
 
-def _decode_runner(call: _Call) -> Runner:
+def _decode_plan(call: _Call) -> Runner:
     """A decode-size GEMM: one swap-AB kernel (split-K reduced inside it); without ``c`` and split-K, its lean
     entry point (no C, workspace or counter arguments)."""
     p, cfg, c_fn, has_c = call.p, call.cfg, call.c_fn, call.p.has_c
@@ -501,8 +524,9 @@ def _decode_runner(call: _Call) -> Runner:
         lean = decode.get_kernel(p.dtype, cfg, plan.bm, lean=True, occupancy=plan.occupancy)
         lean_tail = (p.k, *_decode_constants(call, plan, False, lean=True))
 
-        def run_lean(a, b, d, c, alpha, beta):
-            launch.launch(lean, grid, (*operands(a, b), d, float(alpha), *lean_tail))
+        def run_lean(a, b, d, c, alpha, beta, stream=None):
+            launch.launch(lean, grid, (*operands(a, b), d, float(alpha), *lean_tail), stream)
+            return d
 
         return run_lean
     kernel = decode.get_kernel(p.dtype, cfg, plan.bm, occupancy=plan.occupancy)
@@ -510,8 +534,8 @@ def _decode_runner(call: _Call) -> Runner:
     ws_shape = (plan.splits * plan.tiles, cfg.bw, plan.bm) if plan.splitk else (1, 1, 1)
     per_stream: dict[int, tuple] = {}
 
-    def run(a, b, d, c, alpha, beta):
-        stream = launch.current_stream()
+    def run(a, b, d, c, alpha, beta, stream=None):
+        stream = launch.current_stream() if stream is None else stream
         bufs = per_stream.get(stream.cuda_stream)
         if bufs is None:
             bufs = per_stream[stream.cuda_stream] = _stream_buffers(
@@ -519,11 +543,12 @@ def _decode_runner(call: _Call) -> Runner:
             )
         args = (*operands(a, b), d, c_fn(d, c), *bufs, float(alpha), float(beta), *tail)
         launch.launch(kernel, grid, args, stream)
+        return d
 
     return run
 
 
-def _tile_runner(call: _Call) -> Runner:
+def _tile_plan(call: _Call) -> Runner:
     """The persistent-tile kernel (and the split-K reduce kernel when the plan splits tiles). FP8 has no ``c``
     epilogue in the tile kernel: with a ``c`` every tile goes through the fp32 workspace and the reduce kernel
     applies the epilogue."""
@@ -561,8 +586,8 @@ def _tile_runner(call: _Call) -> Runner:
     ws_shape = (plan.splits, plan.tiles, cfg.bm, cfg.bn) if splitk else (1, 1, 1, 1)
     per_stream: dict[int, tuple] = {}
 
-    def run(a, b, d, c, alpha, beta):
-        stream = launch.current_stream()
+    def run(a, b, d, c, alpha, beta, stream=None):
+        stream = launch.current_stream() if stream is None else stream
         bufs = per_stream.get(stream.cuda_stream)
         if bufs is None:
             bufs = per_stream[stream.cuda_stream] = _stream_buffers(d, stream.cuda_stream, ws_elems, ws_shape, 1)
@@ -572,16 +597,9 @@ def _tile_runner(call: _Call) -> Runner:
         launch.launch(kernel, grid, (*operands(a, b), d, c_arg, work, alpha, beta, *main_tail), stream)
         if splitk:
             launch.launch(get_reduce_kernel(), red_grid, (work, d, c_arg, alpha, beta, *red_tail), stream)
+        return d
 
     return run
-
-
-#: The runner of each kernel family a dense config names (``cfg.path``).
-_RUNNERS: dict[str, Callable[[_Call], Runner]] = {
-    "narrow": _narrow_runner,
-    "decode": _decode_runner,
-    "tile": _tile_runner,
-}
 
 
 def _swap_pair(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -600,48 +618,30 @@ def _mn_major_scales(s: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------- registration
 
 
-def _bf16_gemm(a, b, d, c, alpha, beta, stream):
-    """cuTile BF16 GEMM of any layout, in the logical ``nt`` form the checks derive (a [M, K], b [N, K] views)."""
-    return bf16_gemm(a, b, d, c, alpha, beta)
-
-
-def _fp8_gemm(a, b, d, c, recipe, alpha, beta, stream):
-    """cuTile FP8 GEMM of any layout, in the logical ``nt`` form (data and scales transposed together)."""
-    return fp8_gemm(a, b, d, c, alpha, beta, recipe)
-
-
-def _replay(plan: Runner) -> Callable[..., torch.Tensor]:
-    """The hot-lane replay of a dense call whose plan is ``plan`` (operands in the logical ``nt`` form)."""
-
-    def replay(a, b, d, c, alpha, beta) -> torch.Tensor:
-        plan(a, b, d, c, alpha, beta)
-        return d
-
-    return replay
-
-
-def _bf16_replay(derived: dict[str, Any]) -> Callable[..., torch.Tensor]:
+def _bf16_replay(derived: dict[str, Any]) -> Runner:
+    """The hot-lane replay of a BF16 call that ran here: its plan, ``run(a, b, d, c, alpha, beta) -> d``."""
     a, b, d, c, beta = (derived[key] for key in ("a", "b", "d", "c", "beta"))
-    return _replay(bf16_plan(a, b, d, c if _has_c(c, beta) else None))
+    return bf16_plan(a, b, d, c if _has_c(c, beta) else None)
 
 
-def _fp8_replay(derived: dict[str, Any]) -> Callable[..., torch.Tensor]:
+def _fp8_replay(derived: dict[str, Any]) -> Runner:
+    """The hot-lane replay of an FP8 call that ran here: its plan, ``run(a, b, d, c, alpha, beta) -> d``."""
     a, b, d, c, beta, recipe = (derived[key] for key in ("a", "b", "d", "c", "beta", "recipe"))
-    return _replay(fp8_plan(a, b, d, c if _has_c(c, beta) else None, recipe))
+    return fp8_plan(a, b, d, c if _has_c(c, beta) else None, recipe)
 
 
 @register_impl("fp8_gemm_nt_skip_head_mid", "cutile")
 def _fp8_gemm_skip_head_mid(a, b, d, head_splits, recipe, stream):
     """The FP8 ``nt`` GEMM into a temporary [M, N] of ``d``'s dtype, then placed around each head's gap."""
     out = torch.empty(a[0].shape[0], b[0].shape[0], dtype=d.dtype, device=d.device)
-    fp8_gemm(a, b, out, None, 1.0, 0.0, recipe)
+    fp8_gemm(a, b, out, recipe=recipe, alpha=1.0, beta=0.0, stream=stream)
     return write_head_splits(d, out, head_splits)
 
 
 for _op in ("bf16_gemm_nt", "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt"):
-    register_impl(_op, "cutile")(_bf16_gemm)
+    register_impl(_op, "cutile")(bf16_gemm)
     register_replay(_op, "cutile")(_bf16_replay)
 for _op in ("fp8_fp4_gemm_nt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt"):
-    register_impl(_op, "cutile")(_fp8_gemm)
+    register_impl(_op, "cutile")(fp8_gemm)
     register_replay(_op, "cutile")(_fp8_replay)
 del _op
