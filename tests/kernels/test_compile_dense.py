@@ -18,7 +18,7 @@ ct = pytest.importorskip("cuda.tile")
 from kernels.sass import sass_summary  # noqa: E402
 from tilegemm.heuristics import cutile as heuristics  # noqa: E402
 from tilegemm.ops import plans  # noqa: E402
-from tilegemm.ops.cutile import aot, decode, gemm, launch  # noqa: E402
+from tilegemm.ops.cutile import aot, decode, gemm, gemm_kernels, launch  # noqa: E402
 
 ARCHS = aot.ARCHS
 _A = aot.array
@@ -38,13 +38,13 @@ def _head(out_dtype, w_dtype):
 
 
 def _bf16_params(cfg, a_kmajor, b_kmajor, has_c, out_dtype, splitk=False):
-    consts = gemm.kernel_constants(cfg, a_kmajor=a_kmajor, b_kmajor=b_kmajor, has_c=has_c, splitk=splitk)
+    consts = gemm_kernels.kernel_constants(cfg, a_kmajor=a_kmajor, b_kmajor=b_kmajor, has_c=has_c, splitk=splitk)
     w = ct.float32 if splitk else out_dtype
     return [_A(ct.bfloat16, 2), _A(ct.bfloat16, 2), *_head(out_dtype, w), *consts]
 
 
 def _fp8_params(cfg, sb_rows, out_dtype, splitk=False):
-    consts = gemm.kernel_constants(cfg, sb_rows=sb_rows, splitk=splitk)
+    consts = gemm_kernels.kernel_constants(cfg, sb_rows=sb_rows, splitk=splitk)
     w = ct.float32 if splitk else out_dtype
     operands = [_A(ct.float8_e4m3fn, 2), _A(ct.float8_e4m3fn, 2), _A(ct.float32, 2), _A(ct.float32, 2)]
     return [*operands, *_head(out_dtype, w), *consts]
@@ -52,7 +52,8 @@ def _fp8_params(cfg, sb_rows, out_dtype, splitk=False):
 
 def _reduce_params(cfg, has_c, out_dtype):
     scalars = [aot.scalar(ct.float32), aot.scalar(ct.float32), aot.scalar(ct.int32)]  # alpha, beta, splits
-    return [_A(ct.float32, 4), _A(out_dtype, 2), _A(out_dtype, 2), *scalars, *gemm.reduce_constants(cfg, has_c=has_c)]
+    consts = gemm_kernels.reduce_constants(cfg, has_c=has_c)
+    return [_A(ct.float32, 4), _A(out_dtype, 2), _A(out_dtype, 2), *scalars, *consts]
 
 
 def _decode_head(out_dtype, splitk):
@@ -179,7 +180,7 @@ def _variants():
     """
     out = []
     for cfg in heuristics.all_dense_configs():
-        k = gemm.get_kernel(cfg)
+        k = gemm_kernels.get_kernel(cfg)
         if cfg.dtype == "bf16":
             for a_k in (True, False):
                 for b_k in (True, False):
@@ -195,7 +196,7 @@ def _variants():
             rows = cfg.bn // cfg.nh != 128
             out.append((f"{cfg.name}-f32", "fp8", k, _fp8_params(cfg, rows, ct.float32)))
             out.append((f"{cfg.name}-splitk", "fp8", k, _fp8_params(cfg, rows, ct.bfloat16, True)))
-        red = gemm.get_reduce_kernel()
+        red = gemm_kernels.get_reduce_kernel()
         out.append((f"reduce-{cfg.name}-bf16", "reduce", red, _reduce_params(cfg, False, ct.bfloat16)))
         out.append((f"reduce-{cfg.name}-c-f32", "reduce", red, _reduce_params(cfg, True, ct.float32)))
     return out + _decode_variants() + _narrow_variants()
@@ -290,7 +291,8 @@ def test_dense_kernel_sass(compiled, vid, kind, arch):
     assert s["utmaldg"] >= 2, f"{vid} {arch}: operands not loaded with TMA: {s}"
     if arch == "sm_90" and not vid.startswith("decode-"):
         # A K block's warpgroup MMAs (64 of K: four HGMMA.x16; 128: four QGMMA.x32) go out in one group. The split-K
-        # kernel with both a workspace and an output store in one kernel had them waited for one by one (gemm.py).
+        # kernel with both a workspace and an output store in one kernel had them waited for one by one
+        # (gemm_kernels.py).
         assert s["gmma_group_min"] >= 4, f"{vid}: MMAs per wait group {s['gmma_group_min']} < 4"
 
 
