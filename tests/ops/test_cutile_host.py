@@ -396,6 +396,51 @@ def test_dense_calls_launch_on_the_given_stream(monkeypatch, dtype, m, n, k, wit
         launched.clear()
 
 
+def _grouped_calls():
+    """(name, call(stream)) of an m-grouped (m_indices and psum layouts), a masked and a k-grouped call."""
+    import tilegemm
+
+    groups, n, k = 3, 256, 384
+    m_indices = torch.tensor([0] * 128 + [-1] * 128 + [2] * 256 + [1] * 128, dtype=torch.int32)
+    a, b = torch.randn(640, k).bfloat16(), torch.randn(groups, n, k).bfloat16()
+    d = torch.zeros(640, n, dtype=torch.bfloat16)
+    offs = torch.tensor([128, 384, 640], dtype=torch.int32)
+    am, dm = torch.randn(groups, 64, k).bfloat16(), torch.zeros(groups, 64, n, dtype=torch.bfloat16)
+    masked_m = torch.tensor([10, 64, 0], dtype=torch.int32)
+    ks = [128, 0, 200]
+    ak, bk = torch.randn(sum(ks), 128).bfloat16(), torch.randn(sum(ks), n).bfloat16()
+    dk = torch.zeros(groups, 128, n, dtype=torch.float32)
+    tg, cu, ks_t = tilegemm, {"backend": "cutile"}, torch.tensor(ks, dtype=torch.int32)
+    return [
+        ("m_indices", lambda s: tg.m_grouped_bf16_gemm_nt_contiguous(a, b, d, m_indices, stream=s, **cu)),
+        ("psum", lambda s: tg.m_grouped_bf16_gemm_nt_contiguous(a, b, d, offs, use_psum_layout=True, stream=s, **cu)),
+        ("masked", lambda s: tg.m_grouped_bf16_gemm_nt_masked(am, b, dm, masked_m, 32, stream=s, **cu)),
+        ("k_grouped", lambda s: tg.k_grouped_bf16_gemm_tn_contiguous(ak, bk, dk, ks, ks_t, stream=s, **cu)),
+    ]
+
+
+def test_grouped_calls_launch_on_the_given_stream(monkeypatch):
+    """A grouped call's ``stream=`` reaches its launch (the k-grouped one's ragged groups repacked first); without
+    one, the current stream."""
+    from tilegemm import config
+
+    launched = []
+    monkeypatch.setattr(ct, "launch", lambda stream, grid, kernel, args: launched.append(stream))
+    current, given = _Stream(1), _Stream(2)
+    monkeypatch.setattr(torch.cuda, "Stream", _Stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(launch, "current_stream", lambda: current)
+    monkeypatch.setattr(registry, "_unavailable_reason", lambda *args: None)
+    monkeypatch.setattr(config, "_num_sms", 132)
+    for name, call in _grouped_calls():
+        call(given)
+        assert launched and all(s is given for s in launched), (name, launched)
+        launched.clear()
+        call(None)
+        assert launched and all(s is current for s in launched), (name, launched)
+        launched.clear()
+
+
 @pytest.mark.parametrize("src_align", [1, 3, 64, 128])
 @pytest.mark.parametrize("align", [64, 128])
 def test_psum_repack_rows_follow_the_callers_alignment(src_align, align):

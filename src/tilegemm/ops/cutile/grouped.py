@@ -44,9 +44,12 @@ def check_tma_weight(b: torch.Tensor) -> None:
         raise Unsupported("a weight dimension or stride is >= 2**31 (int32 indexing)")
 
 
-def launch_tiles(kernel: Any, cfg: heuristics.TileConfig, upper_tiles: int, args: tuple[Any, ...]) -> None:
-    """Launch a persistent grouped kernel: at most ``upper_tiles`` CTAs (a bound on the tiles it walks)."""
-    launch.launch(kernel, launch.persistent_grid(upper_tiles, cfg.ctas_per_sm), args)
+def launch_tiles(
+    kernel: Any, cfg: heuristics.TileConfig, upper_tiles: int, args: tuple[Any, ...], stream: Any = None
+) -> None:
+    """Launch a persistent grouped kernel on ``stream`` (``None``: the current one): at most ``upper_tiles`` CTAs (a
+    bound on the tiles it walks)."""
+    launch.launch(kernel, launch.persistent_grid(upper_tiles, cfg.ctas_per_sm), args, stream)
 
 
 def m_grouped(
@@ -55,15 +58,18 @@ def m_grouped(
     b: Any,
     d: torch.Tensor,
     index: torch.Tensor,
+    *,
     kind: Kind,
     trans_b: bool,
     fp8: bool,
-    expected_m: int,
+    expected_m: int = 0,
     alignment: int = 128,
     cfg: heuristics.TileConfig | None = None,
     zero_tail: bool = True,
+    stream: Any = None,
 ) -> torch.Tensor:
-    """Shared host path of the m-grouped ops (``a``/``b`` are tensors or (data, scale) tuples).
+    """Shared host path of the m-grouped ops (``a``/``b`` are tensors or (data, scale) tuples), linear: sizes ->
+    problem -> config -> the arrays the kernel reads -> one launch on ``stream`` (``None``: the current one).
 
     ``alignment`` (psum layout only): group g starts at ``offs[g-1]`` rounded up to a multiple of it
     (DeepGEMM: 128). An alignment that is not a multiple of the tile's rows (``torch._grouped_mm``'s
@@ -100,7 +106,7 @@ def m_grouped(
         )
         cfg = heuristics.choose(problem)
     if kind == Kind.PSUM and alignment % cfg.bm:
-        return _m_grouped_repacked(op, a_data, sa, b, d, index, alignment, trans_b, fp8, cfg)
+        return _m_grouped_repacked(op, a_data, sa, b, d, index, alignment, trans_b, fp8, cfg, stream)
     heuristics.print_once(op, {"rows": rows, "n": n_dim, "k": k_dim, "groups": num_groups}, cfg.name)
     if fp8 and not trans_b:
         # Hopper FP8 MMAs take K-major operands only: NN weights are copied to [G, N, K] (as DeepGEMM requires).
@@ -126,7 +132,7 @@ def m_grouped(
     else:
         kernel = get_kernel("m_bf16", cfg.num_worker_warps, cfg.occupancy)
         args = (a_data, b_data, d, *runtime, *consts)
-    launch_tiles(kernel, cfg, upper, args)
+    launch_tiles(kernel, cfg, upper, args, stream)
     return d
 
 
@@ -170,6 +176,7 @@ def _m_grouped_repacked(
     trans_b: bool,
     fp8: bool,
     cfg: heuristics.TileConfig,
+    stream: Any,
 ) -> torch.Tensor:
     """psum layout whose ``alignment`` is not a multiple of the tile's rows: rows are copied into a layout whose
     groups start on whole tiles (:func:`_aligned_rows`), the aligned kernel runs there, and ``d`` gathers the rows
@@ -186,7 +193,10 @@ def _m_grouped_repacked(
     d_pad = d.new_empty(rows_aligned + 1, d.shape[1])
     d_pad[rows_aligned].zero_()
     # Rows of the aligned layout past its last group are read by no one: the kernel leaves them alone.
-    m_grouped(op, a_arg, b, d_pad[:rows_aligned], offs_aligned, Kind.PSUM, trans_b, fp8, 0, cfg.bm, cfg, False)
+    m_grouped(
+        op, a_arg, b, d_pad[:rows_aligned], offs_aligned, kind=Kind.PSUM, trans_b=trans_b, fp8=fp8, alignment=cfg.bm,
+        cfg=cfg, zero_tail=False, stream=stream,
+    )  # fmt: skip
     return torch.index_select(d_pad, 0, dst, out=d)
 
 
@@ -226,10 +236,14 @@ def _k_grouped(
     ks: list[int],
     ks_tensor: torch.Tensor | None,
     c: torch.Tensor | None,
+    *,
     fp8: bool,
     cfg: heuristics.TileConfig | None = None,
+    stream: Any = None,
 ) -> torch.Tensor:
-    """Shared host path of the k-grouped ops: ``d[g] = a_g.T @ b_g (+ c[g])`` in fp32."""
+    """Shared host path of the k-grouped ops: ``d[g] = a_g.T @ b_g (+ c[g])`` in fp32, linear: sizes -> problem ->
+    config -> the arrays the kernel reads (groups repacked to whole K blocks where needed) -> one launch on
+    ``stream`` (``None``: the current one)."""
     if fp8:
         (a_data, sa), (b_data, sb) = a, b
     else:
@@ -271,7 +285,7 @@ def _k_grouped(
     else:
         kernel = get_kernel("k_bf16", cfg.num_worker_warps, cfg.occupancy)
         args = (_row_major(a_data), _row_major(b_data), c_arg, d, koffs, *consts)
-    launch_tiles(kernel, cfg, upper, args)
+    launch_tiles(kernel, cfg, upper, args, stream)
     return d
 
 
@@ -300,7 +314,9 @@ def _m_grouped_bf16(a, b, d, grouped_layout, use_psum_layout, alignment, stream)
     op = "m_grouped_bf16_gemm_contiguous"
     b, trans_b = _stored_weights(b)
     kind = _contiguous_kind(use_psum_layout)
-    return m_grouped(op, a, b, d, grouped_layout, kind, trans_b, False, 0, alignment)
+    return m_grouped(
+        op, a, b, d, grouped_layout, kind=kind, trans_b=trans_b, fp8=False, alignment=alignment, stream=stream
+    )
 
 
 def _m_grouped_fp8(a, b, d, grouped_layout, use_psum_layout, alignment, stream):
@@ -308,7 +324,9 @@ def _m_grouped_fp8(a, b, d, grouped_layout, use_psum_layout, alignment, stream):
     op = "m_grouped_fp8_fp4_gemm_contiguous"
     b, trans_b = _stored_weights(b)
     kind = _contiguous_kind(use_psum_layout)
-    return m_grouped(op, a, b, d, grouped_layout, kind, trans_b, True, 0, alignment)
+    return m_grouped(
+        op, a, b, d, grouped_layout, kind=kind, trans_b=trans_b, fp8=True, alignment=alignment, stream=stream
+    )
 
 
 register_impl("m_grouped_bf16_gemm_nt_contiguous", "cutile")(_m_grouped_bf16)
@@ -320,24 +338,31 @@ register_impl("m_grouped_fp8_fp4_gemm_nn_contiguous", "cutile")(_m_grouped_fp8)
 @register_impl("m_grouped_bf16_gemm_nt_masked", "cutile")
 def m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, expected_m, stream):
     """Masked BF16 m-grouped NT: rows ``>= masked_m[g]`` untouched; see ``tilegemm.ops.api``."""
-    return m_grouped("m_grouped_bf16_gemm_nt_masked", a, b, d, masked_m, Kind.MASKED, True, False, expected_m)
+    op = "m_grouped_bf16_gemm_nt_masked"
+    return m_grouped(
+        op, a, b, d, masked_m, kind=Kind.MASKED, trans_b=True, fp8=False, expected_m=expected_m, stream=stream
+    )
 
 
 @register_impl("m_grouped_fp8_fp4_gemm_nt_masked", "cutile")
 def m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m, stream):
     """Masked FP8 m-grouped NT: rows ``>= masked_m[g]`` untouched; see ``tilegemm.ops.api``."""
-    return m_grouped("m_grouped_fp8_fp4_gemm_nt_masked", a, b, d, masked_m, Kind.MASKED, True, True, expected_m)
+    op = "m_grouped_fp8_fp4_gemm_nt_masked"
+    return m_grouped(
+        op, a, b, d, masked_m, kind=Kind.MASKED, trans_b=True, fp8=True, expected_m=expected_m, stream=stream
+    )
 
 
 @register_impl("k_grouped_bf16_gemm_tn_contiguous", "cutile")
 def k_grouped_bf16_gemm_tn_contiguous(a, b, d, ks_cpu, grouped_layout, c, stream):
     """``d[g] = a_g.T @ b_g (+ c[g])``, fp32 out; see ``tilegemm.ops.api``."""
-    return _k_grouped("k_grouped_bf16_gemm_tn_contiguous", a, b, d, ks_cpu, grouped_layout, c, False)
+    op = "k_grouped_bf16_gemm_tn_contiguous"
+    return _k_grouped(op, a, b, d, ks_cpu, grouped_layout, c, fp8=False, stream=stream)
 
 
 def _k_grouped_fp8(a, b, d, ks_cpu, grouped_layout, c, stream):
     """FP8 k-grouped in the ``tn`` form (the ``nt`` op's groups gathered by the checks), 1x128 scales along K."""
-    return _k_grouped("k_grouped_fp8_gemm_contiguous", a, b, d, ks_cpu, grouped_layout, c, True)
+    return _k_grouped("k_grouped_fp8_gemm_contiguous", a, b, d, ks_cpu, grouped_layout, c, fp8=True, stream=stream)
 
 
 register_impl("k_grouped_fp8_gemm_tn_contiguous", "cutile")(_k_grouped_fp8)
