@@ -139,8 +139,8 @@ def _variant_call(kind: str, cfg, a, case: Case, d):
     from tilegemm.ops.cutile import gemm
 
     if kind == "bf16":
-        return lambda i: gemm.bf16_gemm(a, case.weights[i], d, None, 1.0, 1.0, config=cfg)
-    return lambda i: gemm.fp8_gemm(a, case.weights[i], d, None, 1.0, 1.0, (1, 128, 128), config=cfg)
+        return lambda i: gemm.bf16_gemm(a, case.weights[i], d, config=cfg)
+    return lambda i: gemm.fp8_gemm(a, case.weights[i], d, recipe=(1, 128, 128), config=cfg)
 
 
 def _public_call(kind: str, a, case: Case, d):

@@ -25,7 +25,7 @@ def main() -> None:
     a, b = (qa, tilegemm.get_mn_major_tma_aligned_tensor(sa)), (qb, sb)
     d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     if impl == "gluon":
-        fn = lambda: ggemm.fp8_gemm_nt(a, b, d, None, 1.0, 0.0, (1, 128, 128), cfg)  # noqa: E731
+        fn = lambda: ggemm.fp8_gemm(a, b, d, recipe=(1, 128, 128), beta=0.0, config=cfg)  # noqa: E731
     elif impl == "cutile":
         fn = lambda: tilegemm.fp8_gemm_nt(a, b, d, backend="cutile")  # noqa: E731
     else:

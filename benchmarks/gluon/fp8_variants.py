@@ -53,9 +53,9 @@ def check(cfg: GluonDenseConfig, log: list) -> bool:
             d = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
             print("case", m, n, k, rows_recipe, dtype, with_c, flush=True)
             recipe = (1, 1, 128) if rows_recipe else (1, 128, 128)
-            ggemm.fp8_gemm_nt(a, b, d, c, 0.5 if with_c else 1.0, 2.0, recipe, cfg)
+            ggemm.fp8_gemm(a, b, d, c, recipe=recipe, alpha=0.5 if with_c else 1.0, beta=2.0, config=cfg)
             first = d.clone()
-            ggemm.fp8_gemm_nt(a, b, d, c, 0.5 if with_c else 1.0, 2.0, recipe, cfg)
+            ggemm.fp8_gemm(a, b, d, c, recipe=recipe, alpha=0.5 if with_c else 1.0, beta=2.0, config=cfg)
             diff = calc_diff(d, ref)
             good = bool(torch.isfinite(d).all()) and diff < (1e-6 if dtype == torch.float32 else 1e-5)
             same = torch.equal(first, d)
@@ -78,7 +78,7 @@ def check(cfg: GluonDenseConfig, log: list) -> bool:
 
 
 def _gluon(a, b, *, d, cfg):
-    return ggemm.fp8_gemm_nt(a, b, d, None, 1.0, 0.0, (1, 128, 128), cfg)
+    return ggemm.fp8_gemm(a, b, d, recipe=(1, 128, 128), beta=0.0, config=cfg)
 
 
 def _cutile(a, b, *, d):

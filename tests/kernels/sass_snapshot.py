@@ -1,11 +1,14 @@
 """Normalized sm_90 SASS fingerprints of the cutile compile gate's kernel variants, to show a refactor keeps the
 generated code (CPU only; ``tileiras`` runs out of process).
 
-    PYTHONPATH=src:tests python tests/kernels/sass_snapshot.py OUT.json [--threads N]
+    PYTHONPATH=src:tests python tests/kernels/sass_snapshot.py OUT.json [--threads N] [--only dense,grouped,...]
 
 run at two commits (e.g. in two ``git worktree`` checkouts) and compare the files with ``--compare A.json B.json``.
 A fingerprint is the SHA-1 of ``cuobjdump --dump-sass`` with the kernel's symbol name replaced (a renamed kernel
-keeps its fingerprint). Variants: every one of the dense, grouped, einsum, MoE, MoE-training and RMSNorm gates.
+keeps its fingerprint). Variants: every one of the dense, grouped, MQA (sm_90 jobs and the ``-inf`` fill kernel),
+einsum, MoE, MoE-training and RMSNorm gates; ``--only`` keeps the named families (their ids' prefixes). The script
+may be run with another checkout's ``src`` and ``tests`` on ``PYTHONPATH``: it reads kernels only through the gates
+and the names the host modules keep (``grouped.get_kernel``, ``mqa.plain_kernel_for``, ...).
 """
 
 from __future__ import annotations
@@ -19,9 +22,38 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+FAMILIES = ("dense", "grouped", "mqa", "einsum", "moe", "moe_train", "norm")
 
-def _jobs() -> list[tuple[str, Any, Any]]:
-    """(variant id, kernel, params) of every gated cutile variant."""
+
+def _mqa_jobs() -> list[tuple[str, Any, Any]]:
+    """The MQA gate's sm_90 jobs (plain and paged kernels) and its ``-inf`` fill kernel's."""
+    from kernels import test_compile_mqa as q
+
+    mqa = q.mqa
+    jobs = []
+    for kind, variant, arch in q.JOBS:
+        if arch != "sm_90":
+            continue
+        if kind == "plain":
+            conf = mqa.mqa_logits_config(*variant[:2], sm=90)
+            kernel, params = mqa.plain_kernel_for(conf.occupancy), q.plain_params(*variant, arch=arch)
+        else:
+            conf = mqa.paged_mqa_config(*variant[:4], sm=90)
+            kernel, params = mqa.paged_kernel_for(conf.occupancy), q.paged_params(*variant, arch=arch)
+        jobs.append((f"mqa:{q._ids((kind, variant, arch))}", kernel, params))
+    for h, d in q.PLAIN_VARIANTS:
+        for al in (16, 4):
+            jobs.append((f"mqa:clean-{h}-{d}-{al}", mqa.mqa_clean_logits_kernel, q.clean_params(h, d, al, "sm_90")))
+    return jobs
+
+
+def _jobs(only: tuple[str, ...] = FAMILIES) -> list[tuple[str, Any, Any]]:
+    """(variant id, kernel, params) of every gated cutile variant of the families ``only``."""
+    jobs = []
+    if "mqa" in only:
+        jobs += _mqa_jobs()
+    if only == ("mqa",):
+        return jobs
     from kernels import (
         test_compile_dense,
         test_compile_einsum,
@@ -32,7 +64,7 @@ def _jobs() -> list[tuple[str, Any, Any]]:
     )
     from tilegemm.ops.cutile import grouped, moe, moe_blocks, moe_fp8, moe_slots, norm
 
-    jobs = [(f"dense:{vid}", kernel, params) for vid, _, kernel, params in test_compile_dense.VARIANTS]
+    jobs += [(f"dense:{vid}", kernel, params) for vid, _, kernel, params in test_compile_dense.VARIANTS]
     jobs += [
         (f"grouped:{vid}", grouped.get_kernel(fam, cfg.num_worker_warps, cfg.occupancy), params)
         for vid, fam, cfg, params, _ in test_compile_grouped.VARIANTS
@@ -45,7 +77,7 @@ def _jobs() -> list[tuple[str, Any, Any]]:
     jobs += [(f"moe:{vid}", moe_fp8.get_kernel(name, *hints), params) for vid, name, hints, params in m.FP8_VARIANTS]
     jobs += [(f"moe_train:{vid}", kernel, params) for vid, kernel, params in test_compile_moe_train.VARIANTS]
     jobs += [(f"norm:{vid}", norm.get_kernel(), params) for vid, params in test_compile_norm.VARIANTS]
-    return jobs
+    return [job for job in jobs if job[0].split(":")[0] in only]
 
 
 def fingerprint(kernel: Any, params: Any) -> str:
@@ -76,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", help="JSON file to write the fingerprints to")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("TILEGEMM_COMPILE_THREADS", "2")))
+    parser.add_argument("--only", default=",".join(FAMILIES), help="comma-separated families (default: all)")
     parser.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two fingerprint files")
     args = parser.parse_args(argv)
     if args.compare:
@@ -87,8 +120,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if diff else 0
     if not args.out:
         parser.error("give OUT.json or --compare A B")
+    only = tuple(args.only.split(","))
+    unknown = set(only) - set(FAMILIES)
+    if unknown:
+        parser.error(f"--only: unknown families {sorted(unknown)}, expected some of {list(FAMILIES)}")
     with ThreadPoolExecutor(max_workers=args.threads) as pool:
-        result = dict(pool.map(_one, _jobs()))
+        result = dict(pool.map(_one, _jobs(only)))
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1, sort_keys=True)
     print(f"{len(result)} variants, {sum(v.startswith('error') for v in result.values())} errors")

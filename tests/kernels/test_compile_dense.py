@@ -17,7 +17,8 @@ ct = pytest.importorskip("cuda.tile")
 
 from kernels.sass import sass_summary  # noqa: E402
 from tilegemm.heuristics import cutile as heuristics  # noqa: E402
-from tilegemm.ops.cutile import aot, decode, gemm, launch  # noqa: E402
+from tilegemm.ops import plans  # noqa: E402
+from tilegemm.ops.cutile import aot, decode, gemm, gemm_kernels, launch  # noqa: E402
 
 ARCHS = aot.ARCHS
 _A = aot.array
@@ -37,13 +38,13 @@ def _head(out_dtype, w_dtype):
 
 
 def _bf16_params(cfg, a_kmajor, b_kmajor, has_c, out_dtype, splitk=False):
-    consts = gemm.kernel_constants(cfg, a_kmajor=a_kmajor, b_kmajor=b_kmajor, has_c=has_c, splitk=splitk)
+    consts = gemm_kernels.kernel_constants(cfg, a_kmajor=a_kmajor, b_kmajor=b_kmajor, has_c=has_c, splitk=splitk)
     w = ct.float32 if splitk else out_dtype
     return [_A(ct.bfloat16, 2), _A(ct.bfloat16, 2), *_head(out_dtype, w), *consts]
 
 
 def _fp8_params(cfg, sb_rows, out_dtype, splitk=False):
-    consts = gemm.kernel_constants(cfg, sb_rows=sb_rows, splitk=splitk)
+    consts = gemm_kernels.kernel_constants(cfg, sb_rows=sb_rows, splitk=splitk)
     w = ct.float32 if splitk else out_dtype
     operands = [_A(ct.float8_e4m3fn, 2), _A(ct.float8_e4m3fn, 2), _A(ct.float32, 2), _A(ct.float32, 2)]
     return [*operands, *_head(out_dtype, w), *consts]
@@ -51,7 +52,8 @@ def _fp8_params(cfg, sb_rows, out_dtype, splitk=False):
 
 def _reduce_params(cfg, has_c, out_dtype):
     scalars = [aot.scalar(ct.float32), aot.scalar(ct.float32), aot.scalar(ct.int32)]  # alpha, beta, splits
-    return [_A(ct.float32, 4), _A(out_dtype, 2), _A(out_dtype, 2), *scalars, *gemm.reduce_constants(cfg, has_c=has_c)]
+    consts = gemm_kernels.reduce_constants(cfg, has_c=has_c)
+    return [_A(ct.float32, 4), _A(out_dtype, 2), _A(out_dtype, 2), *scalars, *consts]
 
 
 def _decode_head(out_dtype, splitk):
@@ -178,7 +180,7 @@ def _variants():
     """
     out = []
     for cfg in heuristics.all_dense_configs():
-        k = gemm.get_kernel(cfg)
+        k = gemm_kernels.get_kernel(cfg)
         if cfg.dtype == "bf16":
             for a_k in (True, False):
                 for b_k in (True, False):
@@ -194,7 +196,7 @@ def _variants():
             rows = cfg.bn // cfg.nh != 128
             out.append((f"{cfg.name}-f32", "fp8", k, _fp8_params(cfg, rows, ct.float32)))
             out.append((f"{cfg.name}-splitk", "fp8", k, _fp8_params(cfg, rows, ct.bfloat16, True)))
-        red = gemm.get_reduce_kernel()
+        red = gemm_kernels.get_reduce_kernel()
         out.append((f"reduce-{cfg.name}-bf16", "reduce", red, _reduce_params(cfg, False, ct.bfloat16)))
         out.append((f"reduce-{cfg.name}-c-f32", "reduce", red, _reduce_params(cfg, True, ct.float32)))
     return out + _decode_variants() + _narrow_variants()
@@ -289,7 +291,8 @@ def test_dense_kernel_sass(compiled, vid, kind, arch):
     assert s["utmaldg"] >= 2, f"{vid} {arch}: operands not loaded with TMA: {s}"
     if arch == "sm_90" and not vid.startswith("decode-"):
         # A K block's warpgroup MMAs (64 of K: four HGMMA.x16; 128: four QGMMA.x32) go out in one group. The split-K
-        # kernel with both a workspace and an output store in one kernel had them waited for one by one (gemm.py).
+        # kernel with both a workspace and an output store in one kernel had them waited for one by one
+        # (gemm_kernels.py).
         assert s["gmma_group_min"] >= 4, f"{vid}: MMAs per wait group {s['gmma_group_min']} < 4"
 
 
@@ -432,20 +435,20 @@ def test_host_plan_arguments_compile(monkeypatch, kind, m, n, k):
     calls = []
     monkeypatch.setattr(ct, "launch", lambda stream, grid, kernel, args: calls.append((grid, kernel, args)))
     monkeypatch.setattr(launch, "current_stream", lambda: type("S", (), {"cuda_stream": 1})())
-    monkeypatch.setattr(launch, "_PLANS", {})
+    monkeypatch.setattr(plans, "_PLANS", {})
     monkeypatch.setattr(tilegemm.config, "_num_sms", 132)
     d = torch.empty(m, n, dtype=torch.bfloat16)
     if kind == "bf16":
         a, b = torch.randn(m, k).bfloat16(), torch.randn(n, k).bfloat16()
-        call = lambda: gemm.bf16_gemm(a, b, d, None, 1.0, 1.0)  # noqa: E731
+        call = lambda: gemm.bf16_gemm(a, b, d)  # noqa: E731
     else:
         qa, qb = per_token_cast_to_fp8(torch.randn(m, k)), per_block_cast_to_fp8(torch.randn(n, k))
         qa = (qa[0], get_mn_major_tma_aligned_tensor(qa[1]))
-        call = lambda: gemm.fp8_gemm(qa, qb, d, None, 1.0, 1.0, (1, 128, 128))  # noqa: E731
+        call = lambda: gemm.fp8_gemm(qa, qb, d, recipe=(1, 128, 128))  # noqa: E731
     call()
     first = list(calls)
     call()
-    assert len(launch._PLANS) == 1 and len(calls) == 2 * len(first)
+    assert len(plans._PLANS) == 1 and len(calls) == 2 * len(first)
     if (m, n, k) == (8, 256, 256):
         assert [kernel._pyfunc.__name__ for _, kernel, _ in first] == [f"_decode_{kind}_gemm_lean"]
     if m == 64:

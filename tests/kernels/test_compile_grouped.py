@@ -16,7 +16,7 @@ ct = pytest.importorskip("cuda.tile")
 
 from kernels.sass import compile_all  # noqa: E402
 from tilegemm.heuristics import cutile as heuristics  # noqa: E402
-from tilegemm.ops.cutile import aot, grouped  # noqa: E402
+from tilegemm.ops.cutile import aot, grouped_kernels  # noqa: E402
 
 ARCHS = aot.ARCHS
 _A = aot.array
@@ -88,7 +88,7 @@ VARIANTS = _variants()
 def compiled():
     """SASS summaries of every (variant, arch), compiled in parallel threads (tileiras runs out of process)."""
     jobs = [
-        (vid, grouped.get_kernel(fam, cfg.num_worker_warps, cfg.occupancy), params, arch)
+        (vid, grouped_kernels.get_kernel(fam, cfg.num_worker_warps, cfg.occupancy), params, arch)
         for vid, fam, cfg, params, _ in VARIANTS
         for arch in ARCHS
     ]
@@ -118,7 +118,7 @@ def test_grouped_kernel_sass(compiled, vid, fp8, arch):
         raise s
     if arch == "sm_90":
         # A K block's warpgroup MMAs go out in one group: with a `while True` + `break` walk tileiras waited for
-        # each HGMMA before the next (groups of one; grouped.py's docstring).
+        # each HGMMA before the next (groups of one; grouped_kernels.py's docstring).
         per_block = _BK[vid] // (32 if fp8 else 16)
         assert s["gmma_group_min"] >= per_block, f"{vid}: MMAs per wait group {s['gmma_group_min']} < {per_block}"
     if arch == "sm_90":

@@ -20,7 +20,7 @@ ct = pytest.importorskip("cuda.tile")
 from cuda.tile import compilation as cc  # noqa: E402
 
 from kernels.sass import launch_resources, sass_summary  # noqa: E402
-from tilegemm.ops.cutile import aot, mqa  # noqa: E402
+from tilegemm.ops.cutile import aot, mqa, mqa_kernels  # noqa: E402
 
 # (H, D): every padded-head class of the plain kernel (HP = 8 .. 128), every head dim.
 PLAIN_VARIANTS = [(8, 64), (16, 128), (32, 128), (64, 128), (64, 64), (64, 32), (96, 128), (128, 128)]
@@ -137,10 +137,10 @@ def _compile_one(job):
     kind, variant, arch = job
     if kind == "plain":
         conf = mqa.mqa_logits_config(*variant[:2], sm=_sm(arch))
-        cubin = aot.compile_cubin(mqa.plain_kernel_for(conf.occupancy), plain_params(*variant, arch=arch), arch)
+        cubin = aot.compile_cubin(mqa_kernels.plain_kernel_for(conf.occupancy), plain_params(*variant, arch=arch), arch)
     else:
         conf = mqa.paged_mqa_config(*variant[:4], sm=_sm(arch))
-        cubin = aot.compile_cubin(mqa.paged_kernel_for(conf.occupancy), paged_params(*variant, arch=arch), arch)
+        cubin = aot.compile_cubin(mqa_kernels.paged_kernel_for(conf.occupancy), paged_params(*variant, arch=arch), arch)
     return sass_summary(cubin)
 
 
@@ -193,7 +193,9 @@ def test_clean_kernel_stores_without_spills(arch):
     jobs = [(h, d, al) for h, d in PLAIN_VARIANTS for al in (16, 4)]
     with ThreadPoolExecutor(max_workers=2) as pool:
         cubins = list(
-            pool.map(lambda j: aot.compile_cubin(mqa.mqa_clean_logits_kernel, clean_params(*j, arch), arch), jobs)
+            pool.map(
+                lambda j: aot.compile_cubin(mqa_kernels.mqa_clean_logits_kernel, clean_params(*j, arch), arch), jobs
+            )
         )
     for job, cubin in zip(jobs, cubins):
         s, res = sass_summary(cubin), launch_resources(cubin)
@@ -211,7 +213,7 @@ def test_plain_kernel_fits_two_ctas_per_sm90(h, d):
     D = 32), so one's MMA overlaps another's head sum (docs/kernels.md, "Two CTAs per SM"). A TMA output store would
     add a store warpgroup (384 threads at 168 registers: one CTA)."""
     conf = mqa.mqa_logits_config(h, d)
-    res = launch_resources(aot.compile_cubin(mqa.plain_kernel_for(conf.occupancy), plain_params(h, d), "sm_90"))
+    res = launch_resources(aot.compile_cubin(mqa_kernels.plain_kernel_for(conf.occupancy), plain_params(h, d), "sm_90"))
     assert res["threads"] == 256, res
     fit = conf.occupancy
     assert fit * res["threads"] * res["registers"] <= SM90_REGISTERS and fit * res["shared"] <= SM90_SHARED, res
@@ -225,7 +227,7 @@ def test_unrolled_plain_kernel_holds_a_slot_per_key_tile_sm90():
     d = 64
     conf = mqa.mqa_logits_config(64, d)
     assert conf.unroll == 2
-    kernel = mqa.plain_kernel_for(conf.occupancy)
+    kernel = mqa_kernels.plain_kernel_for(conf.occupancy)
     one = plain_params(64, d)
     one[-4] = 1  # UNROLL
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -246,7 +248,7 @@ def test_d128_plain_kernel_does_not_serialize_its_mma_sm90():
 
     conf = mqa.mqa_logits_config(64, 128)
     assert (conf.unroll, conf.key_latency) == (2, 6)
-    sass = dump_sass(aot.compile_cubin(mqa.plain_kernel_for(conf.occupancy), plain_params(64, 128), "sm_90"))
+    sass = dump_sass(aot.compile_cubin(mqa_kernels.plain_kernel_for(conf.occupancy), plain_params(64, 128), "sm_90"))
     qgmma, waits = len(re.findall(r"QGMMA", sass)), len(re.findall(r"WARPGROUP\.DEPBAR", sass))
     assert qgmma > 0 and 4 * waits <= qgmma, (qgmma, waits)
 
@@ -259,7 +261,7 @@ def test_unchecked_output_stores_shorten_the_plain_loop_sm90(h, d):
     from kernels.sass import dump_sass, loop_bodies
 
     conf = mqa.mqa_logits_config(h, d)
-    kernel = mqa.plain_kernel_for(conf.occupancy)
+    kernel = mqa_kernels.plain_kernel_for(conf.occupancy)
 
     def loop_length(inside: bool) -> int:
         bodies = loop_bodies(dump_sass(aot.compile_cubin(kernel, plain_params(h, d, inside=inside), "sm_90")))
@@ -276,7 +278,7 @@ def test_paged_kernel_fits_two_ctas_per_sm90(h, next_n):
     walk"). With 4-byte weight rows tileiras takes 117 KB of shared memory at N = 64: one CTA."""
     conf = mqa.paged_mqa_config(h, 128, next_n, 64, sm=90)
     assert conf.batch_major and conf.rows_outer and conf.ck == 128
-    kernel = mqa.paged_kernel_for(conf.occupancy)
+    kernel = mqa_kernels.paged_kernel_for(conf.occupancy)
     res = launch_resources(aot.compile_cubin(kernel, paged_params(h, 128, next_n, 64, True, w_align=16), "sm_90"))
     assert res["threads"] == 256, res
     assert 2 * res["threads"] * res["registers"] <= SM90_REGISTERS and 2 * res["shared"] <= SM90_SHARED, res
@@ -326,7 +328,7 @@ def test_bf16_plain_kernel_sm90():
     def build(job):
         h, d, al = job
         conf = mqa.bf16_mqa_logits_config(h, d)
-        return aot.compile_cubin(mqa.plain_kernel_for(conf.occupancy), bf16_plain_params(h, d, al), "sm_90")
+        return aot.compile_cubin(mqa_kernels.plain_kernel_for(conf.occupancy), bf16_plain_params(h, d, al), "sm_90")
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         cubins = list(pool.map(build, jobs))
@@ -344,6 +346,8 @@ def test_bf16_plain_kernel_compiles_sm100():
     for h, d in ((64, 128), (32, 128)):
         conf = mqa.bf16_mqa_logits_config(h, d, sm=100)
         s = sass_summary(
-            aot.compile_cubin(mqa.plain_kernel_for(conf.occupancy), bf16_plain_params(h, d, arch="sm_100"), "sm_100")
+            aot.compile_cubin(
+                mqa_kernels.plain_kernel_for(conf.occupancy), bf16_plain_params(h, d, arch="sm_100"), "sm_100"
+            )
         )
         assert s["utchmma"] > 0 or s["utc_mma"] > 0, ((h, d), s)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 
 import pytest
@@ -9,10 +10,12 @@ import torch
 
 ct = pytest.importorskip("cuda.tile")
 
+from tilegemm.backend import registry  # noqa: E402
 from tilegemm.backend.registry import Unsupported  # noqa: E402
 from tilegemm.heuristics import cutile as heuristics  # noqa: E402
 from tilegemm.heuristics import report  # noqa: E402
 from tilegemm.heuristics.cutile import Kind, Problem  # noqa: E402
+from tilegemm.ops import plans  # noqa: E402
 from tilegemm.ops.cutile import launch  # noqa: E402
 
 
@@ -332,19 +335,110 @@ def test_launch_turns_compile_errors_into_unsupported(monkeypatch):
         launch.launch(object(), (1, 1, 1), (), stream=object())
 
 
-def test_cached_plan_builds_once(monkeypatch):
-    monkeypatch.setattr(launch, "_PLANS", {})
-    built = []
-
-    def build(x):
-        built.append(x)
-        return lambda: x
-
-    assert launch.cached_plan(("k", 1), build, 7)() == 7
-    assert launch.cached_plan(("k", 1), build, 8)() == 7
-    assert built == [7]
+def test_one_plan_cache_for_every_backend(monkeypatch):
+    """Plans of every backend are kept in ``tilegemm.ops.plans``; ``clear_plans`` (also ``launch.clear_plans``) forgets
+    them all with the hot-lane replays."""
+    monkeypatch.setattr(plans, "_PLANS", {})
+    monkeypatch.setattr(registry, "_HOT", {("cutile", "k"): print})
+    assert plans.find(("cutile", 1)) is None
+    run = plans.keep(("cutile", 1), lambda: 7)
+    plans.keep(("gluon", 1), lambda: 8)
+    assert plans.find(("cutile", 1)) is run and run() == 7
+    assert launch.clear_plans is plans.clear_plans
     launch.clear_plans()
-    assert launch.cached_plan(("k", 1), build, 9)() == 9
+    assert plans.find(("cutile", 1)) is None and plans.find(("gluon", 1)) is None and not registry._HOT
+
+
+class _Stream:
+    """Stands for a ``torch.cuda.Stream`` on the CPU."""
+
+    def __init__(self, handle: int) -> None:
+        self.cuda_stream = handle
+
+
+# (dtype, M, N, K): the decode kernel's lean entry point, the narrow-tile kernel, the tile kernel with split-K
+# and its reduce kernel, the decode kernel with a c.
+STREAM_CASES = [("bf16", 8, 256, 256), ("bf16", 64, 2112, 1024), ("bf16", 96, 136, 2048), ("fp8", 8, 256, 256)]
+STREAM_CASES += [("fp8", 64, 4096, 1024), ("fp8", 300, 512, 512)]
+
+
+@pytest.mark.parametrize("dtype,m,n,k", STREAM_CASES, ids=["-".join(map(str, c)) for c in STREAM_CASES])
+@pytest.mark.parametrize("with_c", [False, True])
+def test_dense_calls_launch_on_the_given_stream(monkeypatch, dtype, m, n, k, with_c):
+    """A dense call's ``stream=`` reaches every launch it makes (the registry making it current is not relied on);
+    without one, a call launches on the current stream: also when its plan was built by a call with a stream."""
+    import tilegemm
+    from tilegemm import config
+
+    launched = []
+    monkeypatch.setattr(ct, "launch", lambda stream, grid, kernel, args: launched.append(stream))
+    current, given = _Stream(1), _Stream(2)
+    monkeypatch.setattr(torch.cuda, "Stream", _Stream)  # what the checks accept as a stream
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())  # the registry's context
+    monkeypatch.setattr(launch, "current_stream", lambda: current)
+    monkeypatch.setattr(registry, "_unavailable_reason", lambda *args: None)
+    monkeypatch.setattr(config, "_num_sms", 132)
+    monkeypatch.setattr(plans, "_PLANS", {})
+    monkeypatch.setattr(registry, "_HOT", {})
+    a, b = torch.randn(m, k).bfloat16(), torch.randn(n, k).bfloat16()
+    c = torch.randn(m, n).bfloat16() if with_c else None
+    d = torch.zeros(m, n, dtype=torch.bfloat16)
+    if dtype == "fp8":
+        a, b = tilegemm.per_token_cast_to_fp8(a.float()), tilegemm.per_block_cast_to_fp8(b.float())
+    op = tilegemm.fp8_gemm_nt if dtype == "fp8" else tilegemm.bf16_gemm_nt
+    for _ in range(2):
+        op(a, b, d, c, stream=given, backend="cutile")
+        assert launched and all(s is given for s in launched), launched
+        launched.clear()
+    for _ in range(2):  # the full path, then the hot lane
+        op(a, b, d, c, backend="cutile")
+        assert launched and all(s is current for s in launched), launched
+        launched.clear()
+
+
+def _grouped_calls():
+    """(name, call(stream)) of an m-grouped (m_indices and psum layouts), a masked and a k-grouped call."""
+    import tilegemm
+
+    groups, n, k = 3, 256, 384
+    m_indices = torch.tensor([0] * 128 + [-1] * 128 + [2] * 256 + [1] * 128, dtype=torch.int32)
+    a, b = torch.randn(640, k).bfloat16(), torch.randn(groups, n, k).bfloat16()
+    d = torch.zeros(640, n, dtype=torch.bfloat16)
+    offs = torch.tensor([128, 384, 640], dtype=torch.int32)
+    am, dm = torch.randn(groups, 64, k).bfloat16(), torch.zeros(groups, 64, n, dtype=torch.bfloat16)
+    masked_m = torch.tensor([10, 64, 0], dtype=torch.int32)
+    ks = [128, 0, 200]
+    ak, bk = torch.randn(sum(ks), 128).bfloat16(), torch.randn(sum(ks), n).bfloat16()
+    dk = torch.zeros(groups, 128, n, dtype=torch.float32)
+    tg, cu, ks_t = tilegemm, {"backend": "cutile"}, torch.tensor(ks, dtype=torch.int32)
+    return [
+        ("m_indices", lambda s: tg.m_grouped_bf16_gemm_nt_contiguous(a, b, d, m_indices, stream=s, **cu)),
+        ("psum", lambda s: tg.m_grouped_bf16_gemm_nt_contiguous(a, b, d, offs, use_psum_layout=True, stream=s, **cu)),
+        ("masked", lambda s: tg.m_grouped_bf16_gemm_nt_masked(am, b, dm, masked_m, 32, stream=s, **cu)),
+        ("k_grouped", lambda s: tg.k_grouped_bf16_gemm_tn_contiguous(ak, bk, dk, ks, ks_t, stream=s, **cu)),
+    ]
+
+
+def test_grouped_calls_launch_on_the_given_stream(monkeypatch):
+    """A grouped call's ``stream=`` reaches its launch (the k-grouped one's ragged groups repacked first); without
+    one, the current stream."""
+    from tilegemm import config
+
+    launched = []
+    monkeypatch.setattr(ct, "launch", lambda stream, grid, kernel, args: launched.append(stream))
+    current, given = _Stream(1), _Stream(2)
+    monkeypatch.setattr(torch.cuda, "Stream", _Stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(launch, "current_stream", lambda: current)
+    monkeypatch.setattr(registry, "_unavailable_reason", lambda *args: None)
+    monkeypatch.setattr(config, "_num_sms", 132)
+    for name, call in _grouped_calls():
+        call(given)
+        assert launched and all(s is given for s in launched), (name, launched)
+        launched.clear()
+        call(None)
+        assert launched and all(s is current for s in launched), (name, launched)
+        launched.clear()
 
 
 @pytest.mark.parametrize("src_align", [1, 3, 64, 128])

@@ -770,12 +770,12 @@ def test_kernel_names_carry_deepgemms_profiler_filters():
     kernels by substring (``bench_kineto(fn, "bf16_gemm")``), so each entry point of a DeepGEMM op carries the
     substring DeepGEMM's test of that op filters on."""
     pytest.importorskip("cuda.tile")
-    from tilegemm.ops.cutile import decode, einsum, gemm, grouped, mqa, prenorm
+    from tilegemm.ops.cutile import decode, einsum, gemm_kernels, grouped, mqa, prenorm
 
-    bf16 = [gemm._bf16_gemm_body, decode._decode_bf16_gemm_body, decode._decode_bf16_gemm_lean]
+    bf16 = [gemm_kernels._bf16_gemm_body, decode._decode_bf16_gemm_body, decode._decode_bf16_gemm_lean]
     bf16 += [decode._narrow_bf16_gemm_body, grouped.get_kernel.bodies["m_bf16"], grouped.get_kernel.bodies["k_bf16"]]
     fp8 = [
-        gemm._fp8_gemm_body,
+        gemm_kernels._fp8_gemm_body,
         decode._decode_fp8_gemm_body,
         decode._decode_fp8_gemm_lean,
         decode._narrow_fp8_gemm_body,
@@ -789,5 +789,5 @@ def test_kernel_names_carry_deepgemms_profiler_filters():
     assert "tf32_hc_prenorm_gemm" in prenorm._tf32_hc_prenorm_gemm_body.__name__
     clean = mqa.mqa_clean_logits_kernel._pyfunc.__name__  # a @ct.kernel object: its Python function's name
     assert "clean_logits" in clean and "mqa_logits" not in clean
-    for helper in (gemm._splitk_reduce_body,):  # second kernels of an op must not match its filter
+    for helper in (gemm_kernels._splitk_reduce_body,):  # second kernels of an op must not match its filter
         assert "gemm" not in helper.__name__

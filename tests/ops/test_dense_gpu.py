@@ -305,7 +305,7 @@ def test_every_config(cfg, shape):
     if cfg.dtype == "bf16":
         a_log, b_log, a, b = _bf16_case("nt", m, n, k, seed=9)
         d = poisoned((m, n), torch.float32, "cuda")
-        gemm.bf16_gemm(a, b, d, None, 1.0, 1.0, config=cfg)
+        gemm.bf16_gemm(a, b, d, None, alpha=1.0, beta=1.0, config=cfg)
         assert calc_diff(d, a_log.double() @ b_log.double().T) < BAR_BF16
         return
     for recipe in RECIPES:
@@ -313,7 +313,7 @@ def test_every_config(cfg, shape):
             continue
         a, b, deq_a, deq_b, _, _ = _fp8_case("nt", recipe, m, n, k, seed=9)
         d = poisoned((m, n), torch.bfloat16, "cuda")
-        gemm.fp8_gemm(a, b, d, None, 1.0, 1.0, recipe, config=cfg)
+        gemm.fp8_gemm(a, b, d, None, recipe=recipe, alpha=1.0, beta=1.0, config=cfg)
         assert calc_diff(d, deq_a @ deq_b.T) < BAR_FP8_EXACT[torch.bfloat16], recipe
 
 
@@ -352,10 +352,10 @@ def test_decode_bf16(cfg, shape):
     m, n, k = shape
     a_log, b_log, a, b = _bf16_case("nt", m, n, k, seed=20)
     d = poisoned((m, n), torch.bfloat16, "cuda")
-    gemm.bf16_gemm(a, b, d, None, 1.0, 1.0, config=cfg)
+    gemm.bf16_gemm(a, b, d, None, alpha=1.0, beta=1.0, config=cfg)
     diff = calc_diff(d, a_log.double() @ b_log.double().T)
     assert diff < BAR_BF16, f"calc_diff {diff:.3g}"
-    assert_rerun_identical(lambda: gemm.bf16_gemm(a, b, d, None, 1.0, 1.0, config=cfg), d)
+    assert_rerun_identical(lambda: gemm.bf16_gemm(a, b, d, None, alpha=1.0, beta=1.0, config=cfg), d)
 
 
 @pytest.mark.parametrize("shape", DECODE_SHAPES, ids=_sid)
@@ -367,10 +367,10 @@ def test_decode_fp8(cfg, recipe, shape):
     m, n, k = shape
     a, b, deq_a, deq_b, _, _ = _fp8_case("nt", recipe, m, n, k, seed=21)
     d = poisoned((m, n), torch.bfloat16, "cuda")
-    gemm.fp8_gemm(a, b, d, None, 1.0, 1.0, recipe, config=cfg)
+    gemm.fp8_gemm(a, b, d, None, recipe=recipe, alpha=1.0, beta=1.0, config=cfg)
     exact = calc_diff(d, deq_a @ deq_b.T)
     assert exact < BAR_FP8_EXACT[torch.bfloat16], f"vs dequantized formula: {exact:.3g}"
-    assert_rerun_identical(lambda: gemm.fp8_gemm(a, b, d, None, 1.0, 1.0, recipe, config=cfg), d)
+    assert_rerun_identical(lambda: gemm.fp8_gemm(a, b, d, None, recipe=recipe, alpha=1.0, beta=1.0, config=cfg), d)
 
 
 # ------------------------------------------------------------------ decode-size narrow-tile kernels
@@ -406,10 +406,10 @@ def test_narrow_bf16(cfg, layout, shape):
     d = poisoned((m, n), torch.float32 if layout == "tt" else torch.bfloat16, "cuda")
     la = a if layout[0] == "n" else a.t()  # the logical nt form the checks derive: views of the stored operands
     lb = b if layout[1] == "t" else b.t()
-    gemm.bf16_gemm(la, lb, d, None, 0.5, 1.0, config=cfg)
+    gemm.bf16_gemm(la, lb, d, None, alpha=0.5, beta=1.0, config=cfg)
     diff = calc_diff(d, 0.5 * (a_log.double() @ b_log.double().T))
     assert diff < BAR_BF16, f"calc_diff {diff:.3g}"
-    assert_rerun_identical(lambda: gemm.bf16_gemm(la, lb, d, None, 0.5, 1.0, config=cfg), d)
+    assert_rerun_identical(lambda: gemm.bf16_gemm(la, lb, d, None, alpha=0.5, beta=1.0, config=cfg), d)
 
 
 @pytest.mark.parametrize("shape", NARROW_SHAPES, ids=_sid)
@@ -423,10 +423,10 @@ def test_narrow_fp8(cfg, recipe, shape):
     a, b, deq_a, deq_b, _, _ = _fp8_case("nt", recipe, m, n, k, seed=29)
     out = torch.float32 if shape == NARROW_SHAPES[-1] else torch.bfloat16
     d = poisoned((m, n), out, "cuda")
-    gemm.fp8_gemm(a, b, d, None, 1.0, 1.0, recipe, config=cfg)
+    gemm.fp8_gemm(a, b, d, None, recipe=recipe, alpha=1.0, beta=1.0, config=cfg)
     exact = calc_diff(d, deq_a @ deq_b.T)
     assert exact < BAR_FP8_EXACT[out], f"vs dequantized formula: {exact:.3g}"
-    assert_rerun_identical(lambda: gemm.fp8_gemm(a, b, d, None, 1.0, 1.0, recipe, config=cfg), d)
+    assert_rerun_identical(lambda: gemm.fp8_gemm(a, b, d, None, recipe=recipe, alpha=1.0, beta=1.0, config=cfg), d)
 
 
 def test_narrow_rejects_c():
@@ -438,7 +438,7 @@ def test_narrow_rejects_c():
     _, _, a, b = _bf16_case("nt", 64, 256, 256, seed=30)
     d = torch.zeros(64, 256, device="cuda", dtype=torch.float32)
     with pytest.raises(Unsupported, match="no c epilogue"):
-        gemm.bf16_gemm(a, b, d, d.clone(), 1.0, 1.0, config=heuristics.NARROW_BF16_W32)
+        gemm.bf16_gemm(a, b, d, d.clone(), alpha=1.0, beta=1.0, config=heuristics.NARROW_BF16_W32)
 
 
 # (shape, what decode_plan picks for it on 132 SMs): the deep load pipeline and the long-K split, K ragged.

@@ -402,15 +402,18 @@ def test_tile_choices():
 
 
 def test_aligned_operands():
-    """Operands whose strides TMA cannot use are copied into 16-byte rows (same values); others pass as they are."""
+    """Operands whose strides TMA cannot use are copied into 16-byte rows (same values); others pass as they are (the
+    einsum kernels take their operands through the ground floor's TMA contract, ``ops/operands.py``)."""
+    from tilegemm.ops.operands import as_row_major, tma_ready
+
     x = torch.randn(3, 4, 20).bfloat16()  # 40-byte rows
-    assert not cutile_einsum.tma_ready(x)
-    y = cutile_einsum.aligned(x)
-    assert cutile_einsum.tma_ready(y) and torch.equal(y, x) and y.stride() == (4 * 24, 24, 1)
+    assert not tma_ready(x)
+    y = as_row_major(x)
+    assert tma_ready(y) and torch.equal(y, x) and y.stride() == (4 * 24, 24, 1)
     z = torch.randn(4, 8, 136).bfloat16()[:, :, :128]  # DeepGEMM's column-sliced weights
-    assert cutile_einsum.tma_ready(z) and cutile_einsum.aligned(z) is z
-    assert cutile_einsum.tma_ready(torch.randn(5, 6, 16).bfloat16().transpose(0, 1))
-    assert not cutile_einsum.tma_ready(torch.randn(16, 16).bfloat16().t())
+    assert tma_ready(z) and as_row_major(z) is z
+    assert tma_ready(torch.randn(5, 6, 16).bfloat16().transpose(0, 1))
+    assert not tma_ready(torch.randn(16, 16).bfloat16().t())
 
 
 def test_addend_aliasing():

@@ -14,6 +14,7 @@ pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
 
 import tilegemm  # noqa: E402
 from tilegemm.backend import registry, selector  # noqa: E402
+from tilegemm.ops import plans  # noqa: E402
 from tilegemm.ops.gluon import fp8_gemm_kernel  # noqa: E402
 from tilegemm.ops.gluon import gemm as gluon_gemm  # noqa: E402
 
@@ -69,7 +70,7 @@ def recorder(monkeypatch):
         types.SimpleNamespace(fp8_gemm_kernel=rec, WG_ROWS=fp8_gemm_kernel.WG_ROWS, SB_BOX=fp8_gemm_kernel.SB_BOX),
     )
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: types.SimpleNamespace(cuda_stream=7))
-    monkeypatch.setattr(gluon_gemm, "_PLANS", {})
+    monkeypatch.setattr(plans, "_PLANS", {})
     return rec
 
 
@@ -90,8 +91,8 @@ def test_compiled_launch_gets_what_the_jit_got(recorder, m, n, k, rows_recipe):
     recipe = (1, 1, 128) if rows_recipe else (1, 128, 128)
     a, b = _operands(m, n, k, rows_recipe)
     d = torch.empty(m, n, dtype=torch.bfloat16)
-    gluon_gemm.fp8_gemm_nt(a, b, d, None, 1.0, 0.0, recipe)
-    gluon_gemm.fp8_gemm_nt(a, b, d, None, 1.0, 0.0, recipe)
+    gluon_gemm.fp8_gemm(a, b, d, recipe=recipe, beta=0.0)
+    gluon_gemm.fp8_gemm(a, b, d, recipe=recipe, beta=0.0)
     assert len(recorder.jit) == 1 and len(recorder.runs) == 1, "one JIT call, then the compiled kernel"
     grid, num_warps, kwargs = recorder.jit[0]
     run = recorder.runs[0]
@@ -105,10 +106,10 @@ def test_compiled_launch_gets_what_the_jit_got(recorder, m, n, k, rows_recipe):
 def test_new_inputs_same_plan(recorder):
     a, b = _operands(300, 200, 1024, False)  # every operand TMA-ready: no copies, the caller's tensors are read
     d = torch.empty(300, 200, dtype=torch.bfloat16)
-    gluon_gemm.fp8_gemm_nt(a, b, d, None, 1.0, 0.0, (1, 128, 128))
+    gluon_gemm.fp8_gemm(a, b, d, recipe=(1, 128, 128), beta=0.0)
     a2, b2 = _operands(300, 200, 1024, False)
     d2 = torch.empty_like(d)
-    gluon_gemm.fp8_gemm_nt(a2, b2, d2, None, 0.5, 0.0, (1, 128, 128))
+    gluon_gemm.fp8_gemm(a2, b2, d2, recipe=(1, 128, 128), alpha=0.5, beta=0.0)
     values = recorder.runs[-1][LEADING:]
     named = dict(zip(recorder.arg_names, values))
     assert named["a_desc"].base.data_ptr() == a2[0].data_ptr()
@@ -130,3 +131,29 @@ def test_public_op_replays_the_plan(recorder, monkeypatch):
         tilegemm.fp8_gemm_nt(a, b, d, backend="gluon")
     assert len(recorder.jit) == 1 and len(recorder.runs) == 2
     assert any(key[0] == "gluon" for key in registry._HOT)
+
+
+def test_launches_on_the_given_stream(recorder, monkeypatch):
+    """``stream=`` reaches the launch: the JIT call runs with it current, the compiled kernel's launcher is handed it;
+    without one, the current stream (7)."""
+    entered = []
+
+    class Context:
+        def __init__(self, stream):
+            self.stream = stream
+
+        def __enter__(self):
+            entered.append(self.stream)
+
+        def __exit__(self, *exc):
+            recorder.jit.append("exit")
+
+    monkeypatch.setattr(torch.cuda, "stream", Context)
+    given = types.SimpleNamespace(cuda_stream=9)
+    a, b = _operands(300, 200, 1024, False)
+    d = torch.empty(300, 200, dtype=torch.bfloat16)
+    gluon_gemm.fp8_gemm(a, b, d, recipe=(1, 128, 128), stream=given)
+    assert entered == [given] and recorder.jit[-1] == "exit", "the JIT call inside the stream's context"
+    gluon_gemm.fp8_gemm(a, b, d, recipe=(1, 128, 128), stream=given)
+    gluon_gemm.fp8_gemm(a, b, d, recipe=(1, 128, 128))
+    assert [run[3] for run in recorder.runs] == [9, 7]

@@ -15,7 +15,7 @@ import torch
 import tilegemm
 from tilegemm.backend import registry, selector
 from tilegemm.backend.registry import dispatch, register_impl, register_replay
-from tilegemm.ops import checks
+from tilegemm.ops import checks, plans
 
 
 @pytest.fixture
@@ -356,15 +356,14 @@ def test_paged_calls_replay_what_the_full_path_launched(recorded_launches, monke
 def test_a_forced_decode_variant_takes_a_new_plan(recorded_launches, monkeypatch):
     """``TILEGEMM_DECODE_VARIANT`` is part of the plan key and of the hot-lane key: setting it between two calls of
     one shape builds the forced variant's plan instead of replaying the first."""
-    from tilegemm.ops.cutile import launch
 
     monkeypatch.delenv("TILEGEMM_DECODE_VARIANT", raising=False)
     a, b, d = _operands(m=16, n=64, k=256)
     tilegemm.bf16_gemm_nt(a, b, d, backend="cutile")
     tilegemm.bf16_gemm_nt(a, b, d, backend="cutile")
-    plans = dict(launch._PLANS)
+    before = dict(plans._PLANS)
     monkeypatch.setenv("TILEGEMM_DECODE_VARIANT", "w64k128")
     tilegemm.bf16_gemm_nt(a, b, d, backend="cutile")
-    new = [key for key in launch._PLANS if key not in plans]
+    new = [key for key in plans._PLANS if key not in before]
     assert len(new) == 1 and "w64k128" in new[0]
     assert len(recorded_launches) == 3

@@ -1,6 +1,6 @@
 """Minimal cuTile kernels that isolate the FP8 dense GEMM's promotion, for compute-sanitizer racecheck.
 
-The FP8 kernels of ``ops/cutile/gemm.py`` compute, per 128-wide K block, ``p = mma(a, b, 0)`` and then
+The FP8 kernels of ``ops/cutile/gemm_kernels.py`` compute, per 128-wide K block, ``p = mma(a, b, 0)`` and then
 ``acc += p * (sa * sb)`` with the scales loaded as small tiles; racecheck reports shared-memory write-write
 hazards there, and none in the BF16 kernels (``acc = mma(a, b, acc)``). Each probe kernel below keeps one
 piece of that pattern; every variant runs once on M=128, N=256, K=512 (64x128 tiles, 4 warps, occupancy 2,
@@ -12,7 +12,7 @@ as the shipped 64x128 FP8 configs) and checks its result against torch float64 (
 ``bf16_fresh``            bf16, ``acc += mma(a, b, 0)``: the promotion's fresh zero tile, 16-bit MMAs
 ``fp8_fresh``             fp8, ``acc += mma(a, b, 0)``: the promotion without the scale multiply
 ``fp8_scalar``            fp8, ``acc += mma(a, b, 0) * s``, ``s`` a kernel argument (no scale loads)
-``fp8_tiles``             fp8, gemm.py's promotion: ``sa`` a (64, 1) and ``sb`` a (1, 1) ``ct.load``
+``fp8_tiles``             fp8, gemm_kernels.py's promotion: ``sa`` a (64, 1) and ``sb`` a (1, 1) ``ct.load``
                           tile, TMA allowed (the ``scale_tma`` configs)
 ``fp8_tiles_ldg``         the same with ``allow_tma=False`` scale loads (the default K <= 4096 config)
 ``fp8_tiles_sb_ldg``      ``fp8_tiles`` with only the (1, 1) ``sb`` load at ``allow_tma=False``
@@ -26,8 +26,8 @@ and the real kernels through the library, for comparison (bf16 ``d``, 128x128-bl
 ``real_bf16_dense``       ``tilegemm.bf16_gemm_nt`` 512x256x512: gemm.py's BF16 kernel
 ``real_fp8_decode``       ``tilegemm.fp8_gemm_nt`` 128x256x512 (M <= 256 takes the decode kernels)
 ``real_bf16_decode``      ``tilegemm.bf16_gemm_nt`` 128x256x512
-``real_fp8_small_m``      gemm.py's FP8 kernel forced to the 128x256 two-chain config (128x256x512)
-``real_fp8_large_k``      gemm.py's FP8 kernel forced to the TMA-scale 64x128 config (512x256x512)
+``real_fp8_small_m``      gemm_kernels.py's FP8 kernel forced to the 128x256 two-chain config (128x256x512)
+``real_fp8_large_k``      gemm_kernels.py's FP8 kernel forced to the TMA-scale 64x128 config (512x256x512)
 ========================  ======================================================================
 
 Usage (``PYTHONPATH=src``)::
@@ -69,7 +69,7 @@ from cuda.tile import compilation as cc
 
 import tilegemm as tg
 from tilegemm.heuristics import cutile as heuristics
-from tilegemm.ops.cutile import aot, gemm
+from tilegemm.ops.cutile import aot, gemm, gemm_kernels
 from tilegemm.testing import calc_diff, dequantize
 
 ConstInt = ct.Constant[int]
@@ -85,7 +85,7 @@ BAR = 1e-6
 
 # ------------------------------------------------------------------------------------- kernels
 # A [M, K] and B [N, K] (K-major), D [M, N] fp32; one CTA per (TM, TN) tile of D, K step 128.
-# SA is [K / 128, M] (the MN-major LHS scales gemm.py reads), SB [N / 128, K / 128].
+# SA is [K / 128, M] (the MN-major LHS scales gemm_kernels.py reads), SB [N / 128, K / 128].
 
 
 def chain(A, B, D, K: int, TM: ConstInt, TN: ConstInt):
@@ -122,7 +122,7 @@ def scalar(A, B, D, s: float, K: int, TM: ConstInt, TN: ConstInt):
 
 
 def tiles(A, B, SA, SB, D, K: int, TM: ConstInt, TN: ConstInt, TMA: ConstBool, SB_TMA: ConstBool):
-    """gemm.py's promotion: ``acc += mma(a, b, 0) * (sa * sb)``, sa (TM, 1) and sb (1, 1) ``ct.load`` tiles."""
+    """gemm_kernels.py's promotion: ``acc += mma(a, b, 0) * (sa * sb)``, sa (TM, 1) and sb (1, 1) ``ct.load`` tiles."""
     pm, pn = ct.bid(0), ct.bid(1)
     acc = ct.zeros((TM, TN), dtype=ct.float32)
     for kb in range(ct.cdiv(K, 128)):
@@ -228,7 +228,7 @@ def run_real(name: str) -> float:
         if cfg is None:
             tg.fp8_gemm_nt(a, b, d, backend="cutile")
         else:
-            gemm.fp8_gemm(a, b, d, None, 1.0, 0.0, (1, 128, 128), config=cfg)
+            gemm.fp8_gemm(a, b, d, None, recipe=(1, 128, 128), alpha=1.0, beta=0.0, config=cfg)
         want = dequantize(*a, 1, 128) @ dequantize(*b, 128, 128).T
     torch.cuda.synchronize()
     return calc_diff(d, want) if torch.isfinite(d).all() else math.nan
@@ -285,13 +285,13 @@ def _real_signature(name: str, sms: int) -> tuple[Any, cc.KernelSignature, str]:
     splitk = heuristics.split_plan(problem, cfg).splits > 1
     arr, f32, i32 = aot.array, aot.scalar(ct.float32), aot.scalar(ct.int32)
     head = [arr(ct.bfloat16, 2), arr(ct.bfloat16, 2), arr(ct.float32 if splitk else ct.bfloat16, 4)]
-    head += [f32, f32, i32, i32, *gemm.kernel_constants(cfg, splitk=splitk)]
+    head += [f32, f32, i32, i32, *gemm_kernels.kernel_constants(cfg, splitk=splitk)]
     if kind == "bf16":
         operands = [arr(ct.bfloat16, 2)] * 2
     else:
         operands = [arr(ct.float8_e4m3fn, 2)] * 2 + [arr(ct.float32, 2)] * 2
     desc = f"config {cfg.name}, split-K {splitk} ({sms} SMs)"
-    return gemm.get_kernel(cfg), aot.signature([*operands, *head]), desc
+    return gemm_kernels.get_kernel(cfg), aot.signature([*operands, *head]), desc
 
 
 def sass_listing(sass: str, context: int) -> list[str]:

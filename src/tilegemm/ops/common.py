@@ -1,6 +1,6 @@
 """Host-side definitions both backends share (neither imports the other, nor ``checks``).
 
-* :func:`cdiv`: ceiling division of sizes.
+* :func:`cdiv`: ceiling division of sizes (defined in :mod:`tilegemm.ops.operands`, the ground floor).
 * :func:`paged_mqa_split_kv`: keys per split of the paged-MQA schedule.
 * :func:`paged_mqa_schedule`: the paged-MQA schedule itself (``get_paged_mqa_logits_metadata``).
 * :func:`write_head_splits`: the output placement of ``fp8_gemm_nt_skip_head_mid``.
@@ -14,6 +14,8 @@ import math
 from typing import NamedTuple
 
 import torch
+
+from tilegemm.ops.operands import cdiv  # noqa: F401  (the ground floor's; imported from here by the checks)
 
 
 class MoETrainState(NamedTuple):
@@ -69,11 +71,6 @@ def moe_train_zero_grads(hidden, topk_weights, w13, w2, needs) -> tuple[torch.Te
     """``moe_experts_backward`` when :func:`moe_train_is_empty`: zero gradients for the inputs in ``needs``."""
     inputs = (hidden, topk_weights, w13, w2)
     return tuple(torch.zeros_like(t) if need else None for t, need in zip(inputs, needs, strict=True))
-
-
-def cdiv(x: int, y: int) -> int:
-    """Ceiling division of non-negative ints: ``ceil(x / y)``."""
-    return -(-x // y)
 
 
 #: Keys per split of the paged-MQA schedule (DeepGEMM's ``SPLIT_KV``), before rounding to ``block_kv``.

@@ -1,4 +1,5 @@
-"""How an operand reaches a TMA-reading kernel: the one TMA contract and the copies that meet it (torch only).
+"""The ground floor both kernel backends' host paths stand on (torch only): :func:`cdiv`, and how an operand reaches
+a TMA-reading kernel: the one TMA contract (:func:`tma_ready`) and the copies that meet it.
 
 Both kernel backends read their tiles by TMA, which needs a unit last stride, every other stride a multiple
 of 16 bytes and a 16-byte aligned base.
@@ -8,9 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from tilegemm.ops.common import cdiv
-
 ALIGN_BYTES = 16
+
+
+def cdiv(x: int, y: int) -> int:
+    """Ceiling division of non-negative ints: ``ceil(x / y)``."""
+    return -(-x // y)
 
 
 def tma_ready(x: torch.Tensor) -> bool:
@@ -27,15 +31,16 @@ def tma_ready(x: torch.Tensor) -> bool:
 
 
 def aligned_copy(x: torch.Tensor) -> torch.Tensor:
-    """Row-major copy of 2-D ``x`` whose row pitch is padded to 16 bytes (same logical shape).
+    """Row-major copy of ``x`` (any rank from 1) whose last-dimension pitch is padded to 16 bytes (same logical
+    shape), so it is :func:`tma_ready`.
 
-    The padding columns are zero; kernels never read them (tile loads are bounded by the shape).
+    The padding columns are uninitialized; kernels never read them (tile loads are bounded by the shape).
     """
-    rows, cols = x.shape
+    cols = x.shape[-1]
     per = ALIGN_BYTES // x.element_size()
     pitch = max(per, cdiv(cols, per) * per)
-    buf = torch.empty((rows, pitch), dtype=x.dtype, device=x.device)
-    out = buf[:, :cols]
+    buf = torch.empty((*x.shape[:-1], pitch), dtype=x.dtype, device=x.device)
+    out = buf[..., :cols]
     out.copy_(x)
     return out
 
@@ -43,8 +48,8 @@ def aligned_copy(x: torch.Tensor) -> torch.Tensor:
 def as_row_major(x: torch.Tensor, pad_rows: bool = True) -> torch.Tensor:
     """``x`` itself when it is :func:`tma_ready`, else a row-major copy.
 
-    ``pad_rows`` (2-D ``x``): the copy's rows are padded to 16 bytes (:func:`aligned_copy`), so it is TMA
-    ready. Otherwise (any rank) the copy is ``x.contiguous()``, TMA ready when a row is a multiple of 16 bytes.
+    ``pad_rows``: the copy's rows are padded to 16 bytes (:func:`aligned_copy`), so it is TMA ready. Otherwise the
+    copy is ``x.contiguous()``, TMA ready when a row is a multiple of 16 bytes.
     """
     if tma_ready(x):
         return x

@@ -165,29 +165,6 @@ def heads_constants(cfg: TileConfig, *, has_c: bool, c_is_d: bool) -> list[Any]:
 
 # ------------------------------------------------------------------------------- host helpers
 
-_ALIGN = 16
-
-
-def tma_ready(x: torch.Tensor) -> bool:
-    """Unit last stride, every other stride a multiple of 16 bytes, a 16-byte aligned base (any rank)."""
-    es = x.element_size()
-    if x.dim() == 0 or (x.shape[-1] > 1 and x.stride(-1) != 1):
-        return False
-    if any(size > 1 and (stride * es) % _ALIGN for size, stride in zip(x.shape[:-1], x.stride()[:-1])):
-        return False
-    return x.data_ptr() % _ALIGN == 0
-
-
-def aligned(x: torch.Tensor) -> torch.Tensor:
-    """``x`` when :func:`tma_ready`, else a row-major copy whose last-dim pitch is padded to 16 bytes."""
-    if tma_ready(x):
-        return x
-    per = _ALIGN // x.element_size()
-    cols = x.shape[-1]
-    pitch = max(per, launch.cdiv(cols, per) * per)
-    out = torch.empty((*x.shape[:-1], pitch), dtype=x.dtype, device=x.device)[..., :cols]
-    return out.copy_(x)
-
 
 def check_sizes(*tensors: torch.Tensor) -> None:
     """The kernels are compiled (and gated) with int32 indexing: refuse tensors of ``2**31`` elements or more."""
@@ -213,7 +190,7 @@ def addend(d: torch.Tensor, c: torch.Tensor | None) -> tuple[torch.Tensor, bool,
         return d, False, False
     if c is d or (c.data_ptr() == d.data_ptr() and c.stride() == d.stride()):
         return d, True, True
-    return aligned(c), True, False
+    return launch.as_row_major(c), True, False
 
 
 def with_addend(d: torch.Tensor, c: torch.Tensor | None, run: Callable[[torch.Tensor], Any]) -> torch.Tensor:
@@ -272,7 +249,7 @@ def bmk_bnk_mn(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tenso
     if s_dim == 0 or k == 0:  # an empty sum: d = c (or 0), no kernel
         return d.copy_(c) if c is not None else d.zero_()
     check_sizes(a, b, d)
-    a, b = aligned(a), aligned(b)
+    a, b = launch.as_row_major(a), launch.as_row_major(b)
     c_arg, has_c, c_is_d = addend(d, c)
     sms = launch.num_sms()
     tiles = launch.cdiv(m, BMK_CONFIG.bm) * launch.cdiv(n, BMK_CONFIG.bn)
@@ -302,7 +279,7 @@ def bhd_hdr_bhr(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tens
     if k == 0:
         return d.copy_(c) if c is not None else d.zero_()
     check_sizes(a, b, d)
-    a, b = aligned(a), aligned(b)
+    a, b = launch.as_row_major(a), launch.as_row_major(b)
     c_arg, has_c, c_is_d = addend(d, c)
     cfg = heads_config(batch, has_c)
     sms = launch.num_sms()

@@ -4,8 +4,10 @@
 * Kernels: :func:`kernel_factory` (a module's cached ``@ct.kernel`` objects by name and compiler hints);
   :func:`trailing` (a kernel's trailing arguments, given by name, in its parameter order).
 * Launching: :func:`launch` (a kernel ``tileiras`` rejects becomes :class:`Unsupported`, so the call falls back).
-* Operands: one TMA contract, :func:`tma_ready`, and the copies that meet it (:func:`as_row_major`).
-* Launch plans: :func:`cached_plan` builds a call's plan once per key (shapes, strides, config, SMs).
+* Operands: one TMA contract, :func:`tma_ready`, and the copies that meet it (:func:`as_row_major`), from the ground
+  floor :mod:`tilegemm.ops.operands` (the gluon backend's too).
+* Launch plans are kept in :mod:`tilegemm.ops.plans`, every backend's in one cache; :func:`clear_plans` (its name
+  here too) forgets them all.
 * Buffers: :func:`scratch`, cached per device and stream.
 """
 
@@ -20,11 +22,9 @@ import cuda.tile as ct
 import torch
 
 from tilegemm import config
-from tilegemm.backend import registry
 from tilegemm.backend.registry import Unsupported
-from tilegemm.ops.common import cdiv
-from tilegemm.ops.operands import ALIGN_BYTES as _ALIGN_BYTES
-from tilegemm.ops.operands import aligned_copy, as_row_major, tma_ready
+from tilegemm.ops.operands import aligned_copy, as_row_major, cdiv, tma_ready
+from tilegemm.ops.plans import Runner, clear_plans, sms_key, tensor_key
 
 __all__ = [
     "current_stream",
@@ -36,16 +36,13 @@ __all__ = [
     "tma_ready",
     "aligned_copy",
     "as_row_major",
-    "cached_plan",
+    "Runner",
     "clear_plans",
     "tensor_key",
     "sms_key",
     "cdiv",
     "scratch",
 ]
-
-
-Runner = Callable[..., Any]
 
 
 _STREAMS: dict[tuple[int, int], torch.cuda.Stream] = {}
@@ -131,39 +128,6 @@ def launch(kernel: Any, grid: tuple[int, int, int], args: tuple, stream: torch.c
         ct.launch(current_stream() if stream is None else stream, grid, kernel, args)
     except ct.TileCompilerExecutionError as exc:
         raise Unsupported(f"tileiras could not compile this variant ({str(exc).splitlines()[0]})") from exc
-
-
-# -------------------------------------------------------------------------------- launch plans
-
-_PLANS: dict[tuple, Runner] = {}
-
-
-def cached_plan(key: tuple, build: Callable[..., Runner], *args: Any) -> Runner:
-    """The launch plan (a runner) stored under ``key``, built by ``build(*args)`` on the first call with it.
-
-    The key must hold everything the plan depends on (see :func:`tensor_key`, :func:`sms_key`): a repeated
-    call then only looks its plan up and launches.
-    """
-    run = _PLANS.get(key)
-    if run is None:
-        run = _PLANS[key] = build(*args)
-    return run
-
-
-def clear_plans() -> None:
-    """Forget every cached launch plan and hot-lane replay (tests; plans are keyed by what they read)."""
-    _PLANS.clear()
-    registry.clear_hot_lane()
-
-
-def tensor_key(x: torch.Tensor) -> tuple:
-    """What a plan depends on in a tensor: shape, strides, dtype, 16-byte aligned base."""
-    return (x.shape, x.stride(), x.dtype, x.data_ptr() % _ALIGN_BYTES == 0)
-
-
-def sms_key(device: torch.device) -> tuple:
-    """What a plan depends on in the machine: the device and the ``set_num_sms`` setting."""
-    return (device.index, config._num_sms)
 
 
 # ------------------------------------------------------------------------------------- buffers

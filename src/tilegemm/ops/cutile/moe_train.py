@@ -167,7 +167,9 @@ def _supported(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, activa
 def _gemm_rows(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, ends: torch.Tensor, trans_b: bool, cfg) -> None:
     """``d[r] = a[r] @ B_e`` for the rows of each expert (``B_e = b[e].T`` when ``trans_b``, else ``b[e]``); rows of no
     expert come out 0 (``grouped.py``'s psum layout, 128-row alignment)."""
-    grouped.m_grouped("moe_train_gemm", a, b, d, ends, Kind.PSUM, trans_b, False, 0, ALIGNED_ROWS, cfg)
+    grouped.m_grouped(
+        "moe_train_gemm", a, b, d, ends, kind=Kind.PSUM, trans_b=trans_b, fp8=False, alignment=ALIGNED_ROWS, cfg=cfg
+    )
 
 
 def _weight_grad(a: torch.Tensor, b: torch.Tensor, starts: torch.Tensor, out: torch.Tensor) -> None:

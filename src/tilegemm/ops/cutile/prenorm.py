@@ -21,7 +21,7 @@ import cuda.tile as ct
 
 from tilegemm.backend.registry import Unsupported, register_impl
 from tilegemm.ops.cutile import launch
-from tilegemm.ops.cutile.einsum import aligned, check_sizes
+from tilegemm.ops.cutile.einsum import check_sizes
 
 ConstInt = ct.Constant[int]
 _ZERO = ct.PaddingMode.ZERO
@@ -103,5 +103,6 @@ def tf32_hc_prenorm_gemm(a, b, d, sqr_sum, num_splits, stream):
     consts = kernel_constants(n)
     units = splits * launch.cdiv(m, TM) * launch.cdiv(n, consts[1])
     grid = launch.persistent_grid(units, CTAS_PER_SM)
-    launch.launch(get_kernel(), grid, (aligned(a), aligned(b), d3, sq2, splits, per, rem, *consts))
+    a, b = launch.as_row_major(a), launch.as_row_major(b)
+    launch.launch(get_kernel(), grid, (a, b, d3, sq2, splits, per, rem, *consts))
     return d

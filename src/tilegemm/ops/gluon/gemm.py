@@ -3,13 +3,18 @@
 The checks hand every layout over in the logical ``nt`` form (a [M, K], b [N, K] views with their scales in
 the same orientation). FP8 wgmma reads K-major operands only, so a view that is not K-major is copied to
 K-major here, as the cutile backend does. The kernel is :func:`fp8_gemm_kernel.fp8_gemm_kernel`; its config
-comes from :func:`tilegemm.heuristics.gluon.dense_fp8_config`.
+comes from :func:`tilegemm.heuristics.gluon.dense_fp8_config`. The path, DeepGEMM's shape:
+
+    fp8_gemm (the registered implementation, named arguments)
+      -> fp8_plan: the key; the plan kept in tilegemm.ops.plans, or _build_plan: problem -> config -> descriptors
+      -> run(a, b, d, c, alpha, beta, stream): the first launch through triton's JIT, later ones to the compiled
+         kernel's launcher (_launch), on ``stream`` (the current one when ``None``)
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -21,7 +26,7 @@ from tilegemm import config
 from tilegemm.backend.registry import Unsupported, register_impl, register_replay
 from tilegemm.heuristics.gluon import BLOCK_K, BLOCK_M, GluonDenseConfig, dense_fp8_config, fit_stages
 from tilegemm.heuristics.report import print_once
-from tilegemm.ops import operands
+from tilegemm.ops import operands, plans
 from tilegemm.ops.gluon import fp8_gemm_kernel
 
 _GL_DTYPE = {torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}
@@ -73,10 +78,11 @@ def _scale_descriptor(s: torch.Tensor, box: int) -> TensorDescriptor:
     return TensorDescriptor(s, list(s.shape), _tma_strides(s), [1, box], SCALE_LAYOUT)
 
 
-def _launch(compiled: Any, grid: tuple[int, int, int], values: tuple) -> None:
-    """Launch an already compiled ``fp8_gemm_kernel`` with every parameter's value, in order, on the current
-    stream: straight to triton's launcher, without the JIT's per-call specialization and cache lookup."""
-    stream = torch.cuda.current_stream().cuda_stream
+def _launch(compiled: Any, grid: tuple[int, int, int], values: tuple, stream: torch.cuda.Stream | None) -> None:
+    """Launch an already compiled ``fp8_gemm_kernel`` with every parameter's value, in order, on ``stream`` (the
+    current stream when ``None``): straight to triton's launcher, without the JIT's per-call specialization and cache
+    lookup."""
+    stream = (torch.cuda.current_stream() if stream is None else stream).cuda_stream
     hooks = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
     meta = compiled.launch_metadata(grid, stream, *values)
     compiled.run(*grid, stream, compiled.function, compiled.packed_metadata, meta, *hooks, *values)
@@ -117,17 +123,20 @@ def unsupported_reason(m: int, n: int, k: int, d: torch.Tensor) -> str | None:
     return None
 
 
-def fp8_gemm_nt(
+def fp8_gemm(
     a: tuple[torch.Tensor, torch.Tensor],
     b: tuple[torch.Tensor, torch.Tensor],
     d: torch.Tensor,
-    c: torch.Tensor | None,
-    alpha: float,
-    beta: float,
+    c: torch.Tensor | None = None,
+    *,
     recipe: tuple[int, int, int],
-    cfg: GluonDenseConfig | None = None,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    stream: torch.cuda.Stream | None = None,
+    config: GluonDenseConfig | None = None,
 ) -> torch.Tensor:
-    """``d = alpha * dequant(a) @ dequant(b).T (+ beta * c)`` on the gluon kernel, logical ``nt`` operands.
+    """``d = alpha * dequant(a) @ dequant(b).T (+ beta * c)`` on the gluon kernel: an FP8 GEMM of any layout, in the
+    logical ``nt`` form the checks derive, launched on ``stream`` (``None``: the current one).
 
     Args:
         a: (fp8 [M, K], fp32 sa [M, ceil(K/128)]).
@@ -135,37 +144,37 @@ def fp8_gemm_nt(
             for (1, 1, 128)).
         d: bf16 or fp32 [M, N], TMA-aligned (see :func:`unsupported_reason`).
         c: addend [M, N] read when not ``None`` and ``beta != 0``; may be ``d``.
-        cfg: the kernel config; ``None`` picks it with :func:`dense_fp8_config`.
+        config: the kernel config; ``None`` picks it with :func:`dense_fp8_config`.
 
     Raises:
         Unsupported: a case the kernel lacks (before anything is written).
     """
-    fp8_plan(a, b, d, c if c is not None and beta != 0 else None, recipe, cfg)(a, b, d, c, alpha, beta)
-    return d
+    return fp8_plan(a, b, d, c if c is not None and beta != 0 else None, recipe, config)(
+        a, b, d, c, alpha, beta, stream
+    )
 
 
-Runner = Callable[..., None]
-_PLANS: dict[tuple, Runner] = {}
-
-
-def _meta(x: torch.Tensor) -> tuple:
-    return (x.dtype, x.shape, x.stride(), x.device, x.data_ptr() % operands.ALIGN_BYTES)
+Runner = plans.Runner
 
 
 def fp8_plan(a, b, d, c, recipe, cfg: GluonDenseConfig | None = None) -> Runner:
-    """The cached launch plan of a call (``c``: ``None`` when it is not read): ``run(a, b, d, c, alpha, beta)``.
+    """The launch plan of a call (``c``: ``None`` when it is not read): ``run(a, b, d, c, alpha, beta, stream=None)
+    -> d``, kept in :mod:`tilegemm.ops.plans`.
 
-    Keyed by every operand's metadata (dtype, shape, strides, device, 16-byte alignment), the recipe, the config
-    and the SM count: what decides the copies, the descriptors' shapes and strides, the grid and triton's
+    Keyed by every operand's metadata (shape, strides, dtype, 16-byte alignment), the recipe, the config and the
+    device and SM count: what decides the copies, the descriptors' shapes and strides, the grid and triton's
     specialization, so a repeated call only makes views and launches.
     """
     (a_data, sa), (b_data, sb) = a, b
-    tensors = (a_data, sa, b_data, sb, d) + (() if c is None else (c,))
-    key = (*map(_meta, tensors), c is None, tuple(recipe), cfg, config.get_num_sms())
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _PLANS[key] = _build_plan(a_data, sa, b_data, sb, d, c, tuple(recipe), cfg)
-    return plan
+    tk = plans.tensor_key
+    key = (
+        "gluon", "fp8_gemm", tk(a_data), tk(sa), tk(b_data), tk(sb), tk(d), None if c is None else tk(c),
+        tuple(recipe), cfg, plans.sms_key(d.device),
+    )  # fmt: skip
+    run = plans.find(key)
+    if run is None:
+        run = plans.keep(key, _build_plan(a_data, sa, b_data, sb, d, c, tuple(recipe), cfg))
+    return run
 
 
 def _build_plan(a_data, sa, b_data, sb, d, c, recipe, cfg) -> Runner:
@@ -204,14 +213,14 @@ def _build_plan(a_data, sa, b_data, sb, d, c, recipe, cfg) -> Runner:
     c_stride = first[5].stride(0)
     compiled = None
 
-    def run(a, b, d, c, alpha, beta) -> None:
+    def run(a, b, d, c, alpha, beta, stream=None) -> torch.Tensor:
         nonlocal compiled
         *tma, c_arr = arrays(a, b, d, c)
         scalars = (c_arr, m, n, k, c_stride, float(alpha), float(beta))
         if compiled is not None:
             descs = [_Bound(t, shape, strides) for t, (shape, strides) in zip(tma, shapes)]
-            _launch(compiled, grid, (*descs, *scalars, *consts.values()))
-            return
+            _launch(compiled, grid, (*descs, *scalars, *consts.values()), stream)
+            return d
         descs = [
             _descriptor(tma[0], box["a"]),
             _descriptor(tma[1], box["b"]),
@@ -220,29 +229,23 @@ def _build_plan(a_data, sa, b_data, sb, d, c, recipe, cfg) -> Runner:
             _descriptor(tma[4], box["d"]),
         ]
         args = dict(zip(fp8_gemm_kernel.fp8_gemm_kernel.arg_names, (*descs, *scalars)))
-        compiled = fp8_gemm_kernel.fp8_gemm_kernel[grid](num_warps=4, **args, **consts)
+        with (
+            contextlib.nullcontext() if stream is None else torch.cuda.stream(stream)
+        ):  # the JIT launches on the current
+            compiled = fp8_gemm_kernel.fp8_gemm_kernel[grid](num_warps=4, **args, **consts)
+        return d
 
     return run
 
 
-def _fp8_gemm(a, b, d, c, recipe, alpha, beta, stream) -> torch.Tensor:
-    """Gluon FP8 GEMM of any layout, in the logical ``nt`` form the checks derive."""
-    return fp8_gemm_nt(a, b, d, c, alpha, beta, recipe)
-
-
-def _fp8_replay(derived: dict[str, Any]) -> Callable[..., torch.Tensor]:
-    """The hot-lane replay of a call that ran here: its plan, without the checks, the chooser or the lookup."""
+def _fp8_replay(derived: dict[str, Any]) -> Runner:
+    """The hot-lane replay of a call that ran here: its plan, ``run(a, b, d, c, alpha, beta) -> d``, without the
+    checks, the chooser or the lookup."""
     a, b, d, c, beta, recipe = (derived[key] for key in ("a", "b", "d", "c", "beta", "recipe"))
-    plan = fp8_plan(a, b, d, c if c is not None and beta != 0 else None, recipe)
-
-    def replay(a, b, d, c, alpha, beta) -> torch.Tensor:
-        plan(a, b, d, c, alpha, beta)
-        return d
-
-    return replay
+    return fp8_plan(a, b, d, c if c is not None and beta != 0 else None, recipe)
 
 
 for _op in ("fp8_fp4_gemm_nt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt"):
-    register_impl(_op, "gluon")(_fp8_gemm)
+    register_impl(_op, "gluon")(fp8_gemm)
     register_replay(_op, "gluon")(_fp8_replay)
 del _op
