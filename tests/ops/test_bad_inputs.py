@@ -52,6 +52,51 @@ def test_grouped_fp8_scales_device_is_checked(op):
         getattr(tg, op)(a, b, d, layout, *([64] if masked else []), backend="pytorch")
 
 
+def _m_grouped_fp8_call(op: str, sb: torch.Tensor, **kw):
+    """Call m-grouped FP8 ``op`` (contiguous nt/nn or masked) with G=2, M=N=K=256 and RHS scales ``sb``."""
+    g, m, n, k = 2, 256, 256, 256
+    if "masked" in op:
+        a, d = (fp8(g, m, k), scales(g, m, 2)), torch.full((g, m, n), math.nan)
+        return getattr(tg, op)(a, (fp8(g, n, k), sb), d, torch.tensor([m, m]).int(), m, backend="pytorch", **kw), d
+    a, d = (fp8(m, k), scales(m, 2)), torch.full((m, n), math.nan)
+    b = fp8(g, k, n) if "_nn_" in op else fp8(g, n, k)
+    return getattr(tg, op)(a, (b, sb), d, torch.zeros(m).int(), backend="pytorch", **kw), d
+
+
+M_GROUPED_FP8_OPS = [
+    "m_grouped_fp8_gemm_nt_contiguous",
+    "m_grouped_fp8_fp4_gemm_nt_contiguous",
+    "m_grouped_fp8_gemm_nn_contiguous",
+    "m_grouped_fp8_gemm_nt_masked",
+]
+
+
+@pytest.mark.parametrize("op", M_GROUPED_FP8_OPS)
+def test_m_grouped_fp8_1x128_rhs_scales_name_b_scales(op):
+    """1x128 RHS scales (per row of b) name ``b[1]`` and the 128x128-block shape, not ``recipe`` (never passed)."""
+    rows = scales(2, 2, 256) if "_nn_" in op else scales(2, 256, 2)  # [G, N, K/128] in the data's orientation
+    with pytest.raises(ValueError, match=r"^b\[1\] \(scales\): got shape .*1x128 rows.*expected \[2, 2, 2\] \(128x128"):
+        _m_grouped_fp8_call(op, rows)
+
+
+@pytest.mark.parametrize(
+    ("kw", "name"),
+    [(dict(recipe=(1, 1, 128)), "recipe"), (dict(recipe_a=(1, 128), recipe_b=(1, 128)), "recipe_a, recipe_b")],
+    ids=["recipe", "recipe-pair"],
+)
+@pytest.mark.parametrize("op", ["m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked"])
+def test_m_grouped_fp8_1x128_recipe_names_what_was_passed(op, kw, name):
+    with pytest.raises(ValueError, match=rf"^{name}: got .*takes \(1, 128, 128\)"):
+        _m_grouped_fp8_call(op, scales(2, 256, 2), **kw)
+
+
+@pytest.mark.parametrize("op", M_GROUPED_FP8_OPS)
+def test_m_grouped_fp8_block_scales_still_infer(op):
+    """The 128x128 block scales the ops take still pass the check (and the ops' results are finite)."""
+    out, d = _m_grouped_fp8_call(op, scales(2, 2, 2))
+    assert out is d and torch.isfinite(d).all()
+
+
 @pytest.mark.parametrize(
     "meta",
     [
