@@ -328,7 +328,10 @@ INDEXER_BAD_CALLS = [
     (lambda: indexer.context_parallel_windows(8, 2, -1), ValueError, "cp_rank"),
     (lambda: indexer.context_parallel_windows(8, 2, 2), ValueError, "cp_rank"),
     (lambda: indexer.quantize_keys([[1.0, 2.0]]), TypeError, "keys"),
-    (lambda: indexer.build_paged_kv_cache(torch.randn(3, 40, 64), 16), TypeError, "keys"),
+    (lambda: indexer.build_paged_kv_cache(torch.randn(40, 64), 16), ValueError, "keys"),
+    (lambda: indexer.build_paged_kv_cache(torch.ones(3, 40, 64, dtype=torch.int32), 16), TypeError, "keys"),
+    (lambda: indexer.build_paged_kv_cache(torch.randn(0, 40, 64), 16), ValueError, "keys"),
+    (lambda: indexer.build_paged_kv_cache(5, 16), TypeError, "keys"),
     (lambda: indexer.build_paged_kv_cache([torch.randn(40, 64)], 16.0), TypeError, "block_kv"),
     (lambda: indexer.build_paged_kv_cache([torch.randn(40, 64)], 0), ValueError, "block_kv"),
     (lambda: indexer.build_paged_kv_cache([torch.randn(40, 64)], 16, num_blocks=-1), ValueError, "num_blocks"),
@@ -366,6 +369,38 @@ def _paged_cache():
 def test_read_paged_kv_cache_names_its_arguments(change, error, name):
     with pytest.raises(error, match=rf"^{name}: got"):
         indexer.read_paged_kv_cache(*change(*_paged_cache()))
+
+
+@pytest.mark.parametrize(("row", "col", "block"), [(0, 1, 3), (0, 0, 2**31 - 1), (1, 0, -1)])
+def test_read_paged_kv_cache_names_a_block_id_out_of_range(row, col, block):
+    """A used block id outside [0, num_blocks) is a ValueError naming the table entry and the id (before: a bare
+    IndexError from inside torch, or a device-side assert on a GPU)."""
+    cache, table, lens = _paged_cache()
+    assert cache.shape[0] == 3
+    table[row, col] = block
+    with pytest.raises(
+        ValueError, match=rf"^block_table\[{row}, {col}\]: got block id {block}, expected .*< num_blocks"
+    ):
+        indexer.read_paged_kv_cache(cache, table, lens)
+
+
+def test_read_paged_kv_cache_ignores_unused_table_entries():
+    """Entries past a sequence's ceil(L / block_kv) blocks are not read, so any value there is fine."""
+    cache, table, lens = _paged_cache()
+    want = indexer.read_paged_kv_cache(cache, table, lens)
+    table[1, 1] = 10**6  # sequence 1 has 5 keys: one block
+    got = indexer.read_paged_kv_cache(cache, table, lens)
+    for (d_want, s_want), (d_got, s_got) in zip(want, got):
+        assert torch.equal(d_want.view(torch.uint8), d_got.view(torch.uint8)) and torch.equal(s_want, s_got)
+
+
+def test_build_paged_kv_cache_takes_one_batched_tensor():
+    """keys [B, L, D] is B sequences of L keys: the same cache as the list of its rows."""
+    keys = torch.randn(3, 40, 64, generator=torch.Generator().manual_seed(0))
+    cache, table, lens = indexer.build_paged_kv_cache(keys, 16)
+    cache_list, table_list, lens_list = indexer.build_paged_kv_cache(list(keys), 16)
+    assert lens.tolist() == [40, 40, 40]
+    assert torch.equal(cache, cache_list) and torch.equal(table, table_list) and torch.equal(lens, lens_list)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
