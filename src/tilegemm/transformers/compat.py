@@ -23,7 +23,7 @@ import torch
 #: the indexer swap does (a bool or additive ``attention_mask``): 5.11-5.16 build the causal mask from
 #: ``position_ids`` when ``attention_mask`` is None (the swap leaves those stock, with a warning); 5.7-5.10 have no
 #: DeepSeek-V3.2, and their GLM-MoE-DSA makes the first three layers dense whatever ``first_k_dense_replace`` says.
-#: The fused-experts path alone runs on 5.7 (tests/transformers' MoE families pass there).
+#: The fused-experts path alone runs on 5.7: there test_experts.py passes for every family but the two DSA ones.
 TRANSFORMERS_ENDS = ("5.17.0", "5.24.0")
 
 
