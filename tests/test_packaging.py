@@ -63,3 +63,20 @@ def test_long_description_code_is_the_readmes_first_screen():
     blocks = re.findall(r"```python\n.*?```", _long_description(), flags=re.S)
     assert len(blocks) == 3 and all(block in front for block in blocks)
     assert 'pip install "tilegemm[cutile,hf]"' in _long_description()
+
+
+def test_transformers_range_has_one_source():
+    """The supported transformers range is written once (``compat.TRANSFORMERS_ENDS``, read by ``make
+    test-transformers-ends``); pyproject's ``hf`` floor and the README's support table say the same."""
+    compat = pytest.importorskip("tilegemm.transformers.compat")
+    oldest, newest = compat.TRANSFORMERS_ENDS
+    floor = ".".join(oldest.split(".")[:2])
+    assert compat.MIN_TRANSFORMERS == tuple(int(x) for x in floor.split("."))
+    assert PYPROJECT["project"]["optional-dependencies"]["hf"] == [f"transformers>={floor}"]
+    (row,) = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| transformers |")]
+    assert oldest in row and newest in row and f">= {floor} (`hf` extra)" in row
+    # the Makefile reads the ends with sed from the line as written: one line, two double-quoted versions
+    makefile = (ROOT / "Makefile").read_text()
+    assert "src/tilegemm/transformers/compat.py" in makefile
+    source = Path(compat.__file__).read_text()
+    assert re.findall(r'^TRANSFORMERS_ENDS = \("([^"]*)", "([^"]*)"\)', source, re.MULTILINE) == [(oldest, newest)]

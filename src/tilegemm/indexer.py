@@ -40,6 +40,8 @@ from collections.abc import Sequence
 
 import torch
 
+from tilegemm.ops.checks import value_checks_enabled
+
 __all__ = [
     "FP8_MAX",
     "quantize_keys",
@@ -129,8 +131,29 @@ def _as_fp8_keys(
     return quantize_keys(keys)
 
 
+def _per_sequence_keys(keys: object) -> Sequence[torch.Tensor | tuple[torch.Tensor, torch.Tensor]]:
+    """``keys`` of :func:`build_paged_kv_cache` as one entry per sequence: a float tensor ``[B, L, D]`` becomes its
+    ``B`` rows ``[L, D]``; a sequence stays as it is (its entries are checked by the caller)."""
+    if isinstance(keys, torch.Tensor):
+        if not keys.is_floating_point():
+            raise TypeError(f"keys: got dtype {keys.dtype}, expected a float tensor [B, L, D]")
+        if keys.dim() != 3:
+            hint = " (for one sequence [L, D], pass [keys])" if keys.dim() == 2 else ""
+            raise ValueError(f"keys: got a {keys.dim()}-D tensor of shape {list(keys.shape)}, expected [B, L, D]{hint}")
+        if keys.shape[0] == 0:
+            raise ValueError(f"keys: got shape {list(keys.shape)}, expected [B, L, D] with at least one sequence")
+        return list(keys.unbind(0))
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
+        raise TypeError(
+            f"keys: got {type(keys).__name__}, expected a float tensor [B, L, D] or a sequence of per-sequence keys"
+        )
+    if len(keys) == 0:
+        raise ValueError("keys: got an empty sequence, expected at least one sequence")
+    return keys
+
+
 def build_paged_kv_cache(
-    keys: Sequence[torch.Tensor | tuple[torch.Tensor, torch.Tensor]],
+    keys: torch.Tensor | Sequence[torch.Tensor | tuple[torch.Tensor, torch.Tensor]],
     block_kv: int,
     *,
     num_blocks: int | None = None,
@@ -142,7 +165,8 @@ def build_paged_kv_cache(
 
     Args:
         keys: one entry per sequence b: float keys ``[L_b, D]`` (quantized here with
-            :func:`quantize_keys`) or an already quantized ``(fp8 [L_b, D], fp32 [L_b])``.
+            :func:`quantize_keys`) or an already quantized ``(fp8 [L_b, D], fp32 [L_b])``; or one float
+            tensor ``[B, L, D]``: ``B`` sequences of ``L`` keys each.
         block_kv: tokens per cache block (16, 32 or 64 for the cutile kernels).
         num_blocks: cache size in blocks (default: exactly the blocks needed). Unused blocks
             are zero.
@@ -159,10 +183,7 @@ def build_paged_kv_cache(
         at slot ``j % block_kv``.
     """
     block_kv = _count("block_kv", block_kv, 1)
-    if isinstance(keys, (torch.Tensor, str, bytes)) or not isinstance(keys, Sequence):
-        raise TypeError(f"keys: got {type(keys).__name__}, expected a sequence of per-sequence keys")
-    if len(keys) == 0:
-        raise ValueError("keys: got an empty sequence, expected at least one sequence")
+    keys = _per_sequence_keys(keys)
     if num_blocks is not None:
         num_blocks = _count("num_blocks", num_blocks)
     if max_blocks is not None:
@@ -217,11 +238,22 @@ def read_paged_kv_cache(
 
     Args:
         kv_cache: uint8 ``[num_blocks, block_kv, 1, D + 4]`` (DeepGEMM's byte layout).
-        block_table: int ``[B, max_blocks]``.
-        context_lens: int ``[B]`` (keys per sequence; syncs the host to read them).
+        block_table: int ``[B, max_blocks]``: sequence b's keys are in blocks ``block_table[b, :ceil(L_b /
+            block_kv)]``, each in ``[0, num_blocks)``; the entries past those are not read (any value).
+        context_lens: int ``[B]`` (keys per sequence ``L_b``; syncs the host to read them).
+
+    The block ids a sequence uses are checked with its length, in the same device-to-host read, whenever
+    ``context_lens`` is on the device of ``block_table`` or the check is free (CPU); with ``block_table`` on a
+    GPU and ``context_lens`` on the CPU they cost a host sync of their own, so they follow
+    ``TILEGEMM_CHECK_VALUES`` as the ops' value checks do (an id out of range then fails inside torch).
 
     Returns:
         one ``(fp8 [L_b, D], fp32 [L_b])`` per sequence.
+
+    Raises:
+        TypeError, ValueError: an argument of the wrong type or shape, a length outside ``0..max_blocks *
+            block_kv`` (``context_lens[b]``) or a used block id outside ``[0, num_blocks)``
+            (``block_table[b, i]``); each message names the argument and the value.
     """
     _tensor("kv_cache", kv_cache, 4, (torch.uint8,), "[num_blocks, block_kv, 1, D + 4]")
     _tensor("block_table", block_table, 2, _INT_DTYPES, "[B, max_blocks]")
@@ -229,13 +261,24 @@ def read_paged_kv_cache(
     if context_lens.shape[0] != block_table.shape[0]:
         raise ValueError(f"context_lens: got shape {list(context_lens.shape)}, expected [B={block_table.shape[0]}]")
     num_blocks, block_kv, _, dp4 = kv_cache.shape
-    lens = context_lens.tolist()
-    capacity = block_table.shape[1] * block_kv
+    width = block_table.shape[1]
+    capacity = width * block_kv
+    same_read = context_lens.device.type != "cpu" and context_lens.device == block_table.device
+    if same_read or value_checks_enabled(block_table.device):
+        lens, bad_col, bad_id = _lens_and_first_bad_block(block_table, context_lens, block_kv, num_blocks)
+    else:
+        lens, bad_col, bad_id = context_lens.tolist(), None, None
     for b, n in enumerate(lens):
         if not 0 <= n <= capacity:
             raise ValueError(
-                f"context_lens[{b}]: got {n}, expected 0 <= len <= {capacity} (block_table's {block_table.shape[1]} "
+                f"context_lens[{b}]: got {n}, expected 0 <= len <= {capacity} (block_table's {width} "
                 f"blocks of {block_kv})"
+            )
+    for b, col in enumerate(bad_col or ()):
+        if col >= 0:
+            raise ValueError(
+                f"block_table[{b}, {col}]: got block id {bad_id[b]}, expected 0 <= id < num_blocks = {num_blocks} "
+                f"(kv_cache's blocks; sequence {b} of {lens[b]} keys uses block_table[{b}, :{-(-lens[b] // block_kv)}])"
             )
     dim = dp4 - 4
     raw = kv_cache.reshape(num_blocks, block_kv * dp4)
@@ -248,6 +291,23 @@ def read_paged_kv_cache(
         scale = rows[:, block_kv * dim :].contiguous().view(torch.float32).reshape(-1)[:n]
         out.append((data, scale))
     return out
+
+
+def _lens_and_first_bad_block(
+    block_table: torch.Tensor, context_lens: torch.Tensor, block_kv: int, num_blocks: int
+) -> tuple[list[int], list[int], list[int]]:
+    """``context_lens`` on the host, with, per sequence, the column of its first used block id outside
+    ``[0, num_blocks)`` (-1: none) and that id: one device-to-host read for all three."""
+    lens = context_lens.to(block_table.device).long()
+    blocks = (lens.clamp(0, block_table.shape[1] * block_kv) + block_kv - 1) // block_kv
+    cols = torch.arange(block_table.shape[1], device=block_table.device)
+    ids = block_table.long()
+    bad = (cols[None, :] < blocks[:, None]) & ((ids < 0) | (ids >= num_blocks))
+    first = bad.int().argmax(dim=1) if block_table.shape[1] else blocks.new_zeros(blocks.shape)
+    found = bad.any(dim=1)
+    bad_id = ids.gather(1, first[:, None])[:, 0] if block_table.shape[1] else blocks
+    host = torch.stack([lens, torch.where(found, first, -1), torch.where(found, bad_id, 0)]).tolist()
+    return host[0], host[1], host[2]
 
 
 def causal_windows(

@@ -52,6 +52,51 @@ def test_grouped_fp8_scales_device_is_checked(op):
         getattr(tg, op)(a, b, d, layout, *([64] if masked else []), backend="pytorch")
 
 
+def _m_grouped_fp8_call(op: str, sb: torch.Tensor, **kw):
+    """Call m-grouped FP8 ``op`` (contiguous nt/nn or masked) with G=2, M=N=K=256 and RHS scales ``sb``."""
+    g, m, n, k = 2, 256, 256, 256
+    if "masked" in op:
+        a, d = (fp8(g, m, k), scales(g, m, 2)), torch.full((g, m, n), math.nan)
+        return getattr(tg, op)(a, (fp8(g, n, k), sb), d, torch.tensor([m, m]).int(), m, backend="pytorch", **kw), d
+    a, d = (fp8(m, k), scales(m, 2)), torch.full((m, n), math.nan)
+    b = fp8(g, k, n) if "_nn_" in op else fp8(g, n, k)
+    return getattr(tg, op)(a, (b, sb), d, torch.zeros(m).int(), backend="pytorch", **kw), d
+
+
+M_GROUPED_FP8_OPS = [
+    "m_grouped_fp8_gemm_nt_contiguous",
+    "m_grouped_fp8_fp4_gemm_nt_contiguous",
+    "m_grouped_fp8_gemm_nn_contiguous",
+    "m_grouped_fp8_gemm_nt_masked",
+]
+
+
+@pytest.mark.parametrize("op", M_GROUPED_FP8_OPS)
+def test_m_grouped_fp8_1x128_rhs_scales_name_b_scales(op):
+    """1x128 RHS scales (per row of b) name ``b[1]`` and the 128x128-block shape, not ``recipe`` (never passed)."""
+    rows = scales(2, 2, 256) if "_nn_" in op else scales(2, 256, 2)  # [G, N, K/128] in the data's orientation
+    with pytest.raises(ValueError, match=r"^b\[1\] \(scales\): got shape .*1x128 rows.*expected \[2, 2, 2\] \(128x128"):
+        _m_grouped_fp8_call(op, rows)
+
+
+@pytest.mark.parametrize(
+    ("kw", "name"),
+    [(dict(recipe=(1, 1, 128)), "recipe"), (dict(recipe_a=(1, 128), recipe_b=(1, 128)), "recipe_a, recipe_b")],
+    ids=["recipe", "recipe-pair"],
+)
+@pytest.mark.parametrize("op", ["m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_masked"])
+def test_m_grouped_fp8_1x128_recipe_names_what_was_passed(op, kw, name):
+    with pytest.raises(ValueError, match=rf"^{name}: got .*takes \(1, 128, 128\)"):
+        _m_grouped_fp8_call(op, scales(2, 256, 2), **kw)
+
+
+@pytest.mark.parametrize("op", M_GROUPED_FP8_OPS)
+def test_m_grouped_fp8_block_scales_still_infer(op):
+    """The 128x128 block scales the ops take still pass the check (and the ops' results are finite)."""
+    out, d = _m_grouped_fp8_call(op, scales(2, 2, 2))
+    assert out is d and torch.isfinite(d).all()
+
+
 @pytest.mark.parametrize(
     "meta",
     [
@@ -283,7 +328,10 @@ INDEXER_BAD_CALLS = [
     (lambda: indexer.context_parallel_windows(8, 2, -1), ValueError, "cp_rank"),
     (lambda: indexer.context_parallel_windows(8, 2, 2), ValueError, "cp_rank"),
     (lambda: indexer.quantize_keys([[1.0, 2.0]]), TypeError, "keys"),
-    (lambda: indexer.build_paged_kv_cache(torch.randn(3, 40, 64), 16), TypeError, "keys"),
+    (lambda: indexer.build_paged_kv_cache(torch.randn(40, 64), 16), ValueError, "keys"),
+    (lambda: indexer.build_paged_kv_cache(torch.ones(3, 40, 64, dtype=torch.int32), 16), TypeError, "keys"),
+    (lambda: indexer.build_paged_kv_cache(torch.randn(0, 40, 64), 16), ValueError, "keys"),
+    (lambda: indexer.build_paged_kv_cache(5, 16), TypeError, "keys"),
     (lambda: indexer.build_paged_kv_cache([torch.randn(40, 64)], 16.0), TypeError, "block_kv"),
     (lambda: indexer.build_paged_kv_cache([torch.randn(40, 64)], 0), ValueError, "block_kv"),
     (lambda: indexer.build_paged_kv_cache([torch.randn(40, 64)], 16, num_blocks=-1), ValueError, "num_blocks"),
@@ -321,6 +369,38 @@ def _paged_cache():
 def test_read_paged_kv_cache_names_its_arguments(change, error, name):
     with pytest.raises(error, match=rf"^{name}: got"):
         indexer.read_paged_kv_cache(*change(*_paged_cache()))
+
+
+@pytest.mark.parametrize(("row", "col", "block"), [(0, 1, 3), (0, 0, 2**31 - 1), (1, 0, -1)])
+def test_read_paged_kv_cache_names_a_block_id_out_of_range(row, col, block):
+    """A used block id outside [0, num_blocks) is a ValueError naming the table entry and the id (before: a bare
+    IndexError from inside torch, or a device-side assert on a GPU)."""
+    cache, table, lens = _paged_cache()
+    assert cache.shape[0] == 3
+    table[row, col] = block
+    with pytest.raises(
+        ValueError, match=rf"^block_table\[{row}, {col}\]: got block id {block}, expected .*< num_blocks"
+    ):
+        indexer.read_paged_kv_cache(cache, table, lens)
+
+
+def test_read_paged_kv_cache_ignores_unused_table_entries():
+    """Entries past a sequence's ceil(L / block_kv) blocks are not read, so any value there is fine."""
+    cache, table, lens = _paged_cache()
+    want = indexer.read_paged_kv_cache(cache, table, lens)
+    table[1, 1] = 10**6  # sequence 1 has 5 keys: one block
+    got = indexer.read_paged_kv_cache(cache, table, lens)
+    for (d_want, s_want), (d_got, s_got) in zip(want, got):
+        assert torch.equal(d_want.view(torch.uint8), d_got.view(torch.uint8)) and torch.equal(s_want, s_got)
+
+
+def test_build_paged_kv_cache_takes_one_batched_tensor():
+    """keys [B, L, D] is B sequences of L keys: the same cache as the list of its rows."""
+    keys = torch.randn(3, 40, 64, generator=torch.Generator().manual_seed(0))
+    cache, table, lens = indexer.build_paged_kv_cache(keys, 16)
+    cache_list, table_list, lens_list = indexer.build_paged_kv_cache(list(keys), 16)
+    assert lens.tolist() == [40, 40, 40]
+    assert torch.equal(cache, cache_list) and torch.equal(table, table_list) and torch.equal(lens, lens_list)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -164,3 +164,17 @@ def test_context_parallel_windows():
     assert sorted(seen) == list(range(seq))
     with pytest.raises(ValueError):
         indexer.context_parallel_windows(10, 3, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lens_on_gpu", [True, False])
+def test_read_paged_kv_cache_block_ids_on_the_gpu(lens_on_gpu, monkeypatch):
+    """On a GPU the used block ids are checked in the read of context_lens (no sync of their own); with
+    context_lens on the CPU they follow TILEGEMM_CHECK_VALUES, as the ops' value checks do."""
+    cache, table, lens = indexer.build_paged_kv_cache([torch.randn(20, 64), torch.randn(5, 64)], 16, device="cuda")
+    table[0, 1] = cache.shape[0]
+    if not lens_on_gpu:
+        lens = lens.cpu()
+        monkeypatch.setenv("TILEGEMM_CHECK_VALUES", "1")
+    with pytest.raises(ValueError, match=r"^block_table\[0, 1\]: got block id 3, expected"):
+        indexer.read_paged_kv_cache(cache, table, lens)

@@ -90,10 +90,14 @@ def test_bad_backend_name():
 def test_old_transformers_rejected(monkeypatch):
     import transformers
 
-    monkeypatch.setattr(transformers, "__version__", "5.6.2")
+    major, minor = compat.MIN_TRANSFORMERS
+    monkeypatch.setattr(transformers, "__version__", f"{major}.{minor - 1}.2")
     compat.transformers_version.cache_clear()
     try:
-        with pytest.raises(UnsupportedTransformersError, match=r"needs transformers >= 5\.7.*found 5\.6\.2"):
+        with pytest.raises(
+            UnsupportedTransformersError,
+            match=rf"needs transformers >= {major}\.{minor}.*found {major}\.{minor - 1}\.2",
+        ):
             apply_tilegemm_to_model(build("tiny-mixtral"))
         with pytest.raises(UnsupportedTransformersError):
             apply_tilegemm_kernel_to_qwen3_moe()

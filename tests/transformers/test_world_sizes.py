@@ -191,6 +191,7 @@ def test_flip_report_groups_positions_downstream_of_a_flip():
         flip_report(ref[:2], test, ref_logits, test_logits)
 
 
+@needs_parallel
 def test_heads_that_do_not_split_are_a_reason():
     from tilegemm.transformers import presets
     from tilegemm.transformers.parallel import parallel_unavailable_reason

@@ -1,4 +1,4 @@
-"""tilegemm inside HuggingFace transformers (>= 5.7) MoE models: DeepSeek-V2/V3, Qwen2-MoE, Qwen3-MoE, Mixtral.
+"""tilegemm inside HuggingFace transformers (>= 5.17) MoE models: DeepSeek-V2/V3, Qwen2-MoE, Qwen3-MoE, Mixtral.
 
 The integration: the experts functions, the patchers (one per row of :data:`FAMILIES`), cached FP8
 expert weights, the RMSNorm swap and the ``nn.Linear`` swap, plus the random-weight model presets

@@ -2,9 +2,10 @@
 
 The integration needs transformers' experts registry (``transformers.integrations.moe.ExpertsInterface``)
 and MoE models whose experts are fused 3-D parameters dispatched through ``@use_experts_implementation``
-(``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``): transformers >= 5.7. :func:`rewind_static_cache` hides
-how a version's ``StaticCache`` keeps its write position, :func:`cache_kwargs` what a version's forward calls the
-cache. :func:`after_import` runs code when a transformers module is first imported, so that importing tilegemm's
+(``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``), from transformers 5.7; the supported range starts
+later, at :data:`TRANSFORMERS_ENDS`' first entry (see there). :func:`rewind_static_cache` hides how a version's
+``StaticCache`` keeps its write position, :func:`cache_kwargs` what a version's forward calls the cache.
+:func:`after_import` runs code when a transformers module is first imported, so that importing tilegemm's
 integration does not import transformers' (about a second: its MoE module imports its DeepGEMM and hub-kernels
 integrations).
 """
@@ -22,7 +23,15 @@ from typing import Any
 
 import torch
 
-MIN_TRANSFORMERS = (5, 7)
+#: The two ends of the supported transformers range: the oldest release supported and the newest one tested. The one
+#: place these versions are written: ``make test-transformers-ends`` reads this line and runs tests/transformers at
+#: each end, :data:`MIN_TRANSFORMERS` is the first, and tests/test_packaging.py holds pyproject's ``hf`` extra floor
+#: and the README to it. The floor is 5.17, the first release whose DeepSeek-V3.2 and GLM-MoE-DSA indexers score as
+#: the indexer swap does (a bool or additive ``attention_mask``): 5.11-5.16 build the causal mask from
+#: ``position_ids`` when ``attention_mask`` is None (the swap leaves those stock, with a warning); 5.7-5.10 have no
+#: DeepSeek-V3.2, and their GLM-MoE-DSA makes the first three layers dense whatever ``first_k_dense_replace`` says.
+#: The fused-experts path alone runs on 5.7: there test_experts.py passes for every family but the two DSA ones.
+TRANSFORMERS_ENDS = ("5.17.0", "5.24.0")
 
 
 class UnsupportedTransformersError(ImportError):
@@ -34,6 +43,10 @@ def _parse(version: str) -> tuple[int, int]:
     if match is None:
         return (0, 0)
     return int(match.group(1)), int(match.group(2))
+
+
+#: The oldest transformers ``(major, minor)`` tilegemm.transformers accepts (the supported floor).
+MIN_TRANSFORMERS = _parse(TRANSFORMERS_ENDS[0])
 
 
 @functools.cache
@@ -50,7 +63,7 @@ def transformers_version() -> tuple[int, int]:
     if version < MIN_TRANSFORMERS:
         raise UnsupportedTransformersError(
             f"tilegemm.transformers needs transformers >= {MIN_TRANSFORMERS[0]}.{MIN_TRANSFORMERS[1]} "
-            f"(fused 3-D experts and ExpertsInterface); found {transformers.__version__}"
+            f"(the oldest release it is tested with); found {transformers.__version__}"
         )
     try:
         from transformers.integrations.moe import ExpertsInterface  # noqa: F401

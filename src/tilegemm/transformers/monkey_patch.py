@@ -99,7 +99,7 @@ def apply_tilegemm_to_model(
     Raises:
         ValueError: ``experts=True`` on a model without fused experts modules, or a model outside the families
             table with nothing else to patch (``experts=False``, ``linear=False``).
-        UnsupportedTransformersError: transformers < 5.7.
+        UnsupportedTransformersError: transformers older than ``compat.MIN_TRANSFORMERS`` (5.17).
     """
     transformers_version()
     config = getattr(model, "config", None)

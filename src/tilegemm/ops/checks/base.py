@@ -260,6 +260,10 @@ def _int_tuple(name: str, x: Any, length: int) -> tuple[int, ...]:
     return tuple(int(v) for v in x)
 
 
+#: What each supported recipe's RHS scales are, for messages.
+RECIPE_NAMES = {(1, 128, 128): "128x128 blocks", (1, 1, 128): "1x128 rows"}
+
+
 def resolve_recipe(
     sb: torch.Tensor,
     n: int,
@@ -269,13 +273,25 @@ def resolve_recipe(
     recipe_b: Any = None,
     lead: Sequence[int] = (),
     flip: bool = False,
+    *,
+    takes: Sequence[tuple[int, int, int]] = RECIPES,
+    op: str = "this op",
+    lead_names: Sequence[str] = (),
 ) -> tuple[int, int, int]:
     """The recipe of an FP8 GEMM from its arguments and the logical RHS scales ``sb`` (``lead + [.., K/128]``).
 
     DeepGEMM's rule: either ``recipe`` ``(gran_m, gran_n, gran_k)`` or the pair ``recipe_a``
     ``(gran_m, gran_k)`` + ``recipe_b`` ``(gran_n, gran_k)``; neither means "inferred from ``sb``'s
-    shape". Supported: ``(1, 128, 128)`` (128x128 RHS blocks) and ``(1, 1, 128)`` (1x128 RHS rows).
+    shape". Supported: ``(1, 128, 128)`` (128x128 RHS blocks) and ``(1, 1, 128)`` (1x128 RHS rows); an op
+    that takes fewer names them in ``takes`` (and itself in ``op``, for the message). ``lead_names`` names the
+    dims of ``lead`` in messages (e.g. ``("G",)``).
+
+    Raises:
+        ValueError: the recipe the caller gave (named: ``recipe``, or ``recipe_a, recipe_b``) is not one the
+            op takes, or ``sb``'s shape fits none of them; then the message names ``b[1] (scales)``, its shape
+            and the shape each recipe the op takes needs.
     """
+    given = "recipe"
     if recipe_a is not None or recipe_b is not None:
         if recipe is not None or recipe_a is None or recipe_b is None:
             raise ValueError("recipe, recipe_a, recipe_b: give either recipe, or both recipe_a and recipe_b")
@@ -283,28 +299,39 @@ def resolve_recipe(
         gran_n, gran_kb = _int_tuple("recipe_b", recipe_b, 2)
         _gran_k("recipe_a", gran_ka)
         _gran_k("recipe_b", gran_kb)
-        recipe = (gran_m, gran_n, BLOCK)
+        given, recipe = "recipe_a, recipe_b", (gran_m, gran_n, BLOCK)
+        shown = f"recipe_a={tuple(recipe_a)}, recipe_b={tuple(recipe_b)}, that is recipe {recipe}"
     kb = cdiv(k, BLOCK)
     shapes = {(1, 128, 128): [*lead, cdiv(n, BLOCK), kb], (1, 1, 128): [*lead, n, kb]}
+    lead_sym = list(lead_names) if len(lead_names) == len(lead) else ["..."] * len(lead)
+    symbols = {
+        (1, 128, 128): [*lead_sym, "ceil(N/128)", "ceil(K/128)"],
+        (1, 1, 128): [*lead_sym, "N", "ceil(K/128)"],
+    }
+    takes_text = " or ".join(str(r) for r in takes)
     if recipe is not None:
-        recipe = _int_tuple("recipe", recipe, 3)
-        _gran_k("recipe", recipe[2])
+        if given == "recipe":
+            recipe = _int_tuple("recipe", recipe, 3)
+            _gran_k("recipe", recipe[2])
+            shown = str(recipe)
         if recipe not in shapes:
-            raise ValueError(f"recipe: got {recipe}, expected None, (1, 128, 128) or (1, 1, 128)")
+            raise ValueError(f"{given}: got {shown}, expected None, (1, 128, 128) or (1, 1, 128)")
+        if recipe not in takes:
+            raise ValueError(f"{given}: got {shown} ({RECIPE_NAMES[recipe]} RHS scales), but {op} takes {takes_text}")
         _logical_shape("b[1] (scales)", sb, shapes[recipe], f"recipe {recipe}", flip)
         return recipe
-    for candidate, shape in shapes.items():
-        if list(sb.shape) == shape:
+    for candidate in takes:
+        if list(sb.shape) == shapes[candidate]:
             return candidate
-    raise ValueError(
-        f"b[1] (scales): got shape {_as_given(sb.shape, flip)}, expected {_as_given(shapes[(1, 128, 128)], flip)} "
-        f"(128x128 blocks) or {_as_given(shapes[(1, 1, 128)], flip)} (1x128 rows), in the data's orientation"
+    expected = " or ".join(
+        f"{_as_given(shapes[r], flip)} ({RECIPE_NAMES[r]} [{', '.join(map(str, _as_given(symbols[r], flip)))}])"
+        for r in takes
     )
-
-
-def _block_recipe(rec: tuple[int, int, int], op: str) -> None:
-    if rec != (1, 128, 128):
-        raise ValueError(f"recipe: {op} takes 128x128 RHS scales (recipe (1, 128, 128)), got {rec}")
+    other = [r for r in shapes if r not in takes and list(sb.shape) == shapes[r]]
+    got = f" ({RECIPE_NAMES[other[0]]}, which {op} does not take)" if other else ""
+    raise ValueError(
+        f"b[1] (scales): got shape {_as_given(sb.shape, flip)}{got}, expected {expected}, in the data's orientation"
+    )
 
 
 def _operands(fp8: bool, a: Any, b: Any, ndim_a: int | None, ndim_b: int | None):

@@ -14,7 +14,6 @@ from tilegemm.ops.checks.base import (
     M_ALIGNMENT,
     OUT_DTYPES,
     _addend,
-    _block_recipe,
     _bool,
     _describe,
     _gran_k,
@@ -35,6 +34,9 @@ from tilegemm.ops.checks.base import (
     value_checks_enabled,
 )
 from tilegemm.ops.common import cdiv
+
+#: The RHS scales the m-grouped and masked FP8 GEMMs take: 128x128 blocks only (DeepGEMM's SM90 kernels).
+BLOCK_RECIPES = ((1, 128, 128),)
 
 # ---------------------------------------------------------------------- m-grouped contiguous
 
@@ -87,6 +89,7 @@ def m_grouped_contiguous_check(layout: str, fp8: bool) -> Callable[..., dict[str
     ``stream``.
     """
     flip_b = layout == "nn"
+    op = f"m_grouped_fp8_fp4_gemm_{layout}_contiguous"
     b_meaning = "[G, K, N]" if flip_b else "[G, N, K]"
 
     def check(
@@ -117,8 +120,9 @@ def m_grouped_contiguous_check(layout: str, fp8: bool) -> Callable[..., dict[str
         if fp8:
             _shape("a[1] (scales)", sa, [m_sum, cdiv(k, BLOCK)], "[M_sum, ceil(K/128)]")
             sb = _t(sb, flip_b)
-            rec = resolve_recipe(sb, n, k, recipe, recipe_a, recipe_b, lead=[groups], flip=flip_b)
-            _block_recipe(rec, "m-grouped FP8")
+            resolve_recipe(
+                sb, n, k, recipe, recipe_a, recipe_b, [groups], flip_b, takes=BLOCK_RECIPES, op=op, lead_names=("G",)
+            )
             _bool("disable_ue8m0_cast", disable_ue8m0_cast)
         _string("compiled_dims", compiled_dims)
         _output("d", d, OUT_DTYPES, [m_sum, n], "[M_sum, N]")
@@ -157,6 +161,7 @@ def m_grouped_masked_check(fp8: bool) -> Callable[..., dict[str, Any]]:
 
     Derived: ``a``, ``b``, ``d``, ``masked_m``, ``expected_m``, ``stream``.
     """
+    op = "m_grouped_fp8_fp4_gemm_nt_masked"
 
     def check(
         a,
@@ -182,7 +187,9 @@ def m_grouped_masked_check(fp8: bool) -> Callable[..., dict[str, Any]]:
         n = b_data.shape[1]
         if fp8:
             _shape("a[1] (scales)", sa, [groups, m_max, cdiv(k, BLOCK)], "[G, Mmax, ceil(K/128)]")
-            _block_recipe(resolve_recipe(sb, n, k, recipe, recipe_a, recipe_b, lead=[groups]), "masked FP8")
+            resolve_recipe(
+                sb, n, k, recipe, recipe_a, recipe_b, [groups], takes=BLOCK_RECIPES, op=op, lead_names=("G",)
+            )
             _bool("disable_ue8m0_cast", disable_ue8m0_cast)
         _string("compiled_dims", compiled_dims)
         _output("d", d, OUT_DTYPES, [groups, m_max, n], "[G, Mmax, N]")
