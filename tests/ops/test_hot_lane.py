@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import tilegemm
-from tilegemm.backend import registry, selector
+from tilegemm.backend import binding, registry, selector
 from tilegemm.backend.registry import dispatch, register_impl, register_replay
 from tilegemm.ops import checks
 
@@ -143,7 +143,7 @@ def test_flattener_follows_python_binding():
 
     def stub(a, b, c=1, *, k=2, s=None): ...
 
-    flat = registry._flattener(inspect.signature(stub))
+    flat = binding.flattener(inspect.signature(stub))
     assert flat((1, 2), {}) == (1, 2, 1, 2, None)
     assert flat((1, 2, 3), {"s": 4}) == (1, 2, 3, 2, 4)
     assert flat((1,), {"b": 2}) is None  # a required argument by keyword: the full path binds it
