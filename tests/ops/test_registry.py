@@ -324,8 +324,9 @@ def test_disable_fallback_bad_value_names_the_variable(toy_op, cutile_present, m
 
 def test_unsupported_case_falls_back_with_one_warning(toy_op, cutile_present):
     toy, calls = toy_op
-    with pytest.warns(FallbackWarning, match="flag value not in this kernel"):
+    with pytest.warns(FallbackWarning, match="flag value not in this kernel") as caught:
         assert toy(2, flag="unsupported", backend="cutile") == 4.0
+    assert caught[0].filename == __file__  # the line that called the op
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert toy(5, flag="unsupported", backend="cutile") == 10.0  # same (op, reason): silent

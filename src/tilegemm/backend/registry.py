@@ -43,7 +43,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from tilegemm.backend import selector
+from tilegemm.backend import choice, selector
 from tilegemm.backend.binding import binder, flattener
 from tilegemm.env import DEBUG, env_flag
 
@@ -140,8 +140,8 @@ def register_replay(name: str, backend: str) -> Callable[[F], F]:
 
 
 def _has_replay(name: str, chosen: str) -> bool:
-    """True when a call of ``name`` on ``chosen`` (any backend for :data:`AUTO`) may take the hot lane."""
-    return name in _REPLAY_OPS if chosen == AUTO else (name, chosen) in _REPLAYS
+    """True when a call of ``name`` on ``chosen`` (any backend for ``AUTO``) may take the hot lane."""
+    return name in _REPLAY_OPS if chosen == choice.AUTO else (name, chosen) in _REPLAYS
 
 
 def clear_hot_lane() -> None:
@@ -193,7 +193,7 @@ def call_checked(name: str, arguments: dict[str, Any], backend: str | None = Non
     """Run op ``name`` (or an alias) with ``arguments`` its check has already derived (every parameter by name), on
     ``backend`` or the backend a call would choose; for callers that ran the check themselves."""
     name = canonical_op(name)
-    return _run(name, _resolve(name, _choose(backend), arguments), arguments)[0]
+    return _run(name, _resolve(name, choice.chosen(backend), arguments), arguments)[0]
 
 
 def _run(name: str, backend: str, arguments: dict[str, Any]) -> tuple[Any, str]:
@@ -222,25 +222,13 @@ def _run(name: str, backend: str, arguments: dict[str, Any]) -> tuple[Any, str]:
         return _IMPLS[name]["pytorch"](**arguments), "pytorch"
 
 
-AUTO = "auto"
-"""What :func:`_choose` returns when the user has chosen no backend: the chooser decides per call."""
-
-
-def _choose(backend: str | None) -> str:
-    """The backend a call runs on: its ``backend=``, else the user's choice, else :data:`AUTO`."""
-    if backend is not None:
-        return selector.validate_backend_name(backend)
-    selected = selector.selected_backend()
-    return AUTO if selected is None else selected
-
-
 def _resolve(name: str, chosen: str, arguments: dict[str, Any]) -> str:
-    """The backend that runs a call: ``chosen``, or for :data:`AUTO` the chooser's pick for these arguments."""
-    if chosen != AUTO:
+    """The backend that runs a call: ``chosen``, or for :data:`~tilegemm.backend.choice.AUTO` the automatic choice for
+    these arguments (the backends' rules, registered as they load)."""
+    if chosen != choice.AUTO:
         return chosen
-    from tilegemm.heuristics import backends
-
-    return backends.choose_backend(name, arguments)
+    _load_backends()
+    return choice.automatic(name, arguments, stacklevel=3)
 
 
 def dispatch(
@@ -272,7 +260,7 @@ def dispatch(
             hot_key = chosen = None
             if flat is not None:
                 try:
-                    chosen = _choose(backend)
+                    chosen = choice.chosen(backend)
                 except ValueError:  # raised again, in its turn, by the full path
                     chosen = None
                 values = flat(args, kwargs) if _has_replay(name, chosen) else None
@@ -293,14 +281,14 @@ def dispatch(
                 if derived is not None:
                     arguments = derived
             if chosen is None:
-                chosen = _choose(backend)
+                chosen = choice.chosen(backend)
             target = _resolve(name, chosen, arguments)
             result, ran = _run(name, target, arguments)
             if hot_key is not None and ran == target and (name, ran) in _REPLAYS:
                 replay = _REPLAYS[(name, ran)](arguments)
                 if replay is not None:
                     _HOT[hot_key] = replay
-                    if chosen == AUTO:  # the chooser's pick is a function of the signature key
+                    if chosen == choice.AUTO:  # the chooser's pick is a function of the signature key
                         _HOT[(ran, hot_key[1])] = replay
             return result
 

@@ -1,9 +1,9 @@
 """Which backend runs an op: availability detection and the user's choice.
 
 Choice order (first match wins, see ``registry.dispatch``): the call's ``backend=``,
-``use_backend(...)``, ``set_backend(...)``, env ``TILEGEMM_BACKEND``, then the automatic choice: the
-chooser's rule for the op and shape (``tilegemm.heuristics.backends``), else ``cutile`` when it is
-available, else ``pytorch``.
+``use_backend(...)``, ``set_backend(...)``, env ``TILEGEMM_BACKEND``, then the automatic choice
+(:mod:`tilegemm.backend.choice`: the backends' rules for the op and shape, else ``cutile`` when it is
+available, else ``pytorch``).
 
 ``use_backend`` scopes are kept in a :class:`contextvars.ContextVar`, so they follow the execution
 context: each thread and each asyncio task sees only the scopes entered in it (a task created inside a
@@ -272,8 +272,8 @@ def default_backend() -> str:
 def get_current_backend() -> str:
     """The backend a call without ``backend=`` would use now: the user's choice, else :func:`default_backend`.
 
-    With no user choice, the chooser (``tilegemm.heuristics.backends``) may still route a call to another
-    backend (``gluon`` for Hopper FP8 GEMMs where the committed measurements show it faster).
+    With no user choice, the automatic choice's rules (:mod:`tilegemm.backend.choice`) may still route a call to
+    another backend (``gluon`` for Hopper FP8 GEMMs where the committed measurements show it faster).
 
     Raises:
         ValueError: ``TILEGEMM_BACKEND`` is set to an unknown name (the message names the variable).
