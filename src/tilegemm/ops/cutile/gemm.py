@@ -33,7 +33,8 @@ from typing import Any
 import cuda.tile as ct
 import torch
 
-from tilegemm.backend.registry import Unsupported, register_impl, register_replay
+from tilegemm.backend.hot_lane import register_replay
+from tilegemm.backend.registry import Unsupported, register_impl
 from tilegemm.heuristics import cutile as heuristics
 from tilegemm.ops.common import write_head_splits
 from tilegemm.ops.cutile import decode, launch, tile_lib

@@ -20,7 +20,7 @@ import cuda.tile as ct
 import torch
 
 from tilegemm import config
-from tilegemm.backend import registry
+from tilegemm.backend import hot_lane
 from tilegemm.backend.registry import Unsupported
 from tilegemm.ops.common import cdiv
 from tilegemm.ops.operands import ALIGN_BYTES as _ALIGN_BYTES
@@ -153,7 +153,7 @@ def cached_plan(key: tuple, build: Callable[..., Runner], *args: Any) -> Runner:
 def clear_plans() -> None:
     """Forget every cached launch plan and hot-lane replay (tests; plans are keyed by what they read)."""
     _PLANS.clear()
-    registry.clear_hot_lane()
+    hot_lane.clear_hot_lane()
 
 
 def tensor_key(x: torch.Tensor) -> tuple:
