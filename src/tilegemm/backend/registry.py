@@ -8,7 +8,7 @@ A call flows one way, public stub (``ops/api/``) -> dispatch wrapper -> backend 
 * check: the op's shared input check ``check(**arguments)``, which raises for bad input before any backend runs;
   when it returns a dict (what it derived: the logical form of the operands, a resolved recipe), that is what the
   backend receives;
-* choose: the call's ``backend=``, else the current choice
+* choose: the call's ``backend=`` (made the current choice for the call), else the current choice
   (:mod:`tilegemm.backend.selector`), else the automatic choice (:mod:`tilegemm.backend.choice`: the rules the
   backends register as they load);
 * run: the chosen backend's implementation, every argument by keyword, with ``stream`` current when given. An
@@ -148,13 +148,14 @@ def call_checked(name: str, arguments: dict[str, Any], backend: str | None = Non
 
 
 def _route(name: str, backend: str | None, arguments: dict[str, Any]) -> tuple[Any, str, str]:
-    """Choose and run a checked call: ``backend`` (the call's ``backend=``), else the current choice, else the
-    automatic choice. Returns the result, the backend chosen and the backend that ran."""
+    """Choose and run a checked call: ``backend`` (the call's ``backend=``, current for the call), else the current
+    choice, else the automatic choice. Returns the result, the backend chosen and the backend that ran."""
     _load_backends()  # the backends' automatic-choice rules are registered as they load
-    target = choice.chosen(backend)
-    if target == choice.AUTO:
-        target = choice.automatic(name, arguments, stacklevel=3)
-    result, ran = _run(name, target, arguments, stacklevel=4)
+    with selector.CallScope(backend):
+        target = choice.chosen()
+        if target == choice.AUTO:
+            target = choice.automatic(name, arguments, stacklevel=3)
+        result, ran = _run(name, target, arguments, stacklevel=4)
     return result, target, ran
 
 
