@@ -110,7 +110,7 @@ def _stub_rows(calls: int, checks, registry) -> list[dict]:
                     op=op,
                     shape=[m, n, k],
                     public_us=_per_call_us(call, calls),
-                    full_path_us=_full_path_us(call, calls, registry),
+                    full_path_us=_full_path_us(call, calls),
                     check_us=_per_call_us(lambda: check(*args), calls),  # noqa: B023
                     backend_us=_per_call_us(lambda: impl(**derived), calls),  # noqa: B023
                 )
@@ -122,10 +122,12 @@ def _stub_rows(calls: int, checks, registry) -> list[dict]:
     return rows
 
 
-def _full_path_us(call: Callable[[], object], calls: int, registry) -> float:
+def _full_path_us(call: Callable[[], object], calls: int) -> float:
     """:func:`_per_call_us` of ``call`` taking the full path every time: no backend offers a replay, so the
     call computes its signature, misses, and is checked, dispatched and looked up as before the hot lane."""
-    with mock.patch.object(registry, "_REPLAYS", {}), mock.patch.object(registry, "_HOT", {}):
+    from tilegemm.backend import hot_lane
+
+    with mock.patch.object(hot_lane, "_REPLAYS", {}), mock.patch.object(hot_lane, "_HOT", {}):
         return _per_call_us(call, calls)
 
 
@@ -164,15 +166,13 @@ def _split_launch(fn: Callable[[], object], calls: int) -> dict:
     ``python_full_path_us``, the Python time with the registry's hot lane off (checks and plan lookup per call)."""
     import cuda.tile as ct
 
-    from tilegemm.backend import registry
-
     launches = []
     real = ct.launch
     with mock.patch.object(ct, "launch", lambda *args: launches.append(args)):
         fn()
     with mock.patch.object(ct, "launch", lambda *args: None):
         python_us = _per_call_us(fn, calls)
-        python_full_us = _full_path_us(fn, calls, registry)
+        python_full_us = _full_path_us(fn, calls)
     ct_launch_us = _per_call_us(lambda: [real(*args) for args in launches], calls, sync=torch.cuda.synchronize)
     return dict(
         python_us=python_us,

@@ -12,8 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tilegemm.backend import choice
 from tilegemm.backend.selector import gluon_unavailable_reason
-from tilegemm.heuristics import backends
+from tilegemm.heuristics import gluon  # noqa: F401  (registers the gluon backend's automatic-choice rule)
 from tilegemm.ops import api as tg
 from tilegemm.quant import get_mn_major_tma_aligned_tensor, per_block_cast_to_fp8, per_token_cast_to_fp8
 from tilegemm.testing import assert_rerun_identical, calc_diff, dequant_per_block, dequant_per_token, poisoned
@@ -103,7 +104,7 @@ def test_automatic_choice_routes_to_gluon():
     a, b, _ = _case("nt", m, n, k, (1, 128, 128), seed=4)
     d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     derived = {"a": a, "b": b, "d": d}
-    assert backends.choose_backend("fp8_fp4_gemm_nt", derived) == "gluon"
+    assert choice.automatic("fp8_fp4_gemm_nt", derived) == "gluon"
     auto = tg.fp8_gemm_nt(a, b, d).clone()
     forced = tg.fp8_gemm_nt(a, b, torch.empty_like(d), backend="gluon")
     assert torch.equal(auto, forced)

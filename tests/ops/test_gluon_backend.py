@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import tilegemm
-from tilegemm.backend import registry, selector
+from tilegemm.backend import choice, registry, selector
 from tilegemm.backend.registry import FallbackWarning
-from tilegemm.heuristics import backends, gluon
+from tilegemm.heuristics import gluon
 
 
 @pytest.mark.parametrize(
@@ -108,14 +108,22 @@ def test_dense_fp8_rules(m, n, k, kernel_faster, automatic):
     assert gluon.prefers_dense_fp8(m, n, k, 132) == automatic
 
 
+def test_gluon_rule_is_registered_for_the_dense_fp8_gemms():
+    """The gluon backend's modules register its automatic-choice rule as they load; the registry imports none."""
+    tilegemm.list_ops()  # loads the backends
+    for layout in ("nt", "nn", "tn", "tt"):
+        assert gluon.dense_fp8_rule in choice._RULES[f"fp8_fp4_gemm_{layout}"]
+    assert not any(op.startswith("bf16") for op in choice._RULES)
+
+
 def test_chooser_keeps_default_without_gluon(monkeypatch):
     monkeypatch.setattr(selector, "gluon_unavailable_reason", lambda: "no CUDA GPU")
     qa = tilegemm.per_token_cast_to_fp8(torch.randn(4096, 256))
     qb = tilegemm.per_block_cast_to_fp8(torch.randn(4096, 256))
     d = torch.empty(4096, 4096, dtype=torch.bfloat16)
     derived = {"a": qa, "b": qb, "d": d}
-    assert backends.choose_backend("fp8_fp4_gemm_nt", derived) == selector.default_backend()
-    assert backends.choose_backend("bf16_gemm_nt", {}) == selector.default_backend()
+    assert choice.automatic("fp8_fp4_gemm_nt", derived) == selector.default_backend()
+    assert choice.automatic("bf16_gemm_nt", {}) == selector.default_backend()
 
 
 @pytest.mark.parametrize("out_bytes, stages", [(2, 5), (4, 4)])
@@ -133,18 +141,30 @@ class _CudaLike:
 
 def test_reference_on_gpu_warns_once(monkeypatch):
     monkeypatch.setattr(selector, "cutile_unavailable_reason", lambda: "cuda.tile not importable (ImportError)")
-    monkeypatch.setattr(backends, "_warned_reference_on_gpu", False)
-    monkeypatch.setattr(backends, "_on_cuda", lambda value: isinstance(value, _CudaLike))
-    with pytest.warns(backends.ReferenceOnGpuWarning, match=r"cuda\.tile not importable.*tilegemm\[cutile\]"):
-        assert backends.choose_backend("bf16_gemm_nt", {"a": _CudaLike()}) == "pytorch"
+    monkeypatch.setattr(choice, "_warned_reference_on_gpu", False)
+    monkeypatch.setattr(choice, "_on_cuda", lambda value: isinstance(value, _CudaLike))
+    with pytest.warns(choice.ReferenceOnGpuWarning, match=r"cuda\.tile not importable.*tilegemm\[cutile\]"):
+        assert choice.automatic("bf16_gemm_nt", {"a": _CudaLike()}) == "pytorch"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert backends.choose_backend("bf16_gemm_nt", {"a": _CudaLike()}) == "pytorch"  # once per process
+        assert choice.automatic("bf16_gemm_nt", {"a": _CudaLike()}) == "pytorch"  # once per process
 
 
 def test_reference_on_cpu_does_not_warn(monkeypatch):
     monkeypatch.setattr(selector, "cutile_unavailable_reason", lambda: "no CUDA GPU")
-    monkeypatch.setattr(backends, "_warned_reference_on_gpu", False)
+    monkeypatch.setattr(choice, "_warned_reference_on_gpu", False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert backends.choose_backend("bf16_gemm_nt", {"a": torch.ones(2)}) == "pytorch"
+        assert choice.automatic("bf16_gemm_nt", {"a": torch.ones(2)}) == "pytorch"
+
+
+def test_reference_on_gpu_warning_names_the_callers_line(monkeypatch):
+    """The automatic choice's warning points at the line that called the op, not into tilegemm."""
+    monkeypatch.setattr(selector, "cutile_unavailable_reason", lambda: "no CUDA GPU")
+    monkeypatch.setattr(choice, "_warned_reference_on_gpu", False)
+    monkeypatch.setattr(choice, "_on_cuda", lambda value: isinstance(value, torch.Tensor))
+    monkeypatch.delenv("TILEGEMM_BACKEND", raising=False)
+    a, b = torch.randn(4, 128).bfloat16(), torch.randn(8, 128).bfloat16()
+    with pytest.warns(choice.ReferenceOnGpuWarning) as caught:
+        tilegemm.bf16_gemm_nt(a, b, torch.empty(4, 8))
+    assert caught[0].filename == __file__

@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
 
 import tilegemm  # noqa: E402
-from tilegemm.backend import registry, selector  # noqa: E402
+from tilegemm.backend import hot_lane, registry, selector  # noqa: E402
 from tilegemm.ops import plans  # noqa: E402
 from tilegemm.ops.gluon import fp8_gemm_kernel  # noqa: E402
 from tilegemm.ops.gluon import gemm as gluon_gemm  # noqa: E402
@@ -124,13 +124,13 @@ def test_public_op_replays_the_plan(recorder, monkeypatch):
     monkeypatch.setattr(selector, "gluon_unavailable_reason", lambda: None)
     monkeypatch.setattr(registry, "_off_cuda", lambda value: False)
     monkeypatch.setattr(registry, "_IMPORT_ERRORS", {})
-    monkeypatch.setattr(registry, "_HOT", {})
+    monkeypatch.setattr(hot_lane, "_HOT", {})
     a, b = _operands(300, 200, 1100, False)
     d = torch.empty(300, 200, dtype=torch.bfloat16)
     for _ in range(3):
         tilegemm.fp8_gemm_nt(a, b, d, backend="gluon")
     assert len(recorder.jit) == 1 and len(recorder.runs) == 2
-    assert any(key[0] == "gluon" for key in registry._HOT)
+    assert any(key[0] == "gluon" for key in hot_lane._HOT)
 
 
 def test_launches_on_the_given_stream(recorder, monkeypatch):

@@ -1,4 +1,4 @@
-"""The registry's hot lane: a call whose signature has run on a backend replays without checks or plan lookup.
+"""The hot lane: a call whose signature has run on a backend replays without checks or plan lookup.
 
 Registry level with a toy op (any machine), then the dense GEMMs' signatures and cutile replays with
 ``cuda.tile.launch`` recorded instead of run (CPU tensors stand in for CUDA ones: only the host path is
@@ -13,8 +13,9 @@ import pytest
 import torch
 
 import tilegemm
-from tilegemm.backend import registry, selector
-from tilegemm.backend.registry import dispatch, register_impl, register_replay
+from tilegemm.backend import binding, hot_lane, registry, selector
+from tilegemm.backend.hot_lane import register_replay
+from tilegemm.backend.registry import dispatch, register_impl
 from tilegemm.ops import checks, plans
 
 
@@ -25,7 +26,7 @@ def hot_op(monkeypatch):
     monkeypatch.setattr(registry, "_IMPORT_ERRORS", {})
     monkeypatch.setattr(registry, "_off_cuda", lambda value: False)  # CPU tensors stand in for CUDA ones
     monkeypatch.delenv("TILEGEMM_BACKEND", raising=False)
-    monkeypatch.setattr(registry, "_HOT", {})
+    monkeypatch.setattr(hot_lane, "_HOT", {})
     log = []
 
     def check(x, scale):
@@ -65,8 +66,8 @@ def hot_op(monkeypatch):
     yield toy, log
     for table in (registry._STUBS, registry._IMPLS):
         table.pop("_hot_toy")
-    registry._REPLAYS.pop(("_hot_toy", "cutile"))
-    registry._REPLAY_OPS.discard("_hot_toy")
+    hot_lane._REPLAYS.pop(("_hot_toy", "cutile"))
+    hot_lane._REPLAY_OPS.discard("_hot_toy")
 
 
 def test_second_call_of_a_signature_replays(hot_op):
@@ -119,9 +120,9 @@ def test_a_replay_that_raises_unsupported_takes_the_full_path(hot_op):
         log.append("replay")
         raise registry.Unsupported("not this specialization")
 
-    assert len(registry._HOT) == 2  # the automatic choice's key and the backend's (explicit backend= shares it)
-    for key in registry._HOT:
-        registry._HOT[key] = rejected
+    assert len(hot_lane._HOT) == 2  # the automatic choice's key and the backend's (explicit backend= shares it)
+    for key in hot_lane._HOT:
+        hot_lane._HOT[key] = rejected
     registry._IMPLS["_hot_toy"]["cutile"] = rejected
     log.clear()
     with pytest.warns(registry.FallbackWarning, match="not this specialization"):
@@ -132,7 +133,7 @@ def test_a_replay_that_raises_unsupported_takes_the_full_path(hot_op):
 def test_clear_hot_lane(hot_op):
     toy, log = hot_op
     toy(torch.ones(3))
-    registry.clear_hot_lane()
+    hot_lane.clear_hot_lane()
     log.clear()
     toy(torch.ones(3))
     assert log == ["check", "cutile", "replay built"]
@@ -143,7 +144,7 @@ def test_flattener_follows_python_binding():
 
     def stub(a, b, c=1, *, k=2, s=None): ...
 
-    flat = registry._flattener(inspect.signature(stub))
+    flat = binding.flattener(inspect.signature(stub))
     assert flat((1, 2), {}) == (1, 2, 1, 2, None)
     assert flat((1, 2, 3), {"s": 4}) == (1, 2, 3, 2, 4)
     assert flat((1,), {"b": 2}) is None  # a required argument by keyword: the full path binds it

@@ -171,6 +171,29 @@ def test_choice_order(toy_op, cutile_present, monkeypatch):
     assert [c[0] for c in calls] == ["pytorch", "cutile", "cutile"]
 
 
+def test_call_backend_is_the_current_choice_while_the_call_runs(cutile_present):
+    """A call's ``backend=`` is a scope of the one current choice: the implementation (and any op it calls) sees it,
+    the caller does not after the call."""
+    seen = []
+
+    @dispatch("_scoped_op")
+    def op(x: int) -> int: ...
+
+    for backend in ("pytorch", "cutile"):
+        register_impl("_scoped_op", backend)(lambda x: seen.append(selector.get_current_backend()) or x)
+    try:
+        with tilegemm.use_backend("pytorch"):
+            op(1, backend="cutile")
+            op(1)
+            assert selector.get_current_backend() == "pytorch"
+        assert seen == ["cutile", "pytorch"]
+        with selector.BackendScope(None) as name:  # None: the current choice stands
+            assert name is None and selector.selected_backend() is None
+    finally:
+        registry._STUBS.pop("_scoped_op")
+        registry._IMPLS.pop("_scoped_op")
+
+
 def test_unknown_backend_lists_known_ones(toy_op):
     toy, _ = toy_op
     known = r"\['gluon', 'cutile', 'pytorch'\]"
@@ -324,8 +347,9 @@ def test_disable_fallback_bad_value_names_the_variable(toy_op, cutile_present, m
 
 def test_unsupported_case_falls_back_with_one_warning(toy_op, cutile_present):
     toy, calls = toy_op
-    with pytest.warns(FallbackWarning, match="flag value not in this kernel"):
+    with pytest.warns(FallbackWarning, match="flag value not in this kernel") as caught:
         assert toy(2, flag="unsupported", backend="cutile") == 4.0
+    assert caught[0].filename == __file__  # the line that called the op
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert toy(5, flag="unsupported", backend="cutile") == 10.0  # same (op, reason): silent

@@ -1,34 +1,24 @@
 """The op registry: ``@dispatch`` public stubs, ``@register_impl`` backends, fallback.
 
-A call flows one way::
+A call flows one way, public stub (``ops/api/``) -> dispatch wrapper -> backend implementation -> kernel; the wrapper
+(:func:`dispatch`) does four steps:
 
-    public stub (ops/api/) -> dispatch wrapper -> checks -> chosen backend impl -> kernel
+* bind: the call's arguments against the stub's signature, so the stub's defaults and keyword names hold for every
+  backend (:mod:`tilegemm.backend.binding`);
+* check: the op's shared input check ``check(**arguments)``, which raises for bad input before any backend runs;
+  when it returns a dict (what it derived: the logical form of the operands, a resolved recipe), that is what the
+  backend receives;
+* choose: the call's ``backend=`` (made the current choice for the call), else the current choice
+  (:mod:`tilegemm.backend.selector`), else the automatic choice (:mod:`tilegemm.backend.choice`: the rules the
+  backends register as they load);
+* run: the chosen backend's implementation, every argument by keyword, with ``stream`` current when given. An
+  implementation may raise :class:`Unsupported` before writing anything ("not this case": a dtype, arch or layout it
+  lacks); the call then runs on ``pytorch``, with one ``FallbackWarning`` per (op, reason)
+  (``TILEGEMM_DISABLE_FALLBACK=1``: a ``RuntimeError``).
 
-* ``@dispatch(name, check=fn)`` wraps a stub. The wrapper binds the call to the stub's
-  signature (so the stub's defaults and keyword names hold for every backend), runs the
-  shared input check ``fn(**arguments)``, picks the backend and calls its implementation
-  with every argument as a keyword. When the check returns a dict, that dict (what the
-  check derived: the logical form of the operands, a resolved recipe) is what the backend
-  receives instead. The wrapper also accepts ``backend=`` to override the choice.
-* ``@register_impl(name, backend)`` registers an implementation. It may raise
-  :class:`Unsupported` before writing anything to say "not this case" (a dtype, arch or
-  layout it lacks); the call then falls back to ``pytorch``.
-* Fallback to ``pytorch`` warns once per (op, reason); ``TILEGEMM_DISABLE_FALLBACK=1``
-  turns it into a ``RuntimeError``.
-* When ``stream`` is given, the implementation runs with that CUDA stream current.
-* Dispatch decisions (which backend ran, why a call fell back) are logged at DEBUG level to the
-  ``tilegemm.dispatch`` logger; ``TILEGEMM_DEBUG=1`` sets the ``tilegemm`` logger to DEBUG and gives it
-  a stderr handler if it has none.
-
-The hot lane. A stub may also give ``signature=fn``: ``fn(*values)`` (the call's arguments in the stub's
-parameter order) returns ``(key, operands)`` or ``None``; or an object with ``for_op(name, parameters)``
-that builds that function for the stub (the checks' :class:`~tilegemm.ops.checks.hot.HotLane`). The op's
-wrapper keeps the function as ``hot_signature``. The key must hold everything the check and the
-backend read from the call (tensor metadata, scalar values, settings), so that a key which passed them once
-passes them again. A backend may register, with ``@register_replay(name, backend)``, a factory that turns a
-call it has just run (what its check derived) into ``replay(*operands)``, the same work without
-the checks or the plan lookup. A later call with the same key whose backend (``backend=`` or the current
-choice) is the one that ran it runs the replay directly. :func:`clear_hot_lane` forgets every replay.
+Before binding, an op with a hot lane (:mod:`tilegemm.backend.hot_lane`) replays a call whose key has run before.
+Dispatch decisions are logged at DEBUG level to the ``tilegemm.dispatch`` logger; ``TILEGEMM_DEBUG=1`` sets the
+``tilegemm`` logger to DEBUG and gives it a stderr handler if it has none.
 """
 
 from __future__ import annotations
@@ -43,7 +33,9 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from tilegemm.backend import selector
+from tilegemm.backend import choice, selector
+from tilegemm.backend.binding import binder
+from tilegemm.backend.hot_lane import Lane
 from tilegemm.env import DEBUG, env_flag
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -59,11 +51,9 @@ _STUBS: dict[str, inspect.Signature] = {}
 _ALIASES: dict[str, str] = {}  # a public alias -> the op it names (DeepGEMM's fp8_gemm_nt -> fp8_fp4_gemm_nt)
 _IMPLS: dict[str, dict[str, Callable[..., Any]]] = {}
 _IMPORT_ERRORS: dict[str, str] = {}
-_REPLAYS: dict[tuple[str, str], Callable[[dict[str, Any]], Callable[..., Any] | None]] = {}
-_REPLAY_OPS: set[str] = set()  # the ops with a replay on some backend
-_HOT: dict[tuple[str, tuple], Callable[..., Any]] = {}  # (backend, signature key) -> replay
 _LOCK = threading.Lock()
 _loaded = False
+_debug_configured = False
 
 
 class Unsupported(Exception):
@@ -72,9 +62,6 @@ class Unsupported(Exception):
 
 FallbackWarning = selector.FallbackWarning
 reset_fallback_warnings = selector.reset_fallback_warnings
-
-
-_debug_configured = False
 
 
 def _debug_enabled() -> bool:
@@ -120,34 +107,6 @@ def register_impl(name: str, backend: str) -> Callable[[F], F]:
     return decorator
 
 
-def register_replay(name: str, backend: str) -> Callable[[F], F]:
-    """Register ``factory(derived)`` as backend ``backend``'s hot-lane replay of op ``name``.
-
-    After a call of ``name`` has run on ``backend`` (no fallback), the factory gets what its check derived
-    (the arguments the implementation received) and returns ``replay(*operands)`` (``operands`` as the op's
-    signature function gives them) or ``None``. The replay must do what the backend implementation did for
-    every call with the same signature key.
-    """
-    selector.validate_backend_name(backend)
-
-    def decorator(factory: F) -> F:
-        _REPLAYS[(name, backend)] = factory
-        _REPLAY_OPS.add(name)
-        return factory
-
-    return decorator
-
-
-def _has_replay(name: str, chosen: str) -> bool:
-    """True when a call of ``name`` on ``chosen`` (any backend for :data:`AUTO`) may take the hot lane."""
-    return name in _REPLAY_OPS if chosen == AUTO else (name, chosen) in _REPLAYS
-
-
-def clear_hot_lane() -> None:
-    """Forget every hot-lane replay (``tilegemm.ops.cutile.launch.clear_plans`` calls it with the plans)."""
-    _HOT.clear()
-
-
 def _off_cuda(value: Any) -> bool:
     """True if ``value`` is, or (in tuples and lists) holds, a tensor that is not on a CUDA device."""
     import torch
@@ -182,22 +141,27 @@ def _unavailable_reason(name: str, backend: str, arguments: dict[str, Any]) -> s
     return None
 
 
-def call_backend(name: str, backend: str, arguments: dict[str, Any]) -> Any:
-    """Run op ``name`` (or an alias, see :func:`canonical_op`) on ``backend`` with bound ``arguments``, falling back
-    to ``pytorch``."""
-    return _run(canonical_op(name), backend, arguments)[0]
-
-
 def call_checked(name: str, arguments: dict[str, Any], backend: str | None = None) -> Any:
     """Run op ``name`` (or an alias) with ``arguments`` its check has already derived (every parameter by name), on
     ``backend`` or the backend a call would choose; for callers that ran the check themselves."""
-    name = canonical_op(name)
-    return _run(name, _resolve(name, _choose(backend), arguments), arguments)[0]
+    return _route(canonical_op(name), backend, arguments)[0]
 
 
-def _run(name: str, backend: str, arguments: dict[str, Any]) -> tuple[Any, str]:
-    """:func:`call_backend`, and the backend that ran."""
-    _load_backends()
+def _route(name: str, backend: str | None, arguments: dict[str, Any]) -> tuple[Any, str, str]:
+    """Choose and run a checked call: ``backend`` (the call's ``backend=``, current for the call), else the current
+    choice, else the automatic choice. Returns the result, the backend chosen and the backend that ran."""
+    _load_backends()  # the backends' automatic-choice rules are registered as they load
+    with selector.CallScope(backend):
+        target = choice.chosen()
+        if target == choice.AUTO:
+            target = choice.automatic(name, arguments, stacklevel=3)
+        result, ran = _run(name, target, arguments, stacklevel=4)
+    return result, target, ran
+
+
+def _run(name: str, backend: str, arguments: dict[str, Any], stacklevel: int) -> tuple[Any, str]:
+    """Run op ``name`` on ``backend`` with checked ``arguments``, falling back to ``pytorch`` (warning as a
+    ``warnings.warn(..., stacklevel=stacklevel)`` here would); returns the result and the backend that ran."""
     if backend != "pytorch":
         reason = _unavailable_reason(name, backend, arguments)
         if reason is None:
@@ -212,7 +176,7 @@ def _run(name: str, backend: str, arguments: dict[str, Any]) -> tuple[Any, str]:
                 return result, backend
             except Unsupported as exc:
                 reason = str(exc)
-        selector.fall_back(name, backend, reason, stacklevel=3)
+        selector.fall_back(name, backend, reason, stacklevel=stacklevel)
         if _debug_enabled():
             log.debug("%s -> pytorch (fallback from %s: %s)", name, backend, reason)
     elif _debug_enabled():
@@ -221,154 +185,43 @@ def _run(name: str, backend: str, arguments: dict[str, Any]) -> tuple[Any, str]:
         return _IMPLS[name]["pytorch"](**arguments), "pytorch"
 
 
-def _fast_binder(name: str, signature: inspect.Signature) -> Callable[[tuple, dict], dict[str, Any]]:
-    """``signature.bind`` + ``apply_defaults`` for stubs of positional-or-keyword and keyword-only
-    parameters, without its per-call cost.
-
-    Any call it cannot bind (too many arguments, unknown or repeated names, a missing one) goes
-    through ``inspect`` to raise the standard ``TypeError``.
-    """
-    params = signature.parameters.values()
-    names = tuple(signature.parameters)
-    positional = tuple(p.name for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    defaults = {n: p.default for n, p in signature.parameters.items() if p.default is not inspect.Parameter.empty}
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    simple = all(p.kind in kinds for p in params)
-
-    def slow(args: tuple, kwargs: dict) -> dict[str, Any]:
-        try:
-            bound = signature.bind(*args, **kwargs)
-        except TypeError as exc:
-            raise TypeError(f"{name}: {exc}") from None
-        bound.apply_defaults()
-        return dict(bound.arguments)
-
-    def bind(args: tuple, kwargs: dict) -> dict[str, Any]:
-        if not simple or len(args) > len(positional):
-            return slow(args, kwargs)
-        arguments = dict(zip(positional, args))
-        for key, value in kwargs.items():
-            if key in arguments or key not in signature.parameters:
-                return slow(args, kwargs)
-            arguments[key] = value
-        if len(arguments) < len(names):
-            for key in names:
-                if key not in arguments:
-                    if key not in defaults:
-                        return slow(args, kwargs)
-                    arguments[key] = defaults[key]
-        return {key: arguments[key] for key in names}
-
-    return bind
-
-
-AUTO = "auto"
-"""What :func:`_choose` returns when the user has chosen no backend: the chooser decides per call."""
-
-
-def _choose(backend: str | None) -> str:
-    """The backend a call runs on: its ``backend=``, else the user's choice, else :data:`AUTO`."""
-    if backend is not None:
-        return selector.validate_backend_name(backend)
-    selected = selector.selected_backend()
-    return AUTO if selected is None else selected
-
-
-def _resolve(name: str, chosen: str, arguments: dict[str, Any]) -> str:
-    """The backend that runs a call: ``chosen``, or for :data:`AUTO` the chooser's pick for these arguments."""
-    if chosen != AUTO:
-        return chosen
-    from tilegemm.heuristics import backends
-
-    return backends.choose_backend(name, arguments)
-
-
-def _flattener(signature: inspect.Signature) -> Callable[[tuple, dict], tuple | None]:
-    """``(args, kwargs) -> values``: a call's arguments as one tuple in the stub's parameter order, defaults
-    filled in, or ``None`` for a call it does not take (a required argument given by keyword, an unknown or
-    repeated name): such a call takes the full path, which binds it or raises."""
-    names = tuple(signature.parameters)
-    index = {n: i for i, n in enumerate(names)}
-    defaults = tuple(p.default for p in signature.parameters.values())
-    required = sum(p.default is inspect.Parameter.empty for p in signature.parameters.values())
-    positional = sum(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in signature.parameters.values())
-
-    def flat(args: tuple, kwargs: dict) -> tuple | None:
-        given = len(args)
-        if given < required or given > positional:
-            return None
-        if not kwargs:
-            return args + defaults[given:]
-        values = [*args, *defaults[given:]]
-        for key, value in kwargs.items():
-            i = index.get(key)
-            if i is None or i < given:
-                return None
-            values[i] = value
-        return tuple(values)
-
-    return flat
-
-
 def dispatch(
     name: str,
     *,
     check: Callable[..., Any] | None = None,
     signature: Callable[..., tuple[tuple, tuple] | None] | Any | None = None,
 ) -> Callable[[F], F]:
-    """Turn ``stub`` into public op ``name``: bind, check, route to a backend.
+    """Turn ``stub`` into public op ``name``: bind, check, choose, run (see the module docstring).
 
-    The returned function has the stub's signature plus a keyword-only ``backend``
-    (``None``, ``"gluon"``, ``"cutile"`` or ``"pytorch"``). ``check`` receives every bound argument by
-    keyword and raises ``TypeError``/``ValueError`` for bad input before any backend runs; when
-    it returns a dict, the backend implementation is called with that dict instead.
-    ``signature`` opens the hot lane for the op: a function or a ``for_op`` builder (see the module docstring).
+    The returned function has the stub's signature plus a keyword-only ``backend`` (``None``, ``"gluon"``,
+    ``"cutile"`` or ``"pytorch"``). ``check`` gets every bound argument by keyword. ``signature`` opens the hot lane
+    for the op: a key function or a ``for_op`` builder (:mod:`tilegemm.backend.hot_lane`).
     """
 
     def decorator(stub: F) -> F:
         stub_signature = inspect.signature(stub)
         _STUBS[name] = stub_signature
-        bind = _fast_binder(name, stub_signature)
-        hot_signature = signature
-        if hasattr(signature, "for_op"):  # a key built from per-argument kinds (tilegemm.ops.checks.hot)
-            hot_signature = signature.for_op(name, tuple(stub_signature.parameters))
-        flat = _flattener(stub_signature) if hot_signature is not None else None
+        bind = binder(name, stub_signature)
+        lane = Lane(name, signature, stub_signature) if signature is not None else None
 
         @functools.wraps(stub)
         def wrapper(*args: Any, backend: str | None = None, **kwargs: Any) -> Any:
-            hot_key = chosen = None
-            if flat is not None:
+            hot = lane.find(backend, args, kwargs) if lane is not None else None
+            if hot is not None and hot[1] is not None:
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("%s -> %s (hot lane)", name, hot[0][0])
                 try:
-                    chosen = _choose(backend)
-                except ValueError:  # raised again, in its turn, by the full path
-                    chosen = None
-                values = flat(args, kwargs) if _has_replay(name, chosen) else None
-                found = hot_signature(*values) if values is not None else None
-                if found is not None:
-                    hot_key = (chosen, found[0])
-                    replay = _HOT.get(hot_key)
-                    if replay is not None:
-                        if log.isEnabledFor(logging.DEBUG):
-                            log.debug("%s -> %s (hot lane)", name, chosen)
-                        try:
-                            return replay(*found[1])
-                        except Unsupported:  # e.g. a JIT specialization tileiras rejects: the full path falls back
-                            pass
+                    return hot[1](*hot[2])
+                except Unsupported:  # e.g. a JIT specialization tileiras rejects: the full path falls back
+                    pass
             arguments = bind(args, kwargs)
             if check is not None:
                 derived = check(**arguments)
                 if derived is not None:
                     arguments = derived
-            if chosen is None:
-                chosen = _choose(backend)
-            target = _resolve(name, chosen, arguments)
-            result, ran = _run(name, target, arguments)
-            if hot_key is not None and ran == target and (name, ran) in _REPLAYS:
-                replay = _REPLAYS[(name, ran)](arguments)
-                if replay is not None:
-                    _HOT[hot_key] = replay
-                    if chosen == AUTO:  # the chooser's pick is a function of the signature key
-                        _HOT[(ran, hot_key[1])] = replay
+            result, target, ran = _route(name, backend, arguments)
+            if hot is not None and ran == target:
+                lane.remember(hot[0], ran, arguments)
             return result
 
         params = [
@@ -377,7 +230,7 @@ def dispatch(
         ]
         wrapper.__signature__ = stub_signature.replace(parameters=params)  # type: ignore[attr-defined]
         wrapper.op_name = name  # type: ignore[attr-defined]
-        wrapper.hot_signature = hot_signature  # type: ignore[attr-defined]
+        wrapper.hot_signature = lane.signature if lane is not None else None  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
 
     return decorator

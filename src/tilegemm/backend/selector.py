@@ -1,17 +1,23 @@
-"""Which backend runs an op: availability detection and the user's choice.
+"""Which backend runs an op: availability detection and the current choice.
 
-Choice order (first match wins, see ``registry.dispatch``): the call's ``backend=``,
-``use_backend(...)``, ``set_backend(...)``, env ``TILEGEMM_BACKEND``, then the automatic choice: the
-chooser's rule for the op and shape (``tilegemm.heuristics.backends``), else ``cutile`` when it is
-available, else ``pytorch``.
+Choice order (first match wins): the call's ``backend=``, ``use_backend(...)``, ``set_backend(...)``, env
+``TILEGEMM_BACKEND``, then the automatic choice (:mod:`tilegemm.backend.choice`: the backends' rules for the op
+and shape, else ``cutile`` when it is available, else ``pytorch``).
 
-``use_backend`` scopes are kept in a :class:`contextvars.ContextVar`, so they follow the execution
-context: each thread and each asyncio task sees only the scopes entered in it (a task created inside a
-scope inherits it, as ``contextvars`` do). Python runs a generator in its caller's context, so a scope
-entered inside a generator is additionally tied to the generator's frame: it applies only while that
-generator runs, not to its caller while the generator is suspended at a ``yield``. Generators driven by
-``contextlib`` (a ``@contextmanager`` that wraps ``use_backend``, ``ExitStack.enter_context``) are
-transparent: the scope belongs to the code in their ``with`` block.
+The current choice is carried one way. :func:`selected_backend` is its one reader (``None``: automatic), and what
+sets it for a stretch of code is a scope in one :class:`contextvars.ContextVar`: :class:`BackendScope` for a block
+(``use_backend`` is the public one, which also says when the backend cannot run here; tilegemm's own, such as a
+patched module's backend, are plain ones) and :class:`CallScope` for one call (a call's ``backend=``: the dispatch
+wrapper enters it). Code that keeps a backend for later (an autograd backward, a custom op under ``torch.compile``)
+passes the name on as a call's ``backend=`` or enters a :class:`BackendScope` with it. Beneath every scope lies the
+process-wide ``set_backend`` choice, then ``TILEGEMM_BACKEND``.
+
+Being in a :class:`contextvars.ContextVar`, scopes follow the execution context: each thread and each asyncio task
+sees only the scopes entered in it (a task created inside a scope inherits it, as ``contextvars`` do). Python runs a
+generator in its caller's context, so a scope entered inside a generator is additionally tied to the generator's
+frame: it applies only while that generator runs, not to its caller while the generator is suspended at a ``yield``.
+Generators driven by ``contextlib`` (a ``@contextmanager`` that wraps ``use_backend``, ``ExitStack.enter_context``)
+are transparent: the scope belongs to the code in their ``with`` block.
 """
 
 from __future__ import annotations
@@ -247,8 +253,8 @@ def _active_scope(scopes: tuple[_Scope, ...]) -> str | None:
 
 
 def selected_backend() -> str | None:
-    """The backend the user has chosen for calls without ``backend=`` (``use_backend``, ``set_backend``,
-    ``TILEGEMM_BACKEND``), or ``None`` when the choice is automatic.
+    """The current choice, the one reader of it: the innermost active scope (a call's ``backend=``, ``use_backend``,
+    :class:`BackendScope`), else ``set_backend``'s, else ``TILEGEMM_BACKEND``; ``None`` when the choice is automatic.
 
     Raises:
         ValueError: ``TILEGEMM_BACKEND`` is set to an unknown name (the message names the variable).
@@ -272,8 +278,8 @@ def default_backend() -> str:
 def get_current_backend() -> str:
     """The backend a call without ``backend=`` would use now: the user's choice, else :func:`default_backend`.
 
-    With no user choice, the chooser (``tilegemm.heuristics.backends``) may still route a call to another
-    backend (``gluon`` for Hopper FP8 GEMMs where the committed measurements show it faster).
+    With no user choice, the automatic choice's rules (:mod:`tilegemm.backend.choice`) may still route a call to
+    another backend (``gluon`` for Hopper FP8 GEMMs where the committed measurements show it faster).
 
     Raises:
         ValueError: ``TILEGEMM_BACKEND`` is set to an unknown name (the message names the variable).
@@ -283,17 +289,20 @@ def get_current_backend() -> str:
 
 
 class BackendScope(contextlib.AbstractContextManager):
-    """Context manager: calls inside the ``with`` block use backend ``name``; ``as`` gives ``name``.
+    """Context manager: calls inside the ``with`` block use backend ``name``; ``as`` gives ``name``. ``None``
+    changes nothing (the block keeps the current choice; ``as`` gives ``None``).
 
     :class:`use_backend` without its availability warning, for tilegemm's own scopes of a backend the user chose
     elsewhere (a patched module's ``backend=``): their calls still warn per op when they fall back.
     """
 
-    def __init__(self, name: str):
-        self.name = validate_backend_name(name)
+    def __init__(self, name: str | None):
+        self.name = None if name is None else validate_backend_name(name)
         self._entered: list[_Scope] = []
 
-    def __enter__(self) -> str:
+    def __enter__(self) -> str | None:
+        if self.name is None:
+            return None
         owner = _owner_frame(sys._getframe(1))
         scope = _Scope(self.name, owner if owner.f_code.co_flags & _GENERATOR_FLAGS else None)
         self._entered.append(scope)
@@ -303,9 +312,30 @@ class BackendScope(contextlib.AbstractContextManager):
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if self.name is None:
+            return
         scope = self._entered.pop()
         # Remove this scope by identity (not a token reset): exits may interleave with a generator's.
         _SCOPES.set(tuple(s for s in _SCOPES.get() if s is not scope))
+
+
+class CallScope:
+    """Context manager: a call's ``backend=`` (``None``: nothing) is the current choice for the call, as in a
+    :class:`BackendScope`. The dispatch wrapper's: the scope opens and closes in one frame, so it needs none of
+    :class:`BackendScope`'s generator tracking and costs a third of it."""
+
+    __slots__ = ("name", "_token")
+
+    def __init__(self, name: str | None):
+        self.name = None if name is None else validate_backend_name(name)
+
+    def __enter__(self) -> None:
+        if self.name is not None:
+            self._token = _SCOPES.set((*_SCOPES.get(), _Scope(self.name, None)))
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.name is not None:
+            _SCOPES.reset(self._token)
 
 
 class use_backend(BackendScope):  # noqa: N801 - a function-like public name

@@ -1,8 +1,17 @@
-"""Configs of the gluon kernels (Hopper), chosen from the problem's shape alone (no runtime search)."""
+"""Configs of the gluon kernels (Hopper), chosen from the problem's shape alone (no runtime search), and the gluon
+backend's rule for the automatic backend choice (registered when the backend loads: its host path imports this
+module)."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+import torch
+
+from tilegemm import config
+from tilegemm.backend import selector
+from tilegemm.backend.choice import register_rule
+from tilegemm.ops import operands
 
 BLOCK_M = 128  # two MMA warpgroups of 64 rows
 BLOCK_K = 128  # one FP8 scale block per K step
@@ -73,3 +82,19 @@ def kernel_faster_dense_fp8(m: int, n: int, k: int, num_sms: int) -> bool:
     if m < DENSE_FP8_MIN_M or tiles < DENSE_FP8_MIN_TILES_PER_SM * num_sms:
         return False
     return tiles * -(-k // BLOCK_K) >= DENSE_FP8_MIN_STEPS_PER_SM * num_sms
+
+
+@register_rule("fp8_fp4_gemm_nt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt")
+def dense_fp8_rule(arguments: dict[str, Any]) -> str | None:
+    """The automatic choice's rule for the dense FP8 GEMMs (``arguments``: what the check derived, the logical
+    ``nt`` form): ``gluon`` on Hopper where :func:`prefers_dense_fp8` says it is faster, else no claim."""
+    d = arguments["d"]
+    if not d.is_cuda or selector.gluon_unavailable_reason() is not None:
+        return None
+    if d.dtype not in (torch.bfloat16, torch.float32) or not operands.tma_ready(d):
+        return None
+    (a_data, _), (b_data, _) = arguments["a"], arguments["b"]
+    m, k = a_data.shape
+    if prefers_dense_fp8(m, b_data.shape[0], k, config.get_num_sms()):
+        return "gluon"
+    return None

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from tilegemm import config
-from tilegemm.backend import registry
+from tilegemm.backend import hot_lane
 from tilegemm.ops.operands import ALIGN_BYTES
 
 __all__ = ["Runner", "find", "keep", "clear_plans", "tensor_key", "sms_key"]
@@ -42,7 +42,7 @@ def clear_plans() -> None:
     """Forget every launch plan of every backend and every hot-lane replay (tests; plans are keyed by what they
     read, so this is never needed for correctness)."""
     _PLANS.clear()
-    registry.clear_hot_lane()
+    hot_lane.clear_hot_lane()
 
 
 def tensor_key(x: torch.Tensor) -> tuple:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tilegemm.quant import (
+from tilegemm.quant import (  # noqa: F401  (the FP8 casts are re-exported: DeepGEMM's deep_gemm.utils.math names)
     AMAX_EPS,
     ceil_to_ue8m0,
     pack_ue8m0_to_int,
@@ -135,19 +135,3 @@ def cast_back_from_fp4(
     values = torch.where((codes & 0x08) != 0, -mag, mag)
     cols = torch.arange(values.shape[1], device=packed.device) // gran_k
     return values * sf.float()[:, cols]
-
-
-__all__ = [
-    "align",
-    "cast_back_from_fp4",
-    "ceil_div",
-    "ceil_to_ue8m0",
-    "pack_ue8m0_to_int",
-    "per_block_cast_to_fp8",
-    "per_channel_cast_to_fp8",
-    "per_custom_dims_cast_to_fp8",
-    "per_token_cast_to_fp4",
-    "per_token_cast_to_fp8",
-    "transpose_packed_fp4",
-    "unpack_ue8m0_from_int",
-]

@@ -20,7 +20,9 @@ transposed too). ``c`` is not read when it is ``None`` or ``beta == 0``; ``c`` m
 GEMM ops write the caller's ``d`` and return it.
 
 One module per op family (``dense``, ``grouped``, ``mqa``, ``einsum``, ``moe``, ``norm``); every op is also
-importable from here.
+importable from here. ``__all__`` below is the one list of the public ops: ``tilegemm`` re-exports exactly these
+(``tilegemm.__all__`` takes them from it) and the registry takes their aliases from it. ``moe_experts_forward`` and
+``moe_experts_backward`` are ops too (``tilegemm.autograd.moe_experts``' two halves) but not public names.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ from tilegemm.ops.api.grouped import (
     m_grouped_fp8_gemm_nt_contiguous,
     m_grouped_fp8_gemm_nt_masked,
 )
-from tilegemm.ops.api.moe import (
+from tilegemm.ops.api.moe import (  # noqa: F401  (moe_experts_forward and _backward are ops, not public names)
     fp8_moe_experts,
     moe_experts,
     moe_experts_backward,
@@ -94,8 +96,7 @@ __all__ = [
     "k_grouped_fp8_gemm_tn_contiguous", "m_grouped_bf16_gemm_nn_contiguous", "m_grouped_bf16_gemm_nt_contiguous",
     "m_grouped_bf16_gemm_nt_masked", "m_grouped_fp8_fp4_gemm_nn_contiguous", "m_grouped_fp8_fp4_gemm_nt_contiguous",
     "m_grouped_fp8_fp4_gemm_nt_masked", "m_grouped_fp8_gemm_nn_contiguous", "m_grouped_fp8_gemm_nt_contiguous",
-    "m_grouped_fp8_gemm_nt_masked", "moe_experts", "moe_experts_backward", "moe_experts_forward", "rms_norm",
-    "tf32_hc_prenorm_gemm",
+    "m_grouped_fp8_gemm_nt_masked", "moe_experts", "rms_norm", "tf32_hc_prenorm_gemm",
 ]  # fmt: skip
 
 # DeepGEMM's other names of an op (fp8_gemm_nt for fp8_fp4_gemm_nt, ...) name that op wherever an op name is taken

@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from tilegemm.backend.registry import Unsupported, register_impl, register_replay
+from tilegemm.backend.hot_lane import register_replay
+from tilegemm.backend.registry import Unsupported, register_impl
 from tilegemm.heuristics import cutile as heuristics
 from tilegemm.ops import plans
 from tilegemm.ops.common import write_head_splits

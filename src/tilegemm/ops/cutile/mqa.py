@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from tilegemm.backend.registry import Unsupported, register_impl, register_replay
+from tilegemm.backend.hot_lane import register_replay
+from tilegemm.backend.registry import Unsupported, register_impl
 from tilegemm.heuristics.cutile import (
     MqaConfig,
     PagedMqaConfig,

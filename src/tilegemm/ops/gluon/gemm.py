@@ -23,7 +23,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from tilegemm import config
-from tilegemm.backend.registry import Unsupported, register_impl, register_replay
+from tilegemm.backend.hot_lane import register_replay
+from tilegemm.backend.registry import Unsupported, register_impl
 from tilegemm.heuristics.gluon import BLOCK_K, BLOCK_M, GluonDenseConfig, dense_fp8_config, fit_stages
 from tilegemm.heuristics.report import print_once
 from tilegemm.ops import operands, plans
