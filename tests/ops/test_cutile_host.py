@@ -339,7 +339,7 @@ def test_one_plan_cache_for_every_backend(monkeypatch):
     """Plans of every backend are kept in ``tilegemm.ops.plans``; ``clear_plans`` (also ``launch.clear_plans``) forgets
     them all with the hot-lane replays."""
     monkeypatch.setattr(plans, "_PLANS", {})
-    monkeypatch.setattr(registry, "_HOT", {("cutile", "k"): print})
+    monkeypatch.setattr(hot_lane, "_HOT", {("cutile", "k"): print})
     assert plans.find(("cutile", 1)) is None
     run = plans.keep(("cutile", 1), lambda: 7)
     plans.keep(("gluon", 1), lambda: 8)
@@ -379,7 +379,7 @@ def test_dense_calls_launch_on_the_given_stream(monkeypatch, dtype, m, n, k, wit
     monkeypatch.setattr(registry, "_unavailable_reason", lambda *args: None)
     monkeypatch.setattr(config, "_num_sms", 132)
     monkeypatch.setattr(plans, "_PLANS", {})
-    monkeypatch.setattr(registry, "_HOT", {})
+    monkeypatch.setattr(hot_lane, "_HOT", {})
     a, b = torch.randn(m, k).bfloat16(), torch.randn(n, k).bfloat16()
     c = torch.randn(m, n).bfloat16() if with_c else None
     d = torch.zeros(m, n, dtype=torch.bfloat16)
