@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from tilegemm.backend import registry
+from tilegemm.ops.reference import cublaslt
 
 TESTS = Path(__file__).resolve().parent
 SRC = TESTS.parent / "src" / "tilegemm"
@@ -22,6 +23,8 @@ _DEFINES_KERNEL = re.compile(
 #: Modules of a kernel backend that make no kernels of their own: the AOT compiler, the launch layer (its
 #: ``kernel_factory`` makes the other modules' kernels).
 _NOT_KERNEL_MODULES = {"aot", "launch"}
+#: Implementations every backend registers (DeepGEMM's cuBLAS baseline: no kernel of ours, cuBLAS through torch).
+SHARED_IMPLS = {cublaslt.cublaslt_gemm}
 
 
 def _ops() -> dict[str, dict]:
@@ -64,11 +67,14 @@ def test_every_kernel_module_is_in_the_compile_gate():
 
 
 def test_every_kernel_backend_registers_through_its_package():
+    """A kernel backend's implementations are its package's, except the one every backend shares (registered by
+    each backend's package when it imports)."""
     for backend in KERNEL_BACKENDS:
         assert registry._BACKEND_MODULES[backend] == f"tilegemm.ops.{backend}"
         for op, impls in _ops().items():
             fn = impls.get(backend)
-            assert fn is None or fn.__module__.startswith(f"tilegemm.ops.{backend}."), (op, backend, fn.__module__)
+            own = fn is None or fn.__module__.startswith(f"tilegemm.ops.{backend}.")
+            assert own or fn in SHARED_IMPLS, (op, backend, fn.__module__)
 
 
 def test_no_module_defines_a_name_twice():
@@ -130,13 +136,14 @@ def _gate_imports() -> set[tuple[str, str]]:
 def test_every_kernel_backend_op_has_a_compile_gate_entry():
     """Every op a kernel backend implements runs kernels the CPU compile gate compiles: its implementation's module
     is in the gate, or it composes ops or kernel modules that are (``get_impl``, imported sibling modules). A module
-    that runs none of its backend's kernels (``cublaslt_gemm_*``: cuBLAS through torch) needs no entry."""
+    that runs none of its backend's kernels needs no entry, nor does the implementation every backend shares
+    (``cublaslt_gemm_*``: cuBLAS through torch)."""
     gated = _gate_imports()
     missing = []
     for op, impls in _ops().items():
         for backend in KERNEL_BACKENDS:
             fn = impls.get(backend)
-            if fn is None:
+            if fn is None or fn in SHARED_IMPLS:
                 continue
             module = fn.__module__.rsplit(".", 1)[-1]
             text = (SRC / "ops" / backend / f"{module}.py").read_text()
