@@ -11,7 +11,8 @@ Ops (each takes the patched module's ``backend``, ``None`` for the current choic
 * ``tilegemm::experts_moe(hidden [T, H], topk_ids [T, k], topk_weights [T, k], w13 [E, 2I, H], w2 [E, H, I],
   activation, backend) -> [T, H]``: :func:`tilegemm.moe_experts` (the fused bf16 experts).
 * ``tilegemm::experts_fp8_moe(...)``, same arguments and result: :func:`tilegemm.fp8_moe_experts` on the 128x128
-  block FP8 copies of ``w13`` / ``w2`` (:func:`weight_fp8_blocks`, cached on the weight tensors).
+  block FP8 copies of ``w13`` / ``w2`` (:func:`tilegemm.fp8_weights.weight_fp8_blocks`, cached on the weight
+  tensors).
 * ``tilegemm::experts_grouped_linear(x [S, K], weight, offs [E], transposed, backend) -> [S, N]`` and
   ``tilegemm::experts_grouped_linear_fp8`` (same, FP8 weight blocks): the unfused path's grouped GEMMs
   (:func:`tilegemm.ops.op_call.grouped_linear`, ``grouped_linear_fp8``).
@@ -41,6 +42,7 @@ from typing import TypeVar
 
 import torch
 
+from tilegemm.fp8_weights import weight_fp8_blocks
 from tilegemm.ops import api
 from tilegemm.ops.checks import skip_value_checks
 from tilegemm.ops.op_call import grouped_linear, grouped_linear_fp8, out_dtype, run_op
@@ -69,38 +71,6 @@ def model_op(name: str, *, fake: Callable[..., object]) -> Callable[[F], F]:
         return op  # type: ignore[return-value]
 
     return decorator
-
-
-_FP8_ATTR = "_tilegemm_fp8_blocks"
-
-
-def _fp8_key(weight: Tensor, transpose: bool) -> tuple:
-    return (weight.data_ptr(), weight._version, tuple(weight.shape), weight.dtype, weight.device, transpose)
-
-
-def weight_fp8_blocks(weight: Tensor, transpose: bool = False) -> tuple[Tensor, Tensor]:
-    """The 128x128-block FP8 copy of ``weight [..., N, K]`` (``[..., K, N]`` with ``transpose``), cached on the tensor.
-
-    Same quantization and invalidation as :func:`tilegemm.transformers.fp8_weights.cached_fp8_weight` (keyed on
-    storage pointer, version counter, shape, dtype, device), but kept in an attribute of the weight tensor itself,
-    because a custom op receives tensors, not modules (torch.compile passes the Parameter objects through).
-    :func:`tilegemm.transformers.clear_fp8_cache` drops it. Returns ``(fp8 [..., N, K], fp32 scales)``.
-    """
-    from tilegemm.transformers.fp8_weights import quantize_weight_blocks
-
-    key = _fp8_key(weight, transpose)
-    entries = weight.__dict__.setdefault(_FP8_ATTR, {})
-    entry = entries.get(transpose)
-    if entry is not None and entry[0] == key:
-        return entry[1]
-    value = quantize_weight_blocks(weight.transpose(-1, -2) if transpose else weight)
-    entries[transpose] = (key, value)
-    return value
-
-
-def clear_weight_fp8_blocks(weight: Tensor) -> bool:
-    """Drop ``weight``'s cached FP8 copies (:func:`weight_fp8_blocks`); True if it held any."""
-    return weight.__dict__.pop(_FP8_ATTR, None) is not None
 
 
 def _fake_experts(hidden, topk_ids, topk_weights, w13, w2, activation, backend):
