@@ -11,6 +11,8 @@ import ast
 import re
 from pathlib import Path
 
+import torch
+
 from tilegemm.backend import registry
 from tilegemm.ops.reference import cublaslt
 
@@ -75,6 +77,23 @@ def test_every_kernel_backend_registers_through_its_package():
             fn = impls.get(backend)
             own = fn is None or fn.__module__.startswith(f"tilegemm.ops.{backend}.")
             assert own or fn in SHARED_IMPLS, (op, backend, fn.__module__)
+
+
+def test_every_custom_op_is_made_in_one_module():
+    """Every ``torch.library`` custom op (``tilegemm::...``) is made in ``tilegemm/custom_ops.py``, and every one of
+    them takes ``backend`` (what the tilegemm ops it calls run on)."""
+    from tilegemm import custom_ops
+
+    elsewhere = [
+        str(path.relative_to(SRC))
+        for path in sorted(SRC.rglob("*.py"))
+        if path != SRC / "custom_ops.py" and re.search(r"torch\.library\.|\bcustom_op\(", path.read_text())
+    ]
+    assert not elsewhere, f"custom ops made outside tilegemm/custom_ops.py: {elsewhere}"
+    assert set(custom_ops.MODEL_OPS) < set(custom_ops.OPS)
+    for name in custom_ops.OPS:
+        schema = getattr(torch.ops.tilegemm, name.removeprefix("tilegemm::")).default._schema
+        assert "backend" in [argument.name for argument in schema.arguments], name
 
 
 def test_no_module_defines_a_name_twice():

@@ -92,7 +92,7 @@ def test_bf16_fused_gradients_closer_to_float64_than_stock(family):
     calls = []
     with pytest.MonkeyPatch.context() as patch:
         fused = tilegemm.autograd.moe_experts
-        patch.setattr(tilegemm.autograd, "moe_experts", lambda *a: calls.append(1) or fused(*a))
+        patch.setattr(tilegemm.autograd, "moe_experts", lambda *a, **kw: calls.append(1) or fused(*a, **kw))
         ours = _run(tilegemm_experts_forward, module, x, index, weights, grad)
     assert calls, "bf16 training did not take the fused op"
     stock = _run(grouped_mm_experts_forward, module, x, index, weights, grad)

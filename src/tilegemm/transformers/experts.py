@@ -19,7 +19,7 @@ biases; other activations; training of those) runs the unfused path, per call:
 
 No step reads device memory on the host, so with the cutile backend the call is CUDA-graph capturable. Every
 inference call into tilegemm (the fused ops, the unfused path's grouped GEMMs) is a ``torch.library`` custom op of
-:mod:`~tilegemm.transformers.custom_ops` taking the module's backend as an argument, so ``torch.compile(model,
+:mod:`~tilegemm.custom_ops` taking the module's backend as an argument, so ``torch.compile(model,
 fullgraph=True)`` traces a patched model as one graph. Calls whose
 routed rows times the widest operand row pass ``2**30`` elements (the grouped kernels index with int32) run in
 token chunks below that (``MAX_ROUTED_ELEMENTS``).
@@ -61,10 +61,10 @@ import warnings
 
 import torch
 
+from tilegemm import custom_ops
 from tilegemm.fp8_weights import weight_fp8_blocks
 from tilegemm.ops.checks import GROUPED_MATMUL_DTYPES, skip_value_checks
 from tilegemm.routing import MoERouting, moe_route, permute_tokens, unpermute_tokens
-from tilegemm.transformers import custom_ops
 
 #: ``transformers.integrations.moe`` once it is imported (:func:`bind_transformers_moe`), else ``None``. A module
 #: global, not an import on the traced path: torch 2.11's dynamo refuses a lazy package as an import result.
@@ -261,10 +261,9 @@ def tilegemm_experts_forward(
     backend = _backend_for(self)
     if training:
         from tilegemm.autograd import moe_experts
-        from tilegemm.backend.selector import BackendScope
 
-        with skip_value_checks(), BackendScope(backend) if backend else contextlib.nullcontext():
-            return moe_experts(hidden_states, top_k_index, top_k_weights, *weights, activation)
+        with skip_value_checks():
+            return moe_experts(hidden_states, top_k_index, top_k_weights, *weights, activation, backend=backend)
     return custom_ops.experts_moe(hidden_states, top_k_index, top_k_weights, *weights, activation, backend)
 
 

@@ -21,8 +21,8 @@ stock applies it (``masked_fill`` for a boolean mask, addition for an additive o
 That scoring is :func:`tilegemm.indexer.index_scores` (with :func:`~tilegemm.indexer.mask_windows`,
 :func:`~tilegemm.indexer.hadamard_rotate`, :func:`~tilegemm.indexer.quantize_rows`; imported here too); this module
 is the swap. The swapped forward calls the scoring as the custom op ``tilegemm::indexer_scores``
-(:func:`indexer_scores_op`), so patched models compile whole with ``torch.compile(fullgraph=True)``; swapped indexers
-pickle as their stock class.
+(:func:`tilegemm.custom_ops.indexer_scores`), so patched models compile whole with ``torch.compile(fullgraph=True)``;
+swapped indexers pickle as their stock class.
 
 Only classes whose stock ``forward`` holds the formula are swapped: :data:`INDEXERS` names them and
 :func:`stock_formula_matches` checks the stock source for the scoring lines the swap replaces (a transformers
@@ -40,9 +40,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tilegemm import indexer as scoring
+from tilegemm.custom_ops import indexer_scores
 from tilegemm.indexer import dense_index_scores, hadamard_rotate, index_scores, mask_windows, quantize_rows
-from tilegemm.transformers.custom_ops import model_op
 
 
 @dataclass(frozen=True)
@@ -129,26 +128,6 @@ def stock_formula_matches(stock: type, rope: str) -> bool:
     return True
 
 
-def _fake_scores(q, k, weights, attention_mask, softmax_scale, fp8, hadamard, backend):
-    return q.new_empty(q.shape[0], q.shape[1], k.shape[1], dtype=torch.float32)
-
-
-@model_op("tilegemm::indexer_scores", fake=_fake_scores)
-def indexer_scores_op(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    weights: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    softmax_scale: float,
-    fp8: bool,
-    hadamard: bool,
-    backend: str | None,
-) -> torch.Tensor:
-    """:func:`index_scores` as the ``torch.library`` custom op the swapped indexers call (so patched models compile
-    whole: ``tilegemm.transformers.custom_ops``). Returns a new fp32 ``[B, S, T]``."""
-    return scoring.index_scores(q, k, weights, attention_mask, softmax_scale, fp8, hadamard, backend).contiguous()
-
-
 # ------------------------------------------------------------------------------------------------ the swap
 
 
@@ -181,7 +160,7 @@ def _patched_forward(rope_name: str):
             if cache is not None:
                 k = cache.update_indexer(k, self.layer_idx)
             weights = self.weights_proj(hidden_states.to(self.weights_proj.weight.dtype)).float() * (self.n_heads**-0.5)
-            scores = indexer_scores_op(
+            scores = indexer_scores(
                 q,
                 k,
                 weights,

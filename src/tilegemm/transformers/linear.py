@@ -8,7 +8,7 @@ The swap changes only the layer's class (``nn.Linear`` -> :class:`TileGemmLinear
 Forward: ``y = x @ W.T (+ b)`` with ``bf16_gemm_nt`` (bf16 models on the current backend; fp16/fp32 models on
 the exact ``pytorch`` backend), or with ``fp8_gemm_nt`` when ``fp8`` (weight quantized once to 128x128 blocks
 and cached on the weight tensor, activations cast per token), through the ``tilegemm::linear`` custom op
-(:mod:`~tilegemm.transformers.custom_ops`: one node under ``torch.compile``). Inference only: when gradients are
+(:mod:`~tilegemm.custom_ops`: one node under ``torch.compile``). Inference only: when gradients are
 needed it runs ``F.linear``.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tilegemm.transformers import custom_ops
+from tilegemm import custom_ops
 
 MIN_OUT_FEATURES = 8
 """Layers with fewer outputs (router-style gates such as Qwen's ``shared_expert_gate``, N=1) stay stock."""

@@ -19,7 +19,7 @@ import functools
 import torch
 from torch import nn
 
-from tilegemm.autograd import rms_norm_forward
+from tilegemm.custom_ops import rms_norm_forward
 from tilegemm.ops.checks import rms_norm_check
 from tilegemm.transformers.families import FAMILY_BY_MODEL_TYPE
 
