@@ -304,7 +304,7 @@ def sampled_formula(module, hidden, q_resid, pe, sample) -> torch.Tensor:
         captured.update(q=q[:, sample], k=k, w=weights[:, sample], scale=scale)
         return original(q[:, :1], k, weights[:, :1], None if mask is None else mask[:, :1], scale)
 
-    stock = getattr(type(module), "_tilegemm_stock_indexer", type(module))
+    stock = type(module).__dict__.get("_tilegemm_stock", type(module))
     set_variant(module, stock, "bf16", idx.INDEXER_BY_MODEL_TYPE[module.config.model_type].rope)
     scoring.index_scores = spy
     try:

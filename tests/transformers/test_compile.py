@@ -20,7 +20,7 @@ import torch
 from hf_models import FAMILIES, build, prompt
 
 from tilegemm import custom_ops
-from tilegemm.transformers import apply_tilegemm_to_model, swapped_rms_norms
+from tilegemm.transformers import apply_tilegemm_to_model, swapped_indexers, swapped_rms_norms
 from tilegemm.transformers.monkey_patch import experts_modules
 
 
@@ -205,6 +205,9 @@ def test_torch_save_and_pickle_round_trip(family):
         assert torch.equal(_logits(clone, ids), before)
     if family in FAMILIES:
         assert swapped_rms_norms(loaded), "the RMSNorm swap survives the round trip"
+    for module in swapped_rms_norms(model) + swapped_indexers(model):  # the stock class plus the swap
+        rebuild, (stock, *_) = module.__reduce_ex__(2)
+        assert rebuild.__name__ == "_rebuild_swapped" and stock is type(module).__bases__[0]
 
 
 def test_torch_load_in_a_fresh_process(tmp_path):

@@ -1,9 +1,9 @@
 """tilegemm inside HuggingFace transformers (>= 5.7) MoE models: DeepSeek-V2/V3, Qwen2-MoE, Qwen3-MoE, Mixtral.
 
-The integration: the experts functions, the patchers (one per row of :data:`FAMILIES`), cached FP8
-expert weights, the RMSNorm swap and the ``nn.Linear`` swap, plus the random-weight model presets
-(:mod:`.presets`, read by ``tilegemm-bench``'s ``models`` family and the tests). The inference comparison
-harness (timing, reports) is ``modeling/transformers/`` in the repository.
+The integration: the experts functions, the patchers (one per row of :data:`FAMILIES`), the class swaps (RMSNorm,
+sparse-attention indexer, ``nn.Linear``; :mod:`.swap`) and :func:`clear_fp8_cache` of the FP8 weight cache, plus
+the random-weight model presets (:mod:`.presets`, read by ``tilegemm-bench``'s ``models`` family and the tests).
+The inference comparison harness (timing, reports) is ``modeling/transformers/`` in the repository.
 
 Quick start::
 

@@ -42,6 +42,7 @@ from torch import nn
 
 from tilegemm.custom_ops import indexer_scores
 from tilegemm.indexer import dense_index_scores, hadamard_rotate, index_scores, mask_windows, quantize_rows
+from tilegemm.transformers.swap import ClassSwap
 
 
 @dataclass(frozen=True)
@@ -176,18 +177,13 @@ def _patched_forward(rope_name: str):
     return forward
 
 
-def _reduce_ex(self, protocol: int):
-    """Pickle as the stock class plus the swap (the subclass is made at run time, so pickle cannot name it)."""
-    spec = INDEXER_BY_MODEL_TYPE[self.config.model_type]
-    return _rebuild_swapped, (type(self)._tilegemm_stock_indexer, spec.rope, self.__getstate__())
+INDEXER = ClassSwap(backend=None, fp8=False, hadamard=True)
+"""The indexer swap; its settings: the MQA-logits calls' backend, DeepSeek's FP8 recipe, the Hadamard rotation."""
 
 
 def _rebuild_swapped(stock: type, rope_name: str, state: dict) -> nn.Module:
-    """Unpickle a swapped indexer: an instance of ``stock`` with ``state`` (its settings included), swapped again."""
-    module = stock.__new__(stock)
-    module.__setstate__(state)
-    module.__class__ = tilegemm_indexer_class(stock, rope_name)
-    return module
+    """Unpickle a swapped indexer (pickles name this function): a ``stock`` with ``state``, swapped again."""
+    return INDEXER.rebuild(stock, state, tilegemm_indexer_class(stock, rope_name))
 
 
 @functools.cache
@@ -197,20 +193,12 @@ def tilegemm_indexer_class(stock: type, rope_name: str) -> type:
     Its instances pickle (``torch.save(model)``, ``copy.deepcopy``) as the stock class and the swap, rebuilt by
     :func:`_rebuild_swapped`, which importing this module provides.
     """
-    rope = inspect.unwrap(stock.forward).__globals__[rope_name]
-    name = f"TileGemm{stock.__name__}"
-    doc = f"``{stock.__name__}`` scored by tilegemm's MQA-logits ops (same parameters, cache and top-k)."
     attrs = {
         "forward": _patched_forward(rope_name),
-        "__reduce_ex__": _reduce_ex,
-        "__doc__": doc,
-        "_tilegemm_rope": staticmethod(rope),
-        "_tilegemm_backend": None,
-        "_tilegemm_fp8": False,
-        "_tilegemm_hadamard": True,
-        "_tilegemm_stock_indexer": stock,
+        "__doc__": f"``{stock.__name__}`` scored by tilegemm's MQA-logits ops (same parameters, cache and top-k).",
+        "_tilegemm_rope": staticmethod(inspect.unwrap(stock.forward).__globals__[rope_name]),
     }
-    return type(name, (stock,), attrs)
+    return INDEXER.subclass(stock, attrs, _rebuild_swapped, rope_name)
 
 
 _warned: set[type] = set()
@@ -244,32 +232,17 @@ def swap_indexers(model: nn.Module, fp8: bool = False, backend: str | None = Non
                 stacklevel=2,
             )
         return []
-    patched = tilegemm_indexer_class(stock, spec.rope)
-    names = []
-    for name, module in model.named_modules():
-        if type(module) is stock:
-            module.__class__ = patched
-        if type(module) is patched:
-            module._tilegemm_backend = backend
-            module._tilegemm_fp8 = fp8
-            module._tilegemm_hadamard = hadamard
-            names.append(name)
-    return names
+    return INDEXER.swap(model, tilegemm_indexer_class(stock, spec.rope), backend=backend, fp8=fp8, hadamard=hadamard)
 
 
 def swapped_indexers(model: nn.Module) -> list[nn.Module]:
     """Every indexer under ``model`` that scores through tilegemm (swapped by :func:`swap_indexers`)."""
-    return [m for m in model.modules() if "_tilegemm_stock_indexer" in type(m).__dict__]
+    return INDEXER.swapped(model)
 
 
 def restore_indexers(model: nn.Module) -> int:
     """Turn every swapped indexer under ``model`` back into its stock class; returns how many."""
-    swapped = swapped_indexers(model)
-    for module in swapped:
-        module.__class__ = type(module)._tilegemm_stock_indexer
-        for key in ("_tilegemm_backend", "_tilegemm_fp8", "_tilegemm_hadamard"):
-            module.__dict__.pop(key, None)
-    return len(swapped)
+    return INDEXER.restore(model)
 
 
 __all__ = [
