@@ -16,9 +16,12 @@ import importlib
 import re
 from pathlib import Path
 
+import torch
+
 import tilegemm
 from tilegemm.backend import registry
 from tilegemm.ops import api
+from tilegemm.ops.reference import cublaslt
 
 TESTS = Path(__file__).resolve().parent
 SRC = TESTS.parent / "src" / "tilegemm"
@@ -29,6 +32,8 @@ _DEFINES_KERNEL = re.compile(
 #: Modules of a kernel backend that make no kernels of their own: the AOT compiler, the launch layer (its
 #: ``kernel_factory`` makes the other modules' kernels).
 _NOT_KERNEL_MODULES = {"aot", "launch"}
+#: Implementations every backend registers (DeepGEMM's cuBLAS baseline: no kernel of ours, cuBLAS through torch).
+SHARED_IMPLS = {cublaslt.cublaslt_gemm}
 
 
 def _ops() -> dict[str, dict]:
@@ -71,11 +76,31 @@ def test_every_kernel_module_is_in_the_compile_gate():
 
 
 def test_every_kernel_backend_registers_through_its_package():
+    """A kernel backend's implementations are its package's, except the one every backend shares (registered by
+    each backend's package when it imports)."""
     for backend in KERNEL_BACKENDS:
         assert registry._BACKEND_MODULES[backend] == f"tilegemm.ops.{backend}"
         for op, impls in _ops().items():
             fn = impls.get(backend)
-            assert fn is None or fn.__module__.startswith(f"tilegemm.ops.{backend}."), (op, backend, fn.__module__)
+            own = fn is None or fn.__module__.startswith(f"tilegemm.ops.{backend}.")
+            assert own or fn in SHARED_IMPLS, (op, backend, fn.__module__)
+
+
+def test_every_custom_op_is_made_in_one_module():
+    """Every ``torch.library`` custom op (``tilegemm::...``) is made in ``tilegemm/custom_ops.py``, and every one of
+    them takes ``backend`` (what the tilegemm ops it calls run on)."""
+    from tilegemm import custom_ops
+
+    elsewhere = [
+        str(path.relative_to(SRC))
+        for path in sorted(SRC.rglob("*.py"))
+        if path != SRC / "custom_ops.py" and re.search(r"torch\.library\.|\bcustom_op\(", path.read_text())
+    ]
+    assert not elsewhere, f"custom ops made outside tilegemm/custom_ops.py: {elsewhere}"
+    assert set(custom_ops.MODEL_OPS) < set(custom_ops.OPS)
+    for name in custom_ops.OPS:
+        schema = getattr(torch.ops.tilegemm, name.removeprefix("tilegemm::")).default._schema
+        assert "backend" in [argument.name for argument in schema.arguments], name
 
 
 def test_no_module_defines_a_name_twice():
@@ -137,13 +162,14 @@ def _gate_imports() -> set[tuple[str, str]]:
 def test_every_kernel_backend_op_has_a_compile_gate_entry():
     """Every op a kernel backend implements runs kernels the CPU compile gate compiles: its implementation's module
     is in the gate, or it composes ops or kernel modules that are (``get_impl``, imported sibling modules). A module
-    that runs none of its backend's kernels (``cublaslt_gemm_*``: cuBLAS through torch) needs no entry."""
+    that runs none of its backend's kernels needs no entry, nor does the implementation every backend shares
+    (``cublaslt_gemm_*``: cuBLAS through torch)."""
     gated = _gate_imports()
     missing = []
     for op, impls in _ops().items():
         for backend in KERNEL_BACKENDS:
             fn = impls.get(backend)
-            if fn is None:
+            if fn is None or fn in SHARED_IMPLS:
                 continue
             module = fn.__module__.rsplit(".", 1)[-1]
             text = (SRC / "ops" / backend / f"{module}.py").read_text()
@@ -221,13 +247,6 @@ def _cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
     return found
 
 
-#: Import cycles known when this test was written, each to be removed with the work that owns its modules (the
-#: test fails when one is gone, so that its entry goes too): the FP8 weight cache of the transformers integration
-#: is split between custom_ops (the copies kept on weight tensors) and fp8_weights (the per-module copies and the
-#: quantization), each importing the other in a function body.
-_KNOWN_CYCLES = [["tilegemm.transformers.custom_ops", "tilegemm.transformers.fp8_weights"]]
-
-
 def test_no_import_cycles():
     """No tilegemm module imports itself around a loop, by module-level or function-level imports: data flows one way
     (api -> registry -> backend -> kernel), and a lower layer that needs to reach a higher one is called back
@@ -239,13 +258,9 @@ def test_no_import_cycles():
     assert _cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [["a", "b", "c"]]
     cycles = _cycles(graph)
     loops = {
-        " -> ".join(c): [f"{a} -> {b} (line {graph[a][b]})" for a in c for b in graph[a] if b in c]
-        for c in cycles
-        if c not in _KNOWN_CYCLES
+        " -> ".join(c): [f"{a} -> {b} (line {graph[a][b]})" for a in c for b in graph[a] if b in c] for c in cycles
     }
     assert not loops, f"import cycles: {loops}"
-    gone = [c for c in _KNOWN_CYCLES if c not in cycles]
-    assert not gone, f"these cycles are gone: remove them from _KNOWN_CYCLES: {gone}"
 
 
 def test_registry_layer_imports_nothing_above_it():

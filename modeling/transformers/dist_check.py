@@ -48,8 +48,12 @@ from modeling.transformers import measure  # noqa: E402
 from modeling.transformers.build import build_model, free  # noqa: E402
 from modeling.transformers.cli import positive_ints, progress_log  # noqa: E402
 from tilegemm.backend.selector import BACKENDS, get_current_backend  # noqa: E402
-from tilegemm.transformers import apply_tilegemm_to_model, presets, revert_tilegemm_model  # noqa: E402
-from tilegemm.transformers.fp8_weights import clear_fp8_cache  # noqa: E402
+from tilegemm.transformers import (  # noqa: E402
+    apply_tilegemm_to_model,
+    clear_fp8_cache,
+    presets,
+    revert_tilegemm_model,
+)
 from tilegemm.transformers.monkey_patch import experts_modules  # noqa: E402
 from tilegemm.transformers.parallel import (  # noqa: E402
     PARALLEL_MODES,

@@ -37,8 +37,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root and s
 import torch
 
 from tilegemm import calc_diff
-from tilegemm.transformers import apply_tilegemm_to_model, revert_tilegemm_model
-from tilegemm.transformers.fp8_weights import clear_fp8_cache
+from tilegemm.transformers import apply_tilegemm_to_model, clear_fp8_cache, revert_tilegemm_model
 
 #: ``--impls`` entry -> ``apply_tilegemm_to_model`` keywords.
 IMPLS: dict[str, dict[str, bool]] = {"patched": {}, "fp8": {"fp8": True}, "experts": {"norm": False}}

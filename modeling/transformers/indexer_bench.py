@@ -43,6 +43,7 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 
 from modeling.transformers.cli import positive_ints, progress_log  # noqa: E402
+from tilegemm import indexer as scoring  # noqa: E402
 from tilegemm.testing import calc_diff  # noqa: E402
 from tilegemm.transformers import indexer as idx  # noqa: E402
 from tilegemm.transformers.compat import cache_kwargs  # noqa: E402
@@ -160,17 +161,17 @@ def set_variant(module: torch.nn.Module, stock: type, variant: str, rope: str) -
 def capture_scores(call: Callable[[], Any]) -> tuple[Any, torch.Tensor]:
     """Run ``call`` (a patched indexer forward) and return its output and the scores it handed to ``topk``."""
     captured = {}
-    original = idx.index_scores
+    original = scoring.index_scores
 
     def spy(*a, **kw):
         captured["scores"] = original(*a, **kw)
         return captured["scores"]
 
-    idx.index_scores = spy
+    scoring.index_scores = spy
     try:
         out = call()
     finally:
-        idx.index_scores = original
+        scoring.index_scores = original
     return out, captured["scores"]
 
 
@@ -305,21 +306,21 @@ def sampled_formula(module, hidden, q_resid, pe, sample) -> torch.Tensor:
     """Stock's formula in float64 for the sampled query rows, from the module's own q and k (captured from a
     patched forward's :func:`index_scores` arguments)."""
     captured = {}
-    original = idx.index_scores
+    original = scoring.index_scores
 
     def spy(q, k, weights, mask, scale, *a, **kw):
         captured.update(q=q[:, sample], k=k, w=weights[:, sample], scale=scale)
         return original(q[:, :1], k, weights[:, :1], None if mask is None else mask[:, :1], scale)
 
-    stock = getattr(type(module), "_tilegemm_stock_indexer", type(module))
+    stock = type(module).__dict__.get("_tilegemm_stock", type(module))
     set_variant(module, stock, "bf16", idx.INDEXER_BY_MODEL_TYPE[module.config.model_type].rope)
-    idx.index_scores = spy
+    scoring.index_scores = spy
     try:
         with torch.no_grad():
             module(hidden, q_resid, pe, None, None)  # no cache
     finally:
-        idx.index_scores = original
-    ref = idx.dense_index_scores(captured["q"], captured["k"], captured["w"], captured["scale"])[0]
+        scoring.index_scores = original
+    ref = scoring.dense_index_scores(captured["q"], captured["k"], captured["w"], captured["scale"])[0]
     cols = torch.arange(ref.shape[-1], device=ref.device)
     return ref.masked_fill(cols[None, :] > sample[:, None], float("-inf"))
 

@@ -57,7 +57,7 @@ def test_bf16_experts_forward_through_the_bundle(integration, tokens):
 
 
 def test_fp8_experts_forward_through_the_bundle(integration):
-    from tilegemm.transformers.fp8_weights import quantize_weight_blocks
+    from tilegemm.fp8_weights import quantize_weight_blocks
 
     hf_deepgemm.install(tilegemm)
     x, ids, weights, w13, w2 = _inputs(seed=7)

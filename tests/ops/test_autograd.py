@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import tilegemm
-from tilegemm import autograd
+from tilegemm import autograd, custom_ops
 from tilegemm.testing import calc_diff
 
 BACKENDS = ["pytorch", pytest.param("cutile", marks=pytest.mark.gpu)]
@@ -151,16 +151,16 @@ def test_grouped_matmul_validates_offsets_once():
 
 def test_custom_ops_pass_opcheck():
     a, b = torch.randn(16, 64).bfloat16(), torch.randn(64, 32).bfloat16()
-    torch.library.opcheck(autograd.gemm, (a.requires_grad_(), b.requires_grad_(), "nn"))
+    torch.library.opcheck(custom_ops.gemm, (a.requires_grad_(), b.requires_grad_(), "nn"))
     x, w = torch.randn(40, 64).bfloat16().requires_grad_(), torch.randn(3, 32, 64).bfloat16().requires_grad_()
     offs = torch.tensor([10, 10, 33]).int()
-    torch.library.opcheck(autograd.grouped_gemm, (x, w, offs, "nt"))
-    torch.library.opcheck(autograd.grouped_gemm, (x, w.detach().transpose(1, 2).contiguous(), offs, "nn"))
+    torch.library.opcheck(custom_ops.grouped_gemm, (x, w, offs, "nt"))
+    torch.library.opcheck(custom_ops.grouped_gemm, (x, w.detach().transpose(1, 2).contiguous(), offs, "nn"))
     w_fp8 = tilegemm.per_block_cast_to_fp8(w.detach())
     # test_schema compares inputs before and after with arithmetic torch lacks for float8 on the CPU
     not_schema = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-    torch.library.opcheck(autograd.fp8_grouped_gemm, (x, w, *w_fp8, offs), test_utils=not_schema)
-    torch.library.opcheck(autograd.fp8_linear_forward, (x.detach().requires_grad_(), torch.randn(32, 64).bfloat16()))
+    torch.library.opcheck(custom_ops.fp8_grouped_gemm, (x, w, *w_fp8, offs), test_utils=not_schema)
+    torch.library.opcheck(custom_ops.fp8_linear_forward, (x.detach().requires_grad_(), torch.randn(32, 64).bfloat16()))
 
 
 def test_traces_under_torch_compile_fullgraph():

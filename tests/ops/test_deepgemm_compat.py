@@ -584,8 +584,9 @@ def test_cublaslt_gemm_c_is_d_and_mn_major(device):
 
 def test_cublaslt_gemm_is_one_implementation_on_every_backend():
     """No backend lacks it, so fallback-disabled calls never refuse it: each backend's implementation runs cuBLAS
-    through torch (the exact product on CPU tensors, called directly here)."""
+    through torch (the exact product on CPU tensors, called directly here), and it is the same function on each."""
     from tilegemm.backend import registry
+    from tilegemm.ops.reference import cublaslt
 
     registry._load_backends()
     a = torch.randn(40, 96).to(torch.float8_e4m3fn)
@@ -596,6 +597,7 @@ def test_cublaslt_gemm_is_one_implementation_on_every_backend():
             continue  # this machine cannot import that backend (then calls fall back to the same implementation)
         for layout in ("nt", "nn", "tn", "tt"):
             impl = registry._IMPLS[f"cublaslt_gemm_{layout}"][backend]
+            assert impl is cublaslt.cublaslt_gemm, (backend, layout)
             d = torch.full((40, 24), float("nan"))
             impl(a=a, b=b, d=d, c=c, stream=None)
             assert calc_diff(d, a.double() @ b.double().T + c.double()) < 1e-12, (backend, layout)

@@ -15,6 +15,7 @@ import torch
 
 import tilegemm
 import tilegemm.autograd
+import tilegemm.custom_ops
 from tilegemm.ops import api
 from tilegemm.ops.common import MoETrainState
 from tilegemm.routing import max_padded_rows
@@ -195,11 +196,11 @@ def test_custom_ops_pass_opcheck():
     leaves = [t.clone().requires_grad_() for t in (x, weights, w13, w2)]
     with tilegemm.use_backend("pytorch"):
         torch.library.opcheck(
-            tilegemm.autograd.moe_experts_train, (leaves[0], ids, leaves[1], leaves[2], leaves[3], "silu")
+            tilegemm.custom_ops.moe_experts_train, (leaves[0], ids, leaves[1], leaves[2], leaves[3], "silu")
         )
         _, state = api.moe_experts_forward(*args)
         grad_args = (grad, x, weights, w13, w2, *state, "silu", [True, False, True, True], "pytorch")
-        torch.library.opcheck(tilegemm.autograd.moe_experts_grad, grad_args)
+        torch.library.opcheck(tilegemm.custom_ops.moe_experts_grad, grad_args)
 
 
 def test_forward_checks_the_call_once(monkeypatch):
@@ -215,3 +216,20 @@ def test_forward_checks_the_call_once(monkeypatch):
         assert len(seen) == 1
         assert torch.equal(out, api.moe_experts_forward(*args)[0])  # the same forward, checked once more
     assert len(seen) == 2
+
+
+def test_backend_argument_reaches_the_forward_and_the_backward(monkeypatch):
+    """``backend=`` is an argument of ``tilegemm::moe_experts_train`` (no ``use_backend`` scope needed, so a patched
+    module's backend traces under ``torch.compile``), and the backward runs on it too."""
+    from tilegemm.backend import registry
+
+    args, grad = _inputs(5, 2, 4, 64, 32, False, torch.bfloat16, "cpu")
+    seen = []
+    forward, backward = registry.call_checked, api.moe_experts_backward
+    monkeypatch.setattr(registry, "call_checked", lambda n, a, b=None: seen.append((n, b)) or forward(n, a, b))
+    monkeypatch.setattr(api, "moe_experts_backward", lambda *a, **kw: seen.append(kw["backend"]) or backward(*a, **kw))
+    x = args[0].clone().requires_grad_()
+    out = tilegemm.autograd.moe_experts(x, *args[1:], backend="pytorch")
+    out.backward(grad)
+    assert seen == [("moe_experts_forward", "pytorch"), "pytorch"]
+    assert torch.equal(out, api.moe_experts_forward(*args, backend="pytorch")[0])

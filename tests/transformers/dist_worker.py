@@ -24,7 +24,7 @@ class RouteRecorder:
     fused one) to record what it saw (calls, ids, expert count)."""
 
     def __init__(self):
-        import tilegemm.transformers.custom_ops as custom_ops
+        import tilegemm.custom_ops as custom_ops
         import tilegemm.transformers.experts as experts
 
         self.original_route = experts.moe_route

@@ -98,7 +98,7 @@ def test_model_outside_the_families_table_runs_tilegemm_experts(family, monkeypa
 
 def test_olmoe_bf16_runs_the_fused_op(monkeypatch):
     """OLMoE's experts are the plain gated form: bf16 inference runs tilegemm.moe_experts."""
-    from tilegemm.transformers import custom_ops
+    from tilegemm import custom_ops
 
     model = apply_tilegemm_to_model(build("tiny-olmoe", dtype=torch.bfloat16))
     calls = []

@@ -1,7 +1,7 @@
 """Patched models under ``torch.compile(fullgraph=True)`` and ``torch.save`` / ``pickle`` (CPU, tiny models).
 
 Every call from a patched module into tilegemm is a ``torch.library`` custom op
-(``tilegemm.transformers.custom_ops``), so a patched model traces as one graph: ``fullgraph=True`` raises on any
+(``tilegemm.custom_ops``), so a patched model traces as one graph: ``fullgraph=True`` raises on any
 graph break, and the counting backend sees exactly one graph. The compiled model (``aot_eager``: the custom ops'
 fake implementations, functionalization and the real kernels) must give the eager patched model's logits bit for
 bit.
@@ -19,7 +19,8 @@ import pytest
 import torch
 from hf_models import FAMILIES, build, prompt
 
-from tilegemm.transformers import apply_tilegemm_to_model, custom_ops, swapped_rms_norms
+from tilegemm import custom_ops
+from tilegemm.transformers import apply_tilegemm_to_model, swapped_indexers, swapped_rms_norms
 from tilegemm.transformers.monkey_patch import experts_modules
 
 
@@ -209,6 +210,9 @@ def test_torch_save_and_pickle_round_trip(family):
         assert torch.equal(_logits(clone, ids), before)
     if family in FAMILIES:
         assert swapped_rms_norms(loaded), "the RMSNorm swap survives the round trip"
+    for module in swapped_rms_norms(model) + swapped_indexers(model):  # the stock class plus the swap
+        rebuild, (stock, *_) = module.__reduce_ex__(2)
+        assert rebuild.__name__ == "_rebuild_swapped" and stock is type(module).__bases__[0]
 
 
 def test_torch_load_in_a_fresh_process(tmp_path):

@@ -8,11 +8,11 @@ from hf_models import FAMILIES, assert_within_one_bf16_step, build, reference_ex
 from transformers.integrations.moe import ExpertsInterface, grouped_mm_experts_forward, use_experts_implementation
 
 import tilegemm.autograd
+from tilegemm import custom_ops
 from tilegemm.testing import calc_diff
 from tilegemm.transformers import (
     EXPERTS_NAME,
     FP8_EXPERTS_NAME,
-    custom_ops,
     experts,
     register_experts_functions,
     tilegemm_experts_forward,
@@ -118,7 +118,9 @@ def test_calls_past_the_int32_bound_run_in_token_chunks(dtype, monkeypatch):
     monkeypatch.setattr(experts, "unfused_experts_forward", lambda m, h, *a: calls.append(len(h)) or unfused(m, h, *a))
     monkeypatch.setattr(custom_ops.api, "moe_experts", lambda h, *a, **kw: calls.append(len(h)) or fused(h, *a, **kw))
     trained = tilegemm.autograd.moe_experts  # bf16 with gradients: the differentiable fused op
-    monkeypatch.setattr(tilegemm.autograd, "moe_experts", lambda h, *a: calls.append(len(h)) or trained(h, *a))
+    monkeypatch.setattr(
+        tilegemm.autograd, "moe_experts", lambda h, *a, **kw: calls.append(len(h)) or trained(h, *a, **kw)
+    )
     chunked = tilegemm_experts_forward(module, x, index, weights)
     assert calls == [5, 5, 5, 5, 3]
     assert torch.equal(chunked, whole)

@@ -5,17 +5,17 @@ from __future__ import annotations
 import torch
 from hf_models import build, reference_experts, routing
 
+from tilegemm.fp8_weights import weight_fp8_blocks
 from tilegemm.quant import per_token_cast_to_fp8
 from tilegemm.testing import calc_diff, dequant_per_block, dequant_per_token
 from tilegemm.transformers import clear_fp8_cache, tilegemm_fp8_experts_forward
-from tilegemm.transformers.fp8_weights import cached_fp8_weight
 from tilegemm.transformers.monkey_patch import experts_modules
 
 
 def dequantized_formula(module, x, index, weights) -> torch.Tensor:
     """The FP8 path's math in float64 on the dequantized operands, with its fp32 roundings in between."""
-    w_up = dequant_per_block(*cached_fp8_weight(module, "gate_up_proj"))
-    w_down = dequant_per_block(*cached_fp8_weight(module, "down_proj"))
+    w_up = dequant_per_block(*weight_fp8_blocks(module.gate_up_proj))
+    w_down = dequant_per_block(*weight_fp8_blocks(module.down_proj))
     xq = dequant_per_token(*per_token_cast_to_fp8(x))
     out = torch.zeros(x.shape, dtype=torch.float64)
     for t in range(x.shape[0]):
@@ -66,13 +66,13 @@ def test_weight_cache_reused_and_invalidated():
     index, weights = routing(module, 6)
     with torch.no_grad():
         first = tilegemm_fp8_experts_forward(module, x, index, weights)
-        cached = cached_fp8_weight(module, "gate_up_proj")
+        cached = weight_fp8_blocks(module.gate_up_proj)
         tilegemm_fp8_experts_forward(module, x, index, weights)
-        assert cached_fp8_weight(module, "gate_up_proj") is cached, "second call must reuse the quantized weight"
+        assert weight_fp8_blocks(module.gate_up_proj) is cached, "second call must reuse the quantized weight"
 
         module.gate_up_proj.mul_(-1)  # in place: bumps the version counter
         flipped = tilegemm_fp8_experts_forward(module, x, index, weights)
-        assert cached_fp8_weight(module, "gate_up_proj") is not cached
+        assert weight_fp8_blocks(module.gate_up_proj) is not cached
         assert calc_diff(flipped, reference_experts(module, x, index, weights)) < FP8_EXPERTS_BAR
         assert calc_diff(flipped, first) > 1e-2
 
@@ -81,7 +81,7 @@ def test_weight_cache_reused_and_invalidated():
         assert calc_diff(doubled, 2 * flipped) < 1e-6
 
     assert clear_fp8_cache(module) == 1
-    assert "_tilegemm_fp8_cache" not in module.__dict__
+    assert not any("_tilegemm_fp8_blocks" in p.__dict__ for p in module.parameters())
     assert not any("fp8" in k for k in module.state_dict())
 
 
@@ -101,7 +101,7 @@ def test_fp8_inference_on_the_plain_gated_form_runs_the_fused_op():
         weights = torch.softmax(torch.randn(6, 2, generator=g), dim=-1)
         with torch.no_grad():
             out = tilegemm_fp8_experts_forward(module, x, index, weights)
-        w_up, w_down = cached_fp8_weight(module, "gate_up_proj"), cached_fp8_weight(module, "down_proj")
+        w_up, w_down = weight_fp8_blocks(module.gate_up_proj), weight_fp8_blocks(module.down_proj)
         if fused:
             assert torch.equal(out, tilegemm.fp8_moe_experts(x, index, weights, w_up, w_down, backend="pytorch"))
         else:

@@ -104,8 +104,8 @@ def test_model_bf16_cutile_vs_stock(family):
 @pytest.mark.parametrize("family", DSA_FAMILIES)
 def test_indexer_patch_alone_keeps_stock_logits(family):
     """The indexer swap alone selects the keys stock selects: the logits equal stock's bit for bit. (A 24-token
-    prompt's scores are small enough for the torch path, ``indexer.SMALL_SCORES_BYTES``; test_indexer_patch.py runs the
-    kernel path on the GPU.)"""
+    prompt's scores are small enough for the torch path, ``tilegemm.indexer.SMALL_SCORES_BYTES``;
+    test_indexer_patch.py runs the kernel path on the GPU.)"""
     model = build(family, dtype=torch.bfloat16, device="cuda")
     ids = prompt(device="cuda", length=24)
     with torch.no_grad():

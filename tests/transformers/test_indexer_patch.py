@@ -16,6 +16,7 @@ import torch
 from hf_models import build, prompt
 
 from modeling.transformers import measure
+from tilegemm import indexer as scoring
 from tilegemm.testing import calc_diff
 from tilegemm.transformers import (
     apply_tilegemm_kernel_to_model_type,
@@ -36,7 +37,7 @@ def _fused_scores_at_every_size(monkeypatch, request):
     """The tiny models' scores are small enough for the torch path (``SMALL_SCORES_BYTES``): the tests run the
     MQA-logits op at every size, except those marked ``small_scores_path`` (the decode rule itself)."""
     if "small_scores_path" not in request.keywords:
-        monkeypatch.setattr(idx, "SMALL_SCORES_BYTES", 0)
+        monkeypatch.setattr(scoring, "SMALL_SCORES_BYTES", 0)
 
 
 def _capture_indexer_calls(model, ids: torch.Tensor) -> list[tuple[torch.nn.Module, tuple, dict]]:
@@ -67,7 +68,7 @@ def _stock_scores(module, args, kwargs) -> torch.Tensor:
 
     torch.Tensor.topk = spy
     try:
-        indices = type(module)._tilegemm_stock_indexer.forward(module, *args, **kwargs)
+        indices = type(module)._tilegemm_stock.forward(module, *args, **kwargs)
     finally:
         torch.Tensor.topk = original
     return captured["scores"], indices
@@ -87,20 +88,20 @@ def assert_same_topk(patched: torch.Tensor, stock: torch.Tensor, scores: torch.T
 
 
 def _patched_scores(module, args, kwargs) -> torch.Tensor:
-    """The masked scores the patched forward hands to ``topk`` (:func:`tilegemm.transformers.indexer.index_scores`)."""
+    """The masked scores the patched forward hands to ``topk`` (:func:`tilegemm.indexer.index_scores`)."""
     captured = {}
-    original = idx.index_scores
+    original = scoring.index_scores
 
     def spy(*a, **kw):
         captured["scores"] = original(*a, **kw)
         return captured["scores"]
 
-    idx.index_scores = spy
+    scoring.index_scores = spy
     try:
         with torch.no_grad():
             module(*args, **kwargs)
     finally:
-        idx.index_scores = original
+        scoring.index_scores = original
     return captured["scores"]
 
 
@@ -227,7 +228,7 @@ def test_decode_sized_scores_take_torch_path(monkeypatch):
     monkeypatch.setattr(api, "bf16_mqa_logits", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     small = idx.index_scores(*last[:3], last[3], scale)
     assert calls == []
-    monkeypatch.setattr(idx, "SMALL_SCORES_BYTES", 0)
+    monkeypatch.setattr(scoring, "SMALL_SCORES_BYTES", 0)
     fused = idx.index_scores(*last[:3], last[3], scale)
     assert calls == [1] * q.shape[0]
     visible = last[3]

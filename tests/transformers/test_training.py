@@ -12,6 +12,7 @@ from hf_models import build, routing
 from transformers.integrations.moe import grouped_mm_experts_forward
 
 import tilegemm.autograd
+from tilegemm.fp8_weights import clear_fp8_cache
 from tilegemm.testing import calc_diff
 from tilegemm.transformers.experts import (
     tilegemm_experts_forward,
@@ -91,7 +92,7 @@ def test_bf16_fused_gradients_closer_to_float64_than_stock(family):
     calls = []
     with pytest.MonkeyPatch.context() as patch:
         fused = tilegemm.autograd.moe_experts
-        patch.setattr(tilegemm.autograd, "moe_experts", lambda *a: calls.append(1) or fused(*a))
+        patch.setattr(tilegemm.autograd, "moe_experts", lambda *a, **kw: calls.append(1) or fused(*a, **kw))
         ours = _run(tilegemm_experts_forward, module, x, index, weights, grad)
     assert calls, "bf16 training did not take the fused op"
     stock = _run(grouped_mm_experts_forward, module, x, index, weights, grad)
@@ -151,6 +152,6 @@ def test_fp8_training_requantizes_after_an_optimizer_step():
     opt.step()
     with torch.no_grad():
         after = tilegemm_fp8_experts_forward(module, x, index, weights)
-        module.__dict__.pop("_tilegemm_fp8_cache")  # quantize the stepped weights from scratch
+        assert clear_fp8_cache(module) == 1  # quantize the stepped weights from scratch
         fresh = tilegemm_fp8_experts_forward(module, x, index, weights)
     assert torch.equal(after, fresh)

@@ -281,7 +281,7 @@ def _build_fp8(
     spec: dict[str, Any], t: int, h: int, e: int, k: int, i: int, dg: Any = None, dg_reason: str = ""
 ) -> Built:
     import tilegemm
-    from tilegemm.transformers.fp8_weights import quantize_weight_blocks
+    from tilegemm.fp8_weights import quantize_weight_blocks
 
     model_type = MODELS.get(spec.get("model"), (0, 0, 0, 0, "qwen3_moe"))[4]
     sets = _input_sets(spec, t, h, e, k, i, weight_bytes=3 * e * i * h)

@@ -1,9 +1,9 @@
 """tilegemm inside HuggingFace transformers (>= 5.17) MoE models: DeepSeek-V2/V3, Qwen2-MoE, Qwen3-MoE, Mixtral.
 
-The integration: the experts functions, the patchers (one per row of :data:`FAMILIES`), cached FP8
-expert weights, the RMSNorm swap and the ``nn.Linear`` swap, plus the random-weight model presets
-(:mod:`.presets`, read by ``tilegemm-bench``'s ``models`` family and the tests). The inference comparison
-harness (timing, reports) is ``modeling/transformers/`` in the repository.
+The integration: the experts functions, the patchers (one per row of :data:`FAMILIES`), the class swaps (RMSNorm,
+sparse-attention indexer, ``nn.Linear``; :mod:`.swap`) and :func:`clear_fp8_cache` of the FP8 weight cache, plus
+the random-weight model presets (:mod:`.presets`, read by ``tilegemm-bench``'s ``models`` family and the tests).
+The inference comparison harness (timing, reports) is ``modeling/transformers/`` in the repository.
 
 Quick start::
 
@@ -25,6 +25,7 @@ Sharded over ``torchrun`` ranks by transformers' own tensor / expert parallel pl
     apply_tilegemm_to_model(model)                      # each rank runs its local experts
 """
 
+from tilegemm.fp8_weights import clear_fp8_cache
 from tilegemm.transformers import experts
 from tilegemm.transformers.compat import UnsupportedTransformersError, after_import
 from tilegemm.transformers.experts import (
@@ -35,7 +36,6 @@ from tilegemm.transformers.experts import (
     tilegemm_fp8_experts_forward,
 )
 from tilegemm.transformers.families import FAMILIES, SUPPORTED_MODEL_TYPES, ModelFamily
-from tilegemm.transformers.fp8_weights import clear_fp8_cache
 from tilegemm.transformers.indexer import restore_indexers, swap_indexers, swapped_indexers
 from tilegemm.transformers.linear import TileGemmLinear, restore_linear_layers, swap_linear_layers
 from tilegemm.transformers.monkey_patch import (

@@ -19,7 +19,7 @@ biases; other activations; training of those) runs the unfused path, per call:
 
 No step reads device memory on the host, so with the cutile backend the call is CUDA-graph capturable. Every
 inference call into tilegemm (the fused ops, the unfused path's grouped GEMMs) is a ``torch.library`` custom op of
-:mod:`~tilegemm.transformers.custom_ops` taking the module's backend as an argument, so ``torch.compile(model,
+:mod:`~tilegemm.custom_ops` taking the module's backend as an argument, so ``torch.compile(model,
 fullgraph=True)`` traces a patched model as one graph. Calls whose
 routed rows times the widest operand row pass ``2**30`` elements (the grouped kernels index with int32) run in
 token chunks below that (``MAX_ROUTED_ELEMENTS``).
@@ -36,9 +36,10 @@ Expert-parallel sentinel ids (``-1`` or ``>= num_experts``) contribute nothing: 
 past the last group, which the grouped GEMM zero-fills, and their weights are zeroed.
 
 ``tilegemm_fp8_experts_forward`` is the same with FP8 GEMMs: expert weights quantized once to 128x128
-blocks (``fp8_weights.cached_fp8_weight``), activations cast per token (1x128 scales) on every call. Inference
-on the plain gated form with H and I multiples of 128 runs the fused :func:`tilegemm.fp8_moe_experts` (the
-intermediate quantized from fp32, not rounded to bf16 first); the rest the unfused FP8 path below.
+blocks (:func:`tilegemm.fp8_weights.weight_fp8_blocks`, cached on the weight tensors), activations cast per token
+(1x128 scales) on every call. Inference on the plain gated form with H and I multiples of 128 runs the fused
+:func:`tilegemm.fp8_moe_experts` (the intermediate quantized from fp32, not rounded to bf16 first); the rest the
+unfused FP8 path below.
 
 Training: a bf16 model of the plain gated form trains through :func:`tilegemm.autograd.moe_experts`, the fused
 op with a fused backward (gradients to the tokens, both weights and the routing weights; no host sync). It
@@ -60,10 +61,10 @@ import warnings
 
 import torch
 
+from tilegemm import custom_ops
+from tilegemm.fp8_weights import weight_fp8_blocks
 from tilegemm.ops.checks import GROUPED_MATMUL_DTYPES, skip_value_checks
 from tilegemm.routing import MoERouting, moe_route, permute_tokens, unpermute_tokens
-from tilegemm.transformers import custom_ops
-from tilegemm.transformers.fp8_weights import cached_fp8_weight
 
 #: ``transformers.integrations.moe`` once it is imported (:func:`bind_transformers_moe`), else ``None``. A module
 #: global, not an import on the traced path: torch 2.11's dynamo refuses a lazy package as an import result.
@@ -260,10 +261,9 @@ def tilegemm_experts_forward(
     backend = _backend_for(self)
     if training:
         from tilegemm.autograd import moe_experts
-        from tilegemm.backend.selector import BackendScope
 
-        with skip_value_checks(), BackendScope(backend) if backend else contextlib.nullcontext():
-            return moe_experts(hidden_states, top_k_index, top_k_weights, *weights, activation)
+        with skip_value_checks():
+            return moe_experts(hidden_states, top_k_index, top_k_weights, *weights, activation, backend=backend)
     return custom_ops.experts_moe(hidden_states, top_k_index, top_k_weights, *weights, activation, backend)
 
 
@@ -337,13 +337,12 @@ def unfused_fp8_experts_forward(
     offs = routing.psum_offsets
     weights = getattr(self, up_name), getattr(self, down_name)
     if training:  # FP8 forward, straight-through gradients to the unquantized weights
-        w_up = cached_fp8_weight(self, up_name, transpose=transposed)
-        w_down = cached_fp8_weight(self, down_name, transpose=transposed)
+        w_up, w_down = weight_fp8_blocks(weights[0]), weight_fp8_blocks(weights[1])  # not transposed (above)
         linear = functools.partial(_fp8_grouped_differentiable, offs=offs, backend=backend)
         y = linear(permute_tokens(hidden_states.to(weights[0].dtype), routing, layout="psum"), weights[0], w_up)
         y = _activate(self, _add_bias(y, self, up_name, routing))
         y = linear(y.to(weights[1].dtype), weights[1], w_down)
-    else:  # the FP8 blocks cached on the weights (custom_ops.weight_fp8_blocks)
+    else:  # the FP8 blocks cached on the weights (weight_fp8_blocks, inside the op)
         linear = functools.partial(custom_ops.experts_grouped_linear_fp8, offs=offs, transposed=transposed,
                                    backend=backend)  # fmt: skip
         y = linear(permute_tokens(hidden_states, routing, layout="psum"), weights[0])

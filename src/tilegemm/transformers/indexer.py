@@ -18,8 +18,11 @@ Each query's key window ``[ks, ke)`` is the span of its row of the attention mas
 the kernel skips the causal future and the unfilled slots of a static cache; the mask itself is then applied as
 stock applies it (``masked_fill`` for a boolean mask, addition for an additive one), which also covers holes
 (padding) inside a span. Nothing synchronises the host, so a static-cache decode step can be captured in a CUDA graph.
-The swapped forward calls the scoring as the custom op ``tilegemm::indexer_scores`` (:func:`indexer_scores_op`), so
-patched models compile whole with ``torch.compile(fullgraph=True)``; swapped indexers pickle as their stock class.
+That scoring is :func:`tilegemm.indexer.index_scores` (with :func:`~tilegemm.indexer.mask_windows`,
+:func:`~tilegemm.indexer.hadamard_rotate`, :func:`~tilegemm.indexer.quantize_rows`; imported here too); this module
+is the swap. The swapped forward calls the scoring as the custom op ``tilegemm::indexer_scores``
+(:func:`tilegemm.custom_ops.indexer_scores`), so patched models compile whole with ``torch.compile(fullgraph=True)``;
+swapped indexers pickle as their stock class.
 
 Only classes whose stock ``forward`` holds the formula are swapped: :data:`INDEXERS` names them and
 :func:`stock_formula_matches` checks the stock source for the scoring lines the swap replaces (a transformers
@@ -37,9 +40,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tilegemm.transformers.custom_ops import model_op
-
-FP8_MAX = 448.0
+from tilegemm.custom_ops import indexer_scores
+from tilegemm.indexer import dense_index_scores, hadamard_rotate, index_scores, mask_windows, quantize_rows
+from tilegemm.transformers.swap import ClassSwap
 
 
 @dataclass(frozen=True)
@@ -126,203 +129,6 @@ def stock_formula_matches(stock: type, rope: str) -> bool:
     return True
 
 
-# ------------------------------------------------------------------------------------------------ scoring
-
-
-def mask_windows(attention_mask: torch.Tensor, rows_per_chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each query's key window from its mask row: ``ks`` = first visible key, ``ke`` = last visible key + 1.
-
-    Args:
-        attention_mask: ``[B, S, T]``, boolean (True: visible) or additive float (visible where above the
-            dtype's lowest value, as transformers' ``min`` / ``-inf`` masks mark hidden keys).
-        rows_per_chunk: query rows per pass (default: about 2**24 mask elements), bounding the temporaries.
-
-    Returns:
-        int32 ``ks``, ``ke`` of shape ``[B, S]``; a row with no visible key gets ``[0, 0)``. No host sync.
-    """
-    if attention_mask.dim() != 3:
-        raise ValueError(f"attention_mask: got shape {list(attention_mask.shape)}, expected [B, S, T]")
-    batch, rows, keys = attention_mask.shape
-    step = rows_per_chunk or max(1, (1 << 24) // max(1, batch * keys))
-    cols = torch.arange(1, keys + 1, dtype=torch.int32, device=attention_mask.device)
-    ks = torch.empty(batch, rows, dtype=torch.int32, device=attention_mask.device)
-    ke = torch.empty_like(ks)
-    for r0 in range(0, rows, step):
-        part = attention_mask[:, r0 : r0 + step]
-        if part.dtype != torch.bool:
-            part = part > torch.finfo(part.dtype).min
-        last = torch.where(part, cols, 0).amax(dim=-1)  # last visible + 1, or 0
-        first = torch.where(part, cols, keys + 1).amin(dim=-1) - 1  # first visible, or T
-        ke[:, r0 : r0 + step] = last
-        ks[:, r0 : r0 + step] = torch.minimum(first, last)
-    return ks, ke
-
-
-@functools.cache
-def _hadamard(dim: int, device: torch.device) -> torch.Tensor:
-    """The orthonormal Sylvester-Hadamard matrix fp32 ``[dim, dim]`` (``dim`` a power of two), times ``dim**-0.5``."""
-    h = torch.ones(1, 1)
-    while h.shape[0] < dim:
-        h = torch.cat([torch.cat([h, h], dim=1), torch.cat([h, -h], dim=1)], dim=0)
-    return (h * dim**-0.5).to(device)
-
-
-def hadamard_rotate(x: torch.Tensor) -> torch.Tensor:
-    """``x @ H`` in fp32 for the orthonormal Hadamard ``H`` over the last dim (a power of two): the reference
-    indexer's ``rotate_activation``; ``(x H) . (y H) == x . y``."""
-    dim = x.shape[-1]
-    if dim & (dim - 1):
-        raise ValueError(f"hadamard: the head dim must be a power of two, got {dim}")
-    return x.float() @ _hadamard(dim, x.device)
-
-
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row FP8 cast over the last dim: ``(fp8 x / s, s)``, ``s = max(amax, 1e-4) / 448`` fp32 ``x.shape[:-1]``."""
-    xf = x.float()
-    scale = xf.abs().amax(dim=-1).clamp_min(1e-4) / FP8_MAX
-    return (xf / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
-
-
-def _float_logits(
-    q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, chunk_bytes: int = 1 << 28
-) -> torch.Tensor:
-    """The logits of an fp16/fp32 model's indexer (the MQA ops take bf16 or FP8): fp32 ``[S, T]``, ``-inf`` outside
-    the windows, over chunks of query rows whose ``[rows, H, T]`` scores stay near ``chunk_bytes``.
-
-    ``q`` [S, H, D], ``k`` [T, D], ``w`` fp32 [S, H] (softmax scale folded in), int32 ``ks``/``ke`` [S]."""
-    rows, heads, dim = q.shape
-    keys = k.shape[0]
-    out = torch.empty(rows, keys, dtype=torch.float32, device=q.device)
-    k_t = k.float().t()
-    cols = torch.arange(keys, device=q.device)
-    step = max(1, chunk_bytes // max(1, 4 * heads * keys))
-    for r0 in range(0, rows, step):
-        r1 = min(rows, r0 + step)
-        scores = (q[r0:r1].float().reshape(-1, dim) @ k_t).view(r1 - r0, heads, keys).relu_()
-        logits = (w[r0:r1].float().unsqueeze(1) @ scores).squeeze(1)
-        inside = (cols >= ks[r0:r1, None]) & (cols < ke[r0:r1, None])
-        out[r0:r1] = torch.where(inside, logits, float("-inf"))
-    return out
-
-
-#: Up to this size of the fp32 ``[S, H, T]`` scores (decode: one or a few query rows) the bf16 path scores with
-#: torch's matmul over the whole key cache: the MQA kernel spreads query rows over the SMs, so a single row runs on
-#: one CTA (decode through it measured 0.18-0.61x stock, benchmarks/results/indexer/).
-SMALL_SCORES_BYTES = 1 << 26
-
-
-def _check_scoring_inputs(q, k, weights, attention_mask) -> None:
-    """Shapes and dtypes of :func:`index_scores`' inputs, checked before any kernel runs."""
-    for name, x, ndim in (("q", q, 4), ("k", k, 3), ("weights", weights, 3)):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name}: got {type(x).__name__}, expected a torch.Tensor")
-        if x.dim() != ndim:
-            raise ValueError(f"{name}: got shape {list(x.shape)}, expected {ndim}-D")
-        if not x.is_floating_point():
-            raise TypeError(f"{name}: got dtype {x.dtype}, expected a float tensor")
-    batch, rows, heads, dim = q.shape
-    if k.shape[0] != batch or k.shape[2] != dim:
-        raise ValueError(f"k: got shape {list(k.shape)}, expected [B={batch}, T, D={dim}]")
-    if tuple(weights.shape) != (batch, rows, heads):
-        raise ValueError(f"weights: got shape {list(weights.shape)}, expected [B, S, H] = {[batch, rows, heads]}")
-    if attention_mask is not None:
-        if not isinstance(attention_mask, torch.Tensor):
-            raise TypeError(f"attention_mask: got {type(attention_mask).__name__}, expected a torch.Tensor or None")
-        if attention_mask.dim() != 3 or tuple(attention_mask.shape) != (batch, rows, k.shape[1]):
-            raise ValueError(
-                f"attention_mask: got shape {list(attention_mask.shape)}, "
-                f"expected [B, S, T] = {[batch, rows, k.shape[1]]}"
-            )
-        if attention_mask.dtype != torch.bool and not attention_mask.is_floating_point():
-            raise TypeError(f"attention_mask: got dtype {attention_mask.dtype}, expected bool or a float dtype")
-
-
-def index_scores(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    weights: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    softmax_scale: float,
-    fp8: bool = False,
-    hadamard: bool = True,
-    backend: str | None = None,
-) -> torch.Tensor:
-    """The indexer's masked scores through the MQA-logits ops, never materializing ``[B, S, H, T]``.
-
-    Args:
-        q: queries ``[B, S, H, D]``: bf16 with bf16 ``k`` runs :func:`tilegemm.bf16_mqa_logits`, except where the
-            ``[S, H, T]`` scores are small (:data:`SMALL_SCORES_BYTES`, decode); there, and for other float dtypes
-            (an fp32 model), the same formula in fp32 torch ops over chunks of query rows (bounded memory).
-        k: keys ``[B, T, D]`` (the key cache).
-        weights: fp32 ``[B, S, H]`` head weights (``weights_proj(x) * H**-0.5``).
-        attention_mask: ``[B, S, T]`` boolean or additive mask as transformers passes it, or ``None`` (every key
-            visible).
-        softmax_scale: the positive scale of ``q . k`` (``D**-0.5``).
-        fp8: DeepSeek's FP8 recipe (module docstring) instead of BF16.
-        hadamard: with ``fp8``, rotate queries and keys by the orthonormal Hadamard transform first.
-        backend: the tilegemm backend of the MQA-logits calls (``None``: the current choice).
-
-    Returns:
-        fp32 ``[B, S, T]``: ``sum_h weights * relu(q . k) * softmax_scale`` inside each mask span, the mask applied
-        as stock applies it (``-inf`` where a boolean mask hides a key, ``+ mask`` for an additive one).
-    """
-    _check_scoring_inputs(q, k, weights, attention_mask)
-    if not softmax_scale > 0:
-        raise ValueError(f"softmax_scale: got {softmax_scale}, expected a positive number")
-    from tilegemm.ops import api
-
-    batch, rows, _, _ = q.shape
-    keys = k.shape[1]
-    if attention_mask is None:
-        ks = torch.zeros(batch, rows, dtype=torch.int32, device=q.device)
-        ke = torch.full_like(ks, keys)
-    else:
-        ks, ke = mask_windows(attention_mask)
-    w = weights.float() * softmax_scale
-    if fp8:
-        if hadamard:
-            q, k = hadamard_rotate(q), hadamard_rotate(k)
-        q8, q_scale = quantize_rows(q)
-        k8, k_scale = quantize_rows(k)
-        w = w * q_scale
-        parts = [
-            api.fp8_mqa_logits(q8[b], (k8[b], k_scale[b]), w[b].contiguous(), ks[b], ke[b], backend=backend)
-            for b in range(batch)
-        ]
-    elif q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16 and rows * q.shape[2] * keys * 4 > SMALL_SCORES_BYTES:
-        parts = [
-            api.bf16_mqa_logits(q[b], k[b], w[b].contiguous(), ks[b], ke[b], backend=backend) for b in range(batch)
-        ]
-    else:
-        parts = [_float_logits(q[b], k[b], w[b], ks[b], ke[b]) for b in range(batch)]
-    scores = parts[0].unsqueeze(0) if batch == 1 else torch.stack(parts)
-    if attention_mask is None:
-        return scores
-    if attention_mask.dtype == torch.bool:
-        return scores.masked_fill_(~attention_mask, float("-inf"))
-    return scores.add_(attention_mask)
-
-
-def _fake_scores(q, k, weights, attention_mask, softmax_scale, fp8, hadamard, backend):
-    return q.new_empty(q.shape[0], q.shape[1], k.shape[1], dtype=torch.float32)
-
-
-@model_op("tilegemm::indexer_scores", fake=_fake_scores)
-def indexer_scores_op(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    weights: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    softmax_scale: float,
-    fp8: bool,
-    hadamard: bool,
-    backend: str | None,
-) -> torch.Tensor:
-    """:func:`index_scores` as the ``torch.library`` custom op the swapped indexers call (so patched models compile
-    whole: ``tilegemm.transformers.custom_ops``). Returns a new fp32 ``[B, S, T]``."""
-    return index_scores(q, k, weights, attention_mask, softmax_scale, fp8, hadamard, backend).contiguous()
-
-
 # ------------------------------------------------------------------------------------------------ the swap
 
 
@@ -355,7 +161,7 @@ def _patched_forward(rope_name: str):
             if cache is not None:
                 k = cache.update_indexer(k, self.layer_idx)
             weights = self.weights_proj(hidden_states.to(self.weights_proj.weight.dtype)).float() * (self.n_heads**-0.5)
-            scores = indexer_scores_op(
+            scores = indexer_scores(
                 q,
                 k,
                 weights,
@@ -371,18 +177,13 @@ def _patched_forward(rope_name: str):
     return forward
 
 
-def _reduce_ex(self, protocol: int):
-    """Pickle as the stock class plus the swap (the subclass is made at run time, so pickle cannot name it)."""
-    spec = INDEXER_BY_MODEL_TYPE[self.config.model_type]
-    return _rebuild_swapped, (type(self)._tilegemm_stock_indexer, spec.rope, self.__getstate__())
+INDEXER = ClassSwap(backend=None, fp8=False, hadamard=True)
+"""The indexer swap; its settings: the MQA-logits calls' backend, DeepSeek's FP8 recipe, the Hadamard rotation."""
 
 
 def _rebuild_swapped(stock: type, rope_name: str, state: dict) -> nn.Module:
-    """Unpickle a swapped indexer: an instance of ``stock`` with ``state`` (its settings included), swapped again."""
-    module = stock.__new__(stock)
-    module.__setstate__(state)
-    module.__class__ = tilegemm_indexer_class(stock, rope_name)
-    return module
+    """Unpickle a swapped indexer (pickles name this function): a ``stock`` with ``state``, swapped again."""
+    return INDEXER.rebuild(stock, state, tilegemm_indexer_class(stock, rope_name))
 
 
 @functools.cache
@@ -392,20 +193,12 @@ def tilegemm_indexer_class(stock: type, rope_name: str) -> type:
     Its instances pickle (``torch.save(model)``, ``copy.deepcopy``) as the stock class and the swap, rebuilt by
     :func:`_rebuild_swapped`, which importing this module provides.
     """
-    rope = inspect.unwrap(stock.forward).__globals__[rope_name]
-    name = f"TileGemm{stock.__name__}"
-    doc = f"``{stock.__name__}`` scored by tilegemm's MQA-logits ops (same parameters, cache and top-k)."
     attrs = {
         "forward": _patched_forward(rope_name),
-        "__reduce_ex__": _reduce_ex,
-        "__doc__": doc,
-        "_tilegemm_rope": staticmethod(rope),
-        "_tilegemm_backend": None,
-        "_tilegemm_fp8": False,
-        "_tilegemm_hadamard": True,
-        "_tilegemm_stock_indexer": stock,
+        "__doc__": f"``{stock.__name__}`` scored by tilegemm's MQA-logits ops (same parameters, cache and top-k).",
+        "_tilegemm_rope": staticmethod(inspect.unwrap(stock.forward).__globals__[rope_name]),
     }
-    return type(name, (stock,), attrs)
+    return INDEXER.subclass(stock, attrs, _rebuild_swapped, rope_name)
 
 
 _warned: set[type] = set()
@@ -439,38 +232,17 @@ def swap_indexers(model: nn.Module, fp8: bool = False, backend: str | None = Non
                 stacklevel=2,
             )
         return []
-    patched = tilegemm_indexer_class(stock, spec.rope)
-    names = []
-    for name, module in model.named_modules():
-        if type(module) is stock:
-            module.__class__ = patched
-        if type(module) is patched:
-            module._tilegemm_backend = backend
-            module._tilegemm_fp8 = fp8
-            module._tilegemm_hadamard = hadamard
-            names.append(name)
-    return names
+    return INDEXER.swap(model, tilegemm_indexer_class(stock, spec.rope), backend=backend, fp8=fp8, hadamard=hadamard)
 
 
 def swapped_indexers(model: nn.Module) -> list[nn.Module]:
     """Every indexer under ``model`` that scores through tilegemm (swapped by :func:`swap_indexers`)."""
-    return [m for m in model.modules() if "_tilegemm_stock_indexer" in type(m).__dict__]
+    return INDEXER.swapped(model)
 
 
 def restore_indexers(model: nn.Module) -> int:
     """Turn every swapped indexer under ``model`` back into its stock class; returns how many."""
-    swapped = swapped_indexers(model)
-    for module in swapped:
-        module.__class__ = type(module)._tilegemm_stock_indexer
-        for key in ("_tilegemm_backend", "_tilegemm_fp8", "_tilegemm_hadamard"):
-            module.__dict__.pop(key, None)
-    return len(swapped)
-
-
-def dense_index_scores(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, softmax_scale: float) -> torch.Tensor:
-    """Stock's formula in float64 (tests and measurements): ``[B, S, T]`` = ``sum_h w * relu(q . k * scale)``."""
-    scores = torch.einsum("bshd,btd->bsht", q.double(), k.double()).mul_(softmax_scale).relu_()
-    return torch.einsum("bsh,bsht->bst", weights.double(), scores)
+    return INDEXER.restore(model)
 
 
 __all__ = [

@@ -1,14 +1,14 @@
 """Swap dense ``nn.Linear`` layers to tilegemm's dense GEMMs, keeping parameters, state_dict and tying.
 
 The swap changes only the layer's class (``nn.Linear`` -> :class:`TileGemmLinear`, a subclass with another
-``forward``): the ``weight``/``bias`` Parameters stay the same objects, so ``state_dict`` keys, tied weights
-(``lm_head.weight is embed_tokens.weight``), devices and dtypes are untouched, and
-:func:`restore_linear_layers` swaps back.
+``forward``; :class:`~tilegemm.transformers.swap.ClassSwap`, as the RMSNorm and indexer swaps): the
+``weight``/``bias`` Parameters stay the same objects, so ``state_dict`` keys, tied weights (``lm_head.weight is
+embed_tokens.weight``), devices and dtypes are untouched, and :func:`restore_linear_layers` swaps back.
 
 Forward: ``y = x @ W.T (+ b)`` with ``bf16_gemm_nt`` (bf16 models on the current backend; fp16/fp32 models on
 the exact ``pytorch`` backend), or with ``fp8_gemm_nt`` when ``fp8`` (weight quantized once to 128x128 blocks
 and cached on the weight tensor, activations cast per token), through the ``tilegemm::linear`` custom op
-(:mod:`~tilegemm.transformers.custom_ops`: one node under ``torch.compile``). Inference only: when gradients are
+(:mod:`~tilegemm.custom_ops`: one node under ``torch.compile``). Inference only: when gradients are
 needed it runs ``F.linear``.
 """
 
@@ -17,17 +17,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tilegemm.transformers import custom_ops
+from tilegemm import custom_ops
+from tilegemm.transformers.swap import ClassSwap
 
 MIN_OUT_FEATURES = 8
 """Layers with fewer outputs (router-style gates such as Qwen's ``shared_expert_gate``, N=1) stay stock."""
 
 
+LINEAR = ClassSwap(fp8=False, backend=None)
+"""The ``nn.Linear`` swap; its settings: FP8 GEMMs, the module's tilegemm backend (``None``: the current one)."""
+
+
+@LINEAR.written(nn.Linear)
 class TileGemmLinear(nn.Linear):
     """``nn.Linear`` whose forward runs ``tilegemm.bf16_gemm_nt`` (or ``fp8_gemm_nt``); same parameters."""
-
-    _tilegemm_fp8: bool = False
-    _tilegemm_backend: str | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
@@ -47,24 +50,11 @@ def swap_linear_layers(
     Returns the swapped layers' names. Subclasses of ``nn.Linear`` other than TileGemmLinear are left alone;
     already swapped layers get the new ``fp8``/``backend`` settings.
     """
-    names = []
-    for name, module in model.named_modules():
-        if type(module) is nn.Linear and module.out_features >= min_out_features:
-            module.__class__ = TileGemmLinear
-        if type(module) is TileGemmLinear:
-            module._tilegemm_fp8 = fp8
-            module._tilegemm_backend = backend
-            names.append(name)
-    return names
+    return LINEAR.swap(
+        model, TileGemmLinear, lambda module: module.out_features >= min_out_features, fp8=fp8, backend=backend
+    )
 
 
 def restore_linear_layers(model: nn.Module) -> int:
     """Turn every TileGemmLinear under ``model`` back into ``nn.Linear``; returns how many."""
-    count = 0
-    for module in model.modules():
-        if type(module) is TileGemmLinear:
-            module.__class__ = nn.Linear
-            for attr in ("_tilegemm_fp8", "_tilegemm_backend"):
-                module.__dict__.pop(attr, None)
-            count += 1
-    return count
+    return LINEAR.restore(model)

@@ -4,8 +4,9 @@ transformers' RMSNorm (``Qwen3MoeRMSNorm`` and its copies in every patched famil
 (cast, square, mean, add, rsqrt, multiply, cast, weight product); a decode step of a 4-layer Qwen3-MoE spends
 more of its graph replay on them than on the experts. The swap changes only the module's class (the family's
 RMSNorm class -> a subclass whose ``forward`` is :func:`tilegemm.autograd.rms_norm`, one kernel forward and a
-differentiable backward), as the linear swap does: the ``weight`` Parameter, ``variance_epsilon``, state_dict
-keys, devices and dtypes stay, and :func:`restore_rms_norms` swaps back.
+differentiable backward) through :class:`~tilegemm.transformers.swap.ClassSwap`, as the indexer and linear swaps do:
+the ``weight`` Parameter, ``variance_epsilon``, state_dict keys, devices and dtypes stay, and
+:func:`restore_rms_norms` swaps back.
 
 Only modules whose class is exactly the family's RMSNorm class (``ModelFamily.rms_norm_class``) are swapped, and
 ``tests/transformers/test_norm.py`` holds each of those classes' ``forward`` to the stock formula that
@@ -19,9 +20,10 @@ import functools
 import torch
 from torch import nn
 
-from tilegemm.autograd import rms_norm_forward
+from tilegemm.custom_ops import rms_norm_forward
 from tilegemm.ops.checks import rms_norm_check
 from tilegemm.transformers.families import FAMILY_BY_MODEL_TYPE
+from tilegemm.transformers.swap import ClassSwap
 
 
 def _forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -31,17 +33,13 @@ def _forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     return rms_norm_forward(hidden_states, self.weight, eps, self._tilegemm_backend)
 
 
-def _reduce_ex(self, protocol: int):
-    """Pickle as the stock class plus the swap (the subclass is made at run time, so pickle cannot name it)."""
-    return _rebuild_swapped, (type(self)._tilegemm_stock, self.__getstate__())
+NORM = ClassSwap(backend=None)
+"""The RMSNorm swap; its setting: the module's tilegemm backend (``None``: the current one)."""
 
 
 def _rebuild_swapped(stock: type, state: dict) -> nn.Module:
-    """Unpickle a swapped RMSNorm module: an instance of ``stock`` with ``state``, then swapped again."""
-    module = stock.__new__(stock)
-    module.__setstate__(state)
-    module.__class__ = tilegemm_rms_norm_class(stock)
-    return module
+    """Unpickle a swapped RMSNorm module (pickles name this function): a ``stock`` with ``state``, swapped again."""
+    return NORM.rebuild(stock, state, tilegemm_rms_norm_class(stock))
 
 
 @functools.cache
@@ -51,16 +49,8 @@ def tilegemm_rms_norm_class(stock: type) -> type:
     Its instances pickle (``torch.save(model)``, ``copy.deepcopy``) as the stock class and the swap, rebuilt by
     :func:`_rebuild_swapped`, which importing this module provides.
     """
-    name = f"TileGemm{stock.__name__}"
     doc = f"``{stock.__name__}`` whose forward is one tilegemm RMSNorm kernel (same parameters and math)."
-    attrs = {
-        "forward": _forward,
-        "__reduce_ex__": _reduce_ex,
-        "__doc__": doc,
-        "_tilegemm_backend": None,
-        "_tilegemm_stock": stock,
-    }
-    return type(name, (stock,), attrs)
+    return NORM.subclass(stock, {"forward": _forward, "__doc__": doc}, _rebuild_swapped)
 
 
 def swap_rms_norms(model: nn.Module, backend: str | None = None) -> list[str]:
@@ -73,26 +63,14 @@ def swap_rms_norms(model: nn.Module, backend: str | None = None) -> list[str]:
     if model_type not in FAMILY_BY_MODEL_TYPE:
         raise ValueError(f"tilegemm: model_type {model_type!r} has no RMSNorm class in the families table")
     stock = FAMILY_BY_MODEL_TYPE[model_type].load_rms_norm_class()
-    patched = tilegemm_rms_norm_class(stock)
-    names = []
-    for name, module in model.named_modules():
-        if type(module) is stock:
-            module.__class__ = patched
-        if type(module) is patched:
-            module._tilegemm_backend = backend
-            names.append(name)
-    return names
+    return NORM.swap(model, tilegemm_rms_norm_class(stock), backend=backend)
 
 
 def swapped_rms_norms(model: nn.Module) -> list[nn.Module]:
     """Every RMSNorm module under ``model`` that runs tilegemm's kernel (swapped by :func:`swap_rms_norms`)."""
-    return [m for m in model.modules() if "_tilegemm_stock" in type(m).__dict__]
+    return NORM.swapped(model)
 
 
 def restore_rms_norms(model: nn.Module) -> int:
     """Turn every swapped RMSNorm module under ``model`` back into its stock class; returns how many."""
-    swapped = swapped_rms_norms(model)
-    for module in swapped:
-        module.__class__ = type(module)._tilegemm_stock
-        module.__dict__.pop("_tilegemm_backend", None)
-    return len(swapped)
+    return NORM.restore(model)

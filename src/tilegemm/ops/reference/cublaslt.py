@@ -2,10 +2,11 @@
 
 DeepGEMM's op is its cuBLASLt baseline: ``D = A @ B.T (+ C)`` of bare bf16 or float8_e4m3fn operands (FP8 data
 without scales), accumulated in fp32 and rounded once into ``d`` (bf16 or fp32). There is no kernel of ours to
-run, so every backend registers this implementation (the ``pytorch`` one here, ``cutile`` and ``gluon`` from their
-packages' ``cublaslt`` modules): on CUDA tensors it calls cuBLAS through torch
-(``torch.mm`` with an fp32 output for bf16, ``torch._scaled_mm`` with unit scales for FP8); on the CPU it is the
-exact fp32 product. Operands arrive in the logical ``nt`` form (``ops/checks.py``): A [M, K], B [N, K].
+run, so every backend registers this one implementation (:func:`register`: ``pytorch`` here, ``cutile`` and ``gluon``
+when their packages import), and a call routed to any backend runs it and never falls back: on CUDA tensors it calls
+cuBLAS through torch (``torch.mm`` with an fp32 output for bf16, ``torch._scaled_mm`` with unit scales for FP8); on
+the CPU it is the exact fp32 product. Operands arrive in the logical ``nt`` form (``ops/checks/``): A [M, K],
+B [N, K].
 """
 
 from __future__ import annotations
@@ -61,6 +62,14 @@ def cublaslt_gemm(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Te
     return epilogue(d, acc, c, 1.0, 1.0)
 
 
-for _op in ("cublaslt_gemm_nt", "cublaslt_gemm_nn", "cublaslt_gemm_tn", "cublaslt_gemm_tt"):
-    register_impl(_op, "pytorch")(cublaslt_gemm)
-del _op
+OPS = ("cublaslt_gemm_nt", "cublaslt_gemm_nn", "cublaslt_gemm_tn", "cublaslt_gemm_tt")
+
+
+def register(backend: str) -> None:
+    """Register :func:`cublaslt_gemm` as ``backend``'s implementation of every op of :data:`OPS` (each backend's
+    package calls this when it imports)."""
+    for op in OPS:
+        register_impl(op, backend)(cublaslt_gemm)
+
+
+register("pytorch")
