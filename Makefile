@@ -64,13 +64,13 @@ wheel-smoke: $(STAMP)
 	$(SMOKE)/venv/bin/python -m pip install -q "$$(ls $(SMOKE)/dist/tilegemm-*.whl)[cutile,hf]"
 	cd $(SMOKE) && venv/bin/python ../.ci/wheel_smoke.py
 
-# tests/transformers (the patched tiny models and the indexer, on the CPU) at both ends of the supported transformers
+# tests/hf (the patched tiny models and the indexer, on the CPU) at both ends of the supported transformers
 # range, each in a throwaway venv with the CPU torch and `transformers==<end>`. The ends have one source, the line
 # `TRANSFORMERS_ENDS = ("oldest", "newest tested")` of src/tilegemm/transformers/compat.py (its floor is pyproject's
 # `hf` extra's; tests/test_packaging.py holds them equal). ENDS_TESTS narrows the tests (e.g. one file).
 TRANSFORMERS_ENDS ?= $(shell sed -n 's/^TRANSFORMERS_ENDS = ("\([^"]*\)", "\([^"]*\)").*/\1 \2/p' src/tilegemm/transformers/compat.py)
 ENDS := .transformers-ends
-ENDS_TESTS ?= tests/transformers
+ENDS_TESTS ?= tests/hf
 test-transformers-ends:
 	test -n "$(TRANSFORMERS_ENDS)"
 	failed=""; for v in $(TRANSFORMERS_ENDS); do \

@@ -2,7 +2,7 @@
 
 Every public op has a ``pytorch`` (reference) implementation, which is what the kernels are tested against
 and what runs on a machine without a GPU; every op is named by a test module; every module of a kernel
-backend that defines kernels is compiled by the CPU compile gate (``tests/kernels/test_compile_*.py``).
+backend that defines kernels is compiled by the CPU compile gate (``tests/compile_gate/test_compile_*.py``).
 And over the package: no two modules import each other, directly or around a loop (module-level and
 function-level imports alike); the registry layer imports nothing above it; no public name is in more than two
 ``__all__`` lists.
@@ -49,7 +49,7 @@ def test_every_op_has_a_reference_implementation():
 def test_every_op_is_named_by_a_test_module():
     texts = [p.read_text() for folder in ("ops", "transformers") for p in (TESTS / folder).glob("test_*.py")]
     missing = [op for op in _ops() if not any(re.search(rf"\b{op}\b", t) for t in texts)]
-    assert not missing, f"ops no test module under tests/ops or tests/transformers names: {missing}"
+    assert not missing, f"ops no test module under tests/ops or tests/hf names: {missing}"
 
 
 def test_every_kernel_module_is_in_the_compile_gate():
@@ -313,3 +313,20 @@ def test_no_public_name_in_more_than_two_all_lists():
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets)
     )
     assert not set(ast.literal_eval(written)) & ops, "tilegemm/__init__.py lists an op that ops.api.__all__ lists"
+
+
+def test_gpu_tests_follow_one_convention():
+    """A GPU test is one marked ``gpu`` (on the test, a parameter, or a whole ``*_gpu.py`` module): tests/conftest.py
+    skips it without CUDA and ``make test-gpu`` selects it by the mark. No test skips for want of a GPU on its own,
+    which would leave it out of the GPU suite's selection or skip it twice."""
+    own_skips = re.compile(
+        r"skipif\(\s*not torch\.cuda\.is_available\(\)|if not (?:torch\.cuda\.is_available\(\)|CUDA):"
+    )
+    offenders = []
+    for path in sorted(TESTS.rglob("test_*.py")):
+        text = path.read_text()
+        if own_skips.search(text):
+            offenders.append(f"{path.relative_to(TESTS)}: skips without CUDA on its own")
+        if path.stem.endswith("_gpu") and not re.search(r"^pytestmark = .*pytest\.mark\.gpu", text, re.M | re.S):
+            offenders.append(f"{path.relative_to(TESTS)}: a *_gpu.py module without a module-level gpu mark")
+    assert not offenders, offenders

@@ -7,7 +7,7 @@ random-weight realistic preset (default ``deepseek-v3.2``: indexer 64 heads of 1
    stock (``[1, S, H, S]`` fp32 scores; an out-of-memory is caught and reported with its length, and stock is
    not tried at longer ones), patched BF16 (``bf16_mqa_logits``) and patched FP8 (DeepSeek's recipe). Per
    variant: median ms, peak memory above the inputs; patched vs stock top-k agreement on sampled rows (keys
-   chosen by one side only must be near-ties, as in ``tests/transformers/test_indexer_patch.py``), and FP8 against
+   chosen by one side only must be near-ties, as in ``tests/hf/test_indexer_patch.py``), and FP8 against
    BF16: the top-k overlap and the scores' ``calc_diff``.
 2. ``decode_module``: the indexer's decode step (one query over a static key cache of 4k / 16k / 64k keys,
    the cache write included) replayed from a CUDA graph, each variant.
@@ -17,7 +17,7 @@ random-weight realistic preset (default ``deepseek-v3.2``: indexer 64 heads of 1
 
 Writes ``indexer_bench.json`` and ``indexer_bench.md`` under ``--out``. ``--device cpu --preset tiny-deepseek-v32
 --contexts 64 --decode-contexts 64`` runs the same code on the CPU (no CUDA graphs, no timing meaning): the
-smoke test in ``tests/transformers/test_indexer_patch.py``.
+smoke test in ``tests/hf/test_indexer_patch.py``.
 """
 
 from __future__ import annotations

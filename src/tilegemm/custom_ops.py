@@ -51,7 +51,7 @@ Adding a model-level op (an attention indexer, a fused router) is :func:`model_o
         return tilegemm.fp8_mqa_logits(..., backend=backend)
 
 The rules: a functional op, torch.library's type annotations, a ``backend: str | None`` argument and a fake. The
-patched module calls the op, not the tilegemm function. :data:`MODEL_OPS` lists those ops; ``tests/transformers/
+patched module calls the op, not the tilegemm function. :data:`MODEL_OPS` lists those ops; ``tests/hf/
 test_compile.py`` runs ``torch.library.opcheck`` on each (it needs one sample call per op, and fails for an op
 without one) and counts the graph breaks of every patched family under ``torch.compile``.
 """

@@ -86,7 +86,6 @@ def test_moe_rows_record_why_the_peer_did_not_run(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])
 def test_peer_runs_on_the_local_deepgemm_build(dtype):
     """On the GPU machine (``.devbundle/deepgemm`` built): transformers' deepgemm experts run on the real DeepGEMM

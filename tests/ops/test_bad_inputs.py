@@ -260,7 +260,6 @@ def test_calc_diff_refuses_tensors_on_two_devices():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_calc_diff_refuses_cuda_and_cpu():
     with pytest.raises(ValueError, match="x is on cuda:0 but y is on cpu"):
         tg.calc_diff(torch.ones(3, device="cuda"), torch.ones(3))

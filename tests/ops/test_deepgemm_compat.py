@@ -24,7 +24,7 @@ DEVICES = [
     pytest.param(
         (None, "cuda"),
         id="default-cuda",
-        marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")],
+        marks=pytest.mark.gpu,
     ),
 ]
 
@@ -614,7 +614,6 @@ def test_cublaslt_gemm_bad_input_names_the_argument():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("backend", ["cutile", "gluon", "pytorch"])
 def test_cublaslt_gemm_fp8_on_every_backend_without_fallback(monkeypatch, backend):
     """DeepGEMM's FP8 cuBLAS baseline on CUDA tensors runs on whichever backend is chosen, fallback disabled."""

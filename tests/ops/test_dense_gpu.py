@@ -20,7 +20,6 @@ from tilegemm.testing import assert_rerun_identical, calc_diff, poisoned
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
 
 LAYOUTS = ["nt", "nn", "tn", "tt"]

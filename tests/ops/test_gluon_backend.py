@@ -1,6 +1,6 @@
 """The gluon backend on a machine without a GPU: availability, the tested triton range, fallback, and the
 chooser's rule for dense FP8 GEMMs (kernel numerics are in test_dense_gluon_gpu.py, machine code in
-tests/kernels/test_compile_gluon.py)."""
+tests/compile_gate/test_compile_gluon.py)."""
 
 from __future__ import annotations
 

@@ -111,7 +111,6 @@ def test_rms_norm_strided_mixed_dtypes_and_eps(backend, device, strict):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_rows_longer_than_the_kernel_fall_back(monkeypatch):
     monkeypatch.delenv("TILEGEMM_DISABLE_FALLBACK", raising=False)
     x, w = _inputs((3,), NORM_MAX_COLS + 8, torch.bfloat16, "cuda")

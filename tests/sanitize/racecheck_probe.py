@@ -45,7 +45,7 @@ compiles its launch with (the same mangled kernel name, so the same machine code
 the signature of a mangled name instead, e.g. one copied from a hazard report. The ``real_*`` dense variants
 are exported with :func:`aot.array` constraints for the plan on ``--sms`` SMs (split-K or not), which can
 differ from the JIT's in shape facts and so in offsets (the hazard reports' source lines still apply); the
-decode kernels are not exported here (``tests/kernels/test_compile_dense.py`` compiles them).
+decode kernels are not exported here (``tests/compile_gate/test_compile_dense.py`` compiles them).
 ``tests/sanitize/racecheck.sh`` runs every variant under racecheck, one sanitizer process each.
 """
 
@@ -324,7 +324,7 @@ def print_sass(name: str, context: int, sms: int, symbol: str | None = None) -> 
     probes); its signature replaces the variant's own, so that the offsets are the JIT kernel's exactly.
     """
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from kernels.sass import dump_sass, opcode_counts
+    from compile_gate.sass import dump_sass, opcode_counts
 
     if name in PROBES:
         kernel, signature, what = PROBES[name].kernel(), _probe_signature(PROBES[name]), f"probe {name}"

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 #: The two ends of the supported transformers range: the oldest release supported and the newest one tested. The one
-#: place these versions are written: ``make test-transformers-ends`` reads this line and runs tests/transformers at
+#: place these versions are written: ``make test-transformers-ends`` reads this line and runs tests/hf at
 #: each end, :data:`MIN_TRANSFORMERS` is the first, and tests/test_packaging.py holds pyproject's ``hf`` extra floor
 #: and the README to it. The floor is 5.17, the first release whose DeepSeek-V3.2 and GLM-MoE-DSA indexers score as
 #: the indexer swap does (a bool or additive ``attention_mask``): 5.11-5.16 build the causal mask from

@@ -3,7 +3,7 @@
 Each row names a transformers ``model_type``, the ``PreTrainedModel`` base class whose ``post_init`` the
 before-creation patcher wraps (``transformers.models.<model_type>.<module>.<pretrained_class>``) and the family's
 RMSNorm module class, whose instances the norm swap takes over. Adding a family is one row here;
-``tests/transformers/test_families.py`` then asks for its tiny preset and tests.
+``tests/hf/test_families.py`` then asks for its tiny preset and tests.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ class ModelFamily:
         module: the modeling module inside ``transformers.models.<model_type>``.
         pretrained_class: that module's ``PreTrainedModel`` base class of the family.
         rms_norm_class: that module's RMSNorm class (``weight``, ``variance_epsilon`` and the forward of
-            transformers' ``LlamaRMSNorm``; ``tests/transformers/test_norm.py`` holds every row to that formula).
+            transformers' ``LlamaRMSNorm``; ``tests/hf/test_norm.py`` holds every row to that formula).
     """
 
     model_type: str

@@ -225,7 +225,7 @@ def _make_family_patcher(family: ModelFamily) -> Callable[..., None]:
 MODEL_TYPE_TO_PATCHER: dict[str, Callable[..., None]] = {f.model_type: _make_family_patcher(f) for f in FAMILIES}
 """``config.model_type`` -> the family's before-creation patcher, one per row of :data:`FAMILIES`."""
 
-# The public names of the patchers (tests/transformers/test_families.py checks one per family).
+# The public names of the patchers (tests/hf/test_families.py checks one per family).
 apply_tilegemm_kernel_to_deepseek_v2 = MODEL_TYPE_TO_PATCHER["deepseek_v2"]
 apply_tilegemm_kernel_to_deepseek_v3 = MODEL_TYPE_TO_PATCHER["deepseek_v3"]
 apply_tilegemm_kernel_to_deepseek_v32 = MODEL_TYPE_TO_PATCHER["deepseek_v32"]

@@ -9,7 +9,7 @@ the ``weight`` Parameter, ``variance_epsilon``, state_dict keys, devices and dty
 :func:`restore_rms_norms` swaps back.
 
 Only modules whose class is exactly the family's RMSNorm class (``ModelFamily.rms_norm_class``) are swapped, and
-``tests/transformers/test_norm.py`` holds each of those classes' ``forward`` to the stock formula that
+``tests/hf/test_norm.py`` holds each of those classes' ``forward`` to the stock formula that
 ``tilegemm.rms_norm`` computes, so a transformers release that changes it fails a test instead of being swapped.
 """
 

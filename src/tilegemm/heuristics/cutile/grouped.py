@@ -1,5 +1,5 @@
 """Grouped GEMMs (m-grouped contiguous, psum, masked; k-grouped): the tile configs of ``ops/cutile/grouped.py``
-(the CPU gate, ``tests/kernels/test_compile_grouped.py``, compiles each). Measurements:
+(the CPU gate, ``tests/compile_gate/test_compile_grouped.py``, compiles each). Measurements:
 ``benchmarks/results/grouped_h100.md``."""
 
 from __future__ import annotations

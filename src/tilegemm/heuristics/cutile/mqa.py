@@ -1,5 +1,5 @@
 """MQA logits (not GEMMs): the plain and paged kernels' tiles from heads, head size and compute capability
-(``ops/cutile/mqa.py``; the CPU gate ``tests/kernels/test_compile_mqa.py`` holds the spill claims). Measurements:
+(``ops/cutile/mqa.py``; the CPU gate ``tests/compile_gate/test_compile_mqa.py`` holds the spill claims). Measurements:
 ``docs/notes/heuristics.md``, "MQA logits"."""
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def bf16_mqa_logits_config(h: int, d: int, sm: int = 90) -> MqaConfig | None:
     :func:`mqa_logits_config`'s tiles with one key tile per iteration and no latency hint, and two MMA chains only at
     D = 128: a bf16 key tile is twice an FP8 one, and with FP8's D = 128 choice (two tiles, hint 6) tileiras 13.4
     spills 17 + 12 words on sm_90, with two chains at D = 64 82 + 32, at D = 32 33 + 34; these settings compile
-    spill-free at every head class (``tests/kernels/test_compile_mqa.py``), two CTAs per SM at about 100 KB of
+    spill-free at every head class (``tests/compile_gate/test_compile_mqa.py``), two CTAs per SM at about 100 KB of
     shared memory each.
     """
     base = mqa_logits_config(h, d, sm)

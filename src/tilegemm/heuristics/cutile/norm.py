@@ -1,4 +1,4 @@
-"""RMSNorm: the row tile of ``ops/cutile/norm.py`` (the CPU gate, ``tests/kernels/test_compile_norm.py``, holds
+"""RMSNorm: the row tile of ``ops/cutile/norm.py`` (the CPU gate, ``tests/compile_gate/test_compile_norm.py``, holds
 the register and spill claims)."""
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ How to use it (other kernel families do the same)::
     ]
     cubin = aot.compile_cubin(my_kernel, params, "sm_90")   # bytes; "sm_100" for Blackwell
 
-    from tests.kernels.sass import sass_summary              # (tests/kernels/sass.py)
+    from tests.compile_gate.sass import sass_summary              # (tests/compile_gate/sass.py)
     summary = sass_summary(cubin)                            # counts of HGMMA, QGMMA, UTMALDG, LDL, ...
 
 ``params`` has one entry per kernel parameter, in order. Compiler options (``num_ctas``,

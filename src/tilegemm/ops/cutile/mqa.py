@@ -180,7 +180,7 @@ def paged_views(kv_cache: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Ten
 
 def paged_constants(conf: PagedMqaConfig, next_n: int, d: int, block_kv: int, ctx_2d: bool) -> tuple:
     """The paged kernel's constant arguments, in its parameter order (``NN`` .. ``ROWS_OUTER``); the compile gate
-    (``tests/kernels/test_compile_mqa.py``) builds its signatures from it."""
+    (``tests/compile_gate/test_compile_mqa.py``) builds its signatures from it."""
     return (
         next_n,
         conf.nnp,

@@ -13,7 +13,7 @@ import pytest
 
 ct = pytest.importorskip("cuda.tile")
 
-from kernels.sass import compile_all, sass_summary  # noqa: E402
+from compile_gate.sass import compile_all, sass_summary  # noqa: E402
 from tilegemm.heuristics import cutile as heuristics  # noqa: E402
 from tilegemm.heuristics.cutile import Kind  # noqa: E402
 from tilegemm.ops.cutile import aot, grouped, moe, moe_train  # noqa: E402

@@ -1,4 +1,4 @@
-"""The rank body of tests/transformers/test_parallel.py: tiny models sharded by transformers' plans over gloo.
+"""The rank body of tests/hf/test_parallel.py: tiny models sharded by transformers' plans over gloo.
 
 Every rank builds each tiny model twice with the same seed: once whole (the single-process stock reference)
 and once sharded with :func:`tilegemm.transformers.parallel.distribute_model`. The sharded model runs stock,

@@ -15,7 +15,7 @@ import torch
 
 ct = pytest.importorskip("cuda.tile")
 
-from kernels.sass import compile_all  # noqa: E402
+from compile_gate.sass import compile_all  # noqa: E402
 from tilegemm.heuristics import cutile as heuristics  # noqa: E402
 from tilegemm.heuristics.cutile import einsum as einsum_rules  # noqa: E402
 from tilegemm.ops.cutile import aot, einsum, grouped, launch, prenorm  # noqa: E402

@@ -28,7 +28,6 @@ from tilegemm.transformers.monkey_patch import experts_modules
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
 

@@ -12,7 +12,7 @@ import pytest
 
 ct = pytest.importorskip("cuda.tile")
 
-from kernels.sass import compile_all, launch_resources, sass_summary  # noqa: E402
+from compile_gate.sass import compile_all, launch_resources, sass_summary  # noqa: E402
 from tilegemm.heuristics import cutile as heuristics  # noqa: E402
 from tilegemm.ops.cutile import aot, norm  # noqa: E402
 

@@ -95,7 +95,7 @@ def test_bf16_sharded_patched_matches_sharded_stock(results, key):
     """bf16. The unfused experts path keeps transformers' rounding sequence: it equals the sharded stock model bit
     for bit (as in one process on the CPU). The fused op (the default) rounds less often, so it moves the logits by
     bf16 steps: on these hidden-size-64 models, teacher-forced calc_diff against stock of about 1e-5 in one process
-    as sharded (tests/transformers/test_models.py); bound here at 1e-4. Both differ from one process by the
+    as sharded (tests/hf/test_models.py); bound here at 1e-4. Both differ from one process by the
     rounding of the sum of the ranks' partial outputs, which is the sharding's own."""
     for r in _result(results, key):
         assert r["tilegemm_calls"] > 0

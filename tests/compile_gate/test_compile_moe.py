@@ -18,7 +18,7 @@ import pytest
 
 ct = pytest.importorskip("cuda.tile")
 
-from kernels.sass import compile_all, dump_sass, opcode_counts, sass_summary  # noqa: E402
+from compile_gate.sass import compile_all, dump_sass, opcode_counts, sass_summary  # noqa: E402
 from tilegemm.heuristics import cutile as heuristics  # noqa: E402
 from tilegemm.ops.cutile import aot, moe, moe_blocks, moe_fp8, moe_slots  # noqa: E402
 

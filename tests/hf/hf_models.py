@@ -1,4 +1,4 @@
-"""Tiny random models of the supported families, and the accuracy helpers of tests/transformers."""
+"""Tiny random models of the supported families, and the accuracy helpers of tests/hf."""
 
 from __future__ import annotations
 

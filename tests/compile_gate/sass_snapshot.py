@@ -1,7 +1,7 @@
 """Normalized sm_90 SASS fingerprints of the cutile compile gate's kernel variants, to show a refactor keeps the
 generated code (CPU only; ``tileiras`` runs out of process).
 
-    PYTHONPATH=src:tests python tests/kernels/sass_snapshot.py OUT.json [--threads N] [--only dense,grouped,...]
+    PYTHONPATH=src:tests python tests/compile_gate/sass_snapshot.py OUT.json [--threads N] [--only dense,grouped,...]
 
 run at two commits (e.g. in two ``git worktree`` checkouts) and compare the files with ``--compare A.json B.json``.
 A fingerprint is the SHA-1 of ``cuobjdump --dump-sass`` with the kernel's symbol name replaced (a renamed kernel
@@ -27,7 +27,7 @@ FAMILIES = ("dense", "grouped", "mqa", "einsum", "moe", "moe_train", "norm")
 
 def _mqa_jobs() -> list[tuple[str, Any, Any]]:
     """The MQA gate's sm_90 jobs (plain and paged kernels) and its ``-inf`` fill kernel's."""
-    from kernels import test_compile_mqa as q
+    from compile_gate import test_compile_mqa as q
 
     mqa = q.mqa
     jobs = []
@@ -54,7 +54,7 @@ def _jobs(only: tuple[str, ...] = FAMILIES) -> list[tuple[str, Any, Any]]:
         jobs += _mqa_jobs()
     if only == ("mqa",):
         return jobs
-    from kernels import (
+    from compile_gate import (
         test_compile_dense,
         test_compile_einsum,
         test_compile_grouped,
@@ -82,7 +82,7 @@ def _jobs(only: tuple[str, ...] = FAMILIES) -> list[tuple[str, Any, Any]]:
 
 def fingerprint(kernel: Any, params: Any) -> str:
     """SHA-1 (16 hex digits) of the kernel's sm_90 SASS with its symbol names replaced, and its line count."""
-    from kernels.sass import dump_sass
+    from compile_gate.sass import dump_sass
     from tilegemm.ops.cutile import aot
 
     text = dump_sass(aot.compile_cubin(kernel, params, "sm_90"))

@@ -20,7 +20,7 @@ ct = pytest.importorskip("cuda.tile")
 
 from cuda.tile import compilation as cc  # noqa: E402
 
-from kernels.sass import compile_each, launch_resources, sass_summary  # noqa: E402
+from compile_gate.sass import compile_each, launch_resources, sass_summary  # noqa: E402
 from tilegemm.ops.cutile import aot, mqa, mqa_kernels  # noqa: E402
 
 # (H, D): every padded-head class of the plain kernel (HP = 8 .. 128), every head dim.
@@ -244,7 +244,7 @@ def test_d128_plain_kernel_does_not_serialize_its_mma_sm90():
     and a latency hint")."""
     import re
 
-    from kernels.sass import dump_sass
+    from compile_gate.sass import dump_sass
 
     conf = mqa.mqa_logits_config(64, 128)
     assert (conf.unroll, conf.key_latency) == (2, 6)
@@ -258,7 +258,7 @@ def test_unchecked_output_stores_shorten_the_plain_loop_sm90(h, d):
     """Where the output tiles divide the output (``mqa.tiles_inside``), the plain kernel stores them without
     bounds checks, and its key loop is shorter (sm_90, instructions per iteration: H = 64 D = 64 with two tiles per
     iteration 928 -> 840, H = 32 D = 128 589 -> 484, its key scales then plain loads: ``MqaConfig.scales_ldg``)."""
-    from kernels.sass import dump_sass, loop_bodies
+    from compile_gate.sass import dump_sass, loop_bodies
 
     conf = mqa.mqa_logits_config(h, d)
     kernel = mqa_kernels.plain_kernel_for(conf.occupancy)

@@ -329,7 +329,6 @@ def test_indexer_bench_smoke_on_cpu(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("family", DSA_FAMILIES)
 def test_patched_indexer_on_gpu_cutile(family, monkeypatch):
     """bf16 tiny model on the GPU, cutile's BF16 MQA kernel (fallback disabled): each indexer call selects stock's

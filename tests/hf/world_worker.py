@@ -1,4 +1,4 @@
-"""The rank body of tests/transformers/test_world_sizes.py: tiny models built by ``modeling/transformers/build.py``,
+"""The rank body of tests/hf/test_world_sizes.py: tiny models built by ``modeling/transformers/build.py``,
 whole and sharded over ``world_size`` gloo ranks, and ``route_check.py``'s rows at that world size."""
 
 from __future__ import annotations

@@ -139,7 +139,7 @@ def test_fp8_training_is_the_fp8_forward_with_straight_through_gradients(family)
     truth = _float64_truth(module, x, index, weights, grad)
     for name, mine, exact, plain in zip(["dx", "d_gate_up", "d_down", "d_routing"], grads, truth[1:], bf16[1:]):
         # Straight-through: the backward GEMMs are bf16's on the FP8 forward's intermediates, so the gradients
-        # sit within FP8 quantization error (the FP8-experts bar, tests/transformers/test_fp8.py) of float64.
+        # sit within FP8 quantization error (the FP8-experts bar, tests/hf/test_fp8.py) of float64.
         assert mine is not None and torch.isfinite(mine).all(), name
         assert calc_diff(mine, exact) < 1e-2, (name, calc_diff(mine, exact))
         assert calc_diff(mine, plain) < 1e-2, name

@@ -14,7 +14,7 @@ import pytest
 
 ct = pytest.importorskip("cuda.tile")
 
-from kernels.sass import compile_all  # noqa: E402
+from compile_gate.sass import compile_all  # noqa: E402
 from tilegemm.heuristics import cutile as heuristics  # noqa: E402
 from tilegemm.ops.cutile import aot, grouped_kernels  # noqa: E402
 

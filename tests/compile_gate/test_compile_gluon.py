@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
 
-from kernels.sass import dump_sass, opcode_counts, sass_summary  # noqa: E402
+from compile_gate.sass import dump_sass, opcode_counts, sass_summary  # noqa: E402
 from tilegemm.heuristics.gluon import SMEM_BYTES, GluonDenseConfig, dense_fp8_config  # noqa: E402
 from tilegemm.ops.gluon import aot, fp8_gemm_kernel  # noqa: E402
 

@@ -15,7 +15,7 @@ import pytest
 
 ct = pytest.importorskip("cuda.tile")
 
-from kernels.sass import sass_summary  # noqa: E402
+from compile_gate.sass import sass_summary  # noqa: E402
 from tilegemm.heuristics import cutile as heuristics  # noqa: E402
 from tilegemm.ops import plans  # noqa: E402
 from tilegemm.ops.cutile import aot, decode, gemm, gemm_kernels, launch  # noqa: E402
@@ -300,7 +300,7 @@ def test_deep_decode_pipeline_keeps_two_stages_sm90():
     """The latency hint decode_plan gives the unsplit FP8 kernel with 64-row tiles buys it a second 32 KiB load stage
     on sm_90 (tileiras 13.4 gives it one without the hint), and two CTAs still fit an SM (results/decode/README.md,
     "Load pipeline depth")."""
-    from kernels.sass import launch_resources
+    from compile_gate.sass import launch_resources
 
     cfg, bm = heuristics.decode_config(), heuristics.DECODE_NARROW_BM
     stage = cfg.bw * cfg.step_k("fp8") + bm * cfg.step_k("fp8")
@@ -321,7 +321,7 @@ def test_narrow_pipeline_keeps_four_stages_sm90(dtype, cfg, sb_rows):
     """The narrow-tile kernels keep at least four load stages (activation + weight tile per K step) on sm_90, and
     as many CTAs as its occupancy hint (at most two) fit an SM: the FP8 kernel with 1x128 weight scales got one
     stage without its latency hint (``NarrowConfig``)."""
-    from kernels.sass import launch_resources
+    from compile_gate.sass import launch_resources
 
     step = 128 if dtype == "fp8" else cfg.bk_bf16
     stage = (cfg.bm + cfg.bn) * step * (1 if dtype == "fp8" else 2)
@@ -342,7 +342,7 @@ def test_narrow_k_walk_has_no_division_sm90(dtype, cfg):
     wraps with a compare and a select (``decode._wrap``). A ``%`` there cost an integer division per K block in
     both loops (``I2F.RP``, ``MUFU.RCP`` and ~30 integer instructions); H100: FP8 up to 1.13x faster without it
     (``benchmarks/results/decode/README.md``, "K-block wrap")."""
-    from kernels.sass import dump_sass, loop_bodies
+    from compile_gate.sass import dump_sass, loop_bodies
 
     sass = dump_sass(aot.compile_cubin(decode.get_narrow_kernel(dtype, cfg), _narrow_params(dtype, cfg), "sm_90"))
     loops = loop_bodies(sass)
@@ -355,7 +355,7 @@ def test_narrow_k_walk_has_no_division_sm90(dtype, cfg):
 
 def _mma_loop_length(kernel, params) -> int:
     """Instructions in the shortest sm_90 loop of ``kernel`` that issues a QGMMA (its MMA warps' K loop)."""
-    from kernels.sass import dump_sass, loop_bodies
+    from compile_gate.sass import dump_sass, loop_bodies
 
     bodies = loop_bodies(dump_sass(aot.compile_cubin(kernel, params, "sm_90")))
     return min(len(b) for b in bodies if any("QGMMA" in i for i in b))

@@ -1,4 +1,4 @@
-"""Fixtures of tests/transformers (helpers live in hf_models.py)."""
+"""Fixtures of tests/hf (helpers live in hf_models.py)."""
 
 from __future__ import annotations
 
