@@ -1,4 +1,4 @@
-"""tilegemm: DeepGEMM 2.6's API (dense, grouped, MQA-logits GEMMs) with cuTile kernels and a PyTorch reference.
+"""tilegemm: DeepGEMM 2.6's API (dense, grouped, MQA-logits GEMMs) in cuTile and Gluon kernels, and a PyTorch reference.
 
 ``import tilegemm as deep_gemm`` gives DeepGEMM's names, arguments and defaults (each op's docstring says what
 it accepts without effect and what raises; the project's docs/deepgemm.md in the source repository lists them all).

@@ -1,9 +1,10 @@
 """Compile every kernel a patched model will use before it serves: :func:`precompile`.
 
 tilegemm's kernels are compiled on first use (cuTile's ``tileiras``, Triton for the ``gluon`` backend), one
-specialization per kernel config, and the configs are chosen from the call's sizes (``tilegemm.ops.cutile.
-heuristics``): for the experts, by routed rows per expert (the per-slot, block and sorted paths, the block
-path's row tile), for dense GEMMs by rows (decode, narrow and tiled kernels). A served model meets a new size
+specialization per kernel config, and the configs are chosen from the call's sizes
+(``tilegemm.heuristics.cutile``, ``tilegemm.heuristics.gluon``): for the experts, by routed rows per expert (the
+per-slot, block and sorted paths, the block path's row tile), for dense GEMMs by rows (decode, narrow and tiled
+kernels). A served model meets a new size
 class on some request and that request waits for the compiler (seconds per kernel). :func:`precompile` runs the
 model once per token count of :func:`token_buckets`, so every size class it will meet up to ``max_tokens``
 tokens per forward has its kernels compiled (and, with the on-disk caches, ``CUDA_TILE_CACHE_DIR`` /
