@@ -80,6 +80,7 @@ test-transformers-ends:
 		echo "== transformers $$v"; \
 		PYTHONPATH=$(CURDIR)/src:$(CURDIR) $(ENDS)/$$v/bin/python -m pytest -q -n 2 -m "not gpu and not slow" \
 			$(ENDS_TESTS) || failed="$$failed $$v"; \
+		rm -rf $(ENDS)/$$v; \
 	done; \
 	if [ -n "$$failed" ]; then echo "tests failed with transformers$$failed"; exit 1; fi
 
