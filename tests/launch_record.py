@@ -1,5 +1,6 @@
-"""Recorded kernel launches of a fixed set of dense and grouped calls on CPU tensors, to show a host-path refactor
-launches the same kernels with the same arguments (CPU only: nothing runs, every launch is intercepted).
+"""Recorded kernel launches of a fixed set of calls on CPU tensors (dense, grouped, MoE experts, einsum, MQA, RMSNorm),
+to show a host-path refactor launches the same kernels with the same arguments (CPU only: nothing runs, every launch
+is intercepted).
 
     PYTHONPATH=src python tests/launch_record.py OUT.json
     python tests/launch_record.py --compare A.json B.json
@@ -9,7 +10,8 @@ through the public op with ``backend=`` (cutile, and gluon for dense FP8), made 
 tensors; each call is made twice (the second may take the hot lane). A launch is recorded as: the stream it was
 given, the grid, the kernel (its function's name and compiler options; gluon: the constexprs), and every argument
 (a tensor as dtype, shape, strides, storage offset, the call's tensor whose storage it views or ``new``, and a hash
-of its contents; scalars as they are).
+of its contents; scalars as they are). Buffers the host path allocates with ``torch.empty`` / ``torch.empty_like``
+come zero-filled while recording, so their hashes do not depend on what the allocator handed back.
 """
 
 from __future__ import annotations
@@ -108,7 +110,20 @@ def intercepted(rec: Recorder) -> Iterator[None]:
             return None
         return original_unavailable(name, backend, arguments)
 
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def zeroed(make):
+        def empty(*args, **kwargs):
+            t = make(*args, **kwargs)
+            t.untyped_storage().fill_(0)
+            return t
+
+        return empty
+
     patch(ct, "launch", ct_launch)
+    patch(torch, "empty", zeroed(real_empty))
+    patch(torch, "empty_like", zeroed(real_empty_like))
+    patch(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     patch(launch, "current_stream", lambda: _FakeStream())
     patch(torch.cuda, "current_stream", lambda device=None: _FakeStream())
     patch(registry, "_unavailable_reason", unavailable)
@@ -286,7 +301,220 @@ def grouped_calls() -> Iterator[tuple[str, Callable[[], Any], dict[str, Any]]]:
     )
 
 
-def record(families: tuple[str, ...] = ("dense", "grouped")) -> dict[str, Any]:
+@contextlib.contextmanager
+def _env(name: str, value: str | None) -> Iterator[None]:
+    """``os.environ[name]`` set to ``value`` (``None``: unset) inside the block."""
+    import os
+
+    saved = os.environ.get(name)
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
+
+
+def _moe_inputs(t: int, k: int, e: int, h: int, i: int, seed: int) -> dict[str, torch.Tensor]:
+    """BF16 experts inputs: ids with a dropped slot (-1) and an out-of-range one (E) where there are slots."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).to(torch.int32)
+    if t * k > 2:
+        ids[0, 0], ids[-1, -1] = -1, e
+    return {
+        "hidden": torch.randn(t, h, generator=g).bfloat16(),
+        "topk_ids": ids,
+        "topk_weights": torch.softmax(torch.randn(t, k, generator=g), dim=-1),
+        "w13": (torch.randn(e, 2 * i, h, generator=g) / h**0.5).bfloat16(),
+        "w2": (torch.randn(e, h, i, generator=g) / i**0.5).bfloat16(),
+    }
+
+
+def moe_calls() -> Iterator[tuple[str, Callable[[], Any], dict[str, Any]]]:
+    """(id, call, its tensors by name) of the fused experts: BF16 on each of its three paths (forced by
+    ``TILEGEMM_MOE_VARIANT`` and chosen by size), FP8 in both forms, the training forward and backward (cutile)."""
+    import tilegemm
+    from tilegemm.ops import api  # the training ops are dispatched ops, not public names
+
+    # (t, k, e, h, i, variant): the variant forced on one shape, then each path by its size.
+    cases = [(6, 2, 16, 256, 128, v) for v in ("slots", "blocks", "sorted")]
+    cases += [(4, 2, 64, 256, 192, None), (96, 4, 16, 256, 128, None), (1024, 8, 8, 256, 128, None)]
+    for t, k, e, h, i, variant in cases:
+        x = _moe_inputs(t, k, e, h, i, seed=t + e)
+
+        def call(x=x, variant=variant):
+            with _env("TILEGEMM_MOE_VARIANT", variant):
+                return tilegemm.moe_experts(**x, backend="cutile")
+
+        yield f"moe_bf16_{t}x{k}x{e}x{h}x{i}_{variant or 'auto'}", call, x
+    for t, k, e in ((8, 2, 16), (1024, 4, 8)):  # the block form, the row form
+        x = _moe_inputs(t, k, e, 256, 256, seed=t)
+        x["w13"] = _fp8(x["w13"].float(), True)
+        x["w2"] = _fp8(x["w2"].float(), True)
+        yield f"moe_fp8_{t}x{k}x{e}", (lambda x=x: tilegemm.fp8_moe_experts(**x, backend="cutile")), x
+    x = _moe_inputs(40, 2, 8, 256, 128, seed=5)
+    yield "moe_train_forward", (lambda: api.moe_experts_forward(**x, backend="cutile")), x
+    _, state = api.moe_experts_forward(**x, backend="pytorch")
+    grad = torch.randn(x["hidden"].shape, generator=torch.Generator().manual_seed(9)).bfloat16()
+    args = {"grad_out": grad, **{n: x[n] for n in ("hidden", "topk_weights", "w13", "w2")}, "state": state}
+    named = {**args, **state._asdict()}
+    for needs in ((True, True, True, True), (False, True, False, True)):
+        yield (
+            f"moe_train_backward_{''.join('1' if n else '0' for n in needs)}",
+            (lambda needs=needs: api.moe_experts_backward(**args, needs=needs, backend="cutile")),
+            named,
+        )
+
+
+def einsum_calls() -> Iterator[tuple[str, Callable[[], Any], dict[str, Any]]]:
+    """(id, call, its tensors by name) of the BF16 and FP8 einsum expressions and the pre-norm GEMM (cutile)."""
+    import tilegemm
+
+    g = torch.Generator().manual_seed(11)
+    a = torch.randn(1, 1024, 128, generator=g).bfloat16()  # enough tiles: no split
+    b = torch.randn(1, 1024, 128, generator=g).bfloat16()
+    for with_c in (False, True):
+        d = torch.zeros(1024, 1024, dtype=torch.float32)
+        c = torch.randn(1024, 1024, generator=g) if with_c else None
+        t = {"a": a, "b": b, "d": d, "c": c}
+        yield (
+            f"einsum_bmk_{with_c}",
+            (lambda a=a, b=b, d=d, c=c: tilegemm.einsum("bmk,bnk->mn", a, b, d, c, backend="cutile")),
+            t,
+        )
+    a = torch.randn(4, 2, 8192, generator=g).bfloat16()  # split over K: the reduce kernel too
+    b = torch.randn(4, 16, 8192, generator=g).bfloat16()
+    d = torch.zeros(2, 16, dtype=torch.bfloat16)
+    t = {"a": a, "b": b, "d": d}
+    yield "einsum_bmk_split", (lambda a=a, b=b, d=d: tilegemm.einsum("bmk,bnk->mn", a, b, d, backend="cutile")), t
+    batch, heads, dd, r = 8, 4, 256, 128
+    for expr, xa, yb, out in (
+        ("bhr,hdr->bhd", (batch, heads, r), (heads, dd, r), (batch, heads, dd)),
+        ("bhd,hdr->bhr", (batch, heads, dd), (heads, dd, r), (batch, heads, r)),
+    ):
+        x = torch.randn(*xa, generator=g).bfloat16()
+        y = torch.randn(*yb, generator=g).bfloat16()
+        for with_c in (False, True):
+            d = torch.zeros(*out, dtype=torch.bfloat16)
+            c = torch.randn(*out, generator=g).bfloat16() if with_c else None
+            t = {"a": x, "b": y, "d": d, "c": c}
+            yield (
+                f"einsum_{expr}_{with_c}",
+                (lambda expr=expr, x=x, y=y, d=d, c=c: tilegemm.einsum(expr, x, y, d, c, backend="cutile")),
+                t,
+            )
+            xq = tilegemm.per_token_cast_to_fp8(x.float(), use_ue8m0=True)
+            yq = tilegemm.per_block_cast_to_fp8(y.float(), use_ue8m0=True)
+            t = {"a": xq, "b": yq, "d": d, "c": c}
+            yield (
+                f"fp8_einsum_{expr}_{with_c}",
+                (lambda expr=expr, xq=xq, yq=yq, d=d, c=c: tilegemm.fp8_einsum(expr, xq, yq, d, c, backend="cutile")),
+                t,
+            )
+    bsz, dd, r = 256, 128, 64
+    xc = torch.randn(bsz, heads * dd, generator=g)
+    yc = torch.randn(bsz, heads * r, generator=g)
+    xq, sx = tilegemm.per_channel_cast_to_fp8(xc, use_ue8m0=True)
+    yq, sy = tilegemm.per_channel_cast_to_fp8(yc, use_ue8m0=True)
+    qa = (xq.view(bsz, heads, dd), sx.view(2, heads, dd))
+    qb = (yq.view(bsz, heads, r), sy.view(2, heads, r))
+    for dtype in (torch.float32, torch.bfloat16):
+        d = torch.zeros(heads, dd, r, dtype=dtype)
+        t = {"a": qa, "b": qb, "d": d}
+        yield (
+            f"fp8_einsum_bhd,bhr->hdr_{dtype}",
+            (lambda d=d: tilegemm.fp8_einsum("bhd,bhr->hdr", qa, qb, d, recipe=(1, 1, 128), backend="cutile")),
+            t,
+        )
+    a = torch.randn(37, 1024, generator=g).bfloat16()
+    b = torch.randn(24, 1024, generator=g)
+    for splits in (None, 3):
+        lead = () if splits is None else (splits,)
+        d, s = torch.zeros(*lead, 37, 24), torch.zeros(*lead, 37)
+        t = {"a": a, "b": b, "d": d, "sqr_sum": s}
+        yield (
+            f"prenorm_{splits}",
+            (lambda d=d, s=s, n=splits: tilegemm.tf32_hc_prenorm_gemm(a, b, d, s, num_splits=n, backend="cutile")),
+            t,
+        )
+
+
+def mqa_calls() -> Iterator[tuple[str, Callable[[], Any], dict[str, Any]]]:
+    """(id, call, its tensors by name) of the plain MQA logits (FP8 and BF16, clean or not, compressed) and the paged
+    ones (cutile)."""
+    import tilegemm
+
+    g = torch.Generator().manual_seed(13)
+    s, s_kv, h, dim = 96, 160, 8, 64
+    q = torch.randn(s, h, dim, generator=g).to(torch.float8_e4m3fn)
+    kv = torch.randn(s_kv, dim, generator=g).to(torch.float8_e4m3fn)
+    kv_scale = torch.rand(s_kv, generator=g) + 0.5
+    weights = torch.randn(s, h, generator=g)
+    ks = torch.randint(0, 40, (s,), generator=g, dtype=torch.int32)
+    ke = torch.minimum(ks + torch.randint(1, 120, (s,), generator=g, dtype=torch.int32), torch.tensor(s_kv))
+    t = {"q": q, "kv": (kv, kv_scale), "weights": weights, "ks": ks, "ke": ke}
+    for clean, max_k in ((True, 0), (False, 0), (True, 128)):
+        yield (
+            f"mqa_fp8_{clean}_{max_k}",
+            (
+                lambda clean=clean, max_k=max_k: tilegemm.fp8_mqa_logits(
+                    q, (kv, kv_scale), weights, ks, ke, clean_logits=clean, max_seqlen_k=max_k, backend="cutile"
+                )
+            ),
+            t,
+        )
+    qb, kvb = q.float().bfloat16(), kv.float().bfloat16()
+    t = {"q": qb, "kv": kvb, "weights": weights, "ks": ks, "ke": ke}
+    yield "mqa_bf16", (lambda: tilegemm.bf16_mqa_logits(qb, kvb, weights, ks, ke, backend="cutile")), t
+    batch, next_n, block_kv = 2, 2, 16
+    ctx = torch.tensor([37, 64], dtype=torch.int32)
+    blocks = 4
+    cache = torch.randint(0, 120, (batch * blocks, block_kv, 1, dim + 4), generator=g, dtype=torch.uint8)
+    table = torch.arange(batch * blocks, dtype=torch.int32).view(batch, blocks)
+    qp = torch.randn(batch, next_n, h, dim, generator=g).to(torch.float8_e4m3fn)
+    wp = torch.randn(batch * next_n, h, generator=g)
+    meta = tilegemm.get_paged_mqa_logits_metadata(ctx, block_kv, 4, backend="pytorch")
+    t = {"q": qp, "kv_cache": cache, "weights": wp, "context_lens": ctx, "block_table": table, "meta": meta}
+    for clean in (True, False):
+        yield (
+            f"mqa_paged_{clean}",
+            (
+                lambda clean=clean: tilegemm.fp8_paged_mqa_logits(
+                    qp, cache, wp, ctx, table, meta, 69, clean_logits=clean, backend="cutile"
+                )
+            ),
+            t,
+        )
+
+
+def norm_calls() -> Iterator[tuple[str, Callable[[], Any], dict[str, Any]]]:
+    """(id, call, its tensors by name) of RMSNorm calls (cutile)."""
+    import tilegemm
+
+    g = torch.Generator().manual_seed(17)
+    for shape in ((7, 256), (2, 3, 1000)):
+        x = torch.randn(*shape, generator=g).bfloat16()
+        w = torch.randn(shape[-1], generator=g).bfloat16()
+        t = {"x": x, "weight": w}
+        yield f"rms_norm_{'x'.join(map(str, shape))}", (lambda x=x, w=w: tilegemm.rms_norm(x, w, backend="cutile")), t
+
+
+FAMILIES: dict[str, Callable[[], Iterator[tuple[str, Callable[[], Any], dict[str, Any]]]]] = {
+    "dense": dense_calls,
+    "grouped": grouped_calls,
+    "moe": moe_calls,
+    "einsum": einsum_calls,
+    "mqa": mqa_calls,
+    "norm": norm_calls,
+}
+
+
+def record(families: tuple[str, ...] = tuple(FAMILIES)) -> dict[str, Any]:
     """Every call's launches (or the error it raised), by call id."""
     import os
     import warnings
@@ -294,9 +522,8 @@ def record(families: tuple[str, ...] = ("dense", "grouped")) -> dict[str, Any]:
     os.environ["TILEGEMM_DISABLE_FALLBACK"] = "1"
     rec = Recorder()
     out: dict[str, Any] = {}
-    calls = [*dense_calls()] if "dense" in families else []
-    calls += [*grouped_calls()] if "grouped" in families else []
     with intercepted(rec), warnings.catch_warnings():
+        calls = [call for family in families for call in FAMILIES[family]()]
         warnings.simplefilter("ignore")
         for vid, call, tensors in calls:
             rec.name_inputs(tensors)
@@ -313,12 +540,22 @@ def record(families: tuple[str, ...] = ("dense", "grouped")) -> dict[str, Any]:
     return out
 
 
-HOP_CALLS = ("bf16_nt_300x512x512", "fp8_nt_300x512x512_128_cutile", "fp8_nt_300x512x512_128_gluon")
+HOP_CALLS = (
+    "bf16_nt_300x512x512",
+    "fp8_nt_300x512x512_128_cutile",
+    "fp8_nt_300x512x512_128_gluon",
+    "moe_bf16_6x2x16x256x128_slots",
+    "moe_bf16_6x2x16x256x128_blocks",
+    "moe_bf16_6x2x16x256x128_sorted",
+    "moe_fp8_8x2x16",
+    "moe_train_forward",
+    "moe_train_backward_1111",
+)
 
 
-def _traced(call: Callable[[], Any], rec: Recorder, root: str) -> tuple[list[str] | None, dict[str, set[str]]]:
-    """Run ``call``: the tilegemm frames on the stack at its first launch, and the tilegemm functions that ran, by
-    file (paths relative to ``root``)."""
+def _traced(call: Callable[[], Any], rec: Recorder, root: str) -> tuple[list[list[str]], dict[str, set[str]]]:
+    """Run ``call``: the tilegemm frames on the stack at each of its launches, and the tilegemm functions that ran,
+    by file (paths relative to ``root``)."""
     import os
     import traceback
 
@@ -328,9 +565,8 @@ def _traced(call: Callable[[], Any], rec: Recorder, root: str) -> tuple[list[str
     ran: dict[str, set[str]] = {}
 
     def stack() -> None:
-        if not stacks:
-            frames = [f for f in traceback.extract_stack()[:-2] if f.filename.startswith(root)]
-            stacks.append([f"{os.path.relpath(f.filename, root)}:{f.name}" for f in frames])
+        frames = [f for f in traceback.extract_stack()[:-2] if f.filename.startswith(root)]
+        stacks.append([f"{os.path.relpath(f.filename, root)}:{f.name}" for f in frames])
 
     def profile(frame, event, arg):
         if event == "call" and frame.f_code.co_filename.startswith(root):
@@ -355,30 +591,36 @@ def _traced(call: Callable[[], Any], rec: Recorder, root: str) -> tuple[list[str
     finally:
         sys.setprofile(None)
         ct.launch, rec.record = cutile_launch, record
-    return (stacks[0] if stacks else None), ran
+    return stacks, ran
 
 
 def hops(ids: tuple[str, ...] = HOP_CALLS) -> dict[str, Any]:
     """For each call (its first run: plan built, then launched; and its second: the hot lane): the tilegemm frames
-    on the stack at its first launch (``file:function``, outermost first) and the tilegemm files and functions that
-    ran during the call (the checks, the chooser, the plan's build included)."""
+    on the stack at its first launch and at its deepest (``file:function``, outermost first), the files those
+    stacks pass through, and the tilegemm files and functions that ran during the call (the checks, the chooser,
+    the plan's build included)."""
     import os
+    import warnings
 
     import tilegemm
 
     root = os.path.dirname(tilegemm.__file__)
     rec = Recorder()
     out: dict[str, Any] = {}
-    calls = {vid: (call, tensors) for vid, call, tensors in dense_calls()}
-    with intercepted(rec):
+    with intercepted(rec), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        calls = {vid: (call, tensors) for family in FAMILIES.values() for vid, call, tensors in family()}
         for vid in ids:
             call, tensors = calls[vid]
             rec.name_inputs(tensors)
             clear_all_plans()
             for run in ("first", "again"):
-                stack, ran = _traced(call, rec, root)
+                stacks, ran = _traced(call, rec, root)
                 out[f"{vid} ({run})"] = {
-                    "stack at the first launch": stack,
+                    "stack at the first launch": stacks[0] if stacks else None,
+                    "deepest stack at a launch": max(stacks, key=len) if stacks else None,
+                    "launches": len(stacks),
+                    "stack files": sorted({f.split(":")[0] for st in stacks for f in st}),
                     "files": {f: sorted(names) for f, names in sorted(ran.items())},
                 }
     return out
@@ -392,15 +634,20 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", help="JSON file to write the recorded launches to")
-    parser.add_argument("--only", default="dense,grouped", help="comma-separated: dense, grouped")
+    parser.add_argument("--only", default=",".join(FAMILIES), help=f"comma-separated: {', '.join(FAMILIES)}")
     parser.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two recordings")
     parser.add_argument("--hops", action="store_true", help="print the path from the public op to the launch")
     args = parser.parse_args(argv)
     if args.hops:
         for vid, found in hops().items():
-            stack = found["stack at the first launch"]
-            print(f"{vid}: {len(stack or ())} frames at the launch, {len(found['files'])} files ran")
-            print("  stack: " + " -> ".join(stack or ()))
+            stack, deepest = found["stack at the first launch"], found["deepest stack at a launch"]
+            print(
+                f"{vid}: {found['launches']} launches; {len(stack or ())} frames at the first, {len(deepest or ())} at"
+                f" the deepest, in {len(found['stack files'])} files; {len(found['files'])} files ran"
+            )
+            print("  first: " + " -> ".join(stack or ()))
+            print("  deepest: " + " -> ".join(deepest or ()))
+            print("  stack files: " + ", ".join(found["stack files"]))
             for file, names in found["files"].items():
                 print(f"  {file}: {', '.join(names)}")
         return 0

@@ -441,6 +441,123 @@ def test_grouped_calls_launch_on_the_given_stream(monkeypatch):
         launched.clear()
 
 
+def _moe_calls():
+    """(name, call(stream)) of the fused experts on each path (BF16 slots, blocks, sorted; FP8 block and row forms)
+    and the training forward and backward."""
+    import tilegemm
+    from tilegemm.ops import api
+
+    def inputs(t, k, e, h, i):
+        g = torch.Generator().manual_seed(t + k + e)
+        ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).to(torch.int32)
+        x = torch.randn(t, h, generator=g).bfloat16()
+        w13 = torch.randn(e, 2 * i, h, generator=g).bfloat16()
+        w2 = torch.randn(e, h, i, generator=g).bfloat16()
+        return {"hidden": x, "topk_ids": ids, "topk_weights": torch.rand(t, k, generator=g), "w13": w13, "w2": w2}
+
+    def fp8(x):
+        return {**x, "w13": tilegemm.per_block_cast_to_fp8(x["w13"].float()), "w2": tilegemm.per_block_cast_to_fp8(
+            x["w2"].float()
+        )}  # fmt: skip
+
+    def variant(name, x):
+        def call(s):
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setenv("TILEGEMM_MOE_VARIANT", name)
+                tilegemm.moe_experts(**x, stream=s, backend="cutile")
+
+        return call
+
+    small, rows = inputs(6, 2, 16, 256, 128), inputs(1024, 4, 8, 256, 256)
+    train = inputs(40, 2, 8, 256, 128)
+    _, state = api.moe_experts_forward(**train, backend="pytorch")
+    grad = torch.randn(40, 256).bfloat16()
+    back = {k: train[k] for k in ("hidden", "topk_weights", "w13", "w2")}
+    return [
+        *((name, variant(name, small)) for name in ("slots", "blocks", "sorted")),
+        ("fp8_blocks", lambda s: tilegemm.fp8_moe_experts(**fp8(small), stream=s, backend="cutile")),
+        ("fp8_rows", lambda s: tilegemm.fp8_moe_experts(**fp8(rows), stream=s, backend="cutile")),
+        ("train_forward", lambda s: api.moe_experts_forward(**train, stream=s, backend="cutile")),
+        ("train_backward", lambda s: api.moe_experts_backward(grad, **back, state=state, stream=s, backend="cutile")),
+    ]
+
+
+def _einsum_calls():
+    """(name, call(stream)) of the einsum expressions (BF16 and FP8, the ones composed from the masked and k-grouped
+    GEMMs included), the split-K BF16 one with its reduce kernel, the pre-norm GEMM, MQA logits (plain and paged)
+    and RMSNorm."""
+    import tilegemm as tg
+
+    a3, b3, d2 = torch.randn(4, 2, 8192).bfloat16(), torch.randn(4, 16, 8192).bfloat16(), torch.zeros(2, 16)
+    x, y = torch.randn(8, 4, 128).bfloat16(), torch.randn(4, 256, 128).bfloat16()
+    dh = torch.zeros(8, 4, 256, dtype=torch.bfloat16)
+    xq, yq = tg.per_token_cast_to_fp8(x.float(), use_ue8m0=True), tg.per_block_cast_to_fp8(y.float(), use_ue8m0=True)
+    xc, sxc = tg.per_channel_cast_to_fp8(torch.randn(256, 4 * 128), use_ue8m0=True)
+    yc, syc = tg.per_channel_cast_to_fp8(torch.randn(256, 4 * 64), use_ue8m0=True)
+    ca, cb = (xc.view(256, 4, 128), sxc.view(2, 4, 128)), (yc.view(256, 4, 64), syc.view(2, 4, 64))
+    dk = torch.zeros(4, 128, 64)
+    pa, pb, pd, ps = torch.randn(37, 1024).bfloat16(), torch.randn(24, 1024), torch.zeros(37, 24), torch.zeros(37)
+    q, kv = torch.randn(96, 8, 64).to(torch.float8_e4m3fn), torch.randn(160, 64).to(torch.float8_e4m3fn)
+    kv_scale, weights = torch.rand(160) + 0.5, torch.randn(96, 8)
+    ks = torch.zeros(96, dtype=torch.int32)
+    ke = torch.full((96,), 160, dtype=torch.int32)
+    ctx, table = torch.tensor([37, 64], dtype=torch.int32), torch.arange(8, dtype=torch.int32).view(2, 4)
+    cache = torch.randint(0, 120, (8, 16, 1, 68), dtype=torch.uint8)
+    qp, wp = torch.randn(2, 2, 8, 64).to(torch.float8_e4m3fn), torch.randn(4, 8)
+    meta = tg.get_paged_mqa_logits_metadata(ctx, 16, 4, backend="pytorch")
+    xn, wn = torch.randn(7, 256).bfloat16(), torch.randn(256).bfloat16()
+    cu = {"backend": "cutile"}
+    return [
+        ("bmk_split", lambda s: tg.einsum("bmk,bnk->mn", a3, b3, d2, stream=s, **cu)),
+        (
+            "bhd_heads",
+            lambda s: tg.einsum("bhd,hdr->bhr", dh, y, torch.zeros(8, 4, 128, dtype=torch.bfloat16), stream=s, **cu),
+        ),
+        ("bhr_masked", lambda s: tg.einsum("bhr,hdr->bhd", x, y, dh, stream=s, **cu)),
+        ("fp8_bhr_masked", lambda s: tg.fp8_einsum("bhr,hdr->bhd", xq, yq, dh, stream=s, **cu)),
+        ("fp8_k_grouped", lambda s: tg.fp8_einsum("bhd,bhr->hdr", ca, cb, dk, recipe=(1, 1, 128), stream=s, **cu)),
+        ("prenorm", lambda s: tg.tf32_hc_prenorm_gemm(pa, pb, pd, ps, stream=s, **cu)),
+        ("mqa_fp8", lambda s: tg.fp8_mqa_logits(q, (kv, kv_scale), weights, ks, ke, stream=s, **cu)),
+        (
+            "mqa_bf16",
+            lambda s: tg.bf16_mqa_logits(q.float().bfloat16(), kv.float().bfloat16(), weights, ks, ke, stream=s, **cu),
+        ),
+        ("mqa_paged", lambda s: tg.fp8_paged_mqa_logits(qp, cache, wp, ctx, table, meta, 69, True, stream=s, **cu)),
+        ("rms_norm", lambda s: tg.rms_norm(xn, wn, stream=s, **cu)),
+    ]
+
+
+@pytest.mark.parametrize("family", ["moe", "einsum, mqa, norm"])
+def test_moe_einsum_mqa_norm_calls_launch_on_the_given_stream(monkeypatch, family):
+    """The ``stream=`` of a fused-experts call (each path, FP8 and training too), an einsum (also the expressions
+    composed from another op's implementation), a pre-norm GEMM, an MQA-logits or an RMSNorm call reaches every
+    launch it makes, with the registry's stream context a no-op; without one, the current stream."""
+    from tilegemm import config
+
+    launched = []
+    monkeypatch.setattr(ct, "launch", lambda stream, grid, kernel, args: launched.append(stream))
+    current, given = _Stream(1), _Stream(2)
+    monkeypatch.setattr(torch.cuda, "Stream", _Stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(launch, "current_stream", lambda: current)
+    monkeypatch.setattr(registry, "_unavailable_reason", lambda *args: None)
+    monkeypatch.setattr(config, "_num_sms", 132)
+    monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
+    monkeypatch.setattr(plans, "_PLANS", {})
+    monkeypatch.setattr(hot_lane, "_HOT", {})
+    empty = torch.empty
+    # No kernel runs: the routing's buffers come zero-filled, so the row gather after it reads rows in range.
+    monkeypatch.setattr(torch, "empty", lambda *args, **kwargs: empty(*args, **kwargs).zero_())
+    for name, call in _moe_calls() if family == "moe" else _einsum_calls():
+        call(given)
+        assert launched and all(s is given for s in launched), (name, launched)
+        launched.clear()
+        call(None)
+        assert launched and all(s is current for s in launched), (name, launched)
+        launched.clear()
+
+
 @pytest.mark.parametrize("src_align", [1, 3, 64, 128])
 @pytest.mark.parametrize("align", [64, 128])
 def test_psum_repack_rows_follow_the_callers_alignment(src_align, align):

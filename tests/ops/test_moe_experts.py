@@ -191,7 +191,7 @@ def test_cutile_block_routing_matches_moe_route(t, k, e, bt, id_dtype):
     """The block path's two routing kernels lay the slots out exactly as ``moe_route``'s stable sort, sentinels,
     garbage ids and experts past a multiple of the routing CTA's expert count included; the slots split into one
     chunk, several chunks of one step, and chunks of several steps (4096 tokens)."""
-    from tilegemm.ops.cutile import moe_blocks
+    from tilegemm.ops.cutile import launch, moe_blocks
     from tilegemm.routing import max_padded_rows, moe_route
 
     g = torch.Generator(device="cuda").manual_seed(t * k + e)
@@ -202,7 +202,10 @@ def test_cutile_block_routing_matches_moe_route(t, k, e, bt, id_dtype):
     ids = ids.to(id_dtype)
     weights = torch.rand(t, k, device="cuda", generator=g).bfloat16()
     rows = max_padded_rows(t, k, e, bt)
-    tokens, row_weight, dest, block_expert = moe_blocks.route(ids, weights, e, bt, rows)
+    routed = moe_blocks.routing(ids, weights, e, bt, rows)
+    for kernel, grid, args in routed.launches:
+        launch.launch(kernel, grid, args)
+    tokens, row_weight, dest, block_expert = routed.row_token, routed.row_weight, routed.dest, routed.block_expert
     ref = moe_route(ids.clamp(min=-1, max=e).long(), e, alignment=bt)
 
     assert torch.equal(dest.long(), ref.dest_row.view(t, k))

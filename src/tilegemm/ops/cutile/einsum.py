@@ -229,9 +229,10 @@ def rows_tensor(groups: int, rows: int, device: torch.device) -> torch.Tensor:
 # ---------------------------------------------------------------------------------- host paths
 
 
-def _workspace(d: torch.Tensor, splits: int) -> torch.Tensor:
-    """The fp32 ``[splits, M, N]`` partials of the current stream (rows padded to 16 bytes; a 1x1x1 dummy for 0)."""
-    stream = launch.current_stream().cuda_stream
+def _workspace(d: torch.Tensor, splits: int, stream: Any) -> torch.Tensor:
+    """The fp32 ``[splits, M, N]`` partials of ``stream`` (``None``: the current one; rows padded to 16 bytes; a 1x1x1
+    dummy for 0)."""
+    stream = (launch.current_stream() if stream is None else stream).cuda_stream
     if splits == 0:
         return launch.scratch(d.device, stream, torch.float32, 4)[:4].view(1, 1, 4)[:, :, :1]
     m, n = d.shape
@@ -240,8 +241,9 @@ def _workspace(d: torch.Tensor, splits: int) -> torch.Tensor:
     return buf[: splits * m * pitch].view(splits, m, pitch)[:, :, :n]
 
 
-def bmk_bnk_mn(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None) -> torch.Tensor:
-    """``d[M, N] = sum_s a[s] @ b[s].T (+ c)`` (a ``[S, M, K]``, b ``[S, N, K]``), fp32 sum rounded once."""
+def bmk_bnk_mn(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None, stream: Any) -> torch.Tensor:
+    """``d[M, N] = sum_s a[s] @ b[s].T (+ c)`` (a ``[S, M, K]``, b ``[S, N, K]``), fp32 sum rounded once; on
+    ``stream``."""
     s_dim, m, k = a.shape
     n = b.shape[1]
     if m == 0 or n == 0:
@@ -259,18 +261,18 @@ def bmk_bnk_mn(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tenso
     cfg = bmk_config(has_c and not split)  # a split call adds c in the reduce kernel
     grid = launch.persistent_grid(tiles * splits, cfg.ctas_per_sm, sms)
     print_once("einsum bmk,bnk->mn", (s_dim, m, n, k), f"{cfg.name} grid={grid} split={splits}")
-    work = _workspace(d, splits if split else 0)
+    work = _workspace(d, splits if split else 0, stream)
     consts = bmk_constants(cfg, split=split, has_c=has_c and not split, c_is_d=c_is_d and not split)
-    launch.launch(get_kernel("bmk", cfg), grid, (a, b, d, c_arg, work, per, *consts))
+    launch.launch(get_kernel("bmk", cfg), grid, (a, b, d, c_arg, work, per, *consts), stream)
     if split:
         rm, rn = REDUCE_TILE
         rgrid = (launch.cdiv(m, rm), launch.cdiv(n, rn), 1)
         rconsts = reduce_constants(has_c=has_c, c_is_d=c_is_d)
-        launch.launch(get_kernel("reduce"), rgrid, (work, d, c_arg, splits, *rconsts))
+        launch.launch(get_kernel("reduce"), rgrid, (work, d, c_arg, splits, *rconsts), stream)
     return d
 
 
-def bhd_hdr_bhr(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None) -> torch.Tensor:
+def bhd_hdr_bhr(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None, stream: Any) -> torch.Tensor:
     """``d[x, h] = a[x, h] @ b[h] (+ c)``: a ``[B, H, D]``, b ``[H, D, R]``, d ``[B, H, R]``, fp32, rounded once."""
     batch, heads, k = a.shape
     n = b.shape[2]
@@ -287,19 +289,20 @@ def bhd_hdr_bhr(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tens
     grid = launch.persistent_grid(tiles, cfg.ctas_per_sm, sms)
     print_once("einsum bhd,hdr->bhr", (batch, heads, k, n), f"{cfg.name} grid={grid} split=1")
     consts = heads_constants(cfg, has_c=has_c, c_is_d=c_is_d)
-    launch.launch(get_kernel("heads", cfg), grid, (a, b, d, c_arg, *consts))
+    launch.launch(get_kernel("heads", cfg), grid, (a, b, d, c_arg, *consts), stream)
     return d
 
 
-def bhr_hdr_bhd(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None) -> torch.Tensor:
-    """``d[x, h] = b[h] @ a[x, h] (+ c)``: the masked m-grouped BF16 GEMM, one group of ``B`` valid rows per head."""
+def bhr_hdr_bhd(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None, stream: Any) -> torch.Tensor:
+    """``d[x, h] = b[h] @ a[x, h] (+ c)``: the masked m-grouped BF16 GEMM, one group of ``B`` valid rows per head, on
+    ``stream``."""
     batch, heads, _ = a.shape
     masked = get_impl("m_grouped_bf16_gemm_nt_masked", "cutile")
     masked_m = rows_tensor(heads, batch, d.device)
 
     def run(out: torch.Tensor) -> None:
         hint = masked_hint(batch, out.dtype)
-        masked(a=a.transpose(0, 1), b=b, d=out.transpose(0, 1), masked_m=masked_m, expected_m=hint, stream=None)
+        masked(a=a.transpose(0, 1), b=b, d=out.transpose(0, 1), masked_m=masked_m, expected_m=hint, stream=stream)
 
     return with_addend(d, c, run)
 
@@ -317,4 +320,4 @@ def einsum(expr, a, b, d, c, stream):
     path = EXPRESSIONS.get(expr)
     if path is None:
         raise Unsupported(f"einsum expression {expr!r}")
-    return path(a, b, d, c)
+    return path(a, b, d, c, stream)

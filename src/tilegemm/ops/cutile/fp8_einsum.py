@@ -19,6 +19,8 @@ Each expression is a batch of per-head block-scaled GEMMs, so it maps onto one l
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from tilegemm.backend.registry import Unsupported, get_impl, register_impl
@@ -28,7 +30,7 @@ _MASKED = "m_grouped_fp8_fp4_gemm_nt_masked"
 _K_GROUPED = "k_grouped_fp8_gemm_tn_contiguous"
 
 
-def _masked_heads(a: tuple, b: tuple, d: torch.Tensor, c: torch.Tensor | None) -> torch.Tensor:
+def _masked_heads(a: tuple, b: tuple, d: torch.Tensor, c: torch.Tensor | None, stream: Any) -> torch.Tensor:
     """``d[x, h] = A_h[x] . B_h`` for a = ``(x [B, H, K], sx [B, H, K/128])``, b = ``(y [H, N, K], sy [H, N/128,
     K/128])``, d ``[B, H, N]``: the masked FP8 GEMM over ``[H, B, *]`` views."""
     (x, sx), (y, sy) = a, b
@@ -39,21 +41,21 @@ def _masked_heads(a: tuple, b: tuple, d: torch.Tensor, c: torch.Tensor | None) -
 
     def run(out: torch.Tensor) -> None:
         hint = masked_hint(batch, out.dtype)
-        masked(a=lhs, b=(y, sy), d=out.transpose(0, 1), masked_m=masked_m, expected_m=hint, stream=None)
+        masked(a=lhs, b=(y, sy), d=out.transpose(0, 1), masked_m=masked_m, expected_m=hint, stream=stream)
 
     return with_addend(d, c, run)
 
 
-def bhr_hdr_bhd(a: tuple, b: tuple, d: torch.Tensor, c: torch.Tensor | None) -> torch.Tensor:
+def bhr_hdr_bhd(a: tuple, b: tuple, d: torch.Tensor, c: torch.Tensor | None, stream: Any) -> torch.Tensor:
     """``d[x, h] = y[h] @ x[x, h]``: the weights ``y [H, D, R]`` are already K-major."""
-    return _masked_heads(a, b, d, c)
+    return _masked_heads(a, b, d, c, stream)
 
 
-def bhd_hdr_bhr(a: tuple, b: tuple, d: torch.Tensor, c: torch.Tensor | None) -> torch.Tensor:
+def bhd_hdr_bhr(a: tuple, b: tuple, d: torch.Tensor, c: torch.Tensor | None, stream: Any) -> torch.Tensor:
     """``d[x, h] = x[x, h] @ y[h]``: ``y [H, D, R]`` copied K-major to ``[H, R, D]``, scales transposed with it."""
     y, sy = b
     y_t = y.view(torch.uint8).transpose(1, 2).contiguous().view(y.dtype)  # byte copy: no float8 kernel needed
-    return _masked_heads(a, (y_t, sy.transpose(1, 2).contiguous()), d, c)
+    return _masked_heads(a, (y_t, sy.transpose(1, 2).contiguous()), d, c, stream)
 
 
 def _k_major_heads(x: torch.Tensor) -> torch.Tensor:
@@ -63,7 +65,7 @@ def _k_major_heads(x: torch.Tensor) -> torch.Tensor:
     return k_major.view(cols, heads * batch).t()
 
 
-def bhd_bhr_hdr(a: tuple, b: tuple, d: torch.Tensor, c: torch.Tensor | None) -> torch.Tensor:
+def bhd_bhr_hdr(a: tuple, b: tuple, d: torch.Tensor, c: torch.Tensor | None, stream: Any) -> torch.Tensor:
     """``d[h] = x[:, h].T @ y[:, h] (+ c)``: the k-grouped FP8 GEMM with one K range of ``B`` rows per head."""
     (x, sx), (y, sy) = a, b
     batch, heads = x.shape[0], x.shape[1]
@@ -81,7 +83,7 @@ def bhd_bhr_hdr(a: tuple, b: tuple, d: torch.Tensor, c: torch.Tensor | None) -> 
         out, addend = d, separate_addend(d, c)
     else:
         out, addend = torch.empty(d.shape, dtype=torch.float32, device=d.device), None
-    k_grouped(a=lhs, b=rhs, d=out, ks_cpu=ks, grouped_layout=ks_tensor, c=addend, stream=None)
+    k_grouped(a=lhs, b=rhs, d=out, ks_cpu=ks, grouped_layout=ks_tensor, c=addend, stream=stream)
     if out is not d:
         d.copy_(out if c is None else out.add_(c.to(torch.float32)))
     return d
@@ -96,4 +98,4 @@ def fp8_einsum(expr, a, b, d, c, recipe, stream):
     path = EXPRESSIONS.get(expr)
     if path is None:
         raise Unsupported(f"fp8_einsum expression {expr!r}")
-    return path(a, b, d, c)
+    return path(a, b, d, c, stream)

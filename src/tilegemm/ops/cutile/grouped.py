@@ -44,14 +44,6 @@ def check_tma_weight(b: torch.Tensor) -> None:
         raise Unsupported("a weight dimension or stride is >= 2**31 (int32 indexing)")
 
 
-def launch_tiles(
-    kernel: Any, cfg: heuristics.TileConfig, upper_tiles: int, args: tuple[Any, ...], stream: Any = None
-) -> None:
-    """Launch a persistent grouped kernel on ``stream`` (``None``: the current one): at most ``upper_tiles`` CTAs (a
-    bound on the tiles it walks)."""
-    launch.launch(kernel, launch.persistent_grid(upper_tiles, cfg.ctas_per_sm), args, stream)
-
-
 def m_grouped(
     op: str,
     a: Any,
@@ -132,7 +124,7 @@ def m_grouped(
     else:
         kernel = get_kernel("m_bf16", cfg.num_worker_warps, cfg.occupancy)
         args = (a_data, b_data, d, *runtime, *consts)
-    launch_tiles(kernel, cfg, upper, args, stream)
+    launch.launch(kernel, launch.persistent_grid(upper, cfg.ctas_per_sm), args, stream)
     return d
 
 
@@ -285,7 +277,7 @@ def _k_grouped(
     else:
         kernel = get_kernel("k_bf16", cfg.num_worker_warps, cfg.occupancy)
         args = (_row_major(a_data), _row_major(b_data), c_arg, d, koffs, *consts)
-    launch_tiles(kernel, cfg, upper, args, stream)
+    launch.launch(kernel, launch.persistent_grid(upper, cfg.ctas_per_sm), args, stream)
     return d
 
 
@@ -309,24 +301,22 @@ def _stored_weights(b: Any) -> tuple[Any, bool]:
     return b, True
 
 
-def _m_grouped_bf16(a, b, d, grouped_layout, use_psum_layout, alignment, stream):
-    """BF16 m-grouped contiguous (nt and nn): ``d[r] = a[r] @ b[group(r)].T`` with logical b [G, N, K]."""
-    op = "m_grouped_bf16_gemm_contiguous"
-    b, trans_b = _stored_weights(b)
-    kind = _contiguous_kind(use_psum_layout)
-    return m_grouped(
-        op, a, b, d, grouped_layout, kind=kind, trans_b=trans_b, fp8=False, alignment=alignment, stream=stream
-    )
+def _m_grouped_contiguous(op: str, fp8: bool) -> Any:
+    """The registered implementation of the m-grouped contiguous ops (nt and nn) of one dtype: ``d[r] = a[r] @
+    b[group(r)].T`` with logical b [G, N, K] (FP8: 1x128 LHS / 128x128 RHS scales)."""
+
+    def m_grouped_contiguous(a, b, d, grouped_layout, use_psum_layout, alignment, stream):
+        b, trans_b = _stored_weights(b)
+        kind = _contiguous_kind(use_psum_layout)
+        return m_grouped(
+            op, a, b, d, grouped_layout, kind=kind, trans_b=trans_b, fp8=fp8, alignment=alignment, stream=stream
+        )
+
+    return m_grouped_contiguous
 
 
-def _m_grouped_fp8(a, b, d, grouped_layout, use_psum_layout, alignment, stream):
-    """FP8 m-grouped contiguous (nt and nn), 1x128 LHS / 128x128 RHS scales, logical b [G, N, K]."""
-    op = "m_grouped_fp8_fp4_gemm_contiguous"
-    b, trans_b = _stored_weights(b)
-    kind = _contiguous_kind(use_psum_layout)
-    return m_grouped(
-        op, a, b, d, grouped_layout, kind=kind, trans_b=trans_b, fp8=True, alignment=alignment, stream=stream
-    )
+_m_grouped_bf16 = _m_grouped_contiguous("m_grouped_bf16_gemm_contiguous", fp8=False)
+_m_grouped_fp8 = _m_grouped_contiguous("m_grouped_fp8_fp4_gemm_contiguous", fp8=True)
 
 
 register_impl("m_grouped_bf16_gemm_nt_contiguous", "cutile")(_m_grouped_bf16)

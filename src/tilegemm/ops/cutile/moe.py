@@ -4,7 +4,7 @@ The host entry below takes one of three paths (``heuristics.choose``, ``family="
 decode sizes (``moe_slots.py``, no routing), few-row expert blocks in swap-AB form (``moe_blocks.py``: the
 routing and the combine below, its own two GEMM kernels), or the persistent tiles of this module (prefill).
 
-Routing (the block path's two kernels, ``moe_blocks.route``, with ``BT = BM``; sizes fixed by ``(T, k, E, BM)``):
+Routing (the block path's two kernels, ``moe_blocks.routing``, with ``BT = BM``; sizes fixed by ``(T, k, E, BM)``):
 ``M`` rows where each expert's rows start on a BM-row block, per block its expert (``block_expert``, -1 for
 none); per row its token (``tokens``, 0 for padding), its routing weight (``row_weight``, 0 for padding) and,
 per (token, slot), the row holding its result (``dest`` [T, k], -1 for a dropped slot). It replaced
@@ -154,7 +154,11 @@ def supported(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, activat
 
 @register_impl("moe_experts", "cutile")
 def moe_experts(hidden, topk_ids, topk_weights, w13, w2, activation, stream):
-    """Fused BF16 MoE experts; see ``tilegemm.ops.api.moe_experts`` and the module docstring."""
+    """Fused BF16 MoE experts; see ``tilegemm.ops.api.moe_experts`` and the module docstring.
+
+    One linear host function for the three paths: problem -> config (``heuristics.choose``, family ``moe``: its
+    ``path``) -> operands (routing, buffers) -> the path's launches, every one on ``stream``.
+    """
     supported(hidden, w13, w2, activation)
     num_tokens, hidden_dim = hidden.shape
     num_experts, top_k, inter = w13.shape[0], topk_ids.shape[1], w2.shape[2]
@@ -163,54 +167,55 @@ def moe_experts(hidden, topk_ids, topk_weights, w13, w2, activation, stream):
         return out
     if top_k == 0 or inter == 0 or num_experts == 0:
         return out.zero_()
-    problem = heuristics.problem(
-        "moe", "bf16", num_tokens * top_k, hidden_dim, inter, launch.num_sms(), groups=num_experts
+    # problem -> config
+    slots = num_tokens * top_k
+    cfg = heuristics.choose(
+        heuristics.problem("moe", "bf16", slots, hidden_dim, inter, launch.num_sms(), groups=num_experts)
     )
-    cfg = heuristics.choose(problem)
     shape = {"t": num_tokens, "k": top_k, "e": num_experts, "h": hidden_dim, "i": inter}
+    act = ACTIVATIONS[activation]
     x = launch.as_row_major(hidden, pad_rows=False)
-    if cfg.path == "slots":
+    combine_grid = (launch.cdiv(num_tokens, cfg.combine_bt), hidden_dim // cfg.combine_bn, 1)
+    if cfg.path == "slots":  # moe_slots.py: one row per slot, no routing
         heuristics.print_once("moe_experts", shape, cfg.name)
-        act = ACTIVATIONS[activation]
-        return moe_slots.slot_experts(x, topk_ids, topk_weights, w13, w2, act, cfg, out)
+        ids, weights = topk_ids.reshape(-1), topk_weights.reshape(-1)
+        h = torch.empty(slots, inter, dtype=torch.bfloat16, device=hidden.device)
+        y = torch.empty(slots, hidden_dim, dtype=torch.bfloat16, device=hidden.device)
+        bw, bk, bt = cfg.bw, cfg.bk, cfg.bt
+        args = (x, w13[:, :inter], w13[:, inter:], h, ids, num_experts, top_k, act, bw, bk, bt, hidden_dim % bk == 0)
+        launch.launch(moe_slots.get_kernel("gate_up"), (slots, launch.cdiv(inter, bw), 1), args, stream)
+        args = (h, w2, y, ids, weights, num_experts, bw, bk, bt, inter % bk == 0)
+        launch.launch(moe_slots.get_kernel("down"), (slots, launch.cdiv(hidden_dim, bw), 1), args, stream)
+        args = (y.view(num_tokens, top_k, hidden_dim), out, top_k, cfg.combine_bt, cfg.combine_bn)
+        launch.launch(moe_slots.get_kernel("combine"), combine_grid, args, stream)
+        return out
     align = cfg.row_align
     rows = max_padded_rows(num_tokens, top_k, num_experts, align)
     if rows * max(hidden_dim, inter) >= 2**31 or hidden.numel() >= 2**31:
         raise Unsupported("a buffer has >= 2**31 elements (int32 indexing)")
     heuristics.print_once("moe_experts", shape, cfg.name)
-
+    # operands: the routing (blocks of ``align`` rows per expert), the sorted rows gathered once (TMA tiles), h, y
+    routed = moe_blocks.routing(topk_ids, topk_weights, num_experts, align, rows)
+    for kernel, grid, args in routed.launches:
+        launch.launch(kernel, grid, args, stream)
+    xs = x.index_select(0, routed.row_token)
     h = torch.empty(rows, inter, dtype=torch.bfloat16, device=hidden.device)
     y = torch.empty(rows, hidden_dim, dtype=torch.bfloat16, device=hidden.device)
-    act = ACTIVATIONS[activation]
-    tokens, row_weight, dest, block_expert = moe_blocks.route(topk_ids, topk_weights, num_experts, align, rows)
-    gemms = moe_blocks.block_gemms if cfg.path == "blocks" else _sorted_gemms
-    # Both paths' GEMMs read the routed rows gathered once into their sorted order (TMA tiles).
-    gemms(x.index_select(0, tokens), w13, w2, h, y, block_expert, row_weight, act, cfg)
-    grid = (launch.cdiv(num_tokens, cfg.combine_bt), hidden_dim // cfg.combine_bn, 1)
-    launch.launch(get_kernel("combine"), grid, (y, dest, out, top_k, cfg.combine_bt, cfg.combine_bn))
+    block_expert, row_weight = routed.block_expert, routed.row_weight
+    if cfg.path == "blocks":  # moe_blocks.py: swap-AB, one CTA per (block, weight tile)
+        blocks, bw, bk, bt = rows // cfg.bt, cfg.bw, cfg.bk, cfg.bt
+        args = (xs, w13[:, :inter], w13[:, inter:], h, block_expert, num_experts, act, bw, bk, bt)
+        launch.launch(moe_blocks.get_kernel("gate_up"), (blocks, launch.cdiv(inter, bw), 1), args, stream)
+        args = (h, w2, y, block_expert, row_weight, num_experts, bw, bk, bt)
+        launch.launch(moe_blocks.get_kernel("down"), (blocks, launch.cdiv(hidden_dim, bw), 1), args, stream)
+    else:  # sorted: this module's persistent tiles
+        up, down = cfg.up, cfg.down
+        grid = launch.persistent_grid(rows // up.bm * launch.cdiv(inter, up.bn), up.ctas_per_sm)
+        args = (xs, gate_up_view(w13), h, block_expert, num_experts, act, up.bm, up.bn, up.bk, up.gm)
+        launch.launch(get_kernel("gate_up", up.num_worker_warps, up.occupancy), grid, args, stream)
+        grid = launch.persistent_grid(rows // down.bm * launch.cdiv(hidden_dim, down.bn), down.ctas_per_sm)
+        args = (h, w2, y, block_expert, row_weight, num_experts, down.bm, down.bn, down.bk, down.gm)
+        launch.launch(get_kernel("down", down.num_worker_warps, down.occupancy), grid, args, stream)
+    args = (y, routed.dest, out, top_k, cfg.combine_bt, cfg.combine_bn)
+    launch.launch(get_kernel("combine"), combine_grid, args, stream)
     return out
-
-
-def _sorted_gemms(
-    xs: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    h: torch.Tensor,
-    y: torch.Tensor,
-    block_expert: torch.Tensor,
-    row_weight: torch.Tensor,
-    act: int,
-    cfg: heuristics.MoEConfig,
-) -> None:
-    """Kernels 1 and 2 of the module docstring: fill ``h [M, I]`` and ``y [M, H]`` (arguments as in
-    ``moe_blocks.block_gemms``, the blocks ``cfg.bm`` rows)."""
-    rows, inter = h.shape
-    num_experts, hidden_dim = w13.shape[0], xs.shape[1]
-    up, down = cfg.up, cfg.down
-    grid = launch.persistent_grid(rows // up.bm * launch.cdiv(inter, up.bn), up.ctas_per_sm)
-    args = (xs, gate_up_view(w13), h, block_expert, num_experts, act, up.bm, up.bn, up.bk, up.gm)
-    launch.launch(get_kernel("gate_up", up.num_worker_warps, up.occupancy), grid, args)
-
-    grid = launch.persistent_grid(rows // down.bm * launch.cdiv(hidden_dim, down.bn), down.ctas_per_sm)
-    args = (h, w2, y, block_expert, row_weight, num_experts, down.bm, down.bn, down.bk, down.gm)
-    launch.launch(get_kernel("down", down.num_worker_warps, down.occupancy), grid, args)

@@ -16,7 +16,7 @@ of some fifty small torch launches. Here the slots are sorted by expert into ``B
    weight, per slot its row (``dest`` [T, k], -1 for an expert id outside ``[0, E)``) and per block its expert
    (-1: no expert). The chunks give the machine about two CTAs per SM: with one CTA per 8 experts walking every
    slot, the 131k slots of 16384 Qwen3 tokens took 0.80 ms on an H100; in chunks, 0.15 ms.
-2. **gather** (in ``moe.moe_experts``, shared with the sorted path): ``xs[r] = x[tok(r)]`` (``index_select``; rows
+2. **gather** (in ``moe.moe_experts``, as on the sorted path): ``xs[r] = x[tok(r)]`` (``index_select``; rows
    holding no slot copy token 0, never read back).
 3. **gate/up** (``_block_gate_up``): ``h[r] = act(xs[r] @ Wg_e.T) * (xs[r] @ Wu_e.T)`` for the block's rows,
    two ``[BW, BT]`` fp32 accumulators, ``h`` [M, I] bf16 written once (transposed store).
@@ -28,15 +28,17 @@ each weight tile through L2. Blocks without an expert return at once. Every inde
 range-checked before use (expert ids against ``[0, E)``; rows and blocks are computed, not read). The
 roundings are those of the other two paths (``h`` and ``y`` in bf16, the combine in fp32), so all three
 compute the same function; reruns are bitwise identical. Config: ``heuristics.moe_blocks_config``; the choice
-among the paths: ``heuristics.choose`` (``family="moe"``).
+among the paths: ``heuristics.choose`` (``family="moe"``). The host path is ``moe.moe_experts``: it launches these
+kernels (the routing's from :func:`routing`, which builds its buffers and launch arguments).
 """
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import cuda.tile as ct
 import torch
 
-from tilegemm.heuristics import cutile as heuristics
 from tilegemm.ops.cutile import launch, tile_lib
 
 ConstInt = ct.Constant[int]
@@ -169,16 +171,25 @@ get_kernel = launch.kernel_factory(
 )
 
 
-def route(
-    topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, bt: int, rows: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Step 1 of the module docstring: ``(row_token, row_weight, dest, block_expert)`` for ``rows`` sorted rows.
+class Routing(NamedTuple):
+    """Step 1 of the module docstring for ``rows`` sorted rows: the buffers the routing kernels fill and their two
+    launches ``(kernel, grid, args)``, for the host function to launch on its stream (in order).
 
-    ``topk_ids`` int [T, k] (any integer dtype; ids outside ``[0, E)`` are dropped), ``topk_weights`` float
-    [T, k]; ``rows`` = ``max_padded_rows(T, k, E, bt)``. Returns int32 [rows] tokens (0 where no slot lands),
-    fp32 [rows] weights (0 there), int32 [T, k] rows of the slots (-1: dropped) and int32 [rows / bt] experts
-    of the blocks (-1: none). Two launches, no host synchronisation.
+    ``row_token`` int32 [rows] (0 where no slot lands), ``row_weight`` fp32 [rows] (0 there), ``dest`` int32 [T, k]
+    (each slot's row, -1: dropped) and ``block_expert`` int32 [rows / bt] (each block's expert, -1: none).
     """
+
+    row_token: torch.Tensor
+    row_weight: torch.Tensor
+    dest: torch.Tensor
+    block_expert: torch.Tensor
+    launches: tuple[tuple[Any, tuple[int, int, int], tuple[Any, ...]], ...]
+
+
+def routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, bt: int, rows: int) -> Routing:
+    """The routing's buffers and launches (:class:`Routing`): ``topk_ids`` int [T, k] (any integer dtype; ids outside
+    ``[0, E)`` are dropped), ``topk_weights`` float [T, k]; ``rows`` = ``max_padded_rows(T, k, E, bt)``. Two launches,
+    no host synchronisation."""
     dev = topk_ids.device
     groups = launch.cdiv(num_experts, ROUTE_EC)
     lanes = 1 << max(0, groups * ROUTE_EC - 1).bit_length()
@@ -192,35 +203,9 @@ def route(
     row_weight = torch.empty(rows, dtype=torch.float32, device=dev)
     dest = torch.empty(topk_ids.shape, dtype=torch.int32, device=dev)
     block_expert = torch.empty(rows // bt, dtype=torch.int32, device=dev)
-    args = (ids, counts, row_token, row_weight, num_experts, steps, ROUTE_SC, ROUTE_EC, ROUTE_RC)
-    launch.launch(get_kernel("count"), (groups, chunks, 1), args)
-    args = (ids, weights, counts, dest.view(-1), row_token, row_weight, block_expert, num_experts, topk_ids.shape[1])
-    launch.launch(get_kernel("place"), (groups, chunks, 1), (*args, steps, bt, lanes, ROUTE_SC, ROUTE_EC, ROUTE_BC))
-    return row_token, row_weight, dest, block_expert
-
-
-def block_gemms(
-    xs: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    h: torch.Tensor,
-    y: torch.Tensor,
-    block_expert: torch.Tensor,
-    row_weight: torch.Tensor,
-    act: int,
-    cfg: heuristics.MoEBlocksConfig,
-) -> None:
-    """Steps 3-4 of the module docstring: fill ``h [M, I]`` and ``y [M, H]`` (bf16) for the ``M`` sorted rows.
-
-    ``xs`` [M, H] bf16 contiguous, each sorted row's hidden state (step 2, the caller's gather);
-    ``block_expert`` int32 [M / bt], each ``cfg.bt``-row block's expert (outside ``[0, E)``: skipped);
-    ``row_weight`` fp32 [M]; ``w13`` [E, 2I, H] and ``w2`` [E, H, I] bf16 contiguous; ``act`` a
-    ``moe.ACTIVATIONS`` value.
-    """
-    rows, inter = h.shape
-    num_experts, hidden_dim = w13.shape[0], xs.shape[1]
-    blocks, bw, bk, bt = rows // cfg.bt, cfg.bw, cfg.bk, cfg.bt
-    args = (xs, w13[:, :inter], w13[:, inter:], h, block_expert, num_experts, act, bw, bk, bt)
-    launch.launch(get_kernel("gate_up"), (blocks, launch.cdiv(inter, bw), 1), args)
-    args = (h, w2, y, block_expert, row_weight, num_experts, bw, bk, bt)
-    launch.launch(get_kernel("down"), (blocks, launch.cdiv(hidden_dim, bw), 1), args)
+    grid = (groups, chunks, 1)
+    count = (ids, counts, row_token, row_weight, num_experts, steps, ROUTE_SC, ROUTE_EC, ROUTE_RC)
+    place = (ids, weights, counts, dest.view(-1), row_token, row_weight, block_expert, num_experts, topk_ids.shape[1])
+    place = (*place, steps, bt, lanes, ROUTE_SC, ROUTE_EC, ROUTE_BC)
+    launches = ((get_kernel("count"), grid, count), (get_kernel("place"), grid, place))
+    return Routing(row_token, row_weight, dest, block_expert, launches)

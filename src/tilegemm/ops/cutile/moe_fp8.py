@@ -3,7 +3,7 @@ and a row form for prefill.
 
 DeepGEMM's recipe: activations with one fp32 scale per row per 128 columns (1x128), weights with one per
 128x128 block. The slots are laid out by expert in blocks of ``BT`` rows (block form) or 64 rows (row form) by the
-block path's routing (``moe_blocks.route``), then four kernels:
+block path's routing (``moe_blocks.routing``), then four kernels:
 
 1. **gather + quantize** (``_gather_quant``): ``xq[r], sx[r] = q(x[tok(r)])``, one CTA per (``BR`` rows, 128
    columns): the 1x128 quantization of ``tilegemm.per_token_cast_to_fp8`` (``scale = max(amax, 1e-4) / 448``,
@@ -212,7 +212,11 @@ def _supported(w13: tuple[torch.Tensor, torch.Tensor], w2: tuple[torch.Tensor, t
 
 @register_impl("fp8_moe_experts", "cutile")
 def fp8_moe_experts(hidden, topk_ids, topk_weights, w13, w2, activation, stream):
-    """Fused FP8 MoE experts; see ``tilegemm.ops.api.fp8_moe_experts`` and the module docstring."""
+    """Fused FP8 MoE experts; see ``tilegemm.ops.api.fp8_moe_experts`` and the module docstring.
+
+    One linear host function: problem -> config (``heuristics.choose``, family ``moe_fp8``: the block or the row
+    form) -> operands (routing, quantized rows, buffers) -> the launches, every one on ``stream``.
+    """
     _supported(w13, w2, activation)
     num_tokens, hidden_dim = hidden.shape
     num_experts, top_k, inter = w13[0].shape[0], topk_ids.shape[1], w2[0].shape[2]
@@ -221,40 +225,46 @@ def fp8_moe_experts(hidden, topk_ids, topk_weights, w13, w2, activation, stream)
         return out
     if top_k == 0 or num_experts == 0:
         return out.zero_()
+    # problem -> config
     slots = num_tokens * top_k
     cfg = heuristics.choose(
         heuristics.problem("moe_fp8", "fp8", slots, hidden_dim, inter, launch.num_sms(), groups=num_experts)
     )
-    blocks = cfg.path == "blocks"
     align = cfg.row_align
     rows = max_padded_rows(num_tokens, top_k, num_experts, align)
     if rows * max(hidden_dim, inter) >= 2**31 or hidden.numel() >= 2**31:
         raise Unsupported("a buffer has >= 2**31 elements (int32 indexing)")
     shape = {"t": num_tokens, "k": top_k, "e": num_experts, "h": hidden_dim, "i": inter}
     heuristics.print_once("fp8_moe_experts", shape, cfg.name)
+    # operands: the routing, the sorted rows gathered and quantized 1x128, hq / sh, y
     dev = hidden.device
-    tokens, row_weight, dest, block_expert = moe_blocks.route(topk_ids, topk_weights, num_experts, align, rows)
+    routed = moe_blocks.routing(topk_ids, topk_weights, num_experts, align, rows)
+    for kernel, grid, args in routed.launches:
+        launch.launch(kernel, grid, args, stream)
     xq = torch.empty(rows, hidden_dim, dtype=torch.float8_e4m3fn, device=dev)
     sx = torch.empty(rows, hidden_dim // 128, dtype=torch.float32, device=dev)
     x = launch.as_row_major(hidden, pad_rows=False)
     grid = (launch.cdiv(rows, QUANT_BR), hidden_dim // 128, 1)
-    launch.launch(get_kernel("gather_quant", occupancy=QUANT_OCCUPANCY), grid, (x, tokens, xq, sx, QUANT_BR))
+    args = (x, routed.row_token, xq, sx, QUANT_BR)
+    launch.launch(get_kernel("gather_quant", occupancy=QUANT_OCCUPANCY), grid, args, stream)
     hq = torch.empty(rows, inter, dtype=torch.float8_e4m3fn, device=dev)
     sh = torch.empty(rows, inter // 128, dtype=torch.float32, device=dev)
     y = torch.empty(rows, hidden_dim, dtype=torch.bfloat16, device=dev)
     (w13q, s13), (w2q, s2) = w13, w2
     ib = inter // 128
+    block_expert = routed.block_expert
     act = moe.ACTIVATIONS[activation]
     up = (xq, sx, w13q[:, :inter], w13q[:, inter:], s13[:, :ib], s13[:, ib:], hq, sh, block_expert, num_experts, act)
-    down = (hq, sh, w2q, s2, y, block_expert, row_weight, num_experts)
-    if blocks:
-        launch.launch(get_kernel("block_gate_up"), (rows // align, ib, 1), (*up, align))
-        launch.launch(get_kernel("block_down"), (rows // align, hidden_dim // 128, 1), (*down, align))
+    down = (hq, sh, w2q, s2, y, block_expert, routed.row_weight, num_experts)
+    if cfg.path == "blocks":
+        launch.launch(get_kernel("block_gate_up"), (rows // align, ib, 1), (*up, align), stream)
+        launch.launch(get_kernel("block_down"), (rows // align, hidden_dim // 128, 1), (*down, align), stream)
     else:
         kernel = get_kernel("tile_gate_up", cfg.up.num_worker_warps, cfg.up.occupancy)
-        launch.launch(kernel, (rows // align, ib, 1), up)
+        launch.launch(kernel, (rows // align, ib, 1), up, stream)
         kernel = get_kernel("tile_down", cfg.down.num_worker_warps, cfg.down.occupancy)
-        launch.launch(kernel, (rows // align, hidden_dim // 128, 1), down)
+        launch.launch(kernel, (rows // align, hidden_dim // 128, 1), down, stream)
     grid = (launch.cdiv(num_tokens, cfg.combine_bt), hidden_dim // cfg.combine_bn, 1)
-    launch.launch(moe.get_kernel("combine"), grid, (y, dest, out, top_k, cfg.combine_bt, cfg.combine_bn))
+    args = (y, routed.dest, out, top_k, cfg.combine_bt, cfg.combine_bn)
+    launch.launch(moe.get_kernel("combine"), grid, args, stream)
     return out

@@ -17,15 +17,14 @@ aligned layout are a dozen small launches. Here every slot is its own one-row GE
 A slot whose id is outside ``[0, E)`` (expert parallelism's sentinel) writes zero rows and reads no weight.
 The roundings are those of ``moe.py`` and ``moe_blocks.py`` (``h`` and ``y`` in bf16, the sum in fp32), so all
 three paths compute the same function. Config and the choice among the paths: ``heuristics.choose``
-(``family="moe"``), by ``heuristics.cutile.moe.moe_decode_sized``.
+(``family="moe"``), by ``heuristics.cutile.moe.moe_decode_sized``. The host path is ``moe.moe_experts``: it launches
+these kernels (``ids`` and the routing weights flattened to ``[S]``, ``wg``/``wu`` the halves of ``w13``).
 """
 
 from __future__ import annotations
 
 import cuda.tile as ct
-import torch
 
-from tilegemm.heuristics import cutile as heuristics
 from tilegemm.ops.cutile import launch, tile_lib
 
 ConstInt = ct.Constant[int]
@@ -104,38 +103,3 @@ def _slot_combine(y, out, TOPK: ConstInt, BT: ConstInt, BN: ConstInt):
 get_kernel = launch.kernel_factory(
     {"gate_up": _slot_gate_up, "down": _slot_down, "combine": _slot_combine}, hints=False
 )
-
-
-def slot_experts(
-    x: torch.Tensor,
-    topk_ids: torch.Tensor,
-    topk_weights: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    act: int,
-    cfg: heuristics.MoESlotsConfig,
-    out: torch.Tensor,
-) -> torch.Tensor:
-    """Fill ``out [T, H]`` with the experts' combined output, one weight stream per slot (module docstring).
-
-    ``x`` [T, H] bf16 contiguous, ``topk_ids`` / ``topk_weights`` [T, k], ``w13`` [E, 2I, H] and ``w2``
-    [E, H, I] bf16 contiguous (checked by the caller).
-    """
-    num_tokens, hidden_dim = x.shape
-    top_k, inter, num_experts = topk_ids.shape[1], w2.shape[2], w13.shape[0]
-    slots = num_tokens * top_k
-    ids = topk_ids.reshape(-1)
-    weights = topk_weights.reshape(-1)
-    h = torch.empty(slots, inter, dtype=torch.bfloat16, device=x.device)
-    y = torch.empty(slots, hidden_dim, dtype=torch.bfloat16, device=x.device)
-    bw, bk, bt = cfg.bw, cfg.bk, cfg.bt
-
-    args = (x, w13[:, :inter], w13[:, inter:], h, ids, num_experts, top_k, act, bw, bk, bt, hidden_dim % bk == 0)
-    launch.launch(get_kernel("gate_up"), (slots, launch.cdiv(inter, bw), 1), args)
-    args = (h, w2, y, ids, weights, num_experts, bw, bk, bt, inter % bk == 0)
-    launch.launch(get_kernel("down"), (slots, launch.cdiv(hidden_dim, bw), 1), args)
-    grid = (launch.cdiv(num_tokens, cfg.combine_bt), hidden_dim // cfg.combine_bn, 1)
-    launch.launch(
-        get_kernel("combine"), grid, (y.view(num_tokens, top_k, hidden_dim), out, top_k, cfg.combine_bt, cfg.combine_bn)
-    )
-    return out

@@ -7,7 +7,7 @@ GEMM families read it as it is: the m-grouped kernels of ``grouped.py`` as a psu
 (rows between ``ends[e]`` and the next block come out 0), the k-grouped kernel with each expert's K range
 ``[start_e, start_{e+1})`` (padding rows are 0 in one operand, so they add nothing). No repacking, no host sync.
 
-Forward (seven launches): routing (``moe_blocks.route``'s two kernels); the row gather ``xs = x[row_token]``;
+Forward (seven launches): routing (``moe_blocks.routing``'s two kernels); the row gather ``xs = x[row_token]``;
 **gate/up** (``_gate_up_train``): the fused op's gate/up tile, storing ``gate``, ``up`` (bf16, for the backward)
 and ``h = round(act(gate) * up)`` from the fp32 accumulators; **down**: ``y = round(h @ W2_e.T)``, unweighted
 (m-grouped GEMM); **combine** (``_combine_weighted``): ``out[t] = round(sum_j w[t, j] * y[dest[t, j]])`` in fp32,
@@ -30,6 +30,8 @@ k-grouped GEMMs take the ``grouped`` family's choice.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import cuda.tile as ct
 import torch
@@ -164,16 +166,9 @@ def _supported(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, activa
         raise Unsupported("a buffer has >= 2**31 elements (int32 indexing)")
 
 
-def _gemm_rows(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, ends: torch.Tensor, trans_b: bool, cfg) -> None:
-    """``d[r] = a[r] @ B_e`` for the rows of each expert (``B_e = b[e].T`` when ``trans_b``, else ``b[e]``); rows of no
-    expert come out 0 (``grouped.py``'s psum layout, 128-row alignment)."""
-    grouped.m_grouped(
-        "moe_train_gemm", a, b, d, ends, kind=Kind.PSUM, trans_b=trans_b, fp8=False, alignment=ALIGNED_ROWS, cfg=cfg
-    )
-
-
-def _weight_grad(a: torch.Tensor, b: torch.Tensor, starts: torch.Tensor, out: torch.Tensor) -> None:
-    """``out[e] = a_e.T @ b_e`` (bf16, fp32 sums) over each expert's rows ``[starts[e], starts[e + 1])``."""
+def _weight_grad(a: torch.Tensor, b: torch.Tensor, starts: torch.Tensor, out: torch.Tensor) -> tuple[Any, ...]:
+    """The launch ``(kernel, grid, args)`` of ``out[e] = a_e.T @ b_e`` (bf16, fp32 sums) over each expert's rows
+    ``[starts[e], starts[e + 1])``: the k-grouped kernel with the ``grouped`` family's config."""
     num_experts, m_dim, n_dim = out.shape
     problem = heuristics.Problem(
         "grouped", "bf16", m_dim, n_dim, a.shape[0], launch.num_sms(), num_experts, Kind.K
@@ -181,7 +176,8 @@ def _weight_grad(a: torch.Tensor, b: torch.Tensor, starts: torch.Tensor, out: to
     cfg = heuristics.choose(problem)
     tiles = num_experts * launch.cdiv(m_dim, cfg.bm) * launch.cdiv(n_dim, cfg.bn)
     args = (a, b, out, out, starts, False, False, cfg.bm, cfg.bn, cfg.bk, cfg.gm)
-    grouped.launch_tiles(grouped.get_kernel("k_bf16", cfg.num_worker_warps, cfg.occupancy), cfg, tiles, args)
+    kernel = grouped.get_kernel("k_bf16", cfg.num_worker_warps, cfg.occupancy)
+    return kernel, launch.persistent_grid(tiles, cfg.ctas_per_sm), args
 
 
 def _token_grid(num_tokens: int, cols: int, cfg: heuristics.MoEConfig) -> tuple[int, int, int]:
@@ -190,7 +186,8 @@ def _token_grid(num_tokens: int, cols: int, cfg: heuristics.MoEConfig) -> tuple[
 
 @register_impl("moe_experts_forward", "cutile")
 def moe_experts_forward(hidden, topk_ids, topk_weights, w13, w2, activation, stream):
-    """Training forward of the BF16 fused experts; see ``tilegemm.ops.api.moe_experts_forward``."""
+    """Training forward of the BF16 fused experts; see ``tilegemm.ops.api.moe_experts_forward``. Linear: problem ->
+    config (family ``moe_train``) -> operands (routing, gathered rows, buffers) -> launches on ``stream``."""
     num_tokens, hidden_dim = hidden.shape
     num_experts, top_k, inter = w13.shape[0], topk_ids.shape[1], w2.shape[2]
     rows = max_padded_rows(num_tokens, top_k, num_experts, ALIGNED_ROWS)
@@ -200,29 +197,34 @@ def moe_experts_forward(hidden, topk_ids, topk_weights, w13, w2, activation, str
     cfg = _config(hidden_dim)
     heuristics.print_once("moe_experts_forward", {"t": num_tokens, "k": top_k, "e": num_experts}, cfg.name)
     dev, dtype = hidden.device, hidden.dtype
-    row_token, row_weight, dest, block_expert = moe_blocks.route(
-        topk_ids, topk_weights, num_experts, ALIGNED_ROWS, rows
-    )  # fmt: skip
+    routed = moe_blocks.routing(topk_ids, topk_weights, num_experts, ALIGNED_ROWS, rows)
+    for kernel, grid, args in routed.launches:
+        launch.launch(kernel, grid, args, stream)
     ends = expert_ends(expert_counts(topk_ids, num_experts), ALIGNED_ROWS)
-    xs = launch.as_row_major(hidden, pad_rows=False).index_select(0, row_token)
+    xs = launch.as_row_major(hidden, pad_rows=False).index_select(0, routed.row_token)
     gate_up = torch.empty(rows, 2 * inter, dtype=dtype, device=dev)
     h = torch.empty(rows, inter, dtype=dtype, device=dev)
     up = cfg.up
-    tiles = rows // up.bm * launch.cdiv(inter, up.bn)
-    args = (xs, moe.gate_up_view(w13), gate_up[:, :inter], gate_up[:, inter:], h, block_expert, num_experts)
+    grid = launch.persistent_grid(rows // up.bm * launch.cdiv(inter, up.bn), up.ctas_per_sm)
+    args = (xs, moe.gate_up_view(w13), gate_up[:, :inter], gate_up[:, inter:], h, routed.block_expert, num_experts)
     args = (*args, moe.ACTIVATIONS[activation], up.bm, up.bn, up.bk, up.gm)
-    grouped.launch_tiles(get_kernel("gate_up", up.num_worker_warps, up.occupancy), up, tiles, args)
+    launch.launch(get_kernel("gate_up", up.num_worker_warps, up.occupancy), grid, args, stream)
     y = torch.empty(rows, hidden_dim, dtype=dtype, device=dev)
-    _gemm_rows(h, w2, y, ends, True, cfg.down)
+    # down: the m-grouped host path (grouped.py's psum layout, 128-row alignment: rows of no expert come out 0)
+    grouped.m_grouped(
+        "moe_train_gemm", h, w2, y, ends, kind=Kind.PSUM, trans_b=True, fp8=False, alignment=ALIGNED_ROWS,
+        cfg=cfg.down, stream=stream,
+    )  # fmt: skip
     out = torch.empty(num_tokens, hidden_dim, dtype=dtype, device=dev)
-    args = (y, dest, topk_weights, out, top_k, cfg.combine_bt, cfg.combine_bn)
-    launch.launch(get_kernel("combine_weighted"), _token_grid(num_tokens, hidden_dim, cfg), args)
-    return out, MoETrainState(row_token, row_weight, dest, ends, gate_up, h, y)
+    args = (y, routed.dest, topk_weights, out, top_k, cfg.combine_bt, cfg.combine_bn)
+    launch.launch(get_kernel("combine_weighted"), _token_grid(num_tokens, hidden_dim, cfg), args, stream)
+    return out, MoETrainState(routed.row_token, routed.row_weight, routed.dest, ends, gate_up, h, y)
 
 
 @register_impl("moe_experts_backward", "cutile")
 def moe_experts_backward(grad_out, hidden, topk_weights, w13, w2, state, activation, needs, stream):
-    """Backward of :func:`moe_experts_forward`; see ``tilegemm.ops.api.moe_experts_backward``."""
+    """Backward of :func:`moe_experts_forward`; see ``tilegemm.ops.api.moe_experts_backward``. Linear: config ->
+    operands -> the launches the requested gradients need (module docstring, steps 1-5), each on ``stream``."""
     num_tokens, hidden_dim = hidden.shape
     num_experts, inter = w13.shape[0], w2.shape[2]
     top_k = state.dest.shape[1]
@@ -237,38 +239,41 @@ def moe_experts_backward(grad_out, hidden, topk_weights, w13, w2, state, activat
     tok_grid = _token_grid(rows, hidden_dim, cfg)
     dy = torch.empty(rows, hidden_dim, dtype=dtype, device=dev)
     args = (dout, state.row_token, state.row_weight, dy, cfg.combine_bt, cfg.combine_bn)
-    launch.launch(get_kernel("scale_rows"), tok_grid, args)
+    launch.launch(get_kernel("scale_rows"), tok_grid, args, stream)
     d_weights = None
     if need_weights:
         padded_tokens = launch.cdiv(num_tokens, cfg.combine_bt) * cfg.combine_bt
         dw = torch.empty(top_k, padded_tokens, dtype=torch.float32, device=dev)
         args = (dout, state.y, state.dest, dw, top_k, cfg.combine_bt, cfg.combine_bn)
-        launch.launch(get_kernel("slot_dots"), (launch.cdiv(num_tokens, cfg.combine_bt), 1, 1), args)
+        launch.launch(get_kernel("slot_dots"), (launch.cdiv(num_tokens, cfg.combine_bt), 1, 1), args, stream)
         d_weights = dw[:, :num_tokens].t().to(topk_weights.dtype).contiguous()
     starts, block_expert = aligned_blocks(state.ends, rows, ALIGNED_ROWS)
     d_w2 = None
     if need_w2:
         d_w2 = torch.empty_like(w2)
-        _weight_grad(dy, state.h, starts, d_w2)
+        launch.launch(*_weight_grad(dy, state.h, starts, d_w2), stream)
     if not (need_hidden or need_w13):
         return None, d_weights, None, d_w2
     dgu = torch.empty(rows, 2 * inter, dtype=dtype, device=dev)
     up = cfg.up
-    tiles = rows // up.bm * launch.cdiv(inter, up.bn)
+    grid = launch.persistent_grid(rows // up.bm * launch.cdiv(inter, up.bn), up.ctas_per_sm)
     gate, up_half = state.gate_up[:, :inter], state.gate_up[:, inter:]
     args = (dy, w2, gate, up_half, dgu[:, :inter], dgu[:, inter:], block_expert, num_experts)
     args = (*args, moe.ACTIVATIONS[activation], up.bm, up.bn, up.bk, up.gm)
-    grouped.launch_tiles(get_kernel("dgate_up", up.num_worker_warps, up.occupancy), up, tiles, args)
+    launch.launch(get_kernel("dgate_up", up.num_worker_warps, up.occupancy), grid, args, stream)
     d_w13 = None
     if need_w13:
         d_w13 = torch.empty_like(w13)
         xs = launch.as_row_major(hidden, pad_rows=False).index_select(0, state.row_token)
-        _weight_grad(dgu, xs, starts, d_w13)
+        launch.launch(*_weight_grad(dgu, xs, starts, d_w13), stream)
     d_hidden = None
     if need_hidden:
         dxs = torch.empty(rows, hidden_dim, dtype=dtype, device=dev)
-        _gemm_rows(dgu, w13, dxs, state.ends, False, cfg.down)
+        grouped.m_grouped(
+            "moe_train_gemm", dgu, w13, dxs, state.ends, kind=Kind.PSUM, trans_b=False, fp8=False,
+            alignment=ALIGNED_ROWS, cfg=cfg.down, stream=stream,
+        )  # fmt: skip
         d_hidden = torch.empty(num_tokens, hidden_dim, dtype=dtype, device=dev)
         args = (dxs, state.dest, d_hidden, top_k, cfg.combine_bt, cfg.combine_bn)
-        launch.launch(moe.get_kernel("combine"), _token_grid(num_tokens, hidden_dim, cfg), args)
+        launch.launch(moe.get_kernel("combine"), _token_grid(num_tokens, hidden_dim, cfg), args, stream)
     return d_hidden, d_weights, d_w13, d_w2

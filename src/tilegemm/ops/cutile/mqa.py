@@ -73,8 +73,10 @@ def launch_mqa_logits(
     conf: MqaConfig,
     kernel=None,
     clean: bool = False,
+    stream: Any = None,
 ) -> None:
-    """Launch the plain kernel on the current stream (inputs as the op's, already checked; ``out`` fp32 [S, S_kv]).
+    """Launch the plain kernel on ``stream`` (``None``: the current one; inputs as the op's, already checked; ``out``
+    fp32 [S, S_kv]).
 
     ``clean``: also launch :func:`mqa_clean_logits_kernel`, so that every element of ``out`` is written (``out`` may be
     uninitialised); otherwise the tiles outside the windows are left as they were.
@@ -102,9 +104,10 @@ def launch_mqa_logits(
         inside and conf.scales_ldg,
         conf.key_latency,
     )
-    launch(kernel or plain_kernel_for(conf.occupancy), (cdiv(s, conf.bq), 1, 1), args)
+    launch(kernel or plain_kernel_for(conf.occupancy), (cdiv(s, conf.bq), 1, 1), args, stream)
     if clean:
-        launch(mqa_clean_logits_kernel, (cdiv(s, conf.bq), 1, 1), (ks, ke, out, conf.bq, conf.bk, conf.unroll))
+        args = (ks, ke, out, conf.bq, conf.bk, conf.unroll)
+        launch(mqa_clean_logits_kernel, (cdiv(s, conf.bq), 1, 1), args, stream)
 
 
 def fp8_mqa_logits(
@@ -126,7 +129,7 @@ def fp8_mqa_logits(
     out = torch.empty((s, s_kv), dtype=torch.float32, device=q.device)  # clean_logits: the clean kernel fills it
     if s and s_kv:
         ks, ke = cu_seq_len_k_start, cu_seq_len_k_end
-        launch_mqa_logits(q, kv_data, kv_scale, weights, ks, ke, out, conf, clean=clean_logits)
+        launch_mqa_logits(q, kv_data, kv_scale, weights, ks, ke, out, conf, clean=clean_logits, stream=stream)
     if max_seqlen_k:
         out = compress_logits(out, cu_seq_len_k_start, max_seqlen_k)
     return out.to(logits_dtype)
@@ -152,7 +155,8 @@ def bf16_mqa_logits(
     out = torch.empty((s, s_kv), dtype=torch.float32, device=q.device)
     if s and s_kv:
         ones = torch.ones(s_kv, dtype=torch.float32, device=q.device)
-        launch_mqa_logits(q, kv, ones, weights, cu_seq_len_k_start, cu_seq_len_k_end, out, conf, clean=clean_logits)
+        ks, ke = cu_seq_len_k_start, cu_seq_len_k_end
+        launch_mqa_logits(q, kv, ones, weights, ks, ke, out, conf, clean=clean_logits, stream=stream)
     if max_seqlen_k:
         out = compress_logits(out, cu_seq_len_k_start, max_seqlen_k)
     return out.to(logits_dtype)
@@ -215,8 +219,10 @@ def launch_paged_mqa_logits(
     out: torch.Tensor,
     conf: PagedMqaConfig,
     kernel=None,
+    stream: Any = None,
 ) -> None:
-    """Launch the paged kernel on the current stream, ``conf.parts`` CTAs per schedule row (``out`` [B*next_n, W])."""
+    """Launch the paged kernel on ``stream`` (``None``: the current one), ``conf.parts`` CTAs per schedule row (``out``
+    [B*next_n, W])."""
     _, next_n, _, d = q.shape
     arrays = _paged_arrays(
         q.contiguous(),
@@ -229,7 +235,7 @@ def launch_paged_mqa_logits(
     )
     consts = paged_constants(conf, next_n, d, kv_cache.shape[1], context_lens.dim() == 2)
     grid = (schedule_meta.shape[0] - 1, conf.parts, 1)
-    launch(kernel or paged_kernel_for(conf.occupancy), grid, arrays + consts)
+    launch(kernel or paged_kernel_for(conf.occupancy), grid, arrays + consts, stream)
 
 
 def _paged_config(q: torch.Tensor, kv_cache: torch.Tensor) -> PagedMqaConfig:
@@ -259,7 +265,9 @@ def fp8_paged_mqa_logits(
     print_once("fp8_paged_mqa_logits", shape, conf)
     out = _new_logits(batch * next_n, int(max_context_len), clean_logits, q.device)
     if out.numel() and kv_cache.shape[0] and schedule_meta.shape[0] > 1:
-        launch_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, schedule_meta, out, conf)
+        launch_paged_mqa_logits(
+            q, kv_cache, weights, context_lens, block_table, schedule_meta, out, conf, stream=stream
+        )
     return out.to(logits_dtype)
 
 

@@ -61,5 +61,5 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, stream) -> torch
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     args = (x2, weight.contiguous(), out.view(-1, h), float(eps), 1.0 / h, *kernel_constants(cfg))
-    launch.launch(get_kernel(), (launch.cdiv(x2.shape[0], cfg.rows), 1, 1), args)
+    launch.launch(get_kernel(), (launch.cdiv(x2.shape[0], cfg.rows), 1, 1), args, stream)
     return out

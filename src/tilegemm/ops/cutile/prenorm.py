@@ -104,5 +104,5 @@ def tf32_hc_prenorm_gemm(a, b, d, sqr_sum, num_splits, stream):
     units = splits * launch.cdiv(m, TM) * launch.cdiv(n, consts[1])
     grid = launch.persistent_grid(units, CTAS_PER_SM)
     a, b = launch.as_row_major(a), launch.as_row_major(b)
-    launch.launch(get_kernel(), grid, (a, b, d3, sq2, splits, per, rem, *consts))
+    launch.launch(get_kernel(), grid, (a, b, d3, sq2, splits, per, rem, *consts), stream)
     return d
