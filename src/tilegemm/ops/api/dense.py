@@ -8,14 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from tilegemm.backend.registry import dispatch
 from tilegemm.ops import checks
-
-Tensor = torch.Tensor
-FP8Operand = tuple[torch.Tensor, torch.Tensor]
-Recipe = tuple[int, int, int]
+from tilegemm.ops.api._stubs import FP8Operand, Recipe, Tensor, op
 
 _DENSE_BF16_DOC = """BF16 dense GEMM, layout ``{layout}``: ``d = alpha * op(a) @ op(b) + beta * c``.
 
@@ -72,13 +67,6 @@ def _doc(template: str, layout: str) -> str:
 _COMPILED_DIMS = {"nt": "nk", "nn": "nk", "tn": "mn", "tt": "mn"}  # DeepGEMM's defaults per layout
 
 
-def _op(name: str, stub: Any, doc: str, check: Any, signature: Any = None) -> Any:
-    """Public op ``name``: ``stub`` (its signature) under that name with docstring ``doc``, through ``dispatch``."""
-    stub.__name__ = stub.__qualname__ = name
-    stub.__doc__ = doc
-    return dispatch(name, check=check, signature=signature)(stub)
-
-
 # ------------------------------------------------------------------------- dense BF16 and FP8
 
 
@@ -115,7 +103,7 @@ def _dense_gemm(layout: str, *, fp8: bool) -> Any:
 
     stub, name, doc = (fp8_stub, "fp8_fp4_gemm", _DENSE_FP8_DOC) if fp8 else (bf16_stub, "bf16_gemm", _DENSE_BF16_DOC)
     check, signature = checks.dense_gemm_check(layout, fp8=fp8), checks.dense_gemm_signature(layout, fp8=fp8)
-    return _op(f"{name}_{layout}", stub, _doc(doc, layout), check, signature)
+    return op(f"{name}_{layout}", stub, _doc(doc, layout), check, signature)
 
 
 bf16_gemm_nt = _dense_gemm("nt", fp8=False)
@@ -144,7 +132,7 @@ def _cublaslt_gemm(layout: str) -> Any:
     def stub(a: Tensor, b: Tensor, d: Tensor, c: Tensor | None = None, *, stream=None) -> Tensor: ...
 
     name = f"cublaslt_gemm_{layout}"
-    return _op(name, stub, _CUBLASLT_DOC.format(layout=layout), checks.cublaslt_gemm_check(layout))
+    return op(name, stub, _CUBLASLT_DOC.format(layout=layout), checks.cublaslt_gemm_check(layout))
 
 
 cublaslt_gemm_nt = _cublaslt_gemm("nt")
