@@ -135,13 +135,14 @@ def moe_experts(
         w13: [E, 2I, H] gate rows then up rows, ``hidden``'s dtype; gets a gradient.
         w2: [E, H, I], ``hidden``'s dtype; gets a gradient.
         activation: ``"silu"``, ``"gelu"`` (erf; ``pytorch`` backend only) or ``"gelu_tanh"``.
-        backend: the tilegemm backend of the forward and the backward (``None``: the one current at the forward).
+        backend: the tilegemm backend of the forward and the backward (``None``: the choice current at the forward,
+            ``use_backend`` / ``set_backend`` / ``TILEGEMM_BACKEND``; under the automatic choice each op chooses).
 
     Returns:
         [T, H] in ``hidden.dtype``: ``out[t] = round(sum_j w[t, j] * round(h_j @ w2[e].T))`` with
         ``h_j = round(act(x @ w13[e, :I].T) * (x @ w13[e, I:].T))`` (fp32 sums; ``moe_experts_forward``).
         The backward is ``moe_experts_backward`` (its docstring has the formulas and roundings). Both run on
-        ``backend`` (or the backend current at the forward), with no host sync, so a training step can be captured
+        ``backend`` (or the choice current at the forward), with no host sync, so a training step can be captured
         in a CUDA graph; reruns are bitwise identical.
 
     Raises:

@@ -11,7 +11,8 @@ Every op is functional (new outputs, no input written, none aliased) and takes `
 as ``backend=`` to the tilegemm ops it calls (``None``: the current choice when the op runs). A differentiable op's
 backward runs its GEMMs on the same ``backend`` argument (``None``: the backend current at the backward; on CUDA
 autograd calls it from its own thread, which does not see the forward's ``use_backend`` scope, so the MoE
-experts' backward keeps the forward's backend).
+experts' backward keeps the forward's choice: its ``backend``, else
+:func:`~tilegemm.backend.selector.selected_backend` at the forward, ``None`` under the automatic choice).
 
 Differentiable, for :mod:`tilegemm.autograd`:
 
@@ -65,7 +66,7 @@ import torch
 
 from tilegemm import indexer
 from tilegemm.backend import registry
-from tilegemm.backend.selector import get_current_backend
+from tilegemm.backend.selector import selected_backend
 from tilegemm.fp8_weights import weight_fp8_blocks
 from tilegemm.ops import api
 from tilegemm.ops.checks import LAYOUTS, skip_value_checks
@@ -220,9 +221,10 @@ def _fake_moe_grad(grad_out, hidden, topk_weights, w13, w2, *state_activation_ne
 def moe_experts_grad(
     grad_out: Tensor, hidden: Tensor, topk_weights: Tensor, w13: Tensor, w2: Tensor,
     row_token: Tensor, row_weight: Tensor, dest: Tensor, ends: Tensor, gate_up: Tensor, h: Tensor, y: Tensor,
-    activation: str, needs: list[bool], backend: str,
+    activation: str, needs: list[bool], backend: str | None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
-    """``moe_experts_backward`` on ``backend``; a gradient not in ``needs`` comes back as an empty tensor."""
+    """``moe_experts_backward`` on ``backend`` (``None``: the automatic choice); a gradient not in ``needs`` comes back
+    as an empty tensor."""
     state = MoETrainState(row_token, row_weight, dest, ends, gate_up, h, y)
     needs = tuple(needs)
     grads = api.moe_experts_backward(grad_out, hidden, topk_weights, w13, w2, state, activation, needs, backend=backend)
@@ -299,9 +301,9 @@ def _save_moe(ctx, inputs, output) -> None:
     ctx.mark_non_differentiable(*output[1:])
     ctx.set_materialize_grads(False)  # no zero gradients for the saved rows (three [M, *] fills per backward)
     ctx.activation = activation
-    # The backward runs where the forward ran: on CUDA autograd calls it from its own thread, which does not see the
-    # forward's use_backend scope.
-    ctx.backend = backend if backend is not None else get_current_backend()
+    # The backward follows the forward's choice: on CUDA autograd calls it from its own thread, which does not see the
+    # forward's use_backend scope. None (the automatic choice) stays None: the backward's op chooses by the same rule.
+    ctx.backend = backend if backend is not None else selected_backend()
 
 
 def _moe_backward(ctx, grad_out, *_):

@@ -172,3 +172,28 @@ def test_traces_under_torch_compile_fullgraph():
 
     compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
     assert torch.equal(compiled(x, w), step(x, w))
+
+
+@pytest.mark.parametrize("scope", [None, "pytorch"], ids=["automatic", "use_backend"])
+def test_moe_experts_backward_follows_the_forward_choice(monkeypatch, scope):
+    """The backward of ``autograd.moe_experts`` passes on the forward's choice: ``None`` under the automatic choice
+    (its op then chooses by the same rule), the scope's backend under ``use_backend``."""
+    from tilegemm.backend import selector
+
+    monkeypatch.delenv("TILEGEMM_BACKEND", raising=False)
+    monkeypatch.setattr(selector, "_global_backend", None)
+    seen, backward = [], custom_ops.moe_experts_grad
+    monkeypatch.setattr(custom_ops, "moe_experts_grad", lambda *a: seen.append(a[-1]) or backward(*a))
+    t, k, e, h, i = 5, 2, 4, 64, 32
+    x = torch.randn(t, h).bfloat16().requires_grad_()
+    ids = torch.stack([torch.randperm(e)[:k] for _ in range(t)])
+    weights = torch.softmax(torch.randn(t, k), -1).bfloat16()
+    w13, w2 = torch.randn(e, 2 * i, h).bfloat16() / 8, torch.randn(e, h, i).bfloat16() / 8
+    if scope is None:
+        autograd.moe_experts(x, ids, weights, w13, w2).sum().backward()
+    else:
+        with tilegemm.use_backend(scope):
+            out = autograd.moe_experts(x, ids, weights, w13, w2)
+        out.sum().backward()  # outside the scope, as autograd's own thread runs it on CUDA
+    assert seen == [scope]
+    assert x.grad is not None

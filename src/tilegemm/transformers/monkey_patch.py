@@ -122,13 +122,19 @@ def apply_tilegemm_to_model(
         model.set_experts_implementation(FP8_EXPERTS_NAME if fp8 else EXPERTS_NAME)
         for module in found:
             mark_patched(module, backend)
-    if norm and known:
+    _swap_layers(model, norm=norm and known, linear=linear, indexer=indexer, fp8=fp8, backend=backend)
+    return model
+
+
+def _swap_layers(model: nn.Module, *, norm: bool, linear: bool, indexer: bool, fp8: bool, backend: str | None) -> None:
+    """The layer swaps of :func:`apply_tilegemm_to_model` and of a family patcher's ``post_init``: the RMSNorm
+    modules (``norm``), the ``nn.Linear`` layers (``linear``), the sparse-attention indexers (``indexer``)."""
+    if norm:
         swap_rms_norms(model, backend=backend)
     if linear:
         swap_linear_layers(model, fp8=fp8, backend=backend)
     if indexer:
         swap_indexers(model, fp8=fp8, backend=backend)
-    return model
 
 
 def revert_tilegemm_model(model: nn.Module, experts_implementation: str = "grouped_mm") -> nn.Module:
@@ -184,12 +190,7 @@ def _patch_family(
         if experts and chosen in (EXPERTS_NAME, FP8_EXPERTS_NAME):
             for module in experts_modules(self):
                 mark_patched(module, backend)
-        if norm:
-            swap_rms_norms(self, backend=backend)
-        if linear:
-            swap_linear_layers(self, fp8=fp8, backend=backend)
-        if indexer:
-            swap_indexers(self, fp8=fp8, backend=backend)
+        _swap_layers(self, norm=norm, linear=linear, indexer=indexer, fp8=fp8, backend=backend)
         return result
 
     for method in (post_init, get_correct_experts_implementation):

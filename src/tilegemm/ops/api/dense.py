@@ -1,17 +1,16 @@
-"""Dense GEMM stubs: BF16 and FP8 in four layouts, cuBLASLt, FP8 skip-head-mid (see the package docstring)."""
+"""Dense GEMM stubs: BF16 and FP8 in four layouts, cuBLASLt, FP8 skip-head-mid (see the package docstring).
+
+A family's four layouts are one stub, made per layout (``_dense_gemm``, ``_cublaslt_gemm``): the signature is
+written once, the layout's shapes go into its docstring and its ``compiled_dims`` default is DeepGEMM's for it.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from tilegemm.backend.registry import dispatch
 from tilegemm.ops import checks
-
-Tensor = torch.Tensor
-FP8Operand = tuple[torch.Tensor, torch.Tensor]
-Recipe = tuple[int, int, int]
+from tilegemm.ops.api._stubs import FP8Operand, Recipe, Tensor, op
 
 _DENSE_BF16_DOC = """BF16 dense GEMM, layout ``{layout}``: ``d = alpha * op(a) @ op(b) + beta * c``.
 
@@ -65,79 +64,56 @@ def _doc(template: str, layout: str) -> str:
     )
 
 
-# ---------------------------------------------------------------------------- dense BF16
+_COMPILED_DIMS = {"nt": "nk", "nn": "nk", "tn": "mn", "tt": "mn"}  # DeepGEMM's defaults per layout
 
 
-@dispatch(
-    "bf16_gemm_nt",
-    check=checks.dense_gemm_check("nt", fp8=False),
-    signature=checks.dense_gemm_signature("nt", fp8=False),
-)
-def bf16_gemm_nt(
-    a: Tensor,
-    b: Tensor,
-    d: Tensor,
-    c: Tensor | None = None,
-    compiled_dims: str = "nk",
-    *,
-    alpha: float = 1.0,
-    beta: float = 1.0,
-    stream=None,
-) -> Tensor: ...
+# ------------------------------------------------------------------------- dense BF16 and FP8
 
 
-@dispatch(
-    "bf16_gemm_nn",
-    check=checks.dense_gemm_check("nn", fp8=False),
-    signature=checks.dense_gemm_signature("nn", fp8=False),
-)
-def bf16_gemm_nn(
-    a: Tensor,
-    b: Tensor,
-    d: Tensor,
-    c: Tensor | None = None,
-    compiled_dims: str = "nk",
-    *,
-    alpha: float = 1.0,
-    beta: float = 1.0,
-    stream=None,
-) -> Tensor: ...
+def _dense_gemm(layout: str, *, fp8: bool) -> Any:
+    """``fp8_fp4_gemm_<layout>`` (``fp8``) or ``bf16_gemm_<layout>``."""
+
+    def bf16_stub(
+        a: Tensor,
+        b: Tensor,
+        d: Tensor,
+        c: Tensor | None = None,
+        compiled_dims: str = _COMPILED_DIMS[layout],
+        *,
+        alpha: float = 1.0,
+        beta: float = 1.0,
+        stream=None,
+    ) -> Tensor: ...
+
+    def fp8_stub(
+        a: FP8Operand,
+        b: FP8Operand,
+        d: Tensor,
+        c: Tensor | None = None,
+        recipe: Recipe | None = None,
+        recipe_a: tuple[int, int] | None = None,
+        recipe_b: tuple[int, int] | None = None,
+        compiled_dims: str = _COMPILED_DIMS[layout],
+        disable_ue8m0_cast: bool = False,
+        *,
+        alpha: float = 1.0,
+        beta: float = 1.0,
+        stream=None,
+    ) -> Tensor: ...
+
+    stub, name, doc = (fp8_stub, "fp8_fp4_gemm", _DENSE_FP8_DOC) if fp8 else (bf16_stub, "bf16_gemm", _DENSE_BF16_DOC)
+    check, signature = checks.dense_gemm_check(layout, fp8=fp8), checks.dense_gemm_signature(layout, fp8=fp8)
+    return op(f"{name}_{layout}", stub, _doc(doc, layout), check, signature)
 
 
-@dispatch(
-    "bf16_gemm_tn",
-    check=checks.dense_gemm_check("tn", fp8=False),
-    signature=checks.dense_gemm_signature("tn", fp8=False),
-)
-def bf16_gemm_tn(
-    a: Tensor,
-    b: Tensor,
-    d: Tensor,
-    c: Tensor | None = None,
-    compiled_dims: str = "mn",
-    *,
-    alpha: float = 1.0,
-    beta: float = 1.0,
-    stream=None,
-) -> Tensor: ...
-
-
-@dispatch(
-    "bf16_gemm_tt",
-    check=checks.dense_gemm_check("tt", fp8=False),
-    signature=checks.dense_gemm_signature("tt", fp8=False),
-)
-def bf16_gemm_tt(
-    a: Tensor,
-    b: Tensor,
-    d: Tensor,
-    c: Tensor | None = None,
-    compiled_dims: str = "mn",
-    *,
-    alpha: float = 1.0,
-    beta: float = 1.0,
-    stream=None,
-) -> Tensor: ...
+bf16_gemm_nt = _dense_gemm("nt", fp8=False)
+bf16_gemm_nn = _dense_gemm("nn", fp8=False)
+bf16_gemm_tn = _dense_gemm("tn", fp8=False)
+bf16_gemm_tt = _dense_gemm("tt", fp8=False)
+fp8_fp4_gemm_nt = _dense_gemm("nt", fp8=True)
+fp8_fp4_gemm_nn = _dense_gemm("nn", fp8=True)
+fp8_fp4_gemm_tn = _dense_gemm("tn", fp8=True)
+fp8_fp4_gemm_tt = _dense_gemm("tt", fp8=True)
 
 
 # ------------------------------------------------------------------------- cuBLASLt GEMMs
@@ -152,115 +128,17 @@ _CUBLASLT_DOC = """DeepGEMM's ``cublaslt_gemm_{layout}``: ``D = A @ B.T (+ C)`` 
     """
 
 
-def _cublaslt_stub(layout: str) -> Any:
+def _cublaslt_gemm(layout: str) -> Any:
     def stub(a: Tensor, b: Tensor, d: Tensor, c: Tensor | None = None, *, stream=None) -> Tensor: ...
 
-    stub.__name__ = stub.__qualname__ = f"cublaslt_gemm_{layout}"
-    stub.__doc__ = _CUBLASLT_DOC.format(layout=layout)
-    return dispatch(f"cublaslt_gemm_{layout}", check=checks.cublaslt_gemm_check(layout))(stub)
+    name = f"cublaslt_gemm_{layout}"
+    return op(name, stub, _CUBLASLT_DOC.format(layout=layout), checks.cublaslt_gemm_check(layout))
 
 
-cublaslt_gemm_nt = _cublaslt_stub("nt")
-cublaslt_gemm_nn = _cublaslt_stub("nn")
-cublaslt_gemm_tn = _cublaslt_stub("tn")
-cublaslt_gemm_tt = _cublaslt_stub("tt")
-
-
-# ----------------------------------------------------------------------------- dense FP8
-
-
-@dispatch(
-    "fp8_fp4_gemm_nt",
-    check=checks.dense_gemm_check("nt", fp8=True),
-    signature=checks.dense_gemm_signature("nt", fp8=True),
-)
-def fp8_fp4_gemm_nt(
-    a: FP8Operand,
-    b: FP8Operand,
-    d: Tensor,
-    c: Tensor | None = None,
-    recipe: Recipe | None = None,
-    recipe_a: tuple[int, int] | None = None,
-    recipe_b: tuple[int, int] | None = None,
-    compiled_dims: str = "nk",
-    disable_ue8m0_cast: bool = False,
-    *,
-    alpha: float = 1.0,
-    beta: float = 1.0,
-    stream=None,
-) -> Tensor: ...
-
-
-@dispatch(
-    "fp8_fp4_gemm_nn",
-    check=checks.dense_gemm_check("nn", fp8=True),
-    signature=checks.dense_gemm_signature("nn", fp8=True),
-)
-def fp8_fp4_gemm_nn(
-    a: FP8Operand,
-    b: FP8Operand,
-    d: Tensor,
-    c: Tensor | None = None,
-    recipe: Recipe | None = None,
-    recipe_a: tuple[int, int] | None = None,
-    recipe_b: tuple[int, int] | None = None,
-    compiled_dims: str = "nk",
-    disable_ue8m0_cast: bool = False,
-    *,
-    alpha: float = 1.0,
-    beta: float = 1.0,
-    stream=None,
-) -> Tensor: ...
-
-
-@dispatch(
-    "fp8_fp4_gemm_tn",
-    check=checks.dense_gemm_check("tn", fp8=True),
-    signature=checks.dense_gemm_signature("tn", fp8=True),
-)
-def fp8_fp4_gemm_tn(
-    a: FP8Operand,
-    b: FP8Operand,
-    d: Tensor,
-    c: Tensor | None = None,
-    recipe: Recipe | None = None,
-    recipe_a: tuple[int, int] | None = None,
-    recipe_b: tuple[int, int] | None = None,
-    compiled_dims: str = "mn",
-    disable_ue8m0_cast: bool = False,
-    *,
-    alpha: float = 1.0,
-    beta: float = 1.0,
-    stream=None,
-) -> Tensor: ...
-
-
-@dispatch(
-    "fp8_fp4_gemm_tt",
-    check=checks.dense_gemm_check("tt", fp8=True),
-    signature=checks.dense_gemm_signature("tt", fp8=True),
-)
-def fp8_fp4_gemm_tt(
-    a: FP8Operand,
-    b: FP8Operand,
-    d: Tensor,
-    c: Tensor | None = None,
-    recipe: Recipe | None = None,
-    recipe_a: tuple[int, int] | None = None,
-    recipe_b: tuple[int, int] | None = None,
-    compiled_dims: str = "mn",
-    disable_ue8m0_cast: bool = False,
-    *,
-    alpha: float = 1.0,
-    beta: float = 1.0,
-    stream=None,
-) -> Tensor: ...
-
-
-for _layout in ("nt", "nn", "tn", "tt"):
-    globals()[f"bf16_gemm_{_layout}"].__doc__ = _doc(_DENSE_BF16_DOC, _layout)
-    globals()[f"fp8_fp4_gemm_{_layout}"].__doc__ = _doc(_DENSE_FP8_DOC, _layout)
-del _layout
+cublaslt_gemm_nt = _cublaslt_gemm("nt")
+cublaslt_gemm_nn = _cublaslt_gemm("nn")
+cublaslt_gemm_tn = _cublaslt_gemm("tn")
+cublaslt_gemm_tt = _cublaslt_gemm("tt")
 
 fp8_gemm_nt = fp8_fp4_gemm_nt
 fp8_gemm_nn = fp8_fp4_gemm_nn

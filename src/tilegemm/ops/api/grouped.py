@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import torch
+import inspect
+from typing import Any
 
 from tilegemm.backend.registry import dispatch
 from tilegemm.ops import checks
-
-Tensor = torch.Tensor
-FP8Operand = tuple[torch.Tensor, torch.Tensor]
-Recipe = tuple[int, int, int]
+from tilegemm.ops.api._stubs import FP8Operand, Recipe, Tensor, op
 
 # ------------------------------------------------------------------ m-grouped contiguous
 
@@ -28,71 +26,23 @@ _M_GROUPED_DOC = """
         stream: CUDA stream (``None``: current)."""
 
 
-@dispatch("m_grouped_bf16_gemm_nt_contiguous", check=checks.m_grouped_contiguous_check("nt", fp8=False))
-def m_grouped_bf16_gemm_nt_contiguous(
-    a: Tensor,
-    b: Tensor,
-    d: Tensor,
-    grouped_layout: Tensor,
-    compiled_dims: str = "nk",
-    use_psum_layout: bool = False,
-    ensure_zero_padding: bool = True,
-    expected_m_for_psum_layout: int | None = None,
-    *,
-    alignment: int | None = None,
-    stream=None,
-) -> Tensor:
-    """M-grouped BF16 GEMM (MoE forward), contiguous rows: ``d[r] = a[r] @ b[group(r)].T``.
+_M_GROUPED_DOCS = {  # (layout, fp8) -> docstring; {doc}: _M_GROUPED_DOC
+    ("nt", False): """M-grouped BF16 GEMM (MoE forward), contiguous rows: ``d[r] = a[r] @ b[group(r)].T``.
 
     Args:
         a: bf16 [M_sum, K].
         b: bf16 [G, N, K].
         d: bf16 or fp32 [M_sum, N], contiguous; written and returned.{doc}
         expected_m_for_psum_layout: DeepGEMM's host hint for the psum layout; no effect.
-    """
-
-
-@dispatch("m_grouped_bf16_gemm_nn_contiguous", check=checks.m_grouped_contiguous_check("nn", fp8=False))
-def m_grouped_bf16_gemm_nn_contiguous(
-    a: Tensor,
-    b: Tensor,
-    d: Tensor,
-    grouped_layout: Tensor,
-    compiled_dims: str = "nk",
-    use_psum_layout: bool = False,
-    ensure_zero_padding: bool = True,
-    *,
-    alignment: int | None = None,
-    stream=None,
-) -> Tensor:
-    """M-grouped BF16 GEMM, contiguous rows, B non-transposed: ``d[r] = a[r] @ b[group(r)]``.
+    """,
+    ("nn", False): """M-grouped BF16 GEMM, contiguous rows, B non-transposed: ``d[r] = a[r] @ b[group(r)]``.
 
     Args:
         a: bf16 [M_sum, K].
         b: bf16 [G, K, N].
         d: bf16 or fp32 [M_sum, N], contiguous; written and returned.{doc}
-    """
-
-
-@dispatch("m_grouped_fp8_fp4_gemm_nt_contiguous", check=checks.m_grouped_contiguous_check("nt", fp8=True))
-def m_grouped_fp8_fp4_gemm_nt_contiguous(
-    a: FP8Operand,
-    b: FP8Operand,
-    d: Tensor,
-    grouped_layout: Tensor,
-    recipe: Recipe | None = None,
-    recipe_a: tuple[int, int] | None = None,
-    recipe_b: tuple[int, int] | None = None,
-    compiled_dims: str = "nk",
-    disable_ue8m0_cast: bool = False,
-    use_psum_layout: bool = False,
-    ensure_zero_padding: bool = True,
-    expected_m_for_psum_layout: int | None = None,
-    *,
-    alignment: int | None = None,
-    stream=None,
-) -> Tensor:
-    """M-grouped FP8 GEMM (MoE forward), contiguous rows, 1x128 LHS / 128x128 RHS scales.
+    """,
+    ("nt", True): """M-grouped FP8 GEMM (MoE forward), contiguous rows, 1x128 LHS / 128x128 RHS scales.
 
     Args:
         a: ``(fp8 [M_sum, K], fp32 [M_sum, ceil(K/128)])``.
@@ -103,27 +53,8 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(
         expected_m_for_psum_layout: DeepGEMM's host hint for the psum layout; no effect.
 
     Math: ``d[r, n] = sum_kb sa[r, kb] * sb[g, n // 128, kb] * sum_(k in kb) A[r, k] * B[g, n, k]``, g = group(r).
-    """
-
-
-@dispatch("m_grouped_fp8_fp4_gemm_nn_contiguous", check=checks.m_grouped_contiguous_check("nn", fp8=True))
-def m_grouped_fp8_fp4_gemm_nn_contiguous(
-    a: FP8Operand,
-    b: FP8Operand,
-    d: Tensor,
-    grouped_layout: Tensor,
-    recipe: Recipe | None = None,
-    recipe_a: tuple[int, int] | None = None,
-    recipe_b: tuple[int, int] | None = None,
-    compiled_dims: str = "nk",
-    disable_ue8m0_cast: bool = False,
-    use_psum_layout: bool = False,
-    ensure_zero_padding: bool = True,
-    *,
-    alignment: int | None = None,
-    stream=None,
-) -> Tensor:
-    """M-grouped FP8 GEMM, contiguous rows, B non-transposed, 1x128 LHS / 128x128 RHS scales.
+    """,
+    ("nn", True): """M-grouped FP8 GEMM, contiguous rows, B non-transposed, 1x128 LHS / 128x128 RHS scales.
 
     Args:
         a: ``(fp8 [M_sum, K], fp32 [M_sum, ceil(K/128)])``.
@@ -131,17 +62,60 @@ def m_grouped_fp8_fp4_gemm_nn_contiguous(
         d: bf16 or fp32 [M_sum, N], contiguous; written and returned.{doc}
         recipe, recipe_a, recipe_b: as :func:`fp8_fp4_gemm_nt`; must resolve to ``(1, 128, 128)``.
         disable_ue8m0_cast: accepted for DeepGEMM compatibility; no effect.
-    """
+    """,
+}
 
 
-for _fn in (
-    m_grouped_bf16_gemm_nt_contiguous,
-    m_grouped_bf16_gemm_nn_contiguous,
-    m_grouped_fp8_fp4_gemm_nt_contiguous,
-    m_grouped_fp8_fp4_gemm_nn_contiguous,
-):
-    _fn.__doc__ = _fn.__doc__.replace("{doc}", _M_GROUPED_DOC)
-del _fn
+def _m_grouped_contiguous(layout: str, *, fp8: bool) -> Any:
+    """``m_grouped_fp8_fp4_gemm_<layout>_contiguous`` (``fp8``) or ``m_grouped_bf16_gemm_<layout>_contiguous``;
+    DeepGEMM's ``nn`` forms take no ``expected_m_for_psum_layout``."""
+
+    def bf16_stub(
+        a: Tensor,
+        b: Tensor,
+        d: Tensor,
+        grouped_layout: Tensor,
+        compiled_dims: str = "nk",
+        use_psum_layout: bool = False,
+        ensure_zero_padding: bool = True,
+        expected_m_for_psum_layout: int | None = None,
+        *,
+        alignment: int | None = None,
+        stream=None,
+    ) -> Tensor: ...
+
+    def fp8_stub(
+        a: FP8Operand,
+        b: FP8Operand,
+        d: Tensor,
+        grouped_layout: Tensor,
+        recipe: Recipe | None = None,
+        recipe_a: tuple[int, int] | None = None,
+        recipe_b: tuple[int, int] | None = None,
+        compiled_dims: str = "nk",
+        disable_ue8m0_cast: bool = False,
+        use_psum_layout: bool = False,
+        ensure_zero_padding: bool = True,
+        expected_m_for_psum_layout: int | None = None,
+        *,
+        alignment: int | None = None,
+        stream=None,
+    ) -> Tensor: ...
+
+    stub = fp8_stub if fp8 else bf16_stub
+    if layout == "nn":
+        signature = inspect.signature(stub)
+        kept = [p for p in signature.parameters.values() if p.name != "expected_m_for_psum_layout"]
+        stub.__signature__ = signature.replace(parameters=kept)  # type: ignore[attr-defined]
+    name = f"m_grouped_{'fp8_fp4' if fp8 else 'bf16'}_gemm_{layout}_contiguous"
+    doc = _M_GROUPED_DOCS[layout, fp8].replace("{doc}", _M_GROUPED_DOC)
+    return op(name, stub, doc, checks.m_grouped_contiguous_check(layout, fp8=fp8))
+
+
+m_grouped_bf16_gemm_nt_contiguous = _m_grouped_contiguous("nt", fp8=False)
+m_grouped_bf16_gemm_nn_contiguous = _m_grouped_contiguous("nn", fp8=False)
+m_grouped_fp8_fp4_gemm_nt_contiguous = _m_grouped_contiguous("nt", fp8=True)
+m_grouped_fp8_fp4_gemm_nn_contiguous = _m_grouped_contiguous("nn", fp8=True)
 
 m_grouped_fp8_gemm_nt_contiguous = m_grouped_fp8_fp4_gemm_nt_contiguous
 m_grouped_fp8_gemm_nn_contiguous = m_grouped_fp8_fp4_gemm_nn_contiguous
@@ -237,21 +211,8 @@ def k_grouped_bf16_gemm_tn_contiguous(
     """
 
 
-@dispatch("k_grouped_fp8_gemm_tn_contiguous", check=checks.k_grouped_check(fp8=True, layout="tn"))
-def k_grouped_fp8_gemm_tn_contiguous(
-    a: FP8Operand,
-    b: FP8Operand,
-    d: Tensor,
-    ks_cpu: list[int],
-    grouped_layout: Tensor,
-    c: Tensor | None = None,
-    recipe: Recipe = (1, 1, 128),
-    compiled_dims: str = "mn",
-    use_psum_layout: bool = False,
-    *,
-    stream=None,
-) -> Tensor:
-    """K-grouped FP8 GEMM (MoE weight gradient), MN-major operands, 1x128 scales along K on both sides.
+_K_GROUPED_FP8_DOCS = {  # layout -> docstring; {doc}: _K_GROUPED_DOC
+    "tn": """K-grouped FP8 GEMM (MoE weight gradient), MN-major operands, 1x128 scales along K on both sides.
 
     Args:
         a: ``(fp8 [K_sum, M], fp32 [K_sum/128, M])``.
@@ -260,24 +221,8 @@ def k_grouped_fp8_gemm_tn_contiguous(
         recipe: ``(1, 1, 128)`` (the only recipe); every ``ks_cpu[g]`` a multiple of 128.
 
     Math: ``d[g, m, n] = sum_kb sa[kb, m] * sb[kb, n] * sum_(k in kb) A[k, m] * B[k, n] (+ c[g, m, n])``.
-    """
-
-
-@dispatch("k_grouped_fp8_gemm_nt_contiguous", check=checks.k_grouped_check(fp8=True, layout="nt"))
-def k_grouped_fp8_gemm_nt_contiguous(
-    a: FP8Operand,
-    b: FP8Operand,
-    d: Tensor,
-    ks_cpu: list[int],
-    grouped_layout: Tensor,
-    c: Tensor | None = None,
-    recipe: Recipe = (1, 1, 128),
-    compiled_dims: str = "mn",
-    use_psum_layout: bool = False,
-    *,
-    stream=None,
-) -> Tensor:
-    """K-grouped FP8 GEMM with K-major groups (DeepGEMM's SM90 op): ``d[g] = A_g @ B_g.T (+ c[g])``.
+    """,
+    "nt": """K-grouped FP8 GEMM with K-major groups (DeepGEMM's SM90 op): ``d[g] = A_g @ B_g.T (+ c[g])``.
 
     Args:
         a: ``(fp8 data, fp32 [M, K_sum/128])``: the data holds each group's ``[M, K_g]`` block row-major
@@ -285,9 +230,31 @@ def k_grouped_fp8_gemm_nt_contiguous(
         b: ``(fp8 data, fp32 [N, K_sum/128])``: each group's ``[N, K_g]`` block, back to back.
         d: fp32 [G, M, N], contiguous; written and returned.{doc}
         recipe: ``(1, 1, 128)`` (the only recipe); every ``ks_cpu[g]`` a multiple of 128.
-    """
+    """,
+}
 
 
-for _fn in (k_grouped_bf16_gemm_tn_contiguous, k_grouped_fp8_gemm_tn_contiguous, k_grouped_fp8_gemm_nt_contiguous):
-    _fn.__doc__ = _fn.__doc__.replace("{doc}", _K_GROUPED_DOC)
-del _fn
+def _k_grouped_fp8(layout: str) -> Any:
+    """``k_grouped_fp8_gemm_<layout>_contiguous``: ``tn`` (MN-major operands) or ``nt`` (K-major groups)."""
+
+    def stub(
+        a: FP8Operand,
+        b: FP8Operand,
+        d: Tensor,
+        ks_cpu: list[int],
+        grouped_layout: Tensor,
+        c: Tensor | None = None,
+        recipe: Recipe = (1, 1, 128),
+        compiled_dims: str = "mn",
+        use_psum_layout: bool = False,
+        *,
+        stream=None,
+    ) -> Tensor: ...
+
+    doc = _K_GROUPED_FP8_DOCS[layout].replace("{doc}", _K_GROUPED_DOC)
+    return op(f"k_grouped_fp8_gemm_{layout}_contiguous", stub, doc, checks.k_grouped_check(fp8=True, layout=layout))
+
+
+k_grouped_bf16_gemm_tn_contiguous.__doc__ = k_grouped_bf16_gemm_tn_contiguous.__doc__.replace("{doc}", _K_GROUPED_DOC)
+k_grouped_fp8_gemm_tn_contiguous = _k_grouped_fp8("tn")
+k_grouped_fp8_gemm_nt_contiguous = _k_grouped_fp8("nt")

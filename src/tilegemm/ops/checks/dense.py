@@ -38,6 +38,24 @@ from tilegemm.ops.checks.base import (
 from tilegemm.ops.common import cdiv
 
 
+def _nt_form(layout: str, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``layout``'s matrices ``a`` and ``b`` as views in the ``nt`` form, a [M, K] and b [N, K].
+
+    Raises:
+        ValueError: they disagree on K (the message gives ``layout``'s shapes).
+    """
+    flip_a, flip_b = LAYOUTS[layout]
+    la, lb = _t(a, flip_a), _t(b, flip_b)
+    k, kb = la.shape[1], lb.shape[1]
+    if k != kb:
+        a_shape, b_shape = LAYOUT_SHAPES[layout]
+        raise ValueError(
+            f"a and b disagree on K for layout {layout} (a {a_shape}, b {b_shape}): "
+            f"a has shape {list(a.shape)} (K={k}), b has shape {list(b.shape)} (K={kb})"
+        )
+    return la, lb
+
+
 def dense_gemm_check(layout: str, fp8: bool) -> Callable[..., dict[str, Any]]:
     """The check of ``{bf16,fp8_fp4}_gemm_<layout>``; returns the logical ``nt`` form.
 
@@ -46,7 +64,6 @@ def dense_gemm_check(layout: str, fp8: bool) -> Callable[..., dict[str, Any]]:
     ``beta``, ``stream``.
     """
     flip_a, flip_b = LAYOUTS[layout]
-    a_shape, b_shape = LAYOUT_SHAPES[layout]
 
     def check(
         a,
@@ -64,13 +81,8 @@ def dense_gemm_check(layout: str, fp8: bool) -> Callable[..., dict[str, Any]]:
         stream=None,
     ) -> dict[str, Any]:
         a_data, sa, b_data, sb = _operands(fp8, a, b, 2, 2)
-        la, lb = _t(a_data, flip_a), _t(b_data, flip_b)
-        (m, k), (n, kb) = la.shape, lb.shape
-        if k != kb:
-            raise ValueError(
-                f"a and b disagree on K for layout {layout} (a {a_shape}, b {b_shape}): "
-                f"a has shape {list(a_data.shape)} (K={k}), b has shape {list(b_data.shape)} (K={kb})"
-            )
+        la, lb = _nt_form(layout, a_data, b_data)
+        (m, k), n = la.shape, lb.shape[0]
         derived: dict[str, Any] = {}
         if fp8:
             sa, sb = _t(sa, flip_a), _t(sb, flip_b)
@@ -102,21 +114,14 @@ def cublaslt_gemm_check(layout: str) -> Callable[..., dict[str, Any]]:
     in ``layout``'s shapes; ``d`` bf16/fp32 [M, N]; ``c`` (optional) of ``d``'s shape.
     Derived: ``a`` [M, K], ``b`` [N, K], ``d``, ``c``, ``stream``.
     """
-    flip_a, flip_b = LAYOUTS[layout]
-    a_shape, b_shape = LAYOUT_SHAPES[layout]
 
     def check(a, b, d, c=None, *, stream=None) -> dict[str, Any]:
         _tensor("a", a, (torch.bfloat16, FP8), 2)
         _tensor("b", b, (torch.bfloat16, FP8), 2)
         if a.dtype != b.dtype:
             raise TypeError(f"b: got dtype {b.dtype}, expected a's dtype {a.dtype} (both bf16 or both float8_e4m3fn)")
-        la, lb = _t(a, flip_a), _t(b, flip_b)
-        (m, k), (n, kb) = la.shape, lb.shape
-        if k != kb:
-            raise ValueError(
-                f"a and b disagree on K for layout {layout} (a {a_shape}, b {b_shape}): "
-                f"a has shape {list(a.shape)} (K={k}), b has shape {list(b.shape)} (K={kb})"
-            )
+        la, lb = _nt_form(layout, a, b)
+        m, n = la.shape[0], lb.shape[0]
         _output("d", d, OUT_DTYPES, [m, n], "[M, N]")
         _addend(c, OUT_DTYPES, [m, n], "[M, N]")
         _stream(stream)
