@@ -1,10 +1,12 @@
-"""Which experts each token was routed to, per MoE layer, and how logit differences follow routing flips.
+"""The discrete choices a forward makes per token, per layer, and how logit differences follow their flips.
 
-:class:`RouteRecorder` hooks the router (the ``gate`` beside each experts module) of a transformers MoE model and
-keeps the top-k expert ids of every call (sorted per token: a routed *set*). :func:`flip_report` compares the routes
-and logits of a test run (sharded, patched, another dtype) with a reference run of the same sequence:
+:class:`RouteRecorder` hooks every *router* of a transformers MoE model (the ``gate`` beside each experts module:
+the top-k expert ids of a token) and every sparse-attention *indexer* (DeepSeek-V3.2 / GLM-MoE-DSA: the top-k key
+positions a query attends to), in module order, and keeps each call's choices as sorted sets per token.
+:func:`flip_report` compares the routes and logits of a test run (sharded, patched, another dtype) with a reference
+run of the same sequence:
 
-* a token *flips* at layer ``l`` when its expert set there differs from the reference's;
+* a token *flips* at layer ``l`` when its set there (experts, or keys) differs from the reference's;
 * a flip at position ``t`` of a sequence reaches every later position through attention, so a logit position is
   *downstream of a flip* when any position ``<= t`` of its sequence flipped at any layer; its *first-flip layer* is
   the shallowest such layer;
@@ -23,6 +25,7 @@ from typing import Any
 import torch
 
 from modeling.transformers.measure import compare_logits
+from tilegemm.transformers.indexer import INDEXER_BY_MODEL_TYPE
 from tilegemm.transformers.monkey_patch import experts_modules
 
 
@@ -44,22 +47,58 @@ def routers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return found
 
 
+def indexers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Every sparse-attention indexer of ``model`` (stock or swapped by tilegemm), in module order; ``[]`` for a
+    model type without one (:data:`tilegemm.transformers.indexer.INDEXERS`)."""
+    spec = INDEXER_BY_MODEL_TYPE.get(getattr(getattr(model, "config", None), "model_type", None))
+    stock = spec.load_class() if spec is not None else None
+    return [m for m in model.modules() if isinstance(m, stock)] if stock is not None else []
+
+
+def selected_keys(topk: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """An indexer's choice as sets: ``[B*S, k]`` key positions sorted per query, ``-1`` for each slot the top-k
+    filled with a masked key (a query with fewer than ``k`` visible keys: which masked ones fill up is arbitrary).
+
+    Args:
+        topk: ``[B, S, k]`` integer key positions (the indexer's output).
+        attention_mask: ``[B or 1, S, T]``, bool (True: visible) or additive (0: visible).
+    """
+    mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+    visible = mask.expand(topk.shape[0], -1, -1).gather(-1, topk.long())
+    return torch.where(visible, topk.long(), -1).sort(dim=-1).values.flatten(0, 1)
+
+
 class RouteRecorder:
-    """Forward hooks on every router of ``model``: ``routes[l]`` lists the sorted ``[T, k]`` expert ids of layer
-    ``l``'s calls since :meth:`reset` (on the CPU)."""
+    """Forward hooks on every router and indexer of ``model`` (:func:`routers`, :func:`indexers`, in module order):
+    ``routes[l]`` lists the sorted ``[T, k]`` choices (expert ids, or key positions) of layer ``l``'s calls since
+    :meth:`reset` (on the CPU)."""
 
     def __init__(self, model: torch.nn.Module):
-        self.routers = routers(model)
-        if not self.routers:
+        routed = {id(m) for m in routers(model)}
+        indexed = {id(m) for m in indexers(model)}
+        if not routed:
             raise ValueError(f"{type(model).__name__}: no router beside its experts modules")
+        self.routers = [m for m in model.modules() if id(m) in routed or id(m) in indexed]
         self.routes: list[list[torch.Tensor]] = [[] for _ in self.routers]
-        self.handles = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
+        self.handles = [
+            m.register_forward_hook(self._indexer_hook(i), with_kwargs=True)
+            if id(m) in indexed
+            else m.register_forward_hook(self._hook(i))
+            for i, m in enumerate(self.routers)
+        ]
 
     def _hook(self, layer: int):
         def hook(module, args, output):
             ids = _indices(output)
             if ids is not None:
                 self.routes[layer].append(ids.sort(dim=-1).values.cpu())
+
+        return hook
+
+    def _indexer_hook(self, layer: int):
+        def hook(module, args, kwargs, output):
+            mask = args[3] if len(args) > 3 else kwargs["attention_mask"]
+            self.routes[layer].append(selected_keys(output, mask).cpu())
 
         return hook
 
@@ -80,7 +119,7 @@ class RouteRecorder:
 
 
 def flips(ref: list[torch.Tensor], test: list[torch.Tensor], batch: int) -> torch.Tensor:
-    """``[layers, batch, L]`` bool: the token's expert set differs from the reference's at that layer."""
+    """``[layers, batch, L]`` bool: the token's set (experts, or keys) differs from the reference's at that layer."""
     if len(ref) != len(test):
         raise ValueError(f"routes of {len(ref)} and {len(test)} layers")
     out = []
@@ -89,6 +128,19 @@ def flips(ref: list[torch.Tensor], test: list[torch.Tensor], batch: int) -> torc
             raise ValueError(f"routes of shapes {tuple(r.shape)} and {tuple(t.shape)}")
         out.append((r != t).any(dim=-1).view(batch, -1))
     return torch.stack(out)
+
+
+def _first_flip_layer(flipped: torch.Tensor) -> torch.Tensor:
+    """``[B, L]``: the shallowest layer at which each token flipped (``layers`` where none did)."""
+    layers = flipped.shape[0]
+    layer_ids = torch.arange(layers).view(layers, 1, 1).expand_as(flipped)
+    return torch.where(flipped, layer_ids, layers).min(dim=0).values
+
+
+def downstream_of_flip(ref: list[torch.Tensor], test: list[torch.Tensor], batch: int) -> torch.Tensor:
+    """``[batch, L]`` bool: some position at or before this one in its sequence flipped at some layer (a flip
+    reaches every later position through attention)."""
+    return flips(ref, test, batch).any(dim=0).cummax(dim=1).values
 
 
 def _group(test: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
@@ -108,7 +160,8 @@ def flip_report(
     them (see the module docstring).
 
     Args:
-        ref_routes, test_routes: per MoE layer, the sorted ``[B*L, k]`` expert ids of one forward over the sequence.
+        ref_routes, test_routes: per routing layer (:class:`RouteRecorder`), the sorted ``[B*L, k]`` choices of one
+            forward over the sequence.
         ref_logits, test_logits: ``[B, K, V]`` logits of the last ``K`` positions of that forward.
 
     Returns:
@@ -120,9 +173,7 @@ def flip_report(
     flipped = flips(ref_routes, test_routes, batch)  # [layers, B, L]
     layers, _, length = flipped.shape
     any_layer = flipped.any(dim=0)  # [B, L]
-    layer_ids = torch.arange(layers).view(layers, 1, 1).expand_as(flipped)
-    first = torch.where(flipped, layer_ids, layers).min(dim=0).values  # [B, L], `layers` = none
-    # downstream: the shallowest flip at this or an earlier position of the sequence
+    first = _first_flip_layer(flipped)
     first_upstream = first.cummin(dim=1).values[:, length - kept :]
     downstream = first_upstream < layers
     test, ref = test_logits.double().cpu(), ref_logits.double().cpu()
@@ -132,7 +183,7 @@ def flip_report(
         if mask.any():
             by_layer[layer] = _group(test, ref, mask)
     return {
-        "moe_layers": layers,
+        "routing_layers": layers,  # routers and indexers (RouteRecorder)
         "tokens": batch * length,
         "flipped_tokens": int(any_layer.sum()),
         "flipped_sequences": int(any_layer.any(dim=1).sum()),

@@ -611,4 +611,4 @@ def test_hot_lane_fresh_inputs(kind, layout, shape):
             d = poisoned((m, n), torch.float32, "cuda")
         op(a, b, d, c, alpha=1.0, beta=0.5)
         assert calc_diff(d, exact + addend) < bar
-    assert ("cutile", f"{kind}_{layout}") in {(backend, key[0]) for backend, key in registry._HOT}
+    assert ("cutile", op.op_name) in {(backend, key[0]) for backend, key in registry._HOT}

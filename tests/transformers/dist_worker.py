@@ -128,13 +128,15 @@ def worker(rank: int, world_size: int, init_file: str, out: str, cases: list[tup
     dist.init_process_group(
         "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size, timeout=timedelta(seconds=120)
     )
+    from hf_models import bf16_gemms_round_once
+
     recorder = RouteRecorder()
     results = {}
     try:
         for family, mode, dtype_name in cases:
             key = f"{family}/{mode}/{dtype_name}"
             try:
-                with torch.no_grad():
+                with torch.no_grad(), bf16_gemms_round_once():  # stock's bf16 GEMMs round as on every CPU
                     results[key] = _case(family, mode, world_size, getattr(torch, dtype_name), recorder)
             except Exception:
                 results[key] = {"error": traceback.format_exc()[-3000:]}

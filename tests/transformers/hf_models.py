@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-import functools
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -64,29 +67,90 @@ def bf16_step(x: torch.Tensor) -> torch.Tensor:
     return torch.exp2(torch.floor(torch.log2(mag)) - 7)
 
 
-@functools.cache
-def cpu_bf16_linear_rounds_once() -> bool:
-    """True when this CPU's stock bf16 ``F.linear`` equals the fp32 product rounded once to bf16 (what the
-    tilegemm reference backend computes), on the tiny models' sizes and on a transposed 3-D input (attention's
-    output). Tests that demand stock's bf16 rounding sequence bit for bit hold only then: on some x86 CPUs
-    (AVX2 only, no bf16 dot instructions) torch's kernels round partial sums on the way."""
-    g = torch.Generator().manual_seed(0)
-    for m, k, n in ((24, 64, 256), (24, 128, 64), (24, 256, 128)):
-        x = torch.randn(2, k, m // 2, generator=g).bfloat16().transpose(1, 2)  # a non-contiguous [2, m/2, k] view
-        w = torch.randn(n, k, generator=g).bfloat16()
-        once = (x.float() @ w.float().t()).bfloat16()
-        if not torch.equal(torch.nn.functional.linear(x, w), once):
-            return False
-    return True
+def _round_once_linear(original: Callable) -> Callable:
+    def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if input.dtype != torch.bfloat16 or input.device.type != "cpu":
+            return original(input, weight, bias)
+        out = input.float() @ weight.float().t()
+        return (out if bias is None else out + bias.float()).bfloat16()
+
+    return linear
 
 
-def require_bf16_linear_rounds_once() -> None:
-    """Skip a test that compares bf16 results with stock's bit for bit where this CPU's stock GEMMs do not round
-    once (see :func:`cpu_bf16_linear_rounds_once`): there the bar would measure the CPU, not the patch."""
-    import pytest
+def _round_once_grouped_mm(original: Callable) -> Callable:
+    def grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, *args: Any, offs: torch.Tensor | None = None, **kw: Any):
+        if args or kw or offs is None or mat_a.dtype != torch.bfloat16 or mat_a.device.type != "cpu":
+            return original(mat_a, mat_b, *args, offs=offs, **kw)
+        out = torch.zeros(mat_a.shape[0], mat_b.shape[-1], dtype=torch.float32)
+        start = 0
+        for group, end in enumerate(offs.tolist()):  # [T, K] rows of each group @ its [K, N] weight
+            out[start:end] = mat_a[start:end].float() @ mat_b[group].float()
+            start = end
+        return out.bfloat16()
 
-    if not cpu_bf16_linear_rounds_once():
-        pytest.skip("this CPU's stock bf16 F.linear rounds partial sums (not the fp32 product rounded once)")
+    return grouped_mm
+
+
+@contextlib.contextmanager
+def bf16_gemms_round_once() -> Iterator[None]:
+    """Within the block, bf16 CPU ``F.linear`` and ``F.grouped_mm`` (what stock transformers calls) give the fp32
+    product rounded once to bf16, the tilegemm reference backend's GEMM.
+
+    CPUs differ there: with bf16 dot instructions torch's kernels round once, on AVX2-only CPUs they round partial
+    sums on the way. Tests that hold a patched model to stock's bf16 rounding *sequence* bit for bit (or within one
+    step) run both sides in this block, so their verdict says the same on every CPU: what they test is which
+    intermediates are rounded, not how a BLAS accumulates."""
+    patched = {}
+    for owner, name, wrap in (
+        (torch.nn.functional, "linear", _round_once_linear),
+        (torch.nn.functional, "grouped_mm", _round_once_grouped_mm),
+        (torch, "_grouped_mm", _round_once_grouped_mm),
+    ):
+        if hasattr(owner, name):
+            patched[(owner, name)] = getattr(owner, name)
+            setattr(owner, name, wrap(patched[(owner, name)]))
+    try:
+        yield
+    finally:
+        for (owner, name), original in patched.items():
+            setattr(owner, name, original)
+
+
+@dataclasses.dataclass
+class Compared:
+    """One forward of a model before and after a patch, with the discrete choices of each (routers and indexers,
+    :class:`modeling.transformers.routes.RouteRecorder`)."""
+
+    stock: torch.Tensor  # fp32 logits [B, L, V]
+    patched: torch.Tensor  # fp32 logits [B, L, V]
+    flips: int  # (layer, token) choices that differ
+    clean: torch.Tensor  # [B, L] bool: no flip at this or an earlier position of the sequence
+
+    def describe(self) -> str:
+        return f"{self.flips} flipped choices, {int(self.clean.sum())} of {self.clean.numel()} positions clean"
+
+
+def compare_with_flips(model: torch.nn.Module, ids: torch.Tensor, patch: Callable[[], Any]) -> Compared:
+    """Logits of ``model(ids)`` before and after ``patch()``, and where they may differ by more than rounding.
+
+    A one-ulp change upstream (the patched experts or norms) can swap a near-tie expert or key in or out of a
+    token's top-k (routers; the sparse-attention indexers of DeepSeek-V3.2 / GLM-MoE-DSA): a discrete jump that no
+    rounding bar covers, and that reaches every later position of its sequence through attention. Rounding bars hold
+    on the ``clean`` positions, downstream of no flip (as the sharded checks do, ``routes.flip_report``)."""
+    from modeling.transformers.routes import RouteRecorder, downstream_of_flip, flips
+
+    recorder = RouteRecorder(model)
+    try:
+        stock = model(ids).logits.float()
+        stock_routes = recorder.take()
+        patch()
+        patched = model(ids).logits.float()
+        routes = recorder.take()
+    finally:
+        recorder.remove()
+    batch = ids.shape[0]
+    flipped = int(flips(stock_routes, routes, batch).sum())
+    return Compared(stock, patched, flipped, ~downstream_of_flip(stock_routes, routes, batch))
 
 
 def assert_within_one_bf16_step(test: torch.Tensor, ref: torch.Tensor) -> None:

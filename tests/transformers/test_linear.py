@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from hf_models import assert_within_one_bf16_step, build, prompt, require_bf16_linear_rounds_once
+from hf_models import assert_within_one_bf16_step, bf16_gemms_round_once, build, prompt
 
 from tilegemm.testing import calc_diff
 from tilegemm.transformers import TileGemmLinear, apply_tilegemm_to_model, restore_linear_layers, swap_linear_layers
@@ -36,14 +36,13 @@ def test_linear_fp32_and_bf16_match_stock():
     ids = prompt()
     for dtype in (torch.float32, torch.bfloat16):
         model = build("tiny-mixtral", dtype=dtype)
-        with torch.no_grad():
+        with torch.no_grad(), bf16_gemms_round_once():  # stock's bf16 GEMMs round once, as on every CPU
             ref = model(ids).logits
             apply_tilegemm_to_model(model, experts=False, linear=True)
             out = model(ids).logits
         if dtype == torch.float32:
             assert calc_diff(out, ref) < 1e-5
         else:
-            require_bf16_linear_rounds_once()  # the fp32 half above has run
             assert_within_one_bf16_step(out, ref)
 
 
@@ -63,3 +62,20 @@ def test_linear_with_bias_and_fp8():
     y = layer(x.requires_grad_())  # gradients: stock F.linear
     y.sum().backward()
     assert layer.weight.grad is not None
+
+
+def test_bf16_gemms_round_once_pins_stock_gemms_and_restores_them():
+    """The tests' stand-in for stock's CPU GEMMs: the fp32 product rounded once, grouped by offsets; torch's own
+    functions back after the block."""
+    g = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(*shape, generator=g).bfloat16() for shape in ((5, 64), (24, 64), (24,)))
+    grouped_w = torch.randn(3, 64, 16, generator=g).bfloat16()
+    offs = torch.tensor([2, 2, 5], dtype=torch.int32)
+    linear, grouped_mm = torch.nn.functional.linear, getattr(torch.nn.functional, "grouped_mm", None)
+    with bf16_gemms_round_once():
+        assert torch.equal(torch.nn.functional.linear(x, w, b), (x.float() @ w.float().T + b.float()).bfloat16())
+        if grouped_mm is not None:
+            out = torch.nn.functional.grouped_mm(x, grouped_w, offs=offs)
+            expected = torch.cat([x[:2].float() @ grouped_w[0].float(), x[2:].float() @ grouped_w[2].float()])
+            assert torch.equal(out, expected.bfloat16())
+    assert torch.nn.functional.linear is linear and getattr(torch.nn.functional, "grouped_mm", None) is grouped_mm

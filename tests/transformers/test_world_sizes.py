@@ -66,7 +66,7 @@ def test_deepseek_v3_batch32_fp32_sharded_equals_one_device(world):
             assert row["calc_diff"] < FP32_CALC_DIFF and row["tokens_identical"], (rank, row)
             assert row["top1_agreement"] == 1.0, (rank, row)
             routing = row["routing"]
-            assert routing["tokens"] == 32 * 16 and routing["moe_layers"] == 2
+            assert routing["tokens"] == 32 * 16 and routing["routing_layers"] == 2
             assert routing["flipped_tokens"] == 0 and routing["flip_upstream"]["positions"] == 0, (rank, row)
         one_device_stock = next(r for r in rows if r["layout"] == "1dev" and r["impl"] == "stock")
         assert one_device_stock["calc_diff"] == 0.0 and one_device_stock["max_logit_diff"] == 0.0
@@ -133,6 +133,39 @@ def test_route_recorder_sees_every_moe_layer():
     recorder.remove()
     model(input_ids=ids)
     assert all(r.numel() == 0 for r in recorder.take())
+
+
+@torch.no_grad()
+def test_route_recorder_sees_the_indexers_key_sets():
+    """A DSA model's indexers are recorded beside its routers, in module order, as sets of visible keys: a query
+    with fewer visible keys than the top-k holds each visible key once and -1 for the rest."""
+    from hf_models import build, prompt
+
+    from modeling.transformers.routes import RouteRecorder, indexers, routers
+
+    model = build("tiny-deepseek-v32")
+    recorder = RouteRecorder(model)
+    assert len(recorder.routers) == len(routers(model)) + len(indexers(model)) and indexers(model)
+    batch, length, k = 2, 9, model.config.index_topk
+    model(prompt(batch=batch, length=length))
+    keys = [r for r, m in zip(recorder.take(), recorder.routers) if m in indexers(model)]
+    for chosen in keys:
+        chosen = chosen.view(batch, length, k)
+        for s in range(length):
+            visible = chosen[:, s][chosen[:, s] >= 0].view(batch, -1)
+            assert visible.shape[1] == min(s + 1, k) and bool((visible <= s).all())
+            if s < k:  # every visible key, the rest -1
+                assert torch.equal(visible, torch.arange(s + 1).expand(batch, -1))
+    recorder.remove()
+
+
+def test_downstream_of_flip_reaches_later_positions_only():
+    from modeling.transformers.routes import downstream_of_flip
+
+    ref = [torch.zeros(6, 2, dtype=torch.long), torch.zeros(6, 2, dtype=torch.long)]
+    test = [r.clone() for r in ref]
+    test[1][4, 0] = 1  # layer 1, sequence 1 position 1 (two sequences of three positions)
+    assert downstream_of_flip(ref, test, 2).tolist() == [[False, False, False], [False, True, True]]
 
 
 def test_flip_report_groups_positions_downstream_of_a_flip():
