@@ -26,10 +26,13 @@ test: $(STAMP)
 	$(VPY) -m pytest -q -n 2 --durations=15 tests
 
 # On the GPU machine (no network): use the system python that has torch, with src/ on PYTHONPATH
-# (`source .devbundle/setup.sh && make test-gpu PY=python3`).
+# (`source .devbundle/setup.sh && make test-gpu PY=python3`). Every `gpu` test in one run (memory-heavy ones alone,
+# the rest on workers sized to the GPU's memory), recorded in benchmarks/results/gpu-tests/<date>.json
+# (tests/gpu_suite.py). GPU_SUITE_ARGS adds options (`--workers N`, pytest arguments).
 PY ?= $(VPY)
+GPU_SUITE_ARGS ?=
 test-gpu:
-	PYTHONPATH=src:$$PYTHONPATH $(PY) -m pytest -q -m gpu -rs tests
+	PYTHONPATH=src:$$PYTHONPATH $(PY) tests/gpu_suite.py $(GPU_SUITE_ARGS)
 
 # compute-sanitizer over every kernel family on awkward shapes and garbage device values (tests/sanitize/cases.py):
 # memcheck (out-of-bounds and misaligned accesses). Value checks off, fallback an error, PyTorch's caching

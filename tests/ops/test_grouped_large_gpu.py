@@ -11,7 +11,11 @@ import torch
 import tilegemm
 from tilegemm.testing import calc_diff, dequant_per_block, dequant_per_token
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.gpu_serial,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
 
 EXPERTS, N, K, ROWS = 256, 4096, 7168, 128
 POPULATED = (0, 100, EXPERTS - 1)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.gpu_serial]  # compute-sanitizer takes the GPU
 
 CASES = Path(__file__).with_name("cases.py")
 SRC = Path(__file__).resolve().parents[2] / "src"

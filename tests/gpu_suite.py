@@ -1,0 +1,169 @@
+"""The whole GPU test suite in one run, and its record (``make test-gpu``).
+
+Runs every test marked ``gpu`` on the CUDA machine in two passes: the tests marked ``gpu_serial`` (memory-heavy:
+several GiB of operands each, or a subprocess that takes the whole GPU such as compute-sanitizer) alone, then the
+rest under pytest-xdist with workers sized to the GPU's free memory (:func:`workers_for`). It then writes
+``benchmarks/results/gpu-tests/<date>.json``: which ``src`` tree ran (:func:`git_tree_hash`, equal to
+``git rev-parse HEAD:src`` for a clean checkout, computed from the files so that it holds on a machine without the
+repository's ``.git``), the commit when known, date, GPU, torch, triton, cuda-tile, passed, failed, errors, skipped,
+seconds, workers, and the slowest and most memory-hungry tests (``gpu_peak_bytes``, tests/conftest.py).
+
+Usage: ``python tests/gpu_suite.py [--workers N] [--record-dir DIR] [pytest arguments ...]``; exit status 0 only
+when no test failed or errored. ``TILEGEMM_COMMIT`` names the commit where ``.git`` is absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDS = ROOT / "benchmarks" / "results" / "gpu-tests"
+GIB_PER_WORKER = 32
+"""GPU memory one pytest worker may take: its CUDA context, the cuTile/Triton modules it loads, and the operands of
+the largest parallel-safe tests (a few GiB; those above ``gpu_serial``'s bar run alone)."""
+MAX_WORKERS = 6
+IGNORED_NAMES = {"__pycache__"}
+IGNORED_SUFFIXES = (".pyc", ".egg-info")
+
+
+def git_tree_hash(path: Path) -> str:
+    """The git tree id of the files under ``path`` (as ``git rev-parse HEAD:<path>`` gives for a clean checkout),
+    leaving out what the repository's ``.gitignore`` leaves out under ``src/`` (``__pycache__``, ``*.pyc``,
+    ``*.egg-info``)."""
+    entries = []
+    for child in path.iterdir():
+        if child.name in IGNORED_NAMES or child.name.endswith(IGNORED_SUFFIXES):
+            continue
+        if child.is_dir():
+            mode, digest = b"40000", bytes.fromhex(git_tree_hash(child))
+        else:
+            data = child.read_bytes()
+            mode = b"100755" if child.stat().st_mode & 0o111 else b"100644"
+            digest = hashlib.sha1(b"blob %d\0" % len(data) + data).digest()
+        # git orders a tree's entries by name, a directory's name as if it ended in "/"
+        entries.append(
+            (child.name + ("/" if child.is_dir() else ""), mode + b" " + child.name.encode() + b"\0" + digest)
+        )
+    body = b"".join(entry for _, entry in sorted(entries))
+    return hashlib.sha1(b"tree %d\0" % len(body) + body).hexdigest()
+
+
+def commit() -> str | None:
+    """The checked-out commit (``git rev-parse HEAD``), else ``$TILEGEMM_COMMIT``, else ``None``."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        out = None
+    if out is not None and out.returncode == 0:
+        return out.stdout.strip()
+    return os.environ.get("TILEGEMM_COMMIT") or None
+
+
+def workers_for(free_bytes: int, cpus: int) -> int:
+    """Parallel pytest workers: one per :data:`GIB_PER_WORKER` of free GPU memory and per 4 CPU cores, 1 to
+    :data:`MAX_WORKERS`."""
+    return max(1, min(MAX_WORKERS, free_bytes // (GIB_PER_WORKER << 30), cpus // 4))
+
+
+def _versions() -> dict[str, str | None]:
+    import torch
+
+    found: dict[str, str | None] = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    for name, module in (("triton", "triton"), ("cuda-tile", "cuda.tile")):
+        try:
+            found[name] = __import__(module, fromlist=["__version__"]).__version__
+        except ImportError:
+            found[name] = None
+    return found
+
+
+def _pass(marks: str, workers: int, junit: Path, extra: list[str]) -> tuple[int, float]:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rfEs", "-m", marks, f"--junitxml={junit}", *extra, "tests"]
+    if workers > 1:
+        cmd[4:4] = ["-n", str(workers)]
+    print("+", " ".join(cmd), flush=True)
+    start = time.perf_counter()
+    code = subprocess.run(cmd, cwd=ROOT).returncode
+    return code, time.perf_counter() - start
+
+
+def _cases(junit: Path) -> list[dict]:
+    if not junit.exists():
+        return []
+    cases = []
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        outcome = "passed"
+        for tag in ("failure", "error", "skipped"):
+            if case.find(tag) is not None:
+                outcome = {"failure": "failed", "error": "errors"}.get(tag, tag)
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+        cases.append(
+            {"test": name, "outcome": outcome, "seconds": float(case.get("time") or 0),
+             "gpu_peak_bytes": int(props.get("gpu_peak_bytes", 0))}
+        )  # fmt: skip
+    return cases
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=None, help="parallel workers (default: by free GPU memory)")
+    parser.add_argument("--record-dir", type=Path, default=RECORDS, help=f"where the record goes ({RECORDS})")
+    args, extra = parser.parse_known_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu_suite: no CUDA GPU here; the GPU suite runs on a CUDA machine", file=sys.stderr)
+        return 2
+    free, _ = torch.cuda.mem_get_info()
+    workers = args.workers or workers_for(free, os.cpu_count() or 1)
+    gpu = torch.cuda.get_device_name(0)
+    tree = git_tree_hash(ROOT / "src")
+    torch.cuda.empty_cache()
+    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"tilegemm-gpu-suite-{os.getpid()}"
+    tmp.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    serial_code, serial_s = _pass("gpu and gpu_serial", 1, tmp / "serial.xml", extra)
+    parallel_code, parallel_s = _pass("gpu and not gpu_serial", workers, tmp / "parallel.xml", extra)
+    cases = _cases(tmp / "serial.xml") + _cases(tmp / "parallel.xml")
+    counts = {k: sum(c["outcome"] == k for c in cases) for k in ("passed", "failed", "errors", "skipped")}
+    # pytest exit 5: the pass selected no test; anything else non-zero without a failed case is a broken run
+    broken = [code for code in (serial_code, parallel_code) if code not in (0, 1, 5)]
+    counts["errors"] += len(broken)
+    record = {
+        "src_tree": tree,
+        "commit": commit(),
+        "date": datetime.date.today().isoformat(),
+        "gpu": gpu,
+        **_versions(),
+        **counts,
+        "seconds": round(time.perf_counter() - start, 1),
+        "workers": workers,
+        "passes": {"serial": round(serial_s, 1), "parallel": round(parallel_s, 1)},
+        "not_passed": [c["test"] for c in cases if c["outcome"] in ("failed", "errors")],
+        "slowest": [(c["test"], c["seconds"]) for c in sorted(cases, key=lambda c: -c["seconds"])[:10]],
+        "peak_memory_gib": [
+            (c["test"], round(c["gpu_peak_bytes"] / 2**30, 2))
+            for c in sorted(cases, key=lambda c: -c["gpu_peak_bytes"])[:10]
+        ],
+    }
+    args.record_dir.mkdir(parents=True, exist_ok=True)
+    out = args.record_dir / f"{record['date']}.json"
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    summary = ", ".join(f"{counts[k]} {k}" for k in ("passed", "failed", "errors", "skipped"))
+    print(f"\n{gpu}, src tree {tree[:12]}: {summary} in {record['seconds']:.0f} s ({workers} workers)")
+    print(f"record: {out}")
+    return 0 if counts["failed"] == 0 and counts["errors"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
