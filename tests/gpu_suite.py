@@ -1,8 +1,9 @@
 """The whole GPU test suite in one run, and its record (``make test-gpu``).
 
-Runs every test marked ``gpu`` on the CUDA machine in two passes: the tests marked ``gpu_serial`` (memory-heavy:
-several GiB of operands each, or a subprocess that takes the whole GPU such as compute-sanitizer) alone, then the
-rest under pytest-xdist with workers sized to the GPU's free memory (:func:`workers_for`). It then writes
+Runs every test marked ``gpu`` on the CUDA machine in one pytest-xdist run, with workers sized to the GPU's free
+memory and CPU cores (:func:`workers_for`; the cuTile compiles of first calls take the CPU). The tests of xdist
+group ``gpu_serial`` (many GiB of operands each, or the whole suite under compute-sanitizer) run one after another
+on one worker while the others take the rest. It then writes
 ``benchmarks/results/gpu-tests/<date>.json``: which ``src`` tree ran (:func:`git_tree_hash`, equal to
 ``git rev-parse HEAD:src`` for a clean checkout, computed from the files so that it holds on a machine without the
 repository's ``.git``), the commit when known, date, GPU, torch, triton, cuda-tile, passed, failed, errors, skipped,
@@ -27,10 +28,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "benchmarks" / "results" / "gpu-tests"
-GIB_PER_WORKER = 32
+GIB_PER_WORKER = 16
 """GPU memory one pytest worker may take: its CUDA context, the cuTile/Triton modules it loads, and the operands of
-the largest parallel-safe tests (a few GiB; those above ``gpu_serial``'s bar run alone)."""
-MAX_WORKERS = 6
+the largest tests outside the ``gpu_serial`` group (a few GiB; the conftest hands cached blocks back after each)."""
+MAX_WORKERS = 8
 IGNORED_NAMES = {"__pycache__"}
 IGNORED_SUFFIXES = (".pyc", ".egg-info")
 
@@ -69,9 +70,9 @@ def commit() -> str | None:
 
 
 def workers_for(free_bytes: int, cpus: int) -> int:
-    """Parallel pytest workers: one per :data:`GIB_PER_WORKER` of free GPU memory and per 4 CPU cores, 1 to
+    """Parallel pytest workers: one per :data:`GIB_PER_WORKER` of free GPU memory and per 2 CPU cores, 1 to
     :data:`MAX_WORKERS`."""
-    return max(1, min(MAX_WORKERS, free_bytes // (GIB_PER_WORKER << 30), cpus // 4))
+    return max(1, min(MAX_WORKERS, free_bytes // (GIB_PER_WORKER << 30), cpus // 2))
 
 
 def _versions() -> dict[str, str | None]:
@@ -86,14 +87,13 @@ def _versions() -> dict[str, str | None]:
     return found
 
 
-def _pass(marks: str, workers: int, junit: Path, extra: list[str]) -> tuple[int, float]:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rfEs", "-m", marks, f"--junitxml={junit}", *extra, "tests"]
+def _run(workers: int, junit: Path, extra: list[str]) -> int:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rfEs", "--durations=25", "-m", "gpu", f"--junitxml={junit}"]
     if workers > 1:
-        cmd[4:4] = ["-n", str(workers)]
+        cmd += ["-n", str(workers), "--dist", "loadgroup"]
+    cmd += [*extra, "tests"]
     print("+", " ".join(cmd), flush=True)
-    start = time.perf_counter()
-    code = subprocess.run(cmd, cwd=ROOT).returncode
-    return code, time.perf_counter() - start
+    return subprocess.run(cmd, cwd=ROOT).returncode
 
 
 def _cases(junit: Path) -> list[dict]:
@@ -132,13 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"tilegemm-gpu-suite-{os.getpid()}"
     tmp.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    serial_code, serial_s = _pass("gpu and gpu_serial", 1, tmp / "serial.xml", extra)
-    parallel_code, parallel_s = _pass("gpu and not gpu_serial", workers, tmp / "parallel.xml", extra)
-    cases = _cases(tmp / "serial.xml") + _cases(tmp / "parallel.xml")
+    code = _run(workers, tmp / "suite.xml", extra)
+    cases = _cases(tmp / "suite.xml")
     counts = {k: sum(c["outcome"] == k for c in cases) for k in ("passed", "failed", "errors", "skipped")}
-    # pytest exit 5: the pass selected no test; anything else non-zero without a failed case is a broken run
-    broken = [code for code in (serial_code, parallel_code) if code not in (0, 1, 5)]
-    counts["errors"] += len(broken)
+    if code not in (0, 1) or not cases:  # pytest itself failed (usage, collection, interrupted) or ran nothing
+        counts["errors"] += 1
     record = {
         "src_tree": tree,
         "commit": commit(),
@@ -148,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         **counts,
         "seconds": round(time.perf_counter() - start, 1),
         "workers": workers,
-        "passes": {"serial": round(serial_s, 1), "parallel": round(parallel_s, 1)},
+        "pytest_exit": code,
         "not_passed": [c["test"] for c in cases if c["outcome"] in ("failed", "errors")],
         "slowest": [(c["test"], c["seconds"]) for c in sorted(cases, key=lambda c: -c["seconds"])[:10]],
         "peak_memory_gib": [

@@ -13,7 +13,7 @@ from tilegemm.testing import calc_diff, dequant_per_block, dequant_per_token
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.gpu_serial,
+    pytest.mark.xdist_group("gpu_serial"),
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.gpu, pytest.mark.gpu_serial]  # compute-sanitizer takes the GPU
+pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("gpu_serial")]  # the whole of cases.py: one at a time
 
 CASES = Path(__file__).with_name("cases.py")
 SRC = Path(__file__).resolve().parents[2] / "src"

@@ -1,0 +1,78 @@
+"""The GPU suite's runner (tests/gpu_suite.py) on the CPU, and the rule its records keep: every ``src`` tree that
+lands has a GPU suite record with 0 failed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import gpu_suite
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _git(*args: str, cwd: Path) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_tree_hash_is_gits(tmp_path):
+    """Files, an executable, nested folders, a name that sorts differently as a folder, and ignored caches."""
+    src = tmp_path / "src"
+    (src / "pkg" / "sub").mkdir(parents=True)
+    (src / "pkg-a.py").write_text("x = 1\n")
+    (src / "pkg" / "__init__.py").write_text("")
+    (src / "pkg" / "sub" / "run.sh").write_text("#!/bin/sh\n")
+    (src / "pkg" / "sub" / "run.sh").chmod(0o755)
+    (src / "pkg" / "__pycache__").mkdir()
+    (src / "pkg" / "__pycache__" / "x.pyc").write_bytes(b"\0")
+    (tmp_path / ".gitignore").write_text("__pycache__/\n")
+    _git("init", "-q", cwd=tmp_path)
+    _git("add", "-A", cwd=tmp_path)
+    _git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "t", cwd=tmp_path)
+    assert gpu_suite.git_tree_hash(src) == _git("rev-parse", "HEAD:src", cwd=tmp_path)
+
+
+def test_workers_follow_memory_and_cores():
+    gib = 1 << 30
+    assert gpu_suite.workers_for(139 * gib, 16) == 8
+    assert gpu_suite.workers_for(40 * gib, 16) == 2
+    assert gpu_suite.workers_for(139 * gib, 4) == 2
+    assert gpu_suite.workers_for(1 * gib, 1) == 1
+
+
+def test_cases_read_outcomes_and_peak_memory(tmp_path):
+    junit = tmp_path / "r.xml"
+    junit.write_text(
+        '<testsuites><testsuite><testcase classname="tests.ops.test_a" name="test_ok" time="1.5">'
+        '<properties><property name="gpu_peak_bytes" value="1024"/></properties></testcase>'
+        '<testcase classname="tests.ops.test_a" name="test_bad" time="0.1"><failure message="x"/></testcase>'
+        '<testcase classname="tests.ops.test_a" name="test_off" time="0"><skipped message="y"/></testcase>'
+        '<testcase classname="tests.ops.test_a" name="test_err" time="0"><error message="z"/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    cases = gpu_suite._cases(junit)
+    assert [c["outcome"] for c in cases] == ["passed", "failed", "skipped", "errors"]
+    assert cases[0] == {
+        "test": "tests/ops/test_a.py::test_ok",
+        "outcome": "passed",
+        "seconds": 1.5,
+        "gpu_peak_bytes": 1024,
+    }
+
+
+def test_the_landed_src_tree_has_a_green_gpu_record():
+    """Every change to ``src/`` lands with a GPU suite record (``make test-gpu`` on the CUDA machine) for its final
+    tree, with no failed test."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    tree = _git("rev-parse", "HEAD:src", cwd=ROOT)
+    if _git("status", "--porcelain", "--", "src", cwd=ROOT):
+        pytest.skip("src/ has uncommitted changes: the record is for a committed tree")
+    records = [json.loads(p.read_text()) for p in sorted(gpu_suite.RECORDS.glob("*.json"))]
+    mine = [r for r in records if r["src_tree"] == tree]
+    assert mine, f"no GPU suite record for src tree {tree} in {gpu_suite.RECORDS} (run `make test-gpu` on the GPU)"
+    assert any(r["failed"] == 0 and r["errors"] == 0 and r["passed"] > 0 for r in mine), mine
