@@ -45,6 +45,7 @@ import torch  # noqa: E402
 from modeling.transformers.cli import positive_ints, progress_log  # noqa: E402
 from tilegemm.testing import calc_diff  # noqa: E402
 from tilegemm.transformers import indexer as idx  # noqa: E402
+from tilegemm.transformers.compat import cache_kwargs  # noqa: E402
 from tilegemm.transformers.presets import PRESETS  # noqa: E402
 
 SAMPLE_ROWS = 128
@@ -211,10 +212,17 @@ def topk_agreement(a: torch.Tensor, b: torch.Tensor, scores_b: torch.Tensor, vis
 # ------------------------------------------------------------------------------------------------ prefill
 
 
-def forward(module, hidden, q_resid, pe, mask, positions, cache) -> torch.Tensor:
-    """One indexer forward without autograd (the stock and patched signatures are the same)."""
-    with torch.no_grad():
-        return module(hidden, q_resid, pe, mask, positions, cache=cache)
+def indexer_call(module, hidden, q_resid, pe, mask, positions, cache) -> Callable[[], torch.Tensor]:
+    """One forward of ``module`` as it is now (stock or swapped), without autograd: ``cache`` goes in by the keyword
+    its forward takes (:func:`cache_kwargs`: ``cache`` from transformers 5.24, ``past_key_values`` before), looked
+    up once here rather than on every timed call."""
+    cache_kw = cache_kwargs(module, cache)
+
+    def call() -> torch.Tensor:
+        with torch.no_grad():
+            return module(hidden, q_resid, pe, mask, positions, **cache_kw)
+
+    return call
 
 
 def make_indexer(config, device: torch.device):
@@ -255,7 +263,7 @@ def prefill(config, contexts: list[int], reps: int, device: torch.device) -> lis
                 row["stock"] = {"error": f"not run: out of memory at {stock_oom_at}"}
                 continue
             set_variant(module, stock, variant, rope)
-            call = functools.partial(forward, module, hidden, q_resid, pe, mask, positions, None)
+            call = indexer_call(module, hidden, q_resid, pe, mask, positions, None)
             try:
                 ms = timed_ms(call, reps if length <= 16384 else max(2, reps // 2), device)
                 peak = peak_extra_gib(call, device)
@@ -308,7 +316,7 @@ def sampled_formula(module, hidden, q_resid, pe, sample) -> torch.Tensor:
     idx.index_scores = spy
     try:
         with torch.no_grad():
-            module(hidden, q_resid, pe, None, None, cache=None)
+            module(hidden, q_resid, pe, None, None)  # no cache
     finally:
         idx.index_scores = original
     ref = idx.dense_index_scores(captured["q"], captured["k"], captured["w"], captured["scale"])[0]
@@ -347,7 +355,7 @@ def decode_module(config, contexts: list[int], reps: int, device: torch.device) 
         outs = {}
         for variant in ("stock", "bf16", "fp8"):
             set_variant(module, stock, variant, rope)
-            call = functools.partial(forward, module, hidden, q_resid, pe, mask, position, cache)
+            call = indexer_call(module, hidden, q_resid, pe, mask, position, cache)
             try:
                 ms, out = graph_replay_ms(call, reps * 20, device)
                 outs[variant] = out.clone()
