@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -148,18 +148,49 @@ def compile_all(
     jobs: Iterable[tuple[str, Any, Any, str]],
     compile_cubin: Callable[[Any, Any, str], bytes],
     summarize: Callable[[bytes], Any] = sass_summary,
-) -> dict[tuple[str, str], Any]:
-    """``{(variant id, arch): summarize(cubin)}`` of every ``(variant id, kernel, params, arch)`` job, compiled by
-    ``compile_cubin(kernel, params, arch)`` in ``$TILEGEMM_COMPILE_THREADS`` (default 2) threads (tileiras runs out
-    of process). A job that fails maps to its exception, for the test of that variant to report."""
+) -> Mapping[tuple[str, str], Any]:
+    """``{(variant id, arch): summarize(cubin)}`` of every ``(variant id, kernel, params, arch)`` job, the cubin made
+    by ``compile_cubin(kernel, params, arch)`` (see :func:`compile_each`). A job that fails maps to its exception, for
+    the test of that variant to report."""
+    by_key = {(vid, arch): (kernel, params, arch) for vid, kernel, params, arch in jobs}
 
-    def work(job):
-        vid, kernel, params, arch = job
+    def work(key):
         try:
-            return (vid, arch), summarize(compile_cubin(kernel, params, arch))
+            return summarize(compile_cubin(*by_key[key]))
         except Exception as exc:
-            return (vid, arch), exc
+            return exc
 
+    return compile_each(list(by_key), work)
+
+
+class _OnFirstLookup(Mapping):
+    """A mapping whose value for a key is ``work(key)``, computed on its first lookup."""
+
+    def __init__(self, keys: list, work: Callable[[Any], Any]):
+        self._keys, self._work, self._done = keys, work, {}
+
+    def __getitem__(self, key):
+        if key not in self._done:
+            if key not in self._keys:
+                raise KeyError(key)
+            self._done[key] = self._work(key)
+        return self._done[key]
+
+    def __iter__(self):
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+def compile_each(keys: list, work: Callable[[Any], Any]) -> Mapping:
+    """``{key: work(key)}`` for a compile gate's jobs (``work`` runs tileiras out of process and catches its errors).
+
+    Run alone, every job runs up front in ``$TILEGEMM_COMPILE_THREADS`` (default 2) threads. Under pytest-xdist a job
+    runs when a test first reads it: a module's tests are spread over the workers, and each worker compiling every
+    variant of the module up front would compile each of them once per worker."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        return _OnFirstLookup(keys, work)
     workers = int(os.environ.get("TILEGEMM_COMPILE_THREADS", "2"))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return dict(pool.map(work, jobs))
+        return dict(zip(keys, pool.map(work, keys)))

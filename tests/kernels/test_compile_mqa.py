@@ -11,6 +11,7 @@ size: plain stores, no spills, at most 64 registers.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -19,7 +20,7 @@ ct = pytest.importorskip("cuda.tile")
 
 from cuda.tile import compilation as cc  # noqa: E402
 
-from kernels.sass import launch_resources, sass_summary  # noqa: E402
+from kernels.sass import compile_each, launch_resources, sass_summary  # noqa: E402
 from tilegemm.ops.cutile import aot, mqa  # noqa: E402
 
 # (H, D): every padded-head class of the plain kernel (HP = 8 .. 128), every head dim.
@@ -145,10 +146,9 @@ def _compile_one(job):
 
 
 @pytest.fixture(scope="module")
-def summaries() -> dict:
-    """Compile every (kernel, variant, arch) once, two at a time."""
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(JOBS, pool.map(_compile, JOBS)))
+def summaries() -> Mapping:
+    """Every (kernel, variant, arch) compiled once (:func:`sass.compile_each`)."""
+    return compile_each(JOBS, _compile)
 
 
 def _ids(job) -> str:
