@@ -28,10 +28,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "benchmarks" / "results" / "gpu-tests"
-GIB_PER_WORKER = 16
+GIB_PER_WORKER = 32
 """GPU memory one pytest worker may take: its CUDA context, the cuTile/Triton modules it loads, and the operands of
 the largest tests outside the ``gpu_serial`` group (a few GiB; the conftest hands cached blocks back after each)."""
-MAX_WORKERS = 8
+MAX_WORKERS = 4
+"""More workers ran no more tests per second (benchmarks/results/gpu-tests/README.md): each worker JIT-compiles the
+cuTile variants its tests meet, so added workers mostly compile the same kernels again."""
 IGNORED_NAMES = {"__pycache__"}
 IGNORED_SUFFIXES = (".pyc", ".egg-info")
 
@@ -70,9 +72,9 @@ def commit() -> str | None:
 
 
 def workers_for(free_bytes: int, cpus: int) -> int:
-    """Parallel pytest workers: one per :data:`GIB_PER_WORKER` of free GPU memory and per 2 CPU cores, 1 to
+    """Parallel pytest workers: one per :data:`GIB_PER_WORKER` of free GPU memory and per 4 CPU cores, 1 to
     :data:`MAX_WORKERS`."""
-    return max(1, min(MAX_WORKERS, free_bytes // (GIB_PER_WORKER << 30), cpus // 2))
+    return max(1, min(MAX_WORKERS, free_bytes // (GIB_PER_WORKER << 30), cpus // 4))
 
 
 def _versions() -> dict[str, str | None]:
