@@ -7,7 +7,7 @@ VPY := $(VENV)/bin/python
 TORCH_CPU ?= torch==2.13.0
 STAMP := $(VENV)/.tilegemm-installed
 
-.PHONY: demo test test-gpu test-gpu-sanitize bench lint format install clean wheel-smoke test-transformers-ends
+.PHONY: demo test test-gpu test-gpu-sanitize bench lint format install clean wheel-smoke
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
@@ -26,9 +26,10 @@ test: $(STAMP)
 	$(VPY) -m pytest -q -n 2 --durations=15 tests
 
 # On the GPU machine (no network): use the system python that has torch, with src/ on PYTHONPATH
-# (`source .devbundle/setup.sh && make test-gpu PY=python3`). Every `gpu` test in one run (memory-heavy ones alone,
-# the rest on workers sized to the GPU's memory), recorded in benchmarks/results/gpu-tests/<date>.json
-# (tests/gpu_suite.py). GPU_SUITE_ARGS adds options (`--workers N`, pytest arguments).
+# (`source .devbundle/setup.sh && make test-gpu PY=python3`). Every `gpu` test in one run (the memory-heavy ones one
+# after another on one worker, the rest on the others), recorded in benchmarks/results/gpu-tests/<date>.json
+# (tests/gpu_suite.py; stopped, and recorded as incomplete, at `--budget` seconds, 540 by default). GPU_SUITE_ARGS adds
+# options (`--workers N`, `--budget S`, pytest arguments).
 PY ?= $(VPY)
 GPU_SUITE_ARGS ?=
 test-gpu:
@@ -64,26 +65,6 @@ wheel-smoke: $(STAMP)
 	$(SMOKE)/venv/bin/python -m pip install -q "$$(ls $(SMOKE)/dist/tilegemm-*.whl)[cutile,hf]"
 	cd $(SMOKE) && venv/bin/python ../.ci/wheel_smoke.py
 
-# tests/hf (the patched tiny models and the indexer, on the CPU) at both ends of the supported transformers
-# range, each in a throwaway venv with the CPU torch and `transformers==<end>`. The ends have one source, the line
-# `TRANSFORMERS_ENDS = ("oldest", "newest tested")` of src/tilegemm/transformers/compat.py (its floor is pyproject's
-# `hf` extra's; tests/test_packaging.py holds them equal). ENDS_TESTS narrows the tests (e.g. one file).
-TRANSFORMERS_ENDS ?= $(shell sed -n 's/^TRANSFORMERS_ENDS = ("\([^"]*\)", "\([^"]*\)").*/\1 \2/p' src/tilegemm/transformers/compat.py)
-ENDS := .transformers-ends
-ENDS_TESTS ?= tests/hf
-test-transformers-ends:
-	test -n "$(TRANSFORMERS_ENDS)"
-	failed=""; for v in $(TRANSFORMERS_ENDS); do \
-		rm -rf $(ENDS)/$$v && $(PYTHON) -m venv $(ENDS)/$$v && \
-		$(ENDS)/$$v/bin/python -m pip install -q "$(TORCH_CPU)" "transformers==$$v" pytest pytest-xdist hypothesis numpy \
-			|| exit 1; \
-		echo "== transformers $$v"; \
-		PYTHONPATH=$(CURDIR)/src:$(CURDIR) $(ENDS)/$$v/bin/python -m pytest -q -n 2 -m "not gpu and not slow" \
-			$(ENDS_TESTS) || failed="$$failed $$v"; \
-		rm -rf $(ENDS)/$$v; \
-	done; \
-	if [ -n "$$failed" ]; then echo "tests failed with transformers$$failed"; exit 1; fi
-
 lint: $(STAMP)
 	$(VPY) -m ruff check .
 	$(VPY) -m ruff format --check .
@@ -93,4 +74,4 @@ format: $(STAMP)
 	$(VPY) -m ruff format .
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info $(SMOKE) $(ENDS)
+	rm -rf $(VENV) build dist src/*.egg-info $(SMOKE)

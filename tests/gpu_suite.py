@@ -3,14 +3,17 @@
 Runs every test marked ``gpu`` on the CUDA machine in one pytest-xdist run, with workers sized to the GPU's free
 memory and CPU cores (:func:`workers_for`; the cuTile compiles of first calls take the CPU). The tests of xdist
 group ``gpu_serial`` (many GiB of operands each, or the whole suite under compute-sanitizer) run one after another
-on one worker while the others take the rest. It then writes
-``benchmarks/results/gpu-tests/<date>.json``: which ``src`` tree ran (:func:`git_tree_hash`, equal to
-``git rev-parse HEAD:src`` for a clean checkout, computed from the files so that it holds on a machine without the
-repository's ``.git``), the commit when known, date, GPU, torch, triton, cuda-tile, passed, failed, errors, skipped,
-seconds, workers, and the slowest and most memory-hungry tests (``gpu_peak_bytes``, tests/conftest.py).
+on one worker while the others take the rest. Every test report reaches a file as it arrives (tests/conftest.py,
+``TILEGEMM_TEST_OUTCOMES``) and each failure is printed at once, so a run stopped at its time budget (``--budget``,
+inside one device call) still records what ran. It then writes ``benchmarks/results/gpu-tests/<date>.json``: which
+``src`` tree ran (:func:`git_tree_hash`, equal to ``git rev-parse HEAD:src`` for a clean checkout, computed from the
+files so that it holds on a machine without the repository's ``.git``), the commit when known, date, GPU, torch,
+triton, cuda-tile, ``complete`` (the run ended before its budget), passed, failed, errors, skipped, seconds,
+workers, what did not pass, and the slowest and most memory-hungry tests (``gpu_peak_bytes``).
 
-Usage: ``python tests/gpu_suite.py [--workers N] [--record-dir DIR] [pytest arguments ...]``; exit status 0 only
-when no test failed or errored. ``TILEGEMM_COMMIT`` names the commit where ``.git`` is absent.
+Usage: ``python tests/gpu_suite.py [--workers N] [--budget S] [--record-dir DIR] [pytest arguments ...]``; exit
+status 0 only for a complete run in which no test failed or errored. ``TILEGEMM_COMMIT`` names the commit where
+``.git`` is absent.
 """
 
 from __future__ import annotations
@@ -20,18 +23,20 @@ import datetime
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "benchmarks" / "results" / "gpu-tests"
-GIB_PER_WORKER = 16
+GIB_PER_WORKER = 32
 """GPU memory one pytest worker may take: its CUDA context, the cuTile/Triton modules it loads, and the operands of
 the largest tests outside the ``gpu_serial`` group (a few GiB; the conftest hands cached blocks back after each)."""
-MAX_WORKERS = 8
+MAX_WORKERS = 4
+"""More workers ran no more tests per second (benchmarks/results/gpu-tests/README.md): each worker JIT-compiles the
+cuTile variants its tests meet, so added workers mostly compile the same kernels again."""
 IGNORED_NAMES = {"__pycache__"}
 IGNORED_SUFFIXES = (".pyc", ".egg-info")
 
@@ -70,9 +75,9 @@ def commit() -> str | None:
 
 
 def workers_for(free_bytes: int, cpus: int) -> int:
-    """Parallel pytest workers: one per :data:`GIB_PER_WORKER` of free GPU memory and per 2 CPU cores, 1 to
+    """Parallel pytest workers: one per :data:`GIB_PER_WORKER` of free GPU memory and per 4 CPU cores, 1 to
     :data:`MAX_WORKERS`."""
-    return max(1, min(MAX_WORKERS, free_bytes // (GIB_PER_WORKER << 30), cpus // 2))
+    return max(1, min(MAX_WORKERS, free_bytes // (GIB_PER_WORKER << 30), cpus // 4))
 
 
 def _versions() -> dict[str, str | None]:
@@ -87,37 +92,51 @@ def _versions() -> dict[str, str | None]:
     return found
 
 
-def _run(workers: int, junit: Path, extra: list[str]) -> int:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rfEs", "--durations=25", "-m", "gpu", f"--junitxml={junit}"]
+def _run(workers: int, outcomes: Path, budget: float, extra: list[str]) -> int | None:
+    """pytest over the ``gpu`` tests, each report appended to ``outcomes``; its exit status, or ``None`` when it was
+    stopped at ``budget`` seconds (with its workers)."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rfEs", "--durations=25", "-m", "gpu"]
     if workers > 1:
         cmd += ["-n", str(workers), "--dist", "loadgroup"]
     cmd += [*extra, "tests"]
     print("+", " ".join(cmd), flush=True)
-    return subprocess.run(cmd, cwd=ROOT).returncode
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=dict(os.environ, TILEGEMM_TEST_OUTCOMES=str(outcomes)), start_new_session=True
+    )
+    try:
+        return proc.wait(timeout=budget)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        print(f"\ngpu_suite: stopped at the {budget:.0f} s budget", flush=True)
+        return None
 
 
-def _cases(junit: Path) -> list[dict]:
-    if not junit.exists():
-        return []
-    cases = []
-    for case in ET.parse(junit).getroot().iter("testcase"):
-        outcome = "passed"
-        for tag in ("failure", "error", "skipped"):
-            if case.find(tag) is not None:
-                outcome = {"failure": "failed", "error": "errors"}.get(tag, tag)
-        props = {p.get("name"): p.get("value") for p in case.iter("property")}
-        name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
-        cases.append(
-            {"test": name, "outcome": outcome, "seconds": float(case.get("time") or 0),
-             "gpu_peak_bytes": int(props.get("gpu_peak_bytes", 0))}
-        )  # fmt: skip
-    return cases
+_WORST = ("passed", "skipped", "failed", "errors")
+
+
+def cases(outcomes: Path) -> list[dict]:
+    """One entry per test from the reports in ``outcomes`` (tests/conftest.py): its outcome (``errors`` for a
+    setup or teardown that failed, else the call's), seconds over its phases and peak GPU memory."""
+    found: dict[str, dict] = {}
+    lines = outcomes.read_text().splitlines() if outcomes.exists() else []
+    for report in map(json.loads, lines):
+        case = found.setdefault(report["test"], {"test": report["test"], "outcome": "passed", "seconds": 0.0})
+        case["seconds"] += report["seconds"]
+        outcome = report["outcome"]
+        if outcome == "failed" and report["when"] != "call":
+            outcome = "errors"
+        if _WORST.index(outcome) > _WORST.index(case["outcome"]):
+            case["outcome"] = outcome
+        case["gpu_peak_bytes"] = max(case.get("gpu_peak_bytes", 0), report.get("gpu_peak_bytes", 0))
+    return list(found.values())
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=None, help="parallel workers (default: by free GPU memory)")
     parser.add_argument("--record-dir", type=Path, default=RECORDS, help=f"where the record goes ({RECORDS})")
+    parser.add_argument("--budget", type=float, default=540, help="seconds before the run is stopped (default 540)")
     args, extra = parser.parse_known_args(argv)
     import torch
 
@@ -132,35 +151,36 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"tilegemm-gpu-suite-{os.getpid()}"
     tmp.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    code = _run(workers, tmp / "suite.xml", extra)
-    cases = _cases(tmp / "suite.xml")
-    counts = {k: sum(c["outcome"] == k for c in cases) for k in ("passed", "failed", "errors", "skipped")}
-    if code not in (0, 1) or not cases:  # pytest itself failed (usage, collection, interrupted) or ran nothing
-        counts["errors"] += 1
+    code = _run(workers, tmp / "outcomes.jsonl", args.budget, extra)
+    ran = cases(tmp / "outcomes.jsonl")
+    counts = {k: sum(c["outcome"] == k for c in ran) for k in ("passed", "failed", "errors", "skipped")}
+    complete = code in (0, 1) and bool(ran)  # else stopped, or pytest itself failed (usage, collection) or ran nothing
     record = {
         "src_tree": tree,
         "commit": commit(),
         "date": datetime.date.today().isoformat(),
         "gpu": gpu,
         **_versions(),
+        "complete": complete,
         **counts,
         "seconds": round(time.perf_counter() - start, 1),
         "workers": workers,
         "pytest_exit": code,
-        "not_passed": [c["test"] for c in cases if c["outcome"] in ("failed", "errors")],
-        "slowest": [(c["test"], c["seconds"]) for c in sorted(cases, key=lambda c: -c["seconds"])[:10]],
+        "not_passed": [c["test"] for c in ran if c["outcome"] in ("failed", "errors")],
+        "slowest": [(c["test"], round(c["seconds"], 1)) for c in sorted(ran, key=lambda c: -c["seconds"])[:10]],
         "peak_memory_gib": [
             (c["test"], round(c["gpu_peak_bytes"] / 2**30, 2))
-            for c in sorted(cases, key=lambda c: -c["gpu_peak_bytes"])[:10]
+            for c in sorted(ran, key=lambda c: -c["gpu_peak_bytes"])[:10]
         ],
     }
     args.record_dir.mkdir(parents=True, exist_ok=True)
     out = args.record_dir / f"{record['date']}.json"
     out.write_text(json.dumps(record, indent=1) + "\n")
     summary = ", ".join(f"{counts[k]} {k}" for k in ("passed", "failed", "errors", "skipped"))
-    print(f"\n{gpu}, src tree {tree[:12]}: {summary} in {record['seconds']:.0f} s ({workers} workers)")
+    state = "" if complete else " (INCOMPLETE: stopped or broken)"
+    print(f"\n{gpu}, src tree {tree[:12]}: {summary} in {record['seconds']:.0f} s ({workers} workers){state}")
     print(f"record: {out}")
-    return 0 if counts["failed"] == 0 and counts["errors"] == 0 else 1
+    return 0 if complete and counts["failed"] == 0 and counts["errors"] == 0 else 1
 
 
 if __name__ == "__main__":

@@ -69,22 +69,22 @@ def selected_keys(topk: torch.Tensor, attention_mask: torch.Tensor) -> torch.Ten
 
 
 class RouteRecorder:
-    """Forward hooks on every router and indexer of ``model`` (:func:`routers`, :func:`indexers`, in module order):
-    ``routes[l]`` lists the sorted ``[T, k]`` choices (expert ids, or key positions) of layer ``l``'s calls since
-    :meth:`reset` (on the CPU)."""
+    """Forward hooks on every router and indexer of ``model`` (``modules``: :func:`routers` and :func:`indexers`, in
+    module order): ``routes[l]`` lists the sorted ``[T, k]`` choices (expert ids, or key positions) of layer ``l``'s
+    calls since :meth:`reset` (on the CPU)."""
 
     def __init__(self, model: torch.nn.Module):
         routed = {id(m) for m in routers(model)}
         indexed = {id(m) for m in indexers(model)}
         if not routed:
             raise ValueError(f"{type(model).__name__}: no router beside its experts modules")
-        self.routers = [m for m in model.modules() if id(m) in routed or id(m) in indexed]
-        self.routes: list[list[torch.Tensor]] = [[] for _ in self.routers]
+        self.modules = [m for m in model.modules() if id(m) in routed or id(m) in indexed]
+        self.routes: list[list[torch.Tensor]] = [[] for _ in self.modules]
         self.handles = [
             m.register_forward_hook(self._indexer_hook(i), with_kwargs=True)
             if id(m) in indexed
             else m.register_forward_hook(self._hook(i))
-            for i, m in enumerate(self.routers)
+            for i, m in enumerate(self.modules)
         ]
 
     def _hook(self, layer: int):
@@ -104,7 +104,7 @@ class RouteRecorder:
 
     def reset(self) -> None:
         """Forget the recorded calls."""
-        self.routes = [[] for _ in self.routers]
+        self.routes = [[] for _ in self.modules]
 
     def take(self) -> list[torch.Tensor]:
         """The routes of one forward since :meth:`reset` (``[T, k]`` per layer), then reset."""
@@ -130,17 +130,10 @@ def flips(ref: list[torch.Tensor], test: list[torch.Tensor], batch: int) -> torc
     return torch.stack(out)
 
 
-def _first_flip_layer(flipped: torch.Tensor) -> torch.Tensor:
-    """``[B, L]``: the shallowest layer at which each token flipped (``layers`` where none did)."""
-    layers = flipped.shape[0]
-    layer_ids = torch.arange(layers).view(layers, 1, 1).expand_as(flipped)
-    return torch.where(flipped, layer_ids, layers).min(dim=0).values
-
-
-def downstream_of_flip(ref: list[torch.Tensor], test: list[torch.Tensor], batch: int) -> torch.Tensor:
-    """``[batch, L]`` bool: some position at or before this one in its sequence flipped at some layer (a flip
-    reaches every later position through attention)."""
-    return flips(ref, test, batch).any(dim=0).cummax(dim=1).values
+def downstream_of_flip(flipped: torch.Tensor) -> torch.Tensor:
+    """``[B, L]`` bool from :func:`flips`' ``[layers, B, L]``: some position at or before this one in its sequence
+    flipped at some layer (a flip reaches every later position through attention)."""
+    return flipped.any(dim=0).cummax(dim=1).values
 
 
 def _group(test: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
@@ -173,9 +166,10 @@ def flip_report(
     flipped = flips(ref_routes, test_routes, batch)  # [layers, B, L]
     layers, _, length = flipped.shape
     any_layer = flipped.any(dim=0)  # [B, L]
-    first = _first_flip_layer(flipped)
-    first_upstream = first.cummin(dim=1).values[:, length - kept :]
-    downstream = first_upstream < layers
+    layer_ids = torch.arange(layers).view(layers, 1, 1).expand_as(flipped)
+    first = torch.where(flipped, layer_ids, layers).min(dim=0).values  # [B, L], `layers` = none
+    first_upstream = first.cummin(dim=1).values[:, length - kept :]  # the shallowest flip at or before the position
+    downstream = downstream_of_flip(flipped)[:, length - kept :]
     test, ref = test_logits.double().cpu(), ref_logits.double().cpu()
     by_layer = {}
     for layer in range(layers):

@@ -148,9 +148,8 @@ def compare_with_flips(model: torch.nn.Module, ids: torch.Tensor, patch: Callabl
         routes = recorder.take()
     finally:
         recorder.remove()
-    batch = ids.shape[0]
-    flipped = int(flips(stock_routes, routes, batch).sum())
-    return Compared(stock, patched, flipped, ~downstream_of_flip(stock_routes, routes, batch))
+    flipped = flips(stock_routes, routes, ids.shape[0])
+    return Compared(stock, patched, int(flipped.sum()), ~downstream_of_flip(flipped))
 
 
 def assert_within_one_bf16_step(test: torch.Tensor, ref: torch.Tensor) -> None:

@@ -145,10 +145,10 @@ def test_route_recorder_sees_the_indexers_key_sets():
 
     model = build("tiny-deepseek-v32")
     recorder = RouteRecorder(model)
-    assert len(recorder.routers) == len(routers(model)) + len(indexers(model)) and indexers(model)
+    assert len(recorder.modules) == len(routers(model)) + len(indexers(model)) and indexers(model)
     batch, length, k = 2, 9, model.config.index_topk
     model(prompt(batch=batch, length=length))
-    keys = [r for r, m in zip(recorder.take(), recorder.routers) if m in indexers(model)]
+    keys = [r for r, m in zip(recorder.take(), recorder.modules) if m in indexers(model)]
     for chosen in keys:
         chosen = chosen.view(batch, length, k)
         for s in range(length):
@@ -160,12 +160,12 @@ def test_route_recorder_sees_the_indexers_key_sets():
 
 
 def test_downstream_of_flip_reaches_later_positions_only():
-    from modeling.transformers.routes import downstream_of_flip
+    from modeling.transformers.routes import downstream_of_flip, flips
 
     ref = [torch.zeros(6, 2, dtype=torch.long), torch.zeros(6, 2, dtype=torch.long)]
     test = [r.clone() for r in ref]
     test[1][4, 0] = 1  # layer 1, sequence 1 position 1 (two sequences of three positions)
-    assert downstream_of_flip(ref, test, 2).tolist() == [[False, False, False], [False, True, True]]
+    assert downstream_of_flip(flips(ref, test, 2)).tolist() == [[False, False, False], [False, True, True]]
 
 
 def test_flip_report_groups_positions_downstream_of_a_flip():
