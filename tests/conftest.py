@@ -52,20 +52,6 @@ def _gpu_peak_memory(request):
 
 
 @pytest.fixture(autouse=True)
-def _gpu_peak_memory(request):
-    """On a CUDA machine: the test's peak GPU memory as the junit property ``gpu_peak_bytes`` (the GPU suite's
-    record lists the largest, tests/gpu_suite.py), and the cached blocks handed back afterwards so that parallel
-    workers share the GPU's memory."""
-    if not torch.cuda.is_available():
-        yield
-        return
-    torch.cuda.reset_peak_memory_stats()
-    yield
-    request.node.user_properties.append(("gpu_peak_bytes", torch.cuda.max_memory_allocated()))
-    torch.cuda.empty_cache()
-
-
-@pytest.fixture(autouse=True)
 def _fresh_fallback_warnings():
     """Each test sees fallback warnings afresh."""
     registry.reset_fallback_warnings()
