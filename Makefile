@@ -7,7 +7,7 @@ VPY := $(VENV)/bin/python
 TORCH_CPU ?= torch==2.13.0
 STAMP := $(VENV)/.tilegemm-installed
 
-.PHONY: demo test test-gpu test-gpu-sanitize bench lint format install clean wheel-smoke
+.PHONY: demo test test-gpu test-gpu-sanitize bench lint format install clean wheel-smoke test-transformers-ends
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
@@ -65,6 +65,26 @@ wheel-smoke: $(STAMP)
 	$(SMOKE)/venv/bin/python -m pip install -q "$$(ls $(SMOKE)/dist/tilegemm-*.whl)[cutile,hf]"
 	cd $(SMOKE) && venv/bin/python ../.ci/wheel_smoke.py
 
+# tests/hf (the patched tiny models and the indexer, on the CPU) at both ends of the supported transformers
+# range, each in a throwaway venv with the CPU torch and `transformers==<end>`. The ends have one source, the line
+# `TRANSFORMERS_ENDS = ("oldest", "newest tested")` of src/tilegemm/transformers/compat.py (its floor is pyproject's
+# `hf` extra's; tests/test_packaging.py holds them equal). ENDS_TESTS narrows the tests (e.g. one file).
+TRANSFORMERS_ENDS ?= $(shell sed -n 's/^TRANSFORMERS_ENDS = ("\([^"]*\)", "\([^"]*\)").*/\1 \2/p' src/tilegemm/transformers/compat.py)
+ENDS := .transformers-ends
+ENDS_TESTS ?= tests/hf
+test-transformers-ends:
+	test -n "$(TRANSFORMERS_ENDS)"
+	failed=""; for v in $(TRANSFORMERS_ENDS); do \
+		rm -rf $(ENDS)/$$v && $(PYTHON) -m venv $(ENDS)/$$v && \
+		$(ENDS)/$$v/bin/python -m pip install -q "$(TORCH_CPU)" "transformers==$$v" pytest pytest-xdist hypothesis numpy \
+			|| exit 1; \
+		echo "== transformers $$v"; \
+		PYTHONPATH=$(CURDIR)/src:$(CURDIR) $(ENDS)/$$v/bin/python -m pytest -q -n 2 -m "not gpu and not slow" \
+			$(ENDS_TESTS) || failed="$$failed $$v"; \
+		rm -rf $(ENDS)/$$v; \
+	done; \
+	if [ -n "$$failed" ]; then echo "tests failed with transformers$$failed"; exit 1; fi
+
 lint: $(STAMP)
 	$(VPY) -m ruff check .
 	$(VPY) -m ruff format --check .
@@ -74,4 +94,4 @@ format: $(STAMP)
 	$(VPY) -m ruff format .
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info $(SMOKE)
+	rm -rf $(VENV) build dist src/*.egg-info $(SMOKE) $(ENDS)

@@ -1,15 +1,17 @@
 """The whole GPU test suite in one run, and its record (``make test-gpu``).
 
 Runs every test marked ``gpu`` on the CUDA machine in one pytest-xdist run, with workers sized to the GPU's free
-memory and CPU cores (:func:`workers_for`; the cuTile compiles of first calls take the CPU). The tests of xdist
-group ``gpu_serial`` (many GiB of operands each, or the whole suite under compute-sanitizer) run one after another
-on one worker while the others take the rest. Every test report reaches a file as it arrives (tests/conftest.py,
-``TILEGEMM_TEST_OUTCOMES``) and each failure is printed at once, so a run stopped at its time budget (``--budget``,
-inside one device call) still records what ran. It then writes ``benchmarks/results/gpu-tests/<date>.json``: which
-``src`` tree ran (:func:`git_tree_hash`, equal to ``git rev-parse HEAD:src`` for a clean checkout, computed from the
-files so that it holds on a machine without the repository's ``.git``), the commit when known, date, GPU, torch,
-triton, cuda-tile, ``complete`` (the run ended before its budget), passed, failed, errors, skipped, seconds,
-workers, what did not pass, and the slowest and most memory-hungry tests (``gpu_peak_bytes``).
+memory and CPU cores (:func:`workers_for`; the cuTile compiles of first calls take the CPU), each worker's CPU
+thread pools sized to its share of the cores (:func:`threads_per_worker`). Two xdist groups run one test after
+another on a worker of their own while the others take the rest: ``gpu_serial`` (many GiB of operands each, or the
+whole suite under compute-sanitizer) and ``gpu_memory`` (8-28 GiB each with their float64 references). Every test
+report reaches a file as it arrives (tests/conftest.py, ``TILEGEMM_TEST_OUTCOMES``) and each failure is printed at
+once, so a run stopped at its time budget (``--budget``, inside one device call) still records what ran. It then
+writes ``benchmarks/results/gpu-tests/<date>.json``: which ``src`` tree ran (:func:`git_tree_hash`, equal to ``git
+rev-parse HEAD:src`` for a clean checkout, computed from the files so that it holds on a machine without the
+repository's ``.git``), the commit when known, date, GPU, torch, triton, cuda-tile, ``complete`` (the run ended
+before its budget), passed, failed, errors, skipped, seconds, workers, threads per worker, what did not pass, and
+the slowest and most memory-hungry tests (``gpu_peak_bytes``).
 
 Usage: ``python tests/gpu_suite.py [--workers N] [--budget S] [--record-dir DIR] [pytest arguments ...]``; exit
 status 0 only for a complete run in which no test failed or errored. ``TILEGEMM_COMMIT`` names the commit where
@@ -31,12 +33,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "benchmarks" / "results" / "gpu-tests"
-GIB_PER_WORKER = 32
+GIB_PER_WORKER = 16
 """GPU memory one pytest worker may take: its CUDA context, the cuTile/Triton modules it loads, and the operands of
-the largest tests outside the ``gpu_serial`` group (a few GiB; the conftest hands cached blocks back after each)."""
-MAX_WORKERS = 4
-"""More workers ran no more tests per second (benchmarks/results/gpu-tests/README.md): each worker JIT-compiles the
-cuTile variants its tests meet, so added workers mostly compile the same kernels again."""
+the largest tests outside the ``gpu_serial`` and ``gpu_memory`` groups (under 8 GiB; the conftest hands cached blocks
+back after each)."""
+MAX_WORKERS = 8
+CORES_PER_WORKER = 2
+"""A worker's python and the tileiras compile its first calls start."""
 IGNORED_NAMES = {"__pycache__"}
 IGNORED_SUFFIXES = (".pyc", ".egg-info")
 
@@ -75,9 +78,16 @@ def commit() -> str | None:
 
 
 def workers_for(free_bytes: int, cpus: int) -> int:
-    """Parallel pytest workers: one per :data:`GIB_PER_WORKER` of free GPU memory and per 4 CPU cores, 1 to
-    :data:`MAX_WORKERS`."""
-    return max(1, min(MAX_WORKERS, free_bytes // (GIB_PER_WORKER << 30), cpus // 4))
+    """Parallel pytest workers: one per :data:`GIB_PER_WORKER` of free GPU memory and per :data:`CORES_PER_WORKER`
+    CPU cores, 1 to :data:`MAX_WORKERS`."""
+    return max(1, min(MAX_WORKERS, free_bytes // (GIB_PER_WORKER << 30), cpus // CORES_PER_WORKER))
+
+
+def threads_per_worker(workers: int, cpus: int) -> int:
+    """CPU threads each worker's torch / OpenMP pools get: its share of the cores. Left at their default (every core
+    per process), the workers' spinning pools take the cores from each other and from the compiles: a float64
+    reference of a few thousand small products took 70-100 s instead of under one."""
+    return max(1, cpus // workers)
 
 
 def _versions() -> dict[str, str | None]:
@@ -92,7 +102,7 @@ def _versions() -> dict[str, str | None]:
     return found
 
 
-def _run(workers: int, outcomes: Path, budget: float, extra: list[str]) -> int | None:
+def _run(workers: int, threads: int, outcomes: Path, budget: float, extra: list[str]) -> int | None:
     """pytest over the ``gpu`` tests, each report appended to ``outcomes``; its exit status, or ``None`` when it was
     stopped at ``budget`` seconds (with its workers)."""
     cmd = [sys.executable, "-m", "pytest", "-q", "-rfEs", "--durations=25", "-m", "gpu"]
@@ -100,9 +110,8 @@ def _run(workers: int, outcomes: Path, budget: float, extra: list[str]) -> int |
         cmd += ["-n", str(workers), "--dist", "loadgroup"]
     cmd += [*extra, "tests"]
     print("+", " ".join(cmd), flush=True)
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=dict(os.environ, TILEGEMM_TEST_OUTCOMES=str(outcomes)), start_new_session=True
-    )
+    env = dict(os.environ, TILEGEMM_TEST_OUTCOMES=str(outcomes), OMP_NUM_THREADS=str(threads))
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)
     try:
         return proc.wait(timeout=budget)
     except subprocess.TimeoutExpired:
@@ -144,14 +153,16 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_suite: no CUDA GPU here; the GPU suite runs on a CUDA machine", file=sys.stderr)
         return 2
     free, _ = torch.cuda.mem_get_info()
-    workers = args.workers or workers_for(free, os.cpu_count() or 1)
+    cpus = os.cpu_count() or 1
+    workers = args.workers or workers_for(free, cpus)
+    threads = threads_per_worker(workers, cpus)
     gpu = torch.cuda.get_device_name(0)
     tree = git_tree_hash(ROOT / "src")
     torch.cuda.empty_cache()
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"tilegemm-gpu-suite-{os.getpid()}"
     tmp.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    code = _run(workers, tmp / "outcomes.jsonl", args.budget, extra)
+    code = _run(workers, threads, tmp / "outcomes.jsonl", args.budget, extra)
     ran = cases(tmp / "outcomes.jsonl")
     counts = {k: sum(c["outcome"] == k for c in ran) for k in ("passed", "failed", "errors", "skipped")}
     complete = code in (0, 1) and bool(ran)  # else stopped, or pytest itself failed (usage, collection) or ran nothing
@@ -165,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         **counts,
         "seconds": round(time.perf_counter() - start, 1),
         "workers": workers,
+        "threads_per_worker": threads,
         "pytest_exit": code,
         "not_passed": [c["test"] for c in ran if c["outcome"] in ("failed", "errors")],
         "slowest": [(c["test"], round(c["seconds"], 1)) for c in sorted(ran, key=lambda c: -c["seconds"])[:10]],

@@ -39,10 +39,11 @@ def test_tree_hash_is_gits(tmp_path):
 
 def test_workers_follow_memory_and_cores():
     gib = 1 << 30
-    assert gpu_suite.workers_for(139 * gib, 16) == 4
-    assert gpu_suite.workers_for(70 * gib, 16) == 2
-    assert gpu_suite.workers_for(139 * gib, 8) == 2
+    assert gpu_suite.workers_for(139 * gib, 16) == 8
+    assert gpu_suite.workers_for(70 * gib, 16) == 4
+    assert gpu_suite.workers_for(139 * gib, 8) == 4
     assert gpu_suite.workers_for(1 * gib, 1) == 1
+    assert gpu_suite.threads_per_worker(8, 16) == 2 and gpu_suite.threads_per_worker(4, 2) == 1
 
 
 def test_cases_take_the_worst_phase_and_peak_memory(tmp_path):

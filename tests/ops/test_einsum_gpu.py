@@ -18,7 +18,7 @@ import tilegemm as tg
 from tilegemm.ops.reference.gemm import round_to_tf32
 from tilegemm.testing import assert_rerun_identical, calc_diff, dequantize, poisoned
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("gpu_memory")]  # 8-22 GiB each at the larger shapes
 
 _QUICK = os.environ.get("TILEGEMM_GPU_TEST_SHAPES", "full") == "quick"
 BMK_S = (129,) if _QUICK else (129, 4096, 8192)

@@ -152,6 +152,7 @@ def test_m_grouped_bf16_contiguous(gm, nk, layout):
 @pytest.mark.parametrize(
     "case", [(4, 1024, 4096, 7168), (128, 96, 1536, 2048), (256, 40, 2048, 768), (1, 300, 512, 512)]
 )
+@pytest.mark.xdist_group("gpu_memory")  # up to 19 GiB of operands and float64 references
 def test_m_grouped_fp8_contiguous(case, layout, out_dtype):
     groups, m, n, k = case
     sizes = _group_sizes(groups, m, seed=groups * 7 + k, empty=1 if groups > 1 else 0)
@@ -214,6 +215,7 @@ def test_m_grouped_out_of_range_ids_skip_tiles():
 @pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("nk", [(4096, 7168), (7168, 2048)], ids=lambda s: f"n{s[0]}k{s[1]}")
 @pytest.mark.parametrize("gm", MASKED_GM, ids=lambda s: f"g{s[0]}m{s[1]}")
+@pytest.mark.xdist_group("gpu_memory")  # up to 28 GiB of operands and float64 references
 def test_masked(gm, nk, fp8):
     groups, m = gm
     n, k = nk
