@@ -27,7 +27,7 @@ test: $(STAMP)
 
 # On the GPU machine (no network): use the system python that has torch, with src/ on PYTHONPATH
 # (`source .devbundle/setup.sh && make test-gpu PY=python3`). Every `gpu` test in one run (the memory-heavy ones one
-# after another on one worker, the rest on the others), recorded in benchmarks/results/gpu-tests/<date>.json
+# after another on one worker, the rest on the others), recorded in benchmarks/results/gpu-tests/<date>-<tree>.json
 # (tests/gpu_suite.py; stopped, and recorded as incomplete, at `--budget` seconds, 540 by default). GPU_SUITE_ARGS adds
 # options (`--workers N`, `--budget S`, pytest arguments).
 PY ?= $(VPY)

@@ -7,7 +7,7 @@ another on a worker of their own while the others take the rest: ``gpu_serial`` 
 whole suite under compute-sanitizer) and ``gpu_memory`` (8-28 GiB each with their float64 references). Every test
 report reaches a file as it arrives (tests/conftest.py, ``TILEGEMM_TEST_OUTCOMES``) and each failure is printed at
 once, so a run stopped at its time budget (``--budget``, inside one device call) still records what ran. It then
-writes ``benchmarks/results/gpu-tests/<date>.json``: which ``src`` tree ran (:func:`git_tree_hash`, equal to ``git
+writes ``benchmarks/results/gpu-tests/<date>-<tree>.json``: which ``src`` tree ran (:func:`git_tree_hash`, equal to ``git
 rev-parse HEAD:src`` for a clean checkout, computed from the files so that it holds on a machine without the
 repository's ``.git``), the commit when known, date, GPU, torch, triton, cuda-tile, ``complete`` (the run ended
 before its budget), passed, failed, errors, skipped, seconds, workers, threads per worker, what did not pass, and
@@ -15,7 +15,7 @@ the slowest and most memory-hungry tests (``gpu_peak_bytes``).
 
 Usage: ``python tests/gpu_suite.py [--workers N] [--budget S] [--record-dir DIR] [pytest arguments ...]``; exit
 status 0 only for a complete run in which no test failed or errored. ``TILEGEMM_COMMIT`` names the commit where
-``.git`` is absent.
+``.git`` is absent or checked out at another commit.
 """
 
 from __future__ import annotations
@@ -66,14 +66,19 @@ def git_tree_hash(path: Path) -> str:
     return hashlib.sha1(b"tree %d\0" % len(body) + body).hexdigest()
 
 
-def commit() -> str | None:
-    """The checked-out commit (``git rev-parse HEAD``), else ``$TILEGEMM_COMMIT``, else ``None``."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        out = None
-    if out is not None and out.returncode == 0:
-        return out.stdout.strip()
+def commit(tree: str) -> str | None:
+    """The checked-out commit (``git rev-parse HEAD``) when its ``src`` tree is ``tree`` (the files that ran; a copy
+    of the working tree can travel with another commit's ``.git``), else ``$TILEGEMM_COMMIT``, else ``None``."""
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    if git("rev-parse", "HEAD:src") == tree:
+        return git("rev-parse", "HEAD")
     return os.environ.get("TILEGEMM_COMMIT") or None
 
 
@@ -168,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     complete = code in (0, 1) and bool(ran)  # else stopped, or pytest itself failed (usage, collection) or ran nothing
     record = {
         "src_tree": tree,
-        "commit": commit(),
+        "commit": commit(tree),
         "date": datetime.date.today().isoformat(),
         "gpu": gpu,
         **_versions(),
@@ -186,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         ],
     }
     args.record_dir.mkdir(parents=True, exist_ok=True)
-    out = args.record_dir / f"{record['date']}.json"
+    out = args.record_dir / f"{record['date']}-{tree[:12]}.json"
     out.write_text(json.dumps(record, indent=1) + "\n")
     summary = ", ".join(f"{counts[k]} {k}" for k in ("passed", "failed", "errors", "skipped"))
     state = "" if complete else " (INCOMPLETE: stopped or broken)"

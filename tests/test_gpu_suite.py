@@ -1,4 +1,5 @@
-"""The GPU suite's runner (tests/gpu_suite.py) on the CPU."""
+"""The GPU suite's runner (tests/gpu_suite.py) on the CPU, and the rule its records keep: every ``src`` tree that
+lands has a complete GPU suite record with 0 failed."""
 
 from __future__ import annotations
 
@@ -80,3 +81,25 @@ def test_conftest_appends_each_report_as_it_arrives(tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert [(c["test"], c["outcome"]) for c in gpu_suite.cases(outcomes)] == [(test, "passed")]
+
+
+def test_commit_is_named_only_for_the_tree_that_ran(monkeypatch):
+    monkeypatch.delenv("TILEGEMM_COMMIT", raising=False)
+    assert gpu_suite.commit("0" * 40) is None
+    monkeypatch.setenv("TILEGEMM_COMMIT", "abc")
+    assert gpu_suite.commit("0" * 40) == "abc"
+
+
+def test_the_landed_src_tree_has_a_green_gpu_record():
+    """Every change to ``src/`` lands with a complete GPU suite record (``make test-gpu`` on the CUDA machine) for
+    its final tree, with no failed test."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    if _git("status", "--porcelain", "--", "src", cwd=ROOT):
+        pytest.skip("src/ has uncommitted changes: a record is for a committed tree")
+    tree = _git("rev-parse", "HEAD:src", cwd=ROOT)
+    records = [json.loads(p.read_text()) for p in sorted(gpu_suite.RECORDS.glob("*.json"))]
+    mine = [r for r in records if r["src_tree"] == tree]
+    assert mine, f"no GPU suite record for src tree {tree} in {gpu_suite.RECORDS} (run `make test-gpu` on the GPU)"
+    green = [r for r in mine if r["complete"] and r["failed"] == 0 and r["errors"] == 0 and r["passed"] > 0]
+    assert green, f"no complete GPU suite record with 0 failed for src tree {tree}: {mine}"
