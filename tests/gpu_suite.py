@@ -7,8 +7,8 @@ another on a worker of their own while the others take the rest: ``gpu_serial`` 
 whole suite under compute-sanitizer) and ``gpu_memory`` (8-28 GiB each with their float64 references). Every test
 report reaches a file as it arrives (tests/conftest.py, ``TILEGEMM_TEST_OUTCOMES``) and each failure is printed at
 once, so a run stopped at its time budget (``--budget``, inside one device call) still records what ran. It then
-writes ``benchmarks/results/gpu-tests/<date>-<tree>.json``: which ``src`` tree ran (:func:`git_tree_hash`, equal to ``git
-rev-parse HEAD:src`` for a clean checkout, computed from the files so that it holds on a machine without the
+writes ``benchmarks/results/gpu-tests/<date>-<tree>.json``: which ``src`` tree ran (:func:`git_tree_hash`, equal to
+``git rev-parse HEAD:src`` for a clean checkout, computed from the files so that it holds on a machine without the
 repository's ``.git``), the commit when known, date, GPU, torch, triton, cuda-tile, ``complete`` (the run ended
 before its budget), passed, failed, errors, skipped, seconds, workers, threads per worker, what did not pass, and
 the slowest and most memory-hungry tests (``gpu_peak_bytes``).
