@@ -145,6 +145,23 @@ def test_results_section_is_rendered_from_h100_json(tmp_path):
     assert readme.replace_section(TEXT, body) == TEXT
 
 
+def test_the_moe_h200_section_is_rendered_from_its_json():
+    """The second results section (``render --section moe-h200``) is its committed JSON's, byte for byte."""
+    source = ROOT / "benchmarks/results/moe-h200/h200.json"
+    body = readme.section(schema.load(source), str(source), ROOT)
+    assert readme.markers("moe-h200")[0] in TEXT
+    assert readme.replace_section(TEXT, body, "moe-h200") == TEXT
+
+
+def test_named_sections_have_markers_of_their_own():
+    assert readme.markers() == (readme.BEGIN, readme.END)
+    begin, end = readme.markers("x")
+    assert begin != readme.BEGIN and end != readme.END
+    assert readme.replace_section(f"a\n{begin}\nold\n{end}\nb", "new", "x") == f"a\n{begin}\nnew\n{end}\nb"
+    with pytest.raises(ValueError, match="results y"):
+        readme.replace_section("no markers", "new", "y")
+
+
 @pytest.mark.parametrize("path", re.findall(r"\]\(((?:benchmarks|docs)/[^)#]+)", FRONT))
 def test_first_screen_links_exist(path):
     assert (ROOT / path).exists(), path

@@ -85,6 +85,7 @@ def _render_parser() -> argparse.ArgumentParser:
     p.add_argument("--readme", required=True, metavar="README.md")
     p.add_argument("--plots", metavar="DIR", help="plots folder (default: plots/ next to the JSON)")
     p.add_argument("--replot", action="store_true", help="first (re)draw the plots from the JSON (needs matplotlib)")
+    p.add_argument("--section", metavar="NAME", help="the README section of this name (default: the main one)")
     return p
 
 
@@ -112,7 +113,7 @@ def _render_main(argv: list[str]) -> int:
         out = args.plots or str(Path(args.from_json).parent / "plots")
         plots.plot_all(schema.load(args.from_json), out, progress=True)
     try:
-        readme.render(args.from_json, args.readme, args.plots)
+        readme.render(args.from_json, args.readme, args.plots, args.section)
     except ValueError as exc:
         print(f"tilegemm-bench render: {exc}", file=sys.stderr)
         return 2
