@@ -149,40 +149,34 @@ def call_checked(name: str, arguments: dict[str, Any], backend: str | None = Non
 
 def _route(name: str, backend: str | None, arguments: dict[str, Any]) -> tuple[Any, str, str]:
     """Choose and run a checked call: ``backend`` (the call's ``backend=``, current for the call), else the current
-    choice, else the automatic choice. Returns the result, the backend chosen and the backend that ran."""
+    choice, else the automatic choice; a backend that cannot run the call falls back to ``pytorch`` with a warning
+    (at the public call's caller). Returns the result, the backend chosen and the backend that ran."""
     _load_backends()  # the backends' automatic-choice rules are registered as they load
     with selector.CallScope(backend):
         target = choice.chosen()
         if target == choice.AUTO:
             target = choice.automatic(name, arguments, stacklevel=3)
-        result, ran = _run(name, target, arguments, stacklevel=4)
-    return result, target, ran
-
-
-def _run(name: str, backend: str, arguments: dict[str, Any], stacklevel: int) -> tuple[Any, str]:
-    """Run op ``name`` on ``backend`` with checked ``arguments``, falling back to ``pytorch`` (warning as a
-    ``warnings.warn(..., stacklevel=stacklevel)`` here would); returns the result and the backend that ran."""
-    if backend != "pytorch":
-        reason = _unavailable_reason(name, backend, arguments)
-        if reason is None:
-            try:
-                if arguments.get("stream") is None:
-                    result = _IMPLS[name][backend](**arguments)
-                else:
-                    with _stream_context(arguments):
-                        result = _IMPLS[name][backend](**arguments)
-                if _debug_enabled():
-                    log.debug("%s -> %s", name, backend)
-                return result, backend
-            except Unsupported as exc:
-                reason = str(exc)
-        selector.fall_back(name, backend, reason, stacklevel=stacklevel)
-        if _debug_enabled():
-            log.debug("%s -> pytorch (fallback from %s: %s)", name, backend, reason)
-    elif _debug_enabled():
-        log.debug("%s -> pytorch", name)
-    with _stream_context(arguments):
-        return _IMPLS[name]["pytorch"](**arguments), "pytorch"
+        if target != "pytorch":
+            reason = _unavailable_reason(name, target, arguments)
+            if reason is None:
+                try:
+                    if arguments.get("stream") is None:
+                        result = _IMPLS[name][target](**arguments)
+                    else:
+                        with _stream_context(arguments):
+                            result = _IMPLS[name][target](**arguments)
+                    if _debug_enabled():
+                        log.debug("%s -> %s", name, target)
+                    return result, target, target
+                except Unsupported as exc:
+                    reason = str(exc)
+            selector.fall_back(name, target, reason, stacklevel=3)
+            if _debug_enabled():
+                log.debug("%s -> pytorch (fallback from %s: %s)", name, target, reason)
+        elif _debug_enabled():
+            log.debug("%s -> pytorch", name)
+        with _stream_context(arguments):
+            return _IMPLS[name]["pytorch"](**arguments), target, "pytorch"
 
 
 def dispatch(
