@@ -7,8 +7,6 @@ under test; the GPU tests run the same calls for real).
 
 from __future__ import annotations
 
-import types
-
 import pytest
 import torch
 
@@ -212,24 +210,6 @@ def test_dense_signatures_give_the_checks_logical_form():
             assert [(t.shape, t.stride()) for t in got] == [(t.shape, t.stride()) for t in want]
         assert sig8(a8, b8, d, None, [1, 128, 128], None, None, "nk", False, 1.0, 1.0, None) is None  # a list
         assert sig8(list(a8), b8, d, None, None, None, None, "nk", False, 1.0, 1.0, None) is None
-
-
-@pytest.fixture
-def recorded_launches(monkeypatch):
-    """The cutile host path on CPU tensors with ``cuda.tile.launch`` recorded instead of run."""
-    ct = pytest.importorskip("cuda.tile")
-    from tilegemm import config
-    from tilegemm.ops.cutile import launch
-
-    launches = []
-    monkeypatch.setattr(ct, "launch", lambda stream, grid, kernel, args: launches.append(args))
-    monkeypatch.setattr(launch, "current_stream", lambda: types.SimpleNamespace(cuda_stream=0))
-    monkeypatch.setattr(registry, "_unavailable_reason", lambda *args: None)
-    monkeypatch.setattr(config, "get_num_sms", lambda: 132)
-    monkeypatch.setattr(config, "_num_sms", 0)
-    launch.clear_plans()
-    yield launches
-    launch.clear_plans()
 
 
 def test_dense_calls_replay_with_the_new_tensors(recorded_launches, monkeypatch):
