@@ -20,15 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tilegemm.ops.checks import (
-    ceil_to_ue8m0_check,
-    k_grouped_ue8m0_check,
-    pack_ue8m0_check,
-    quant_input_check,
-    scale_tensor_check,
-    tma_aligned_size_check,
-    transform_sf_check,
-)
+from tilegemm.ops.checks import quant as checks
 from tilegemm.ops.common import cdiv
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -47,7 +39,7 @@ def ceil_to_ue8m0(x: torch.Tensor) -> torch.Tensor:
 
     ``x`` is any real tensor (0-d included; computed in fp32); the result is fp32 of ``x``'s shape.
     """
-    ceil_to_ue8m0_check(x)
+    checks.ceil_to_ue8m0_check(x)
     bits = x.abs().float().view(torch.int32)
     exp = ((bits >> 23) & 0xFF) + (bits & 0x7FFFFF).bool().int()
     return (exp.clamp(1, 254) << 23).view(torch.float32)
@@ -55,7 +47,7 @@ def ceil_to_ue8m0(x: torch.Tensor) -> torch.Tensor:
 
 def pack_ue8m0_to_int(x: torch.Tensor) -> torch.Tensor:
     """Pack fp32 powers of 2 ``[..., K]`` (K a multiple of 4) into int32 ``[..., K / 4]``, four exponent bytes each."""
-    pack_ue8m0_check(x)
+    checks.pack_ue8m0_check(x)
     bits = x.contiguous().view(torch.int32)
     return (bits >> 23).to(torch.uint8).view(torch.int32)
 
@@ -80,7 +72,7 @@ def per_token_cast_to_fp8(
         ``(q, s)``: ``q`` float8_e4m3fn ``[..., K]`` and ``s`` fp32 ``[..., ceil(K/gran_k)]`` with
         ``x[..., k] ~= q[..., k] * s[..., k // gran_k]`` (int32 ``[..., ceil(K/gran_k) / 4]`` when packed).
     """
-    quant_input_check("per_token_cast_to_fp8", x, 1, None, gran_k, use_ue8m0)
+    checks.quant_input_check("per_token_cast_to_fp8", x, 1, None, gran_k, use_ue8m0)
     if use_packed_ue8m0 and not use_ue8m0:
         raise ValueError("per_token_cast_to_fp8: use_packed_ue8m0 needs use_ue8m0=True")
     k = x.shape[-1]
@@ -100,7 +92,7 @@ def per_channel_cast_to_fp8(
     Returns ``(q, s)``: ``q`` float8_e4m3fn ``[K, N]`` and ``s`` fp32 ``[ceil(K/gran_k), N]`` with
     ``x[k, n] ~= q[k, n] * s[k // gran_k, n]``.
     """
-    quant_input_check("per_channel_cast_to_fp8", x, 2, 2, gran_k, use_ue8m0)
+    checks.quant_input_check("per_channel_cast_to_fp8", x, 2, 2, gran_k, use_ue8m0)
     k, n = x.shape
     kb = cdiv(k, gran_k)
     xf = F.pad(x.float(), (0, 0, 0, kb * gran_k - k)).view(kb, gran_k, n)
@@ -123,7 +115,7 @@ def per_block_cast_to_fp8(
         ``(q, s)``: ``q`` float8_e4m3fn ``[..., N, K]`` and ``s`` fp32 ``[..., ceil(N/gran_k), ceil(K/gran_k)]``
         with ``x[..., n, k] ~= q[..., n, k] * s[..., n // gran_k, k // gran_k]``.
     """
-    quant_input_check("per_block_cast_to_fp8", x, 2, None, gran_k, use_ue8m0)
+    checks.quant_input_check("per_block_cast_to_fp8", x, 2, None, gran_k, use_ue8m0)
     n, k = x.shape[-2], x.shape[-1]
     nb, kb = cdiv(n, gran_k), cdiv(k, gran_k)
     lead = x.shape[:-2]
@@ -138,7 +130,7 @@ def get_tma_aligned_size(x: int, element_size: int) -> int:
 
     ``element_size`` must divide 16 (1, 2, 4, 8 or 16 bytes).
     """
-    tma_aligned_size_check(x, element_size)
+    checks.tma_aligned_size_check(x, element_size)
     if element_size <= 0 or TMA_ALIGNMENT_BYTES % element_size != 0:
         raise ValueError(f"get_tma_aligned_size: element_size must divide 16, got {element_size}")
     step = TMA_ALIGNMENT_BYTES // element_size
@@ -157,7 +149,7 @@ def get_mn_major_tma_aligned_tensor(sf: torch.Tensor) -> torch.Tensor:
         element_size)``. The padding rows ``MN..A`` of the storage are unspecified. ``sf`` itself
         is returned when it already has that layout.
     """
-    scale_tensor_check("get_mn_major_tma_aligned_tensor", sf, 2, 3)
+    checks.scale_tensor_check("get_mn_major_tma_aligned_tensor", sf, 2, 3)
     batched = sf.unsqueeze(0) if sf.dim() == 2 else sf
     groups, mn, sf_k = batched.shape
     aligned = get_tma_aligned_size(mn, sf.element_size())
@@ -212,7 +204,7 @@ def transform_sf_into_required_layout(
     if not isinstance(sf, torch.Tensor) or sf.dtype != torch.float32:
         got = sf.dtype if isinstance(sf, torch.Tensor) else type(sf).__name__
         raise TypeError(f"transform_sf_into_required_layout: sf must be a float32 tensor, got {got}")
-    recipe = transform_sf_check(mn, k, recipe, num_groups, is_sfa, disable_ue8m0_cast)
+    recipe = checks.transform_sf_check(mn, k, recipe, num_groups, is_sfa, disable_ue8m0_cast)
     if len(recipe) == 3:
         if is_sfa is None:
             raise ValueError("transform_sf_into_required_layout: a 3-element recipe needs is_sfa=True or False")
@@ -265,7 +257,7 @@ def get_mn_major_tma_aligned_packed_ue8m0_tensor(
     ``A = get_tma_aligned_size(MN, 4)``. ``psum_layout`` is accepted for compatibility: gap rows are
     packed like any other row.
     """
-    scale_tensor_check("get_mn_major_tma_aligned_packed_ue8m0_tensor", sf, 2, 3)
+    checks.scale_tensor_check("get_mn_major_tma_aligned_packed_ue8m0_tensor", sf, 2, 3)
     batched = sf.unsqueeze(0) if sf.dim() == 2 else sf
     groups, mn, sf_k = batched.shape
     packed = _pack_last_dim(_ue8m0_bytes(batched))  # [G, MN, ceil(SF_K/4)]
@@ -292,7 +284,7 @@ def get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(
     size from the cumulative ends ``grouped_layout`` (group g spans ``[align(end[g-1], k_alignment), end[g])``;
     this reads ``grouped_layout`` on the host).
     """
-    k_grouped_ue8m0_check(sf, grouped_layout, ks_cpu, gran_k, k_alignment, use_psum_layout)
+    checks.k_grouped_ue8m0_check(sf, grouped_layout, ks_cpu, gran_k, k_alignment, use_psum_layout)
     if use_psum_layout:
         ends = [int(e) for e in grouped_layout.tolist()]
         starts = [0] + [cdiv(e, k_alignment) * k_alignment for e in ends[:-1]]

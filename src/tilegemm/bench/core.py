@@ -42,6 +42,14 @@ class Impl:
     bar: float | None = None  # replaces the case's calc_diff bar for this implementation (its own recipe)
 
 
+def ready_calls(name: str, calls: list[Callable[[], Any] | str], note: str) -> Impl:
+    """A peer's :class:`Impl` of one ready no-argument call per input set (as :func:`peers.cublas_fp8_blockwise`
+    returns them), or, where the first of ``calls`` is a string, that reason why it cannot run this row."""
+    if isinstance(calls[0], str):
+        return Impl(name, calls[0], None)
+    return Impl(name, [(f,) for f in calls], lambda f: f(), note=note)
+
+
 @dataclass
 class Built:
     """What :meth:`Case.build` returns: the implementations and the check of an output of set 0."""

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from tilegemm.bench import inputs, peers, timing
-from tilegemm.bench.core import Built, Case, Impl, diff_check
+from tilegemm.bench.core import Built, Case, Impl, diff_check, ready_calls
 
 FAMILY = "dense"
 DECODE_M = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -116,12 +116,9 @@ def _build_fp8(m: int, n: int, k: int, dg: Any, dg_reason: str) -> Built:
     if _runs_on_gluon(m, n, k):  # the automatic choice took the gluon kernel: cutile's time beside it
         cutile = lambda a, b, out: tilegemm.fp8_gemm_nt(a, b, out, backend="cutile")  # noqa: E731
         impls.append(Impl("tilegemm_cutile", ours, cutile, note="the cutile kernel of this row (backend='cutile')"))
-    if isinstance(blas[0], str):
-        impls.append(Impl("cublas", blas[0], None))
-    else:
-        impls.append(Impl("cublas", [(f,) for f in blas], lambda f: f(), note="scaled_mm blockwise 1x128/128x128"))
+    impls.append(ready_calls("cublas", blas, "scaled_mm blockwise 1x128/128x128"))
     if dg:
-        note = None if same else "DeepGEMM's casts differ from tilegemm's; calc_diff is vs tilegemm's inputs"
+        note = peers.casts_note(same)
         impls.append(Impl("deepgemm", theirs, peers.writes_d(dg.fp8_gemm_nt), note=note))
     else:
         impls.append(Impl("deepgemm", dg_reason, None))

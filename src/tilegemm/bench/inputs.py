@@ -52,17 +52,6 @@ def same_inputs(ours: tuple[torch.Tensor, ...], theirs: tuple[torch.Tensor, ...]
     return all(a.shape == b.shape and torch.equal(a.contiguous(), b.contiguous()) for a, b in zip(ours, theirs))
 
 
-def cuda_bytes(*tensors: torch.Tensor) -> int:
-    """Total bytes of ``tensors`` (tuples of tensors are flattened)."""
-    total = 0
-    for t in tensors:
-        if isinstance(t, (tuple, list)):
-            total += cuda_bytes(*t)
-        elif t is not None:
-            total += t.numel() * t.element_size()
-    return total
-
-
 def gemm_bytes(dtype: str, rows: int, weights: int, n: int, k: int) -> float:
     """Bytes an (m-grouped) GEMM moves at least once: ``rows`` activation rows of K, ``weights`` weight matrices of
     [N, K] (bf16 or fp8 with fp32 1x128 / 128x128 scales), and the bf16 output ``[rows, N]``."""

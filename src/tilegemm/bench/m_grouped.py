@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from tilegemm.bench import inputs, peers, timing
-from tilegemm.bench.core import Built, Case, Impl, diff_check
+from tilegemm.bench.core import Built, Case, Impl, diff_check, ready_calls
 
 FAMILY = "m_grouped"
 GM = [(4, 8192), (8, 4096), (32, 512), (128, 256), (256, 128)]
@@ -98,12 +98,9 @@ def _build(dt: str, sizes: list[int], n: int, k: int, dg: Any, dg_reason: str) -
             theirs.append(((dqa, peers.dg_sfa(dg, dsa)), (dqb, dsb), d, m_indices))
     del xs, a, b
     impls = [Impl("tilegemm", ours, lambda a, b, out, idx: tilegemm.m_grouped_fp8_gemm_nt_contiguous(a, b, out, idx))]
-    if isinstance(loops[0], str):
-        impls.append(Impl("cublas_loop", loops[0], None))
-    else:
-        impls.append(Impl("cublas_loop", [(f,) for f in loops], lambda f: f(), note="per-group scaled_mm blockwise"))
+    impls.append(ready_calls("cublas_loop", loops, "per-group scaled_mm blockwise"))
     if dg:
-        note = None if same else "DeepGEMM's casts differ from tilegemm's; calc_diff is vs tilegemm's inputs"
+        note = peers.casts_note(same)
         call = peers.writes_d(dg.m_grouped_fp8_gemm_nt_contiguous)
         impls.append(Impl("deepgemm", theirs, call, note=note))
     else:

@@ -102,7 +102,7 @@ def _build(dt: str, sizes: list[int], expected_m: int, n: int, k: int, dg: Any, 
     if dg:
         (dqa, dsa), (dqb, dsb) = peers.dg_quant_a(dg, a), peers.dg_quant_b(dg, b)
         same = inputs.same_inputs((qa, sa, qb, sb), (dqa, dsa, dqb, dsb))
-        note = None if same else "DeepGEMM's casts differ from tilegemm's; calc_diff is vs tilegemm's inputs"
+        note = peers.casts_note(same)
         theirs = [((dqa, peers.dg_sfa(dg, dsa)), (dqb, dsb), d, masked_m)]
         call = peers.writes_d(dg.m_grouped_fp8_gemm_nt_masked, expected_m)
         impls.append(Impl("deepgemm", theirs, call, crop, note=note))

@@ -66,6 +66,11 @@ def load_deepgemm(mode: str = "auto") -> tuple[Any | None, str]:
     return result
 
 
+def casts_note(same: bool) -> str | None:
+    """The note of a DeepGEMM row: ``None`` when DeepGEMM's own casts gave tilegemm's FP8 inputs (``same``)."""
+    return None if same else "DeepGEMM's casts differ from tilegemm's; calc_diff is vs tilegemm's inputs"
+
+
 def writes_d(fn: Callable[..., Any], *extra: Any, c_is_d: bool = False, **kw: Any) -> Callable[..., torch.Tensor]:
     """DeepGEMM's GEMMs return None: ``call(a, b, d, *rest)`` runs ``fn(a, b, d, *rest, *extra, **kw)``
     (with ``c=d`` when ``c_is_d``) and returns ``d``, so its output is checked like tilegemm's."""

@@ -4,7 +4,8 @@
 * :func:`paged_mqa_split_kv`: keys per split of the paged-MQA schedule.
 * :func:`paged_mqa_schedule`: the paged-MQA schedule itself (``get_paged_mqa_logits_metadata``).
 * :func:`write_head_splits`: the output placement of ``fp8_gemm_nt_skip_head_mid``.
-* :func:`compress_logits`: the ``max_seqlen_k > 0`` form of the MQA logits.
+* :func:`compress_logits`: the ``max_seqlen_k > 0`` form of the MQA logits; :func:`logits_result`, an MQA-logits
+  op's result in that form and its dtype.
 * :class:`MoETrainState`: what the MoE experts training forward keeps for its backward.
 """
 
@@ -140,3 +141,13 @@ def compress_logits(full: torch.Tensor, starts: torch.Tensor, width: int) -> tor
         return full.new_full((s, width), float("-inf"))
     picked = full.gather(1, cols.clamp(max=s_kv - 1))
     return picked.masked_fill_(cols >= s_kv, float("-inf"))
+
+
+def logits_result(
+    full: torch.Tensor, starts: torch.Tensor, max_seqlen_k: int, logits_dtype: torch.dtype
+) -> torch.Tensor:
+    """A ragged MQA-logits op's result from its fp32 [S, S_kv] logits ``full``: the compressed form
+    (:func:`compress_logits`, from ``starts``) when ``max_seqlen_k``, cast to ``logits_dtype``."""
+    if max_seqlen_k:
+        full = compress_logits(full, starts, max_seqlen_k)
+    return full.to(logits_dtype)

@@ -114,20 +114,30 @@ def _combine_bn(hidden: int) -> int:
 
 
 @dataclass(frozen=True)
-class MoESlotsConfig:
-    """Tiles of the per-slot experts kernels (``ops/cutile/moe_slots.py``): ``bw`` weight rows x ``bk`` K per
-    MMA (the weight tile, TMA), ``bt`` the MMA's N side (the token row repeated), and the combine's tile."""
+class _SwapABConfig:
+    """Tiles of the swap-AB experts kernels (per slot, expert blocks): ``bw`` weight rows x ``bk`` K per MMA (the
+    weight tile, TMA), ``bt`` the MMA's N side, and the combine's tile; named after the path and the three."""
 
-    path: ClassVar[str] = "slots"
-    bw: int = 64
-    bk: int = 256
+    path: ClassVar[str]
+    bw: int
+    bk: int
     bt: int = 8
     combine_bt: int = 16
     combine_bn: int = 256
 
     @property
     def name(self) -> str:
-        return f"slots_w{self.bw}_k{self.bk}_t{self.bt}"
+        return f"{self.path}_w{self.bw}_k{self.bk}_t{self.bt}"
+
+
+@dataclass(frozen=True)
+class MoESlotsConfig(_SwapABConfig):
+    """Tiles of the per-slot experts kernels (``ops/cutile/moe_slots.py``): ``bw`` weight rows x ``bk`` K per
+    MMA (the weight tile, TMA), ``bt`` the MMA's N side (the token row repeated), and the combine's tile."""
+
+    path: ClassVar[str] = "slots"
+    bw: int = 64
+    bk: int = 256
 
 
 def moe_slots_config(hidden: int, bw: int = 64, bk: int = 256) -> MoESlotsConfig:
@@ -142,7 +152,7 @@ MOE_BLOCKS_MAX_BT = 64
 
 
 @dataclass(frozen=True)
-class MoEBlocksConfig:
+class MoEBlocksConfig(_SwapABConfig):
     """Tiles of the block experts kernels (``ops/cutile/moe_blocks.py``): ``bw`` weight rows x ``bk`` K per MMA
     (the weight tile, TMA), ``bt`` rows per block (the MMA's N side and each expert's row alignment), and
     the combine's tile. 128 x 128 weight tiles: 0-8% faster than 64 x 256 and 64 x 128 from 16 tokens on, on all
@@ -151,18 +161,11 @@ class MoEBlocksConfig:
     path: ClassVar[str] = "blocks"
     bw: int = 128
     bk: int = 128
-    bt: int = 8
-    combine_bt: int = 16
-    combine_bn: int = 256
 
     @property
     def row_align(self) -> int:
         """Rows each expert's segment is padded to: one block."""
         return self.bt
-
-    @property
-    def name(self) -> str:
-        return f"blocks_w{self.bw}_k{self.bk}_t{self.bt}"
 
 
 def moe_blocks_config(

@@ -1,7 +1,8 @@
 """Dense GEMM stubs: BF16 and FP8 in four layouts, cuBLASLt, FP8 skip-head-mid (see the package docstring).
 
 A family's four layouts are one stub, made per layout (``_dense_gemm``, ``_cublaslt_gemm``): the signature is
-written once, the layout's shapes go into its docstring and its ``compiled_dims`` default is DeepGEMM's for it.
+written once, the layout's shapes go into its docstring and its ``compiled_dims`` default is DeepGEMM's for it; the
+FP8 GEMMs' is the BF16 one's in its FP8 form (``_stubs.fp8_form``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any
 
 from tilegemm.backend.registry import dispatch
 from tilegemm.ops import checks
-from tilegemm.ops.api._stubs import FP8Operand, Recipe, Tensor, op
+from tilegemm.ops.api._stubs import FP8Operand, Recipe, Tensor, fp8_form, op
 
 _DENSE_BF16_DOC = """BF16 dense GEMM, layout ``{layout}``: ``d = alpha * op(a) @ op(b) + beta * c``.
 
@@ -73,7 +74,7 @@ _COMPILED_DIMS = {"nt": "nk", "nn": "nk", "tn": "mn", "tt": "mn"}  # DeepGEMM's 
 def _dense_gemm(layout: str, *, fp8: bool) -> Any:
     """``fp8_fp4_gemm_<layout>`` (``fp8``) or ``bf16_gemm_<layout>``."""
 
-    def bf16_stub(
+    def stub(
         a: Tensor,
         b: Tensor,
         d: Tensor,
@@ -85,25 +86,9 @@ def _dense_gemm(layout: str, *, fp8: bool) -> Any:
         stream=None,
     ) -> Tensor: ...
 
-    def fp8_stub(
-        a: FP8Operand,
-        b: FP8Operand,
-        d: Tensor,
-        c: Tensor | None = None,
-        recipe: Recipe | None = None,
-        recipe_a: tuple[int, int] | None = None,
-        recipe_b: tuple[int, int] | None = None,
-        compiled_dims: str = _COMPILED_DIMS[layout],
-        disable_ue8m0_cast: bool = False,
-        *,
-        alpha: float = 1.0,
-        beta: float = 1.0,
-        stream=None,
-    ) -> Tensor: ...
-
-    stub, name, doc = (fp8_stub, "fp8_fp4_gemm", _DENSE_FP8_DOC) if fp8 else (bf16_stub, "bf16_gemm", _DENSE_BF16_DOC)
+    name, doc = ("fp8_fp4_gemm", _DENSE_FP8_DOC) if fp8 else ("bf16_gemm", _DENSE_BF16_DOC)
     check, signature = checks.dense_gemm_check(layout, fp8=fp8), checks.dense_gemm_signature(layout, fp8=fp8)
-    return op(f"{name}_{layout}", stub, _doc(doc, layout), check, signature)
+    return op(f"{name}_{layout}", fp8_form(stub) if fp8 else stub, _doc(doc, layout), check, signature)
 
 
 bf16_gemm_nt = _dense_gemm("nt", fp8=False)

@@ -7,7 +7,7 @@ from typing import Any
 
 from tilegemm.backend.registry import dispatch
 from tilegemm.ops import checks
-from tilegemm.ops.api._stubs import FP8Operand, Recipe, Tensor, op
+from tilegemm.ops.api._stubs import FP8Operand, Recipe, Tensor, fp8_form, op
 
 # ------------------------------------------------------------------ m-grouped contiguous
 
@@ -70,7 +70,7 @@ def _m_grouped_contiguous(layout: str, *, fp8: bool) -> Any:
     """``m_grouped_fp8_fp4_gemm_<layout>_contiguous`` (``fp8``) or ``m_grouped_bf16_gemm_<layout>_contiguous``;
     DeepGEMM's ``nn`` forms take no ``expected_m_for_psum_layout``."""
 
-    def bf16_stub(
+    def stub(
         a: Tensor,
         b: Tensor,
         d: Tensor,
@@ -84,25 +84,7 @@ def _m_grouped_contiguous(layout: str, *, fp8: bool) -> Any:
         stream=None,
     ) -> Tensor: ...
 
-    def fp8_stub(
-        a: FP8Operand,
-        b: FP8Operand,
-        d: Tensor,
-        grouped_layout: Tensor,
-        recipe: Recipe | None = None,
-        recipe_a: tuple[int, int] | None = None,
-        recipe_b: tuple[int, int] | None = None,
-        compiled_dims: str = "nk",
-        disable_ue8m0_cast: bool = False,
-        use_psum_layout: bool = False,
-        ensure_zero_padding: bool = True,
-        expected_m_for_psum_layout: int | None = None,
-        *,
-        alignment: int | None = None,
-        stream=None,
-    ) -> Tensor: ...
-
-    stub = fp8_stub if fp8 else bf16_stub
+    stub = fp8_form(stub) if fp8 else stub
     if layout == "nn":
         signature = inspect.signature(stub)
         kept = [p for p in signature.parameters.values() if p.name != "expected_m_for_psum_layout"]
@@ -123,11 +105,8 @@ m_grouped_fp8_gemm_nn_contiguous = m_grouped_fp8_fp4_gemm_nn_contiguous
 # ---------------------------------------------------------------------- m-grouped masked
 
 
-@dispatch("m_grouped_bf16_gemm_nt_masked", check=checks.m_grouped_masked_check(fp8=False))
-def m_grouped_bf16_gemm_nt_masked(
-    a: Tensor, b: Tensor, d: Tensor, masked_m: Tensor, expected_m: int, compiled_dims: str = "nk", *, stream=None
-) -> Tensor:
-    """M-grouped BF16 GEMM, masked layout (CUDA-graph MoE decode): ``d[g, :m_g] = a[g, :m_g] @ b[g].T``.
+_M_GROUPED_MASKED_DOCS = {  # fp8 -> docstring
+    False: """M-grouped BF16 GEMM, masked layout (CUDA-graph MoE decode): ``d[g, :m_g] = a[g, :m_g] @ b[g].T``.
 
     Args:
         a: bf16 [G, Mmax, K].
@@ -138,25 +117,8 @@ def m_grouped_bf16_gemm_nt_masked(
         expected_m: host-side hint of the typical ``masked_m`` (picks the kernel config).
         compiled_dims: DeepGEMM's JIT hint; no effect.
         stream: CUDA stream (``None``: current).
-    """
-
-
-@dispatch("m_grouped_fp8_fp4_gemm_nt_masked", check=checks.m_grouped_masked_check(fp8=True))
-def m_grouped_fp8_fp4_gemm_nt_masked(
-    a: FP8Operand,
-    b: FP8Operand,
-    d: Tensor,
-    masked_m: Tensor,
-    expected_m: int,
-    recipe: Recipe | None = None,
-    recipe_a: tuple[int, int] | None = None,
-    recipe_b: tuple[int, int] | None = None,
-    compiled_dims: str = "nk",
-    disable_ue8m0_cast: bool = False,
-    *,
-    stream=None,
-) -> Tensor:
-    """M-grouped FP8 GEMM, masked layout, 1x128 LHS / 128x128 RHS scales.
+    """,
+    True: """M-grouped FP8 GEMM, masked layout, 1x128 LHS / 128x128 RHS scales.
 
     Args:
         a: ``(fp8 [G, Mmax, K], fp32 [G, Mmax, ceil(K/128)])``.
@@ -169,8 +131,24 @@ def m_grouped_fp8_fp4_gemm_nt_masked(
         compiled_dims: DeepGEMM's JIT hint; no effect.
         disable_ue8m0_cast: accepted for DeepGEMM compatibility; no effect.
         stream: CUDA stream (``None``: current).
-    """
+    """,
+}
 
+
+def _m_grouped_masked(*, fp8: bool) -> Any:
+    """``m_grouped_fp8_fp4_gemm_nt_masked`` (``fp8``) or ``m_grouped_bf16_gemm_nt_masked``."""
+
+    def stub(
+        a: Tensor, b: Tensor, d: Tensor, masked_m: Tensor, expected_m: int, compiled_dims: str = "nk", *, stream=None
+    ) -> Tensor: ...
+
+    name = f"m_grouped_{'fp8_fp4' if fp8 else 'bf16'}_gemm_nt_masked"
+    stub = fp8_form(stub) if fp8 else stub
+    return op(name, stub, _M_GROUPED_MASKED_DOCS[fp8], checks.m_grouped_masked_check(fp8=fp8))
+
+
+m_grouped_bf16_gemm_nt_masked = _m_grouped_masked(fp8=False)
+m_grouped_fp8_fp4_gemm_nt_masked = _m_grouped_masked(fp8=True)
 
 m_grouped_fp8_gemm_nt_masked = m_grouped_fp8_fp4_gemm_nt_masked
 fp8_m_grouped_gemm_nt_masked = m_grouped_fp8_fp4_gemm_nt_masked

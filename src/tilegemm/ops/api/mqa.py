@@ -6,10 +6,7 @@ import torch
 
 from tilegemm.backend.registry import dispatch
 from tilegemm.ops import checks
-
-Tensor = torch.Tensor
-FP8Operand = tuple[torch.Tensor, torch.Tensor]
-Recipe = tuple[int, int, int]
+from tilegemm.ops.api._stubs import FP8Operand, Tensor, op, retyped
 
 # ---------------------------------------------------------------------------- MQA logits
 
@@ -32,57 +29,9 @@ _MQA_DOC = """FP8 MQA logits of DeepSeek's sparse-attention indexer; returns a n
     """
 
 
-@dispatch("fp8_fp4_mqa_logits", check=checks.mqa_logits_check)
-def fp8_fp4_mqa_logits(
-    q: tuple[Tensor, Tensor | None] | Tensor,
-    kv: FP8Operand,
-    weights: Tensor,
-    cu_seq_len_k_start: Tensor,
-    cu_seq_len_k_end: Tensor,
-    clean_logits: bool = True,
-    max_seqlen_k: int = 0,
-    logits_dtype: torch.dtype = torch.float32,
-    *,
-    stream=None,
-) -> Tensor: ...
-
-
-@dispatch("fp8_mqa_logits", check=checks.mqa_logits_check)
-def fp8_mqa_logits(
-    q: Tensor,
-    kv: FP8Operand,
-    weights: Tensor,
-    cu_seq_len_k_start: Tensor,
-    cu_seq_len_k_end: Tensor,
-    clean_logits: bool = True,
-    max_seqlen_k: int = 0,
-    *,
-    stream=None,
-) -> Tensor: ...
-
-
-fp8_fp4_mqa_logits.__doc__ = _MQA_DOC.format(
-    q_tuple=", or DeepGEMM's ``(q, None)`` (FP4 ``(q, sf)`` raises ``NotImplementedError``)",
-    dtype_doc="\n        logits_dtype: ``torch.float32`` or ``torch.bfloat16`` (rounded once from fp32).",
-)
-fp8_mqa_logits.__doc__ = _MQA_DOC.format(q_tuple="", dtype_doc="") + "\n    DeepGEMM's legacy form: fp32 logits.\n"
-
-
-@dispatch("bf16_mqa_logits", check=checks.bf16_mqa_logits_check)
-def bf16_mqa_logits(
-    q: Tensor,
-    kv: Tensor,
-    weights: Tensor,
-    cu_seq_len_k_start: Tensor,
-    cu_seq_len_k_end: Tensor,
-    clean_logits: bool = True,
-    max_seqlen_k: int = 0,
-    logits_dtype: torch.dtype = torch.float32,
-    *,
-    stream=None,
-) -> Tensor:
-    """BF16 MQA logits (the indexer's scores without quantization); returns a new [S, S_kv] (or [S, max_seqlen_k]).
-
+_BF16_MQA_DOC = (
+    "BF16 MQA logits (the indexer's scores without quantization); returns a new [S, S_kv] (or [S, max_seqlen_k]).\n"
+    """
     ``logits[i, j] = sum_h weights[i, h] * relu(q[i, h, :] . kv[j, :])`` for ``ks[i] <= j < ke[i]``, the products
     of the bf16 inputs summed in fp32; ``-inf`` elsewhere when ``clean_logits`` (unspecified otherwise). The
     arguments are :func:`fp8_fp4_mqa_logits`'s (DeepGEMM's order and defaults) with bf16 ``q`` and ``kv`` and no
@@ -100,6 +49,41 @@ def bf16_mqa_logits(
         logits_dtype: ``torch.float32`` or ``torch.bfloat16`` (rounded once from fp32).
         stream: CUDA stream (``None``: current).
     """
+)
+
+_FP4_Q = ", or DeepGEMM's ``(q, None)`` (FP4 ``(q, sf)`` raises ``NotImplementedError``)"
+_LOGITS_DTYPE_DOC = "\n        logits_dtype: ``torch.float32`` or ``torch.bfloat16`` (rounded once from fp32)."
+
+
+def _mqa_logits(
+    q: tuple[Tensor, Tensor | None] | Tensor,
+    kv: FP8Operand,
+    weights: Tensor,
+    cu_seq_len_k_start: Tensor,
+    cu_seq_len_k_end: Tensor,
+    clean_logits: bool = True,
+    max_seqlen_k: int = 0,
+    logits_dtype: torch.dtype = torch.float32,
+    *,
+    stream=None,
+) -> Tensor: ...
+
+
+fp8_fp4_mqa_logits = op(
+    "fp8_fp4_mqa_logits",
+    _mqa_logits,
+    _MQA_DOC.format(q_tuple=_FP4_Q, dtype_doc=_LOGITS_DTYPE_DOC),
+    checks.mqa_logits_check,
+)
+fp8_mqa_logits = op(
+    "fp8_mqa_logits",
+    retyped(_mqa_logits, drop=("logits_dtype",), q="Tensor"),
+    _MQA_DOC.format(q_tuple="", dtype_doc="") + "\n    DeepGEMM's legacy form: fp32 logits.\n",
+    checks.mqa_logits_check,
+)
+bf16_mqa_logits = op(
+    "bf16_mqa_logits", retyped(_mqa_logits, q="Tensor", kv="Tensor"), _BF16_MQA_DOC, checks.bf16_mqa_logits_check
+)
 
 
 @dispatch("get_paged_mqa_logits_metadata", check=checks.paged_mqa_metadata_check)
@@ -145,12 +129,7 @@ _PAGED_DOC = """FP8 MQA logits over a paged KV cache (decode); returns a new [B 
     """
 
 
-@dispatch(
-    "fp8_fp4_paged_mqa_logits",
-    check=checks.paged_mqa_logits_check,
-    signature=checks.paged_mqa_logits_signature(fp4_form=True),
-)
-def fp8_fp4_paged_mqa_logits(
+def _paged_mqa_logits(
     q: tuple[Tensor, Tensor | None] | Tensor,
     kv_cache: Tensor,
     weights: Tensor,
@@ -166,28 +145,17 @@ def fp8_fp4_paged_mqa_logits(
 ) -> Tensor: ...
 
 
-@dispatch(
+fp8_fp4_paged_mqa_logits = op(
+    "fp8_fp4_paged_mqa_logits",
+    _paged_mqa_logits,
+    _PAGED_DOC.format(q_tuple=_FP4_Q, dtype_doc=_LOGITS_DTYPE_DOC),
+    checks.paged_mqa_logits_check,
+    checks.paged_mqa_logits_signature(fp4_form=True),
+)
+fp8_paged_mqa_logits = op(
     "fp8_paged_mqa_logits",
-    check=checks.paged_mqa_logits_check,
-    signature=checks.paged_mqa_logits_signature(fp4_form=False),
+    retyped(_paged_mqa_logits, drop=("logits_dtype",), q="Tensor"),
+    _PAGED_DOC.format(q_tuple="", dtype_doc="") + "\n    DeepGEMM's legacy form: fp32.\n",
+    checks.paged_mqa_logits_check,
+    checks.paged_mqa_logits_signature(fp4_form=False),
 )
-def fp8_paged_mqa_logits(
-    q: Tensor,
-    kv_cache: Tensor,
-    weights: Tensor,
-    context_lens: Tensor,
-    block_table: Tensor,
-    schedule_meta: Tensor,
-    max_context_len: int,
-    clean_logits: bool = False,
-    indices: Tensor | None = None,
-    *,
-    stream=None,
-) -> Tensor: ...
-
-
-fp8_fp4_paged_mqa_logits.__doc__ = _PAGED_DOC.format(
-    q_tuple=", or DeepGEMM's ``(q, None)`` (FP4 ``(q, sf)`` raises ``NotImplementedError``)",
-    dtype_doc="\n        logits_dtype: ``torch.float32`` or ``torch.bfloat16`` (rounded once from fp32).",
-)
-fp8_paged_mqa_logits.__doc__ = _PAGED_DOC.format(q_tuple="", dtype_doc="") + "\n    DeepGEMM's legacy form: fp32.\n"

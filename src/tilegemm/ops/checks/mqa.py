@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -49,47 +49,6 @@ def _weights(weights: Any, shape: Sequence[int], meaning: str, logits_dtype: tor
         raise TypeError("weights: bf16 weights need logits_dtype=torch.bfloat16 (DeepGEMM's rule)")
 
 
-def mqa_logits_check(
-    q,
-    kv,
-    weights,
-    cu_seq_len_k_start,
-    cu_seq_len_k_end,
-    clean_logits=True,
-    max_seqlen_k=0,
-    logits_dtype=torch.float32,
-    *,
-    stream=None,
-) -> dict[str, Any]:
-    """The check of ``fp8_fp4_mqa_logits`` / ``fp8_mqa_logits``.
-
-    Derived: ``q`` (the fp8 tensor), ``kv``, ``weights``, ``cu_seq_len_k_start``, ``cu_seq_len_k_end``,
-    ``clean_logits``, ``max_seqlen_k``, ``logits_dtype``, ``stream``.
-    """
-    q = _q_operand(q, 3)
-    kv_data, kv_scale = _fp8_operand("kv", kv, 2)
-    s, h, dim = q.shape
-    s_kv = kv_data.shape[0]
-    _shape("kv[0] (data)", kv_data, [s_kv, dim], f"[S_kv, D={dim}]")
-    _tensor("kv[1] (scales)", kv_scale, (torch.float32,), 1)
-    _shape("kv[1] (scales)", kv_scale, [s_kv], "[S_kv], one per key")
-    _dtype_arg("logits_dtype", logits_dtype, LOGITS_DTYPES)
-    _weights(weights, [s, h], "[S, H]", logits_dtype)
-    operands = {"q": q, "kv[0] (data)": kv_data, "kv[1] (scales)": kv_scale, "weights": weights}
-    return _windowed(
-        operands,
-        (kv_data, kv_scale),
-        cu_seq_len_k_start,
-        cu_seq_len_k_end,
-        clean_logits,
-        max_seqlen_k,
-        logits_dtype,
-        stream,
-        s,
-        s_kv,
-    )
-
-
 def _windowed(operands, kv, ks, ke, clean_logits, max_seqlen_k, logits_dtype, stream, s, s_kv) -> dict[str, Any]:
     """The rest of an MQA-logits check once ``q``, ``kv`` and ``weights`` passed (``operands``: those tensors by
     the names errors give them): the int32 windows ``ks``/``ke`` [S] and their values, the flags, the stream, one
@@ -127,20 +86,25 @@ def _window_values(ks: torch.Tensor, ke: torch.Tensor, s: int, s_kv: int) -> Non
             )
 
 
-def bf16_mqa_logits_check(
-    q,
-    kv,
-    weights,
-    cu_seq_len_k_start,
-    cu_seq_len_k_end,
-    clean_logits=True,
-    max_seqlen_k=0,
-    logits_dtype=torch.float32,
-    *,
-    stream=None,
-) -> dict[str, Any]:
-    """The check of ``bf16_mqa_logits``: bf16 ``q`` [S, H, D] and ``kv`` [S_kv, D] (no scales), fp32 ``weights``
-    [S, H], int32 windows; derived as :func:`mqa_logits_check`'s, with ``kv`` the bf16 tensor."""
+def _fp8_operands(q: Any, kv: Any, weights: Any, logits_dtype: Any) -> tuple[dict[str, Any], Any, int, int]:
+    """``q``, ``kv`` and ``weights`` of ``fp8_fp4_mqa_logits`` / ``fp8_mqa_logits`` (and ``logits_dtype``): fp8
+    ``q`` [S, H, D], ``kv`` (fp8 [S_kv, D], fp32 [S_kv]); returns :func:`_windowed`'s ``operands`` and ``kv``, S and
+    S_kv."""
+    q = _q_operand(q, 3)
+    kv_data, kv_scale = _fp8_operand("kv", kv, 2)
+    s, h, dim = q.shape
+    s_kv = kv_data.shape[0]
+    _shape("kv[0] (data)", kv_data, [s_kv, dim], f"[S_kv, D={dim}]")
+    _tensor("kv[1] (scales)", kv_scale, (torch.float32,), 1)
+    _shape("kv[1] (scales)", kv_scale, [s_kv], "[S_kv], one per key")
+    _dtype_arg("logits_dtype", logits_dtype, LOGITS_DTYPES)
+    _weights(weights, [s, h], "[S, H]", logits_dtype)
+    operands = {"q": q, "kv[0] (data)": kv_data, "kv[1] (scales)": kv_scale, "weights": weights}
+    return operands, (kv_data, kv_scale), s, s_kv
+
+
+def _bf16_operands(q: Any, kv: Any, weights: Any, logits_dtype: Any) -> tuple[dict[str, Any], Any, int, int]:
+    """``q``, ``kv`` and ``weights`` of ``bf16_mqa_logits`` (and ``logits_dtype``), as :func:`_fp8_operands`'s."""
     if isinstance(q, (tuple, list)):
         raise TypeError(f"q: got {_describe(q)}, expected a bf16 torch.Tensor [S, H, D] (no scale tuple)")
     if isinstance(kv, (tuple, list)):
@@ -153,10 +117,49 @@ def bf16_mqa_logits_check(
     _dtype_arg("logits_dtype", logits_dtype, LOGITS_DTYPES)
     _tensor("weights", weights, (torch.float32,), 2)
     _shape("weights", weights, [s, h], "[S, H]")
-    operands = {"q": q, "kv": kv, "weights": weights}
-    return _windowed(
-        operands, kv, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits, max_seqlen_k, logits_dtype, stream, s, s_kv
-    )
+    return {"q": q, "kv": kv, "weights": weights}, kv, s, s_kv
+
+
+def _logits_check(name: str, operands: Callable[..., tuple[dict[str, Any], Any, int, int]], doc: str) -> Any:
+    """The check ``name`` of a ragged MQA-logits op: ``operands`` (:func:`_fp8_operands`, :func:`_bf16_operands`)
+    checks ``q``, ``kv`` and ``weights``, :func:`_windowed` the rest."""
+
+    def check(
+        q,
+        kv,
+        weights,
+        cu_seq_len_k_start,
+        cu_seq_len_k_end,
+        clean_logits=True,
+        max_seqlen_k=0,
+        logits_dtype=torch.float32,
+        *,
+        stream=None,
+    ) -> dict[str, Any]:
+        named, kv, s, s_kv = operands(q, kv, weights, logits_dtype)
+        ks, ke = cu_seq_len_k_start, cu_seq_len_k_end
+        return _windowed(named, kv, ks, ke, clean_logits, max_seqlen_k, logits_dtype, stream, s, s_kv)
+
+    check.__name__ = check.__qualname__ = name
+    check.__doc__ = doc
+    return check
+
+
+mqa_logits_check = _logits_check(
+    "mqa_logits_check",
+    _fp8_operands,
+    """The check of ``fp8_fp4_mqa_logits`` / ``fp8_mqa_logits``.
+
+    Derived: ``q`` (the fp8 tensor), ``kv``, ``weights``, ``cu_seq_len_k_start``, ``cu_seq_len_k_end``,
+    ``clean_logits``, ``max_seqlen_k``, ``logits_dtype``, ``stream``.
+    """,
+)
+bf16_mqa_logits_check = _logits_check(
+    "bf16_mqa_logits_check",
+    _bf16_operands,
+    """The check of ``bf16_mqa_logits``: bf16 ``q`` [S, H, D] and ``kv`` [S_kv, D] (no scales), fp32 ``weights``
+    [S, H], int32 windows; derived as :func:`mqa_logits_check`'s, with ``kv`` the bf16 tensor.""",
+)
 
 
 def _context_lens(context_lens: Any, batch: int | None, next_n: int | None) -> None:

@@ -73,17 +73,11 @@ def _gate_up(
     xs, w4, h, block_expert, num_experts: int, ACT: ConstInt, BM: ConstInt, BN: ConstInt, BK: ConstInt, GM: ConstInt
 ):  # fmt: skip
     """Persistent over (row block, column block) tiles of ``h [M, I]``; see the module docstring."""
-    rows_total = h.shape[0]
-    n_tiles = ct.cdiv(h.shape[1], BN)
+    mblocks, n_tiles, total, t, step = tile_lib.persistent_walk(h, BM, BN)
     nk = ct.cdiv(xs.shape[1], BK)
-    mblocks = ct.cdiv(rows_total, BM)
-    total = mblocks * n_tiles
-    t = ct.bid(0)
-    step = ct.num_blocks(0)
     while t < total:
-        mb, nb = tile_lib.swizzle(t, mblocks, n_tiles, GM)
-        e = ct.load(block_expert, (mb,), shape=())
-        if (e >= 0) & (e < num_experts):
+        mb, nb, e, live = tile_lib.expert_tile(block_expert, t, mblocks, n_tiles, num_experts, GM)
+        if live:
             acc_g, acc_u = gate_up_tile(xs, w4, e, mb, nb, nk, BM, BN, BK)
             ct.store(h, (mb, nb), ct.astype(tile_lib.activation(acc_g, ACT) * acc_u, h.dtype))
         t = t + step
@@ -91,17 +85,11 @@ def _gate_up(
 
 def _down(h, w2, y, block_expert, row_weight, num_experts: int, BM: ConstInt, BN: ConstInt, BK: ConstInt, GM: ConstInt):
     """Persistent over tiles of ``y [M, H]``: ``y[r] = bf16(row_weight[r] * (h[r] @ w2[e].T))``."""
-    rows_total = y.shape[0]
-    n_tiles = ct.cdiv(y.shape[1], BN)
+    mblocks, n_tiles, total, t, step = tile_lib.persistent_walk(y, BM, BN)
     nk = ct.cdiv(h.shape[1], BK)
-    mblocks = ct.cdiv(rows_total, BM)
-    total = mblocks * n_tiles
-    t = ct.bid(0)
-    step = ct.num_blocks(0)
     while t < total:
-        mb, nb = tile_lib.swizzle(t, mblocks, n_tiles, GM)
-        e = ct.load(block_expert, (mb,), shape=())
-        if (e >= 0) & (e < num_experts):
+        mb, nb, e, live = tile_lib.expert_tile(block_expert, t, mblocks, n_tiles, num_experts, GM)
+        if live:
             acc = tile_lib.mma_bf16(h, w2, 0, e, mb, nb, nk, BM, BN, BK, True, Kind.INDICES)
             wt = ct.reshape(ct.load(row_weight, (mb,), shape=(BM,), padding_mode=_ZERO), (BM, 1))
             ct.store(y, (mb, nb), ct.astype(acc * wt, y.dtype))

@@ -63,19 +63,16 @@ def _gate_up_train(
     ACT: ConstInt, BM: ConstInt, BN: ConstInt, BK: ConstInt, GM: ConstInt,
 ):  # fmt: skip
     """Persistent over tiles of ``h [M, I]``: ``gate``, ``up`` and ``h`` of the row block (module docstring)."""
-    n_tiles = ct.cdiv(h.shape[1], BN)
+    mblocks, n_tiles, total, t, step = tile_lib.persistent_walk(h, BM, BN)
     nk = ct.cdiv(xs.shape[1], BK)
-    mblocks = ct.cdiv(h.shape[0], BM)
-    t = ct.bid(0)
-    while t < mblocks * n_tiles:
-        mb, nb = tile_lib.swizzle(t, mblocks, n_tiles, GM)
-        e = ct.load(block_expert, (mb,), shape=())
-        if (e >= 0) & (e < num_experts):
+    while t < total:
+        mb, nb, e, live = tile_lib.expert_tile(block_expert, t, mblocks, n_tiles, num_experts, GM)
+        if live:
             acc_g, acc_u = moe.gate_up_tile(xs, w4, e, mb, nb, nk, BM, BN, BK)
             ct.store(gate, (mb, nb), ct.astype(acc_g, gate.dtype))
             ct.store(up, (mb, nb), ct.astype(acc_u, up.dtype))
             ct.store(h, (mb, nb), ct.astype(tile_lib.activation(acc_g, ACT) * acc_u, h.dtype))
-        t = t + ct.num_blocks(0)
+        t = t + step
 
 
 def _dgate_up(
@@ -84,14 +81,11 @@ def _dgate_up(
 ):  # fmt: skip
     """Persistent over tiles of ``dgate [M, I]``: ``dh = dy @ w2[e]`` (dy [M, H], w2 [E, H, I]) and the activation's
     backward against the saved ``gate`` / ``up`` (module docstring, step 3)."""
-    n_tiles = ct.cdiv(dgate.shape[1], BN)
+    mblocks, n_tiles, total, t, step = tile_lib.persistent_walk(dgate, BM, BN)
     nk = ct.cdiv(dy.shape[1], BK)
-    mblocks = ct.cdiv(dgate.shape[0], BM)
-    t = ct.bid(0)
-    while t < mblocks * n_tiles:
-        mb, nb = tile_lib.swizzle(t, mblocks, n_tiles, GM)
-        e = ct.load(block_expert, (mb,), shape=())
-        if (e >= 0) & (e < num_experts):
+    while t < total:
+        mb, nb, e, live = tile_lib.expert_tile(block_expert, t, mblocks, n_tiles, num_experts, GM)
+        if live:
             dh = tile_lib.mma_bf16(dy, w2, 0, e, mb, nb, nk, BM, BN, BK, False, Kind.INDICES)
             # The epilogue in 64-row halves: the whole tile's gate, up and dh at once spill on sm_100.
             for half in ct.static_iter(range(BM // 64)):
@@ -102,7 +96,7 @@ def _dgate_up(
                 act, dact = _activation_grad(g, ACT)
                 ct.store(dgate, (hb, nb), ct.astype(part * u * dact, dgate.dtype))
                 ct.store(dup, (hb, nb), ct.astype(part * act, dup.dtype))
-        t = t + ct.num_blocks(0)
+        t = t + step
 
 
 def _combine_weighted(y, dest, weights, out, TOPK: ConstInt, BT: ConstInt, BN: ConstInt):

@@ -23,7 +23,7 @@ from tilegemm.heuristics.cutile import (
     paged_mqa_config,
     print_once,
 )
-from tilegemm.ops.common import cdiv, compress_logits, paged_mqa_schedule, paged_mqa_split_kv
+from tilegemm.ops.common import cdiv, logits_result, paged_mqa_schedule, paged_mqa_split_kv
 from tilegemm.ops.cutile.launch import launch
 from tilegemm.ops.cutile.mqa_kernels import NEG_INF, mqa_clean_logits_kernel, paged_kernel_for, plain_kernel_for
 
@@ -130,9 +130,7 @@ def fp8_mqa_logits(
     if s and s_kv:
         ks, ke = cu_seq_len_k_start, cu_seq_len_k_end
         launch_mqa_logits(q, kv_data, kv_scale, weights, ks, ke, out, conf, clean=clean_logits, stream=stream)
-    if max_seqlen_k:
-        out = compress_logits(out, cu_seq_len_k_start, max_seqlen_k)
-    return out.to(logits_dtype)
+    return logits_result(out, cu_seq_len_k_start, max_seqlen_k, logits_dtype)
 
 
 register_impl("fp8_fp4_mqa_logits", "cutile")(fp8_mqa_logits)
@@ -157,9 +155,7 @@ def bf16_mqa_logits(
         ones = torch.ones(s_kv, dtype=torch.float32, device=q.device)
         ks, ke = cu_seq_len_k_start, cu_seq_len_k_end
         launch_mqa_logits(q, kv, ones, weights, ks, ke, out, conf, clean=clean_logits, stream=stream)
-    if max_seqlen_k:
-        out = compress_logits(out, cu_seq_len_k_start, max_seqlen_k)
-    return out.to(logits_dtype)
+    return logits_result(out, cu_seq_len_k_start, max_seqlen_k, logits_dtype)
 
 
 @register_impl("get_paged_mqa_logits_metadata", "cutile")

@@ -1,8 +1,9 @@
 """The device-side library every cutile kernel module imports (tile code only; host code lives beside each kernel
 family): the swizzled tile order, tile loads (a logical BF16 operand from either storage order, since TMA reads
 16-bit data K-major or MN-major alike; a load with a latency hint; the index clamp an unchecked load in a loop
-needs; a grouped operand's row block), the grouped BF16 MMA loop, the gated activations and an expert block's
-lookup. A helper used by more than one kernel module lives here, not as another module's private name."""
+needs; a grouped operand's row block), the grouped BF16 MMA loop, the gated activations, an expert block's
+lookup and the MoE kernels' persistent walk over expert row blocks. A helper used by more than one kernel module
+lives here, not as another module's private name."""
 
 from __future__ import annotations
 
@@ -113,6 +114,23 @@ def activation(g, ACT: int):
     if ACT == 0:
         return g / (1.0 + ct.exp(-g))
     return 0.5 * g * (1.0 + ct.tanh(GELU_C * (g + 0.044715 * g * g * g)))
+
+
+def persistent_walk(out, BM: int, BN: int):
+    """A persistent kernel's walk over the ``BM x BN`` tiles of ``out`` [M, N]: ``(mblocks, n_tiles, total, first,
+    step)``, the row and column blocks, the tile count, this CTA's first tile and the stride between its tiles.
+    (The column blocks are computed first: the MoE kernels' SASS was measured with that order.)"""
+    n_tiles = ct.cdiv(out.shape[1], BN)
+    mblocks = ct.cdiv(out.shape[0], BM)
+    return mblocks, n_tiles, mblocks * n_tiles, ct.bid(0), ct.num_blocks(0)
+
+
+def expert_tile(block_expert, t, mblocks, n_tiles, num_experts: int, GM: int):
+    """Tile ``t`` of an MoE kernel's walk over expert row blocks: ``(mb, nb, e, live)``, its row and column block
+    (:func:`swizzle`), the row block's expert and whether that is in ``[0, E)`` (a block of none is skipped)."""
+    mb, nb = swizzle(t, mblocks, n_tiles, GM)
+    e = ct.load(block_expert, (mb,), shape=())
+    return mb, nb, e, (e >= 0) & (e < num_experts)
 
 
 def block_expert(block_expert, mb, num_experts: int):

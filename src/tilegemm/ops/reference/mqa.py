@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from tilegemm.backend.registry import register_impl
-from tilegemm.ops.common import compress_logits, paged_mqa_schedule
+from tilegemm.ops.common import logits_result, paged_mqa_schedule
 from tilegemm.ops.reference._common import chunk_count, exact_matmul
 
 
@@ -65,9 +65,7 @@ def _mqa_logits(
             inside = (cols >= cu_seq_len_k_start[s0:s1, None]) & (cols < cu_seq_len_k_end[s0:s1, None])
             logits = torch.where(inside, logits, float("-inf"))
         out[s0:s1] = logits
-    if max_seqlen_k:
-        out = compress_logits(out, cu_seq_len_k_start, max_seqlen_k)
-    return out.to(logits_dtype)
+    return logits_result(out, cu_seq_len_k_start, max_seqlen_k, logits_dtype)
 
 
 register_impl("fp8_fp4_mqa_logits", "pytorch")(fp8_mqa_logits)
