@@ -26,7 +26,8 @@ def _device_sm_count() -> int:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
-def _check_int(name: str, x: object, minimum: int) -> int:
+def check_int(name: str, x: object, minimum: int) -> int:
+    """``x`` when it is an int (not a bool) ``>= minimum``; else ``TypeError`` / ``ValueError`` naming ``name``."""
     if isinstance(x, bool) or not isinstance(x, int):
         raise TypeError(f"{name}: expected an int, got {type(x).__name__}")
     if x < minimum:
@@ -46,7 +47,7 @@ def set_num_sms(n: int) -> None:
     Raises ``ValueError`` for a negative count or one above the device's SM count.
     """
     global _num_sms
-    _check_int("set_num_sms", n, 0)
+    check_int("set_num_sms", n, 0)
     device_sms = _device_sm_count()
     if device_sms and n > device_sms:
         raise ValueError(f"set_num_sms: n={n} exceeds the device's {device_sms} SMs")
@@ -84,7 +85,7 @@ def get_tc_util() -> int:
 def set_mk_alignment_for_contiguous_layout(new_value: int) -> None:
     """Set the row alignment of each group's start in the m-grouped psum layout (and K in the k-grouped one)."""
     global _mk_alignment
-    _mk_alignment = _check_int("set_mk_alignment_for_contiguous_layout", new_value, 1)
+    _mk_alignment = check_int("set_mk_alignment_for_contiguous_layout", new_value, 1)
 
 
 def get_mk_alignment_for_contiguous_layout() -> int:
@@ -95,7 +96,7 @@ def get_mk_alignment_for_contiguous_layout() -> int:
 def get_theoretical_mk_alignment_for_contiguous_layout(expected_m: int | None = None) -> int:
     """The alignment the kernels work best with: 128 (DeepGEMM's on SM90; ``expected_m`` only matters on SM100)."""
     if expected_m is not None:
-        _check_int("expected_m", expected_m, 0)
+        check_int("expected_m", expected_m, 0)
     return DEFAULT_MK_ALIGNMENT
 
 
@@ -123,4 +124,4 @@ def set_block_size_multiple_of(new_value: int | tuple[int, int]) -> None:
         m, n = new_value
     else:
         m = n = new_value
-    _block_size_multiple_of = (_check_int("block_m multiple", m, 1), _check_int("block_n multiple", n, 1))
+    _block_size_multiple_of = (check_int("block_m multiple", m, 1), check_int("block_n multiple", n, 1))

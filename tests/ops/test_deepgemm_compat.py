@@ -667,7 +667,7 @@ def test_ceil_div_and_align(x, y):
 def test_ceil_div_bad_input():
     with pytest.raises(TypeError, match="^y: "):
         deep_gemm.utils.ceil_div(3, 2.0)
-    with pytest.raises(ValueError, match="^y: got 0"):
+    with pytest.raises(ValueError, match="^y: expected an int >= 1, got 0"):
         deep_gemm.utils.ceil_div(3, 0)
 
 

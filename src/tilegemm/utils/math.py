@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tilegemm.config import check_int
 from tilegemm.quant import (  # noqa: F401  (the FP8 casts are re-exported: DeepGEMM's deep_gemm.utils.math names)
     AMAX_EPS,
     ceil_to_ue8m0,
@@ -26,18 +27,10 @@ FP4_MAX = 6.0
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
-def _int_arg(name: str, x: object, minimum: int) -> int:
-    if isinstance(x, bool) or not isinstance(x, int):
-        raise TypeError(f"{name}: got {type(x).__name__}, expected an int")
-    if x < minimum:
-        raise ValueError(f"{name}: got {x}, expected an int >= {minimum}")
-    return x
-
-
 def ceil_div(x: int, y: int) -> int:
     """``ceil(x / y)`` for ints ``x >= 0``, ``y >= 1``."""
-    _int_arg("y", y, 1)
-    return (_int_arg("x", x, 0) + y - 1) // y
+    check_int("y", y, 1)
+    return (check_int("x", x, 0) + y - 1) // y
 
 
 def align(x: int, y: int) -> int:
@@ -89,7 +82,7 @@ def per_token_cast_to_fp4(
         raise ValueError(f"x: got {n} columns, expected an even number (two FP4 codes per byte)")
     if use_packed_ue8m0 and not use_ue8m0:
         raise ValueError("use_packed_ue8m0: needs use_ue8m0=True")
-    kb = ceil_div(n, _int_arg("gran_k", gran_k, 1))
+    kb = ceil_div(n, check_int("gran_k", gran_k, 1))
     xf = F.pad(x.float(), (0, kb * gran_k - n)).view(m, kb, gran_k)
     scale = xf.abs().amax(dim=2).clamp(min=AMAX_EPS) / FP4_MAX
     scale = ceil_to_ue8m0(scale) if use_ue8m0 else scale
