@@ -39,7 +39,7 @@ the largest tests outside the ``gpu_serial`` and ``gpu_memory`` groups (under 8 
 back after each)."""
 MAX_WORKERS = 8
 CORES_PER_WORKER = 2
-"""A worker's python and the tileiras compile its first calls start."""
+"""CPU cores one worker takes: its Python and the tileiras compiles its tests' first calls start."""
 IGNORED_NAMES = {"__pycache__"}
 IGNORED_SUFFIXES = (".pyc", ".egg-info")
 
@@ -90,8 +90,8 @@ def workers_for(free_bytes: int, cpus: int) -> int:
 
 def threads_per_worker(workers: int, cpus: int) -> int:
     """CPU threads each worker's torch / OpenMP pools get: its share of the cores. Left at their default (every core
-    per process), the workers' spinning pools take the cores from each other and from the compiles: a float64
-    reference of a few thousand small products took 70-100 s instead of under one."""
+    per process), the workers' spinning pools take the cores from each other and from the compiles, and a test whose
+    float64 reference is many small CPU products runs a hundred times slower (benchmarks/results/gpu-tests/)."""
     return max(1, cpus // workers)
 
 
