@@ -16,6 +16,7 @@ import torch
 from hf_models import build, prompt
 
 from modeling.transformers import measure
+from modeling.transformers.indexer_bench import capture_scores
 from tilegemm import indexer as scoring
 from tilegemm.testing import calc_diff
 from tilegemm.transformers import (
@@ -89,20 +90,8 @@ def assert_same_topk(patched: torch.Tensor, stock: torch.Tensor, scores: torch.T
 
 def _patched_scores(module, args, kwargs) -> torch.Tensor:
     """The masked scores the patched forward hands to ``topk`` (:func:`tilegemm.indexer.index_scores`)."""
-    captured = {}
-    original = scoring.index_scores
-
-    def spy(*a, **kw):
-        captured["scores"] = original(*a, **kw)
-        return captured["scores"]
-
-    scoring.index_scores = spy
-    try:
-        with torch.no_grad():
-            module(*args, **kwargs)
-    finally:
-        scoring.index_scores = original
-    return captured["scores"]
+    with torch.no_grad():
+        return capture_scores(lambda: module(*args, **kwargs))[1]
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
