@@ -396,6 +396,15 @@ def test_dense_calls_launch_on_the_given_stream(monkeypatch, dtype, m, n, k, wit
         launched.clear()
 
 
+def _assert_launch_streams(name, call, launched, given, current) -> None:
+    """``call(given)`` launches every kernel on ``given``, ``call(None)`` on ``current`` (``launched``: the streams
+    the recorded launches got, cleared after each)."""
+    for stream, expected in ((given, given), (None, current)):
+        call(stream)
+        assert launched and all(s is expected for s in launched), (name, launched)
+        launched.clear()
+
+
 def _grouped_calls():
     """(name, call(stream)) of an m-grouped (m_indices and psum layouts), a masked and a k-grouped call."""
     import tilegemm
@@ -433,12 +442,7 @@ def test_grouped_calls_launch_on_the_given_stream(monkeypatch):
     monkeypatch.setattr(registry, "_unavailable_reason", lambda *args: None)
     monkeypatch.setattr(config, "_num_sms", 132)
     for name, call in _grouped_calls():
-        call(given)
-        assert launched and all(s is given for s in launched), (name, launched)
-        launched.clear()
-        call(None)
-        assert launched and all(s is current for s in launched), (name, launched)
-        launched.clear()
+        _assert_launch_streams(name, call, launched, given, current)
 
 
 def _moe_calls():
@@ -550,12 +554,7 @@ def test_moe_einsum_mqa_norm_calls_launch_on_the_given_stream(monkeypatch, famil
     # No kernel runs: the routing's buffers come zero-filled, so the row gather after it reads rows in range.
     monkeypatch.setattr(torch, "empty", lambda *args, **kwargs: empty(*args, **kwargs).zero_())
     for name, call in _moe_calls() if family == "moe" else _einsum_calls():
-        call(given)
-        assert launched and all(s is given for s in launched), (name, launched)
-        launched.clear()
-        call(None)
-        assert launched and all(s is current for s in launched), (name, launched)
-        launched.clear()
+        _assert_launch_streams(name, call, launched, given, current)
 
 
 @pytest.mark.parametrize("src_align", [1, 3, 64, 128])
