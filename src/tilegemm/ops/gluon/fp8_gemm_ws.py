@@ -210,7 +210,7 @@ def _mma_partition(
     # accumulator as its (ignored) input tile: ptxas then sees a read of registers the previous promotion wrote and
     # cannot sink that promotion below the wgmma. With a constant False it interleaves the two waves' promotions
     # with the MMAs, holding two product tiles beside both accumulators, and spills (see the module docstring).
-    chain = M < 0
+    chain = K < 0
     it = 0
     for tile in range(first, num_tiles, step):
         pm, pn = _tile_coords(tile, num_m, num_n, GROUP_M)
