@@ -18,9 +18,11 @@ Layout of warps (``gl.warp_specialize``):
 tile). Their order alternates with the column tile's parity (128 + 64 on even tiles, 64 + 128 on odd ones) so
 that each sub-tile lies inside one 128-column block of B and has a single B scale per K block.
 
-``OVERLAP``: the wgmma of the next step (the next wave, or the first wave of the next K block) is issued before
-the current step's promotion, which then waits with ``num_outstanding=1`` instead of 0: the promotion runs under
-an MMA, at the cost of a second in-flight product tile of registers.
+``OVERLAP`` = N (0: off): the wgmma of the next step (a step: one wave of one K block) is issued before the current
+step's promotion, which then waits with ``num_outstanding=1`` instead of 0: the promotion runs under an MMA, at the
+cost of a second product tile of registers. The steps of N K blocks form one run, unrolled inside the K loop's body
+with the two product tiles in fixed roles (even and odd steps); no wgmma is in flight at the loop's back edge, so
+the last promotion of each run is not overlapped. K blocks past a multiple of N go as shorter runs (N/2, ..., 1).
 
 ``PERSISTENT``: the grid is at most one CTA per SM and each CTA walks the output tiles in a grouped order
 (``GROUP_M`` row tiles per column sweep, for L2 reuse of B); otherwise one CTA per tile, in the same order.
@@ -168,6 +170,241 @@ def _store_tile(acc, d_desc, out_smem, row, col):
 
 
 @gluon.jit
+def _pin(x):
+    """``x`` through a side-effecting register move: what computes ``x`` stays before the next wgmma issue."""
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _ov_issue(a_ring, b0_ring, b1_ring, ready, blk, row: gl.constexpr, q0, q1, WAIT: gl.constexpr):
+    """Issue the wgmma of ring slot ``blk`` for the 128 rows of A's tile from ``row``, into the product tiles
+    ``q0`` (and ``q1``, the narrow sub-tile, when B has two), after waiting for the slot's data if ``WAIT``."""
+    STAGES: gl.constexpr = a_ring.shape[0]
+    SPLIT: gl.constexpr = b1_ring.shape[1] != b0_ring.shape[1]
+    s = blk % STAGES
+    if WAIT:
+        mbarrier.wait(ready.index(s), (blk // STAGES) & 1)
+    a = a_ring.index(s).slice(row, _WAVE_M)
+    t0 = warpgroup_mma(a, b0_ring.index(s).permute((1, 0)), q0, use_acc=False, is_async=True)
+    if SPLIT:
+        t1 = warpgroup_mma(a, b1_ring.index(s).permute((1, 0)), q1, use_acc=False, is_async=True)
+    else:
+        t1 = t0
+    return t0, t1
+
+
+@gluon.jit
+def _ov_wait(t0, t1, LEFT: gl.constexpr, SPLIT: gl.constexpr):
+    """Wait for the product tiles ``t0`` (and ``t1``) of one step, leaving ``LEFT`` later steps in flight."""
+    if SPLIT:
+        p0, p1 = warpgroup_mma_wait(num_outstanding=2 * LEFT, deps=(t0, t1))
+    else:
+        p0 = warpgroup_mma_wait(num_outstanding=LEFT, deps=(t0,))
+        p1 = p0
+    return p0, p1
+
+
+@gluon.jit
+def _ov_promote(
+    acc0,
+    acc1,
+    p0,
+    p1,
+    sa_rows,
+    blk,
+    row: gl.constexpr,
+    sb0,
+    sb1,
+    rows0: gl.constexpr,
+    rows1: gl.constexpr,
+    SPLIT: gl.constexpr,
+):
+    """``acc += p * (sa * sb)`` for one step: A's scales of ring slot ``blk`` (rows from ``row``), B's ``sb0`` /
+    ``sb1``."""
+    STAGES: gl.constexpr = sa_rows.shape[0]
+    sa = sa_rows.index(blk % STAGES).slice(row, _WAVE_M).load(rows0)
+    acc0 = _pin(acc0 + p0 * (sa * sb0)[:, None])
+    if SPLIT:
+        acc1 = _pin(acc1 + p1 * gl.convert_layout(sa * sb1, rows1)[:, None])
+    return acc0, acc1
+
+
+@gluon.jit
+def _ov_run(
+    a_ring,
+    b0_ring,
+    b1_ring,
+    sa_rows,
+    ready,
+    empty,
+    acc00,
+    acc01,
+    acc10,
+    qa0,
+    qa1,
+    qb0,
+    qb1,
+    sb_ptr,
+    sb_stride,
+    col0,
+    col1,
+    kb,
+    num_k,
+    num_nb,
+    it,
+    BLOCKS: gl.constexpr,
+    WAVES: gl.constexpr,
+    rows0: gl.constexpr,
+    rows1: gl.constexpr,
+):
+    """``BLOCKS`` K blocks from ``kb`` (ring slot ``it``) as one software-pipelined run of steps (a step: one wave
+    of one K block): each step issues the next step's wgmma, then waits for its own with one left in flight and
+    promotes, so every promotion but the run's last runs under an MMA. Even steps use the product tiles ``qa``,
+    odd ones ``qb``; the run is unrolled, so each tile keeps its registers, and no wgmma is in flight when it
+    returns. Returns the accumulators and the product tiles (for the next run to overwrite)."""
+    STAGES: gl.constexpr = a_ring.shape[0]
+    SPLIT: gl.constexpr = b1_ring.shape[1] != b0_ring.shape[1]
+    STEPS: gl.constexpr = BLOCKS * WAVES
+    ta0, ta1 = _ov_issue(a_ring, b0_ring, b1_ring, ready, it, 0, qa0, qa1, True)
+    for i in gl.static_range(STEPS):
+        blk = it + i // WAVES
+        if i % WAVES == 0:
+            sb0 = _b_scale(sb_ptr, sb_stride, col0, kb + i // WAVES, num_k, num_nb)
+            if SPLIT:
+                sb1 = _b_scale(sb_ptr, sb_stride, col1, kb + i // WAVES, num_k, num_nb)
+            else:
+                sb1 = sb0
+        if i + 1 < STEPS:
+            # the next step's wgmma (it waits for its stage's data when it starts a K block)
+            nxt = it + (i + 1) // WAVES
+            if i % 2 == 0:
+                tb0, tb1 = _ov_issue(
+                    a_ring, b0_ring, b1_ring, ready, nxt, ((i + 1) % WAVES) * _WAVE_M, qb0, qb1, (i + 1) % WAVES == 0
+                )
+                qa0, qa1 = _ov_wait(ta0, ta1, 1, SPLIT)
+            else:
+                ta0, ta1 = _ov_issue(
+                    a_ring, b0_ring, b1_ring, ready, nxt, ((i + 1) % WAVES) * _WAVE_M, qa0, qa1, (i + 1) % WAVES == 0
+                )
+                qb0, qb1 = _ov_wait(tb0, tb1, 1, SPLIT)
+        else:
+            if i % 2 == 0:
+                qa0, qa1 = _ov_wait(ta0, ta1, 0, SPLIT)
+            else:
+                qb0, qb1 = _ov_wait(tb0, tb1, 0, SPLIT)
+        if i % 2 == 0:
+            p0 = qa0
+            p1 = qa1
+        else:
+            p0 = qb0
+            p1 = qb1
+        if i % WAVES == 0:
+            acc00, acc01 = _ov_promote(acc00, acc01, p0, p1, sa_rows, blk, 0, sb0, sb1, rows0, rows1, SPLIT)
+        else:
+            acc10, _ = _ov_promote(acc10, acc10, p0, p0, sa_rows, blk, _WAVE_M, sb0, sb0, rows0, rows0, False)
+        if i % WAVES == WAVES - 1:
+            mbarrier.arrive(empty.index(blk % STAGES), count=1)  # every wgmma reading this stage is complete
+    return acc00, acc01, acc10, qa0, qa1, qb0, qb1
+
+
+@gluon.jit
+def _ov_k_loop(
+    a_ring,
+    b0_ring,
+    b1_ring,
+    sa_rows,
+    ready,
+    empty,
+    acc00,
+    acc01,
+    acc10,
+    qa0,
+    qa1,
+    sb_ptr,
+    sb_stride,
+    col0,
+    col1,
+    num_k,
+    num_nb,
+    it,
+    RUN: gl.constexpr,
+    WAVES: gl.constexpr,
+    rows0: gl.constexpr,
+    rows1: gl.constexpr,
+):
+    """The K loop of one tile with the next step's wgmma issued before the current step's promotion (``OVERLAP``
+    = ``RUN``, a power of two): runs of ``RUN`` K blocks (:func:`_ov_run`), then the remaining blocks as runs of
+    the powers of two below ``RUN`` that make them up. A loop whose back edge a wgmma crosses in flight while the
+    body reads that wgmma's tile makes ptxas serialize every wgmma of the kernel (C7514), hence whole runs per
+    iteration. Returns the accumulators and the ring counter past the tile's K blocks."""
+    qb0 = _pin(gl.zeros_like(qa0))
+    qb1 = _pin(gl.zeros_like(qa1))
+    for kb in range(0, num_k - (RUN - 1), RUN):
+        acc00, acc01, acc10, qa0, qa1, qb0, qb1 = _ov_run(
+            a_ring,
+            b0_ring,
+            b1_ring,
+            sa_rows,
+            ready,
+            empty,
+            acc00,
+            acc01,
+            acc10,
+            qa0,
+            qa1,
+            qb0,
+            qb1,
+            sb_ptr,
+            sb_stride,
+            col0,
+            col1,
+            kb,
+            num_k,
+            num_nb,
+            it,
+            RUN,
+            WAVES,
+            rows0,
+            rows1,
+        )
+        it += RUN
+    kb = num_k - num_k % RUN
+    for j in gl.static_range(1, 4):
+        if RUN >> j > 0:
+            if (num_k % RUN) & (RUN >> j):
+                acc00, acc01, acc10, qa0, qa1, qb0, qb1 = _ov_run(
+                    a_ring,
+                    b0_ring,
+                    b1_ring,
+                    sa_rows,
+                    ready,
+                    empty,
+                    acc00,
+                    acc01,
+                    acc10,
+                    qa0,
+                    qa1,
+                    qb0,
+                    qb1,
+                    sb_ptr,
+                    sb_stride,
+                    col0,
+                    col1,
+                    kb,
+                    num_k,
+                    num_nb,
+                    it,
+                    RUN >> j,
+                    WAVES,
+                    rows0,
+                    rows1,
+                )
+                it += RUN >> j
+                kb += RUN >> j
+    return acc00, acc01, acc10, it
+
+
+@gluon.jit
 def _mma_partition(
     a_ring,
     b0_ring,
@@ -223,63 +460,49 @@ def _mma_partition(
         if SPLIT:
             acc01 = gl.zeros([_WAVE_M, BN1], gl.float32, l1)
             spare1 = gl.zeros([_WAVE_M, BN1], gl.float32, l1)
-        sbn0 = _b_scale(sb_ptr, sb_stride, col0, 0, num_k, num_nb)
-        if SPLIT:
-            sbn1 = _b_scale(sb_ptr, sb_stride, col1, 0, num_k, num_nb)
+        else:
+            acc01 = acc00  # not used
+            spare1 = spare0  # not used
+        if WAVES == 1:
+            acc10 = acc00  # not used
         if OVERLAP:
-            # Step (K block 0, wave 0) goes out before the loop; each step issues the next one, then promotes.
-            s = it % STAGES
-            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-            a = a_ring.index(s).slice(0, _WAVE_M)
-            t0 = warpgroup_mma(a, b0_ring.index(s).permute((1, 0)), spare0, use_acc=False, is_async=True)
+            acc00, acc01, acc10, it = _ov_k_loop(
+                a_ring,
+                b0_ring,
+                b1_ring,
+                sa_rows,
+                ready,
+                empty,
+                acc00,
+                acc01,
+                acc10,
+                spare0,
+                spare1,
+                sb_ptr,
+                sb_stride,
+                col0,
+                col1,
+                num_k,
+                num_nb,
+                it,
+                OVERLAP,
+                WAVES,
+                rows0,
+                rows1,
+            )
+        else:
+            sbn0 = _b_scale(sb_ptr, sb_stride, col0, 0, num_k, num_nb)
             if SPLIT:
-                t1 = warpgroup_mma(a, b1_ring.index(s).permute((1, 0)), spare1, use_acc=False, is_async=True)
-        for kb in range(num_k):
-            s = it % STAGES
-            sb0 = sbn0
-            sbn0 = _b_scale(sb_ptr, sb_stride, col0, kb + 1, num_k, num_nb)
-            if SPLIT:
-                sb1 = sbn1
-                sbn1 = _b_scale(sb_ptr, sb_stride, col1, kb + 1, num_k, num_nb)
-            if not OVERLAP:
+                sbn1 = _b_scale(sb_ptr, sb_stride, col1, 0, num_k, num_nb)
+            for kb in range(num_k):
+                s = it % STAGES
+                sb0 = sbn0
+                sbn0 = _b_scale(sb_ptr, sb_stride, col0, kb + 1, num_k, num_nb)
+                if SPLIT:
+                    sb1 = sbn1
+                    sbn1 = _b_scale(sb_ptr, sb_stride, col1, kb + 1, num_k, num_nb)
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-            for w in gl.static_range(WAVES):
-                if OVERLAP:
-                    sa = sa_rows.index(s).slice(w * _WAVE_M, _WAVE_M).load(rows0)
-                    if w + 1 < WAVES:
-                        # the next wave of this K block, on the same stage
-                        a = a_ring.index(s).slice((w + 1) * _WAVE_M, _WAVE_M)
-                        n0 = warpgroup_mma(a, b0_ring.index(s).permute((1, 0)), spare0, use_acc=False, is_async=True)
-                        p0 = warpgroup_mma_wait(num_outstanding=1, deps=(t0,))
-                        t0 = n0
-                    else:
-                        # the first wave of the next K block (none after the last: wait for everything)
-                        nxt = (it + 1) % STAGES
-                        if kb + 1 < num_k:
-                            mbarrier.wait(ready.index(nxt), ((it + 1) // STAGES) & 1)
-                            a = a_ring.index(nxt).slice(0, _WAVE_M)
-                            n0 = warpgroup_mma(
-                                a, b0_ring.index(nxt).permute((1, 0)), spare0, use_acc=False, is_async=True
-                            )
-                            if SPLIT:
-                                n1 = warpgroup_mma(
-                                    a, b1_ring.index(nxt).permute((1, 0)), spare1, use_acc=False, is_async=True
-                                )
-                                p0, p1 = warpgroup_mma_wait(num_outstanding=2, deps=(t0, t1))
-                            else:
-                                p0 = warpgroup_mma_wait(num_outstanding=1, deps=(t0,))
-                        else:
-                            n0 = t0
-                            if SPLIT:
-                                n1 = t1
-                                p0, p1 = warpgroup_mma_wait(num_outstanding=0, deps=(t0, t1))
-                            else:
-                                p0 = warpgroup_mma_wait(num_outstanding=0, deps=(t0,))
-                        mbarrier.arrive(empty.index(s), count=1)  # every wgmma reading stage s is complete
-                        t0 = n0
-                        if SPLIT:
-                            t1 = n1
-                else:
+                for w in gl.static_range(WAVES):
                     sa = sa_rows.index(s).slice(w * _WAVE_M, _WAVE_M).load(rows0)
                     a = a_ring.index(s).slice(w * _WAVE_M, _WAVE_M)
                     if WAVES == 2:
@@ -292,24 +515,22 @@ def _mma_partition(
                         t0 = warpgroup_mma(a, b0_ring.index(s).permute((1, 0)), spare0, use_acc=False, is_async=True)
                     if SPLIT:
                         t1 = warpgroup_mma(a, b1_ring.index(s).permute((1, 0)), spare1, use_acc=False, is_async=True)
-                    if SPLIT:
                         p0, p1 = warpgroup_mma_wait(num_outstanding=0, deps=(t0, t1))
                     else:
                         p0 = warpgroup_mma_wait(num_outstanding=0, deps=(t0,))
-                scale0 = (sa * sb0)[:, None]
-                if w == 0:
-                    acc00 = acc00 + p0 * scale0
-                else:
-                    acc10 = acc10 + p0 * scale0
-                spare0 = p0
-                if SPLIT:
-                    scale1 = gl.convert_layout(sa * sb1, rows1)[:, None]
-                    acc01 = acc01 + p1 * scale1
-                    spare1 = p1
-                if not OVERLAP:
+                    scale0 = (sa * sb0)[:, None]
+                    if w == 0:
+                        acc00 = acc00 + p0 * scale0
+                    else:
+                        acc10 = acc10 + p0 * scale0
+                    spare0 = p0
+                    if SPLIT:
+                        scale1 = gl.convert_layout(sa * sb1, rows1)[:, None]
+                        acc01 = acc01 + p1 * scale1
+                        spare1 = p1
                     if w == WAVES - 1:
                         mbarrier.arrive(empty.index(s), count=1)  # every wgmma reading stage s is complete
-            it += 1
+                it += 1
         row = pm * BLOCK_M
         _store_tile(acc00, d0_desc, out0, row, col0)
         if SPLIT:
@@ -348,6 +569,9 @@ def fp8_gemm_ws_kernel(
     gl.static_assert(BLOCK_N == 128 or BLOCK_N == 192, "BLOCK_N is 128 or 192")
     gl.static_assert(WAVES == 1 or WAVES == 2, "WAVES is 1 or 2")
     gl.static_assert(BLOCK_N == 128 or WAVES == 1, "a 192-wide tile runs one wave")
+    gl.static_assert(
+        OVERLAP == 0 or OVERLAP == 1 or OVERLAP == 2 or OVERLAP == 4 or OVERLAP == 8, "OVERLAP is 0, 1, 2, 4 or 8"
+    )
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     SPLIT: gl.constexpr = BLOCK_N == 192
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, _BLOCK_K], a_desc.layout)
@@ -434,30 +658,33 @@ class WsConfig(NamedTuple):
     """One launch of :func:`fp8_gemm_ws_kernel`.
 
     ``block_n`` 128 or 192 (128 + 64 sub-tiles); ``waves`` 1 (128-row tile) or 2 (256 rows); ``persistent``: grid of
-    at most one CTA per SM; ``overlap``: the next step's wgmma before the current promotion; ``stages``: ring depth,
+    at most one CTA per SM; ``overlap``: K blocks per software-pipelined run with the next step's wgmma before the
+    current promotion (0: off; 1, 2, 4 or 8); ``stages``: ring depth,
     0 for the deepest that fits; ``group_m``: row tiles per column sweep; ``loader_regs``: the TMA warp's registers.
     """
 
     block_n: int = 128
     waves: int = 2
     persistent: bool = True
-    overlap: bool = False
+    overlap: int = 0
     stages: int = 0
     group_m: int = 8
     loader_regs: int = 56
 
 
 #: The designs of the prototype, by name: (a) the MMA warpgroups in the default partition, (b) 256x128 as two waves,
-#: persistent, (c) 128x192 from 128 + 64 sub-tiles, (d) the next step's wgmma before the promotion, and mixes.
+#: persistent, (c) 128x192 from 128 + 64 sub-tiles, (d) the next step's wgmma before the promotion (runs of 2 or 4
+#: K blocks), and mixes.
 VARIANTS: dict[str, WsConfig] = {
     "a_128x128": WsConfig(block_n=128, waves=1, persistent=False),
     "a_128x128_p": WsConfig(block_n=128, waves=1, persistent=True),
-    "d_128x128_ov": WsConfig(block_n=128, waves=1, persistent=True, overlap=True),
+    "d_128x128_ov": WsConfig(block_n=128, waves=1, persistent=True, overlap=2),
+    "d_128x128_ov4": WsConfig(block_n=128, waves=1, persistent=True, overlap=4),
     "b_256x128": WsConfig(block_n=128, waves=2, persistent=True),
     "b_256x128_np": WsConfig(block_n=128, waves=2, persistent=False),
-    "bd_256x128_ov": WsConfig(block_n=128, waves=2, persistent=True, overlap=True),
+    "bd_256x128_ov": WsConfig(block_n=128, waves=2, persistent=True, overlap=1),
     "c_128x192": WsConfig(block_n=192, waves=1, persistent=True),
-    "cd_128x192_ov": WsConfig(block_n=192, waves=1, persistent=True, overlap=True),
+    "cd_128x192_ov": WsConfig(block_n=192, waves=1, persistent=True, overlap=2),
 }
 
 
