@@ -208,3 +208,67 @@ def test_fp8_cache_is_rebuilt_when_a_dynamic_cache_restarts():
     for b, (data, _) in enumerate(scoring.read_paged_kv_cache(rebuilt.kv_cache, rebuilt.block_table, lens)):
         want = scoring.quantize_keys(scoring.hadamard_rotate(keys[b, :5]))[0]
         assert torch.equal(data.view(torch.uint8), want.view(torch.uint8))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", DSA_FAMILIES)
+def test_fp8_cache_on_gpu_cutile(family, monkeypatch):
+    """bf16 tiny model on the GPU, cutile (fallback disabled): the FP8 key cache's indexer calls pick the per-call
+    recipe's top-k (scores within fp32 order), and its static-cache decode loop replayed from a CUDA graph gives the
+    eager loop's tokens and the per-call recipe's."""
+    from tilegemm.backend.selector import is_backend_available
+
+    if not is_backend_available("cutile"):
+        pytest.skip("cutile backend unavailable")
+    monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
+    model = build(family, dtype=torch.bfloat16, device="cuda")
+    ids = prompt(device="cuda")
+    tokens = {}
+    with torch.no_grad():
+        for name, cached in (("per_call", False), ("cache", True)):
+            swap_indexers(model, fp8=True, fp8_cache=cached, backend="cutile")
+            tokens[name] = measure.static_greedy(model, ids, 6, cuda_graph=True)
+            tokens[name + "_eager"] = measure.static_greedy(model, ids, 6)
+    assert not tokens["cache"].note, tokens["cache"].note
+    assert torch.equal(tokens["cache"].tokens, tokens["cache_eager"].tokens)
+    assert torch.equal(tokens["cache"].tokens, tokens["per_call"].tokens)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 2, 40])
+def test_cache_scores_on_gpu_cutile(rows, monkeypatch):
+    """The paged (decode) and plain (prefill) kernels over the FP8 key cache: the per-call recipe's scores within fp32
+    order, ``-inf`` exactly where the mask hides a key, every element written (no NaN), bitwise reruns, and the same
+    scores from a CUDA graph that appends and scores."""
+    from tilegemm.backend.selector import is_backend_available
+
+    if not is_backend_available("cutile"):
+        pytest.skip("cutile backend unavailable")
+    monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
+    q, k, w, mask = (t.cuda() for t in _inputs(2, rows, 4000, heads=64, seed=rows))
+    scale = q.shape[-1] ** -0.5
+    cache = Fp8KeyCache(2, 4000, q.shape[-1], "cuda")
+    cache.append(k, torch.arange(4000, device="cuda"))
+    got = score_fp8_key_cache(q, cache, w, mask, scale, 4000, backend="cutile")
+    ref = scoring.index_scores(q, k, w, mask, scale, fp8=True, backend="cutile")
+    torch.cuda.synchronize()
+    assert not torch.isnan(got).any() and torch.equal(torch.isneginf(got), ~mask)
+    assert calc_diff(got[mask], ref[mask]) < 1e-6
+    assert torch.equal(score_fp8_key_cache(q, cache, w, mask, scale, 4000, backend="cutile"), got)
+    new_key, position = k[:, -1:], torch.tensor([3999], device="cuda")
+
+    def step():
+        cache.append(new_key, position)
+        return score_fp8_key_cache(q, cache, w, mask, scale, 4000, backend="cutile")
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, got)
