@@ -10,12 +10,22 @@ random-weight realistic preset (default ``deepseek-v3.2``: indexer 64 heads of 1
    chosen by one side only must be near-ties, as in ``tests/hf/test_indexer_patch.py``), and FP8 against
    BF16: the top-k overlap and the scores' ``calc_diff``.
 2. ``decode_module``: the indexer's decode step (one query over a static key cache of 4k / 16k / 64k keys,
-   the cache write included) replayed from a CUDA graph, each variant.
-3. ``decode_model``: the whole model (``--layers``, default 4: three dense layers and one MoE layer) decode step
+   the cache write included, the cache's write position rewound in the step) replayed from a CUDA graph, each
+   variant: stock; patched BF16 (torch's matmul at decode size); ``bf16_kernel``, patched BF16 through
+   ``bf16_mqa_logits`` with its decode kernel forced (``TILEGEMM_MQA_VARIANT=decode``); patched FP8 quantizing the
+   whole cache per call; ``fp8_cache``, patched FP8 over the FP8 key cache (``fp8_cache=True``: keys quantized on
+   append, ``fp8_paged_mqa_logits``). Top-k overlap of each with stock and of the FP8 ones with BF16.
+3. ``kernels``: the MQA-logits ops alone at decode size (``--kernel-rows`` query rows, the indexer's heads, the same
+   key counts), each call replayed from a CUDA graph: torch's fp32 matmul (the BF16 decode path today), the plain
+   kernel and the decode kernel (BF16 and FP8), and ``fp8_paged_mqa_logits`` on the same keys; ``calc_diff`` of
+   the decode kernel against the plain one.
+4. ``decode_model``: the whole model (``--layers``, default 4: three dense layers and one MoE layer) decode step
    with a static cache of the same lengths (filled with random keys) replayed from a CUDA graph: stock,
-   indexers patched alone, and everything patched (indexers, experts, norms); logits ``calc_diff`` vs stock.
+   indexers patched alone, everything patched (indexers, experts, norms), everything patched with the FP8 key
+   cache, and everything patched with the decode kernel forced; logits ``calc_diff`` vs stock.
 
-Writes ``indexer_bench.json`` and ``indexer_bench.md`` under ``--out``. ``--device cpu --preset tiny-deepseek-v32
+``--parts`` picks the parts (default all four). Writes ``indexer_bench.json`` and ``indexer_bench.md`` under
+``--out`` (and the JSON to ``--json`` too, if given); prints the tables last. ``--device cpu --preset tiny-deepseek-v32
 --contexts 64 --decode-contexts 64`` runs the same code on the CPU (no CUDA graphs, no timing meaning): the
 smoke test in ``tests/hf/test_indexer_patch.py``.
 """
@@ -30,9 +40,11 @@ if __package__ in (None, ""):  # run as a script: make the repository root and s
     sys.path[0:1] = [str(_ROOT), str(_ROOT / "src")]
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import functools  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
@@ -44,13 +56,18 @@ import torch  # noqa: E402
 
 from modeling.transformers.cli import positive_ints, progress_log  # noqa: E402
 from tilegemm import indexer as scoring  # noqa: E402
+from tilegemm.env import MQA_VARIANT  # noqa: E402
+from tilegemm.ops import api  # noqa: E402
 from tilegemm.testing import calc_diff  # noqa: E402
 from tilegemm.transformers import indexer as idx  # noqa: E402
-from tilegemm.transformers.compat import cache_kwargs  # noqa: E402
+from tilegemm.transformers.compat import cache_kwargs, rewind_static_cache  # noqa: E402
 from tilegemm.transformers.presets import PRESETS  # noqa: E402
 
 SAMPLE_ROWS = 128
 TIE = 1e-5
+PARTS = ("prefill", "decode_module", "kernels", "decode_model")
+#: The decode step's variants of one indexer: stock, then the patched settings (:func:`set_variant`).
+DECODE_VARIANTS = ("stock", "bf16", "bf16_kernel", "fp8", "fp8_cache")
 
 
 log = progress_log("indexer_bench")
@@ -66,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=5, help="timed repetitions per measurement")
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", default=".", help="folder for indexer_bench.json and indexer_bench.md")
+    p.add_argument("--json", default=None, help="also write the JSON result to this path")
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated parts to run, of {','.join(PARTS)}")
+    p.add_argument("--kernel-rows", type=positive_ints, default=[1], help="query rows of the kernels part")
     return p
 
 
@@ -148,14 +168,31 @@ def model_module(model_type: str):
 
 
 def set_variant(module: torch.nn.Module, stock: type, variant: str, rope: str) -> None:
-    """``stock``, ``bf16`` or ``fp8``: the module's class and the patched settings."""
+    """``stock``, ``bf16``, ``bf16_kernel``, ``fp8`` or ``fp8_cache``: the module's class and the patched settings
+    (``bf16_kernel`` is ``bf16`` under :func:`mqa_variant`)."""
     if variant == "stock":
         module.__class__ = stock
         return
     module.__class__ = idx.tilegemm_indexer_class(stock, rope)
     module._tilegemm_backend = None
-    module._tilegemm_fp8 = variant == "fp8"
+    module._tilegemm_fp8 = variant.startswith("fp8")
     module._tilegemm_hadamard = True
+    module._tilegemm_fp8_cache = variant == "fp8_cache"
+
+
+@contextlib.contextmanager
+def mqa_variant(name: str | None):
+    """``$TILEGEMM_MQA_VARIANT`` set to ``name`` (``None``: unset) inside the block, restored after: the MQA ops read
+    it per call, so a graph captured inside keeps the kernel it chose."""
+    old = os.environ.pop(MQA_VARIANT, None)
+    if name is not None:
+        os.environ[MQA_VARIANT] = name
+    try:
+        yield
+    finally:
+        os.environ.pop(MQA_VARIANT, None)
+        if old is not None:
+            os.environ[MQA_VARIANT] = old
 
 
 def capture_scores(call: Callable[[], Any]) -> tuple[Any, torch.Tensor]:
@@ -329,15 +366,26 @@ def sampled_formula(module, hidden, q_resid, pe, sample) -> torch.Tensor:
 
 
 class StaticKeys:
-    """A static indexer key cache for one layer: ``update_indexer`` writes at a device position (graph-safe)."""
+    """A static indexer key cache for one layer, as transformers' static layers keep it: ``update_indexer`` writes at
+    the device counter ``indexer_cumulative_length`` and advances it (graph-safe), ``layers`` holds the one layer
+    (so :func:`rewind_static_cache` rewinds it and the FP8 key cache follows the counter)."""
 
     def __init__(self, keys: torch.Tensor, position: int) -> None:
         self.keys = keys
-        self.position = torch.tensor([position], device=keys.device)
+        self.indexer_cumulative_length = torch.tensor(position, device=keys.device)
+        self.layers = [self]
 
     def update_indexer(self, k: torch.Tensor, layer_idx: int) -> torch.Tensor:
-        self.keys.index_copy_(1, self.position, k)
+        positions = self.indexer_cumulative_length + torch.arange(k.shape[1], device=k.device)
+        self.indexer_cumulative_length.add_(k.shape[1])
+        self.keys.index_copy_(1, positions, k)
         return self.keys
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``|A & B| / |B|`` of two top-k index rows."""
+    sb = set(b.tolist())
+    return len(set(a.tolist()) & sb) / max(1, len(sb))
 
 
 def decode_module(config, contexts: list[int], reps: int, device: torch.device) -> list[dict]:
@@ -354,31 +402,109 @@ def decode_module(config, contexts: list[int], reps: int, device: torch.device) 
         mask = torch.ones(1, 1, length + 1, dtype=torch.bool, device=device)
         row: dict[str, Any] = {"context": length}
         outs = {}
-        for variant in ("stock", "bf16", "fp8"):
+        for variant in DECODE_VARIANTS:
             set_variant(module, stock, variant, rope)
-            call = indexer_call(module, hidden, q_resid, pe, mask, position, cache)
+            forward = indexer_call(module, hidden, q_resid, pe, mask, position, cache)
+
+            def call(forward=forward, cache=cache, length=length) -> torch.Tensor:
+                rewind_static_cache(cache, length)  # a device op: captured with the step
+                return forward()
+
             try:
-                ms, out = graph_replay_ms(call, reps * 20, device)
+                with mqa_variant("decode" if variant == "bf16_kernel" else None):
+                    ms, out = graph_replay_ms(call, reps * 20, device)
                 outs[variant] = out.clone()
                 row[variant] = {"graph_ms": ms}
             except Exception as exc:
                 row[variant] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             free(device)
-        for variant in ("bf16", "fp8"):
+        for variant in DECODE_VARIANTS[1:]:
             if "stock" in outs and variant in outs:
-                a, b = outs[variant][0, 0].tolist(), outs["stock"][0, 0].tolist()
-                row[variant]["topk_overlap_vs_stock"] = len(set(a) & set(b)) / len(b)
+                row[variant]["topk_overlap_vs_stock"] = _overlap(outs[variant][0, 0], outs["stock"][0, 0])
                 row[variant]["speedup"] = row["stock"]["graph_ms"] / row[variant]["graph_ms"]
+            if variant.startswith("fp8") and "bf16" in outs and variant in outs:
+                row[variant]["topk_overlap_vs_bf16"] = _overlap(outs[variant][0, 0], outs["bf16"][0, 0])
+                row[variant]["speed_vs_bf16"] = row["bf16"]["graph_ms"] / row[variant]["graph_ms"]
         rows.append(row)
     set_variant(module, stock, "stock", rope)
     return rows
+
+
+#: The ops of the kernels part: (name, ``$TILEGEMM_MQA_VARIANT`` forced while it is captured, operands, op).
+KERNEL_VARIANTS = (
+    ("torch_bf16", None, "bf16", lambda *a: scoring._float_logits(*a)),
+    ("bf16_plain", "plain", "bf16", lambda *a: api.bf16_mqa_logits(*a)),
+    ("bf16_decode", "decode", "bf16", lambda *a: api.bf16_mqa_logits(*a)),
+    ("fp8_plain", "plain", "fp8", lambda *a: api.fp8_mqa_logits(*a)),
+    ("fp8_decode", "decode", "fp8", lambda *a: api.fp8_mqa_logits(*a)),
+    ("fp8_paged", None, "paged", lambda *a: api.fp8_paged_mqa_logits(*a)),
+)
+
+
+def kernel_operands(heads: int, dim: int, rows: int, length: int, device: torch.device) -> dict[str, Any]:
+    """A decode call's operands: the last ``rows`` of ``length`` causal queries, bf16 and FP8 (DeepSeek's recipe,
+    per-token key scales), and the same FP8 keys as a paged cache (block_kv 64)."""
+    g = torch.Generator(device=device).manual_seed(length + rows)
+    q = torch.randn(rows, heads, dim, device=device, generator=g).bfloat16()
+    k = torch.randn(length, dim, device=device, generator=g).bfloat16()
+    w = torch.randn(rows, heads, device=device, generator=g) * heads**-0.5
+    ks, ke = scoring.causal_windows(rows, length, device=device)
+    q8, q_scale = scoring.quantize_rows(q)
+    kv8 = scoring.quantize_keys(k)
+    cache, table, lens = scoring.build_paged_kv_cache([kv8], 64, device=device)
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+    meta = api.get_paged_mqa_logits_metadata(lens, 64, num_sms)
+    return {
+        "bf16": (q, k, w, ks, ke),
+        "fp8": (q8, kv8, (w * q_scale).contiguous(), ks, ke),
+        "paged": (q8[None], cache, (w * q_scale).contiguous(), lens, table, meta, length),
+    }
+
+
+def kernels(config, contexts: list[int], rows_list: list[int], reps: int, device: torch.device) -> list[dict]:
+    module, *_ = make_indexer(config, device)
+    heads, dim = module.n_heads, module.head_dim
+    del module
+    rows_out = []
+    for length in contexts:
+        for rows in rows_list:
+            log(f"kernels {length} keys, {rows} rows")
+            ops = kernel_operands(heads, dim, rows, length, device)
+            row: dict[str, Any] = {"context": length, "rows": rows, "heads": heads, "head_dim": dim}
+            outs = {}
+            for name, forced, operands, op in KERNEL_VARIANTS:
+                try:
+                    with mqa_variant(forced):
+                        ms, out = graph_replay_ms(functools.partial(op, *ops[operands]), reps * 20, device)
+                    outs[name] = out.clone()
+                    row[name] = {"graph_us": ms * 1e3}
+                except Exception as exc:
+                    row[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            valid = torch.isfinite(outs["bf16_plain"]) if "bf16_plain" in outs else None
+            for dtype in ("bf16", "fp8"):
+                plain, decode = outs.get(f"{dtype}_plain"), outs.get(f"{dtype}_decode")
+                if plain is not None and decode is not None and valid is not None:
+                    row[f"{dtype}_decode"]["calc_diff_vs_plain"] = calc_diff(decode[valid], plain[valid])
+                    row[f"{dtype}_decode"]["speedup_vs_plain"] = (
+                        row[f"{dtype}_plain"]["graph_us"] / row[f"{dtype}_decode"]["graph_us"]
+                    )
+            if "torch_bf16" in row and "bf16_decode" in outs:
+                row["bf16_decode"]["speedup_vs_torch"] = row["torch_bf16"]["graph_us"] / row["bf16_decode"]["graph_us"]
+            rows_out.append(row)
+            free(device)
+    return rows_out
+
+
+#: The whole-model decode step's variants: stock, indexers patched alone, everything patched (BF16 indexers),
+#: everything patched with the FP8 key cache, everything patched with the MQA decode kernel forced.
+MODEL_VARIANTS = ("stock", "indexer", "all", "all_fp8_cache", "all_decode_kernel")
 
 
 def decode_model(preset: str, layers: int, contexts: list[int], reps: int, device: torch.device) -> list[dict]:
     from transformers import AutoModelForCausalLM
 
     from tilegemm.bench.models import StaticDecode
-    from tilegemm.transformers import apply_tilegemm_to_model, revert_tilegemm_model
+    from tilegemm.transformers import apply_tilegemm_to_model, revert_tilegemm_model, swap_indexers
 
     config = PRESETS[preset].config(layers)
     torch.manual_seed(0)
@@ -407,21 +533,25 @@ def decode_model(preset: str, layers: int, contexts: list[int], reps: int, devic
             continue
         token = prompt[:, :1].clone()
         logits = {}
-        for variant in ("stock", "indexer", "all"):
+        for variant in MODEL_VARIANTS:
             revert_tilegemm_model(model, stock_experts)
             if variant == "indexer":
                 apply_tilegemm_to_model(model, experts=False, norm=False)
-            elif variant == "all":
+            elif variant != "stock":
                 apply_tilegemm_to_model(model)
+            if variant == "all_fp8_cache":
+                swap_indexers(model, fp8=True, fp8_cache=True)
             step = functools.partial(decode.step, token, length)
             try:
-                ms, out = graph_replay_ms(step, reps * 4, device)
+                with mqa_variant("decode" if variant == "all_decode_kernel" else None):
+                    ms, out = graph_replay_ms(step, reps * 4, device)
+                    peak = peak_extra_gib(step, device)
                 logits[variant] = out.float().clone()
-                row[variant] = {"graph_ms": ms, "peak_gib": peak_extra_gib(step, device)}
+                row[variant] = {"graph_ms": ms, "peak_gib": peak}
             except Exception as exc:
                 row[variant] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             free(device)
-        for variant in ("indexer", "all"):
+        for variant in MODEL_VARIANTS[1:]:
             if "stock" in logits and variant in logits:
                 row[variant]["calc_diff_vs_stock"] = calc_diff(logits[variant], logits["stock"])
                 row[variant]["speedup"] = row["stock"]["graph_ms"] / row[variant]["graph_ms"]
@@ -472,31 +602,49 @@ def markdown(result: dict) -> str:
         )
     lines += ["", "## Decode step, one indexer (static key cache, CUDA graph)", ""]
     lines += [
-        "| context | stock ms | bf16 ms | speedup | fp8 ms | fp8 top-k overlap vs stock |",
-        "|---|---|---|---|---|---|",
+        "| context | stock ms | bf16 ms | speedup | bf16_kernel ms | speedup | fp8 ms | speedup | fp8_cache ms "
+        "| speedup | fp8_cache vs bf16 speed | fp8_cache top-k overlap vs bf16 | bf16 top-k overlap vs stock |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result.get("decode_module", []):
-        s, b, f = r.get("stock"), r.get("bf16"), r.get("fp8")
+        s, b, bk, f, fc = (r.get(v) for v in DECODE_VARIANTS)
         lines.append(
             f"| {r['context']} | {_cell(s, 'graph_ms')} | {_cell(b, 'graph_ms')} | {_cell(b, 'speedup')} "
-            f"| {_cell(f, 'graph_ms')} | {_cell(f, 'topk_overlap_vs_stock')} |"
+            f"| {_cell(bk, 'graph_ms')} | {_cell(bk, 'speedup')} | {_cell(f, 'graph_ms')} | {_cell(f, 'speedup')} "
+            f"| {_cell(fc, 'graph_ms')} | {_cell(fc, 'speedup')} | {_cell(fc, 'speed_vs_bf16')} "
+            f"| {_cell(fc, 'topk_overlap_vs_bf16')} | {_cell(b, 'topk_overlap_vs_stock')} |"
+        )
+    lines += ["", "## MQA-logits ops at decode size (CUDA graph, us)", ""]
+    lines += [
+        "| context | rows | " + " | ".join(name for name, *_ in KERNEL_VARIANTS) + " | bf16 decode vs plain "
+        "| bf16 decode vs torch | fp8 decode vs plain | decode calc_diff vs plain (bf16, fp8) |",
+        "|---|---|" + "---|" * (len(KERNEL_VARIANTS) + 4),
+    ]
+    for r in result.get("kernels", []):
+        times = " | ".join(_cell(r.get(name), "graph_us", ".1f") for name, *_ in KERNEL_VARIANTS)
+        bd, fd = r.get("bf16_decode"), r.get("fp8_decode")
+        lines.append(
+            f"| {r['context']} | {r['rows']} | {times} | {_cell(bd, 'speedup_vs_plain')} "
+            f"| {_cell(bd, 'speedup_vs_torch')} | {_cell(fd, 'speedup_vs_plain')} "
+            f"| {_cell(bd, 'calc_diff_vs_plain')}, {_cell(fd, 'calc_diff_vs_plain')} |"
         )
     lines += ["", "## Decode step, whole model (static cache, CUDA graph)", ""]
     lines += [
-        "| context | layers | stock ms | stock peak GiB | indexer-patched ms | speedup | all-patched ms | speedup "
-        "| all-patched peak GiB | calc_diff vs stock |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| context | layers | stock ms | stock peak GiB | "
+        + " | ".join(f"{v} ms | speedup | calc_diff vs stock" for v in MODEL_VARIANTS[1:])
+        + " |",
+        "|---|---|---|---|" + "---|" * (3 * (len(MODEL_VARIANTS) - 1)),
     ]
     for r in result.get("decode_model", []):
-        s, i, a = r.get("stock"), r.get("indexer"), r.get("all")
-        lines.append(
-            f"| {r['context']} | {r['layers']} | {_cell(s, 'graph_ms')} | {_cell(s, 'peak_gib')} "
-            f"| {_cell(i, 'graph_ms')} | {_cell(i, 'speedup')} | {_cell(a, 'graph_ms')} | {_cell(a, 'speedup')} "
-            f"| {_cell(a, 'peak_gib')} | {_cell(a, 'calc_diff_vs_stock')} |"
+        s = r.get("stock")
+        cells = " | ".join(
+            f"{_cell(r.get(v), 'graph_ms')} | {_cell(r.get(v), 'speedup')} | {_cell(r.get(v), 'calc_diff_vs_stock')}"
+            for v in MODEL_VARIANTS[1:]
         )
+        lines.append(f"| {r['context']} | {r['layers']} | {_cell(s, 'graph_ms')} | {_cell(s, 'peak_gib')} | {cells} |")
     errors = [
         f"- {part} {r.get('context')} {name}: {entry['error']}"
-        for part in ("prefill", "decode_module", "decode_model")
+        for part in PARTS
         for r in result.get(part, [])
         for name, entry in r.items()
         if isinstance(entry, dict) and "error" in entry
@@ -527,14 +675,18 @@ def main(argv: list[str] | None = None) -> int:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    parts = [
-        ("prefill", lambda: prefill(config, args.contexts, args.reps, device)),
-        ("decode_module", lambda: decode_module(config, args.decode_contexts, args.reps, device)),
-    ]
-    if args.layers > 0:
-        parts.append(
-            ("decode_model", lambda: decode_model(args.preset, args.layers, args.decode_contexts, args.reps, device))
-        )
+    wanted = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = sorted(set(wanted) - set(PARTS))
+    if unknown:
+        print(f"--parts: unknown {unknown}, expected some of {list(PARTS)}", file=sys.stderr)
+        return 2
+    runs = {
+        "prefill": lambda: prefill(config, args.contexts, args.reps, device),
+        "decode_module": lambda: decode_module(config, args.decode_contexts, args.reps, device),
+        "kernels": lambda: kernels(config, args.decode_contexts, args.kernel_rows, args.reps, device),
+        "decode_model": lambda: decode_model(args.preset, args.layers, args.decode_contexts, args.reps, device),
+    }
+    parts = [(p, runs[p]) for p in PARTS if p in wanted and (p != "decode_model" or args.layers > 0)]
     for part, run in parts:
         try:
             result[part] = run()
@@ -544,6 +696,9 @@ def main(argv: list[str] | None = None) -> int:
         free(device)
         (out / "indexer_bench.json").write_text(json.dumps(result, indent=2))
         (out / "indexer_bench.md").write_text(markdown(result))
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(result, indent=2))
     print(markdown(result))
     return 1 if result["errors"] else 0
 

@@ -8,9 +8,9 @@ unset or empty means the default; anything else is a ``ValueError`` naming the v
 * ``TILEGEMM_CHECK_VALUES``: value checks of CUDA tensors (host-syncing) on (default off; CPU always on).
 * ``TILEGEMM_DEBUG``: log dispatch decisions at DEBUG level to ``tilegemm.dispatch`` (default off).
 * ``TILEGEMM_PRINT_CONFIGS``: print the kernel config chosen per new shape (default off).
-* ``TILEGEMM_DECODE_VARIANT``, ``TILEGEMM_MOE_VARIANT``: force a kernel variant (benchmarks, tests); read once
-  per call into the cutile chooser's problem (:func:`tilegemm.heuristics.cutile.variant`), so a launch plan and a
-  hot-lane key follow them.
+* ``TILEGEMM_DECODE_VARIANT``, ``TILEGEMM_MOE_VARIANT``, ``TILEGEMM_MQA_VARIANT``: force a kernel variant
+  (benchmarks, tests); read once per call into the cutile chooser's problem
+  (:func:`tilegemm.heuristics.cutile.variant`), so a launch plan and a hot-lane key follow them.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ PRINT_CONFIGS = "TILEGEMM_PRINT_CONFIGS"
 BACKEND = "TILEGEMM_BACKEND"
 DECODE_VARIANT = "TILEGEMM_DECODE_VARIANT"
 MOE_VARIANT = "TILEGEMM_MOE_VARIANT"
+MQA_VARIANT = "TILEGEMM_MQA_VARIANT"
 
 
 def parse_bool(name: str, text: str | None, default: bool = False) -> bool:

@@ -41,10 +41,12 @@ Example (prefill, then decode)::
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
 
 import torch
 
+from tilegemm.env import MQA_VARIANT
 from tilegemm.ops import api
 from tilegemm.ops.checks import value_checks_enabled
 
@@ -484,8 +486,15 @@ def _float_logits(
 
 #: Up to this size of the fp32 ``[S, H, T]`` scores (decode: one or a few query rows) the bf16 path scores with
 #: torch's matmul over the whole key cache: the MQA kernel spreads query rows over the SMs, so a single row runs on
-#: one CTA (decode through it measured 0.18-0.61x stock, benchmarks/results/indexer/).
+#: one CTA (decode through it measured 0.18-0.61x stock, benchmarks/results/indexer/). Where
+#: ``$TILEGEMM_MQA_VARIANT=decode`` forces the ops' decode kernel (the keys split over the SMs; not yet measured,
+#: benchmarks/results/indexer/decode_prep.md), those calls take :func:`tilegemm.bf16_mqa_logits` too.
 SMALL_SCORES_BYTES = 1 << 26
+
+
+def _decode_kernel_forced() -> bool:
+    """Whether ``$TILEGEMM_MQA_VARIANT`` forces the MQA ops' decode kernel (read per call, as the ops read it)."""
+    return (os.environ.get(MQA_VARIANT) or "").strip() == "decode"
 
 
 def _check_scoring_inputs(q, k, weights, attention_mask) -> None:
@@ -528,7 +537,8 @@ def index_scores(
 
     Args:
         q: queries ``[B, S, H, D]``: bf16 with bf16 ``k`` runs :func:`tilegemm.bf16_mqa_logits`, except where the
-            ``[S, H, T]`` scores are small (:data:`SMALL_SCORES_BYTES`, decode); there, and for other float dtypes
+            ``[S, H, T]`` scores are small (:data:`SMALL_SCORES_BYTES`, decode, unless ``$TILEGEMM_MQA_VARIANT=decode``
+            forces the op's decode kernel); there, and for other float dtypes
             (an fp32 model), the same formula in fp32 torch ops over chunks of query rows (bounded memory).
         k: keys ``[B, T, D]`` (the key cache).
         weights: fp32 ``[B, S, H]`` head weights (``weights_proj(x) * H**-0.5``).
@@ -564,7 +574,11 @@ def index_scores(
             api.fp8_mqa_logits(q8[b], (k8[b], k_scale[b]), w[b].contiguous(), ks[b], ke[b], backend=backend)
             for b in range(batch)
         ]
-    elif q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16 and rows * q.shape[2] * keys * 4 > SMALL_SCORES_BYTES:
+    elif (
+        q.dtype == torch.bfloat16
+        and k.dtype == torch.bfloat16
+        and (rows * q.shape[2] * keys * 4 > SMALL_SCORES_BYTES or _decode_kernel_forced())
+    ):
         parts = [
             api.bf16_mqa_logits(q[b], k[b], w[b].contiguous(), ks[b], ke[b], backend=backend) for b in range(batch)
         ]

@@ -8,13 +8,18 @@ kernels). A served model meets a new size
 class on some request and that request waits for the compiler (seconds per kernel). :func:`precompile` runs the
 model once per token count of :func:`token_buckets`, so every size class it will meet up to ``max_tokens``
 tokens per forward has its kernels compiled (and, with the on-disk caches, ``CUDA_TILE_CACHE_DIR`` /
-``TRITON_CACHE_DIR``, stored for the next process) and its FP8 weight copies quantized.
+``TRITON_CACHE_DIR``, stored for the next process) and its FP8 weight copies quantized; the forwards after the
+first run on several threads so that the compiler runs of different kernels overlap. A short ``generate`` at the
+end does the first-call work of a request that the forwards do not (a KV cache, a decode step over it).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -107,38 +112,66 @@ def _device(model: torch.nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+def default_workers(device: torch.device) -> int:
+    """Forwards :func:`precompile` runs at once on ``device``: up to 8 on a GPU (one ``tileiras`` process each, at
+    most the CPU count), 1 on a CPU (the reference path compiles nothing)."""
+    if device.type != "cuda":
+        return 1
+    return max(1, min(8, os.cpu_count() or 1))
+
+
 def precompile(
     model: torch.nn.Module,
     max_tokens: int = 8192,
     *,
     token_counts: Iterable[int] | None = None,
     vocab_size: int | None = None,
+    workers: int | None = None,
+    generate: bool = True,
 ) -> dict[int, float]:
-    """Run ``model`` (a patched transformers causal LM) once per token count, so its kernels are compiled up front.
+    """Run ``model`` (a patched transformers causal LM) once per token count, then one short ``generate``, so the
+    kernels and the per-process first-call work of serving are done up front.
 
     For each count ``t`` of ``token_counts`` (default :func:`token_buckets` of ``max_tokens`` and the model's
     experts shapes) the model's forward runs on ``input_ids [1, t]`` of random ids in ``[0, vocab_size)``, on the
     model's device, under ``torch.no_grad()`` without a KV cache. The experts and dense layers see ``t`` rows, as in
     a prefill of ``t`` tokens or a decode step of a batch of ``t`` sequences, which is what selects their kernels
     (the kernels do not depend on the routing values); the FP8 weight copies (``"tilegemm_fp8"``,
-    ``linear=True, fp8=True``) are quantized on the first call. Nothing is returned from the forwards and the
-    parameters are not touched; a model in training mode is put in ``eval()`` for the calls and back.
+    ``linear=True, fp8=True``) are quantized on the first call. The smallest count runs first, alone; the others
+    run on ``workers`` threads at once, and cuTile's ``tileiras`` runs of different threads overlap
+    (:func:`tilegemm.ops.cutile.concurrent.concurrent_tileiras`: the same kernels as one after another, each
+    compiled once).
+
+    With ``generate`` (and a model that has ``generate``), a ``generate`` of 2 new tokens after an 8-token prompt
+    (``min(8, largest count)`` tokens) follows, with the model's generation config: its prefill with a KV cache,
+    one decode step reading that cache, and ``generate``'s own first-call work (cache, masks, logits processors,
+    the torch kernels of sampling and attention over a cache) that a first request would otherwise pay.
+
+    Nothing is returned from the forwards; the parameters are not touched, the torch random state is restored, and
+    a model in training mode is put in ``eval()`` for the calls and back.
 
     On a CPU, or on the ``pytorch`` backend, nothing is compiled: the forwards run the reference path (harmless
-    and as slow as a forward). Training (backward) kernels are not covered.
+    and as slow as a forward). Training (backward) kernels are not covered. Time: one forward per count plus the
+    compiles the counts meet, ``workers`` at a time (seconds each; with a warm ``CUDA_TILE_CACHE_DIR`` a compile
+    is a disk-cache hit, tens of milliseconds).
 
     Args:
         model: a module whose ``forward(input_ids=..., use_cache=False)`` takes token ids ``[B, T]``.
         max_tokens: the most tokens a served forward will carry (prompt tokens of one prefill chunk, or the
-            decode batch); memory grows with it as a forward of that many tokens does.
+            decode batch); memory grows with it (and with ``workers``) as forwards of that many tokens do.
         token_counts: explicit token counts (ints >= 1) instead of the buckets.
         vocab_size: id range of the dummy inputs (default ``model.config.vocab_size``).
+        workers: forwards at once after the first (default :func:`default_workers`: 1 on a CPU); 1 runs them one
+            after another.
+        generate: run the short ``generate`` at the end (skipped for a model without ``generate``).
 
     Returns:
-        ``{token count: seconds}`` of each forward (the first ones include the compiles).
+        ``{token count: seconds}`` of each forward (the first ones include the compiles; forwards that ran at the
+        same time overlap).
 
     Raises:
-        TypeError, ValueError: ``max_tokens`` or ``token_counts`` not ints >= 1, or no ``vocab_size`` known.
+        TypeError, ValueError: ``max_tokens``, ``token_counts`` or ``workers`` not ints >= 1, or no ``vocab_size``
+        known.
     """
     if token_counts is None:
         counts = token_buckets(max_tokens, _moe_shapes(model))
@@ -148,22 +181,84 @@ def precompile(
     if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
         raise ValueError(f"vocab_size: got {vocab!r}, expected an int >= 1 (pass vocab_size= for this model)")
     device = _device(model)
+    if workers is None:
+        workers = default_workers(device)
+    workers = _count("workers", workers)
     generator = torch.Generator(device="cpu").manual_seed(0)
+    inputs = {tokens: torch.randint(0, vocab, (1, tokens), generator=generator) for tokens in counts}
+    prompt = torch.randint(0, vocab, (1, min(8, counts[-1])), generator=generator) if counts else None
     was_training = model.training
     model.eval()
-    times: dict[int, float] = {}
+    devices = [device] if device.type == "cuda" else []
     try:
-        with torch.no_grad():
-            for tokens in counts:
-                ids = torch.randint(0, vocab, (1, tokens), generator=generator).to(device)
-                start = time.perf_counter()
-                model(input_ids=ids, use_cache=False)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                times[tokens] = time.perf_counter() - start
+        with torch.random.fork_rng(devices=devices), _compiling_concurrently(workers):
+            times = run_forwards(model, inputs, device, workers)
+            if generate and prompt is not None and callable(getattr(model, "generate", None)):
+                _generate(model, prompt.to(device), device)
     finally:
         model.train(was_training)
     return times
+
+
+def run_forwards(
+    model: torch.nn.Module, inputs: dict[int, torch.Tensor], device: torch.device, workers: int
+) -> dict[int, float]:
+    """``model(input_ids=inputs[t], use_cache=False)`` under ``no_grad`` for each ``t`` in ascending order: the
+    first alone, the rest on ``workers`` threads (each on ``device``); ``{t: seconds}`` in ascending ``t``."""
+    counts = sorted(inputs)
+
+    def forward(tokens: int) -> float:
+        with torch.no_grad(), _on(device):
+            ids = inputs[tokens].to(device)
+            start = time.perf_counter()
+            model(input_ids=ids, use_cache=False)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            return time.perf_counter() - start
+
+    times = {counts[0]: forward(counts[0])} if counts else {}
+    rest = counts[1:]
+    if workers == 1 or len(rest) <= 1:
+        times.update((tokens, forward(tokens)) for tokens in rest)
+    else:
+        with ThreadPoolExecutor(max_workers=min(workers, len(rest)), thread_name_prefix="tilegemm-precompile") as pool:
+            times.update(zip(rest, pool.map(forward, rest)))
+    return {tokens: times[tokens] for tokens in counts}
+
+
+def _on(device: torch.device):
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def _compiling_concurrently(workers: int):
+    """cuTile's concurrent ``tileiras`` runs for ``workers > 1`` where cuTile is importable; else nothing."""
+    if workers == 1:
+        return contextlib.nullcontext()
+    try:
+        from tilegemm.ops.cutile.concurrent import concurrent_tileiras
+    except ImportError:
+        return contextlib.nullcontext()
+    return concurrent_tileiras(workers)
+
+
+def _generate(model: torch.nn.Module, prompt: torch.Tensor, device: torch.device) -> None:
+    """One ``generate`` of 2 new tokens after ``prompt`` with the model's generation config (``pad_token_id``
+    from it, else its first ``eos_token_id``, else 0)."""
+    config = getattr(model, "generation_config", None)
+    pad = getattr(config, "pad_token_id", None)
+    if pad is None:
+        eos = getattr(config, "eos_token_id", None)
+        pad = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
+    with torch.no_grad():
+        model.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=2,
+            min_new_tokens=2,
+            pad_token_id=0 if pad is None else int(pad),
+        )
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _count(name: str, value: object) -> int:

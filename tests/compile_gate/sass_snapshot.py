@@ -26,7 +26,7 @@ FAMILIES = ("dense", "grouped", "mqa", "einsum", "moe", "moe_train", "norm")
 
 
 def _mqa_jobs() -> list[tuple[str, Any, Any]]:
-    """The MQA gate's sm_90 jobs (plain and paged kernels) and its ``-inf`` fill kernel's."""
+    """The MQA gate's sm_90 jobs (plain, paged and decode kernels) and its ``-inf`` fill kernel's."""
     from compile_gate import test_compile_mqa as q
 
     mqa = q.mqa
@@ -44,6 +44,9 @@ def _mqa_jobs() -> list[tuple[str, Any, Any]]:
     for h, d in q.PLAIN_VARIANTS:
         for al in (16, 4):
             jobs.append((f"mqa:clean-{h}-{d}-{al}", mqa.mqa_clean_logits_kernel, q.clean_params(h, d, al, "sm_90")))
+    for variant in q.DECODE_VARIANTS:
+        kernel = q.mqa_decode_kernels.decode_kernel_for(q.decode_config(*variant).occupancy)
+        jobs.append((f"mqa:decode-{'-'.join(map(str, variant))}", kernel, q.decode_params(*variant)))
     return jobs
 
 

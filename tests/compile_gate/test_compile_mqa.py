@@ -6,7 +6,9 @@ tensor-core MMAs (``QGMMA`` on Hopper, ``UTCQMMA`` on Blackwell), TMA loads of t
 (``UTMALDG``; the paged kernel's gathered cache blocks included), no byte-wide FP8 loads, and no
 register spills on sm_90; on sm_90 the plain kernel and the benchmark's paged shapes also fit two CTAs per SM (256
 threads, registers and shared memory for two). The plain op's ``-inf`` fill kernel is compiled for every query-block
-size: plain stores, no spills, at most 64 registers.
+size: plain stores, no spills, at most 64 registers. The plain ops' decode kernel (``mqa_decode_kernels``, FP8 and
+BF16, the decode configs ``heuristics.cutile.mqa_decode_config`` gives the indexers' shapes) the same way, at two CTAs
+per SM on sm_90.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ ct = pytest.importorskip("cuda.tile")
 from cuda.tile import compilation as cc  # noqa: E402
 
 from compile_gate.sass import compile_each, launch_resources, sass_summary  # noqa: E402
-from tilegemm.ops.cutile import aot, mqa, mqa_kernels  # noqa: E402
+from tilegemm.heuristics import cutile as heuristics  # noqa: E402
+from tilegemm.ops.cutile import aot, mqa, mqa_decode_kernels, mqa_kernels  # noqa: E402
 
 # (H, D): every padded-head class of the plain kernel (HP = 8 .. 128), every head dim.
 PLAIN_VARIANTS = [(8, 64), (16, 128), (32, 128), (64, 128), (64, 64), (64, 32), (96, 128), (128, 128)]
@@ -351,3 +354,94 @@ def test_bf16_plain_kernel_compiles_sm100():
             )
         )
         assert s["utchmma"] > 0 or s["utc_mma"] > 0, ((h, d), s)
+
+
+# (dtype, H, D, query rows) of the decode kernel: DeepSeek-V3.2's indexer (64 heads of 128) at one and two query rows
+# (MMA N sides 64 and 128), FP8 and BF16, and the tiny DSA presets' indexer (4 heads of 32, BF16).
+DECODE_VARIANTS = [
+    ("fp8", 64, 128, 1),
+    ("fp8", 64, 128, 2),
+    ("bf16", 64, 128, 1),
+    ("bf16", 64, 128, 2),
+    ("bf16", 4, 32, 1),
+]
+#: sm_100 decode variants whose tileiras 13.4 SASS spills (local loads + stores): two query rows of 64 heads, an MMA N
+#: side of 128 summed by ``ct.sum`` (the plain kernel's sm_100 variants of that class spill 20-22). Exact caps.
+DECODE_SM100_KNOWN_SPILLS = {("fp8", 64, 128, 2): 11, ("bf16", 64, 128, 2): 3}
+DECODE_JOBS = [(v, arch) for v in DECODE_VARIANTS for arch in aot.ARCHS]
+
+
+def decode_config(dtype: str, h: int, d: int, rows: int, arch: str = "sm_90"):
+    """The decode config of ``rows`` query rows over 64k keys on 132 SMs (``parts`` is a launch size, not a
+    constant: the signature does not depend on it)."""
+    return heuristics.plain_mqa_config(h, d, rows, 65536, 132, sm=_sm(arch), bf16=dtype == "bf16", variant="decode")
+
+
+def decode_params(dtype: str, h: int, d: int, rows: int, arch: str = "sm_90") -> list:
+    conf = decode_config(dtype, h, d, rows, arch)
+    elem = ct.bfloat16 if dtype == "bf16" else ct.float8_e4m3fn
+    return [
+        aot.array(elem, 3),  # q [S, H, D]
+        aot.array(elem, 2),  # kv [S_kv, D]
+        aot.array(ct.float32, 1),  # kv scale
+        aot.array(ct.float32, 2, align_bytes=4),  # weights [S, H] (H = 4: 16-byte rows; not assumed)
+        aot.array(ct.int32, 1),
+        aot.array(ct.int32, 1),
+        aot.array(ct.float32, 2, align_bytes=4),  # out [S, S_kv]: rows of any length
+        *mqa_decode_kernels.decode_constants(conf, d),
+    ]
+
+
+def _compile_decode(job):
+    (dtype, h, d, rows), arch = job
+    conf = decode_config(dtype, h, d, rows, arch)
+    try:
+        kernel = mqa_decode_kernels.decode_kernel_for(conf.occupancy)
+        return aot.compile_cubin(kernel, decode_params(dtype, h, d, rows, arch), arch)
+    except Exception as exc:  # reported by the job's own test
+        return exc
+
+
+@pytest.fixture(scope="module")
+def decode_cubins() -> Mapping:
+    return compile_each(DECODE_JOBS, _compile_decode)
+
+
+def test_decode_configs_are_forced_only():
+    """The decode kernel is the chooser's for decode-sized calls only when forced (not yet measured on a GPU): by
+    default every call keeps the plain config; forced, a call of fewer row blocks than SMs takes it, one of more
+    does not."""
+    for dtype, h, d, rows in DECODE_VARIANTS:
+        bf16 = dtype == "bf16"
+        plain = heuristics.plain_mqa_config(h, d, rows, 65536, 132, bf16=bf16)
+        assert plain.path == "plain"
+        assert plain == (heuristics.bf16_mqa_logits_config(h, d) if bf16 else heuristics.mqa_logits_config(h, d))
+        conf = decode_config(dtype, h, d, rows)
+        assert conf.path == "decode" and conf.bq * conf.hp <= 128 and conf.bq >= min(rows, plain.bq)
+        assert conf.parts == min(512, -(-264 // -(-rows // conf.bq)))
+    assert heuristics.plain_mqa_config(64, 128, 4096, 4096, 132, variant="decode").path == "plain"
+    assert heuristics.plain_mqa_config(64, 128, 1, 300, 132, variant="decode").parts == 3  # one CTA per key tile
+
+
+@pytest.mark.parametrize("job", DECODE_JOBS, ids=[f"{'-'.join(map(str, v))}-{a}" for v, a in DECODE_JOBS])
+def test_decode_kernel_sass(decode_cubins, job):
+    """The decode kernel: the dtype's tensor-core MMAs (sm_90 ``QGMMA`` / ``HGMMA``, sm_100 ``UTCQMMA`` /
+    ``UTCHMMA``), TMA loads of the key tiles, no byte-wide FP8 loads, no TMA store (no store warpgroup), no spills;
+    no spills on sm_90 (sm_100: the exact caps of :data:`DECODE_SM100_KNOWN_SPILLS`), 256 threads with registers
+    for two CTAs per SM and the key loads pipelined (shared memory for two key tiles or more)."""
+    (dtype, *_), arch = job
+    cubin = decode_cubins[job]
+    if isinstance(cubin, Exception):
+        pytest.fail(f"does not compile: {type(cubin).__name__}: {str(cubin)[:500]}")
+    s, res = sass_summary(cubin), launch_resources(cubin)
+    mma = {("fp8", "sm_90"): "qgmma", ("bf16", "sm_90"): "hgmma", ("fp8", "sm_100"): "utcqmma"}
+    assert s[mma.get((dtype, arch), "utchmma")] > 0, s
+    assert s["utmaldg"] > 0 and s["ldg_u8"] == 0 and s["utmastg"] == 0, s
+    if arch == "sm_90":
+        assert s["ldl"] == 0 and s["stl"] == 0, f"register spills: {s}"
+        assert res["threads"] == 256 and 2 * res["threads"] * res["registers"] <= SM90_REGISTERS, res
+        key_tile = 128 * job[0][2] * (2 if dtype == "bf16" else 1)
+        assert 2 * key_tile <= res["shared"] <= SM90_SHARED, res  # key loads pipelined (two tiles in flight or more)
+    else:
+        spill_cap = DECODE_SM100_KNOWN_SPILLS.get(job[0], 0)
+        assert s["ldl"] + s["stl"] <= spill_cap, f"register spills (known cap {spill_cap}): {s}"

@@ -227,6 +227,28 @@ def test_decode_sized_scores_take_torch_path(monkeypatch):
     assert calc_diff(small[visible], ref[visible]) < 1e-6
 
 
+@pytest.mark.small_scores_path
+def test_forced_decode_kernel_takes_the_op_at_decode_size(monkeypatch):
+    """With ``TILEGEMM_MQA_VARIANT=decode`` (the MQA ops' decode kernel forced) a decode step's bf16 scores go
+    through ``bf16_mqa_logits`` instead of torch's matmul, with the same values; ``plain`` keeps the matmul."""
+    from tilegemm.ops import api
+
+    q, k, w, mask = _random_indexer_inputs()
+    scale = q.shape[-1] ** -0.5
+    last = (q[:, -1:], k, w[:, -1:], mask[:, -1:])
+    calls = []
+    real = api.bf16_mqa_logits
+    monkeypatch.setattr(api, "bf16_mqa_logits", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setenv("TILEGEMM_MQA_VARIANT", "plain")
+    small = idx.index_scores(*last, scale)
+    assert calls == []
+    monkeypatch.setenv("TILEGEMM_MQA_VARIANT", "decode")
+    fused = idx.index_scores(*last, scale)
+    assert calls == [1] * q.shape[0]
+    visible = last[3]
+    assert torch.equal(torch.isneginf(fused), ~visible) and calc_diff(small[visible], fused[visible]) < 1e-6
+
+
 @pytest.mark.parametrize("hadamard", [True, False], ids=["hadamard", "plain"])
 def test_index_scores_fp8_recipe(hadamard):
     """DeepSeek's FP8 recipe against the unquantized formula: ``calc_diff < 1e-3`` (DESIGN.md's FP8 MQA bar) and a
@@ -298,23 +320,33 @@ def test_swap_indexers_bad_switch_and_changed_stock(monkeypatch):
 
 
 def test_indexer_bench_smoke_on_cpu(tmp_path):
-    """The GPU script's code path on the CPU with a tiny preset: every part runs, writes its JSON and markdown, the
-    patched BF16 top-k agrees with stock (up to near-ties) and FP8's overlap with BF16 is reported."""
+    """The GPU script's code path on the CPU with a tiny preset: every part runs, writes its JSON and markdown (and
+    ``--json``), the patched BF16 top-k agrees with stock (up to near-ties, with the decode kernel forced too), FP8's
+    overlap with BF16 is reported, the FP8 key cache picks the per-call recipe's keys."""
     import json
 
     from modeling.transformers import indexer_bench
 
     argv = ["--device", "cpu", "--preset", "tiny-deepseek-v32", "--contexts", "64", "--decode-contexts", "48"]
-    assert indexer_bench.main([*argv, "--layers", "3", "--reps", "1", "--out", str(tmp_path)]) == 0
+    only = ["--json", str(tmp_path / "only.json")]
+    assert indexer_bench.main([*argv, "--layers", "3", "--reps", "1", "--out", str(tmp_path), *only]) == 0
     result = json.loads((tmp_path / "indexer_bench.json").read_text())
     (row,) = result["prefill"]
     assert row["bf16"]["vs_stock"]["worst_tie_gap"] <= TIE and row["bf16"]["calc_diff_vs_f64"] < 1e-6
     assert 0.5 <= row["fp8"]["vs_bf16"]["topk_overlap"] <= 1.0 and row["fp8"]["vs_bf16"]["calc_diff"] < 1e-3
     (dec,) = result["decode_module"]
-    assert dec["bf16"]["topk_overlap_vs_stock"] == 1.0
+    assert dec["bf16"]["topk_overlap_vs_stock"] == 1.0 and dec["bf16_kernel"]["topk_overlap_vs_stock"] == 1.0
+    assert dec["fp8_cache"]["topk_overlap_vs_bf16"] == dec["fp8"]["topk_overlap_vs_bf16"] >= 0.5
+    (kern,) = result["kernels"]
+    assert all("graph_us" in kern[name] for name, *_ in indexer_bench.KERNEL_VARIANTS), kern
+    assert kern["bf16_decode"]["calc_diff_vs_plain"] < 1e-9 and kern["fp8_decode"]["calc_diff_vs_plain"] < 1e-9
     (model,) = result["decode_model"]
     assert model["indexer"]["calc_diff_vs_stock"] < 1e-6 and "error" not in model["all"]
-    assert "## Prefill" in (tmp_path / "indexer_bench.md").read_text()
+    forced, patched = model["all_decode_kernel"]["calc_diff_vs_stock"], model["all"]["calc_diff_vs_stock"]
+    assert forced <= patched + 1e-6 and "error" not in model["all_fp8_cache"]
+    text = (tmp_path / "indexer_bench.md").read_text()
+    assert "## Prefill" in text and "## MQA-logits ops at decode size" in text
+    assert json.loads((tmp_path / "only.json").read_text())["kernels"] == result["kernels"]
 
 
 @pytest.mark.gpu

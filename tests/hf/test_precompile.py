@@ -3,11 +3,14 @@ harmless (CPU: the reference path)."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from hf_models import build, prompt
 
 import tilegemm
+from tilegemm import warmup
 from tilegemm.heuristics import cutile as heuristics
 from tilegemm.heuristics import gluon
 from tilegemm.heuristics.cutile import Kind, Problem
@@ -62,7 +65,7 @@ def test_token_buckets_bad_input(kwargs, error, name):
         token_buckets(**kwargs)
 
 
-def test_precompile_runs_every_bucket_and_changes_nothing(monkeypatch):
+def test_precompile_runs_every_bucket_then_generate_and_changes_nothing(monkeypatch):
     model = apply_tilegemm_to_model(build("tiny-qwen3-moe", dtype=torch.bfloat16))
     model.train()
     ids = prompt()
@@ -78,15 +81,70 @@ def test_precompile_runs_every_bucket_and_changes_nothing(monkeypatch):
         return forward(self, input_ids=input_ids, **kwargs)
 
     monkeypatch.setattr(type(model), "forward", spy)
+    torch.manual_seed(5)
+    rng = torch.get_rng_state()
     times = tilegemm.precompile(model, max_tokens=40)
+    assert torch.equal(torch.get_rng_state(), rng), "the torch random state is restored"
     expected = token_buckets(40, [(2, 8, 64, 32)])
     assert list(times) == expected and all(t >= 0 for t in times.values())
-    assert seen == [((1, t), False, False, False) for t in expected]
+    forwards = [((1, t), False, False, False) for t in expected]
+    # generate: an 8-token prefill with a KV cache, then one decode step of one token
+    assert seen == [*forwards, ((1, 8), False, False, True), ((1, 1), False, False, True)]
     assert model.training, "the training flag is restored"
     monkeypatch.undo()
     assert all(torch.equal(p, params[name]) for name, p in model.named_parameters())
     with torch.no_grad():
         assert torch.equal(model.eval()(ids).logits, before)
+
+
+def test_precompile_threads_run_the_same_forwards(monkeypatch):
+    """workers=3: the same forwards as one after another (the smallest count first, alone), on worker threads, each
+    count once; generate=False leaves out the generate."""
+    model = apply_tilegemm_to_model(build("tiny-qwen3-moe", dtype=torch.bfloat16))
+    seen, lock = [], threading.Lock()
+    forward = type(model).forward
+
+    def spy(self, input_ids=None, **kwargs):
+        with lock:
+            seen.append((input_ids.shape[1], threading.current_thread().name, torch.is_grad_enabled()))
+        return forward(self, input_ids=input_ids, **kwargs)
+
+    monkeypatch.setattr(type(model), "forward", spy)
+    times = tilegemm.precompile(model, max_tokens=40, workers=3, generate=False)
+    expected = token_buckets(40, [(2, 8, 64, 32)])
+    assert list(times) == expected
+    assert seen[0] == (expected[0], threading.current_thread().name, False)
+    assert sorted(t for t, _, _ in seen) == expected, "each count once"
+    assert {name.startswith("tilegemm-precompile") for _, name, _ in seen[1:]} == {True}
+    assert not any(grad for _, _, grad in seen)
+
+
+def test_precompile_outputs_of_threaded_forwards_equal_serial():
+    """run_forwards on threads computes what it computes serially (the forwards share nothing but the model)."""
+    model = apply_tilegemm_to_model(build("tiny-qwen3-moe", dtype=torch.float32))
+    outputs = {}
+    forward = model.forward
+
+    def keep(input_ids=None, **kwargs):
+        out = forward(input_ids=input_ids, **kwargs)
+        outputs.setdefault(input_ids.shape[1], []).append(out.logits.detach().clone())
+        return out
+
+    model.forward = keep
+    inputs = {t: torch.randint(0, 256, (1, t), generator=torch.Generator().manual_seed(t)) for t in (1, 5, 9, 17, 33)}
+    warmup.run_forwards(model, inputs, torch.device("cpu"), workers=1)
+    warmup.run_forwards(model, inputs, torch.device("cpu"), workers=4)
+    assert sorted(outputs) == sorted(inputs)
+    assert all(len(v) == 2 and torch.equal(v[0], v[1]) for v in outputs.values())
+
+
+def test_precompile_workers_argument():
+    assert warmup.default_workers(torch.device("cpu")) == 1
+    assert 1 <= warmup.default_workers(torch.device("cuda")) <= 8
+    model = apply_tilegemm_to_model(build("tiny-qwen3-moe", dtype=torch.bfloat16))
+    for bad, error in ((0, ValueError), (1.5, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="^workers: got"):
+            tilegemm.precompile(model, token_counts=[1], workers=bad)
 
 
 def test_precompile_explicit_counts_and_fp8_cache():

@@ -13,6 +13,13 @@ logits only), with the same projections, rotary embedding, key cache, mask and `
   (``hadamard``, as the reference implementation's ``rotate_activation``; dot products unchanged), queries cast to
   FP8 per (token, head) with the scale folded into the weights, keys per token, then :func:`tilegemm.fp8_mqa_logits`.
   The keys of the cache are quantized on every call (transformers' cache holds bf16 keys).
+* FP8 key cache (``fp8=True, fp8_cache=True``): the same recipe, the keys quantized once as they are appended into an
+  FP8 cache beside transformers' (:class:`tilegemm.fp8_key_cache.Fp8KeyCache`, DeepGEMM's paged layout, kept on the
+  cache object per layer: :func:`fp8_keys_for`); decode scored over it in place by
+  :func:`tilegemm.fp8_paged_mqa_logits`, prefill by :func:`tilegemm.fp8_mqa_logits` on its keys
+  (:func:`tilegemm.fp8_key_cache.score_fp8_key_cache`). A static cache's writes follow its device counter, so
+  :func:`tilegemm.transformers.compat.rewind_static_cache` rewinds both caches and the step is graph-capturable.
+  This path calls the ops directly, not as one custom op (``torch.compile`` breaks the graph there).
 
 Each query's key window ``[ks, ke)`` is the span of its row of the attention mask (first to last visible key), so
 the kernel skips the causal future and the unfilled slots of a static cache; the mask itself is then applied as
@@ -41,6 +48,7 @@ import torch
 from torch import nn
 
 from tilegemm.custom_ops import indexer_scores
+from tilegemm.fp8_key_cache import Fp8KeyCache, score_fp8_key_cache
 from tilegemm.indexer import dense_index_scores, hadamard_rotate, index_scores, mask_windows, quantize_rows
 from tilegemm.transformers.swap import ClassSwap
 
@@ -157,28 +165,91 @@ def _patched_forward(rope_name: str):
             k_rot, k_pass = torch.split(k, split, dim=-1)
             q_rot, k_rot = rope(q_rot, k_rot, cos, sin, unsqueeze_dim=2)
             q = torch.cat([q_rot, q_pass], dim=-1)
-            k = torch.cat([k_rot, k_pass], dim=-1).squeeze(2)
+            k = new = torch.cat([k_rot, k_pass], dim=-1).squeeze(2)
             if cache is not None:
                 k = cache.update_indexer(k, self.layer_idx)
             weights = self.weights_proj(hidden_states.to(self.weights_proj.weight.dtype)).float() * (self.n_heads**-0.5)
-            scores = indexer_scores(
-                q,
-                k,
-                weights,
-                attention_mask,
-                float(self.softmax_scale),
-                self._tilegemm_fp8,
-                self._tilegemm_hadamard,
-                self._tilegemm_backend,
-            )
+            if self._tilegemm_fp8_cache:
+                keys = fp8_keys_for(cache, self.layer_idx, new, k, self._tilegemm_hadamard)
+                scores = score_fp8_key_cache(
+                    q, keys, weights, attention_mask, float(self.softmax_scale), k.shape[1], self._tilegemm_backend
+                )
+            else:
+                scores = indexer_scores(
+                    q,
+                    k,
+                    weights,
+                    attention_mask,
+                    float(self.softmax_scale),
+                    self._tilegemm_fp8,
+                    self._tilegemm_hadamard,
+                    self._tilegemm_backend,
+                )
             topk = min(self.index_topk, scores.shape[-1])
             return scores.topk(topk, dim=-1).indices.to(torch.int32)
 
     return forward
 
 
-INDEXER = ClassSwap(backend=None, fp8=False, hadamard=True)
-"""The indexer swap; its settings: the MQA-logits calls' backend, DeepSeek's FP8 recipe, the Hadamard rotation."""
+INDEXER = ClassSwap(backend=None, fp8=False, hadamard=True, fp8_cache=False)
+"""The indexer swap; its settings: the MQA-logits calls' backend, DeepSeek's FP8 recipe, the Hadamard rotation, the
+FP8 key cache."""
+
+#: The attribute of a transformers cache object that holds its layers' FP8 key caches (``{layer_idx: Fp8KeyCache}``).
+FP8_KEYS_ATTR = "_tilegemm_fp8_keys"
+
+
+def fp8_keys_for(cache, layer_idx: int, new: torch.Tensor, keys: torch.Tensor, hadamard: bool) -> Fp8KeyCache:
+    """Layer ``layer_idx``'s FP8 key cache with the keys ``new`` just appended.
+
+    Args:
+        cache: the forward's transformers cache (``None``: no cache, a fresh FP8 cache of ``keys``).
+        new: the keys this call appended, ``[B, S, D]``.
+        keys: every key the layer's cache returned (``update_indexer``), ``[B, T, D]``; ``new`` among them.
+        hadamard: the rotation of the swap's recipe.
+
+    Where the FP8 cache writes: a layer with a tensor ``indexer_cumulative_length`` (transformers' static layers)
+    has just advanced it by S, so at ``counter - S ..``, device ops (graph-capturable; a rewind of the counter
+    rewinds this cache too); otherwise (a dynamic cache, which concatenates) at ``T - S ..``. An FP8 cache is built
+    (from all of ``keys``, quantized once) where there is none for the layer or it no longer matches: another batch
+    size, dim, device or rotation, a static buffer it cannot hold, a dynamic cache whose length is not the one it
+    last saw plus S (cropped, reset, reordered to another length).
+    """
+    batch, count, dim = new.shape
+    total = keys.shape[1]
+    if cache is None:
+        fresh = Fp8KeyCache(batch, total, dim, keys.device, hadamard)
+        fresh.append(keys, torch.arange(total, device=keys.device))
+        return fresh
+    layers = getattr(cache, "layers", None)
+    layer = layers[layer_idx] if isinstance(layers, (list, tuple)) and layer_idx < len(layers) else None
+    counter = getattr(layer, "indexer_cumulative_length", None)
+    static = isinstance(counter, torch.Tensor)
+    store = getattr(cache, FP8_KEYS_ATTR, None)
+    if store is None:
+        store = {}
+        setattr(cache, FP8_KEYS_ATTR, store)
+    fp8 = store.get(layer_idx)
+    stale = (
+        fp8 is None
+        or (fp8.batch, fp8.dim, fp8.hadamard, fp8.kv_cache.device) != (batch, dim, hadamard, keys.device)
+        or (static and fp8.capacity < total)
+        or (not static and fp8.length != total - count)
+    )
+    if stale:
+        fp8 = Fp8KeyCache(batch, total, dim, keys.device, hadamard)
+        fp8.append(keys, torch.arange(total, device=keys.device))
+        fp8.length = total
+        store[layer_idx] = fp8
+        return fp8
+    if static:
+        positions = counter.to(torch.long) - count + torch.arange(count, device=keys.device)
+    else:
+        fp8.grow(total)
+        positions = torch.arange(total - count, total, device=keys.device)
+    fp8.append(new, positions)
+    fp8.length = total
+    return fp8
 
 
 def _rebuild_swapped(stock: type, rope_name: str, state: dict) -> nn.Module:
@@ -204,7 +275,9 @@ def tilegemm_indexer_class(stock: type, rope_name: str) -> type:
 _warned: set[type] = set()
 
 
-def swap_indexers(model: nn.Module, fp8: bool = False, backend: str | None = None, hadamard: bool = True) -> list[str]:
+def swap_indexers(
+    model: nn.Module, fp8: bool = False, backend: str | None = None, hadamard: bool = True, fp8_cache: bool = False
+) -> list[str]:
     """Make every indexer of ``model``'s type (:data:`INDEXERS`) score through the MQA-logits ops.
 
     Args:
@@ -212,13 +285,17 @@ def swap_indexers(model: nn.Module, fp8: bool = False, backend: str | None = Non
         fp8: DeepSeek's FP8 recipe instead of BF16 (module docstring).
         backend: tilegemm backend for the MQA-logits calls (``None``: the current one).
         hadamard: with ``fp8``, the Hadamard rotation of queries and keys.
+        fp8_cache: with ``fp8``, keep the keys quantized in an FP8 key cache beside transformers' (quantized once
+            on append; module docstring). Off by default: BF16 keeps stock's top-k.
 
     Returns:
         the swapped modules' names. Modules already swapped get the new settings. A stock class whose forward no
         longer holds the formula (:func:`stock_formula_matches`) is left stock with one warning.
     """
-    if not isinstance(fp8, bool) or not isinstance(hadamard, bool):
-        raise TypeError(f"fp8 and hadamard must be bools, got {fp8!r} and {hadamard!r}")
+    if not isinstance(fp8, bool) or not isinstance(hadamard, bool) or not isinstance(fp8_cache, bool):
+        raise TypeError(f"fp8, hadamard and fp8_cache must be bools, got {fp8!r}, {hadamard!r} and {fp8_cache!r}")
+    if fp8_cache and not fp8:
+        raise ValueError("fp8_cache=True needs fp8=True (the FP8 key cache holds DeepSeek's FP8 recipe's keys)")
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     spec = INDEXER_BY_MODEL_TYPE.get(model_type)
     stock = spec.load_class() if spec is not None else None
@@ -232,7 +309,8 @@ def swap_indexers(model: nn.Module, fp8: bool = False, backend: str | None = Non
                 stacklevel=2,
             )
         return []
-    return INDEXER.swap(model, tilegemm_indexer_class(stock, spec.rope), backend=backend, fp8=fp8, hadamard=hadamard)
+    patched = tilegemm_indexer_class(stock, spec.rope)
+    return INDEXER.swap(model, patched, backend=backend, fp8=fp8, hadamard=hadamard, fp8_cache=fp8_cache)
 
 
 def swapped_indexers(model: nn.Module) -> list[nn.Module]:
@@ -246,10 +324,12 @@ def restore_indexers(model: nn.Module) -> int:
 
 
 __all__ = [
+    "FP8_KEYS_ATTR",
     "INDEXERS",
     "INDEXER_BY_MODEL_TYPE",
     "IndexerSpec",
     "dense_index_scores",
+    "fp8_keys_for",
     "hadamard_rotate",
     "index_scores",
     "mask_windows",

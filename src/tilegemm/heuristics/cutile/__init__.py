@@ -84,11 +84,19 @@ from tilegemm.heuristics.cutile.moe import (
     moe_train_config,
 )
 from tilegemm.heuristics.cutile.mqa import (
+    MQA_DECODE_BK,
+    MQA_DECODE_CTAS_PER_SM,
+    MQA_DECODE_MIN_N,
+    MQA_VARIANT_ENV,
+    MQA_VARIANTS,
     MqaConfig,
     PagedMqaConfig,
     bf16_mqa_logits_config,
+    mqa_decode_config,
     mqa_logits_config,
     paged_mqa_config,
+    plain_mqa_config,
+    takes_mqa_decode,
 )
 from tilegemm.heuristics.cutile.narrow import (
     NARROW_BF16_M128_W128,
@@ -159,12 +167,14 @@ __all__ = [
     "GROUPED_BF16_BIG", "GROUPED_BF16_K_WITH_C", "GROUPED_BF16_SMALL_M", "GROUPED_FP8", "GROUPED_FP8_K",
     "GROUPED_FP8_SMALL_M", "MOE_BLOCKS_MAX_BT", "MOE_BLOCKS_MIN_BT", "MOE_COMBINE_BT", "MOE_COMBINE_MAX_BN",
     "MOE_DOWN_CONFIGS", "MOE_FP8_TILE_CONFIG", "MOE_FP8_TILE_MIN_ROWS", "MOE_UP_CONFIGS", "MOE_VARIANT_ENV",
-    "MOE_VARIANTS", "NARROW_BF16_M128_W128", "NARROW_BF16_W32", "NARROW_BF16_W32_DEEP", "NARROW_CONFIGS",
+    "MOE_VARIANTS", "MQA_DECODE_BK", "MQA_DECODE_CTAS_PER_SM", "MQA_DECODE_MIN_N", "MQA_VARIANT_ENV", "MQA_VARIANTS",
+    "NARROW_BF16_M128_W128", "NARROW_BF16_W32", "NARROW_BF16_W32_DEEP", "NARROW_CONFIGS",
     "NARROW_FP8_W128", "NARROW_FP8_W16", "NARROW_FP8_W32", "NARROW_FP8_W64_PAIR", "NORM_MAX_COLS", "NORM_OCCUPANCY",
     "NORM_TILE_ELEMS", "SMALL_M", "SPLIT_MIN_K", "all_dense_configs", "all_grouped_configs", "all_moe_configs",
     "bf16_mqa_logits_config", "choose", "decode_config", "decode_plan", "DecodeConfig", "DecodePlan",
     "dense_tile_config", "DenseConfig", "grouped_config", "Kind", "moe_blocks_config", "moe_config", "moe_fp8_config",
-    "moe_slots_config", "moe_train_config", "MoEBlocksConfig", "MoEConfig", "MoESlotsConfig", "mqa_logits_config",
-    "MqaConfig", "narrow_config", "NarrowConfig", "NormConfig", "paged_mqa_config", "PagedMqaConfig", "print_once",
-    "Problem", "problem", "rms_norm_config", "Rule", "split_plan", "SplitPlan", "takes_decode", "TileConfig", "variant",
+    "moe_slots_config", "moe_train_config", "MoEBlocksConfig", "MoEConfig", "MoESlotsConfig", "mqa_decode_config",
+    "mqa_logits_config", "MqaConfig", "narrow_config", "NarrowConfig", "NormConfig", "paged_mqa_config",
+    "PagedMqaConfig", "plain_mqa_config", "print_once", "Problem", "problem", "rms_norm_config", "Rule", "split_plan",
+    "SplitPlan", "takes_decode", "takes_mqa_decode", "TileConfig", "variant",
 ]  # fmt: skip

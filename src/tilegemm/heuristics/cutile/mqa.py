@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tilegemm.env import MQA_VARIANT
+from tilegemm.heuristics.cutile.problem import forced
+
 
 @dataclass(frozen=True)
 class MqaConfig:
@@ -18,7 +21,8 @@ class MqaConfig:
     (``mqa.plain_kernel_for``). ``unroll``: key tiles per loop iteration, each its own load and shared-memory slot.
     ``scales_ldg``: where the tiles divide the keys (``mqa.tiles_inside``), the key scales are plain unchecked loads
     rather than TMA loads. ``key_latency``: the key load's latency hint (0: none), from which tileiras sizes its
-    pipeline.
+    pipeline. ``path``: the kernel that runs it, ``plain`` (one CTA per ``bq`` query rows) or ``decode``
+    (:func:`mqa_decode_config`: ``parts`` CTAs per ``bq`` query rows, each a slice of the keys).
     """
 
     bq: int
@@ -30,6 +34,8 @@ class MqaConfig:
     unroll: int = 1
     scales_ldg: bool = False
     key_latency: int = 0
+    path: str = "plain"
+    parts: int = 1
 
 
 @dataclass(frozen=True)
@@ -170,3 +176,62 @@ def paged_mqa_config(
         batch_major=sm == 90,
         rows_outer=sm == 90 and nnp == rg,
     )
+
+
+#: Names the MQA-logits kernel of every decode-sized ``fp8_mqa_logits`` / ``bf16_mqa_logits`` call (benchmarks,
+#: tests): ``plain`` (one CTA per block of query rows, as every call runs today) or ``decode`` (the keys of each
+#: block of query rows split over the SMs, :func:`mqa_decode_config`).
+MQA_VARIANT_ENV = MQA_VARIANT
+MQA_VARIANTS = ("plain", "decode")
+#: Keys per tile of the decode kernel, and the CTAs per SM its split aims at (the plain kernel's two).
+MQA_DECODE_BK = 128
+MQA_DECODE_CTAS_PER_SM = 2
+#: The decode kernel's least MMA N side (query rows x padded heads).
+MQA_DECODE_MIN_N = 64
+
+
+def takes_mqa_decode(rows: int, base: MqaConfig, sms: int, variant: str | None) -> bool:
+    """Whether a plain MQA-logits call of ``rows`` query rows runs the decode kernel: only where ``variant``
+    (``$TILEGEMM_MQA_VARIANT`` or a caller's explicit choice) is ``decode``, and the plain kernel's grid
+    (``ceil(rows / bq)`` CTAs) is smaller than the SM count ``sms``. Not yet measured on a GPU, so never taken by
+    default (``benchmarks/results/indexer/decode_prep.md`` has the commands that measure it)."""
+    if forced(variant, MQA_VARIANTS, MQA_VARIANT_ENV) != "decode":
+        return False
+    return -(-rows // base.bq) < sms
+
+
+def mqa_decode_config(base: MqaConfig, rows: int, keys: int, sms: int, sm: int = 90) -> MqaConfig:
+    """The decode kernel's config (``path="decode"``) from the plain config ``base`` of the same heads and dtype.
+
+    ``bq``: the query rows rounded up to a power of two, at most ``base.bq`` (one row at H = 64: an MMA N side of
+    64, not 128 half empty), and at least an N side of :data:`MQA_DECODE_MIN_N` (few heads: zero rows pad it; at
+    an N side of 4 tileiras 13.4 emits no tensor-core MMA). ``parts``: CTAs per block of rows, each taking every
+    ``parts``-th key tile of the rows' window (the paged kernel's round-robin split), enough for
+    :data:`MQA_DECODE_CTAS_PER_SM` CTAs per SM and at most one per key tile. One key tile per iteration, no latency
+    hint, checked stores. Not yet measured on a GPU.
+    """
+    bq = min(base.bq, max(_mqa_pow2_ceil(max(1, rows)), MQA_DECODE_MIN_N // base.hp))
+    blocks = -(-max(1, rows) // bq)
+    tiles = max(1, -(-keys // MQA_DECODE_BK))
+    parts = max(1, min(tiles, -(-MQA_DECODE_CTAS_PER_SM * sms // blocks)))
+    return MqaConfig(
+        bq=bq,
+        hp=base.hp,
+        bk=MQA_DECODE_BK,
+        head_chain=_head_chain(sm, bq * base.hp),
+        occupancy=MQA_DECODE_CTAS_PER_SM,
+        path="decode",
+        parts=parts,
+    )
+
+
+def plain_mqa_config(
+    h: int, d: int, rows: int, keys: int, sms: int, sm: int = 90, bf16: bool = False, variant: str | None = None
+) -> MqaConfig | None:
+    """The config of one ``fp8_mqa_logits`` (``bf16``: ``bf16_mqa_logits``) call of ``rows`` query rows and ``keys``
+    keys on ``sms`` SMs: :func:`mqa_decode_config` where :func:`takes_mqa_decode` (forced only), else
+    :func:`mqa_logits_config` / :func:`bf16_mqa_logits_config`; ``None`` if unsupported."""
+    base = bf16_mqa_logits_config(h, d, sm) if bf16 else mqa_logits_config(h, d, sm)
+    if base is None or not takes_mqa_decode(rows, base, sms, variant):
+        return base
+    return mqa_decode_config(base, rows, keys, sms, sm)

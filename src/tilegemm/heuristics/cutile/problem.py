@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, ClassVar
 
-from tilegemm.env import DECODE_VARIANT, MOE_VARIANT
+from tilegemm.env import DECODE_VARIANT, MOE_VARIANT, MQA_VARIANT
 
 #: Names the swap-AB decode variant every decode-size dense call takes (benchmarks, tests); set, the narrow-tile
 #: kernel is never chosen.
@@ -19,7 +19,7 @@ DECODE_VARIANT_ENV = DECODE_VARIANT
 #: per block, ``ops/cutile/moe_blocks.py``) or ``sorted`` (device-side sort, persistent tiles, ``ops/cutile/moe.py``).
 MOE_VARIANT_ENV = MOE_VARIANT
 MOE_VARIANTS = ("slots", "blocks", "sorted")
-_VARIANT_ENVS = {"dense": DECODE_VARIANT_ENV, "moe": MOE_VARIANT_ENV, "moe_fp8": MOE_VARIANT_ENV}
+_VARIANT_ENVS = {"dense": DECODE_VARIANT_ENV, "moe": MOE_VARIANT_ENV, "moe_fp8": MOE_VARIANT_ENV, "mqa": MQA_VARIANT}
 
 
 def forced(text: str | None, choices: tuple[str, ...], env: str) -> str | None:

@@ -1,6 +1,9 @@
 """FP8 MQA-logits ops of the ``cutile`` backend, host side: ``fp8_mqa_logits``, ``bf16_mqa_logits``,
 ``get_paged_mqa_logits_metadata`` and ``fp8_paged_mqa_logits``.
 
+The two plain ops run the plain kernel, or for a decode-sized call that ``$TILEGEMM_MQA_VARIANT=decode`` forces the
+decode kernel (:mod:`tilegemm.ops.cutile.mqa_decode_kernels`: the keys split over the SMs).
+
 Each op: problem -> config (:mod:`tilegemm.heuristics.cutile`) -> the arrays and constants its kernel takes -> launch;
 a repeated paged call replays its launch (the registry's hot lane: ``checks.paged_mqa_logits_signature``,
 :func:`_paged_replay`). The kernels and their design are in :mod:`tilegemm.ops.cutile.mqa_kernels`.
@@ -18,13 +21,16 @@ from tilegemm.backend.registry import Unsupported, register_impl
 from tilegemm.heuristics.cutile import (
     MqaConfig,
     PagedMqaConfig,
-    bf16_mqa_logits_config,
-    mqa_logits_config,
+    bf16_mqa_logits_config,  # noqa: F401  (the compile gate reads the configs through this module)
+    mqa_logits_config,  # noqa: F401
     paged_mqa_config,
+    plain_mqa_config,
     print_once,
+    variant,
 )
 from tilegemm.ops.common import cdiv, logits_result, paged_mqa_schedule, paged_mqa_split_kv
-from tilegemm.ops.cutile.launch import launch
+from tilegemm.ops.cutile.launch import launch, num_sms
+from tilegemm.ops.cutile.mqa_decode_kernels import decode_constants, decode_kernel_for
 from tilegemm.ops.cutile.mqa_kernels import NEG_INF, mqa_clean_logits_kernel, paged_kernel_for, plain_kernel_for
 
 
@@ -75,17 +81,16 @@ def launch_mqa_logits(
     clean: bool = False,
     stream: Any = None,
 ) -> None:
-    """Launch the plain kernel on ``stream`` (``None``: the current one; inputs as the op's, already checked; ``out``
-    fp32 [S, S_kv]).
+    """Launch ``conf``'s kernel on ``stream`` (``None``: the current one; inputs as the op's, already checked; ``out``
+    fp32 [S, S_kv]): the plain kernel, or with ``conf.path == "decode"`` the decode kernel
+    (:mod:`~tilegemm.ops.cutile.mqa_decode_kernels`, grid ``(ceil(S / bq), conf.parts)``).
 
     ``clean``: also launch :func:`mqa_clean_logits_kernel`, so that every element of ``out`` is written (``out`` may be
     uninitialised); otherwise the tiles outside the windows are left as they were.
     """
     s, _, d = q.shape
-    s_kv = kv_data.shape[0]
-    inside = tuple(out.shape) == (s, s_kv) and tiles_inside(conf, s, s_kv)
     ks, ke = ks.to(torch.int32).contiguous(), ke.to(torch.int32).contiguous()
-    args = (
+    arrays = (
         q.contiguous(),
         kv_data.contiguous(),
         kv_scale.to(torch.float32).contiguous(),
@@ -93,6 +98,23 @@ def launch_mqa_logits(
         ks,
         ke,
         out,
+    )
+    if conf.path == "decode":
+        grid = (cdiv(s, conf.bq), conf.parts, 1)
+        launch(kernel or decode_kernel_for(conf.occupancy), grid, arrays + decode_constants(conf, d), stream)
+    else:
+        _launch_plain(arrays, conf, d, kernel, stream)
+    if clean:
+        args = (ks, ke, out, conf.bq, conf.bk, conf.unroll)
+        launch(mqa_clean_logits_kernel, (cdiv(s, conf.bq), 1, 1), args, stream)
+
+
+def _launch_plain(arrays: tuple, conf: MqaConfig, d: int, kernel, stream: Any) -> None:
+    """Launch the plain kernel on ``arrays`` (:func:`launch_mqa_logits`'), one CTA per ``conf.bq`` query rows."""
+    s, s_kv = arrays[0].shape[0], arrays[1].shape[0]
+    out = arrays[6]
+    inside = tuple(out.shape) == (s, s_kv) and tiles_inside(conf, s, s_kv)
+    consts = (
         conf.bq,
         conf.hp,
         d,
@@ -104,10 +126,7 @@ def launch_mqa_logits(
         inside and conf.scales_ldg,
         conf.key_latency,
     )
-    launch(kernel or plain_kernel_for(conf.occupancy), (cdiv(s, conf.bq), 1, 1), args, stream)
-    if clean:
-        args = (ks, ke, out, conf.bq, conf.bk, conf.unroll)
-        launch(mqa_clean_logits_kernel, (cdiv(s, conf.bq), 1, 1), args, stream)
+    launch(kernel or plain_kernel_for(conf.occupancy), (cdiv(s, conf.bq), 1, 1), arrays + consts, stream)
 
 
 def fp8_mqa_logits(
@@ -115,14 +134,16 @@ def fp8_mqa_logits(
 ):
     """cuTile MQA logits: the fp32 [S, S_kv] kernel, then (host side) compression and the cast to ``logits_dtype``.
 
-    Head dims 32, 64 and 128 run natively (one to four 32-deep MMA steps); bf16 weights are read as fp32.
+    Head dims 32, 64 and 128 run natively (one to four 32-deep MMA steps); bf16 weights are read as fp32. A
+    decode-sized call takes the decode kernel where ``$TILEGEMM_MQA_VARIANT=decode`` forces it
+    (:func:`~tilegemm.heuristics.cutile.plain_mqa_config`).
     """
     kv_data, kv_scale = kv
     if q.dtype != torch.float8_e4m3fn or kv_data.dtype != torch.float8_e4m3fn:
         raise Unsupported(f"fp8_mqa_logits needs float8_e4m3fn q and kv, got {q.dtype} and {kv_data.dtype}")
     s, h, d = q.shape
     s_kv = kv_data.shape[0]
-    conf = mqa_logits_config(h, d, sm=_check_arch(q))
+    conf = plain_mqa_config(h, d, s, s_kv, num_sms(), sm=_check_arch(q), variant=variant("mqa"))
     if conf is None:
         raise Unsupported(f"fp8_mqa_logits: H={h}, D={d} not supported (H <= 128, D in {{32, 64, 128}})")
     print_once("fp8_mqa_logits", {"S": s, "S_kv": s_kv, "H": h, "D": d}, conf)
@@ -142,11 +163,11 @@ def bf16_mqa_logits(
     q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits, max_seqlen_k, logits_dtype, stream
 ):
     """cuTile BF16 MQA logits: the plain kernel on bf16 ``q`` and keys (BF16 MMAs, fp32 accumulate) with key scales
-    of 1 and :func:`~tilegemm.heuristics.cutile.bf16_mqa_logits_config`'s tiles; then compression and the cast,
-    as :func:`fp8_mqa_logits`."""
+    of 1 and :func:`~tilegemm.heuristics.cutile.bf16_mqa_logits_config`'s tiles (or, forced, the decode kernel, as
+    :func:`fp8_mqa_logits`); then compression and the cast, as :func:`fp8_mqa_logits`."""
     s, h, d = q.shape
     s_kv = kv.shape[0]
-    conf = bf16_mqa_logits_config(h, d, sm=_check_arch(q))
+    conf = plain_mqa_config(h, d, s, s_kv, num_sms(), sm=_check_arch(q), bf16=True, variant=variant("mqa"))
     if conf is None:
         raise Unsupported(f"bf16_mqa_logits: H={h}, D={d} not supported (H <= 128, D in {{32, 64, 128}})")
     print_once("bf16_mqa_logits", {"S": s, "S_kv": s_kv, "H": h, "D": d}, conf)

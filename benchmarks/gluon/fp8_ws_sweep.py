@@ -1,0 +1,158 @@
+"""Time the prototype gluon FP8 kernel (``fp8_gemm_ws``) designs beside the gluon kernel, cutile and DeepGEMM.
+
+Run on the H200 machine (``source .devbundle/setup.sh``; DeepGEMM built first with
+``DG_PREBUILT=1 DG_SKIP_SMOKE=1 bash .devbundle/deepgemm/build.sh``):
+
+    PYTHONPATH=src python3 benchmarks/gluon/fp8_ws_sweep.py OUT.json [--variants a_128x128,b_256x128] [--quick]
+
+Every implementation's output on a row is compared with the float64 formula (``calc_diff``) before it is timed;
+timing is kernel-only: CUDA-graph replay of calls over input sets rotated past L2, median per call. A row whose
+turn would start after ``--budget-s`` seconds is skipped, so the run ends within about four minutes. Prints a
+table (TFLOP/s, and each implementation's geomean ratio to DeepGEMM) last and writes everything to OUT.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import time
+
+import torch
+
+import tilegemm
+from tilegemm.bench import peers, timing
+from tilegemm.ops.gluon import fp8_gemm_ws as ws
+from tilegemm.ops.gluon import gemm as ggemm
+from tilegemm.testing import calc_diff, dequant_per_block, dequant_per_token
+
+#: DeepSeek-V3 (N, K) pairs at M 256..8192: ten rows.
+ROWS = [
+    (256, 2112, 7168),
+    (256, 7168, 2048),
+    (1024, 24576, 1536),
+    (1024, 4096, 7168),
+    (2048, 7168, 16384),
+    (4096, 2112, 7168),
+    (4096, 24576, 1536),
+    (4096, 7168, 2048),
+    (8192, 4096, 7168),
+    (8192, 7168, 16384),
+]
+QUICK = [ROWS[1], ROWS[3], ROWS[7], ROWS[8]]
+
+
+def quant(m: int, n: int, k: int, seed: int):
+    """DeepGEMM's recipe: A 1x128 per row (scales MN-major, TMA-aligned), B 128x128 blocks."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    xa = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    xb = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    qa, sa = tilegemm.per_token_cast_to_fp8(xa)
+    qb, sb = tilegemm.per_block_cast_to_fp8(xb)
+    return (qa, tilegemm.get_mn_major_tma_aligned_tensor(sa)), (qb, sb)
+
+
+def reference(a, b) -> torch.Tensor:
+    return dequant_per_token(*a).double() @ dequant_per_block(*b).double().t()
+
+
+def _ws(a, b, *, d, cfg):
+    return ws.fp8_gemm_ws(a, b, d, config=cfg)
+
+
+def _gluon(a, b, *, d):
+    return ggemm.fp8_gemm(a, b, d, recipe=(1, 128, 128), beta=0.0)
+
+
+def _cutile(a, b, *, d):
+    return tilegemm.fp8_gemm_nt(a, b, d, backend="cutile")
+
+
+def _deepgemm(dg, a, b, *, d):
+    return dg.fp8_gemm_nt(a, b, d)
+
+
+def _timed(row: dict, name: str, fn, sets: list, d: torch.Tensor, ref: torch.Tensor, budget_ms: float) -> None:
+    """Check ``fn`` on set 0, then time it kernel-only over all sets (one CUDA graph); errors are recorded."""
+    try:
+        d.fill_(float("nan"))
+        fn(*sets[0])
+        torch.cuda.synchronize()
+        row["diff"][name] = calc_diff(d, ref)
+        ms = timing.graph_ms(lambda: [fn(*s) for s in sets], 1, budget_ms=budget_ms) / len(sets)
+    except Exception as exc:
+        row["error"][name] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        print(f"  {name}: {row['error'][name]}", flush=True)
+        return
+    row["us"][name] = ms * 1e3
+    row["tflops"][name] = 2 * row["m"] * row["n"] * row["k"] / ms / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("out", help="JSON file to write")
+    parser.add_argument("--variants", default=",".join(ws.VARIANTS), help="comma-separated names of ws.VARIANTS")
+    parser.add_argument("--quick", action="store_true", help="four rows instead of ten")
+    parser.add_argument("--budget-s", type=float, default=210.0, help="start no row after this many seconds")
+    parser.add_argument("--rep-ms", type=float, default=25.0, help="timing budget of one implementation on a row")
+    args = parser.parse_args()
+    names = [v for v in args.variants.split(",") if v]
+    t0 = time.time()
+    dg, why = peers.load_deepgemm("auto")
+    print("deepgemm:", why, flush=True)
+    rows = []
+    for m, n, k in QUICK if args.quick else ROWS:
+        if time.time() - t0 > args.budget_s:
+            print(f"skipping {m}x{n}x{k}: past the {args.budget_s:.0f} s budget", flush=True)
+            continue
+        nsets = min(4, timing.rotation_count(m * k + n * k + 2 * m * n))
+        sets = [quant(m, n, k, 7 * s + 1) for s in range(nsets)]
+        d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        ref = reference(*sets[0])
+        row = {"m": m, "n": n, "k": k, "tflops": {}, "us": {}, "diff": {}, "error": {}}
+        for name in names:
+            call = functools.partial(_ws, d=d, cfg=ws.VARIANTS[name])
+            _timed(row, name, call, sets, d, ref, args.rep_ms)
+        _timed(row, "gluon", functools.partial(_gluon, d=d), sets, d, ref, args.rep_ms)
+        _timed(row, "cutile", functools.partial(_cutile, d=d), sets, d, ref, args.rep_ms)
+        if dg is not None:
+            _timed(row, "deepgemm", functools.partial(_deepgemm, dg, d=d), sets, d, ref, args.rep_ms)
+        bad = {name: f"{x:.1e}" for name, x in row["diff"].items() if not x < 1e-3}
+        rows.append(row)
+        print(
+            f"{m:5d}x{n:5d}x{k:5d} {time.time() - t0:5.0f}s "
+            + " ".join(f"{name}={t:.0f}" for name, t in row["tflops"].items())
+            + (f" BAD calc_diff {bad}" if bad else ""),
+            flush=True,
+        )
+        del sets, ref
+        torch.cuda.empty_cache()
+    meta = {
+        "gpu": torch.cuda.get_device_name(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "deepgemm": why,
+        "variants": {name: ws.VARIANTS[name]._asdict() for name in names},
+        "timing": "CUDA-graph replay median per call, input sets rotated past L2, kernel-only",
+        "seconds": round(time.time() - t0, 1),
+    }
+    with open(args.out, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    impls = names + ["gluon", "cutile", "deepgemm"]
+    short = {name: name[:13] for name in impls}
+    print("\nTFLOP/s (kernel-only)   " + " ".join(f"{short[i]:>13}" for i in impls))
+    for r in rows:
+        cells = " ".join(f"{r['tflops'][i]:13.0f}" if i in r["tflops"] else f"{'-':>13}" for i in impls)
+        print(f"{r['m']:5d}x{r['n']:5d}x{r['k']:5d}   {cells}")
+    ratios = []
+    for i in impls:
+        v = [r["tflops"][i] / r["tflops"]["deepgemm"] for r in rows if i in r["tflops"] and "deepgemm" in r["tflops"]]
+        ratios.append(f"{math.exp(sum(map(math.log, v)) / len(v)):13.2f}" if v else f"{'-':>13}")
+    print("geomean / DeepGEMM      " + " ".join(ratios))
+    print(f"wrote {args.out} ({time.time() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

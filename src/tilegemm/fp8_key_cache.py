@@ -1,0 +1,157 @@
+"""An FP8 key cache for DeepSeek's sparse-attention indexer: keys quantized once, when they are appended.
+
+:func:`tilegemm.indexer.index_scores` with ``fp8=True`` quantizes the whole key cache on every call (transformers'
+cache holds bf16 keys). :class:`Fp8KeyCache` keeps the keys as DeepSeek's recipe stores them instead: Hadamard-rotated
+(optional), cast to FP8 with one fp32 scale per token (:func:`tilegemm.indexer.quantize_keys`), in DeepGEMM's paged
+byte layout (``kv_cache`` of :func:`tilegemm.fp8_paged_mqa_logits`, block ``b * blocks + i`` holding sequence b's keys
+``i * block_kv ..``: an identity block table). :func:`score_fp8_key_cache` scores queries against it, reading it in
+place:
+
+* decode (at most :data:`PAGED_MAX_ROWS` query rows): :func:`tilegemm.fp8_paged_mqa_logits` (its schedule spreads
+  each sequence's keys over the SMs), each query row seeing its window's end ``ke`` as its context length;
+* prefill: :func:`tilegemm.fp8_mqa_logits` per sequence on its keys gathered out of the blocks (a copy of FP8 bytes,
+  no quantization).
+
+The mask is applied as :func:`tilegemm.indexer.index_scores` applies it. Nothing synchronises the host: positions
+are device tensors, so an append and a score are captured in a CUDA graph (a static cache's decode step).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tilegemm import config
+from tilegemm.indexer import hadamard_rotate, mask_windows, quantize_keys, quantize_rows
+from tilegemm.ops import api
+
+__all__ = ["BLOCK_KV", "PAGED_MAX_ROWS", "Fp8KeyCache", "score_fp8_key_cache"]
+
+#: Tokens per cache block (one of the paged kernel's 16, 32, 64).
+BLOCK_KV = 64
+#: Up to this many query rows per sequence (the paged kernel's ``next_n``) a call scores with the paged op.
+PAGED_MAX_ROWS = 4
+
+
+class Fp8KeyCache:
+    """FP8 keys of ``batch`` sequences of up to ``capacity`` tokens of ``dim`` (module docstring).
+
+    Attributes:
+        kv_cache: uint8 ``[batch * blocks, BLOCK_KV, 1, dim + 4]``, DeepGEMM's paged byte layout.
+        block_table: int32 ``[batch, blocks]``: sequence b's blocks ``b * blocks ..``.
+        hadamard: whether appended keys are rotated first (queries must be rotated alike).
+    """
+
+    def __init__(self, batch: int, capacity: int, dim: int, device: torch.device | str, hadamard: bool = True):
+        self.batch, self.dim, self.hadamard = batch, dim, hadamard
+        self.length = 0  # tokens per sequence appended in order (a dynamic cache's own count; see ``append``)
+        self._allocate(capacity, torch.device(device))
+
+    def _allocate(self, capacity: int, device: torch.device) -> None:
+        """Zeroed blocks for ``capacity`` tokens per sequence and their identity block table."""
+        self.blocks = max(1, -(-capacity // BLOCK_KV))
+        rows = self.batch * self.blocks
+        self.kv_cache = torch.zeros(rows, BLOCK_KV, 1, self.dim + 4, dtype=torch.uint8, device=device)
+        self.block_table = torch.arange(rows, dtype=torch.int32, device=device).view(self.batch, self.blocks)
+
+    @property
+    def capacity(self) -> int:
+        """Tokens per sequence the cache holds."""
+        return self.blocks * BLOCK_KV
+
+    def _views(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """uint8 keys ``[batch, blocks, BLOCK_KV, dim]`` and fp32 scales ``[batch, blocks, BLOCK_KV]``, views of the
+        cache's bytes."""
+        raw = self.kv_cache.view(self.batch * self.blocks, -1)
+        keys = raw[:, : BLOCK_KV * self.dim].view(self.batch, self.blocks, BLOCK_KV, self.dim)
+        words = raw.view(torch.float32)
+        scales = words[:, BLOCK_KV * self.dim // 4 :].view(self.batch, self.blocks, BLOCK_KV)
+        return keys, scales
+
+    def append(self, keys: torch.Tensor, positions: torch.Tensor) -> None:
+        """Quantize ``keys`` (float ``[batch, S, dim]``, rotated first when :attr:`hadamard`) and write token s of
+        sequence b at position ``positions[s]`` (int64 ``[S]`` on the cache's device, each < :attr:`capacity`)."""
+        if keys.dim() != 3 or keys.shape[0] != self.batch or keys.shape[2] != self.dim:
+            raise ValueError(f"keys: got shape {list(keys.shape)}, expected [{self.batch}, S, {self.dim}]")
+        x = hadamard_rotate(keys) if self.hadamard else keys.float()
+        data, scale = quantize_keys(x.reshape(-1, self.dim))
+        block, slot = positions // BLOCK_KV, positions % BLOCK_KV
+        key_view, scale_view = self._views()
+        key_view[:, block, slot] = data.view(torch.uint8).view(self.batch, -1, self.dim)
+        scale_view[:, block, slot] = scale.view(self.batch, -1)
+
+    def grow(self, capacity: int) -> None:
+        """Make room for ``capacity`` tokens per sequence (at least doubling), keeping what is stored: a copy of the
+        bytes, no quantization; a no-op if it fits."""
+        if capacity <= self.capacity:
+            return
+        old_keys, old_scales = self._views()
+        old_blocks = self.blocks
+        self._allocate(max(capacity, 2 * self.capacity), self.kv_cache.device)
+        keys, scales = self._views()
+        keys[:, :old_blocks] = old_keys
+        scales[:, :old_blocks] = old_scales
+
+    def sequence(self, b: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sequence ``b``'s first ``length`` keys as ``(fp8 [length, dim], fp32 [length])`` (contiguous copies)."""
+        keys, scales = self._views()
+        data = keys[b].reshape(-1, self.dim)[:length].contiguous().view(torch.float8_e4m3fn)
+        return data, scales[b].reshape(-1)[:length].contiguous()
+
+
+def score_fp8_key_cache(
+    q: torch.Tensor,
+    cache: Fp8KeyCache,
+    weights: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    softmax_scale: float,
+    length: int,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """The indexer's masked scores of ``q`` against the first ``length`` keys of each sequence in ``cache``.
+
+    Args:
+        q: queries ``[B, S, H, D]`` (any float dtype; rotated here when ``cache.hadamard``).
+        cache: the sequences' FP8 keys (``B == cache.batch``, ``length <= cache.capacity``).
+        weights: fp32 ``[B, S, H]`` head weights.
+        attention_mask: ``[B, S, length]`` boolean or additive, or ``None`` (every key visible).
+        softmax_scale: the positive scale of ``q . k``.
+        length: keys per sequence to score (the mask's last dim).
+        backend: the tilegemm backend of the MQA-logits calls (``None``: the current choice).
+
+    Returns:
+        fp32 ``[B, S, length]``, as :func:`tilegemm.indexer.index_scores` with ``fp8=True`` on the same keys.
+    """
+    batch, rows, heads, dim = q.shape
+    if attention_mask is None:
+        ks = torch.zeros(batch, rows, dtype=torch.int32, device=q.device)
+        ke = torch.full_like(ks, length)
+    else:
+        ks, ke = mask_windows(attention_mask)
+    q8, q_scale = quantize_rows(hadamard_rotate(q) if cache.hadamard else q)
+    w = weights.float() * softmax_scale * q_scale
+    if rows <= PAGED_MAX_ROWS:
+        num_sms = max(1, config.get_num_sms()) if q.is_cuda else 1
+        meta = api.get_paged_mqa_logits_metadata(ke, BLOCK_KV, num_sms, backend=backend)
+        flat = api.fp8_paged_mqa_logits(
+            q8.contiguous(),
+            cache.kv_cache,
+            w.reshape(batch * rows, heads).contiguous(),
+            ke,
+            cache.block_table,
+            meta,
+            length,
+            True,
+            backend=backend,
+        )
+        scores = flat.view(batch, rows, length)
+    else:
+        parts = []
+        for b in range(batch):
+            keys = cache.sequence(b, length)
+            parts.append(api.fp8_mqa_logits(q8[b], keys, w[b].contiguous(), ks[b], ke[b], backend=backend))
+        scores = torch.stack(parts)
+    if attention_mask is None:
+        return scores
+    if attention_mask.dtype == torch.bool:
+        return scores.masked_fill_(~attention_mask, float("-inf"))
+    return scores.add_(attention_mask)

@@ -1,0 +1,88 @@
+"""The decode kernel of the plain MQA-logits ops (``fp8_mqa_logits``, ``bf16_mqa_logits``), device side.
+
+A decode step scores one or a few query rows against the whole key cache. The plain kernel
+(:mod:`tilegemm.ops.cutile.mqa_kernels`) gives each block of ``BQ`` query rows one CTA, which then walks every key
+tile alone: one CTA of the GPU's SMs works. This kernel splits the keys instead, as the paged kernel splits its
+schedule rows: the grid is ``(row blocks, PARTS)``, and CTA ``(r, p)`` takes key tiles ``t_lo + p``,
+``t_lo + p + PARTS``, ... of its rows' window, so consecutive CTAs read consecutive tiles of the cache, in place
+(``kv`` is the caller's key tensor; no copy, no quantization). Each key tile is the plain kernel's math
+(:func:`~tilegemm.ops.cutile.mqa_kernels.key_tile_logits`, keys on the MMA's M side, (row, head) pairs on N) on FP8
+or BF16 operands (the dtype of ``q`` and ``kv``), and its ``[BQ, BK]`` logits tile is stored where the plain kernel
+would store it: the tiles it computes are exactly :func:`~tilegemm.ops.cutile.mqa_kernels.window_tiles` with one
+tile per iteration, so ``mqa_clean_logits_kernel`` fills the rest as it does for the plain kernel.
+
+Whatever the index values, no tile is read or written out of bounds: window bounds are clamped by ``window_tiles``
+and every tile index a CTA takes lies in ``[t_lo, t_hi)``, inside the keys.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import cuda.tile as ct
+
+from tilegemm.ops.cutile.mqa_kernels import NEG_INF, ZERO, key_tile_logits, window_tiles
+
+
+def decode_tile_count(t_lo, t_hi, part, n_parts):
+    """How many of the key tiles ``[t_lo, t_hi)`` CTA ``part`` of ``n_parts`` takes (every ``n_parts``-th from
+    ``t_lo + part``; tile code, int32 scalars)."""
+    return ct.maximum((t_hi - t_lo - part + n_parts - 1) // n_parts, 0)
+
+
+def make_mqa_decode_kernel(**hints):
+    """Build the decode kernel (``hints``: ct.kernel's, e.g. ``occupancy``)."""
+
+    @ct.kernel(**hints)
+    def mqa_decode_kernel(
+        q,  # fp8 or bf16 [S, H, D]
+        kv,  # fp8 or bf16 [S_kv, D] (the key cache, read in place)
+        kv_scale,  # fp32 [S_kv]
+        w,  # fp32 [S, H]
+        ks,  # int32 [S]
+        ke,  # int32 [S]
+        out,  # fp32 [S, S_kv]
+        BQ: ct.Constant[int],
+        HP: ct.Constant[int],
+        D: ct.Constant[int],
+        BK: ct.Constant[int],
+        HEAD_CHAIN: ct.Constant[bool],
+    ):
+        """CTA ``(r, p)`` of grid ``(ceil(S / BQ), PARTS)``: query rows ``r * BQ ..`` against every ``PARTS``-th key
+        tile of their window, from tile ``t_lo + p``; ``-inf`` outside each row's ``[ks, ke)`` inside a tile."""
+        s_rows = q.shape[0]
+        s_kv = kv.shape[0]
+        pid = ct.bid(0)
+        part = ct.bid(1)
+        n_parts = ct.num_blocks(1)
+        q_t = ct.transpose(ct.reshape(ct.load(q, (pid, 0, 0), shape=(BQ, HP, D), padding_mode=ZERO), (BQ * HP, D)))
+        w_t = ct.reshape(ct.load(w, (pid, 0), shape=(BQ, HP), padding_mode=ZERO), (1, BQ * HP))
+        ks_t = ct.load(ks, (pid,), shape=(BQ,), padding_mode=ZERO)
+        ke_t = ct.load(ke, (pid,), shape=(BQ,), padding_mode=ZERO)
+        t_lo, t_hi = window_tiles(ks_t, ke_t, pid * BQ, s_rows, s_kv, BQ, BK, 1)
+        ks_r = ct.reshape(ks_t, (1, BQ))
+        ke_r = ct.reshape(ke_t, (1, BQ))
+        for i in range(decode_tile_count(t_lo, t_hi, part, n_parts)):
+            j = t_lo + part + i * n_parts
+            k_t = ct.load(kv, (j, 0), shape=(BK, D), padding_mode=ZERO)
+            sc = ct.reshape(ct.load(kv_scale, (j,), shape=(BK,), padding_mode=ZERO), (BK, 1))
+            logit = key_tile_logits(k_t, q_t, w_t, BK, BQ, HP, HEAD_CHAIN, False, False) * sc  # [BK, BQ]
+            kidx = ct.reshape(ct.arange(BK, dtype=ct.int32) + j * BK, (BK, 1))
+            logit = ct.where((kidx >= ks_r) & (kidx < ke_r), logit, NEG_INF)
+            ct.store(out, (pid, j), ct.transpose(logit), allow_tma=False)
+
+    return mqa_decode_kernel
+
+
+@functools.cache
+def decode_kernel_for(occupancy: int):
+    """The decode kernel with the sm_90 ``occupancy`` hint ``MqaConfig.occupancy`` (one kernel object, hence one JIT
+    cache, per value; other targets get no hint). The output store is not TMA, as in the plain kernel, so that
+    tileiras builds no store warpgroup and two CTAs fit an SM."""
+    return make_mqa_decode_kernel(occupancy=ct.ByTarget(sm_90=occupancy))
+
+
+def decode_constants(conf, d: int) -> tuple:
+    """The decode kernel's constant arguments from its ``MqaConfig`` (``path == "decode"``), in its parameter order
+    (``BQ`` .. ``HEAD_CHAIN``); the compile gate builds its signatures from it."""
+    return (conf.bq, conf.hp, d, conf.bk, conf.head_chain)

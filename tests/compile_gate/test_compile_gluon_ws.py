@@ -1,0 +1,174 @@
+"""CPU compile gate for the prototype gluon FP8 kernel ``fp8_gemm_ws`` (Hopper): every design, compiled for sm_90a.
+
+``triton.compile`` with an explicit target runs without a GPU (ptxas ships with triton); the SASS is read with
+cuobjdump. What each design needs: ``setmaxnreg`` in the SASS (``USETMAXREG``: the MMA warps in the default
+partition take the registers the loader warp gives up), no local-memory spills, the FP8 wgmma (QGMMA) count of
+one K block in the main loop (four m64n128k32 per 128-row wave, four m64n64k32 more for a 192-wide tile) issued
+in groups of four (not serialized), registers within the default partition's ``setmaxnreg`` budget, and shared
+memory within a CTA's. The designs with the next step's wgmma before the promotion (``OVERLAP``, runs of N K blocks
+software-pipelined inside the loop body) must also show the promotion under an MMA: FFMAs after a
+``WARPGROUP.DEPBAR.LE gsb0, 0x1`` (one group still in flight) in the K loop. At 128x128 they pass; at 256x128 and
+128x192 two product tiles beside the accumulators exceed the budget and spill: strict xfails.
+
+Run as a script (``python tests/compile_gate/test_compile_gluon_ws.py``) to print the facts table.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+
+from compile_gate.sass import cuobjdump_path, dump_sass, loop_bodies, opcode_counts, sass_summary  # noqa: E402
+from tilegemm.ops.gluon import fp8_gemm_ws as ws  # noqa: E402
+
+GOOD = ["a_128x128", "a_128x128_p", "d_128x128_ov", "d_128x128_ov4", "b_256x128", "b_256x128_np", "c_128x192"]
+SPILLING_OVERLAP = ["bd_256x128_ov", "cd_128x192_ov"]
+
+
+def ffma_under_mma(loop: list[str]) -> int:
+    """FFMAs of a loop body issued while a warpgroup MMA group is still in flight: between a
+    ``WARPGROUP.DEPBAR.LE gsb0, 0x1`` (all groups but the newest complete) and the next ``WARPGROUP.DEPBAR``."""
+    count, under = 0, False
+    for text in loop:
+        if "WARPGROUP.DEPBAR" in text:
+            left = re.search(r"gsb0, 0x([0-9a-f]+)", text)
+            under = left is not None and int(left.group(1), 16) > 0
+        elif under and re.match(r"(@!?U?P\w+\s+)?FFMA\b", text):
+            count += 1
+    return count
+
+
+def _tools_reason() -> str | None:
+    """Why the gate cannot run here (no ptxas or cuobjdump), or ``None``."""
+    from triton import knobs
+
+    try:
+        ptxas = knobs.nvidia.ptxas.path
+    except Exception as exc:  # triton raises when its bundled ptxas is missing
+        return f"no ptxas: {exc}"
+    exe = cuobjdump_path()
+    if shutil.which(exe) is None:
+        return f"no cuobjdump ({exe})"
+    for tool in (ptxas, exe):
+        if subprocess.run([tool, "--version"], capture_output=True).returncode != 0:
+            return f"{tool} does not run"
+    return None
+
+
+def sass_facts(kernel) -> dict:
+    """What the gate checks of a compiled ``fp8_gemm_ws_kernel``, read from its SASS and PTX."""
+    cubin = kernel.asm["cubin"]
+    sass = dump_sass(cubin)
+    ops = opcode_counts(sass)
+    summary = sass_summary(cubin)
+    # the innermost loop with MMAs: the K loop
+    loop = min((b for b in loop_bodies(sass) if any("QGMMA" in t for t in b)), key=len, default=[])
+    budgets = [int(x) for x in re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", kernel.asm["ptx"])]
+    return {
+        "usetmaxreg": sum(n for op, n in ops.items() if op.startswith("USETMAXREG")),
+        "stl": summary["stl"],
+        "ldl": summary["ldl"],
+        "qgmma_k_loop": sum(1 for t in loop if "QGMMA" in t),
+        "ffma_under_mma": ffma_under_mma(loop),
+        "qgmma_shapes": sorted({m.group(0) for t in loop for m in [re.search(r"QGMMA\.\w+", t)] if m}),
+        "gmma_group_min": summary["gmma_group_min"],
+        "max_register": max(int(x) for x in re.findall(r"\bR(\d+)\b", sass)),
+        "mma_budget": max(budgets, default=0),  # the default partition's setmaxnreg (the largest decrease)
+        "shared_bytes": kernel.metadata.shared,
+        "utmaldg": summary["utmaldg"],
+        "utmastg": summary["utmastg"],
+    }
+
+
+@pytest.fixture(scope="module")
+def facts():
+    reason = _tools_reason()
+    if reason:
+        pytest.skip(reason)
+    out = {}
+    for name in ws.VARIANTS:
+        try:
+            out[name] = sass_facts(ws.compile_ws(ws.VARIANTS[name]))
+        except Exception as exc:
+            out[name] = exc
+    return out
+
+
+def _get(facts, name):
+    got = facts[name]
+    if isinstance(got, Exception):
+        raise got
+    return got
+
+
+@pytest.mark.parametrize("name", GOOD)
+def test_ws_sass(facts, name):
+    cfg = ws.VARIANTS[name]
+    f = _get(facts, name)
+    assert f["usetmaxreg"] >= 1, "setmaxnreg: the MMA warps take the loader warp's registers"
+    assert f["stl"] == f["ldl"] == 0, "register spills"
+    per_wave = 4 + (4 if cfg.block_n == 192 else 0)
+    blocks = max(cfg.overlap, 1)  # K blocks per iteration of the K loop
+    assert f["qgmma_k_loop"] == blocks * cfg.waves * per_wave, "QGMMA m64nNk32 per K block: 4 per 128-wide sub-tile"
+    want = {"QGMMA.64x128x32"} | ({"QGMMA.64x64x32"} if cfg.block_n == 192 else set())
+    assert set(f["qgmma_shapes"]) == want
+    assert f["gmma_group_min"] == 4, "each sub-tile's four wgmma in one group (ptxas did not serialize them)"
+    assert 0 < f["max_register"] < f["mma_budget"] <= 240, "registers within the default partition's budget"
+    assert f["shared_bytes"] <= ws.SMEM_BYTES
+    assert f["utmaldg"] == 3 + (cfg.block_n == 192), "A, B (one or two sub-tiles) and A's scales by TMA"
+    if cfg.overlap:
+        # every promotion of a run but the last runs while the next step's group is in flight (64 FFMA a step)
+        assert f["ffma_under_mma"] == 64 * (blocks * cfg.waves - 1), "promotion under the next wgmma"
+    else:
+        assert f["ffma_under_mma"] == 0
+
+
+@pytest.mark.parametrize("name", SPILLING_OVERLAP)
+@pytest.mark.xfail(strict=True, reason="two product tiles beside the accumulators exceed the 224-register budget")
+def test_ws_overlap_sass(facts, name):
+    f = _get(facts, name)
+    assert f["stl"] == f["ldl"] == 0 and f["gmma_group_min"] >= 4
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_ws_ring_fits(out_dtype):
+    """The ring depth :func:`ws_config` picks fits beside the output staging tiles; one stage more would not."""
+    reason = _tools_reason()
+    if reason:
+        pytest.skip(reason)
+    cfg = ws.ws_config(ws.Problem(4096, 4096, 4096, out_dtype), ws.VARIANTS["c_128x192"])
+    assert ws.compile_ws(cfg, out_dtype).metadata.shared <= ws.SMEM_BYTES
+    if cfg.stages < 8:
+        assert ws.stage_bytes(cfg) * (cfg.stages + 1) + ws.staging_bytes(cfg, out_dtype.itemsize) > ws.SMEM_BYTES
+
+
+if __name__ == "__main__":
+    cols = [
+        "usetmaxreg",
+        "stl",
+        "ldl",
+        "qgmma_k_loop",
+        "ffma_under_mma",
+        "gmma_group_min",
+        "max_register",
+        "mma_budget",
+    ]
+    print("| variant | config | " + " | ".join(cols) + " | shared | QGMMA shapes |")
+    print("|---" * (len(cols) + 4) + "|")
+    for name, cfg in ws.VARIANTS.items():
+        try:
+            f = sass_facts(ws.compile_ws(cfg))
+        except Exception as exc:
+            print(f"| {name} | FAILED: {type(exc).__name__}: {str(exc)[:200]} |")
+            continue
+        stages = ws.ws_config(ws.Problem(4096, 4096, 4096, torch.bfloat16), cfg).stages
+        ov = f" OV{cfg.overlap}" if cfg.overlap else ""
+        shape = f"{128 * cfg.waves}x{cfg.block_n} s{stages}{' P' if cfg.persistent else ''}{ov}"
+        row = " | ".join(str(f[c]) for c in cols)
+        print(f"| {name} | {shape} | {row} | {f['shared_bytes']} | {' '.join(f['qgmma_shapes'])} |")
