@@ -221,7 +221,9 @@ def test_fp8_cache_on_gpu_cutile(family, monkeypatch):
     if not is_backend_available("cutile"):
         pytest.skip("cutile backend unavailable")
     monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
-    model = build(family, dtype=torch.bfloat16, device="cuda")
+    # The tiny presets' indexer (4 heads of 32) is below the cutile paged kernel's head sizes (64, 128): fallback
+    # disabled, its decode step would raise. 64 heads of 64, as the real indexers' kernels run.
+    model = build(family, dtype=torch.bfloat16, device="cuda", index_n_heads=64, index_head_dim=64)
     ids = prompt(device="cuda")
     tokens = {}
     with torch.no_grad():
@@ -264,11 +266,14 @@ def test_cache_scores_on_gpu_cutile(rows, monkeypatch):
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        step()
+        eager = step().clone()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = step()
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(out, got)
+    # The re-appended key is rotated as a batch of one row: cuBLAS may round it differently from the 4000-row batch,
+    # so the scores after an append are compared with the same step run eagerly (bitwise), and with ``got`` as fp32.
+    assert torch.equal(out, eager)
+    assert calc_diff(out[mask], got[mask]) < 1e-6
