@@ -151,13 +151,20 @@ def clear_all_plans() -> None:
 
 @contextlib.contextmanager
 def _gluon_intercepted(rec: Recorder, patch: Callable[[Any, str, Any], None]) -> Iterator[None]:
-    """The gluon kernel's JIT call and the compiled kernel's launcher, recorded."""
+    """The gluon kernels' JIT calls and their compiled kernels' launchers, recorded."""
     try:
-        from tilegemm.ops.gluon import fp8_gemm_kernel
+        from tilegemm.ops.gluon import fp8_gemm_kernel, fp8_gemm_ws
     except Exception:  # no triton here: dense FP8 on gluon is not recorded
         yield
         return
-    real = fp8_gemm_kernel.fp8_gemm_kernel
+    patch(fp8_gemm_kernel, "fp8_gemm_kernel", _recorded_jit(rec, fp8_gemm_kernel.fp8_gemm_kernel, "fp8_gemm_kernel"))
+    patch(fp8_gemm_ws, "fp8_gemm_ws_kernel", _recorded_jit(rec, fp8_gemm_ws.fp8_gemm_ws_kernel, "fp8_gemm_ws_kernel"))
+    yield
+
+
+def _recorded_jit(rec: Recorder, real: Any, label: str) -> Any:
+    """Stands in for the gluon kernel ``real``: ``kernel[grid](**kwargs)`` and the compiled kernel's ``run`` record a
+    launch named ``label`` (``label[compiled]``)."""
 
     class Compiled:
         function = packed_metadata = None
@@ -169,7 +176,7 @@ def _gluon_intercepted(rec: Recorder, patch: Callable[[Any, str, Any], None]) ->
             return None
 
         def run(self, gx, gy, gz, stream, function, packed, meta, enter, exit_, *values):
-            rec.record("gluon", stream, (gx, gy, gz), "fp8_gemm_kernel[compiled]", repr(self.consts), values)
+            rec.record("gluon", stream, (gx, gy, gz), f"{label}[compiled]", repr(self.consts), values)
 
     class Jit:
         arg_names = real.arg_names
@@ -178,13 +185,12 @@ def _gluon_intercepted(rec: Recorder, patch: Callable[[Any, str, Any], None]) ->
             def call(**kwargs):
                 named = sorted((k, v) for k, v in kwargs.items() if k not in real.arg_names)
                 args = [kwargs[k] for k in real.arg_names if k in kwargs]
-                rec.record("gluon", torch.cuda.current_stream(), grid, "fp8_gemm_kernel", repr(named), args)
+                rec.record("gluon", torch.cuda.current_stream(), grid, label, repr(named), args)
                 return Compiled(named)
 
             return call
 
-    patch(fp8_gemm_kernel, "fp8_gemm_kernel", Jit())
-    yield
+    return Jit()
 
 
 # ------------------------------------------------------------------------------------------------- the calls

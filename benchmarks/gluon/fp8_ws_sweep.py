@@ -23,6 +23,7 @@ import torch
 
 import tilegemm
 from tilegemm.bench import peers, timing
+from tilegemm.heuristics.gluon import GluonDenseConfig
 from tilegemm.ops.gluon import fp8_gemm_ws as ws
 from tilegemm.ops.gluon import gemm as ggemm
 from tilegemm.testing import calc_diff, dequant_per_block, dequant_per_token
@@ -41,6 +42,19 @@ ROWS = [
     (8192, 7168, 16384),
 ]
 QUICK = [ROWS[1], ROWS[3], ROWS[7], ROWS[8]]
+#: Shapes outside the benchmark set (``--rows unseen``): rows 640..12288, M not always a multiple of 128.
+UNSEEN = [
+    (640, 6144, 4096),
+    (1000, 5120, 5120),
+    (1536, 3584, 8192),
+    (2500, 4096, 4096),
+    (3072, 12288, 4096),
+    (5000, 2048, 6144),
+    (6144, 8192, 3072),
+    (8000, 1536, 7168),
+    (12288, 4096, 4096),
+    (12288, 14336, 4096),
+]
 
 
 def quant(m: int, n: int, k: int, seed: int):
@@ -62,7 +76,13 @@ def _ws(a, b, *, d, cfg):
 
 
 def _gluon(a, b, *, d):
-    return ggemm.fp8_gemm(a, b, d, recipe=(1, 128, 128), beta=0.0)
+    """The first gluon kernel (``fp8_gemm_kernel``): a config given, the backend does not take the ws kernel."""
+    return ggemm.fp8_gemm(a, b, d, recipe=(1, 128, 128), beta=0.0, config=GluonDenseConfig())
+
+
+def _public(a, b, *, d):
+    """The public API with default settings (the automatic backend choice)."""
+    return tilegemm.fp8_gemm_nt(a, b, d)
 
 
 def _cutile(a, b, *, d):
@@ -94,6 +114,7 @@ def main() -> None:
     parser.add_argument("out", help="JSON file to write")
     parser.add_argument("--variants", default=",".join(ws.VARIANTS), help="comma-separated names of ws.VARIANTS")
     parser.add_argument("--quick", action="store_true", help="four rows instead of ten")
+    parser.add_argument("--rows", choices=("set", "unseen"), default="set", help="the DeepSeek rows or UNSEEN")
     parser.add_argument("--budget-s", type=float, default=210.0, help="start no row after this many seconds")
     parser.add_argument("--rep-ms", type=float, default=25.0, help="timing budget of one implementation on a row")
     args = parser.parse_args()
@@ -102,7 +123,8 @@ def main() -> None:
     dg, why = peers.load_deepgemm("auto")
     print("deepgemm:", why, flush=True)
     rows = []
-    for m, n, k in QUICK if args.quick else ROWS:
+    shapes = UNSEEN if args.rows == "unseen" else ROWS
+    for m, n, k in QUICK if args.quick else shapes:
         if time.time() - t0 > args.budget_s:
             print(f"skipping {m}x{n}x{k}: past the {args.budget_s:.0f} s budget", flush=True)
             continue
@@ -115,6 +137,7 @@ def main() -> None:
             call = functools.partial(_ws, d=d, cfg=ws.VARIANTS[name])
             _timed(row, name, call, sets, d, ref, args.rep_ms)
         _timed(row, "gluon", functools.partial(_gluon, d=d), sets, d, ref, args.rep_ms)
+        _timed(row, "tilegemm", functools.partial(_public, d=d), sets, d, ref, args.rep_ms)
         _timed(row, "cutile", functools.partial(_cutile, d=d), sets, d, ref, args.rep_ms)
         if dg is not None:
             _timed(row, "deepgemm", functools.partial(_deepgemm, dg, d=d), sets, d, ref, args.rep_ms)
@@ -134,13 +157,15 @@ def main() -> None:
         "torch": torch.__version__,
         "triton": __import__("triton").__version__,
         "deepgemm": why,
+        "rows": args.rows,
         "variants": {name: ws.VARIANTS[name]._asdict() for name in names},
+        "columns": "ws designs; gluon: fp8_gemm_kernel; tilegemm: fp8_gemm_nt, default settings; cutile; deepgemm",
         "timing": "CUDA-graph replay median per call, input sets rotated past L2, kernel-only",
         "seconds": round(time.time() - t0, 1),
     }
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    impls = names + ["gluon", "cutile", "deepgemm"]
+    impls = names + ["gluon", "tilegemm", "cutile", "deepgemm"]
     short = {name: name[:13] for name in impls}
     print("\nTFLOP/s (kernel-only)   " + " ".join(f"{short[i]:>13}" for i in impls))
     for r in rows:

@@ -25,6 +25,7 @@ import torch
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
 
 from compile_gate.sass import cuobjdump_path, dump_sass, loop_bodies, opcode_counts, sass_summary  # noqa: E402
+from tilegemm.ops.gluon import aot, fp8_gemm_ws_kernel  # noqa: E402
 from tilegemm.ops.gluon import fp8_gemm_ws as ws  # noqa: E402
 
 GOOD = ["a_128x128", "a_128x128_p", "d_128x128_ov", "d_128x128_ov4", "b_256x128", "b_256x128_np", "c_128x192"]
@@ -94,7 +95,9 @@ def facts():
     out = {}
     for name in ws.VARIANTS:
         try:
-            out[name] = sass_facts(ws.compile_ws(ws.VARIANTS[name]))
+            kernel = aot.compile_dense_fp8_ws(ws.VARIANTS[name])
+            assert kernel.name == fp8_gemm_ws_kernel.fp8_gemm_ws_kernel.__name__
+            out[name] = sass_facts(kernel)
         except Exception as exc:
             out[name] = exc
     return out
@@ -143,7 +146,7 @@ def test_ws_ring_fits(out_dtype):
     if reason:
         pytest.skip(reason)
     cfg = ws.ws_config(ws.Problem(4096, 4096, 4096, out_dtype), ws.VARIANTS["c_128x192"])
-    assert ws.compile_ws(cfg, out_dtype).metadata.shared <= ws.SMEM_BYTES
+    assert aot.compile_dense_fp8_ws(cfg, out_dtype).metadata.shared <= ws.SMEM_BYTES
     if cfg.stages < 8:
         assert ws.stage_bytes(cfg) * (cfg.stages + 1) + ws.staging_bytes(cfg, out_dtype.itemsize) > ws.SMEM_BYTES
 
@@ -163,7 +166,7 @@ if __name__ == "__main__":
     print("|---" * (len(cols) + 4) + "|")
     for name, cfg in ws.VARIANTS.items():
         try:
-            f = sass_facts(ws.compile_ws(cfg))
+            f = sass_facts(aot.compile_dense_fp8_ws(cfg))
         except Exception as exc:
             print(f"| {name} | FAILED: {type(exc).__name__}: {str(exc)[:200]} |")
             continue

@@ -1,7 +1,8 @@
-"""The gluon dense FP8 host path without a GPU: the kernel is replaced by a recorder, so what reaches triton is
+"""The gluon dense FP8 host path without a GPU: the kernels are replaced by recorders, so what reaches triton is
 checked: the first call of a plan goes through the JIT with every parameter by name; later calls hand the compiled
 kernel's launcher the same values, in the kernel's parameter order, with the same descriptor bases, shapes and
-strides; the public op's hot lane replays the plan."""
+strides; the public op's hot lane replays the plan. DeepGEMM's recipe without an addend and with ``alpha`` 1 runs
+the warp-specialized kernel (``fp8_gemm_ws``), every other call ``fp8_gemm_kernel``."""
 
 from __future__ import annotations
 
@@ -15,19 +16,18 @@ pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
 import tilegemm  # noqa: E402
 from tilegemm.backend import hot_lane, registry, selector  # noqa: E402
 from tilegemm.ops import plans  # noqa: E402
-from tilegemm.ops.gluon import fp8_gemm_kernel  # noqa: E402
+from tilegemm.ops.gluon import fp8_gemm_kernel, fp8_gemm_ws  # noqa: E402
 from tilegemm.ops.gluon import gemm as gluon_gemm  # noqa: E402
 
 LEADING = 9  # grid (3), stream, function, packed metadata, launch metadata, enter and exit hooks
 
 
 class _Recorder:
-    """Stands in for ``fp8_gemm_kernel``: ``kernel[grid](**kwargs)`` records a JIT call and returns a compiled
-    kernel whose ``run`` records launcher calls."""
+    """Stands in for a kernel: ``kernel[grid](**kwargs)`` records a JIT call and returns a compiled kernel whose
+    ``run`` records launcher calls."""
 
-    arg_names = fp8_gemm_kernel.fp8_gemm_kernel.arg_names
-
-    def __init__(self) -> None:
+    def __init__(self, arg_names: list[str]) -> None:
+        self.arg_names = arg_names
         self.jit: list[tuple] = []
         self.runs: list[tuple] = []
         recorder = self
@@ -62,16 +62,23 @@ def _view(value):
 
 
 @pytest.fixture
-def recorder(monkeypatch):
-    rec = _Recorder()
+def recorders(monkeypatch) -> dict[str, _Recorder]:
+    """Both kernels recorded: ``v1`` (``fp8_gemm_kernel``) and ``ws`` (``fp8_gemm_ws_kernel``)."""
+    recs = {
+        "v1": _Recorder(fp8_gemm_kernel.fp8_gemm_kernel.arg_names),
+        "ws": _Recorder(fp8_gemm_ws.fp8_gemm_ws_kernel.arg_names),
+    }
     monkeypatch.setattr(
         gluon_gemm,
         "fp8_gemm_kernel",
-        types.SimpleNamespace(fp8_gemm_kernel=rec, WG_ROWS=fp8_gemm_kernel.WG_ROWS, SB_BOX=fp8_gemm_kernel.SB_BOX),
+        types.SimpleNamespace(
+            fp8_gemm_kernel=recs["v1"], WG_ROWS=fp8_gemm_kernel.WG_ROWS, SB_BOX=fp8_gemm_kernel.SB_BOX
+        ),
     )
+    monkeypatch.setattr(fp8_gemm_ws, "fp8_gemm_ws_kernel", recs["ws"])
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: types.SimpleNamespace(cuda_stream=7))
     monkeypatch.setattr(plans, "_PLANS", {})
-    return rec
+    return recs
 
 
 def _operands(m, n, k, rows_recipe):
@@ -85,42 +92,58 @@ def _operands(m, n, k, rows_recipe):
 
 
 @pytest.mark.parametrize(
-    "m, n, k, rows_recipe", [(300, 200, 1100, False), (1, 136, 256, True), (4096, 2048, 768, False)]
-)
-def test_compiled_launch_gets_what_the_jit_got(recorder, m, n, k, rows_recipe):
+    "m, n, k, rows_recipe, alpha",
+    [(300, 200, 1100, False, 1.0), (1, 136, 256, True, 1.0), (4096, 2048, 768, False, 1.0),
+     (300, 200, 1100, False, 0.5)],
+)  # fmt: skip
+def test_compiled_launch_gets_what_the_jit_got(recorders, m, n, k, rows_recipe, alpha):
     recipe = (1, 1, 128) if rows_recipe else (1, 128, 128)
+    kernel, warps = ("v1", 4) if rows_recipe or alpha != 1.0 else ("ws", fp8_gemm_ws.MMA_WARPS)
+    recorder, other = recorders[kernel], recorders["ws" if kernel == "v1" else "v1"]
     a, b = _operands(m, n, k, rows_recipe)
     d = torch.empty(m, n, dtype=torch.bfloat16)
-    gluon_gemm.fp8_gemm(a, b, d, recipe=recipe, beta=0.0)
-    gluon_gemm.fp8_gemm(a, b, d, recipe=recipe, beta=0.0)
+    gluon_gemm.fp8_gemm(a, b, d, recipe=recipe, alpha=alpha, beta=0.0)
+    gluon_gemm.fp8_gemm(a, b, d, recipe=recipe, alpha=alpha, beta=0.0)
     assert len(recorder.jit) == 1 and len(recorder.runs) == 1, "one JIT call, then the compiled kernel"
+    assert not other.jit and not other.runs, f"{kernel}'s call reached the other kernel"
     grid, num_warps, kwargs = recorder.jit[0]
     run = recorder.runs[0]
-    assert num_warps == 4 and run[:3] == grid and run[3] == 7
+    assert num_warps == warps and run[:3] == tuple(grid) + (1,) * (3 - len(grid)) and run[3] == 7
     assert list(kwargs) == list(recorder.arg_names)
     assert [_view(v) for v in run[LEADING:]] == [_view(kwargs[name]) for name in recorder.arg_names]
     launched = dict(zip(recorder.arg_names, run[LEADING:]))
-    assert launched["d_desc"].base.data_ptr() == kwargs["d_desc"].base.data_ptr() == d.data_ptr()
+    outputs = ("d_desc",) if kernel == "v1" else ("d0_desc", "d1_desc")
+    for name in outputs:
+        assert launched[name].base.data_ptr() == kwargs[name].base.data_ptr() == d.data_ptr()
 
 
-def test_new_inputs_same_plan(recorder):
-    a, b = _operands(300, 200, 1024, False)  # every operand TMA-ready: no copies, the caller's tensors are read
-    d = torch.empty(300, 200, dtype=torch.bfloat16)
-    gluon_gemm.fp8_gemm(a, b, d, recipe=(1, 128, 128), beta=0.0)
-    a2, b2 = _operands(300, 200, 1024, False)
-    d2 = torch.empty_like(d)
-    gluon_gemm.fp8_gemm(a2, b2, d2, recipe=(1, 128, 128), alpha=0.5, beta=0.0)
-    values = recorder.runs[-1][LEADING:]
-    named = dict(zip(recorder.arg_names, values))
-    assert named["a_desc"].base.data_ptr() == a2[0].data_ptr()
-    assert named["sa_desc"].base.data_ptr() == a2[1].data_ptr()
-    assert named["b_desc"].base.data_ptr() == b2[0].data_ptr()
-    assert named["sb_desc"].base.data_ptr() == b2[1].data_ptr()
-    assert named["d_desc"].base.data_ptr() == d2.data_ptr()
-    assert named["alpha"] == 0.5 and named["beta"] == 0.0
+def test_new_inputs_same_plan(recorders):
+    """A second call of the same shapes reuses the plan with the new operands: the caller's tensors themselves where
+    they are TMA-ready (no copies), and ``alpha``, ``beta`` as given (``fp8_gemm_kernel``, alpha 0.5)."""
+    for kernel, alpha in (("ws", 1.0), ("v1", 0.5)):
+        a, b = _operands(300, 200, 1024, False)
+        d = torch.empty(300, 200, dtype=torch.bfloat16)
+        gluon_gemm.fp8_gemm(a, b, d, recipe=(1, 128, 128), alpha=alpha, beta=0.0)
+        a2, b2 = _operands(300, 200, 1024, False)
+        d2 = torch.empty_like(d)
+        gluon_gemm.fp8_gemm(a2, b2, d2, recipe=(1, 128, 128), alpha=alpha, beta=0.0)
+        rec = recorders[kernel]
+        assert len(rec.jit) == 1 and len(rec.runs) == 1
+        named = dict(zip(rec.arg_names, rec.runs[-1][LEADING:]))
+        assert named["a_desc"].base.data_ptr() == a2[0].data_ptr()
+        assert named["sa_desc"].base.data_ptr() == a2[1].data_ptr()
+        if kernel == "v1":
+            assert named["b_desc"].base.data_ptr() == b2[0].data_ptr()
+            assert named["sb_desc"].base.data_ptr() == b2[1].data_ptr()
+            assert named["d_desc"].base.data_ptr() == d2.data_ptr()
+            assert named["alpha"] == 0.5 and named["beta"] == 0.0
+        else:
+            assert named["b0_desc"].base.data_ptr() == named["b1_desc"].base.data_ptr() == b2[0].data_ptr()
+            assert named["sb_ptr"].data_ptr() == b2[1].data_ptr()
+            assert named["d0_desc"].base.data_ptr() == named["d1_desc"].base.data_ptr() == d2.data_ptr()
 
 
-def test_public_op_replays_the_plan(recorder, monkeypatch):
+def test_public_op_replays_the_plan(recorders, monkeypatch):
     monkeypatch.setattr(selector, "gluon_unavailable_reason", lambda: None)
     monkeypatch.setattr(registry, "_off_cuda", lambda value: False)
     monkeypatch.setattr(registry, "_IMPORT_ERRORS", {})
@@ -129,14 +152,16 @@ def test_public_op_replays_the_plan(recorder, monkeypatch):
     d = torch.empty(300, 200, dtype=torch.bfloat16)
     for _ in range(3):
         tilegemm.fp8_gemm_nt(a, b, d, backend="gluon")
-    assert len(recorder.jit) == 1 and len(recorder.runs) == 2
+    assert len(recorders["ws"].jit) == 1 and len(recorders["ws"].runs) == 2
     assert any(key[0] == "gluon" for key in hot_lane._HOT)
 
 
-def test_launches_on_the_given_stream(recorder, monkeypatch):
+@pytest.mark.parametrize("kernel", ["ws", "v1"])
+def test_launches_on_the_given_stream(recorders, monkeypatch, kernel):
     """``stream=`` reaches the launch: the JIT call runs with it current, the compiled kernel's launcher is handed it;
     without one, the current stream (7)."""
     entered = []
+    recorder = recorders[kernel]
 
     class Context:
         def __init__(self, stream):
@@ -152,8 +177,9 @@ def test_launches_on_the_given_stream(recorder, monkeypatch):
     given = types.SimpleNamespace(cuda_stream=9)
     a, b = _operands(300, 200, 1024, False)
     d = torch.empty(300, 200, dtype=torch.bfloat16)
-    gluon_gemm.fp8_gemm(a, b, d, recipe=(1, 128, 128), stream=given)
+    alpha = 1.0 if kernel == "ws" else 2.0
+    gluon_gemm.fp8_gemm(a, b, d, recipe=(1, 128, 128), alpha=alpha, stream=given)
     assert entered == [given] and recorder.jit[-1] == "exit", "the JIT call inside the stream's context"
-    gluon_gemm.fp8_gemm(a, b, d, recipe=(1, 128, 128), stream=given)
-    gluon_gemm.fp8_gemm(a, b, d, recipe=(1, 128, 128))
+    gluon_gemm.fp8_gemm(a, b, d, recipe=(1, 128, 128), alpha=alpha, stream=given)
+    gluon_gemm.fp8_gemm(a, b, d, recipe=(1, 128, 128), alpha=alpha)
     assert [run[3] for run in recorder.runs] == [9, 7]

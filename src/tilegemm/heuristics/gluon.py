@@ -30,6 +30,19 @@ DENSE_FP8_MIN_TILES_PER_SM = 0.5
 DENSE_FP8_MIN_FLOPS = 2e10
 
 
+#: The design of the warp-specialized FP8 kernel (``ops/gluon/fp8_gemm_ws.py``, by its ``VARIANTS`` name) the dense
+#: FP8 calls run where it computes what they ask (:func:`takes_ws_kernel`): 128x128 tiles, persistent, each K block's
+#: promotion under the next block's wgmma in runs of 4. Faster than ``fp8_gemm_kernel`` on every measured row
+#: (benchmarks/results/gluon/ws_prototype.md).
+DENSE_FP8_WS_DESIGN = "d_128x128_ov4"
+
+
+def takes_ws_kernel(recipe: tuple[int, int, int], has_c: bool, alpha: float) -> bool:
+    """Whether a gluon dense FP8 call runs the warp-specialized kernel: DeepGEMM's recipe (B scaled per 128x128
+    block), no addend and ``alpha`` 1, the product it computes; other calls run ``fp8_gemm_kernel``."""
+    return tuple(recipe) == (1, 128, 128) and not has_c and alpha == 1.0
+
+
 class GluonDenseConfig(NamedTuple):
     """One launch of ``fp8_gemm_kernel``: tile width, ring depth, raster group, MMA issue order, registers.
 

@@ -1,657 +1,26 @@
-"""Gluon FP8 block-scaled GEMM for Hopper, second design (prototype): ``D = A @ B.T`` with DeepGEMM's recipe.
+"""Host side of the warp-specialized gluon FP8 GEMM (:mod:`fp8_gemm_ws_kernel`): ``D = A @ B.T``, DeepGEMM's recipe.
 
-A [M, K] and B [N, K] are K-major float8_e4m3fn. ``sa`` holds one fp32 scale per row of A and 128 of K, MN-major
-(the kernel reads it as [ceil(K/128), M], row pitch a multiple of 16 bytes); ``sb`` one per 128x128 block of B,
-[ceil(N/128), ceil(K/128)]. Each 128-wide K block's product is computed by wgmma into a fresh fp32 register tile
-and promoted into the fp32 accumulator as ``acc += P * (sa * sb)``.
-
-Layout of warps (``gl.warp_specialize``):
-
-* the DEFAULT partition holds the MMA warps: 8 warps, two warpgroups. A 128-row wave is one ``warpgroup_mma``
-  over the 8 warps (each warpgroup owns 64 of its rows); ``WAVES`` = 2 makes the tile 256 rows, each warpgroup
-  running its two 64-row halves one after the other on the same B tile. The default partition gets every
-  register the worker leaves (``setmaxnreg``), so the accumulators fit without spilling;
-* one worker warp streams A, B and A's scales by TMA into a ``STAGES``-deep ring (``ready`` / ``empty``
-  mbarriers), with ``LOADER_REGS`` registers.
-
-``BLOCK_N`` = 192 is built from two sub-tiles, 128 and 64 wide (two B descriptors, two wgmma over the same A
-tile). Their order alternates with the column tile's parity (128 + 64 on even tiles, 64 + 128 on odd ones) so
-that each sub-tile lies inside one 128-column block of B and has a single B scale per K block.
-
-``OVERLAP`` = N (0: off): the wgmma of the next step (a step: one wave of one K block) is issued before the current
-step's promotion, which then waits with ``num_outstanding=1`` instead of 0: the promotion runs under an MMA, at the
-cost of a second product tile of registers. The steps of N K blocks form one run, unrolled inside the K loop's body
-with the two product tiles in fixed roles (even and odd steps); no wgmma is in flight at the loop's back edge, so
-the last promotion of each run is not overlapped. K blocks past a multiple of N go as shorter runs (N/2, ..., 1).
-
-``PERSISTENT``: the grid is at most one CTA per SM and each CTA walks the output tiles in a grouped order
-(``GROUP_M`` row tiles per column sweep, for L2 reuse of B); otherwise one CTA per tile, in the same order.
-
-Registers: ptxas overlaps a wave's promotion with the next wave's wgmma when it sees no dependence between them,
-which at 256x128 needs two product tiles beside the two accumulators (256 registers a thread) and spills. With two
-waves each wgmma is therefore given the other wave's accumulator as its input tile, with a ``use_acc`` that is
-False at run time but not at compile time: the promotion must finish first (ptxas copies the tile: about 64 moves
-a wave, no spills).
-
-B's scales are read by the MMA warps with a scalar global load one K block ahead; A's scales come with the stage.
-The output leaves through shared memory by TMA stores (one staging buffer per sub-tile, reused wave by wave).
-Tiles past M or N are handled by TMA (zero-filled loads, clipped stores); K past the last full block is
-zero-filled.
-
-Host side: :func:`fp8_gemm_ws` (problem -> :func:`ws_config` -> :func:`ws_descriptors` -> :func:`ws_launch`), and
-:func:`compile_ws` to compile a config for sm_90a without a GPU.
+:func:`ws_plan`: problem (:func:`ws_problem`) -> config (:func:`ws_config`) -> grid; the first run launches through
+triton's JIT with :func:`ws_descriptors`, later runs go to the compiled kernel. :func:`fp8_gemm_ws` is one call
+through a fresh plan (tests, benchmarks); the gluon backend's ``fp8_fp4_gemm_*`` keep plans
+(:mod:`tilegemm.ops.gluon.gemm`). :data:`VARIANTS` names the designs; the backend runs
+:data:`tilegemm.heuristics.gluon.DENSE_FP8_WS_DESIGN`.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
-    mbarrier,
-    tma,
-    warpgroup_mma,
-    warpgroup_mma_wait,
-)
 
-WAVE_M = 128  # rows of one wave: 64 per MMA warpgroup
-BLOCK_K = 128  # one scale block of K per step
-NARROW_N = 64  # width of the second sub-tile of a 192-wide tile
-MMA_WARPS = 8  # the default partition: two MMA warpgroups
-SMEM_BYTES = 232448  # shared memory one Hopper CTA may use (227 KiB)
-BARRIER_BYTES = 1024  # the mbarriers and alignment slack
+from tilegemm.heuristics.gluon import BARRIER_BYTES, SMEM_BYTES
+from tilegemm.ops import operands
+from tilegemm.ops.gluon.fp8_gemm_ws_kernel import BLOCK_K, MMA_WARPS, NARROW_N, WAVE_M, fp8_gemm_ws_kernel
+from tilegemm.ops.gluon.tma import SCALE_LAYOUT, bound, descriptor, launch
 
-_WAVE_M = gl.constexpr(WAVE_M)
-_BLOCK_K = gl.constexpr(BLOCK_K)
-
-
-# --------------------------------------------------------------------------------------------------------- device
-
-
-@gluon.jit
-def _tile_coords(tile, num_m, num_n, GROUP_M: gl.constexpr):
-    """Row and column tile of linear tile ``tile`` in grouped order: ``GROUP_M`` row tiles per column sweep."""
-    per_group = GROUP_M * num_n
-    group = tile // per_group
-    first_m = group * GROUP_M
-    height = gl.minimum(num_m - first_m, GROUP_M)
-    local = tile - group * per_group
-    return first_m + local % height, local // height
-
-
-@gluon.jit
-def _sub_cols(pn, BLOCK_N: gl.constexpr):
-    """First column of column tile ``pn``'s wide (128) sub-tile and of its narrow (64) one (192-wide tiles; for
-    128-wide tiles both are the tile's first column). Even tiles are wide then narrow, odd ones narrow then wide,
-    so neither sub-tile crosses a 128-column scale block of B."""
-    start = pn * BLOCK_N
-    if BLOCK_N == 192:
-        odd = pn % 2
-        return start + 64 * odd, start + 128 - 128 * odd
-    else:
-        return start, start
-
-
-@gluon.jit
-def _tile_range(M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PERSISTENT: gl.constexpr):
-    """(first tile, tile count, step, row tiles, column tiles) of this CTA's walk over the output tiles."""
-    num_m = gl.cdiv(M, BLOCK_M)
-    num_n = gl.cdiv(N, BLOCK_N)
-    num_tiles = num_m * num_n
-    if PERSISTENT:
-        step = gl.num_programs(0)
-    else:
-        step = num_tiles
-    return gl.program_id(0), num_tiles, step, num_m, num_n
-
-
-@gluon.jit
-def _loader(
-    a_desc,
-    b0_desc,
-    b1_desc,
-    sa_desc,
-    a_ring,
-    b0_ring,
-    b1_ring,
-    sa_ring,
-    ready,
-    empty,
-    M,
-    N,
-    K,
-    BLOCK_N: gl.constexpr,
-    GROUP_M: gl.constexpr,
-    STAGES: gl.constexpr,
-    PERSISTENT: gl.constexpr,
-):
-    """The TMA warp: A, B (one or two sub-tiles) and A's scales of every K block of every tile of this CTA."""
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-    SPLIT: gl.constexpr = BLOCK_N == 192
-    B1_BYTES: gl.constexpr = b1_desc.block_type.nbytes if SPLIT else 0
-    nbytes: gl.constexpr = a_desc.block_type.nbytes + b0_desc.block_type.nbytes + sa_desc.block_type.nbytes + B1_BYTES
-    first, num_tiles, step, num_m, num_n = _tile_range(M, N, BLOCK_M, BLOCK_N, PERSISTENT)
-    num_k = gl.cdiv(K, _BLOCK_K)
-    it = 0
-    for tile in range(first, num_tiles, step):
-        pm, pn = _tile_coords(tile, num_m, num_n, GROUP_M)
-        col0, col1 = _sub_cols(pn, BLOCK_N)
-        for kb in range(num_k):
-            s = it % STAGES
-            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
-            bar = ready.index(s)
-            mbarrier.expect(bar, nbytes)
-            tma.async_copy_global_to_shared(a_desc, [pm * BLOCK_M, kb * _BLOCK_K], bar, a_ring.index(s))
-            tma.async_copy_global_to_shared(b0_desc, [col0, kb * _BLOCK_K], bar, b0_ring.index(s))
-            if SPLIT:
-                tma.async_copy_global_to_shared(b1_desc, [col1, kb * _BLOCK_K], bar, b1_ring.index(s))
-            tma.async_copy_global_to_shared(sa_desc, [kb, pm * BLOCK_M], bar, sa_ring.index(s))
-            it += 1
-
-
-@gluon.jit
-def _b_scale(sb_ptr, sb_stride, col, kb, num_k, num_nb):
-    """B's scale of the 128-column block holding ``col`` at K block ``kb`` (0 past the last block of N or K)."""
-    nb = col // 128
-    return gl.load(sb_ptr + nb * sb_stride + kb, mask=(nb < num_nb) & (kb < num_k), other=0.0)
-
-
-@gluon.jit
-def _store_tile(acc, d_desc, out_smem, row, col):
-    """One wave's sub-tile ``acc`` to D at (row, col): through ``out_smem`` by a TMA store (clipped at M and N)."""
-    tma.store_wait(pendings=0)  # the previous store from out_smem has read it
-    out_smem.store(acc.to(d_desc.dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(d_desc, [row, col], out_smem)
-
-
-@gluon.jit
-def _pin(x):
-    """``x`` through a side-effecting register move: what computes ``x`` stays before the next wgmma issue."""
-    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _ov_issue(a_ring, b0_ring, b1_ring, ready, blk, row: gl.constexpr, q0, q1, WAIT: gl.constexpr):
-    """Issue the wgmma of ring slot ``blk`` for the 128 rows of A's tile from ``row``, into the product tiles
-    ``q0`` (and ``q1``, the narrow sub-tile, when B has two), after waiting for the slot's data if ``WAIT``."""
-    STAGES: gl.constexpr = a_ring.shape[0]
-    SPLIT: gl.constexpr = b1_ring.shape[1] != b0_ring.shape[1]
-    s = blk % STAGES
-    if WAIT:
-        mbarrier.wait(ready.index(s), (blk // STAGES) & 1)
-    a = a_ring.index(s).slice(row, _WAVE_M)
-    t0 = warpgroup_mma(a, b0_ring.index(s).permute((1, 0)), q0, use_acc=False, is_async=True)
-    if SPLIT:
-        t1 = warpgroup_mma(a, b1_ring.index(s).permute((1, 0)), q1, use_acc=False, is_async=True)
-    else:
-        t1 = t0
-    return t0, t1
-
-
-@gluon.jit
-def _ov_wait(t0, t1, LEFT: gl.constexpr, SPLIT: gl.constexpr):
-    """Wait for the product tiles ``t0`` (and ``t1``) of one step, leaving ``LEFT`` later steps in flight."""
-    if SPLIT:
-        p0, p1 = warpgroup_mma_wait(num_outstanding=2 * LEFT, deps=(t0, t1))
-    else:
-        p0 = warpgroup_mma_wait(num_outstanding=LEFT, deps=(t0,))
-        p1 = p0
-    return p0, p1
-
-
-@gluon.jit
-def _ov_promote(
-    acc0,
-    acc1,
-    p0,
-    p1,
-    sa_rows,
-    blk,
-    row: gl.constexpr,
-    sb0,
-    sb1,
-    rows0: gl.constexpr,
-    rows1: gl.constexpr,
-    SPLIT: gl.constexpr,
-):
-    """``acc += p * (sa * sb)`` for one step: A's scales of ring slot ``blk`` (rows from ``row``), B's ``sb0`` /
-    ``sb1``."""
-    STAGES: gl.constexpr = sa_rows.shape[0]
-    sa = sa_rows.index(blk % STAGES).slice(row, _WAVE_M).load(rows0)
-    acc0 = _pin(acc0 + p0 * (sa * sb0)[:, None])
-    if SPLIT:
-        acc1 = _pin(acc1 + p1 * gl.convert_layout(sa * sb1, rows1)[:, None])
-    return acc0, acc1
-
-
-@gluon.jit
-def _ov_run(
-    a_ring,
-    b0_ring,
-    b1_ring,
-    sa_rows,
-    ready,
-    empty,
-    acc00,
-    acc01,
-    acc10,
-    qa0,
-    qa1,
-    qb0,
-    qb1,
-    sb_ptr,
-    sb_stride,
-    col0,
-    col1,
-    kb,
-    num_k,
-    num_nb,
-    it,
-    BLOCKS: gl.constexpr,
-    WAVES: gl.constexpr,
-    rows0: gl.constexpr,
-    rows1: gl.constexpr,
-):
-    """``BLOCKS`` K blocks from ``kb`` (ring slot ``it``) as one software-pipelined run of steps (a step: one wave
-    of one K block): each step issues the next step's wgmma, then waits for its own with one left in flight and
-    promotes, so every promotion but the run's last runs under an MMA. Even steps use the product tiles ``qa``,
-    odd ones ``qb``; the run is unrolled, so each tile keeps its registers, and no wgmma is in flight when it
-    returns. Returns the accumulators and the product tiles (for the next run to overwrite)."""
-    STAGES: gl.constexpr = a_ring.shape[0]
-    SPLIT: gl.constexpr = b1_ring.shape[1] != b0_ring.shape[1]
-    STEPS: gl.constexpr = BLOCKS * WAVES
-    ta0, ta1 = _ov_issue(a_ring, b0_ring, b1_ring, ready, it, 0, qa0, qa1, True)
-    for i in gl.static_range(STEPS):
-        blk = it + i // WAVES
-        if i % WAVES == 0:
-            sb0 = _b_scale(sb_ptr, sb_stride, col0, kb + i // WAVES, num_k, num_nb)
-            if SPLIT:
-                sb1 = _b_scale(sb_ptr, sb_stride, col1, kb + i // WAVES, num_k, num_nb)
-            else:
-                sb1 = sb0
-        if i + 1 < STEPS:
-            # the next step's wgmma (it waits for its stage's data when it starts a K block)
-            nxt = it + (i + 1) // WAVES
-            if i % 2 == 0:
-                tb0, tb1 = _ov_issue(
-                    a_ring, b0_ring, b1_ring, ready, nxt, ((i + 1) % WAVES) * _WAVE_M, qb0, qb1, (i + 1) % WAVES == 0
-                )
-                qa0, qa1 = _ov_wait(ta0, ta1, 1, SPLIT)
-            else:
-                ta0, ta1 = _ov_issue(
-                    a_ring, b0_ring, b1_ring, ready, nxt, ((i + 1) % WAVES) * _WAVE_M, qa0, qa1, (i + 1) % WAVES == 0
-                )
-                qb0, qb1 = _ov_wait(tb0, tb1, 1, SPLIT)
-        else:
-            if i % 2 == 0:
-                qa0, qa1 = _ov_wait(ta0, ta1, 0, SPLIT)
-            else:
-                qb0, qb1 = _ov_wait(tb0, tb1, 0, SPLIT)
-        if i % 2 == 0:
-            p0 = qa0
-            p1 = qa1
-        else:
-            p0 = qb0
-            p1 = qb1
-        if i % WAVES == 0:
-            acc00, acc01 = _ov_promote(acc00, acc01, p0, p1, sa_rows, blk, 0, sb0, sb1, rows0, rows1, SPLIT)
-        else:
-            acc10, _ = _ov_promote(acc10, acc10, p0, p0, sa_rows, blk, _WAVE_M, sb0, sb0, rows0, rows0, False)
-        if i % WAVES == WAVES - 1:
-            mbarrier.arrive(empty.index(blk % STAGES), count=1)  # every wgmma reading this stage is complete
-    return acc00, acc01, acc10, qa0, qa1, qb0, qb1
-
-
-@gluon.jit
-def _ov_k_loop(
-    a_ring,
-    b0_ring,
-    b1_ring,
-    sa_rows,
-    ready,
-    empty,
-    acc00,
-    acc01,
-    acc10,
-    qa0,
-    qa1,
-    sb_ptr,
-    sb_stride,
-    col0,
-    col1,
-    num_k,
-    num_nb,
-    it,
-    RUN: gl.constexpr,
-    WAVES: gl.constexpr,
-    rows0: gl.constexpr,
-    rows1: gl.constexpr,
-):
-    """The K loop of one tile with the next step's wgmma issued before the current step's promotion (``OVERLAP``
-    = ``RUN``, a power of two): runs of ``RUN`` K blocks (:func:`_ov_run`), then the remaining blocks as runs of
-    the powers of two below ``RUN`` that make them up. A loop whose back edge a wgmma crosses in flight while the
-    body reads that wgmma's tile makes ptxas serialize every wgmma of the kernel (C7514), hence whole runs per
-    iteration. Returns the accumulators and the ring counter past the tile's K blocks."""
-    qb0 = _pin(gl.zeros_like(qa0))
-    qb1 = _pin(gl.zeros_like(qa1))
-    for kb in range(0, num_k - (RUN - 1), RUN):
-        acc00, acc01, acc10, qa0, qa1, qb0, qb1 = _ov_run(
-            a_ring,
-            b0_ring,
-            b1_ring,
-            sa_rows,
-            ready,
-            empty,
-            acc00,
-            acc01,
-            acc10,
-            qa0,
-            qa1,
-            qb0,
-            qb1,
-            sb_ptr,
-            sb_stride,
-            col0,
-            col1,
-            kb,
-            num_k,
-            num_nb,
-            it,
-            RUN,
-            WAVES,
-            rows0,
-            rows1,
-        )
-        it += RUN
-    kb = num_k - num_k % RUN
-    for j in gl.static_range(1, 4):
-        if RUN >> j > 0:
-            if (num_k % RUN) & (RUN >> j):
-                acc00, acc01, acc10, qa0, qa1, qb0, qb1 = _ov_run(
-                    a_ring,
-                    b0_ring,
-                    b1_ring,
-                    sa_rows,
-                    ready,
-                    empty,
-                    acc00,
-                    acc01,
-                    acc10,
-                    qa0,
-                    qa1,
-                    qb0,
-                    qb1,
-                    sb_ptr,
-                    sb_stride,
-                    col0,
-                    col1,
-                    kb,
-                    num_k,
-                    num_nb,
-                    it,
-                    RUN >> j,
-                    WAVES,
-                    rows0,
-                    rows1,
-                )
-                it += RUN >> j
-                kb += RUN >> j
-    return acc00, acc01, acc10, it
-
-
-@gluon.jit
-def _mma_partition(
-    a_ring,
-    b0_ring,
-    b1_ring,
-    sa_ring,
-    ready,
-    empty,
-    d0_desc,
-    d1_desc,
-    out0,
-    out1,
-    sb_ptr,
-    sb_stride,
-    M,
-    N,
-    K,
-    BLOCK_N: gl.constexpr,
-    WAVES: gl.constexpr,
-    GROUP_M: gl.constexpr,
-    STAGES: gl.constexpr,
-    PERSISTENT: gl.constexpr,
-    OVERLAP: gl.constexpr,
-):
-    """The two MMA warpgroups (the default partition): every tile of this CTA, ``WAVES`` waves of 128 rows."""
-    NW: gl.constexpr = gl.num_warps()
-    SPLIT: gl.constexpr = BLOCK_N == 192
-    BN0: gl.constexpr = b0_ring.shape[1]
-    BN1: gl.constexpr = b1_ring.shape[1]
-    BLOCK_M: gl.constexpr = a_ring.shape[1]
-    l0: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BN0, 32])
-    l1: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BN1, 32])
-    rows0: gl.constexpr = gl.SliceLayout(1, l0)
-    rows1: gl.constexpr = gl.SliceLayout(1, l1)
-    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    sa_rows = sa_ring._reinterpret(gl.float32, [STAGES, BLOCK_M], flat)
-    first, num_tiles, step, num_m, num_n = _tile_range(M, N, BLOCK_M, BLOCK_N, PERSISTENT)
-    num_k = gl.cdiv(K, _BLOCK_K)
-    num_nb = gl.cdiv(N, 128)
-    # Always False, but unknown at compile time. With two waves, each wave's wgmma takes the OTHER wave's
-    # accumulator as its (ignored) input tile: ptxas then sees a read of registers the previous promotion wrote and
-    # cannot sink that promotion below the wgmma. With a constant False it interleaves the two waves' promotions
-    # with the MMAs, holding two product tiles beside both accumulators, and spills (see the module docstring).
-    chain = K < 0
-    it = 0
-    for tile in range(first, num_tiles, step):
-        pm, pn = _tile_coords(tile, num_m, num_n, GROUP_M)
-        col0, col1 = _sub_cols(pn, BLOCK_N)
-        # Accumulators acc{wave}{sub-tile}; spare{sub-tile}: the product tile the next wgmma overwrites.
-        acc00 = gl.zeros([_WAVE_M, BN0], gl.float32, l0)
-        spare0 = gl.zeros([_WAVE_M, BN0], gl.float32, l0)
-        if WAVES == 2:
-            acc10 = gl.zeros([_WAVE_M, BN0], gl.float32, l0)
-        if SPLIT:
-            acc01 = gl.zeros([_WAVE_M, BN1], gl.float32, l1)
-            spare1 = gl.zeros([_WAVE_M, BN1], gl.float32, l1)
-        else:
-            acc01 = acc00  # not used
-            spare1 = spare0  # not used
-        if WAVES == 1:
-            acc10 = acc00  # not used
-        if OVERLAP:
-            acc00, acc01, acc10, it = _ov_k_loop(
-                a_ring,
-                b0_ring,
-                b1_ring,
-                sa_rows,
-                ready,
-                empty,
-                acc00,
-                acc01,
-                acc10,
-                spare0,
-                spare1,
-                sb_ptr,
-                sb_stride,
-                col0,
-                col1,
-                num_k,
-                num_nb,
-                it,
-                OVERLAP,
-                WAVES,
-                rows0,
-                rows1,
-            )
-        else:
-            sbn0 = _b_scale(sb_ptr, sb_stride, col0, 0, num_k, num_nb)
-            if SPLIT:
-                sbn1 = _b_scale(sb_ptr, sb_stride, col1, 0, num_k, num_nb)
-            for kb in range(num_k):
-                s = it % STAGES
-                sb0 = sbn0
-                sbn0 = _b_scale(sb_ptr, sb_stride, col0, kb + 1, num_k, num_nb)
-                if SPLIT:
-                    sb1 = sbn1
-                    sbn1 = _b_scale(sb_ptr, sb_stride, col1, kb + 1, num_k, num_nb)
-                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-                for w in gl.static_range(WAVES):
-                    sa = sa_rows.index(s).slice(w * _WAVE_M, _WAVE_M).load(rows0)
-                    a = a_ring.index(s).slice(w * _WAVE_M, _WAVE_M)
-                    if WAVES == 2:
-                        if w == 0:
-                            tie = acc10
-                        else:
-                            tie = acc00
-                        t0 = warpgroup_mma(a, b0_ring.index(s).permute((1, 0)), tie, use_acc=chain, is_async=True)
-                    else:
-                        t0 = warpgroup_mma(a, b0_ring.index(s).permute((1, 0)), spare0, use_acc=False, is_async=True)
-                    if SPLIT:
-                        t1 = warpgroup_mma(a, b1_ring.index(s).permute((1, 0)), spare1, use_acc=False, is_async=True)
-                        p0, p1 = warpgroup_mma_wait(num_outstanding=0, deps=(t0, t1))
-                    else:
-                        p0 = warpgroup_mma_wait(num_outstanding=0, deps=(t0,))
-                    scale0 = (sa * sb0)[:, None]
-                    if w == 0:
-                        acc00 = acc00 + p0 * scale0
-                    else:
-                        acc10 = acc10 + p0 * scale0
-                    spare0 = p0
-                    if SPLIT:
-                        scale1 = gl.convert_layout(sa * sb1, rows1)[:, None]
-                        acc01 = acc01 + p1 * scale1
-                        spare1 = p1
-                    if w == WAVES - 1:
-                        mbarrier.arrive(empty.index(s), count=1)  # every wgmma reading stage s is complete
-                it += 1
-        row = pm * BLOCK_M
-        _store_tile(acc00, d0_desc, out0, row, col0)
-        if SPLIT:
-            _store_tile(acc01, d1_desc, out1, row, col1)
-        if WAVES == 2:
-            _store_tile(acc10, d0_desc, out0, row + _WAVE_M, col0)
-    tma.store_wait(pendings=0)
-
-
-@gluon.jit
-def fp8_gemm_ws_kernel(
-    a_desc,
-    b0_desc,
-    b1_desc,
-    sa_desc,
-    d0_desc,
-    d1_desc,
-    sb_ptr,
-    sb_stride,
-    M,
-    N,
-    K,
-    BLOCK_N: gl.constexpr,
-    WAVES: gl.constexpr,
-    STAGES: gl.constexpr,
-    GROUP_M: gl.constexpr,
-    PERSISTENT: gl.constexpr,
-    OVERLAP: gl.constexpr,
-    LOADER_REGS: gl.constexpr,
-):
-    """Warp-specialized FP8 GEMM (see the module docstring); launch with ``num_warps=8``.
-
-    ``b1_desc`` / ``d1_desc`` are the narrow (64-column) sub-tile's descriptors when ``BLOCK_N`` is 192; for 128
-    they are not read (pass the wide ones again).
-    """
-    gl.static_assert(BLOCK_N == 128 or BLOCK_N == 192, "BLOCK_N is 128 or 192")
-    gl.static_assert(WAVES == 1 or WAVES == 2, "WAVES is 1 or 2")
-    gl.static_assert(BLOCK_N == 128 or WAVES == 1, "a 192-wide tile runs one wave")
-    gl.static_assert(
-        OVERLAP == 0 or OVERLAP == 1 or OVERLAP == 2 or OVERLAP == 4 or OVERLAP == 8, "OVERLAP is 0, 1, 2, 4 or 8"
-    )
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-    SPLIT: gl.constexpr = BLOCK_N == 192
-    a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, _BLOCK_K], a_desc.layout)
-    b0_ring = gl.allocate_shared_memory(b0_desc.dtype, [STAGES] + b0_desc.block_type.shape, b0_desc.layout)
-    if SPLIT:
-        b1_ring = gl.allocate_shared_memory(b1_desc.dtype, [STAGES] + b1_desc.block_type.shape, b1_desc.layout)
-        out1 = gl.allocate_shared_memory(d1_desc.dtype, d1_desc.block_type.shape, d1_desc.layout)
-    sa_ring = gl.allocate_shared_memory(gl.float32, [STAGES] + sa_desc.block_type.shape, sa_desc.layout)
-    out0 = gl.allocate_shared_memory(d0_desc.dtype, d0_desc.block_type.shape, d0_desc.layout)
-    if not SPLIT:
-        b1_ring = b0_ring  # not read
-        out1 = out0  # not written
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    fence_async_shared()
-    gl.warp_specialize(
-        [
-            (
-                _mma_partition,
-                (
-                    a_ring,
-                    b0_ring,
-                    b1_ring,
-                    sa_ring,
-                    ready,
-                    empty,
-                    d0_desc,
-                    d1_desc,
-                    out0,
-                    out1,
-                    sb_ptr,
-                    sb_stride,
-                    M,
-                    N,
-                    K,
-                    BLOCK_N,
-                    WAVES,
-                    GROUP_M,
-                    STAGES,
-                    PERSISTENT,
-                    OVERLAP,
-                ),
-            ),
-            (
-                _loader,
-                (
-                    a_desc,
-                    b0_desc,
-                    b1_desc,
-                    sa_desc,
-                    a_ring,
-                    b0_ring,
-                    b1_ring,
-                    sa_ring,
-                    ready,
-                    empty,
-                    M,
-                    N,
-                    K,
-                    BLOCK_N,
-                    GROUP_M,
-                    STAGES,
-                    PERSISTENT,
-                ),
-            ),
-        ],
-        [1],
-        [LOADER_REGS],
-    )
-
-
-# ----------------------------------------------------------------------------------------------------------- host
-
-_GL_DTYPE = {torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}
-_SIG_DTYPE = {torch.float8_e4m3fn: "fp8e4nv", torch.bfloat16: "bf16", torch.float32: "fp32"}
-SCALE_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-"""Shared layout of A's scale boxes: one unswizzled [1, BLOCK_M] row per stage."""
+__all__ = ["VARIANTS", "WsConfig", "fp8_gemm_ws", "ws_plan"]
 
 
 class WsConfig(NamedTuple):
@@ -736,11 +105,6 @@ def block_shapes(cfg: WsConfig) -> dict[str, list[int]]:
     }
 
 
-def operand_layout(block: list[int], dtype: torch.dtype) -> gl.NVMMASharedLayout:
-    """The shared layout of a [rows, cols] tile of ``dtype``: the widest swizzle the box allows."""
-    return gl.NVMMASharedLayout.get_default_for(list(block), _GL_DTYPE[dtype])
-
-
 def constants(cfg: WsConfig) -> dict[str, Any]:
     """The kernel's constexpr arguments for ``cfg`` (its ring depth already set)."""
     return {
@@ -752,23 +116,6 @@ def constants(cfg: WsConfig) -> dict[str, Any]:
         "OVERLAP": cfg.overlap,
         "LOADER_REGS": cfg.loader_regs,
     }
-
-
-def _tma_strides(x: torch.Tensor) -> list[int]:
-    """``x``'s strides for a TMA descriptor: a dimension of size 1 gets a 16-byte multiple (it is never stepped)."""
-    strides = list(x.stride())
-    per = 16 // x.element_size()
-    for dim in range(x.dim() - 1):
-        if x.shape[dim] == 1:
-            strides[dim] = -(-x.shape[dim + 1] * strides[dim + 1] // per) * per
-    return strides
-
-
-def _desc(x: torch.Tensor, block: list[int], layout: Any = None) -> Any:
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    layout = layout if layout is not None else operand_layout(block, x.dtype)
-    return TensorDescriptor(x, list(x.shape), _tma_strides(x), block, layout)
 
 
 class Operands(NamedTuple):
@@ -785,8 +132,6 @@ def ws_problem(
     a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor], d: torch.Tensor
 ) -> tuple[Problem, Operands]:
     """Check a call and put its operands in the layouts the kernel reads (copies only where needed)."""
-    from tilegemm.ops import operands
-
     (a_data, sa), (b_data, sb) = a, b
     m, k = a_data.shape
     n = b_data.shape[0]
@@ -816,12 +161,12 @@ def ws_descriptors(cfg: WsConfig, ops: Operands) -> dict[str, Any]:
     """The kernel's TMA descriptors over ``ops`` for ``cfg``, by parameter name."""
     box = block_shapes(cfg)
     return {
-        "a_desc": _desc(ops.a, box["a"]),
-        "b0_desc": _desc(ops.b, box["b0"]),
-        "b1_desc": _desc(ops.b, box["b1"]),
-        "sa_desc": _desc(ops.sa_t, box["sa"], SCALE_LAYOUT),
-        "d0_desc": _desc(ops.d, box["d0"]),
-        "d1_desc": _desc(ops.d, box["d1"]),
+        "a_desc": descriptor(ops.a, box["a"]),
+        "b0_desc": descriptor(ops.b, box["b0"]),
+        "b1_desc": descriptor(ops.b, box["b1"]),
+        "sa_desc": descriptor(ops.sa_t, box["sa"], SCALE_LAYOUT),
+        "d0_desc": descriptor(ops.d, box["d0"]),
+        "d1_desc": descriptor(ops.d, box["d1"]),
     }
 
 
@@ -831,20 +176,43 @@ def ws_grid(cfg: WsConfig, problem: Problem, num_sms: int) -> tuple[int]:
     return (max(1, min(tiles, num_sms)) if cfg.persistent else tiles,)
 
 
-def ws_launch(
-    cfg: WsConfig,
-    problem: Problem,
-    descs: dict[str, Any],
-    ops: Operands,
-    *,
-    num_sms: int,
-    stream: torch.cuda.Stream | None = None,
-) -> Any:
-    """Launch the kernel on ``stream`` (``None``: the current one); returns triton's compiled kernel."""
-    grid = ws_grid(cfg, problem, num_sms)
-    scalars = {"sb_ptr": ops.sb, "sb_stride": ops.sb.stride(0), "M": problem.m, "N": problem.n, "K": problem.k}
-    with contextlib.nullcontext() if stream is None else torch.cuda.stream(stream):
-        return fp8_gemm_ws_kernel[grid](**descs, **scalars, **constants(cfg), num_warps=MMA_WARPS)
+def ws_plan(
+    a: tuple[torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor],
+    d: torch.Tensor,
+    cfg: WsConfig | None = None,
+    num_sms: int | None = None,
+) -> Callable[..., torch.Tensor]:
+    """The launch plan of calls shaped as this one: ``run(a, b, d, stream=None) -> d``.
+
+    Problem -> :func:`ws_config` -> grid; the first run launches through triton's JIT (it compiles), later runs go
+    straight to the compiled kernel's launcher with the new operands' descriptors (:func:`tma.launch`).
+    ``num_sms``: SMs for the persistent grid (``None``: the device's count).
+    """
+    problem, _ = ws_problem(a, b, d)
+    cfg = ws_config(problem, cfg)
+    if num_sms is None:
+        num_sms = torch.cuda.get_device_properties(d.device).multi_processor_count
+    grid = (*ws_grid(cfg, problem, num_sms), 1, 1)
+    consts = constants(cfg)
+    sizes = {"M": problem.m, "N": problem.n, "K": problem.k}
+    compiled = None
+
+    def run(a, b, d, stream: torch.cuda.Stream | None = None) -> torch.Tensor:
+        nonlocal compiled
+        _, ops = ws_problem(a, b, d)
+        scalars = {"sb_ptr": ops.sb, "sb_stride": ops.sb.stride(0), **sizes}
+        if compiled is not None:
+            tiles = {"a_desc": ops.a, "b0_desc": ops.b, "b1_desc": ops.b, "sa_desc": ops.sa_t}
+            descs = {name: bound(x) for name, x in {**tiles, "d0_desc": ops.d, "d1_desc": ops.d}.items()}
+            values = {**descs, **scalars, **consts}
+            launch(compiled, grid, tuple(values[name] for name in fp8_gemm_ws_kernel.arg_names), stream)
+            return d
+        with contextlib.nullcontext() if stream is None else torch.cuda.stream(stream):
+            compiled = fp8_gemm_ws_kernel[grid](**ws_descriptors(cfg, ops), **scalars, **consts, num_warps=MMA_WARPS)
+        return d
+
+    return run
 
 
 def fp8_gemm_ws(
@@ -856,7 +224,7 @@ def fp8_gemm_ws(
     num_sms: int | None = None,
     stream: torch.cuda.Stream | None = None,
 ) -> torch.Tensor:
-    """``d = dequant(a) @ dequant(b).T`` on the prototype kernel, launched on ``stream`` (``None``: the current one).
+    """``d = dequant(a) @ dequant(b).T`` on this kernel, launched on ``stream`` (``None``: the current one).
 
     Args:
         a: (fp8 e4m3 [M, K] K-major, fp32 sa [M, ceil(K/128)], best MN-major and TMA-aligned as
@@ -870,44 +238,4 @@ def fp8_gemm_ws(
     Returns:
         ``d``.
     """
-    problem, ops = ws_problem(a, b, d)
-    cfg = ws_config(problem, config)
-    descs = ws_descriptors(cfg, ops)
-    if num_sms is None:
-        num_sms = torch.cuda.get_device_properties(d.device).multi_processor_count
-    ws_launch(cfg, problem, descs, ops, num_sms=num_sms, stream=stream)
-    return d
-
-
-def compile_ws(cfg: WsConfig, out_dtype: torch.dtype = torch.bfloat16) -> Any:
-    """The kernel compiled for sm_90a as :func:`fp8_gemm_ws` launches ``cfg`` (no GPU needed): triton's
-    ``CompiledKernel`` (``.asm["cubin"]``, ``.asm["ptx"]``, ``.metadata.shared``)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    cfg = ws_config(Problem(4096, 4096, 4096, out_dtype), cfg)
-    box = block_shapes(cfg)
-    f8 = torch.float8_e4m3fn
-
-    def sig(dtype: torch.dtype, block: list[int], layout: Any = None) -> str:
-        layout = layout if layout is not None else operand_layout(block, dtype)
-        return f"tensordesc<{_SIG_DTYPE[dtype]}[{','.join(map(str, block))}],{layout!r}>"
-
-    signature = {
-        "a_desc": sig(f8, box["a"]),
-        "b0_desc": sig(f8, box["b0"]),
-        "b1_desc": sig(f8, box["b1"]),
-        "sa_desc": sig(torch.float32, box["sa"], SCALE_LAYOUT),
-        "d0_desc": sig(out_dtype, box["d0"]),
-        "d1_desc": sig(out_dtype, box["d1"]),
-        "sb_ptr": "*fp32",
-        "sb_stride": "i32",
-        "M": "i32",
-        "N": "i32",
-        "K": "i32",
-    }
-    consts = constants(cfg)
-    signature.update({name: "constexpr" for name in consts})
-    source = GluonASTSource(fp8_gemm_ws_kernel, signature, constexprs=consts)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": MMA_WARPS})
+    return ws_plan(a, b, d, config, num_sms)(a, b, d, stream)

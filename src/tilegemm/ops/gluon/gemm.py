@@ -6,87 +6,35 @@ K-major here, as the cutile backend does. The kernel is :func:`fp8_gemm_kernel.f
 comes from :func:`tilegemm.heuristics.gluon.dense_fp8_config`. The path, DeepGEMM's shape:
 
     fp8_gemm (the registered implementation, named arguments)
-      -> fp8_plan: the key; the plan kept in tilegemm.ops.plans, or _build_plan: problem -> config -> descriptors
+      -> fp8_plan: the kernel (takes_ws_kernel) and the key; the plan kept in tilegemm.ops.plans, or
+         _build_ws_plan (fp8_gemm_ws.ws_plan) / _build_plan: problem -> config -> descriptors
       -> run(a, b, d, c, alpha, beta, stream): the first launch through triton's JIT, later ones to the compiled
-         kernel's launcher (_launch), on ``stream`` (the current one when ``None``)
+         kernel's launcher (tma.launch), on ``stream`` (the current one when ``None``)
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
-from triton import knobs
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from tilegemm import config
 from tilegemm.backend.hot_lane import register_replay
 from tilegemm.backend.registry import Unsupported, register_impl
-from tilegemm.heuristics.gluon import BLOCK_K, BLOCK_M, GluonDenseConfig, dense_fp8_config, fit_stages
+from tilegemm.heuristics.gluon import (
+    BLOCK_K,
+    BLOCK_M,
+    DENSE_FP8_WS_DESIGN,
+    GluonDenseConfig,
+    dense_fp8_config,
+    fit_stages,
+    takes_ws_kernel,
+)
 from tilegemm.heuristics.report import print_once
 from tilegemm.ops import operands, plans
-from tilegemm.ops.gluon import fp8_gemm_kernel
-
-_GL_DTYPE = {torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}
-
-
-SCALE_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-"""Shared layout of the scale boxes: unswizzled rows (a [1, width] box per stage)."""
-
-
-@functools.cache
-def _default_layout(block: tuple[int, ...], dtype: torch.dtype) -> gl.NVMMASharedLayout:
-    return gl.NVMMASharedLayout.get_default_for(list(block), _GL_DTYPE[dtype])
-
-
-def operand_layout(block: list[int], dtype: torch.dtype) -> gl.NVMMASharedLayout:
-    """The shared layout a [rows, cols] tile of ``dtype`` takes: the widest swizzle the box allows."""
-    return _default_layout(tuple(block), dtype)
-
-
-class _Bound(NamedTuple):
-    """What triton's launcher reads of a tensor descriptor (``TensorDescriptor``'s fields), for launches of an
-    already compiled kernel: the block and layout are compiled in."""
-
-    base: torch.Tensor
-    shape: list[int]
-    strides: list[int]
-    padding: str = "zero"
-
-
-def _descriptor(x: torch.Tensor, block: list[int]) -> TensorDescriptor:
-    """A TMA descriptor over TMA-ready ``x`` whose box is ``block``."""
-    return TensorDescriptor(x, list(x.shape), _tma_strides(x), block, operand_layout(block, x.dtype))
-
-
-def _tma_strides(x: torch.Tensor) -> list[int]:
-    """``x``'s strides as a TMA descriptor takes them: the stride of a dimension of size 1 is never used, but
-    must still be a multiple of 16 bytes."""
-    strides = list(x.stride())
-    per = operands.ALIGN_BYTES // x.element_size()
-    for dim in range(x.dim() - 1):
-        if x.shape[dim] == 1:
-            strides[dim] = operands.cdiv(x.shape[dim + 1] * strides[dim + 1], per) * per
-    return strides
-
-
-def _scale_descriptor(s: torch.Tensor, box: int) -> TensorDescriptor:
-    """A TMA descriptor over TMA-ready 2-D fp32 scales ``s`` with a [1, box] box: one K block's (or one weight
-    block's) scales."""
-    return TensorDescriptor(s, list(s.shape), _tma_strides(s), [1, box], SCALE_LAYOUT)
-
-
-def _launch(compiled: Any, grid: tuple[int, int, int], values: tuple, stream: torch.cuda.Stream | None) -> None:
-    """Launch an already compiled ``fp8_gemm_kernel`` with every parameter's value, in order, on ``stream`` (the
-    current stream when ``None``): straight to triton's launcher, without the JIT's per-call specialization and cache
-    lookup."""
-    stream = (torch.cuda.current_stream() if stream is None else stream).cuda_stream
-    hooks = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-    meta = compiled.launch_metadata(grid, stream, *values)
-    compiled.run(*grid, stream, compiled.function, compiled.packed_metadata, meta, *hooks, *values)
+from tilegemm.ops.gluon import fp8_gemm_kernel, fp8_gemm_ws
+from tilegemm.ops.gluon.tma import SCALE_LAYOUT, Bound, descriptor, launch, tma_strides
 
 
 def block_shapes(cfg: GluonDenseConfig, sb_rows: bool) -> dict[str, list[int]]:
@@ -136,8 +84,9 @@ def fp8_gemm(
     stream: torch.cuda.Stream | None = None,
     config: GluonDenseConfig | None = None,
 ) -> torch.Tensor:
-    """``d = alpha * dequant(a) @ dequant(b).T (+ beta * c)`` on the gluon kernel: an FP8 GEMM of any layout, in the
-    logical ``nt`` form the checks derive, launched on ``stream`` (``None``: the current one).
+    """``d = alpha * dequant(a) @ dequant(b).T (+ beta * c)`` on a gluon kernel: an FP8 GEMM of any layout, in the
+    logical ``nt`` form the checks derive, launched on ``stream`` (``None``: the current one). The warp-specialized
+    kernel (:mod:`fp8_gemm_ws`) runs the calls :func:`takes_ws_kernel` gives it, ``fp8_gemm_kernel`` the rest.
 
     Args:
         a: (fp8 [M, K], fp32 sa [M, ceil(K/128)]).
@@ -145,12 +94,13 @@ def fp8_gemm(
             for (1, 1, 128)).
         d: bf16 or fp32 [M, N], TMA-aligned (see :func:`unsupported_reason`).
         c: addend [M, N] read when not ``None`` and ``beta != 0``; may be ``d``.
-        config: the kernel config; ``None`` picks it with :func:`dense_fp8_config`.
+        config: ``fp8_gemm_kernel``'s config (given: that kernel runs); ``None``: the kernel and config chosen from
+            the call (:func:`takes_ws_kernel`, :func:`dense_fp8_config`).
 
     Raises:
         Unsupported: a case the kernel lacks (before anything is written).
     """
-    return fp8_plan(a, b, d, c if c is not None and beta != 0 else None, recipe, config)(
+    return fp8_plan(a, b, d, c if c is not None and beta != 0 else None, recipe, config, alpha)(
         a, b, d, c, alpha, beta, stream
     )
 
@@ -158,23 +108,46 @@ def fp8_gemm(
 Runner = plans.Runner
 
 
-def fp8_plan(a, b, d, c, recipe, cfg: GluonDenseConfig | None = None) -> Runner:
+def fp8_plan(a, b, d, c, recipe, cfg: GluonDenseConfig | None = None, alpha: float = 1.0) -> Runner:
     """The launch plan of a call (``c``: ``None`` when it is not read): ``run(a, b, d, c, alpha, beta, stream=None)
     -> d``, kept in :mod:`tilegemm.ops.plans`.
 
-    Keyed by every operand's metadata (shape, strides, dtype, 16-byte alignment), the recipe, the config and the
-    device and SM count: what decides the copies, the descriptors' shapes and strides, the grid and triton's
-    specialization, so a repeated call only makes views and launches.
+    Keyed by every operand's metadata (shape, strides, dtype, 16-byte alignment), the recipe, the config, the kernel
+    (:func:`takes_ws_kernel`) and the device and SM count: what decides the copies, the descriptors' shapes and
+    strides, the grid and triton's specialization, so a repeated call only makes views and launches.
     """
     (a_data, sa), (b_data, sb) = a, b
+    ws = cfg is None and takes_ws_kernel(recipe, c is not None, alpha)
     tk = plans.tensor_key
     key = (
         "gluon", "fp8_gemm", tk(a_data), tk(sa), tk(b_data), tk(sb), tk(d), None if c is None else tk(c),
-        tuple(recipe), cfg, plans.sms_key(d.device),
+        tuple(recipe), cfg, ws, plans.sms_key(d.device),
     )  # fmt: skip
     run = plans.find(key)
     if run is None:
-        run = plans.keep(key, _build_plan(a_data, sa, b_data, sb, d, c, tuple(recipe), cfg))
+        build = (
+            _build_ws_plan(a_data, sa, b_data, sb, d)
+            if ws
+            else _build_plan(a_data, sa, b_data, sb, d, c, tuple(recipe), cfg)
+        )
+        run = plans.keep(key, build)
+    return run
+
+
+def _build_ws_plan(a_data, sa, b_data, sb, d) -> Runner:
+    """The launch plan of a call the warp-specialized kernel runs (:data:`DENSE_FP8_WS_DESIGN`)."""
+    m, k = a_data.shape
+    n = b_data.shape[0]
+    reason = unsupported_reason(m, n, k, d)
+    if reason is not None:
+        raise Unsupported(reason)
+    design = fp8_gemm_ws.VARIANTS[DENSE_FP8_WS_DESIGN]
+    print_once("fp8_gemm_nt[gluon]", (m, n, k), design)
+    launch_ws = fp8_gemm_ws.ws_plan((a_data, sa), (b_data, sb), d, design, config.get_num_sms())
+
+    def run(a, b, d, c, alpha, beta, stream=None) -> torch.Tensor:
+        return launch_ws(a, b, d, stream)
+
     return run
 
 
@@ -210,7 +183,7 @@ def _build_plan(a_data, sa, b_data, sb, d, c, recipe, cfg) -> Runner:
         )
 
     first = arrays((a_data, sa), (b_data, sb), d, c)
-    shapes = [(list(t.shape), _tma_strides(t)) for t in first[:5]]
+    shapes = [(list(t.shape), tma_strides(t)) for t in first[:5]]
     c_stride = first[5].stride(0)
     compiled = None
 
@@ -219,15 +192,15 @@ def _build_plan(a_data, sa, b_data, sb, d, c, recipe, cfg) -> Runner:
         *tma, c_arr = arrays(a, b, d, c)
         scalars = (c_arr, m, n, k, c_stride, float(alpha), float(beta))
         if compiled is not None:
-            descs = [_Bound(t, shape, strides) for t, (shape, strides) in zip(tma, shapes)]
-            _launch(compiled, grid, (*descs, *scalars, *consts.values()), stream)
+            descs = [Bound(t, shape, strides) for t, (shape, strides) in zip(tma, shapes)]
+            launch(compiled, grid, (*descs, *scalars, *consts.values()), stream)
             return d
         descs = [
-            _descriptor(tma[0], box["a"]),
-            _descriptor(tma[1], box["b"]),
-            _scale_descriptor(tma[2], box["sa"][1]),
-            _scale_descriptor(tma[3], box["sb"][1]),
-            _descriptor(tma[4], box["d"]),
+            descriptor(tma[0], box["a"]),
+            descriptor(tma[1], box["b"]),
+            descriptor(tma[2], box["sa"], SCALE_LAYOUT),
+            descriptor(tma[3], box["sb"], SCALE_LAYOUT),
+            descriptor(tma[4], box["d"]),
         ]
         args = dict(zip(fp8_gemm_kernel.fp8_gemm_kernel.arg_names, (*descs, *scalars)))
         with (
@@ -242,8 +215,8 @@ def _build_plan(a_data, sa, b_data, sb, d, c, recipe, cfg) -> Runner:
 def _fp8_replay(derived: dict[str, Any]) -> Runner:
     """The hot-lane replay of a call that ran here: its plan, ``run(a, b, d, c, alpha, beta) -> d``, without the
     checks, the chooser or the lookup."""
-    a, b, d, c, beta, recipe = (derived[key] for key in ("a", "b", "d", "c", "beta", "recipe"))
-    return fp8_plan(a, b, d, c if c is not None and beta != 0 else None, recipe)
+    a, b, d, c, alpha, beta, recipe = (derived[key] for key in ("a", "b", "d", "c", "alpha", "beta", "recipe"))
+    return fp8_plan(a, b, d, c if c is not None and beta != 0 else None, recipe, None, alpha)
 
 
 for _op in ("fp8_fp4_gemm_nt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt"):
