@@ -47,6 +47,7 @@ from collections.abc import Sequence
 import torch
 
 from tilegemm.env import MQA_VARIANT
+from tilegemm.heuristics.cutile.mqa import decode_sized
 from tilegemm.ops import api
 from tilegemm.ops.checks import value_checks_enabled
 
@@ -484,17 +485,19 @@ def _float_logits(
     return out
 
 
-#: Up to this size of the fp32 ``[S, H, T]`` scores (decode: one or a few query rows) the bf16 path scores with
-#: torch's matmul over the whole key cache: the MQA kernel spreads query rows over the SMs, so a single row runs on
-#: one CTA (decode through it measured 0.18-0.61x stock, benchmarks/results/indexer/). Where
-#: ``$TILEGEMM_MQA_VARIANT=decode`` forces the ops' decode kernel (the keys split over the SMs; not yet measured,
-#: benchmarks/results/indexer/decode_prep.md), those calls take :func:`tilegemm.bf16_mqa_logits` too.
+#: Up to this size of the fp32 ``[S, H, T]`` scores the bf16 path scores with torch's matmul (the plain MQA kernel
+#: runs a single query row on one CTA), except at the decode steps the op's decode kernel takes.
 SMALL_SCORES_BYTES = 1 << 26
 
 
-def _decode_kernel_forced() -> bool:
-    """Whether ``$TILEGEMM_MQA_VARIANT`` forces the MQA ops' decode kernel (read per call, as the ops read it)."""
-    return (os.environ.get(MQA_VARIANT) or "").strip() == "decode"
+def _decode_kernel_takes(q: torch.Tensor, rows: int, keys: int, backend: str | None) -> bool:
+    """Whether bf16 scoring of ``rows`` query rows over ``keys`` keys takes :func:`tilegemm.bf16_mqa_logits` for its
+    decode kernel: as ``$TILEGEMM_MQA_VARIANT`` forces (read per call, as the ops read it), else on a GPU where the
+    op's chooser would (:func:`tilegemm.heuristics.cutile.mqa.decode_sized`)."""
+    forced = (os.environ.get(MQA_VARIANT) or "").strip()
+    if forced or not q.is_cuda or backend == "pytorch":
+        return forced == "decode"
+    return decode_sized(rows, keys, 10 * torch.cuda.get_device_capability(q.device)[0])
 
 
 def _check_scoring_inputs(q, k, weights, attention_mask) -> None:
@@ -536,9 +539,8 @@ def index_scores(
     """The indexer's masked scores through the MQA-logits ops, never materializing ``[B, S, H, T]``.
 
     Args:
-        q: queries ``[B, S, H, D]``: bf16 with bf16 ``k`` runs :func:`tilegemm.bf16_mqa_logits`, except where the
-            ``[S, H, T]`` scores are small (:data:`SMALL_SCORES_BYTES`, decode, unless ``$TILEGEMM_MQA_VARIANT=decode``
-            forces the op's decode kernel); there, and for other float dtypes
+        q: queries ``[B, S, H, D]``: bf16 with bf16 ``k`` runs :func:`tilegemm.bf16_mqa_logits`, except small
+            scores (:data:`SMALL_SCORES_BYTES`) its decode kernel does not take; there, and for other float dtypes
             (an fp32 model), the same formula in fp32 torch ops over chunks of query rows (bounded memory).
         k: keys ``[B, T, D]`` (the key cache).
         weights: fp32 ``[B, S, H]`` head weights (``weights_proj(x) * H**-0.5``).
@@ -577,7 +579,7 @@ def index_scores(
     elif (
         q.dtype == torch.bfloat16
         and k.dtype == torch.bfloat16
-        and (rows * q.shape[2] * keys * 4 > SMALL_SCORES_BYTES or _decode_kernel_forced())
+        and (rows * q.shape[2] * keys * 4 > SMALL_SCORES_BYTES or _decode_kernel_takes(q, rows, keys, backend))
     ):
         parts = [
             api.bf16_mqa_logits(q[b], k[b], w[b].contiguous(), ks[b], ke[b], backend=backend) for b in range(batch)

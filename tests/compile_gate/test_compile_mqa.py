@@ -407,18 +407,25 @@ def decode_cubins() -> Mapping:
     return compile_each(DECODE_JOBS, _compile_decode)
 
 
-def test_decode_configs_are_forced_only():
-    """The decode kernel is the chooser's for decode-sized calls only when forced (not yet measured on a GPU): by
-    default every call keeps the plain config; forced, a call of fewer row blocks than SMs takes it, one of more
-    does not."""
+def test_decode_configs_take_decode_steps():
+    """The decode kernel is the chooser's for decode steps on Hopper (at most MQA_DECODE_MAX_ROWS query rows over at
+    least MQA_DECODE_MIN_KEYS keys, where it was measured); forced ``plain`` keeps the plain kernel there, forced
+    ``decode`` extends it to any call of fewer row blocks than SMs; on sm_100 (not measured) only forced; a call whose
+    plain grid fills the SMs never takes it."""
+    rows_max, keys_min = heuristics.MQA_DECODE_MAX_ROWS, heuristics.MQA_DECODE_MIN_KEYS
     for dtype, h, d, rows in DECODE_VARIANTS:
         bf16 = dtype == "bf16"
-        plain = heuristics.plain_mqa_config(h, d, rows, 65536, 132, bf16=bf16)
-        assert plain.path == "plain"
-        assert plain == (heuristics.bf16_mqa_logits_config(h, d) if bf16 else heuristics.mqa_logits_config(h, d))
+        base = heuristics.bf16_mqa_logits_config(h, d) if bf16 else heuristics.mqa_logits_config(h, d)
+        assert heuristics.plain_mqa_config(h, d, rows, 65536, 132, bf16=bf16) == decode_config(dtype, h, d, rows)
+        assert heuristics.plain_mqa_config(h, d, rows, 65536, 132, bf16=bf16, variant="plain") == base
+        assert heuristics.plain_mqa_config(h, d, rows, keys_min - 1, 132, bf16=bf16).path == "plain"
+        assert heuristics.plain_mqa_config(h, d, rows, keys_min - 1, 132, bf16=bf16, variant="decode").path == "decode"
+        assert heuristics.plain_mqa_config(h, d, rows, 65536, 148, sm=100, bf16=bf16).path == "plain"
         conf = decode_config(dtype, h, d, rows)
-        assert conf.path == "decode" and conf.bq * conf.hp <= 128 and conf.bq >= min(rows, plain.bq)
+        assert conf.path == "decode" and conf.bq * conf.hp <= 128 and conf.bq >= min(rows, base.bq)
         assert conf.parts == min(512, -(-264 // -(-rows // conf.bq)))
+    assert heuristics.plain_mqa_config(64, 128, rows_max + 1, 65536, 132).path == "plain"
+    assert heuristics.plain_mqa_config(64, 128, rows_max, 65536, 132).path == "decode"
     assert heuristics.plain_mqa_config(64, 128, 4096, 4096, 132, variant="decode").path == "plain"
     assert heuristics.plain_mqa_config(64, 128, 1, 300, 132, variant="decode").parts == 3  # one CTA per key tile
 

@@ -52,15 +52,25 @@ def _call(bf16: bool, rows: int, keys: int, **kw):
 
 
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp8", "bf16"])
-def test_decode_call_keeps_the_plain_kernel_by_default(launches, bf16):
-    """Not measured on a GPU yet: without ``TILEGEMM_MQA_VARIANT`` a one-row call launches the plain kernel on one
-    CTA, as before, then the ``-inf`` fill."""
-    from tilegemm.ops.cutile import mqa_kernels
+@pytest.mark.parametrize(
+    "rows,keys,forced,decode",
+    [(1, 4096, None, True), (4, 65536, None, True), (5, 65536, None, False), (1, 4095, None, False),
+     (1, 4096, "plain", False)],
+)  # fmt: skip
+def test_decode_steps_take_the_decode_kernel_by_default(launches, monkeypatch, bf16, rows, keys, forced, decode):
+    """Without ``TILEGEMM_MQA_VARIANT`` a decode step (at most 4 query rows over at least 4096 keys) launches the
+    decode kernel, other calls the plain kernel on their row blocks; ``plain`` forces the plain kernel."""
+    from tilegemm.ops.cutile import mqa_decode_kernels, mqa_kernels
 
-    _call(bf16, 1, 4096)
-    (grid, kernel, _), (clean_grid, clean, _) = launches
-    assert kernel is mqa_kernels.plain_kernel_for(2) and grid == (1, 1, 1)
-    assert clean is mqa_kernels.mqa_clean_logits_kernel and clean_grid == (1, 1, 1)
+    if forced:
+        monkeypatch.setenv("TILEGEMM_MQA_VARIANT", forced)
+    _call(bf16, rows, keys)
+    (grid, kernel, _), (clean, clean_kernel, _) = launches
+    if decode:
+        assert kernel is mqa_decode_kernels.decode_kernel_for(2) and grid[1] > 1
+    else:
+        assert kernel is mqa_kernels.plain_kernel_for(2) and grid[1:] == (1, 1)
+    assert clean_kernel is mqa_kernels.mqa_clean_logits_kernel and clean[0] == grid[0]
 
 
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp8", "bf16"])

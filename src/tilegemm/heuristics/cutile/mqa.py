@@ -178,9 +178,9 @@ def paged_mqa_config(
     )
 
 
-#: Names the MQA-logits kernel of every decode-sized ``fp8_mqa_logits`` / ``bf16_mqa_logits`` call (benchmarks,
-#: tests): ``plain`` (one CTA per block of query rows, as every call runs today) or ``decode`` (the keys of each
-#: block of query rows split over the SMs, :func:`mqa_decode_config`).
+#: Names the MQA-logits kernel of every ``fp8_mqa_logits`` / ``bf16_mqa_logits`` call (benchmarks, tests): ``plain``
+#: (one CTA per block of query rows) or ``decode`` (the keys of each block of query rows split over the SMs,
+#: :func:`mqa_decode_config`); unset, :func:`takes_mqa_decode` chooses.
 MQA_VARIANT_ENV = MQA_VARIANT
 MQA_VARIANTS = ("plain", "decode")
 #: Keys per tile of the decode kernel, and the CTAs per SM its split aims at (the plain kernel's two).
@@ -188,16 +188,28 @@ MQA_DECODE_BK = 128
 MQA_DECODE_CTAS_PER_SM = 2
 #: The decode kernel's least MMA N side (query rows x padded heads).
 MQA_DECODE_MIN_N = 64
+#: The calls the decode kernel takes unforced on Hopper: decode steps (up to DeepGEMM's ``next_n`` of 4 query rows)
+#: over at least this many keys, where it was measured faster than the plain kernel and than torch's matmul
+#: (benchmarks/results/indexer/decode_h200.md).
+MQA_DECODE_MAX_ROWS = 4
+MQA_DECODE_MIN_KEYS = 4096
 
 
-def takes_mqa_decode(rows: int, base: MqaConfig, sms: int, variant: str | None) -> bool:
-    """Whether a plain MQA-logits call of ``rows`` query rows runs the decode kernel: only where ``variant``
-    (``$TILEGEMM_MQA_VARIANT`` or a caller's explicit choice) is ``decode``, and the plain kernel's grid
-    (``ceil(rows / bq)`` CTAs) is smaller than the SM count ``sms``. Not yet measured on a GPU, so never taken by
-    default (``benchmarks/results/indexer/decode_prep.md`` has the commands that measure it)."""
-    if forced(variant, MQA_VARIANTS, MQA_VARIANT_ENV) != "decode":
+def decode_sized(rows: int, keys: int, sm: int = 90) -> bool:
+    """Whether a call of ``rows`` query rows over ``keys`` keys on an sm_``sm`` GPU is a decode step the decode kernel
+    takes unforced (measured on Hopper only)."""
+    return sm == 90 and rows <= MQA_DECODE_MAX_ROWS and keys >= MQA_DECODE_MIN_KEYS
+
+
+def takes_mqa_decode(rows: int, keys: int, base: MqaConfig, sms: int, variant: str | None, sm: int = 90) -> bool:
+    """Whether a plain MQA-logits call of ``rows`` query rows over ``keys`` keys runs the decode kernel: never where
+    the plain kernel's grid (``ceil(rows / bq)`` CTAs) already fills the ``sms`` SMs; else where ``variant``
+    (``$TILEGEMM_MQA_VARIANT`` or a caller's explicit choice) is ``decode``, and unforced for :func:`decode_sized`
+    calls."""
+    choice = forced(variant, MQA_VARIANTS, MQA_VARIANT_ENV)
+    if choice == "plain" or -(-rows // base.bq) >= sms:
         return False
-    return -(-rows // base.bq) < sms
+    return choice == "decode" or decode_sized(rows, keys, sm)
 
 
 def mqa_decode_config(base: MqaConfig, rows: int, keys: int, sms: int, sm: int = 90) -> MqaConfig:
@@ -208,7 +220,7 @@ def mqa_decode_config(base: MqaConfig, rows: int, keys: int, sms: int, sm: int =
     an N side of 4 tileiras 13.4 emits no tensor-core MMA). ``parts``: CTAs per block of rows, each taking every
     ``parts``-th key tile of the rows' window (the paged kernel's round-robin split), enough for
     :data:`MQA_DECODE_CTAS_PER_SM` CTAs per SM and at most one per key tile. One key tile per iteration, no latency
-    hint, checked stores. Not yet measured on a GPU.
+    hint, checked stores.
     """
     bq = min(base.bq, max(_mqa_pow2_ceil(max(1, rows)), MQA_DECODE_MIN_N // base.hp))
     blocks = -(-max(1, rows) // bq)
@@ -229,9 +241,9 @@ def plain_mqa_config(
     h: int, d: int, rows: int, keys: int, sms: int, sm: int = 90, bf16: bool = False, variant: str | None = None
 ) -> MqaConfig | None:
     """The config of one ``fp8_mqa_logits`` (``bf16``: ``bf16_mqa_logits``) call of ``rows`` query rows and ``keys``
-    keys on ``sms`` SMs: :func:`mqa_decode_config` where :func:`takes_mqa_decode` (forced only), else
+    keys on ``sms`` SMs: :func:`mqa_decode_config` where :func:`takes_mqa_decode`, else
     :func:`mqa_logits_config` / :func:`bf16_mqa_logits_config`; ``None`` if unsupported."""
     base = bf16_mqa_logits_config(h, d, sm) if bf16 else mqa_logits_config(h, d, sm)
-    if base is None or not takes_mqa_decode(rows, base, sms, variant):
+    if base is None or not takes_mqa_decode(rows, keys, base, sms, variant, sm):
         return base
     return mqa_decode_config(base, rows, keys, sms, sm)
