@@ -20,7 +20,8 @@ runs, their seconds, and for the requests the kernels and signatures compiled. F
     python modeling/transformers/warmup_bench.py --model qwen3-30b-a3b --layers 4 --out "$OUT/warmup_bench.json"
 
 The scenarios share a ``--budget`` of seconds (default 110), each at most ``--scenario-timeout`` (default 50); one
-that would start past the budget or runs past its time is stopped and marked so.
+that would start past the budget or runs past its time is stopped and marked so. ``--scenarios`` runs some of them;
+``--profile N`` runs each first request under cProfile and reports its top N functions (cumulative and own time).
 The last lines printed are a table of the four scenarios.
 """
 
@@ -68,6 +69,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-generate", action="store_true", help="tilegemm.precompile(generate=False)")
     parser.add_argument("--budget", type=float, default=110.0, help="seconds for all scenarios")
     parser.add_argument("--scenario-timeout", type=float, default=50.0, help="seconds for one scenario")
+    parser.add_argument("--scenarios", default=None, help="comma-separated names of SCENARIOS to run (default: all)")
+    parser.add_argument("--profile", type=positive_int, default=None, help="cProfile the first request: top N rows")
     parser.add_argument("--out", default=None, help="JSON path (default: $OUT/warmup_bench.json, else stdout only)")
     parser.add_argument("--child", choices=("request", "precompile"), help=argparse.SUPPRESS)
     return parser
@@ -138,6 +141,22 @@ def _request(model, ids, new_tokens: int) -> float:
     return time.perf_counter() - start
 
 
+def _profiled(run, rows: int) -> tuple[float, dict[str, list[str]]]:
+    """``run()``'s result under cProfile, and the ``rows`` functions of most cumulative and of most own time, each
+    as ``"seconds calls file:line(function)"``."""
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    result = profile.runcall(run)
+    stats = pstats.Stats(profile)
+    top: dict[str, list[str]] = {}
+    for key, column in (("cumulative", 3), ("own", 2)):
+        order = sorted(stats.stats.items(), key=lambda item: item[1][column], reverse=True)[:rows]
+        top[key] = [f"{v[column]:.4f} {v[1]} {f}:{line}({name})" for (f, line, name), v in order]
+    return result, top
+
+
 def child(args: argparse.Namespace) -> dict[str, Any]:
     """One scenario in this process: build, patch, (precompile), two requests; returns the measurements."""
     start = time.perf_counter()
@@ -175,7 +194,12 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         result["precompile_s"] = time.perf_counter() - begin
         result["precompile_forward_s"] = {str(t): round(s, 4) for t, s in times.items()}
     jit.phase = "first_request"
-    result["first_request_s"] = _request(model, ids, args.new_tokens)
+    if args.profile:
+        result["first_request_s"], result["first_request_profile"] = _profiled(
+            lambda: _request(model, ids, args.new_tokens), args.profile
+        )
+    else:
+        result["first_request_s"] = _request(model, ids, args.new_tokens)
     jit.phase = "second_request"
     result["second_request_s"] = _request(model, ids, args.new_tokens)
     result["jit_instrumented"] = jit.installed
@@ -227,8 +251,13 @@ def main(argv: list[str] | None = None) -> int:
               "--new-tokens", str(args.new_tokens), "--max-tokens", str(args.max_tokens)]  # fmt: skip
     common += ["--workers", str(args.workers)] if args.workers else []
     common += ["--no-generate"] if args.no_generate else []
+    common += ["--profile", str(args.profile)] if args.profile else []
+    chosen = args.scenarios.split(",") if args.scenarios else [name for name, _, _ in SCENARIOS]
+    unknown = set(chosen) - {name for name, _, _ in SCENARIOS}
+    if unknown:
+        raise SystemExit(f"--scenarios: unknown {sorted(unknown)}; choose from {[n for n, _, _ in SCENARIOS]}")
     scenarios: dict[str, Any] = {}
-    for name, cache, precompile in SCENARIOS:
+    for name, cache, precompile in (s for s in SCENARIOS if s[0] in chosen):
         left = args.budget - (time.perf_counter() - start)
         if left < 20:
             scenarios[name] = {"skipped": f"budget of {args.budget:.0f} s spent"}

@@ -22,7 +22,7 @@ import torch
 
 import tilegemm as tg
 from tilegemm import indexer
-from tilegemm.heuristics.cutile import MOE_VARIANT_ENV
+from tilegemm.heuristics.cutile import MOE_VARIANT_ENV, MQA_VARIANT_ENV
 from tilegemm.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
 from tilegemm.testing import calc_diff
 
@@ -245,21 +245,55 @@ for _m, _n, _k, _rows, _c in [
         return _cutile_vs_reference(tg.fp8_gemm_nt, per_token_cast_to_fp8(a), qb, d, c, bar=1e-5, backend="gluon")
 
 
-class _ForcedVariant:
-    """``TILEGEMM_MOE_VARIANT`` set to ``variant`` inside the block (unset for ``None``), restored after it."""
+# The warp-specialized gluon FP8 prototype (ops/gluon/fp8_gemm_ws.py), every design: partial tiles in M, N and K,
+# one K block, K-block counts that leave every tail of the overlap runs, a persistent grid of 3 CTAs over many tiles.
+@case("dense fp8 gluon ws: every design, awkward shapes")
+def _dense_gluon_ws() -> str:
+    from tilegemm.backend.selector import gluon_unavailable_reason
+    from tilegemm.quant import get_mn_major_tma_aligned_tensor
 
-    def __init__(self, variant: str | None) -> None:
-        self.variant, self.before = variant, None
+    reason = gluon_unavailable_reason()
+    if reason is not None:
+        return f"skipped: gluon unavailable ({reason})"
+    from tilegemm.ops.gluon import fp8_gemm_ws as ws
+
+    worst = 0.0
+    for name, cfg in ws.VARIANTS.items():
+        for m, n, k, sms in [(1, 256, 128, None), (300, 200, 1100, None), (257, 520, 640, 3)]:
+            g = _gen(m + n + k)
+            a = torch.randn(m, k, device=DEV, generator=g)
+            b = torch.randn(n, k, device=DEV, generator=g)
+            qa, sa = per_token_cast_to_fp8(a)
+            qb, sb = per_block_cast_to_fp8(b)
+            d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=DEV)
+            ws.fp8_gemm_ws((qa, get_mn_major_tma_aligned_tensor(sa)), (qb, sb), d, config=cfg, num_sms=sms)
+            ref = torch.empty_like(d)
+            tg.fp8_gemm_nt((qa, sa), (qb, sb), ref, backend="pytorch")
+            torch.cuda.synchronize()
+            if d.isnan().any():
+                raise AssertionError(f"{name} {m}x{n}x{k}: output elements not written")
+            worst = max(worst, calc_diff(d, ref))
+    if worst > 1e-5:
+        raise AssertionError(f"fp8_gemm_ws differs from pytorch: calc_diff {worst:.2e}")
+    return f"{len(ws.VARIANTS)} designs, calc_diff {worst:.1e}"
+
+
+class _ForcedVariant:
+    """The variant variable ``env`` (``TILEGEMM_MOE_VARIANT`` by default) set to ``variant`` inside the block (unset
+    for ``None``), restored after it."""
+
+    def __init__(self, variant: str | None, env: str = MOE_VARIANT_ENV) -> None:
+        self.variant, self.env, self.before = variant, env, None
 
     def __enter__(self) -> None:
-        self.before = os.environ.pop(MOE_VARIANT_ENV, None)
+        self.before = os.environ.pop(self.env, None)
         if self.variant:
-            os.environ[MOE_VARIANT_ENV] = self.variant
+            os.environ[self.env] = self.variant
 
     def __exit__(self, *exc: object) -> None:
-        os.environ.pop(MOE_VARIANT_ENV, None)
+        os.environ.pop(self.env, None)
         if self.before is not None:
-            os.environ[MOE_VARIANT_ENV] = self.before
+            os.environ[self.env] = self.before
 
 
 def _moe_case(op: Callable, tokens: int, hidden: int, inter: int, fp8: bool, variant: str | None, bar: float) -> str:
@@ -417,6 +451,24 @@ def _bf16_mqa() -> str:
     if worst > 1e-6:
         raise AssertionError(f"cutile differs from pytorch: calc_diff {worst:.2e}")
     return f"calc_diff {worst:.1e}"
+
+
+@case("mqa logits decode kernel (fp8 and bf16): windows past both ends, few rows over many keys")
+def _mqa_decode() -> str:
+    with _ForcedVariant("decode", MQA_VARIANT_ENV):
+        g = torch.Generator().manual_seed(4)
+        for rows, s_kv, h, d in ((1, 5000, 64, 128), (3, 1000, 64, 128), (2, 129, 16, 32), (4, 777, 32, 64)):
+            w = torch.randn(rows, h, generator=g).to(DEV)
+            ks = torch.randint(-1000, 100, (rows,), generator=g, dtype=torch.int32).to(DEV)
+            ke = torch.randint(0, 3 * s_kv, (rows,), generator=g, dtype=torch.int32).to(DEV)
+            q8 = torch.randn(rows, h, d, generator=g).to(torch.float8_e4m3fn).to(DEV)
+            kv = tuple(t.to(DEV) for t in indexer.quantize_keys(torch.randn(s_kv, d, generator=g)))
+            tg.fp8_mqa_logits(q8, kv, w, ks, ke, backend="cutile")
+            q = torch.randn(rows, h, d, generator=g).bfloat16().to(DEV)
+            kv16 = torch.randn(s_kv, d, generator=g).bfloat16().to(DEV)
+            tg.bf16_mqa_logits(q, kv16, w, ks, ke, backend="cutile")
+        torch.cuda.synchronize()
+    return "ran"
 
 
 def main() -> int:
