@@ -145,12 +145,13 @@ def test_results_section_is_rendered_from_h100_json(tmp_path):
     assert readme.replace_section(TEXT, body) == TEXT
 
 
-def test_the_moe_h200_section_is_rendered_from_its_json():
-    """The second results section (``render --section moe-h200``) is its committed JSON's, byte for byte."""
-    source = ROOT / "benchmarks/results/moe-h200/h200.json"
+@pytest.mark.parametrize("name", ["moe-h200", "dense-fp8-h200"])
+def test_the_named_sections_are_rendered_from_their_json(name):
+    """The named results sections (``render --section NAME``) are their committed JSON's, byte for byte."""
+    source = ROOT / f"benchmarks/results/{name}/h200.json"
     body = readme.section(schema.load(source), str(source), ROOT)
-    assert readme.markers("moe-h200")[0] in TEXT
-    assert readme.replace_section(TEXT, body, "moe-h200") == TEXT
+    assert readme.markers(name)[0] in TEXT
+    assert readme.replace_section(TEXT, body, name) == TEXT
 
 
 def test_named_sections_have_markers_of_their_own():

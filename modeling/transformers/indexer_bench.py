@@ -24,7 +24,9 @@ random-weight realistic preset (default ``deepseek-v3.2``: indexer 64 heads of 1
    indexers patched alone, everything patched (indexers, experts, norms), everything patched with the FP8 key
    cache, and everything patched with the decode kernel forced; logits ``calc_diff`` vs stock.
 
-``--parts`` picks the parts (default all four). Writes ``indexer_bench.json`` and ``indexer_bench.md`` under
+5. ``decode_profile``: one eager decode step of one indexer (stock, patched BF16, FP8 key cache) under torch's
+   profiler: its kernels with their device microseconds, most first.
+``--parts`` picks the parts (default all five). Writes ``indexer_bench.json`` and ``indexer_bench.md`` under
 ``--out`` (and the JSON to ``--json`` too, if given); prints the tables last. ``--device cpu --preset tiny-deepseek-v32
 --contexts 64 --decode-contexts 64`` runs the same code on the CPU (no CUDA graphs, no timing meaning): the
 smoke test in ``tests/hf/test_indexer_patch.py``.
@@ -65,7 +67,7 @@ from tilegemm.transformers.presets import PRESETS  # noqa: E402
 
 SAMPLE_ROWS = 128
 TIE = 1e-5
-PARTS = ("prefill", "decode_module", "kernels", "decode_model")
+PARTS = ("prefill", "decode_module", "kernels", "decode_model", "decode_profile")
 #: The decode step's variants of one indexer: stock, then the patched settings (:func:`set_variant`).
 DECODE_VARIANTS = ("stock", "bf16", "bf16_kernel", "fp8", "fp8_cache")
 
@@ -430,6 +432,69 @@ def decode_module(config, contexts: list[int], reps: int, device: torch.device) 
     return rows
 
 
+#: The variants whose decode step the ``decode_profile`` part breaks into kernels.
+PROFILE_VARIANTS = ("stock", "bf16", "fp8_cache")
+
+
+def step_kernels(call: Callable[[], Any], device: torch.device) -> dict[str, Any]:
+    """One eager run of ``call`` (after two warm-up runs) under torch's profiler: its CUDA kernels (on the CPU: its
+    CPU ops), each name's summed microseconds and count, most time first, and the totals."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(2):
+        call()
+    sync(device)
+    cuda = device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        call()
+        sync(device)
+    kind = DeviceType.CUDA if cuda else DeviceType.CPU
+    found: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type == kind and (cuda or event.cpu_parent is None):
+            entry = found.setdefault(event.name, [0.0, 0])
+            entry[0] += event.time_range.elapsed_us()
+            entry[1] += 1
+    top = sorted(found.items(), key=lambda item: -item[1][0])
+    return {
+        "kernels": sum(count for _, count in found.values()),
+        "total_us": sum(us for us, _ in found.values()),
+        "top": [{"name": name[:120], "us": us, "count": count} for name, (us, count) in top],
+    }
+
+
+def decode_profile(config, contexts: list[int], device: torch.device) -> list[dict]:
+    """The indexer's decode step (as :func:`decode_module` runs it) of :data:`PROFILE_VARIANTS`, kernel by kernel."""
+    module, stock, rope, rotary = make_indexer(config, device)
+    rows = []
+    for length in contexts:
+        log(f"decode_profile {length}")
+        g = torch.Generator(device=device).manual_seed(length)
+        cache = StaticKeys(torch.randn(1, length + 1, module.head_dim, device=device, generator=g).bfloat16(), length)
+        hidden = torch.randn(1, 1, config.hidden_size, device=device, generator=g).bfloat16()
+        q_resid = torch.randn(1, 1, config.q_lora_rank, device=device, generator=g).bfloat16()
+        position = torch.tensor([[length]], device=device)
+        pe = rotary(hidden, position)
+        mask = torch.ones(1, 1, length + 1, dtype=torch.bool, device=device)
+        row: dict[str, Any] = {"context": length}
+        for variant in PROFILE_VARIANTS:
+            set_variant(module, stock, variant, rope)
+            forward = indexer_call(module, hidden, q_resid, pe, mask, position, cache)
+
+            def call(forward=forward, cache=cache, length=length) -> torch.Tensor:
+                rewind_static_cache(cache, length)
+                return forward()
+
+            try:
+                row[variant] = step_kernels(call, device)
+            except Exception as exc:
+                row[variant] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        rows.append(row)
+    set_variant(module, stock, "stock", rope)
+    return rows
+
+
 #: The ops of the kernels part: (name, ``$TILEGEMM_MQA_VARIANT`` forced while it is captured, operands, op).
 KERNEL_VARIANTS = (
     ("torch_bf16", None, "bf16", lambda *a: scoring._float_logits(*a)),
@@ -642,6 +707,15 @@ def markdown(result: dict) -> str:
             for v in MODEL_VARIANTS[1:]
         )
         lines.append(f"| {r['context']} | {r['layers']} | {_cell(s, 'graph_ms')} | {_cell(s, 'peak_gib')} | {cells} |")
+    if result.get("decode_profile"):
+        lines += ["", "## Decode step, one indexer, kernel by kernel (one eager step, device us)", ""]
+        lines += ["| context | variant | kernels | total us | top kernels (us, count) |", "|---|---|---|---|---|"]
+        for r in result["decode_profile"]:
+            for v in PROFILE_VARIANTS:
+                e = r.get(v) or {}
+                top = "; ".join(f"`{k['name'][:60]}` {k['us']:.1f} x{k['count']}" for k in e.get("top", [])[:8])
+                total = _cell(e, "total_us", ".1f")
+                lines.append(f"| {r['context']} | {v} | {_fmt(e.get('kernels'))} | {total} | {top} |")
     errors = [
         f"- {part} {r.get('context')} {name}: {entry['error']}"
         for part in PARTS
@@ -685,6 +759,7 @@ def main(argv: list[str] | None = None) -> int:
         "decode_module": lambda: decode_module(config, args.decode_contexts, args.reps, device),
         "kernels": lambda: kernels(config, args.decode_contexts, args.kernel_rows, args.reps, device),
         "decode_model": lambda: decode_model(args.preset, args.layers, args.decode_contexts, args.reps, device),
+        "decode_profile": lambda: decode_profile(config, args.decode_contexts, device),
     }
     parts = [(p, runs[p]) for p in PARTS if p in wanted and (p != "decode_model" or args.layers > 0)]
     for part, run in parts:

@@ -21,7 +21,9 @@ runs, their seconds, and for the requests the kernels and signatures compiled. F
 
 The scenarios share a ``--budget`` of seconds (default 110), each at most ``--scenario-timeout`` (default 50); one
 that would start past the budget or runs past its time is stopped and marked so. ``--scenarios`` runs some of them;
-``--profile N`` runs each first request under cProfile and reports its top N functions (cumulative and own time).
+``--profile N`` runs each first request under cProfile and reports its top N functions (cumulative and own time);
+``--no-cudnn-attention`` turns torch's cuDNN attention off in every scenario (it builds a plan per new sequence
+length on its first call: benchmarks/warmup/sdpa_first_call.py).
 The last lines printed are a table of the four scenarios.
 """
 
@@ -71,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--scenario-timeout", type=float, default=50.0, help="seconds for one scenario")
     parser.add_argument("--scenarios", default=None, help="comma-separated names of SCENARIOS to run (default: all)")
     parser.add_argument("--profile", type=positive_int, default=None, help="cProfile the first request: top N rows")
+    parser.add_argument(
+        "--no-cudnn-attention", action="store_true", help="torch.backends.cuda.enable_cudnn_sdp(False) in each scenario"
+    )
     parser.add_argument("--out", default=None, help="JSON path (default: $OUT/warmup_bench.json, else stdout only)")
     parser.add_argument("--child", choices=("request", "precompile"), help=argparse.SUPPRESS)
     return parser
@@ -170,6 +175,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     from tilegemm.transformers import apply_tilegemm_to_model, presets
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.no_cudnn_attention:
+        torch.backends.cuda.enable_cudnn_sdp(False)
     config = presets.PRESETS[args.model].config(layers=args.layers)
     torch.manual_seed(0)
     with torch.device(device):
@@ -252,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     common += ["--workers", str(args.workers)] if args.workers else []
     common += ["--no-generate"] if args.no_generate else []
     common += ["--profile", str(args.profile)] if args.profile else []
+    common += ["--no-cudnn-attention"] if args.no_cudnn_attention else []
     chosen = args.scenarios.split(",") if args.scenarios else [name for name, _, _ in SCENARIOS]
     unknown = set(chosen) - {name for name, _, _ in SCENARIOS}
     if unknown:
@@ -290,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_tokens": args.max_tokens,
         "workers": args.workers,
         "generate": not args.no_generate,
+        "cudnn_attention": not args.no_cudnn_attention,
         "cache_env": list(CACHE_ENV),
         "scenarios": scenarios,
         "summary": {

@@ -344,8 +344,11 @@ def test_indexer_bench_smoke_on_cpu(tmp_path):
     assert model["indexer"]["calc_diff_vs_stock"] < 1e-6 and "error" not in model["all"]
     forced, patched = model["all_decode_kernel"]["calc_diff_vs_stock"], model["all"]["calc_diff_vs_stock"]
     assert forced <= patched + 1e-6 and "error" not in model["all_fp8_cache"]
+    (prof,) = result["decode_profile"]
+    for variant in indexer_bench.PROFILE_VARIANTS:
+        assert prof[variant]["kernels"] >= 1 and prof[variant]["total_us"] > 0, prof[variant]
     text = (tmp_path / "indexer_bench.md").read_text()
-    assert "## Prefill" in text and "## MQA-logits ops at decode size" in text
+    assert "## Prefill" in text and "## MQA-logits ops at decode size" in text and "kernel by kernel" in text
     assert json.loads((tmp_path / "only.json").read_text())["kernels"] == result["kernels"]
 
 
