@@ -390,28 +390,42 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> float:
     return len(set(a.tolist()) & sb) / max(1, len(sb))
 
 
+def decode_step(config, module, rotary, length: int, device: torch.device) -> Callable[[], Callable[[], torch.Tensor]]:
+    """The indexer's decode step over a static key cache of ``length`` random keys (one query at position
+    ``length``, every key visible): returns ``step_of_module()``, which gives the step of ``module`` as it is now
+    (stock or a swapped variant): the cache's write position rewound (a device op: captured with the step), then one
+    forward."""
+    g = torch.Generator(device=device).manual_seed(length)
+    cache = StaticKeys(torch.randn(1, length + 1, module.head_dim, device=device, generator=g).bfloat16(), length)
+    hidden = torch.randn(1, 1, config.hidden_size, device=device, generator=g).bfloat16()
+    q_resid = torch.randn(1, 1, config.q_lora_rank, device=device, generator=g).bfloat16()
+    position = torch.tensor([[length]], device=device)
+    pe = rotary(hidden, position)
+    mask = torch.ones(1, 1, length + 1, dtype=torch.bool, device=device)
+
+    def step_of_module() -> Callable[[], torch.Tensor]:
+        forward = indexer_call(module, hidden, q_resid, pe, mask, position, cache)
+
+        def call() -> torch.Tensor:
+            rewind_static_cache(cache, length)  # a device op: captured with the step
+            return forward()
+
+        return call
+
+    return step_of_module
+
+
 def decode_module(config, contexts: list[int], reps: int, device: torch.device) -> list[dict]:
     module, stock, rope, rotary = make_indexer(config, device)
     rows = []
     for length in contexts:
         log(f"decode_module {length}")
-        g = torch.Generator(device=device).manual_seed(length)
-        cache = StaticKeys(torch.randn(1, length + 1, module.head_dim, device=device, generator=g).bfloat16(), length)
-        hidden = torch.randn(1, 1, config.hidden_size, device=device, generator=g).bfloat16()
-        q_resid = torch.randn(1, 1, config.q_lora_rank, device=device, generator=g).bfloat16()
-        position = torch.tensor([[length]], device=device)
-        pe = rotary(hidden, position)
-        mask = torch.ones(1, 1, length + 1, dtype=torch.bool, device=device)
+        step_of_module = decode_step(config, module, rotary, length, device)
         row: dict[str, Any] = {"context": length}
         outs = {}
         for variant in DECODE_VARIANTS:
             set_variant(module, stock, variant, rope)
-            forward = indexer_call(module, hidden, q_resid, pe, mask, position, cache)
-
-            def call(forward=forward, cache=cache, length=length) -> torch.Tensor:
-                rewind_static_cache(cache, length)  # a device op: captured with the step
-                return forward()
-
+            call = step_of_module()
             try:
                 with mqa_variant("decode" if variant == "bf16_kernel" else None):
                     ms, out = graph_replay_ms(call, reps * 20, device)
@@ -470,24 +484,12 @@ def decode_profile(config, contexts: list[int], device: torch.device) -> list[di
     rows = []
     for length in contexts:
         log(f"decode_profile {length}")
-        g = torch.Generator(device=device).manual_seed(length)
-        cache = StaticKeys(torch.randn(1, length + 1, module.head_dim, device=device, generator=g).bfloat16(), length)
-        hidden = torch.randn(1, 1, config.hidden_size, device=device, generator=g).bfloat16()
-        q_resid = torch.randn(1, 1, config.q_lora_rank, device=device, generator=g).bfloat16()
-        position = torch.tensor([[length]], device=device)
-        pe = rotary(hidden, position)
-        mask = torch.ones(1, 1, length + 1, dtype=torch.bool, device=device)
+        step_of_module = decode_step(config, module, rotary, length, device)
         row: dict[str, Any] = {"context": length}
         for variant in PROFILE_VARIANTS:
             set_variant(module, stock, variant, rope)
-            forward = indexer_call(module, hidden, q_resid, pe, mask, position, cache)
-
-            def call(forward=forward, cache=cache, length=length) -> torch.Tensor:
-                rewind_static_cache(cache, length)
-                return forward()
-
             try:
-                row[variant] = step_kernels(call, device)
+                row[variant] = step_kernels(step_of_module(), device)
             except Exception as exc:
                 row[variant] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         rows.append(row)
