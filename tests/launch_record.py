@@ -159,6 +159,10 @@ def _gluon_intercepted(rec: Recorder, patch: Callable[[Any, str, Any], None]) ->
         return
     patch(fp8_gemm_kernel, "fp8_gemm_kernel", _recorded_jit(rec, fp8_gemm_kernel.fp8_gemm_kernel, "fp8_gemm_kernel"))
     patch(fp8_gemm_ws, "fp8_gemm_ws_kernel", _recorded_jit(rec, fp8_gemm_ws.fp8_gemm_ws_kernel, "fp8_gemm_ws_kernel"))
+    from tilegemm.ops.gluon import tma
+
+    if hasattr(tma, "current_stream"):  # the relaunch's stream (a checkout before it read torch.cuda.current_stream)
+        patch(tma, "current_stream", lambda device: STREAM_ID)
     yield
 
 

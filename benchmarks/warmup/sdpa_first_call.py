@@ -3,9 +3,11 @@ at another length: the attention a patched model's first request still pays afte
 warms tilegemm's kernels, not torch's).
 
 Each setting runs in a fresh process: a call at ``--warm`` tokens (as precompile's short ``generate``), then two
-calls at ``--length`` tokens (as a request's prefill), each synchronized and timed, with Qwen3-30B-A3B's attention
-shape (32 query heads of 128, keys repeated from 4 KV heads) and a boolean causal mask, as transformers' SDPA
-integration passes it. Settings: torch's default SDPA backends, and the same with cuDNN attention disabled.
+calls at ``--length`` tokens (as a request's prefill), then decode steps (one query token, no mask) over
+``--length`` + 1 to + 4 keys, each the first at its key count, and the first again; each synchronized and timed,
+with Qwen3-30B-A3B's attention shape (32 query heads of 128, keys repeated from 4 KV heads) and, for the prefill, a
+boolean causal mask, as transformers' SDPA integration passes it. Settings: torch's default SDPA backends, and the
+same with cuDNN attention disabled.
 Prints one JSON line per setting; ``--out`` writes them all.
 
     python benchmarks/warmup/sdpa_first_call.py --out sdpa_first_call.json
@@ -36,17 +38,29 @@ def child(length: int, warm: int, cudnn: bool) -> dict:
         torch.cuda.synchronize()
         return time.perf_counter() - start
 
+    def decode(kv: int) -> float:
+        """One decode step's attention: one query token over ``kv`` keys, no mask (as transformers passes it)."""
+        q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(1, 32, kv, 128, device="cuda", dtype=torch.bfloat16)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        F.scaled_dot_product_attention(q, k, k)
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
+
     first_warm = call(warm)
-    return {
+    row = {
         "cudnn_sdp": cudnn,
         "warm_length": warm,
         "length": length,
         "warm_call_s": first_warm,
         "first_call_s": call(length),
         "second_call_s": call(length),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
     }
+    # decode steps: the first at each new key count, then the first key count again
+    row["decode_first_call_s"] = {kv: decode(kv) for kv in range(length + 1, length + 5)}
+    row["decode_again_s"] = decode(length + 1)
+    return {**row, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
 
 
 def main() -> int:

@@ -69,6 +69,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=positive_int, default=512, help="tilegemm.precompile's max_tokens")
     parser.add_argument("--workers", type=positive_int, default=None, help="tilegemm.precompile's workers")
     parser.add_argument("--no-generate", action="store_true", help="tilegemm.precompile(generate=False)")
+    parser.add_argument(
+        "--warm-prompt",
+        action="store_true",
+        help="tilegemm.precompile(prompt_lengths=(8, --prompt-tokens)): its short generate also runs at the requests' "
+        "prompt length",
+    )
     parser.add_argument("--budget", type=float, default=110.0, help="seconds for all scenarios")
     parser.add_argument("--scenario-timeout", type=float, default=50.0, help="seconds for one scenario")
     parser.add_argument("--scenarios", default=None, help="comma-separated names of SCENARIOS to run (default: all)")
@@ -195,8 +201,10 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     if args.child == "precompile":
         jit.phase = "precompile"
         begin = time.perf_counter()
+        lengths = (8, args.prompt_tokens) if args.warm_prompt else None
         times = tilegemm.precompile(
-            model, max_tokens=args.max_tokens, workers=args.workers, generate=not args.no_generate
+            model, max_tokens=args.max_tokens, workers=args.workers, generate=not args.no_generate,
+            prompt_lengths=lengths,
         )  # fmt: skip
         result["precompile_s"] = time.perf_counter() - begin
         result["precompile_forward_s"] = {str(t): round(s, 4) for t, s in times.items()}
@@ -258,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
               "--new-tokens", str(args.new_tokens), "--max-tokens", str(args.max_tokens)]  # fmt: skip
     common += ["--workers", str(args.workers)] if args.workers else []
     common += ["--no-generate"] if args.no_generate else []
+    common += ["--warm-prompt"] if args.warm_prompt else []
     common += ["--profile", str(args.profile)] if args.profile else []
     common += ["--no-cudnn-attention"] if args.no_cudnn_attention else []
     chosen = args.scenarios.split(",") if args.scenarios else [name for name, _, _ in SCENARIOS]
@@ -299,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         "workers": args.workers,
         "generate": not args.no_generate,
         "cudnn_attention": not args.no_cudnn_attention,
+        "precompile_prompt_lengths": [8, args.prompt_tokens] if args.warm_prompt else None,
         "cache_env": list(CACHE_ENV),
         "scenarios": scenarios,
         "summary": {

@@ -128,6 +128,7 @@ def precompile(
     vocab_size: int | None = None,
     workers: int | None = None,
     generate: bool = True,
+    prompt_lengths: Iterable[int] | None = None,
 ) -> dict[int, float]:
     """Run ``model`` (a patched transformers causal LM) once per token count, then one short ``generate``, so the
     kernels and the per-process first-call work of serving are done up front.
@@ -142,10 +143,16 @@ def precompile(
     (:func:`tilegemm.ops.cutile.concurrent.concurrent_tileiras`: the same kernels as one after another, each
     compiled once).
 
-    With ``generate`` (and a model that has ``generate``), a ``generate`` of 2 new tokens after an 8-token prompt
-    (``min(8, largest count)`` tokens) follows, with the model's generation config: its prefill with a KV cache,
-    one decode step reading that cache, and ``generate``'s own first-call work (cache, masks, logits processors,
-    the torch kernels of sampling and attention over a cache) that a first request would otherwise pay.
+    With ``generate`` (and a model that has ``generate``), a ``generate`` of 2 new tokens after a prompt of each of
+    ``prompt_lengths`` tokens follows (default: one prompt of ``min(8, largest count)`` tokens), with the model's
+    generation config: its prefill with a KV cache, one decode step reading that cache, and ``generate``'s own
+    first-call work (cache, masks, logits processors, the torch kernels of sampling and attention over a cache) that
+    a first request would otherwise pay. torch's attention also does first-call work per attention shape: with its
+    default backends, cuDNN attention builds an execution plan for each new prompt length (0.6-0.9 s on an H200)
+    and for each new key count of a decode step (55 ms), stock transformers alike. Give ``prompt_lengths`` the
+    lengths the first requests will have (a server's padded prompt buckets) to build their prefill plans here; the
+    decode steps of a request longer than any before still pay theirs, unless cuDNN attention is off
+    (``torch.backends.cuda.enable_cudnn_sdp(False)``, a global setting precompile leaves to the caller).
 
     Nothing is returned from the forwards; the parameters are not touched, the torch random state is restored, and
     a model in training mode is put in ``eval()`` for the calls and back.
@@ -164,14 +171,15 @@ def precompile(
         workers: forwards at once after the first (default :func:`default_workers`: 1 on a CPU); 1 runs them one
             after another.
         generate: run the short ``generate`` at the end (skipped for a model without ``generate``).
+        prompt_lengths: prompt lengths (ints >= 1) of the short ``generate`` runs, one run each.
 
     Returns:
         ``{token count: seconds}`` of each forward (the first ones include the compiles; forwards that ran at the
         same time overlap).
 
     Raises:
-        TypeError, ValueError: ``max_tokens``, ``token_counts`` or ``workers`` not ints >= 1, or no ``vocab_size``
-        known.
+        TypeError, ValueError: ``max_tokens``, ``token_counts``, ``workers`` or ``prompt_lengths`` not ints >= 1, or
+        no ``vocab_size`` known.
     """
     if token_counts is None:
         counts = token_buckets(max_tokens, _moe_shapes(model))
@@ -186,15 +194,20 @@ def precompile(
     workers = _count("workers", workers)
     generator = torch.Generator(device="cpu").manual_seed(0)
     inputs = {tokens: torch.randint(0, vocab, (1, tokens), generator=generator) for tokens in counts}
-    prompt = torch.randint(0, vocab, (1, min(8, counts[-1])), generator=generator) if counts else None
+    if prompt_lengths is None:
+        lengths = [min(8, counts[-1])] if counts else []
+    else:
+        lengths = sorted({_count("prompt_lengths", t) for t in prompt_lengths})
+    prompts = [torch.randint(0, vocab, (1, t), generator=generator) for t in lengths]
     was_training = model.training
     model.eval()
     devices = [device] if device.type == "cuda" else []
     try:
         with torch.random.fork_rng(devices=devices), _compiling_concurrently(workers):
             times = run_forwards(model, inputs, device, workers)
-            if generate and prompt is not None and callable(getattr(model, "generate", None)):
-                _generate(model, prompt.to(device), device)
+            if generate and callable(getattr(model, "generate", None)):
+                for prompt in prompts:
+                    _generate(model, prompt.to(device), device)
     finally:
         model.train(was_training)
     return times

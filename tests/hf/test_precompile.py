@@ -97,6 +97,27 @@ def test_precompile_runs_every_bucket_then_generate_and_changes_nothing(monkeypa
         assert torch.equal(model.eval()(ids).logits, before)
 
 
+def test_precompile_prompt_lengths_run_one_generate_each(monkeypatch):
+    """prompt_lengths= runs the short generate once per distinct length, in ascending order (prefill with a KV
+    cache, then one decode step), after the forwards; bad lengths are refused before anything runs."""
+    model = apply_tilegemm_to_model(build("tiny-qwen3-moe", dtype=torch.bfloat16))
+    seen = []
+    forward = type(model).forward
+
+    def spy(self, input_ids=None, **kwargs):
+        seen.append((tuple(input_ids.shape), kwargs.get("use_cache")))
+        return forward(self, input_ids=input_ids, **kwargs)
+
+    monkeypatch.setattr(type(model), "forward", spy)
+    tilegemm.precompile(model, token_counts=[2], prompt_lengths=[12, 5, 12])
+    assert seen == [((1, 2), False), ((1, 5), True), ((1, 1), True), ((1, 12), True), ((1, 1), True)]
+    seen.clear()
+    for bad, error in ((0, ValueError), (2.5, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="^prompt_lengths: got"):
+            tilegemm.precompile(model, token_counts=[2], prompt_lengths=[4, bad])
+    assert seen == []
+
+
 def test_precompile_threads_run_the_same_forwards(monkeypatch):
     """workers=3: the same forwards as one after another (the smallest count first, alone), on worker threads, each
     count once; generate=False leaves out the generate."""

@@ -4,6 +4,7 @@ tests/compile_gate/test_compile_gluon.py)."""
 
 from __future__ import annotations
 
+import types
 import warnings
 
 import pytest
@@ -76,9 +77,40 @@ def test_forced_gluon_without_fallback_raises(monkeypatch):
         tilegemm.fp8_gemm_nt(qa, qb, torch.empty(8, 8, dtype=torch.bfloat16), backend="gluon")
 
 
-# (M, N, K, gluon kernel faster?, gluon the automatic choice?) on 132 SMs, with what gluon measured beside cutile
-# (kernel-only / eager, H100, benchmarks/results/gluon/eager_rule_h100.json). "off-set": a shape outside the
-# benchmark set.
+# The warp-specialized kernel (DeepGEMM's recipe, no addend, alpha 1): (M, N, K, gluon the automatic choice?) on 132
+# SMs, with what it measured beside cutile (eager / kernel-only, H200, benchmarks/results/dense-fp8-h200/
+# gluon_forced.json). "off-set": a shape outside the benchmark set.
+WS_RULE_CASES = [
+    (256, 2048, 768, False),  # 32 tiles: 0.89x / 0.74x
+    (256, 4096, 7168, False),  # 64 tiles: 0.94x / 0.98x
+    (256, 2112, 7168, False),  # 34 tiles: 0.78x / 0.75x
+    (256, 7168, 2048, True),  # 112 tiles: 1.23x / 1.21x
+    (256, 32768, 512, True),  # 1.34x / 1.44x
+    (256, 7168, 16384, True),  # 1.38x / 1.39x
+    (512, 2048, 768, True),  # 64 tiles, 2.9 tile-steps per SM: 1.10x / 1.16x
+    (512, 1536, 2048, True),  # 48 tiles: 1.34x / 1.52x
+    (512, 2112, 7168, True),  # 68 tiles: 1.56x / 1.55x
+    (2048, 2048, 768, True),  # 1.32x / 1.44x
+    (4096, 1536, 2048, True),  # 1.77x / 1.84x
+    (8192, 8192, 8192, True),  # 1.47x / 1.52x
+    (128, 7168, 16384, False),  # a decode size
+    (255, 7168, 2048, False),
+    (384, 7168, 2048, True),  # off-set: 168 tiles
+    (384, 2112, 7168, False),  # off-set: 51 tiles below 512 rows
+    (1024, 256, 7168, False),  # off-set: 16 tiles
+    (1024, 512, 512, False),  # off-set: 32 tiles x 4 K blocks, under the fewest measured
+]
+
+
+@pytest.mark.parametrize("m, n, k, automatic", WS_RULE_CASES)
+def test_dense_fp8_ws_rule(m, n, k, automatic):
+    assert gluon.ws_kernel_faster(m, n, k, 132) == automatic
+    assert gluon.prefers_dense_fp8(m, n, k, 132) == automatic
+
+
+# fp8_gemm_kernel (an addend, alpha != 1, or the (1, 1, 128) recipe): (M, N, K, gluon kernel faster?, gluon the
+# automatic choice?) on 132 SMs, with what it measured beside cutile (kernel-only / eager, H100,
+# benchmarks/results/gluon/eager_rule_h100.json). "off-set": a shape outside the benchmark set.
 RULE_CASES = [
     (512, 2048, 768, False, False),  # 64 tiles: 0.85x kernel-only
     (512, 1536, 2048, False, False),  # 48 tiles: 1.12x kernel-only, 0.52x eager (the tile rule's one miss)
@@ -105,7 +137,7 @@ RULE_CASES = [
 @pytest.mark.parametrize("m, n, k, kernel_faster, automatic", RULE_CASES)
 def test_dense_fp8_rules(m, n, k, kernel_faster, automatic):
     assert gluon.kernel_faster_dense_fp8(m, n, k, 132) == kernel_faster
-    assert gluon.prefers_dense_fp8(m, n, k, 132) == automatic
+    assert gluon.prefers_dense_fp8(m, n, k, 132, ws=False) == automatic
 
 
 def test_gluon_rule_is_registered_for_the_dense_fp8_gemms():
@@ -168,3 +200,20 @@ def test_reference_on_gpu_warning_names_the_callers_line(monkeypatch):
     with pytest.warns(choice.ReferenceOnGpuWarning) as caught:
         tilegemm.bf16_gemm_nt(a, b, torch.empty(4, 8))
     assert caught[0].filename == __file__
+
+
+@pytest.mark.parametrize(
+    "c, alpha, recipe, chosen",
+    [(None, 1.0, (1, 128, 128), "gluon"), ("c", 1.0, (1, 128, 128), None), (None, 0.5, (1, 128, 128), None),
+     (None, 1.0, (1, 1, 128), None)],
+)  # fmt: skip
+def test_rule_judges_the_kernel_the_call_runs(monkeypatch, c, alpha, recipe, chosen):
+    """256x7168x2048 (15 GFLOP, 112 tiles): the ws kernel's rule takes it; a call that runs ``fp8_gemm_kernel`` (an
+    addend, alpha != 1, per-row B scales) is under that kernel's FLOP bar and stays on cutile."""
+    monkeypatch.setattr(selector, "gluon_unavailable_reason", lambda: None)
+    monkeypatch.setattr(gluon.operands, "tma_ready", lambda x: True)
+    monkeypatch.setattr(gluon.config, "get_num_sms", lambda: 132)
+    d = types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16)
+    a, b = (torch.empty(256, 2048), None), (torch.empty(7168, 2048), None)
+    arguments = dict(a=a, b=b, d=d, c=None if c is None else d, alpha=alpha, beta=1.0, recipe=recipe)
+    assert gluon.dense_fp8_rule(arguments) == chosen

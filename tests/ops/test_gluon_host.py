@@ -16,7 +16,7 @@ pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
 import tilegemm  # noqa: E402
 from tilegemm.backend import hot_lane, registry, selector  # noqa: E402
 from tilegemm.ops import plans  # noqa: E402
-from tilegemm.ops.gluon import fp8_gemm_kernel, fp8_gemm_ws  # noqa: E402
+from tilegemm.ops.gluon import fp8_gemm_kernel, fp8_gemm_ws, tma  # noqa: E402
 from tilegemm.ops.gluon import gemm as gluon_gemm  # noqa: E402
 
 LEADING = 9  # grid (3), stream, function, packed metadata, launch metadata, enter and exit hooks
@@ -76,7 +76,7 @@ def recorders(monkeypatch) -> dict[str, _Recorder]:
         ),
     )
     monkeypatch.setattr(fp8_gemm_ws, "fp8_gemm_ws_kernel", recs["ws"])
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: types.SimpleNamespace(cuda_stream=7))
+    monkeypatch.setattr(tma, "current_stream", lambda device: 7)
     monkeypatch.setattr(plans, "_PLANS", {})
     return recs
 
@@ -183,3 +183,91 @@ def test_launches_on_the_given_stream(recorders, monkeypatch, kernel):
     gluon_gemm.fp8_gemm(a, b, d, recipe=(1, 128, 128), alpha=alpha, stream=given)
     gluon_gemm.fp8_gemm(a, b, d, recipe=(1, 128, 128), alpha=alpha)
     assert [run[3] for run in recorder.runs] == [9, 7]
+
+
+def _relaunch_against_triton(monkeypatch, scratch: int = 0):
+    """A :class:`tma.Relaunch` over a kernel whose launcher is triton's own descriptor wrapper around a recorder,
+    and the launcher arguments triton's path (``CudaLauncher.__call__``) would give for the same values.
+    Descriptors are encoded by a stand-in (no GPU): ``("map", address, metadata)``, counted."""
+    from triton.backends.nvidia import driver
+
+    encoded = []
+
+    def encode(arg, meta):
+        encoded.append(arg.base.data_ptr())
+        return [("map", arg.base.data_ptr(), meta["i"]), *arg.shape, *arg.strides]
+
+    monkeypatch.setattr(driver, "make_tensordesc_arg", encode)
+    monkeypatch.setattr(tma, "make_tensordesc_arg", encode)
+    monkeypatch.setattr(tma, "current_stream", lambda device: 7)
+    launched = []
+    signature = {"a_desc": "tensordesc<fp8[128, 128]>", "d_desc": "tensordesc<bf16[64, 128]>", "x": "*fp32",
+                 "n": "i32", "C": "constexpr"}  # fmt: skip
+    wrapper = driver.wrap_handle_tensordesc(lambda *args: launched.append(args), signature, [{"i": 0}, {"i": 1}])
+    run = types.SimpleNamespace(launch=wrapper, global_scratch_size=scratch, profile_scratch_size=0,
+                                launch_cooperative_grid=False, launch_pdl=True)  # fmt: skip
+    compiled = types.SimpleNamespace(run=run, function=11, packed_metadata="packed")
+    shapes = [([256, 512], [512, 1]), ([256, 64], [64, 1])]
+    relaunch = tma.Relaunch(compiled, (5, 1, 1), torch.device("cpu"), shapes)
+
+    def triton_path(bases, rest, stream):
+        values = [tma.Bound(t, *shape) for t, shape in zip(bases, shapes)] + list(rest)
+        wrapper(5, 1, 1, stream, 11, False, True, None, None, "packed", None, None, None, *values)
+        return launched.pop()
+
+    return relaunch, triton_path, launched, encoded
+
+
+def test_relaunch_hands_tritons_launcher_what_its_wrapper_would(monkeypatch):
+    """The direct launch gives triton's C launcher the same arguments as triton's own path, on the current stream
+    or the given one, and encodes a descriptor once per address."""
+    relaunch, triton_path, launched, encoded = _relaunch_against_triton(monkeypatch)
+    a, d, x = torch.empty(256, 512), torch.empty(256, 64), torch.empty(4)
+    relaunch((a, d), (x, 3, 16), None)
+    assert relaunch.raw is not None and launched[-1] == triton_path((a, d), (x, 3, 16), 7)
+    encoded.clear()
+    a2 = torch.empty_like(a)
+    relaunch((a2, d), (x, 4, 16), types.SimpleNamespace(cuda_stream=9))
+    assert encoded == [a2.data_ptr()], "d's descriptor is kept, a2's encoded once"
+    assert launched[-1] == triton_path((a2, d), (x, 4, 16), 9)
+    for _ in range(tma.Relaunch.KEPT + 1):
+        relaunch((torch.empty_like(a), d), (x, 4, 16), None)
+    assert max(len(kept) for kept in relaunch.kept) <= tma.Relaunch.KEPT
+
+
+def test_relaunch_takes_tritons_path_with_a_launch_hook_or_scratch(monkeypatch):
+    """With a launch hook set, or a kernel that needs scratch memory, every launch goes through the compiled
+    kernel's ``run`` (triton's own path), hooks and all."""
+    from triton import knobs
+
+    relaunch, _, launched, _ = _relaunch_against_triton(monkeypatch, scratch=128)
+    assert relaunch.raw is None
+    relaunch, _, launched, _ = _relaunch_against_triton(monkeypatch)
+    ran = []
+    relaunch.compiled.run = _Runs(ran, relaunch.compiled.run)
+    relaunch.compiled.launch_metadata = lambda grid, stream, *values: "meta"
+    hook = knobs.HookChain()
+    hook.add(lambda metadata: None)
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", hook)
+    a, d, x = torch.empty(256, 512), torch.empty(256, 64), torch.empty(4)
+    relaunch((a, d), (x, 3, 16), None)
+    assert not launched and len(ran) == 1
+    args = ran[0]
+    assert args[:8] == (5, 1, 1, 7, 11, "packed", "meta", hook)
+    assert [(v.base.data_ptr(), v.shape, v.strides) for v in args[9:11]] == [
+        (a.data_ptr(), [256, 512], [512, 1]),
+        (d.data_ptr(), [256, 64], [64, 1]),
+    ]
+    assert args[11:] == (x, 3, 16)
+
+
+class _Runs:
+    """A compiled kernel's ``run`` that records its calls (and keeps the attributes :class:`tma.Relaunch` reads)."""
+
+    def __init__(self, calls: list, like) -> None:
+        self.calls, self.launch = calls, like.launch
+        self.global_scratch_size = self.profile_scratch_size = 0
+        self.launch_cooperative_grid, self.launch_pdl = False, True
+
+    def __call__(self, *args):
+        self.calls.append(args)

@@ -245,6 +245,31 @@ for _m, _n, _k, _rows, _c in [
         return _cutile_vs_reference(tg.fp8_gemm_nt, per_token_cast_to_fp8(a), qb, d, c, bar=1e-5, backend="gluon")
 
 
+# The gluon plans' later launches (ops/gluon/tma.Relaunch): three calls of one shape on fresh activations and outputs
+# (new addresses) beside one weight (a kept descriptor): the ws kernel with A's scales MN-major (launched as given)
+# and K-major (copied per call), fp8_gemm_kernel (an addend); each checked against pytorch.
+@case("dense fp8 gluon: relaunches on new operands")
+def _dense_gluon_relaunch() -> str:
+    from tilegemm.backend.selector import gluon_unavailable_reason
+    from tilegemm.quant import get_mn_major_tma_aligned_tensor
+
+    reason = gluon_unavailable_reason()
+    if reason is not None:
+        return f"skipped: gluon unavailable ({reason})"
+    m, n, k = 300, 520, 1100
+    g = _gen(11)
+    qb = per_block_cast_to_fp8(torch.randn(n, k, device=DEV, generator=g))
+    diffs = []
+    for mn_major, with_c in ((True, False), (False, False), (False, True)):
+        for _ in range(3):
+            qa, sa = per_token_cast_to_fp8(torch.randn(m, k, device=DEV, generator=g))
+            sa = get_mn_major_tma_aligned_tensor(sa) if mn_major else sa
+            d = torch.full((m, n), float("nan"), dtype=torch.float32 if with_c else torch.bfloat16, device=DEV)
+            c = torch.randn(m, n, device=DEV, generator=g) if with_c else None
+            diffs.append(_cutile_vs_reference(tg.fp8_gemm_nt, (qa, sa), qb, d, c, bar=1e-5, backend="gluon"))
+    return "; ".join(diffs)
+
+
 # The warp-specialized gluon FP8 prototype (ops/gluon/fp8_gemm_ws.py), every design: partial tiles in M, N and K,
 # one K block, K-block counts that leave every tail of the overlap runs, a persistent grid of 3 CTAs over many tiles.
 @case("dense fp8 gluon ws: every design, awkward shapes")

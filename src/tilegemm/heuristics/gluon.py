@@ -19,14 +19,24 @@ SMEM_BYTES = 232448  # shared memory one Hopper CTA may use (227 KiB)
 BARRIER_BYTES = 1024  # the ring's mbarriers, with room to spare
 
 
-# The automatic choice of the dense FP8 kernel, one reason a line (the rows: benchmarks/results/gluon/README.md).
-#: Its tile is 128 rows: below 256, cutile's decode kernels (swap-AB, split-K) serve.
+# The automatic choice of the dense FP8 kernels, one reason a line (the rows: benchmarks/results/dense-fp8-h200/ for
+# the warp-specialized kernel, benchmarks/results/gluon/README.md for fp8_gemm_kernel).
+#: Both kernels' tiles are 128 rows: below 256, cutile's decode kernels (swap-AB, split-K) serve.
 DENSE_FP8_MIN_M = 256
-#: Fewer tile-steps (tiles x K blocks) per SM and cutile's split-K plans fill the machine better (384 on 132 lost).
+#: The ws kernel from this many 128x128 output tiles per SM: it does not split K, and at 256 rows cutile's split-K
+#: plans win with fewer (64 tiles on 132 SMs: 0.94x eager; 112 tiles: 1.23x).
+DENSE_FP8_WS_MIN_TILES_PER_SM = 0.75
+#: From 512 rows the ws kernel wins with fewer tiles (every measured row, 48-68 tiles included: 1.34-1.56x eager),
+#: down to this many per SM (the fewest measured).
+DENSE_FP8_WS_MIN_TILES_PER_SM_FROM_512 = 0.35
+#: ...and with at least this many tile-steps (tiles x K blocks) per SM (the fewest measured: 2.9, 1.10x eager).
+DENSE_FP8_WS_MIN_STEPS_PER_SM = 2.5
+#: ``fp8_gemm_kernel``: fewer tile-steps per SM and cutile's split-K plans fill the machine better (384 on 132 lost).
 DENSE_FP8_MIN_STEPS_PER_SM = 4
-#: Fewer output tiles than half the SMs leave most SMs idle (no split-K): 34-64 tiles on 132 lost (0.59-0.91x).
+#: ``fp8_gemm_kernel``: fewer output tiles than half the SMs leave most SMs idle: 34-64 tiles on 132 lost (0.59-0.91x).
 DENSE_FP8_MIN_TILES_PER_SM = 0.5
-#: An eager call must be large enough to pay gluon's host cost: from here every measured row won eager too.
+#: ``fp8_gemm_kernel``: an eager call must be large enough to pay its host cost (measured before the host path
+#: relaunched through :class:`tilegemm.ops.gluon.tma.Relaunch`): from here every measured row won eager too.
 DENSE_FP8_MIN_FLOPS = 2e10
 
 
@@ -75,22 +85,35 @@ def dense_fp8_config(m: int, n: int, k: int, num_sms: int, out_bytes: int = 2) -
     return fit_stages(GluonDenseConfig(), out_bytes)
 
 
-def prefers_dense_fp8(m: int, n: int, k: int, num_sms: int) -> bool:
-    """True when the gluon kernel is the automatic choice for an [M, K] x [N, K] FP8 GEMM on ``num_sms`` SMs.
+def prefers_dense_fp8(m: int, n: int, k: int, num_sms: int, ws: bool = True) -> bool:
+    """True when the gluon backend is the automatic choice for an [M, K] x [N, K] FP8 GEMM on ``num_sms`` SMs.
 
-    From the dense FP8 rows measured beside the cutile kernels (benchmarks/results/gluon/): where its kernel is
-    faster (:func:`kernel_faster_dense_fp8`) and the call is large enough that its host
-    cost does not undo that in an eager call (:data:`DENSE_FP8_MIN_FLOPS`).
+    ``ws``: the call runs the warp-specialized kernel (:func:`takes_ws_kernel`): then where it beats cutile
+    (:func:`ws_kernel_faster`), kernel-only and eager alike (its host path costs no more than cutile's). Else
+    ``fp8_gemm_kernel``: where it is faster kernel-only (:func:`kernel_faster_dense_fp8`) and the call is large
+    enough that its host cost does not undo that in an eager call (:data:`DENSE_FP8_MIN_FLOPS`).
     """
+    if ws:
+        return ws_kernel_faster(m, n, k, num_sms)
     if 2.0 * m * n * k < DENSE_FP8_MIN_FLOPS:
         return False
     return kernel_faster_dense_fp8(m, n, k, num_sms)
 
 
+def ws_kernel_faster(m: int, n: int, k: int, num_sms: int) -> bool:
+    """True where the warp-specialized kernel beats cutile's kernels: 128-row tiles, enough of them for the SMs
+    (:data:`DENSE_FP8_WS_MIN_TILES_PER_SM`, fewer from 512 rows) and enough tile-steps per SM."""
+    tiles = -(-m // BLOCK_M) * -(-n // 128)
+    if m < DENSE_FP8_MIN_M or tiles * -(-k // BLOCK_K) < DENSE_FP8_WS_MIN_STEPS_PER_SM * num_sms:
+        return False
+    least = DENSE_FP8_WS_MIN_TILES_PER_SM_FROM_512 if m >= 512 else DENSE_FP8_WS_MIN_TILES_PER_SM
+    return tiles >= least * num_sms
+
+
 def kernel_faster_dense_fp8(m: int, n: int, k: int, num_sms: int) -> bool:
-    """True where the gluon dense FP8 kernel beats cutile's kernels kernel-only (CUDA-graph replay), whatever
-    the host cost of a call: 128-row tiles, enough of them to occupy half the SMs (it does not split K), and
-    enough tile-steps per SM that the persistent schedule fills the machine."""
+    """True where ``fp8_gemm_kernel`` beats cutile's kernels kernel-only (CUDA-graph replay), whatever the host cost
+    of a call: 128-row tiles, enough of them to occupy half the SMs (it does not split K), and enough tile-steps per
+    SM that the persistent schedule fills the machine."""
     tiles = -(-m // BLOCK_M) * -(-n // 128)
     if m < DENSE_FP8_MIN_M or tiles < DENSE_FP8_MIN_TILES_PER_SM * num_sms:
         return False
@@ -100,7 +123,8 @@ def kernel_faster_dense_fp8(m: int, n: int, k: int, num_sms: int) -> bool:
 @register_rule("fp8_fp4_gemm_nt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt")
 def dense_fp8_rule(arguments: dict[str, Any]) -> str | None:
     """The automatic choice's rule for the dense FP8 GEMMs (``arguments``: what the check derived, the logical
-    ``nt`` form): ``gluon`` on Hopper where :func:`prefers_dense_fp8` says it is faster, else no claim."""
+    ``nt`` form): ``gluon`` on Hopper where :func:`prefers_dense_fp8` says the kernel the call runs there
+    (:func:`takes_ws_kernel`) is faster, else no claim."""
     d = arguments["d"]
     if not d.is_cuda or selector.gluon_unavailable_reason() is not None:
         return None
@@ -108,6 +132,8 @@ def dense_fp8_rule(arguments: dict[str, Any]) -> str | None:
         return None
     (a_data, _), (b_data, _) = arguments["a"], arguments["b"]
     m, k = a_data.shape
-    if prefers_dense_fp8(m, b_data.shape[0], k, config.get_num_sms()):
+    addend = arguments["c"] is not None and arguments["beta"] != 0
+    ws = takes_ws_kernel(arguments["recipe"], addend, arguments["alpha"])
+    if prefers_dense_fp8(m, b_data.shape[0], k, config.get_num_sms(), ws):
         return "gluon"
     return None

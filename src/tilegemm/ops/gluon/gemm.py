@@ -2,14 +2,16 @@
 
 The checks hand every layout over in the logical ``nt`` form (a [M, K], b [N, K] views with their scales in
 the same orientation). FP8 wgmma reads K-major operands only, so a view that is not K-major is copied to
-K-major here, as the cutile backend does. The kernel is :func:`fp8_gemm_kernel.fp8_gemm_kernel`; its config
-comes from :func:`tilegemm.heuristics.gluon.dense_fp8_config`. The path, DeepGEMM's shape:
+K-major here, as the cutile backend does. Two kernels: the warp-specialized one (:mod:`fp8_gemm_ws`, design
+:data:`tilegemm.heuristics.gluon.DENSE_FP8_WS_DESIGN`) runs DeepGEMM's recipe without an addend,
+:func:`fp8_gemm_kernel.fp8_gemm_kernel` (config from :func:`tilegemm.heuristics.gluon.dense_fp8_config`) every
+other call. The path, DeepGEMM's shape:
 
     fp8_gemm (the registered implementation, named arguments)
       -> fp8_plan: the kernel (takes_ws_kernel) and the key; the plan kept in tilegemm.ops.plans, or
          _build_ws_plan (fp8_gemm_ws.ws_plan) / _build_plan: problem -> config -> descriptors
       -> run(a, b, d, c, alpha, beta, stream): the first launch through triton's JIT, later ones to the compiled
-         kernel's launcher (tma.launch), on ``stream`` (the current one when ``None``)
+         kernel's launcher (tma.Relaunch), on ``stream`` (the current one when ``None``)
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from tilegemm.heuristics.gluon import (
 from tilegemm.heuristics.report import print_once
 from tilegemm.ops import operands, plans
 from tilegemm.ops.gluon import fp8_gemm_kernel, fp8_gemm_ws
-from tilegemm.ops.gluon.tma import SCALE_LAYOUT, Bound, descriptor, launch, tma_strides
+from tilegemm.ops.gluon.tma import SCALE_LAYOUT, Relaunch, descriptor, tma_strides
 
 
 def block_shapes(cfg: GluonDenseConfig, sb_rows: bool) -> dict[str, list[int]]:
@@ -185,15 +187,14 @@ def _build_plan(a_data, sa, b_data, sb, d, c, recipe, cfg) -> Runner:
     first = arrays((a_data, sa), (b_data, sb), d, c)
     shapes = [(list(t.shape), tma_strides(t)) for t in first[:5]]
     c_stride = first[5].stride(0)
-    compiled = None
+    relaunch = None
 
     def run(a, b, d, c, alpha, beta, stream=None) -> torch.Tensor:
-        nonlocal compiled
+        nonlocal relaunch
         *tma, c_arr = arrays(a, b, d, c)
         scalars = (c_arr, m, n, k, c_stride, float(alpha), float(beta))
-        if compiled is not None:
-            descs = [Bound(t, shape, strides) for t, (shape, strides) in zip(tma, shapes)]
-            launch(compiled, grid, (*descs, *scalars, *consts.values()), stream)
+        if relaunch is not None:
+            relaunch(tma, (*scalars, *consts.values()), stream)
             return d
         descs = [
             descriptor(tma[0], box["a"]),
@@ -207,6 +208,7 @@ def _build_plan(a_data, sa, b_data, sb, d, c, recipe, cfg) -> Runner:
             contextlib.nullcontext() if stream is None else torch.cuda.stream(stream)
         ):  # the JIT launches on the current
             compiled = fp8_gemm_kernel.fp8_gemm_kernel[grid](num_warps=4, **args, **consts)
+        relaunch = Relaunch(compiled, grid, d.device, shapes)
         return d
 
     return run

@@ -1,8 +1,9 @@
 """TMA descriptors and the fast relaunch shared by the gluon kernels' host code.
 
 A kernel's first launch of a plan goes through triton's JIT with :class:`TensorDescriptor` arguments (it compiles
-and caches the kernel); every later launch of the same plan goes straight to the compiled kernel's launcher
-(:func:`launch`) with :class:`Bound` descriptors, skipping the JIT's specialization and cache lookup.
+and caches the kernel); every later launch of the same plan goes straight to the compiled kernel's C launcher
+(:class:`Relaunch`), skipping the JIT's specialization and cache lookup and, for an address seen before, the
+descriptor's encoding.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any, NamedTuple
 
 import torch
 from triton import knobs
+from triton.backends.nvidia.driver import make_tensordesc_arg
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -62,15 +64,82 @@ class Bound(NamedTuple):
     padding: str = "zero"
 
 
-def bound(x: torch.Tensor) -> Bound:
-    """``x`` as a relaunch takes a descriptor over it (its box and layout are the compiled kernel's)."""
-    return Bound(x, list(x.shape), tma_strides(x))
+def current_stream(device: int) -> int:
+    """The handle of ``device``'s current CUDA stream, as triton's launcher takes it."""
+    return torch._C._cuda_getCurrentRawStream(device)
 
 
-def launch(compiled: Any, grid: tuple[int, int, int], values: tuple, stream: torch.cuda.Stream | None) -> None:
-    """Launch an already compiled kernel with every parameter's value, in order, on ``stream`` (the current stream
-    when ``None``): straight to triton's launcher, without the JIT's per-call specialization and cache lookup."""
-    stream = (torch.cuda.current_stream() if stream is None else stream).cuda_stream
-    hooks = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-    meta = compiled.launch_metadata(grid, stream, *values)
-    compiled.run(*grid, stream, compiled.function, compiled.packed_metadata, meta, *hooks, *values)
+class Relaunch:
+    """The launches of one compiled kernel on one grid after its first (the plan's), for operands of the plan's
+    metadata: ``relaunch(tma_bases, rest, stream)``.
+
+    The kernel's first ``len(shapes)`` parameters are TMA descriptors, over tensors of the fixed ``shapes`` (shape,
+    strides); a call gives their base tensors, then every other parameter's value (constexprs included) in order.
+    A descriptor is a function of the base address once shape, strides, box and layout are fixed, so each
+    parameter's encoded ``CUtensorMap`` is kept by address (up to :attr:`KEPT` a parameter): a weight, or an
+    activation buffer a server reuses, is encoded once. The launch goes to triton's C launcher under its
+    descriptor wrapper, on ``stream`` (``None``: the current stream of ``device``).
+
+    Where that wrapper is not the one this expects (another triton), a launch hook is set (profilers), or the kernel
+    needs scratch memory, every launch takes triton's own path instead: the compiled kernel's ``run`` with
+    :class:`Bound` descriptors (the same launch, each descriptor encoded again).
+    """
+
+    KEPT = 64
+
+    def __init__(self, compiled: Any, grid: tuple[int, int, int], device: torch.device, shapes: list[tuple]):
+        self.compiled, self.grid, self.shapes = compiled, grid, shapes
+        self.device = device.index if device.index is not None else 0
+        self.raw, self.meta = _unwrapped(compiled, len(shapes))
+        self.kept: list[dict[int, list]] = [{} for _ in shapes]
+
+    def __call__(self, tma_bases: tuple[torch.Tensor, ...], rest: tuple, stream: torch.cuda.Stream | None) -> None:
+        raw_stream = current_stream(self.device) if stream is None else stream.cuda_stream
+        compiled = self.compiled
+        hooks = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        if self.raw is None or _hooked(hooks[0]):
+            values = (*(Bound(t, *shape) for t, shape in zip(tma_bases, self.shapes)), *rest)
+            meta = compiled.launch_metadata(self.grid, raw_stream, *values)
+            compiled.run(*self.grid, raw_stream, compiled.function, compiled.packed_metadata, meta, *hooks, *values)
+            return
+        args = []
+        for i, t in enumerate(tma_bases):
+            kept = self.kept[i]
+            expanded = kept.get(t.data_ptr())
+            if expanded is None:
+                if len(kept) >= self.KEPT:
+                    kept.clear()
+                expanded = kept[t.data_ptr()] = make_tensordesc_arg(Bound(t, *self.shapes[i]), self.meta[i])
+            args += expanded
+        run = compiled.run
+        self.raw(*self.grid, raw_stream, compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                 compiled.packed_metadata, None, None, None, *args, *rest)  # fmt: skip
+
+
+def _hooked(hook: Any) -> bool:
+    """Whether a launch hook would run: one is set (triton 3.6 keeps a chain of hooks, empty when none is)."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def _unwrapped(compiled: Any, descriptors: int) -> tuple[Any, list | None]:
+    """triton's C launcher of ``compiled`` under its tensor-descriptor wrapper (triton 3.6's
+    ``wrap_handle_tensordesc``), with the wrapper's per-descriptor metadata, when the kernel's first
+    ``descriptors`` parameters are its only descriptors, every one with metadata, and the kernel needs no scratch
+    memory; else ``(None, None)``."""
+    run = compiled.run
+    wrapper = getattr(run, "launch", None)
+    code, cells = getattr(wrapper, "__code__", None), getattr(wrapper, "__closure__", None)
+    if (
+        code is None
+        or cells is None
+        or getattr(run, "global_scratch_size", 1)
+        or getattr(run, "profile_scratch_size", 1)
+    ):
+        return None, None
+    found = dict(zip(code.co_freevars, (cell.cell_contents for cell in cells)))
+    if set(found) != {"launcher", "tensordesc_indices", "tensordesc_meta"}:
+        return None, None
+    meta = found["tensordesc_meta"]
+    if found["tensordesc_indices"] != set(range(descriptors)) or not meta or any(m is None for m in meta):
+        return None, None
+    return found["launcher"], list(meta)

@@ -1,0 +1,119 @@
+"""Host time of one dense FP8 call, back to back, per backend, beside DeepGEMM: what an eager call costs the CPU.
+
+For each shape: ``(host_us, wall_us)`` per call of 400 back-to-back calls of ``tilegemm.fp8_gemm_nt`` with
+``backend="gluon"``, ``"cutile"`` and the automatic choice, and of DeepGEMM's ``fp8_gemm_nt`` (``--dg``), on the
+same operands (tilegemm's casts; A's scales MN-major and TMA-aligned). ``host_us``: the loop's CPU time per call
+before the final synchronize (the host cost when the kernel is shorter); ``wall_us``: until the GPU is done. Then a
+cProfile of 2000 gluon calls at 4096x1536x2048 (per-call microseconds under the profiler, which inflates small
+functions). Run on the GPU machine from the repository root:
+
+    source .devbundle/setup.sh && DG_PREBUILT=1 DG_SKIP_SMOKE=1 bash .devbundle/deepgemm/build.sh >/dev/null
+    PYTHONPATH=src python3 benchmarks/gluon/host_cost.py LABEL $OUT/host_cost.json [--dg]
+
+To compare two trees, run it once per tree (``PYTHONPATH=<other>/src``) in the same device call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import sys
+import time
+
+import torch
+
+SHAPES = [(4096, 1536, 2048), (512, 24576, 1536), (2048, 2112, 7168), (512, 2112, 7168), (2048, 7168, 2048),
+          (256, 7168, 2048), (2048, 1536, 2048), (4096, 7168, 2048)]  # fmt: skip
+
+
+def inputs(m: int, n: int, k: int):
+    from tilegemm import utils
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    aq, sa = utils.per_token_cast_to_fp8(a, use_ue8m0=False)
+    bq, sb = utils.per_block_cast_to_fp8(b, use_ue8m0=False)
+    sa = utils.get_mn_major_tma_aligned_tensor(sa)
+    return (aq, sa), (bq, sb), torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+
+
+def host_us(fn, n: int = 400) -> tuple[float, float]:
+    """(CPU microseconds per call before the synchronize, wall microseconds per call until the GPU is done)."""
+    for _ in range(30):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return round((t1 - t0) / n * 1e6, 2), round((t2 - t0) / n * 1e6, 2)
+
+
+def calls(a, b, d, dg) -> dict:
+    """The calls timed on one shape's operands, by name."""
+    import tilegemm
+
+    named = {
+        "gluon": lambda: tilegemm.fp8_gemm_nt(a, b, d, backend="gluon"),
+        "cutile": lambda: tilegemm.fp8_gemm_nt(a, b, d, backend="cutile"),
+        "auto": lambda: tilegemm.fp8_gemm_nt(a, b, d),
+    }
+    if dg is not None:
+        named["deepgemm"] = lambda: dg.fp8_gemm_nt(a, b, d)
+    return named
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("label")
+    parser.add_argument("out")
+    parser.add_argument("--dg", action="store_true", help="DeepGEMM beside (from .devbundle/deepgemm)")
+    args = parser.parse_args()
+    dg = None
+    if args.dg:
+        sys.path.insert(0, ".devbundle/deepgemm")
+        import peer
+
+        dg = peer.setup()
+    import tilegemm
+
+    rows = []
+    for m, n, k in SHAPES:
+        a, b, d = inputs(m, n, k)
+        row = {"shape": [m, n, k]}
+        for name, fn in calls(a, b, d, dg).items():
+            try:
+                row[name] = host_us(fn)
+            except Exception as e:  # noqa: BLE001  (a backend that cannot run here: its reason in the row)
+                row[name] = repr(e)[:200]
+        rows.append(row)
+        print(row, flush=True)
+    a, b, d = inputs(4096, 1536, 2048)
+    fn = lambda: tilegemm.fp8_gemm_nt(a, b, d, backend="gluon")  # noqa: E731
+    host_us(fn, 50)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(2000):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof)
+    top = {}
+    for key, col in (("cumulative", 3), ("own", 2)):
+        order = sorted(stats.stats.items(), key=lambda it: it[1][col], reverse=True)[:30]
+        top[key] = [f"{v[col] / 2000 * 1e6:.2f}us {v[1]} {f.split('site-packages/')[-1]}:{line}({nm})"
+                    for (f, line, nm), v in order]  # fmt: skip
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "tilegemm": tilegemm.__file__}
+    with open(args.out, "w") as f:
+        json.dump({"label": args.label, "meta": meta, "rows": rows, "profile": top}, f, indent=1)
+    print("\n".join(top["own"][:20]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
