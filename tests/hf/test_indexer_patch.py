@@ -420,3 +420,69 @@ def test_earlier_release_form_is_recognized_and_swapped():
     with torch.no_grad():
         got = module(*args, **kwargs)
     assert got.dtype == torch.int32 and got.shape[:2] == args[0].shape[:2]
+
+
+def _topk_sorted_flags(monkeypatch, indexers: list[torch.nn.Module]) -> list:
+    """``torch.Tensor.topk`` spied: the ``sorted`` argument of every call inside a forward of ``indexers`` (the
+    routers' top-k left out), in order."""
+    flags, inside = [], []
+    original = torch.Tensor.topk
+
+    def spy(self, k, dim=-1, largest=True, sorted=True):
+        if inside:
+            flags.append(sorted)
+        return original(self, k, dim, largest, sorted)
+
+    monkeypatch.setattr(torch.Tensor, "topk", spy)
+    for m in indexers:
+        pre = m.register_forward_pre_hook(lambda mod, args: inside.append(mod))
+        post = m.register_forward_hook(lambda mod, args, out: inside.clear())
+        monkeypatch.setattr(m, "_flag_hooks", (pre, post), raising=False)
+    return flags
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("family", DSA_FAMILIES)
+def test_topk_skips_the_sort_where_attention_reads_a_mask(family, attn, monkeypatch):
+    """transformers' DSA attention scatters the indexer's top-k into a mask under eager and SDPA attention (checked
+    in this transformers' source), so the swapped forward skips the sort: the same logits, bit for bit, as the swap
+    with the sort; called under another attention implementation, the indexer returns stock's sorted top-k."""
+    model = build(family, attn_implementation=attn)
+    stock = idx.INDEXER_BY_MODEL_TYPE[model.config.model_type].load_class()
+    assert idx.topk_order_unread(stock)
+    ids = prompt()
+    calls = _capture_indexer_calls(model, ids)
+    swap_indexers(model)
+    flags = _topk_sorted_flags(monkeypatch, swapped_indexers(model))
+    with torch.no_grad():
+        out = model(ids, use_cache=False).logits
+    assert len(flags) == model.config.num_hidden_layers and not any(flags)
+    swapped = type(swapped_indexers(model)[0])
+    monkeypatch.setattr(swapped, "_tilegemm_topk_order_unread", False)
+    with torch.no_grad():
+        assert torch.equal(model(ids, use_cache=False).logits, out)
+    monkeypatch.undo()
+    module, args, kwargs = calls[0]
+    monkeypatch.setattr(module.config, "_attn_implementation", "flash_attention_2")
+    flags = _topk_sorted_flags(monkeypatch, [module])
+    with torch.no_grad():
+        got = module(*args, **kwargs)
+    scores = _patched_scores(module, args, kwargs)
+    assert flags and all(flags) and torch.equal(got, scores.topk(got.shape[-1], dim=-1).indices.to(torch.int32))
+
+
+def test_topk_order_read_by_an_attention_keeps_the_sort(tmp_path, monkeypatch):
+    """A modeling module whose attention hands the top-k on under SDPA too (not only into a mask) keeps the sort."""
+    (tmp_path / "dsa_order_read.py").write_text(
+        "from torch import nn\n\n\n"
+        "class Indexer(nn.Module):\n    def forward(self, x):\n        return x\n\n\n"
+        "class Attention(nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        topk_indices = self.indexer(x)\n"
+        "        sparse_indices = topk_indices\n"
+        "        return self.attend(x, indices=sparse_indices)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import dsa_order_read
+
+    assert not idx.topk_order_unread(dsa_order_read.Indexer)

@@ -34,6 +34,10 @@ swapped indexers pickle as their stock class.
 Only classes whose stock ``forward`` holds the formula are swapped: :data:`INDEXERS` names them and
 :func:`stock_formula_matches` checks the stock source for the scoring lines the swap replaces (a transformers
 release that changes them is left stock, with a warning). :func:`restore_indexers` swaps back.
+
+The top-k is stock's ``torch.topk`` over the scores, the same indices. Where the attention beside the indexer reads
+them only by scattering them into a mask (eager and SDPA attention; :func:`topk_order_unread` checks its source), it
+skips ``torch.topk``'s final sort (``sorted=False``): the same set of indices in another order, the same mask.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import sys
 import warnings
 from dataclasses import dataclass
 
@@ -137,6 +142,44 @@ def stock_formula_matches(stock: type, rope: str) -> bool:
     return True
 
 
+#: The attention implementations under which transformers' DSA attention reads the indexer's top-k only by scattering
+#: it into a mask (its source, checked by :func:`topk_order_unread`: the lines of :data:`_MASK_ONLY_SOURCE`).
+MASK_ATTENTION = ("eager", "sdpa")
+_MASK_ONLY_SOURCE = (
+    'if self.config._attn_implementation in ("eager", "sdpa"):',
+    ".scatter(-1, topk_indices.long(), False)",
+    "else:",
+    "sparse_indices = topk_indices",
+)
+
+
+@functools.cache
+def topk_order_unread(stock: type) -> bool:
+    """Whether every module of ``stock``'s modeling module that calls ``self.indexer`` reads its top-k, under
+    :data:`MASK_ATTENTION`, only by scattering it into a mask (the lines of :data:`_MASK_ONLY_SOURCE`, in order):
+    then the order of the indices is never read there, and the swapped forward skips ``torch.topk``'s sort."""
+    module = sys.modules.get(stock.__module__)
+    callers = []
+    for cls in vars(module).values() if module is not None else ():
+        if isinstance(cls, type) and issubclass(cls, nn.Module) and cls.__module__ == stock.__module__:
+            try:
+                source = _squash(inspect.getsource(inspect.unwrap(cls.forward)))
+            except (OSError, TypeError):
+                return False
+            if _squash("self.indexer(") in source:
+                callers.append(source)
+    return bool(callers) and all(_in_order(source, _MASK_ONLY_SOURCE) for source in callers)
+
+
+def _in_order(source: str, lines: tuple[str, ...]) -> bool:
+    at = 0
+    for line in lines:
+        at = source.find(_squash(line), at)
+        if at < 0:
+            return False
+    return True
+
+
 # ------------------------------------------------------------------------------------------------ the swap
 
 
@@ -186,7 +229,8 @@ def _patched_forward(rope_name: str):
                     self._tilegemm_backend,
                 )
             topk = min(self.index_topk, scores.shape[-1])
-            return scores.topk(topk, dim=-1).indices.to(torch.int32)
+            ordered = not (self._tilegemm_topk_order_unread and self.config._attn_implementation in MASK_ATTENTION)
+            return scores.topk(topk, dim=-1, sorted=ordered).indices.to(torch.int32)
 
     return forward
 
@@ -268,6 +312,7 @@ def tilegemm_indexer_class(stock: type, rope_name: str) -> type:
         "forward": _patched_forward(rope_name),
         "__doc__": f"``{stock.__name__}`` scored by tilegemm's MQA-logits ops (same parameters, cache and top-k).",
         "_tilegemm_rope": staticmethod(inspect.unwrap(stock.forward).__globals__[rope_name]),
+        "_tilegemm_topk_order_unread": topk_order_unread(stock),
     }
     return INDEXER.subclass(stock, attrs, _rebuild_swapped, rope_name)
 
@@ -327,6 +372,7 @@ __all__ = [
     "FP8_KEYS_ATTR",
     "INDEXERS",
     "INDEXER_BY_MODEL_TYPE",
+    "MASK_ATTENTION",
     "IndexerSpec",
     "dense_index_scores",
     "fp8_keys_for",
@@ -336,6 +382,7 @@ __all__ = [
     "quantize_rows",
     "restore_indexers",
     "stock_formula_matches",
+    "topk_order_unread",
     "swap_indexers",
     "swapped_indexers",
     "tilegemm_indexer_class",
