@@ -120,16 +120,11 @@ def experts_config(model_type: str, experts: int, inter: int, hidden: int) -> An
     """A transformers config of ``model_type`` with these experts sizes (SiLU, ``grouped_mm`` experts)."""
     from transformers import AutoConfig
 
-    config = AutoConfig.for_model(
-        model_type,
-        hidden_size=hidden,
-        intermediate_size=inter,
-        moe_intermediate_size=inter,
-        num_experts=experts,
-        n_routed_experts=experts,
-        num_local_experts=experts,
-        hidden_act="silu",
-    )
+    from tilegemm.transformers.parallel import EXPERT_COUNT_NAMES
+
+    widths = dict.fromkeys(("intermediate_size", "moe_intermediate_size"), inter)
+    counts = dict.fromkeys(EXPERT_COUNT_NAMES, experts)
+    config = AutoConfig.for_model(model_type, hidden_size=hidden, hidden_act="silu", **widths, **counts)
     config._experts_implementation = "grouped_mm"
     return config
 

@@ -17,7 +17,9 @@ else raises ``ValueError``; an old transformers raises ``UnsupportedTransformers
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
+from typing import Any
 
 from torch import nn
 
@@ -199,17 +201,22 @@ def _patch_family(
     cls.get_correct_experts_implementation = get_correct_experts_implementation
 
 
-def _make_family_patcher(family: ModelFamily) -> Callable[..., None]:
-    def patcher(
-        experts: bool = True,
-        linear: bool = False,
-        fp8: bool = False,
-        backend: str | None = None,
-        norm: bool = True,
-        indexer: bool = True,
-    ) -> None:
-        _patch_family(family, experts, linear, fp8, backend, norm, indexer)
+def _switches() -> inspect.Signature:
+    """The switches of :func:`apply_tilegemm_to_model` (its parameters after ``model``, with their defaults): the
+    signature of every family patcher."""
+    signature = inspect.signature(apply_tilegemm_to_model)
+    return signature.replace(parameters=list(signature.parameters.values())[1:], return_annotation=None)
 
+
+def _make_family_patcher(family: ModelFamily) -> Callable[..., None]:
+    switches = _switches()
+
+    def patcher(*args: Any, **kwargs: Any) -> None:
+        bound = switches.bind(*args, **kwargs)
+        bound.apply_defaults()
+        _patch_family(family, **bound.arguments)
+
+    patcher.__signature__ = switches  # type: ignore[attr-defined]
     patcher.__name__ = family.patcher_name
     patcher.__qualname__ = patcher.__name__
     patcher.__doc__ = f"""Patch every {family.model_type} model created afterwards (at the end of its ``post_init``).

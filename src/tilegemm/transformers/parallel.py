@@ -103,10 +103,14 @@ def family_plan(config: Any, mode: str) -> dict[str, str]:
     return dict(ep_plan) if tp_plan else {}
 
 
+#: The config attributes that name the routed expert count, one per family's spelling (DeepSeek, Qwen, Mixtral).
+EXPERT_COUNT_NAMES = ("n_routed_experts", "num_experts", "num_local_experts")
+
+
 def num_routed_experts(config: Any) -> int | None:
     """The routed expert count of a supported family's config (``None`` if it names none)."""
     text = _text_config(config)
-    for name in ("n_routed_experts", "num_experts", "num_local_experts"):
+    for name in EXPERT_COUNT_NAMES:
         value = getattr(text, name, None)
         if isinstance(value, int):
             return value

@@ -8,7 +8,7 @@ same names here: ``tilegemm.utils.math`` (``ceil_div``, ``align``, the FP8 and F
 
 from tilegemm.utils import layout, math
 from tilegemm.utils.dist import dist_print, init_dist, uneven_all_gather
-from tilegemm.utils.layout import (
+from tilegemm.utils.layout import (  # noqa: F401  (exported as layout.NAMES)
     get_k_alignment_for_contiguous_layout,
     get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor,
     get_m_alignment_for_contiguous_layout,
@@ -40,14 +40,6 @@ __all__ = [
     "ceil_div",
     "ceil_to_ue8m0",
     "dist_print",
-    "get_k_alignment_for_contiguous_layout",
-    "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor",
-    "get_m_alignment_for_contiguous_layout",
-    "get_mk_alignment_for_contiguous_layout",
-    "get_mn_major_tma_aligned_packed_ue8m0_tensor",
-    "get_mn_major_tma_aligned_tensor",
-    "get_theoretical_mk_alignment_for_contiguous_layout",
-    "get_tma_aligned_size",
     "init_dist",
     "layout",
     "math",
@@ -57,8 +49,8 @@ __all__ = [
     "per_custom_dims_cast_to_fp8",
     "per_token_cast_to_fp4",
     "per_token_cast_to_fp8",
-    "set_mk_alignment_for_contiguous_layout",
     "transpose_packed_fp4",
     "uneven_all_gather",
     "unpack_ue8m0_from_int",
 ]
+__all__ += layout.NAMES

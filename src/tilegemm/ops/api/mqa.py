@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from tilegemm.backend.registry import dispatch
@@ -69,18 +72,30 @@ def _mqa_logits(
 ) -> Tensor: ...
 
 
-fp8_fp4_mqa_logits = op(
-    "fp8_fp4_mqa_logits",
-    _mqa_logits,
-    _MQA_DOC.format(q_tuple=_FP4_Q, dtype_doc=_LOGITS_DTYPE_DOC),
-    checks.mqa_logits_check,
-)
-fp8_mqa_logits = op(
-    "fp8_mqa_logits",
-    retyped(_mqa_logits, drop=("logits_dtype",), q="Tensor"),
-    _MQA_DOC.format(q_tuple="", dtype_doc="") + "\n    DeepGEMM's legacy form: fp32 logits.\n",
-    checks.mqa_logits_check,
-)
+def _fp4_and_legacy_ops(
+    name: str, stub: Any, doc: str, check: Any, signature: Callable[..., Any] | None = None
+) -> tuple[Any, Any]:
+    """The ops ``fp8_fp4_<name>`` (``q`` a tensor or DeepGEMM's ``(q, None)``; ``logits_dtype``) and ``fp8_<name>``,
+    DeepGEMM's legacy form (``q`` a tensor, fp32 logits), from one stub and one docstring template (its fields
+    ``q_tuple`` and ``dtype_doc``); ``signature``: the hot-lane key of a form (``fp4_form``), or None for none."""
+    fp4 = op(
+        f"fp8_fp4_{name}",
+        stub,
+        doc.format(q_tuple=_FP4_Q, dtype_doc=_LOGITS_DTYPE_DOC),
+        check,
+        None if signature is None else signature(fp4_form=True),
+    )
+    legacy = op(
+        f"fp8_{name}",
+        retyped(stub, drop=("logits_dtype",), q="Tensor"),
+        doc.format(q_tuple="", dtype_doc="") + "\n    DeepGEMM's legacy form: fp32 logits.\n",
+        check,
+        None if signature is None else signature(fp4_form=False),
+    )
+    return fp4, legacy
+
+
+fp8_fp4_mqa_logits, fp8_mqa_logits = _fp4_and_legacy_ops("mqa_logits", _mqa_logits, _MQA_DOC, checks.mqa_logits_check)
 bf16_mqa_logits = op(
     "bf16_mqa_logits", retyped(_mqa_logits, q="Tensor", kv="Tensor"), _BF16_MQA_DOC, checks.bf16_mqa_logits_check
 )
@@ -145,17 +160,10 @@ def _paged_mqa_logits(
 ) -> Tensor: ...
 
 
-fp8_fp4_paged_mqa_logits = op(
-    "fp8_fp4_paged_mqa_logits",
+fp8_fp4_paged_mqa_logits, fp8_paged_mqa_logits = _fp4_and_legacy_ops(
+    "paged_mqa_logits",
     _paged_mqa_logits,
-    _PAGED_DOC.format(q_tuple=_FP4_Q, dtype_doc=_LOGITS_DTYPE_DOC),
+    _PAGED_DOC,
     checks.paged_mqa_logits_check,
-    checks.paged_mqa_logits_signature(fp4_form=True),
-)
-fp8_paged_mqa_logits = op(
-    "fp8_paged_mqa_logits",
-    retyped(_paged_mqa_logits, drop=("logits_dtype",), q="Tensor"),
-    _PAGED_DOC.format(q_tuple="", dtype_doc="") + "\n    DeepGEMM's legacy form: fp32.\n",
-    checks.paged_mqa_logits_check,
-    checks.paged_mqa_logits_signature(fp4_form=False),
+    checks.paged_mqa_logits_signature,
 )

@@ -49,6 +49,16 @@ def _split_unit(v, tiles, splits, num_k):
     return v % tiles, k_lo, ct.minimum(num_k, k_lo + per)
 
 
+def _unit(u, tiles, splits, num_m, num_n, num_k, GROUP_M: ConstInt, SPLITK: ConstBool):
+    """Work unit ``u`` -> (row tile, column tile, first K block, end K block): output tile ``u`` whole, or with
+    ``SPLITK`` split-K unit ``u`` (:func:`_split_unit`); the tiles in the grouped order of ``GROUP_M`` row tiles."""
+    tile, k_lo, k_hi = u, 0, num_k
+    if SPLITK:
+        tile, k_lo, k_hi = _split_unit(u, tiles, splits, num_k)
+    pm, pn = tile_lib.tile_coords(tile, num_m, num_n, GROUP_M)
+    return pm, pn, k_lo, k_hi
+
+
 def _store_split(W, acc, v, tiles, h: ConstInt):
     """Column part ``h`` of split-K unit ``v``'s fp32 partial sum to ``W[split, tile]``."""
     ct.store(W, (v // tiles, v % tiles, 0, h), ct.reshape(acc, (1, 1, acc.shape[0], acc.shape[1])))
@@ -86,10 +96,7 @@ def _bf16_gemm_body(
     num_k = ct.cdiv(K, TK)
     tiles = num_m * num_n
     for u in range(ct.bid(0), tiles * splits if SPLITK else tiles, ct.num_blocks(0)):
-        tile, k_lo, k_hi = u, 0, num_k
-        if SPLITK:
-            tile, k_lo, k_hi = _split_unit(u, tiles, splits, num_k)
-        pm, pn = tile_lib.tile_coords(tile, num_m, num_n, GROUP_M)
+        pm, pn, k_lo, k_hi = _unit(u, tiles, splits, num_m, num_n, num_k, GROUP_M, SPLITK)
         acc = ct.zeros((TM, TN), dtype=ct.float32)
         for kb in range(k_lo, k_hi):
             a = tile_lib.load_mk(A, pm, kb, TM, TK, A_KMAJOR)
@@ -147,10 +154,7 @@ def _fp8_gemm_body(
     num_k = ct.cdiv(K, 128)
     tiles = num_m * num_n
     for u in range(ct.bid(0), tiles * splits if SPLITK else tiles, ct.num_blocks(0)):
-        tile, k_lo, k_hi = u, 0, num_k
-        if SPLITK:
-            tile, k_lo, k_hi = _split_unit(u, tiles, splits, num_k)
-        pm, pn = tile_lib.tile_coords(tile, num_m, num_n, GROUP_M)
+        pm, pn, k_lo, k_hi = _unit(u, tiles, splits, num_m, num_n, num_k, GROUP_M, SPLITK)
         acc0 = ct.zeros((TM, HN), dtype=ct.float32)
         acc1 = ct.zeros((TM, HN), dtype=ct.float32)
         for kb in range(k_lo, k_hi):

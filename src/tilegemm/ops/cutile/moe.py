@@ -69,18 +69,30 @@ def gate_up_tile(xs, w4, e, mb, nb, nk, BM: int, BN: int, BK: int):
     return ct.extract(acc, (0, 0), (BM, BN)), ct.extract(acc, (0, 1), (BM, BN))
 
 
-def _gate_up(
-    xs, w4, h, block_expert, num_experts: int, ACT: ConstInt, BM: ConstInt, BN: ConstInt, BK: ConstInt, GM: ConstInt
+def gate_up_walk(
+    xs, w4, gate, up, h, block_expert, num_experts: int, ACT: int, BM: int, BN: int, BK: int, GM: int, SAVE: bool
 ):  # fmt: skip
-    """Persistent over (row block, column block) tiles of ``h [M, I]``; see the module docstring."""
+    """Persistent over (row block, column block) tiles of ``h [M, I]``: ``h = act(gate) * up`` from the fp32
+    accumulators of :func:`gate_up_tile` (tile code); with ``SAVE`` also ``gate`` and ``up`` themselves (the training
+    forward keeps them for the backward), else ``gate`` and ``up`` are never touched."""
     mblocks, n_tiles, total, t, step = tile_lib.persistent_walk(h, BM, BN)
     nk = ct.cdiv(xs.shape[1], BK)
     while t < total:
         mb, nb, e, live = tile_lib.expert_tile(block_expert, t, mblocks, n_tiles, num_experts, GM)
         if live:
             acc_g, acc_u = gate_up_tile(xs, w4, e, mb, nb, nk, BM, BN, BK)
+            if SAVE:
+                ct.store(gate, (mb, nb), ct.astype(acc_g, gate.dtype))
+                ct.store(up, (mb, nb), ct.astype(acc_u, up.dtype))
             ct.store(h, (mb, nb), ct.astype(tile_lib.activation(acc_g, ACT) * acc_u, h.dtype))
         t = t + step
+
+
+def _gate_up(
+    xs, w4, h, block_expert, num_experts: int, ACT: ConstInt, BM: ConstInt, BN: ConstInt, BK: ConstInt, GM: ConstInt
+):  # fmt: skip
+    """Persistent over (row block, column block) tiles of ``h [M, I]``; see the module docstring."""
+    gate_up_walk(xs, w4, h, h, h, block_expert, num_experts, ACT, BM, BN, BK, GM, False)
 
 
 def _down(h, w2, y, block_expert, row_weight, num_experts: int, BM: ConstInt, BN: ConstInt, BK: ConstInt, GM: ConstInt):

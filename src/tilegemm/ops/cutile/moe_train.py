@@ -63,16 +63,7 @@ def _gate_up_train(
     ACT: ConstInt, BM: ConstInt, BN: ConstInt, BK: ConstInt, GM: ConstInt,
 ):  # fmt: skip
     """Persistent over tiles of ``h [M, I]``: ``gate``, ``up`` and ``h`` of the row block (module docstring)."""
-    mblocks, n_tiles, total, t, step = tile_lib.persistent_walk(h, BM, BN)
-    nk = ct.cdiv(xs.shape[1], BK)
-    while t < total:
-        mb, nb, e, live = tile_lib.expert_tile(block_expert, t, mblocks, n_tiles, num_experts, GM)
-        if live:
-            acc_g, acc_u = moe.gate_up_tile(xs, w4, e, mb, nb, nk, BM, BN, BK)
-            ct.store(gate, (mb, nb), ct.astype(acc_g, gate.dtype))
-            ct.store(up, (mb, nb), ct.astype(acc_u, up.dtype))
-            ct.store(h, (mb, nb), ct.astype(tile_lib.activation(acc_g, ACT) * acc_u, h.dtype))
-        t = t + step
+    moe.gate_up_walk(xs, w4, gate, up, h, block_expert, num_experts, ACT, BM, BN, BK, GM, True)
 
 
 def _dgate_up(
