@@ -266,6 +266,11 @@ def indexer_call(module, hidden, q_resid, pe, mask, positions, cache) -> Callabl
 
 
 def make_indexer(config, device: torch.device):
+    """The stock indexer of ``config``'s model type alone, as a model built from ``config`` holds it: with the
+    attention implementation such a model gets (SDPA, transformers' default where supported), which the swapped
+    indexer reads (``indexer.MASK_ATTENTION``)."""
+    if getattr(config, "_attn_implementation", None) is None:
+        config._attn_implementation = "sdpa"
     mod = model_module(config.model_type)
     spec = idx.INDEXER_BY_MODEL_TYPE[config.model_type]
     stock = getattr(mod, spec.indexer_class)

@@ -97,7 +97,7 @@ class Relaunch:
         raw_stream = current_stream(self.device) if stream is None else stream.cuda_stream
         compiled = self.compiled
         hooks = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-        if self.raw is None or _hooked(hooks[0]):
+        if self.raw is None or _hooked(hooks[0]) or _hooked(hooks[1]):
             values = (*(Bound(t, *shape) for t, shape in zip(tma_bases, self.shapes)), *rest)
             meta = compiled.launch_metadata(self.grid, raw_stream, *values)
             compiled.run(*self.grid, raw_stream, compiled.function, compiled.packed_metadata, meta, *hooks, *values)
@@ -117,7 +117,7 @@ class Relaunch:
 
 
 def _hooked(hook: Any) -> bool:
-    """Whether a launch hook would run: one is set (triton 3.6 keeps a chain of hooks, empty when none is)."""
+    """Whether a launch hook would run: one is set (triton 3.6 keeps each as a chain of hooks, empty when none is)."""
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
