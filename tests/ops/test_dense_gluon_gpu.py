@@ -102,7 +102,7 @@ def test_automatic_choice_routes_to_gluon():
     m, n, k = 4096, 4096, 4096
     a, b, _ = _case("nt", m, n, k, (1, 128, 128), seed=4)
     d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    derived = {"a": a, "b": b, "d": d}
+    derived = {"a": a, "b": b, "d": d, "c": None, "recipe": (1, 128, 128), "alpha": 1.0, "beta": 1.0}  # as the check
     assert choice.automatic("fp8_fp4_gemm_nt", derived) == "gluon"
     auto = tg.fp8_gemm_nt(a, b, d).clone()
     forced = tg.fp8_gemm_nt(a, b, torch.empty_like(d), backend="gluon")
