@@ -1,10 +1,12 @@
 """Where the gluon dense FP8 kernel wins an eager call: gluon and cutile forced, eager and kernel-only, per shape.
 
-The automatic choice (``tilegemm.heuristics.gluon.prefers_dense_fp8``) takes gluon where its kernel is faster
-(kernel-only rule) and the call is large enough that its host path does not undo that in an eager call
-(``DENSE_FP8_MIN_FLOPS``). This script measures both backends through the public API (``backend=``) on the
-benchmark set's dense FP8 rows at M >= 256 and on shapes outside it, so the FLOP threshold is set from eager
-numbers and checked on shapes it was not set on. Run on the GPU machine:
+The automatic choice (``tilegemm.heuristics.gluon.prefers_dense_fp8``) takes gluon where its kernel is faster: for
+``fp8_gemm_kernel``, where the call is also large enough that its host path does not undo that in an eager call
+(``DENSE_FP8_MIN_FLOPS``); for the warp-specialized kernel, which DeepGEMM's recipe runs (these rows), by its own rule
+without a FLOP bar (``ws_kernel_faster``; its host path costs no more than cutile's). This script measures both
+backends through the public API (``backend=``) on the benchmark set's dense FP8 rows at M >= 256 and on shapes
+outside it, so the FLOP threshold is set from eager numbers and checked on shapes it was not set on. Run on the GPU
+machine:
 
     PYTHONPATH=src python3 benchmarks/gluon/eager_rule.py $OUT/eager_rule.json [--shapes M,N,K ...] [--host]
 
