@@ -7,7 +7,8 @@ VPY := $(VENV)/bin/python
 TORCH_CPU ?= torch==2.13.0
 STAMP := $(VENV)/.tilegemm-installed
 
-.PHONY: demo test test-gpu test-gpu-sanitize bench lint format install clean wheel-smoke test-transformers-ends
+.PHONY: demo test test-gpu test-gpu-sanitize bench lint format install clean wheel-smoke test-transformers-ends \
+	compile-gluon-tritons
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
@@ -85,6 +86,24 @@ test-transformers-ends:
 	done; \
 	if [ -n "$$failed" ]; then echo "tests failed with transformers$$failed"; exit 1; fi
 
+# The gluon kernels' CPU compile gate (tests/compile_gate/test_compile_gluon*.py: sm_90a SASS facts) under each triton
+# of GLUON_TRITONS, each in a throwaway venv with the CPU torch and that triton (cuobjdump from its own bundle). The
+# gluon backend's tested range at run time is src/tilegemm/backend/selector.py's; this shows which other tritons
+# compile the same kernels.
+GLUON_TRITONS ?= 3.8.0
+TRITONS := .gluon-tritons
+compile-gluon-tritons:
+	failed=""; for v in $(GLUON_TRITONS); do \
+		rm -rf $(TRITONS)/$$v && $(PYTHON) -m venv $(TRITONS)/$$v && \
+		$(TRITONS)/$$v/bin/python -m pip install -q "$(TORCH_CPU)" "triton==$$v" pytest numpy || exit 1; \
+		echo "== triton $$v"; \
+		CUOBJDUMP=$$(ls -d $(TRITONS)/$$v/lib/python*/site-packages/triton/backends/nvidia/bin)/cuobjdump \
+		PYTHONPATH=$(CURDIR)/src:$(CURDIR)/tests $(TRITONS)/$$v/bin/python -m pytest -q -p no:cacheprovider \
+			tests/compile_gate/test_compile_gluon.py tests/compile_gate/test_compile_gluon_ws.py || failed="$$failed $$v"; \
+		rm -rf $(TRITONS)/$$v; \
+	done; \
+	if [ -n "$$failed" ]; then echo "the gluon compile gate failed under triton$$failed"; exit 1; fi
+
 lint: $(STAMP)
 	$(VPY) -m ruff check .
 	$(VPY) -m ruff format --check .
@@ -94,4 +113,4 @@ format: $(STAMP)
 	$(VPY) -m ruff format .
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info $(SMOKE) $(ENDS)
+	rm -rf $(VENV) build dist src/*.egg-info $(SMOKE) $(ENDS) $(TRITONS)
