@@ -90,19 +90,26 @@ def measure(m: int, n: int, k: int, sms: int) -> dict:
     return row
 
 
+def back_to_back_us(fn, calls: int, warmup: int) -> tuple[float, float]:
+    """``fn`` called ``calls`` times back to back after ``warmup`` calls, without synchronisation or L2 flush:
+    (CPU microseconds per call until the last call returns, microseconds per call until the GPU is done)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6, (time.perf_counter() - t0) / calls * 1e6
+
+
 def host_probe(m: int, n: int, k: int, row: dict, calls: int = 200) -> str:
     """Adds ``{backend}_loop_us`` to ``row``; returns the profile of ``calls`` gluon calls (top 12 by own time)."""
     a, b, d = inputs(m, n, k)
     for backend in ("gluon", "cutile"):
         fn = lambda backend=backend: tilegemm.fp8_gemm_nt(a, b, d, backend=backend)  # noqa: E731
-        for _ in range(20):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        row[f"{backend}_loop_us"] = (time.perf_counter() - t0) / calls * 1e6
+        row[f"{backend}_loop_us"] = back_to_back_us(fn, calls, warmup=20)[1]
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(calls):

@@ -2,8 +2,9 @@
 
 For each shape: ``(host_us, wall_us)`` per call of 400 back-to-back calls of ``tilegemm.fp8_gemm_nt`` with
 ``backend="gluon"``, ``"cutile"`` and the automatic choice, and of DeepGEMM's ``fp8_gemm_nt`` (``--dg``), on the
-same operands (tilegemm's casts; A's scales MN-major and TMA-aligned). ``host_us``: the loop's CPU time per call
-before the final synchronize (the host cost when the kernel is shorter); ``wall_us``: until the GPU is done. Then a
+same operands (``eager_rule.inputs``: tilegemm's casts, A's scales MN-major and TMA-aligned). ``host_us``: the
+loop's CPU time per call before the final synchronize (the host cost when the kernel is shorter); ``wall_us``: until
+the GPU is done (``eager_rule.back_to_back_us``, 30 calls of warm-up). Then a
 cProfile of 2000 gluon calls at 4096x1536x2048 (per-call microseconds under the profiler, which inflates small
 functions). Run on the GPU machine from the repository root:
 
@@ -20,7 +21,6 @@ import cProfile
 import json
 import pstats
 import sys
-import time
 
 import torch
 
@@ -28,30 +28,11 @@ SHAPES = [(4096, 1536, 2048), (512, 24576, 1536), (2048, 2112, 7168), (512, 2112
           (256, 7168, 2048), (2048, 1536, 2048), (4096, 7168, 2048)]  # fmt: skip
 
 
-def inputs(m: int, n: int, k: int):
-    from tilegemm import utils
-
-    g = torch.Generator(device="cuda").manual_seed(0)
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
-    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g)
-    aq, sa = utils.per_token_cast_to_fp8(a, use_ue8m0=False)
-    bq, sb = utils.per_block_cast_to_fp8(b, use_ue8m0=False)
-    sa = utils.get_mn_major_tma_aligned_tensor(sa)
-    return (aq, sa), (bq, sb), torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-
-
 def host_us(fn, n: int = 400) -> tuple[float, float]:
-    """(CPU microseconds per call before the synchronize, wall microseconds per call until the GPU is done)."""
-    for _ in range(30):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    t2 = time.perf_counter()
-    return round((t1 - t0) / n * 1e6, 2), round((t2 - t0) / n * 1e6, 2)
+    """(CPU microseconds per call before the synchronize, wall microseconds per call until the GPU is done), rounded."""
+    from eager_rule import back_to_back_us  # this folder's (it imports tilegemm: after DeepGEMM's setup)
+
+    return tuple(round(us, 2) for us in back_to_back_us(fn, n, warmup=30))
 
 
 def calls(a, b, d, dg) -> dict:
@@ -80,6 +61,8 @@ def main() -> int:
         import peer
 
         dg = peer.setup()
+    from eager_rule import inputs  # this folder's
+
     import tilegemm
 
     rows = []

@@ -61,6 +61,22 @@ def prompt(batch: int = 2, length: int = 12, vocab: int = 256, seed: int = 1, de
     return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed)).to(device)
 
 
+def indexer_inputs(
+    batch: int, rows: int, keys: int, heads: int, dim: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random inputs of a DSA indexer's scoring: bf16 queries ``[B, S, H, D]`` and keys ``[B, T, D]``, fp32 head
+    weights ``[B, S, H]`` (scaled by ``H**-0.5``), and a causal boolean mask ``[B, S, T]`` whose ``S`` query rows are
+    the last of ``T`` keys, with the second sequence's first 5 keys hidden (left padding)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, rows, heads, dim, generator=g).bfloat16()
+    k = torch.randn(batch, keys, dim, generator=g).bfloat16()
+    w = torch.randn(batch, rows, heads, generator=g) * heads**-0.5
+    pos = torch.arange(rows)[:, None] + keys - rows
+    mask = (torch.arange(keys)[None, :] <= pos).expand(batch, rows, keys).clone()
+    mask[1, :, :5] = False  # left padding of the second sequence
+    return q, k, w, mask
+
+
 def bf16_step(x: torch.Tensor) -> torch.Tensor:
     """The spacing of bf16 numbers at ``|x|`` (8 significant bits), elementwise, as fp32."""
     mag = x.float().abs().clamp(min=torch.finfo(torch.bfloat16).tiny)

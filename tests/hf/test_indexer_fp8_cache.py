@@ -8,9 +8,11 @@ random data. A static cache's FP8 writes follow its device counter: ``rewind_sta
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
-from hf_models import build, prompt
+from hf_models import build, indexer_inputs, prompt
 
 from modeling.transformers import measure
 from tilegemm import indexer as scoring
@@ -48,15 +50,7 @@ def test_append_stores_the_recipes_keys_in_deepgemms_layout():
         cache.append(keys[:1], torch.arange(3))
 
 
-def _inputs(batch, rows, keys, heads=16, dim=128, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(batch, rows, heads, dim, generator=g).bfloat16()
-    k = torch.randn(batch, keys, dim, generator=g).bfloat16()
-    w = torch.randn(batch, rows, heads, generator=g) * heads**-0.5
-    pos = torch.arange(rows)[:, None] + keys - rows
-    mask = (torch.arange(keys)[None, :] <= pos).expand(batch, rows, keys).clone()
-    mask[1, :, :5] = False  # left padding of the second sequence
-    return q, k, w, mask
+_inputs = functools.partial(indexer_inputs, heads=16, dim=128, seed=1)
 
 
 @pytest.mark.parametrize("rows", [1, 2, 4, 40], ids=lambda r: f"rows{r}")

@@ -9,11 +9,13 @@ visible keys than k is arbitrary; attention masks them anyway).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 
 import pytest
 import torch
-from hf_models import build, prompt
+from hf_models import build, indexer_inputs, prompt
 
 from modeling.transformers import measure
 from modeling.transformers.indexer_bench import capture_scores
@@ -180,15 +182,7 @@ def test_mask_windows():
     ]
 
 
-def _random_indexer_inputs(batch=2, rows=40, keys=64, heads=8, dim=64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(batch, rows, heads, dim, generator=g).bfloat16()
-    k = torch.randn(batch, keys, dim, generator=g).bfloat16()
-    w = torch.randn(batch, rows, heads, generator=g) * heads**-0.5
-    pos = torch.arange(rows)[:, None] + keys - rows
-    mask = (torch.arange(keys)[None, :] <= pos).expand(batch, rows, keys).clone()
-    mask[1, :, :5] = False  # left padding of the second sequence
-    return q, k, w, mask
+_random_indexer_inputs = functools.partial(indexer_inputs, batch=2, rows=40, keys=64, heads=8, dim=64, seed=0)
 
 
 def test_index_scores_bf16_matches_formula():
@@ -202,24 +196,29 @@ def test_index_scores_bf16_matches_formula():
     assert calc_diff(got[mask], ref[mask]) < 1e-6
 
 
+def _decode_step_counting_op_calls(monkeypatch) -> tuple[tuple, float, list]:
+    """A decode step's scoring inputs (the last query row of :func:`_random_indexer_inputs`: q, k, w, mask), the
+    softmax scale, and the list that each ``bf16_mqa_logits`` call appends to from now on."""
+    from tilegemm.ops import api
+
+    q, k, w, mask = _random_indexer_inputs()
+    calls = []
+    real = api.bf16_mqa_logits
+    monkeypatch.setattr(api, "bf16_mqa_logits", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    return (q[:, -1:], k, w[:, -1:], mask[:, -1:]), q.shape[-1] ** -0.5, calls
+
+
 @pytest.mark.small_scores_path
 def test_decode_sized_scores_take_torch_path(monkeypatch):
     """A decode step (one query row, small ``[S, H, T]``) scores with torch's fp32 matmul, not the MQA kernel (which
     runs one query row on one CTA); same values as the kernel's path (fp32 products of the same bf16 inputs) and
     the same top-k; a prefill-sized call still takes the op."""
-    from tilegemm.ops import api
-
-    q, k, w, mask = _random_indexer_inputs()
-    scale = q.shape[-1] ** -0.5
-    last = (q[:, -1:], k, w[:, -1:], mask[:, -1:])
-    calls = []
-    real = api.bf16_mqa_logits
-    monkeypatch.setattr(api, "bf16_mqa_logits", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    last, scale, calls = _decode_step_counting_op_calls(monkeypatch)
     small = idx.index_scores(*last[:3], last[3], scale)
     assert calls == []
     monkeypatch.setattr(scoring, "SMALL_SCORES_BYTES", 0)
     fused = idx.index_scores(*last[:3], last[3], scale)
-    assert calls == [1] * q.shape[0]
+    assert calls == [1] * last[0].shape[0]
     visible = last[3]
     assert torch.equal(torch.isneginf(small), ~visible)
     assert calc_diff(small[visible], fused[visible]) < 1e-6
@@ -231,20 +230,13 @@ def test_decode_sized_scores_take_torch_path(monkeypatch):
 def test_forced_decode_kernel_takes_the_op_at_decode_size(monkeypatch):
     """With ``TILEGEMM_MQA_VARIANT=decode`` (the MQA ops' decode kernel forced) a decode step's bf16 scores go
     through ``bf16_mqa_logits`` instead of torch's matmul, with the same values; ``plain`` keeps the matmul."""
-    from tilegemm.ops import api
-
-    q, k, w, mask = _random_indexer_inputs()
-    scale = q.shape[-1] ** -0.5
-    last = (q[:, -1:], k, w[:, -1:], mask[:, -1:])
-    calls = []
-    real = api.bf16_mqa_logits
-    monkeypatch.setattr(api, "bf16_mqa_logits", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    last, scale, calls = _decode_step_counting_op_calls(monkeypatch)
     monkeypatch.setenv("TILEGEMM_MQA_VARIANT", "plain")
     small = idx.index_scores(*last, scale)
     assert calls == []
     monkeypatch.setenv("TILEGEMM_MQA_VARIANT", "decode")
     fused = idx.index_scores(*last, scale)
-    assert calls == [1] * q.shape[0]
+    assert calls == [1] * last[0].shape[0]
     visible = last[3]
     assert torch.equal(torch.isneginf(fused), ~visible) and calc_diff(small[visible], fused[visible]) < 1e-6
 
@@ -422,9 +414,10 @@ def test_earlier_release_form_is_recognized_and_swapped():
     assert got.dtype == torch.int32 and got.shape[:2] == args[0].shape[:2]
 
 
-def _topk_sorted_flags(monkeypatch, indexers: list[torch.nn.Module]) -> list:
-    """``torch.Tensor.topk`` spied: the ``sorted`` argument of every call inside a forward of ``indexers`` (the
-    routers' top-k left out), in order."""
+@contextlib.contextmanager
+def _topk_sorted_flags(indexers: list[torch.nn.Module]):
+    """Inside the block, ``torch.Tensor.topk`` spied: yields the list of the ``sorted`` argument of every call inside a
+    forward of ``indexers`` (the routers' top-k left out), in order; the spy and its hooks are gone after it."""
     flags, inside = [], []
     original = torch.Tensor.topk
 
@@ -433,12 +426,15 @@ def _topk_sorted_flags(monkeypatch, indexers: list[torch.nn.Module]) -> list:
             flags.append(sorted)
         return original(self, k, dim, largest, sorted)
 
-    monkeypatch.setattr(torch.Tensor, "topk", spy)
-    for m in indexers:
-        pre = m.register_forward_pre_hook(lambda mod, args: inside.append(mod))
-        post = m.register_forward_hook(lambda mod, args, out: inside.clear())
-        monkeypatch.setattr(m, "_flag_hooks", (pre, post), raising=False)
-    return flags
+    hooks = [m.register_forward_pre_hook(lambda mod, args: inside.append(mod)) for m in indexers]
+    hooks += [m.register_forward_hook(lambda mod, args, out: inside.clear()) for m in indexers]
+    torch.Tensor.topk = spy
+    try:
+        yield flags
+    finally:
+        torch.Tensor.topk = original
+        for hook in hooks:
+            hook.remove()
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
@@ -453,8 +449,7 @@ def test_topk_skips_the_sort_where_attention_reads_a_mask(family, attn, monkeypa
     ids = prompt()
     calls = _capture_indexer_calls(model, ids)
     swap_indexers(model)
-    flags = _topk_sorted_flags(monkeypatch, swapped_indexers(model))
-    with torch.no_grad():
+    with _topk_sorted_flags(swapped_indexers(model)) as flags, torch.no_grad():
         out = model(ids, use_cache=False).logits
     assert len(flags) == model.config.num_hidden_layers and not any(flags)
     swapped = type(swapped_indexers(model)[0])
@@ -464,10 +459,9 @@ def test_topk_skips_the_sort_where_attention_reads_a_mask(family, attn, monkeypa
     monkeypatch.undo()
     module, args, kwargs = calls[0]
     monkeypatch.setattr(module.config, "_attn_implementation", "flash_attention_2")
-    flags = _topk_sorted_flags(monkeypatch, [module])
-    with torch.no_grad():
+    with _topk_sorted_flags([module]) as flags, torch.no_grad():
         got = module(*args, **kwargs)
-    scores = _patched_scores(module, args, kwargs)
+        scores = _patched_scores(module, args, kwargs)
     assert flags and all(flags) and torch.equal(got, scores.topk(got.shape[-1], dim=-1).indices.to(torch.int32))
 
 
