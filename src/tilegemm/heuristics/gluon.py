@@ -12,6 +12,7 @@ from tilegemm import config
 from tilegemm.backend import selector
 from tilegemm.backend.choice import register_rule
 from tilegemm.ops import operands
+from tilegemm.ops.operands import cdiv
 
 BLOCK_M = 128  # two MMA warpgroups of 64 rows
 BLOCK_K = 128  # one FP8 scale block per K step
@@ -103,8 +104,8 @@ def prefers_dense_fp8(m: int, n: int, k: int, num_sms: int, ws: bool = True) -> 
 def ws_kernel_faster(m: int, n: int, k: int, num_sms: int) -> bool:
     """True where the warp-specialized kernel beats cutile's kernels: 128-row tiles, enough of them for the SMs
     (:data:`DENSE_FP8_WS_MIN_TILES_PER_SM`, fewer from 512 rows) and enough tile-steps per SM."""
-    tiles = -(-m // BLOCK_M) * -(-n // 128)
-    if m < DENSE_FP8_MIN_M or tiles * -(-k // BLOCK_K) < DENSE_FP8_WS_MIN_STEPS_PER_SM * num_sms:
+    tiles = cdiv(m, BLOCK_M) * cdiv(n, 128)
+    if m < DENSE_FP8_MIN_M or tiles * cdiv(k, BLOCK_K) < DENSE_FP8_WS_MIN_STEPS_PER_SM * num_sms:
         return False
     least = DENSE_FP8_WS_MIN_TILES_PER_SM_FROM_512 if m >= 512 else DENSE_FP8_WS_MIN_TILES_PER_SM
     return tiles >= least * num_sms
@@ -114,10 +115,10 @@ def kernel_faster_dense_fp8(m: int, n: int, k: int, num_sms: int) -> bool:
     """True where ``fp8_gemm_kernel`` beats cutile's kernels kernel-only (CUDA-graph replay), whatever the host cost
     of a call: 128-row tiles, enough of them to occupy half the SMs (it does not split K), and enough tile-steps per
     SM that the persistent schedule fills the machine."""
-    tiles = -(-m // BLOCK_M) * -(-n // 128)
+    tiles = cdiv(m, BLOCK_M) * cdiv(n, 128)
     if m < DENSE_FP8_MIN_M or tiles < DENSE_FP8_MIN_TILES_PER_SM * num_sms:
         return False
-    return tiles * -(-k // BLOCK_K) >= DENSE_FP8_MIN_STEPS_PER_SM * num_sms
+    return tiles * cdiv(k, BLOCK_K) >= DENSE_FP8_MIN_STEPS_PER_SM * num_sms
 
 
 @register_rule("fp8_fp4_gemm_nt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt")

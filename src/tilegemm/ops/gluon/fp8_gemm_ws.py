@@ -1,8 +1,8 @@
 """Host side of the warp-specialized gluon FP8 GEMM (:mod:`fp8_gemm_ws_kernel`): ``D = A @ B.T``, DeepGEMM's recipe.
 
 :func:`ws_plan`: problem (:func:`ws_problem`) -> config (:func:`ws_config`) -> grid; the first run launches through
-triton's JIT with :func:`ws_descriptors`, later runs go to the compiled kernel. :func:`fp8_gemm_ws` is one call
-through a fresh plan (tests, benchmarks); the gluon backend's ``fp8_fp4_gemm_*`` keep plans
+triton's JIT with :func:`ws_descriptors`, later runs go to the compiled kernel. Tests and benchmarks run a
+fresh plan (``ws_plan(a, b, d, cfg)(a, b, d)``); the gluon backend's ``fp8_fp4_gemm_*`` keep plans
 (:mod:`tilegemm.ops.gluon.gemm`). :data:`VARIANTS` names the designs; the backend runs
 :data:`tilegemm.heuristics.gluon.DENSE_FP8_WS_DESIGN`.
 """
@@ -20,7 +20,7 @@ from tilegemm.ops import operands
 from tilegemm.ops.gluon.fp8_gemm_ws_kernel import BLOCK_K, MMA_WARPS, NARROW_N, WAVE_M, fp8_gemm_ws_kernel
 from tilegemm.ops.gluon.tma import SCALE_LAYOUT, Relaunch, descriptor, tma_strides
 
-__all__ = ["VARIANTS", "WsConfig", "fp8_gemm_ws", "ws_plan"]
+__all__ = ["VARIANTS", "WsConfig", "ws_plan"]
 
 
 class WsConfig(NamedTuple):
@@ -139,7 +139,7 @@ def ws_problem(
         raise ValueError("A and B must be float8_e4m3fn")
     if b_data.shape[1] != k or tuple(d.shape) != (m, n) or min(m, n, k) == 0:
         raise ValueError(f"shapes A {tuple(a_data.shape)}, B {tuple(b_data.shape)}, D {tuple(d.shape)}")
-    kb, nb = -(-k // BLOCK_K), -(-n // 128)
+    kb, nb = operands.cdiv(k, BLOCK_K), operands.cdiv(n, 128)
     if tuple(sa.shape) != (m, kb) or tuple(sb.shape) != (nb, kb):
         raise ValueError(f"scales: sa {tuple(sa.shape)} (want {(m, kb)}), sb {tuple(sb.shape)} (want {(nb, kb)})")
     if d.dtype not in (torch.bfloat16, torch.float32) or not operands.tma_ready(d):
@@ -184,7 +184,7 @@ def ws_descriptors(cfg: WsConfig, ops: Operands) -> dict[str, Any]:
 
 def ws_grid(cfg: WsConfig, problem: Problem, num_sms: int) -> tuple[int]:
     """One CTA per output tile, or at most one per SM when persistent."""
-    tiles = -(-problem.m // (WAVE_M * cfg.waves)) * -(-problem.n // cfg.block_n)
+    tiles = operands.cdiv(problem.m, WAVE_M * cfg.waves) * operands.cdiv(problem.n, cfg.block_n)
     return (max(1, min(tiles, num_sms)) if cfg.persistent else tiles,)
 
 
@@ -202,7 +202,17 @@ def ws_plan(
     dtypes and alignment (the gluon backend keys its plans by them). The first run launches through triton's JIT
     (it compiles); later runs go straight to the compiled kernel's launcher (:class:`tma.Relaunch`), with the
     operands as given where the first call's were already in the kernel's layouts (the same metadata, the same
-    layouts), else through :func:`ws_operands`. ``num_sms``: SMs for the persistent grid (``None``: the device's count).
+    layouts), else through :func:`ws_operands`. A run computes ``d = dequant(a) @ dequant(b).T`` on ``stream``
+    (``None``: the current one) and returns ``d``.
+
+    Args:
+        a: (fp8 e4m3 [M, K] K-major, fp32 sa [M, ceil(K/128)], best MN-major and TMA-aligned as
+            ``get_mn_major_tma_aligned_tensor`` makes it: then no copy).
+        b: (fp8 e4m3 [N, K] K-major, fp32 sb [ceil(N/128), ceil(K/128)]: one scale per 128x128 block).
+        d: bf16 or fp32 [M, N], TMA-aligned; every element is written.
+        cfg: the design (:data:`VARIANTS` names some); ``None``: :class:`WsConfig`'s default. Its ring depth is
+            set by :func:`ws_config`.
+        num_sms: SMs for the persistent grid; ``None``: the device's count.
     """
     problem, first = ws_problem(a, b, d)
     cfg = ws_config(problem, cfg)
@@ -236,29 +246,3 @@ def ws_plan(
         return d
 
     return run
-
-
-def fp8_gemm_ws(
-    a: tuple[torch.Tensor, torch.Tensor],
-    b: tuple[torch.Tensor, torch.Tensor],
-    d: torch.Tensor,
-    *,
-    config: WsConfig | None = None,
-    num_sms: int | None = None,
-    stream: torch.cuda.Stream | None = None,
-) -> torch.Tensor:
-    """``d = dequant(a) @ dequant(b).T`` on this kernel, launched on ``stream`` (``None``: the current one).
-
-    Args:
-        a: (fp8 e4m3 [M, K] K-major, fp32 sa [M, ceil(K/128)], best MN-major and TMA-aligned as
-            ``get_mn_major_tma_aligned_tensor`` makes it: then no copy).
-        b: (fp8 e4m3 [N, K] K-major, fp32 sb [ceil(N/128), ceil(K/128)]: one scale per 128x128 block).
-        d: bf16 or fp32 [M, N], TMA-aligned; every element is written.
-        config: the design (:data:`VARIANTS` names some); ``None``: :class:`WsConfig`'s default. Its ring depth is
-            set by :func:`ws_config`.
-        num_sms: SMs for the persistent grid; ``None``: the device's count.
-
-    Returns:
-        ``d``.
-    """
-    return ws_plan(a, b, d, config, num_sms)(a, b, d, stream)
