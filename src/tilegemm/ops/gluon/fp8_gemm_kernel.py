@@ -52,17 +52,18 @@ def _tile_coords(tile, num_m, num_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
+def _tile_counts(M, N, K, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr):
+    """Row tiles, column tiles and K blocks of the problem: ``(num_m, num_n, num_k)``."""
+    return gl.cdiv(M, BM), gl.cdiv(N, BN), gl.cdiv(K, BK)
+
+
+@gluon.jit
 def _loader(
     a_desc,
     b_desc,
     sa_desc,
     sb_desc,
-    a_ring,
-    b_ring,
-    sa_ring,
-    sb_ring,
-    ready,
-    empty,
+    ring,
     M,
     N,
     K,
@@ -70,16 +71,16 @@ def _loader(
     STAGES: gl.constexpr,
     SB_ROWS: gl.constexpr,
 ):
-    """The TMA warp: A, B and their scales for every K block of every tile of this CTA, into the ring."""
+    """The TMA warp: A, B and their scales for every K block of every tile of this CTA, into ``ring`` (the kernel's
+    stages)."""
+    a_ring, b_ring, sa_ring, sb_ring, ready, empty = ring
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[0]
     nbytes: gl.constexpr = (
         a_desc.block_type.nbytes + b_desc.block_type.nbytes + sa_desc.block_type.nbytes + sb_desc.block_type.nbytes
     )
-    num_m = gl.cdiv(M, BM)
-    num_n = gl.cdiv(N, BN)
-    num_k = gl.cdiv(K, BK)
+    num_m, num_n, num_k = _tile_counts(M, N, K, BM, BN, BK)
     it = 0
     for tile in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
         pm, pn = _tile_coords(tile, num_m, num_n, GROUP_M)
@@ -128,22 +129,13 @@ def _promote(acc, part, sa, sb, SB_ROWS: gl.constexpr):
 
 @gluon.jit
 def _mma_warpgroup(
-    a_ring,
-    b_ring,
-    sa_ring,
-    sb_ring,
-    ready,
-    empty,
+    ring,
     turn,
-    d_desc,
+    epilogue,
     out_smem,
-    c_ptr,
     M,
     N,
     K,
-    c_stride,
-    alpha,
-    beta,
     WG: gl.constexpr,
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
@@ -151,14 +143,15 @@ def _mma_warpgroup(
     HAS_C: gl.constexpr,
     ORDER: gl.constexpr,
 ):
-    """One MMA warpgroup: rows ``[WG * 64, WG * 64 + 64)`` of every tile of this CTA."""
+    """One MMA warpgroup: rows ``[WG * 64, WG * 64 + 64)`` of every tile of this CTA, from ``ring`` (the kernel's
+    stages); ``epilogue``: ``(d_desc, c_ptr, c_stride, alpha, beta)``, its stores go through ``out_smem``."""
+    a_ring, b_ring, sa_ring, sb_ring, ready, empty = ring
+    d_desc, c_ptr, c_stride, alpha, beta = epilogue
     BM: gl.constexpr = a_ring.shape[1]
     BK: gl.constexpr = a_ring.shape[2]
     BN: gl.constexpr = b_ring.shape[1]
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 32])
-    num_m = gl.cdiv(M, BM)
-    num_n = gl.cdiv(N, BN)
-    num_k = gl.cdiv(K, BK)
+    num_m, num_n, num_k = _tile_counts(M, N, K, BM, BN, BK)
     it = 0
     for tile in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
         pm, pn = _tile_coords(tile, num_m, num_n, GROUP_M)
@@ -237,85 +230,16 @@ def fp8_gemm_kernel(
     if ORDER != 0:
         mbarrier.arrive(turn.index(0))  # warpgroup 0's MMA goes first
     fence_async_shared()
-    # Each partition's arguments are spelled out: a tuple built by concatenation inside the kernel turns its
-    # constexprs (WG, GROUP_M, ...) into runtime values, which the partitions' static branches need.
+    # The stages every partition takes, and the MMA warpgroups' epilogue operands: groups without constexprs.
+    # Each partition's arguments are spelled out around them: a tuple built by concatenation inside the kernel turns
+    # its constexprs (WG, GROUP_M, ...) into runtime values, which the partitions' static branches need.
+    ring = (a_ring, b_ring, sa_ring, sb_ring, ready, empty)
+    epilogue = (d_desc, c_ptr, c_stride, alpha, beta)
     gl.warp_specialize(
         [
-            (
-                _mma_warpgroup,
-                (
-                    a_ring,
-                    b_ring,
-                    sa_ring,
-                    sb_ring,
-                    ready,
-                    empty,
-                    turn,
-                    d_desc,
-                    out0,
-                    c_ptr,
-                    M,
-                    N,
-                    K,
-                    c_stride,
-                    alpha,
-                    beta,
-                    0,
-                    GROUP_M,
-                    STAGES,
-                    SB_ROWS,
-                    HAS_C,
-                    ORDER,
-                ),
-            ),
-            (
-                _mma_warpgroup,
-                (
-                    a_ring,
-                    b_ring,
-                    sa_ring,
-                    sb_ring,
-                    ready,
-                    empty,
-                    turn,
-                    d_desc,
-                    out1,
-                    c_ptr,
-                    M,
-                    N,
-                    K,
-                    c_stride,
-                    alpha,
-                    beta,
-                    1,
-                    GROUP_M,
-                    STAGES,
-                    SB_ROWS,
-                    HAS_C,
-                    ORDER,
-                ),
-            ),
-            (
-                _loader,
-                (
-                    a_desc,
-                    b_desc,
-                    sa_desc,
-                    sb_desc,
-                    a_ring,
-                    b_ring,
-                    sa_ring,
-                    sb_ring,
-                    ready,
-                    empty,
-                    M,
-                    N,
-                    K,
-                    GROUP_M,
-                    STAGES,
-                    SB_ROWS,
-                ),
-            ),
+            (_mma_warpgroup, (ring, turn, epilogue, out0, M, N, K, 0, GROUP_M, STAGES, SB_ROWS, HAS_C, ORDER)),
+            (_mma_warpgroup, (ring, turn, epilogue, out1, M, N, K, 1, GROUP_M, STAGES, SB_ROWS, HAS_C, ORDER)),
+            (_loader, (a_desc, b_desc, sa_desc, sb_desc, ring, M, N, K, GROUP_M, STAGES, SB_ROWS)),
         ],
         [4, 1],
         [MMA_REGS, LOADER_REGS],

@@ -108,12 +108,7 @@ def _loader(
     b0_desc,
     b1_desc,
     sa_desc,
-    a_ring,
-    b0_ring,
-    b1_ring,
-    sa_ring,
-    ready,
-    empty,
+    ring,
     M,
     N,
     K,
@@ -122,7 +117,9 @@ def _loader(
     STAGES: gl.constexpr,
     PERSISTENT: gl.constexpr,
 ):
-    """The TMA warp: A, B (one or two sub-tiles) and A's scales of every K block of every tile of this CTA."""
+    """The TMA warp: A, B (one or two sub-tiles) and A's scales of every K block of every tile of this CTA, into
+    ``ring`` (the kernel's stages)."""
+    a_ring, b0_ring, b1_ring, sa_ring, ready, empty = ring
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     SPLIT: gl.constexpr = BLOCK_N == 192
     B1_BYTES: gl.constexpr = b1_desc.block_type.nbytes if SPLIT else 0
@@ -224,12 +221,8 @@ def _ov_promote(
 
 @gluon.jit
 def _ov_run(
-    a_ring,
-    b0_ring,
-    b1_ring,
-    sa_rows,
-    ready,
-    empty,
+    ring,
+    b_scales,
     acc00,
     acc01,
     acc10,
@@ -237,13 +230,7 @@ def _ov_run(
     qa1,
     qb0,
     qb1,
-    sb_ptr,
-    sb_stride,
-    col0,
-    col1,
     kb,
-    num_k,
-    num_nb,
     it,
     BLOCKS: gl.constexpr,
     WAVES: gl.constexpr,
@@ -254,7 +241,10 @@ def _ov_run(
     of one K block): each step issues the next step's wgmma, then waits for its own with one left in flight and
     promotes, so every promotion but the run's last runs under an MMA. Even steps use the product tiles ``qa``,
     odd ones ``qb``; the run is unrolled, so each tile keeps its registers, and no wgmma is in flight when it
-    returns. Returns the accumulators and the product tiles (for the next run to overwrite)."""
+    returns. ``ring`` and ``b_scales`` as :func:`_ov_k_loop` takes them. Returns the accumulators and the product
+    tiles (for the next run to overwrite)."""
+    a_ring, b0_ring, b1_ring, sa_rows, ready, empty = ring
+    sb_ptr, sb_stride, col0, col1, num_k, num_nb = b_scales
     STAGES: gl.constexpr = a_ring.shape[0]
     SPLIT: gl.constexpr = b1_ring.shape[1] != b0_ring.shape[1]
     STEPS: gl.constexpr = BLOCKS * WAVES
@@ -302,23 +292,13 @@ def _ov_run(
 
 @gluon.jit
 def _ov_k_loop(
-    a_ring,
-    b0_ring,
-    b1_ring,
-    sa_rows,
-    ready,
-    empty,
+    ring,
+    b_scales,
     acc00,
     acc01,
     acc10,
     qa0,
     qa1,
-    sb_ptr,
-    sb_stride,
-    col0,
-    col1,
-    num_k,
-    num_nb,
     it,
     RUN: gl.constexpr,
     WAVES: gl.constexpr,
@@ -329,36 +309,15 @@ def _ov_k_loop(
     = ``RUN``, a power of two): runs of ``RUN`` K blocks (:func:`_ov_run`), then the remaining blocks as runs of
     the powers of two below ``RUN`` that make them up. A loop whose back edge a wgmma crosses in flight while the
     body reads that wgmma's tile makes ptxas serialize every wgmma of the kernel (C7514), hence whole runs per
-    iteration. Returns the accumulators and the ring counter past the tile's K blocks."""
+    iteration. ``ring``: the stages ``(a_ring, b0_ring, b1_ring, sa_rows, ready, empty)``; ``b_scales``: what
+    :func:`_b_scale` reads, ``(sb_ptr, sb_stride, col0, col1, num_k, num_nb)``. Returns the accumulators and the ring
+    counter past the tile's K blocks."""
+    num_k = b_scales[4]
     qb0 = _pin(gl.zeros_like(qa0))
     qb1 = _pin(gl.zeros_like(qa1))
     for kb in range(0, num_k - (RUN - 1), RUN):
         acc00, acc01, acc10, qa0, qa1, qb0, qb1 = _ov_run(
-            a_ring,
-            b0_ring,
-            b1_ring,
-            sa_rows,
-            ready,
-            empty,
-            acc00,
-            acc01,
-            acc10,
-            qa0,
-            qa1,
-            qb0,
-            qb1,
-            sb_ptr,
-            sb_stride,
-            col0,
-            col1,
-            kb,
-            num_k,
-            num_nb,
-            it,
-            RUN,
-            WAVES,
-            rows0,
-            rows1,
+            ring, b_scales, acc00, acc01, acc10, qa0, qa1, qb0, qb1, kb, it, RUN, WAVES, rows0, rows1
         )
         it += RUN
     kb = num_k - num_k % RUN
@@ -366,31 +325,7 @@ def _ov_k_loop(
         if RUN >> j > 0:
             if (num_k % RUN) & (RUN >> j):
                 acc00, acc01, acc10, qa0, qa1, qb0, qb1 = _ov_run(
-                    a_ring,
-                    b0_ring,
-                    b1_ring,
-                    sa_rows,
-                    ready,
-                    empty,
-                    acc00,
-                    acc01,
-                    acc10,
-                    qa0,
-                    qa1,
-                    qb0,
-                    qb1,
-                    sb_ptr,
-                    sb_stride,
-                    col0,
-                    col1,
-                    kb,
-                    num_k,
-                    num_nb,
-                    it,
-                    RUN >> j,
-                    WAVES,
-                    rows0,
-                    rows1,
+                    ring, b_scales, acc00, acc01, acc10, qa0, qa1, qb0, qb1, kb, it, RUN >> j, WAVES, rows0, rows1
                 )
                 it += RUN >> j
                 kb += RUN >> j
@@ -399,16 +334,8 @@ def _ov_k_loop(
 
 @gluon.jit
 def _mma_partition(
-    a_ring,
-    b0_ring,
-    b1_ring,
-    sa_ring,
-    ready,
-    empty,
-    d0_desc,
-    d1_desc,
-    out0,
-    out1,
+    ring,
+    out,
     sb_ptr,
     sb_stride,
     M,
@@ -421,7 +348,10 @@ def _mma_partition(
     PERSISTENT: gl.constexpr,
     OVERLAP: gl.constexpr,
 ):
-    """The two MMA warpgroups (the default partition): every tile of this CTA, ``WAVES`` waves of 128 rows."""
+    """The two MMA warpgroups (the default partition): every tile of this CTA, ``WAVES`` waves of 128 rows, from
+    ``ring`` (the kernel's stages), stored through ``out`` (``d0_desc, d1_desc, out0, out1``)."""
+    a_ring, b0_ring, b1_ring, sa_ring, ready, empty = ring
+    d0_desc, d1_desc, out0, out1 = out
     NW: gl.constexpr = gl.num_warps()
     SPLIT: gl.constexpr = BLOCK_N == 192
     BN0: gl.constexpr = b0_ring.shape[1]
@@ -459,29 +389,10 @@ def _mma_partition(
         if WAVES == 1:
             acc10 = acc00  # not used
         if OVERLAP:
+            rows_ring = (a_ring, b0_ring, b1_ring, sa_rows, ready, empty)
+            b_scales = (sb_ptr, sb_stride, col0, col1, num_k, num_nb)
             acc00, acc01, acc10, it = _ov_k_loop(
-                a_ring,
-                b0_ring,
-                b1_ring,
-                sa_rows,
-                ready,
-                empty,
-                acc00,
-                acc01,
-                acc10,
-                spare0,
-                spare1,
-                sb_ptr,
-                sb_stride,
-                col0,
-                col1,
-                num_k,
-                num_nb,
-                it,
-                OVERLAP,
-                WAVES,
-                rows0,
-                rows1,
+                rows_ring, b_scales, acc00, acc01, acc10, spare0, spare1, it, OVERLAP, WAVES, rows0, rows1
             )
         else:
             sbn0 = _b_scale(sb_ptr, sb_stride, col0, 0, num_k, num_nb)
@@ -583,56 +494,17 @@ def fp8_gemm_ws_kernel(
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     fence_async_shared()
+    # the stages both partitions take: A, B's sub-tiles, A's scales and the ring's barriers
+    ring = (a_ring, b0_ring, b1_ring, sa_ring, ready, empty)
+    # the MMA partition's epilogue: D's descriptors and the shared tiles its stores go through
+    out = (d0_desc, d1_desc, out0, out1)
     gl.warp_specialize(
         [
             (
                 _mma_partition,
-                (
-                    a_ring,
-                    b0_ring,
-                    b1_ring,
-                    sa_ring,
-                    ready,
-                    empty,
-                    d0_desc,
-                    d1_desc,
-                    out0,
-                    out1,
-                    sb_ptr,
-                    sb_stride,
-                    M,
-                    N,
-                    K,
-                    BLOCK_N,
-                    WAVES,
-                    GROUP_M,
-                    STAGES,
-                    PERSISTENT,
-                    OVERLAP,
-                ),
+                (ring, out, sb_ptr, sb_stride, M, N, K, BLOCK_N, WAVES, GROUP_M, STAGES, PERSISTENT, OVERLAP),
             ),
-            (
-                _loader,
-                (
-                    a_desc,
-                    b0_desc,
-                    b1_desc,
-                    sa_desc,
-                    a_ring,
-                    b0_ring,
-                    b1_ring,
-                    sa_ring,
-                    ready,
-                    empty,
-                    M,
-                    N,
-                    K,
-                    BLOCK_N,
-                    GROUP_M,
-                    STAGES,
-                    PERSISTENT,
-                ),
-            ),
+            (_loader, (a_desc, b0_desc, b1_desc, sa_desc, ring, M, N, K, BLOCK_N, GROUP_M, STAGES, PERSISTENT)),
         ],
         [1],
         [LOADER_REGS],
