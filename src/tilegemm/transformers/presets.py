@@ -66,7 +66,14 @@ _TINY_MLA = dict(
     num_hidden_layers=3,
 )
 
-_TINY_INDEXER = dict(index_n_heads=4, index_head_dim=32, index_topk=6)
+
+def _indexer(heads: int, head_dim: int, topk: int) -> dict[str, int]:
+    """The config keyword arguments of a DSA sparse-attention indexer: ``heads`` heads of ``head_dim``, top-``topk``
+    keys."""
+    return dict(index_n_heads=heads, index_head_dim=head_dim, index_topk=topk)
+
+
+_TINY_INDEXER = _indexer(4, 32, 6)
 """The sparse-attention indexer of the tiny DSA presets: top-6 keys, so prompts of 12 tokens exercise the top-k."""
 
 _DEEPSEEK_V3 = dict(
@@ -200,46 +207,29 @@ PRESETS: dict[str, Preset] = {
     "deepseek-v3.2": Preset(
         "deepseek-v3.2",
         "deepseek_v32",
-        {
-            **_DEEPSEEK_V3,
-            "index_n_heads": 64,
-            "index_head_dim": 128,
-            "index_topk": 2048,
-            "max_position_embeddings": 163840,
-        },
+        {**_DEEPSEEK_V3, **_indexer(64, 128, 2048), "max_position_embeddings": 163840},
         tiny=False,
         description="DeepSeek-V3.2 dimensions (DSA indexer: 64 heads of 128, top-2048; first 3 layers dense)",
     ),
     "glm-5": Preset(
         "glm-5",
         "glm_moe_dsa",
-        dict(
-            vocab_size=154880,
-            hidden_size=6144,
-            intermediate_size=12288,
-            moe_intermediate_size=2048,
-            num_hidden_layers=78,
-            num_attention_heads=64,
-            num_key_value_heads=64,
-            n_shared_experts=1,
-            n_routed_experts=256,
-            routed_scaling_factor=2.5,
-            kv_lora_rank=512,
-            q_lora_rank=2048,
-            qk_rope_head_dim=64,
-            v_head_dim=256,
-            qk_nope_head_dim=192,
-            n_group=1,
-            topk_group=1,
-            num_experts_per_tok=8,
-            first_k_dense_replace=3,
-            norm_topk_prob=True,
-            index_n_heads=32,
-            index_head_dim=128,
-            index_topk=2048,
-            max_position_embeddings=202752,
-            tie_word_embeddings=False,
-        ),
+        {
+            **_DEEPSEEK_V3,
+            **_indexer(32, 128, 2048),
+            "vocab_size": 154880,
+            "hidden_size": 6144,
+            "intermediate_size": 12288,
+            "num_hidden_layers": 78,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 64,
+            "q_lora_rank": 2048,
+            "v_head_dim": 256,
+            "qk_nope_head_dim": 192,
+            "n_group": 1,
+            "topk_group": 1,
+            "max_position_embeddings": 202752,
+        },
         tiny=False,
         description="GLM-MoE-DSA (GLM-5) dimensions (DSA indexer: 32 heads of 128, top-2048; first 3 layers dense)",
     ),
