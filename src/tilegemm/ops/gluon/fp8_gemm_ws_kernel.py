@@ -39,9 +39,6 @@ Tiles past M or N are handled by TMA (zero-filled loads, clipped stores); K past
 zero-filled.
 
 The host side is :mod:`tilegemm.ops.gluon.fp8_gemm_ws`.
-
-Over 600 lines: one kernel whose schedule (the loader, the MMA partition and the overlap pipeline's issue, wait,
-promote and run helpers) reads top to bottom in one file.
 """
 
 from __future__ import annotations
