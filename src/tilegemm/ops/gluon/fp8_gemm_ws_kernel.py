@@ -220,13 +220,9 @@ def _ov_promote(
 def _ov_run(
     ring,
     b_scales,
-    acc00,
-    acc01,
-    acc10,
-    qa0,
-    qa1,
-    qb0,
-    qb1,
+    accs,
+    qa,
+    qb,
     kb,
     it,
     BLOCKS: gl.constexpr,
@@ -237,11 +233,14 @@ def _ov_run(
     """``BLOCKS`` K blocks from ``kb`` (ring slot ``it``) as one software-pipelined run of steps (a step: one wave
     of one K block): each step issues the next step's wgmma, then waits for its own with one left in flight and
     promotes, so every promotion but the run's last runs under an MMA. Even steps use the product tiles ``qa``,
-    odd ones ``qb``; the run is unrolled, so each tile keeps its registers, and no wgmma is in flight when it
-    returns. ``ring`` and ``b_scales`` as :func:`_ov_k_loop` takes them. Returns the accumulators and the product
-    tiles (for the next run to overwrite)."""
+    odd ones ``qb`` (each a pair, one tile per sub-tile); the run is unrolled, so each tile keeps its registers, and
+    no wgmma is in flight when it returns. ``ring``, ``b_scales`` and ``accs`` as :func:`_ov_k_loop` takes them.
+    Returns the accumulators and the product tiles (for the next run to overwrite)."""
     a_ring, b0_ring, b1_ring, sa_rows, ready, empty = ring
     sb_ptr, sb_stride, col0, col1, num_k, num_nb = b_scales
+    acc00, acc01, acc10 = accs
+    qa0, qa1 = qa
+    qb0, qb1 = qb
     STAGES: gl.constexpr = a_ring.shape[0]
     SPLIT: gl.constexpr = b1_ring.shape[1] != b0_ring.shape[1]
     STEPS: gl.constexpr = BLOCKS * WAVES
@@ -284,18 +283,15 @@ def _ov_run(
             acc10, _ = _ov_promote(acc10, acc10, p0, p0, sa_rows, blk, _WAVE_M, sb0, sb0, rows0, rows0, False)
         if i % WAVES == WAVES - 1:
             mbarrier.arrive(empty.index(blk % STAGES), count=1)  # every wgmma reading this stage is complete
-    return acc00, acc01, acc10, qa0, qa1, qb0, qb1
+    return (acc00, acc01, acc10), (qa0, qa1), (qb0, qb1)
 
 
 @gluon.jit
 def _ov_k_loop(
     ring,
     b_scales,
-    acc00,
-    acc01,
-    acc10,
-    qa0,
-    qa1,
+    accs,
+    qa,
     it,
     RUN: gl.constexpr,
     WAVES: gl.constexpr,
@@ -307,26 +303,22 @@ def _ov_k_loop(
     the powers of two below ``RUN`` that make them up. A loop whose back edge a wgmma crosses in flight while the
     body reads that wgmma's tile makes ptxas serialize every wgmma of the kernel (C7514), hence whole runs per
     iteration. ``ring``: the stages ``(a_ring, b0_ring, b1_ring, sa_rows, ready, empty)``; ``b_scales``: what
-    :func:`_b_scale` reads, ``(sb_ptr, sb_stride, col0, col1, num_k, num_nb)``. Returns the accumulators and the ring
-    counter past the tile's K blocks."""
+    :func:`_b_scale` reads, ``(sb_ptr, sb_stride, col0, col1, num_k, num_nb)``; ``accs``: the accumulators
+    ``(acc00, acc01, acc10)`` (acc{wave}{sub-tile}); ``qa``: a pair of spare product tiles. Returns the accumulators
+    and the ring counter past the tile's K blocks."""
     num_k = b_scales[4]
-    qb0 = _pin(gl.zeros_like(qa0))
-    qb1 = _pin(gl.zeros_like(qa1))
+    qb = (_pin(gl.zeros_like(qa[0])), _pin(gl.zeros_like(qa[1])))
     for kb in range(0, num_k - (RUN - 1), RUN):
-        acc00, acc01, acc10, qa0, qa1, qb0, qb1 = _ov_run(
-            ring, b_scales, acc00, acc01, acc10, qa0, qa1, qb0, qb1, kb, it, RUN, WAVES, rows0, rows1
-        )
+        accs, qa, qb = _ov_run(ring, b_scales, accs, qa, qb, kb, it, RUN, WAVES, rows0, rows1)
         it += RUN
     kb = num_k - num_k % RUN
     for j in gl.static_range(1, 4):
         if RUN >> j > 0:
             if (num_k % RUN) & (RUN >> j):
-                acc00, acc01, acc10, qa0, qa1, qb0, qb1 = _ov_run(
-                    ring, b_scales, acc00, acc01, acc10, qa0, qa1, qb0, qb1, kb, it, RUN >> j, WAVES, rows0, rows1
-                )
+                accs, qa, qb = _ov_run(ring, b_scales, accs, qa, qb, kb, it, RUN >> j, WAVES, rows0, rows1)
                 it += RUN >> j
                 kb += RUN >> j
-    return acc00, acc01, acc10, it
+    return accs, it
 
 
 @gluon.jit
@@ -388,9 +380,10 @@ def _mma_partition(
         if OVERLAP:
             rows_ring = (a_ring, b0_ring, b1_ring, sa_rows, ready, empty)
             b_scales = (sb_ptr, sb_stride, col0, col1, num_k, num_nb)
-            acc00, acc01, acc10, it = _ov_k_loop(
-                rows_ring, b_scales, acc00, acc01, acc10, spare0, spare1, it, OVERLAP, WAVES, rows0, rows1
+            accs, it = _ov_k_loop(
+                rows_ring, b_scales, (acc00, acc01, acc10), (spare0, spare1), it, OVERLAP, WAVES, rows0, rows1
             )
+            acc00, acc01, acc10 = accs
         else:
             sbn0 = _b_scale(sb_ptr, sb_stride, col0, 0, num_k, num_nb)
             if SPLIT:
