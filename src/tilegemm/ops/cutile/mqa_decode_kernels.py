@@ -21,7 +21,7 @@ import functools
 
 import cuda.tile as ct
 
-from tilegemm.ops.cutile.mqa_kernels import NEG_INF, ZERO, key_tile_logits, window_tiles
+from tilegemm.ops.cutile.mqa_kernels import ZERO, key_tile_logits, row_block, window_mask
 
 
 def decode_tile_count(t_lo, t_hi, part, n_parts):
@@ -50,25 +50,16 @@ def make_mqa_decode_kernel(**hints):
     ):
         """CTA ``(r, p)`` of grid ``(ceil(S / BQ), PARTS)``: query rows ``r * BQ ..`` against every ``PARTS``-th key
         tile of their window, from tile ``t_lo + p``; ``-inf`` outside each row's ``[ks, ke)`` inside a tile."""
-        s_rows = q.shape[0]
-        s_kv = kv.shape[0]
         pid = ct.bid(0)
         part = ct.bid(1)
         n_parts = ct.num_blocks(1)
-        q_t = ct.transpose(ct.reshape(ct.load(q, (pid, 0, 0), shape=(BQ, HP, D), padding_mode=ZERO), (BQ * HP, D)))
-        w_t = ct.reshape(ct.load(w, (pid, 0), shape=(BQ, HP), padding_mode=ZERO), (1, BQ * HP))
-        ks_t = ct.load(ks, (pid,), shape=(BQ,), padding_mode=ZERO)
-        ke_t = ct.load(ke, (pid,), shape=(BQ,), padding_mode=ZERO)
-        t_lo, t_hi = window_tiles(ks_t, ke_t, pid * BQ, s_rows, s_kv, BQ, BK, 1)
-        ks_r = ct.reshape(ks_t, (1, BQ))
-        ke_r = ct.reshape(ke_t, (1, BQ))
+        q_t, w_t, ks_r, ke_r, t_lo, t_hi = row_block(q, kv, w, ks, ke, pid, BQ, HP, D, BK, 1)
         for i in range(decode_tile_count(t_lo, t_hi, part, n_parts)):
             j = t_lo + part + i * n_parts
             k_t = ct.load(kv, (j, 0), shape=(BK, D), padding_mode=ZERO)
             sc = ct.reshape(ct.load(kv_scale, (j,), shape=(BK,), padding_mode=ZERO), (BK, 1))
             logit = key_tile_logits(k_t, q_t, w_t, BK, BQ, HP, HEAD_CHAIN, False, False) * sc  # [BK, BQ]
-            kidx = ct.reshape(ct.arange(BK, dtype=ct.int32) + j * BK, (BK, 1))
-            logit = ct.where((kidx >= ks_r) & (kidx < ke_r), logit, NEG_INF)
+            logit = window_mask(logit, j, ks_r, ke_r, BK)
             ct.store(out, (pid, j), ct.transpose(logit), allow_tma=False)
 
     return mqa_decode_kernel

@@ -127,17 +127,9 @@ def make_mqa_logits_kernel(fast_acc: bool = False, **hints):
         (:func:`tiles_inside`), so the output stores skip the bounds check. ``SCALES_LDG`` (only with ``INSIDE``):
         the key scales are plain unchecked loads instead of TMA loads (``MqaConfig.scales_ldg``). ``KEY_LATENCY``:
         the key load's latency hint (0: none; ``MqaConfig.key_latency``)."""
-        s_rows = q.shape[0]
-        s_kv = kv.shape[0]
         pid = ct.num_blocks(0) - 1 - ct.bid(0)  # the last rows (longest causal windows) start first
-        q_t = ct.transpose(ct.reshape(ct.load(q, (pid, 0, 0), shape=(BQ, HP, D), padding_mode=ZERO), (BQ * HP, D)))
-        w_t = ct.reshape(ct.load(w, (pid, 0), shape=(BQ, HP), padding_mode=ZERO), (1, BQ * HP))
-        ks_t = ct.load(ks, (pid,), shape=(BQ,), padding_mode=ZERO)
-        ke_t = ct.load(ke, (pid,), shape=(BQ,), padding_mode=ZERO)
-        t_lo, t_hi = window_tiles(ks_t, ke_t, pid * BQ, s_rows, s_kv, BQ, BK, UNROLL)
-        ks_r = ct.reshape(ks_t, (1, BQ))
-        ke_r = ct.reshape(ke_t, (1, BQ))
-        num_tiles = ct.cdiv(s_kv, BK)
+        q_t, w_t, ks_r, ke_r, t_lo, t_hi = row_block(q, kv, w, ks, ke, pid, BQ, HP, D, BK, UNROLL)
+        num_tiles = ct.cdiv(kv.shape[0], BK)
         for i in range((t_hi - t_lo) // UNROLL):
             for u in ct.static_iter(range(UNROLL)):
                 # a widened range may end past the keys (window_tiles), and unchecked scale loads need the clamp
@@ -149,8 +141,7 @@ def make_mqa_logits_kernel(fast_acc: bool = False, **hints):
                     sc = ct.load(kv_scale, (j,), shape=(BK,), padding_mode=ZERO)
                 sc = ct.reshape(sc, (BK, 1))
                 logit = key_tile_logits(k_t, q_t, w_t, BK, BQ, HP, HEAD_CHAIN, TWO_CHAINS, fast_acc) * sc  # [BK, BQ]
-                kidx = ct.reshape(ct.arange(BK, dtype=ct.int32) + j * BK, (BK, 1))
-                logit = ct.where((kidx >= ks_r) & (kidx < ke_r), logit, NEG_INF)
+                logit = window_mask(logit, j, ks_r, ke_r, BK)
                 if INSIDE:
                     ct.store(out, (pid, j), ct.transpose(logit), allow_tma=False, check_bounds=False)
                 else:
@@ -170,6 +161,24 @@ def plain_kernel_for(occupancy: int):
     1.6-1.8x over one (docs/kernels.md), three 1.11-1.26x over two at D = 32 (``MqaConfig``).
     """
     return make_mqa_logits_kernel(occupancy=ct.ByTarget(sm_90=occupancy))
+
+
+def row_block(q, kv, w, ks, ke, pid, BQ: int, HP: int, D: int, BK: int, UNROLL: int):
+    """Query rows ``pid * BQ ..`` of the plain and decode kernels (tile code): ``(q_t, w_t, ks_r, ke_r, t_lo, t_hi)``,
+    their queries ``[D, BQ * HP]`` (the MMA's B side), weights fp32 ``[1, BQ * HP]``, windows ``[ks, ke)`` int32
+    ``[1, BQ]`` each, and the key tiles ``[t_lo, t_hi)`` of ``kv`` [S_kv, D] that meet them (:func:`window_tiles`)."""
+    q_t = ct.transpose(ct.reshape(ct.load(q, (pid, 0, 0), shape=(BQ, HP, D), padding_mode=ZERO), (BQ * HP, D)))
+    w_t = ct.reshape(ct.load(w, (pid, 0), shape=(BQ, HP), padding_mode=ZERO), (1, BQ * HP))
+    ks_t = ct.load(ks, (pid,), shape=(BQ,), padding_mode=ZERO)
+    ke_t = ct.load(ke, (pid,), shape=(BQ,), padding_mode=ZERO)
+    t_lo, t_hi = window_tiles(ks_t, ke_t, pid * BQ, q.shape[0], kv.shape[0], BQ, BK, UNROLL)
+    return q_t, w_t, ct.reshape(ks_t, (1, BQ)), ct.reshape(ke_t, (1, BQ)), t_lo, t_hi
+
+
+def window_mask(logit, j, ks_r, ke_r, BK: int):
+    """``logit`` ``[BK, BQ]`` of key tile ``j`` with ``-inf`` outside each row's window ``[ks_r, ke_r)`` (tile code)."""
+    kidx = ct.reshape(ct.arange(BK, dtype=ct.int32) + j * BK, (BK, 1))
+    return ct.where((kidx >= ks_r) & (kidx < ke_r), logit, NEG_INF)
 
 
 def window_tiles(ks_t, ke_t, first_row, s_rows, s_kv, BQ: int, BK: int, UNROLL: int):
