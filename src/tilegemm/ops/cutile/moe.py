@@ -75,8 +75,7 @@ def gate_up_walk(
     """Persistent over (row block, column block) tiles of ``h [M, I]``: ``h = act(gate) * up`` from the fp32
     accumulators of :func:`gate_up_tile` (tile code); with ``SAVE`` also ``gate`` and ``up`` themselves (the training
     forward keeps them for the backward), else ``gate`` and ``up`` are never touched."""
-    mblocks, n_tiles, total, t, step = tile_lib.persistent_walk(h, BM, BN)
-    nk = ct.cdiv(xs.shape[1], BK)
+    mblocks, n_tiles, nk, total, t, step = tile_lib.persistent_walk(h, xs, BM, BN, BK)
     while t < total:
         mb, nb, e, live = tile_lib.expert_tile(block_expert, t, mblocks, n_tiles, num_experts, GM)
         if live:
@@ -97,8 +96,7 @@ def _gate_up(
 
 def _down(h, w2, y, block_expert, row_weight, num_experts: int, BM: ConstInt, BN: ConstInt, BK: ConstInt, GM: ConstInt):
     """Persistent over tiles of ``y [M, H]``: ``y[r] = bf16(row_weight[r] * (h[r] @ w2[e].T))``."""
-    mblocks, n_tiles, total, t, step = tile_lib.persistent_walk(y, BM, BN)
-    nk = ct.cdiv(h.shape[1], BK)
+    mblocks, n_tiles, nk, total, t, step = tile_lib.persistent_walk(y, h, BM, BN, BK)
     while t < total:
         mb, nb, e, live = tile_lib.expert_tile(block_expert, t, mblocks, n_tiles, num_experts, GM)
         if live:

@@ -72,8 +72,7 @@ def _dgate_up(
 ):  # fmt: skip
     """Persistent over tiles of ``dgate [M, I]``: ``dh = dy @ w2[e]`` (dy [M, H], w2 [E, H, I]) and the activation's
     backward against the saved ``gate`` / ``up`` (module docstring, step 3)."""
-    mblocks, n_tiles, total, t, step = tile_lib.persistent_walk(dgate, BM, BN)
-    nk = ct.cdiv(dy.shape[1], BK)
+    mblocks, n_tiles, nk, total, t, step = tile_lib.persistent_walk(dgate, dy, BM, BN, BK)
     while t < total:
         mb, nb, e, live = tile_lib.expert_tile(block_expert, t, mblocks, n_tiles, num_experts, GM)
         if live:

@@ -116,13 +116,17 @@ def activation(g, ACT: int):
     return 0.5 * g * (1.0 + ct.tanh(GELU_C * (g + 0.044715 * g * g * g)))
 
 
-def persistent_walk(out, BM: int, BN: int):
-    """A persistent kernel's walk over the ``BM x BN`` tiles of ``out`` [M, N]: ``(mblocks, n_tiles, total, first,
-    step)``, the row and column blocks, the tile count, this CTA's first tile and the stride between its tiles.
-    (The column blocks are computed first: the MoE kernels' SASS was measured with that order.)"""
+def persistent_walk(out, a, BM: int, BN: int, BK: int):
+    """A persistent kernel's walk over the ``BM x BN`` tiles of ``out`` [M, N], a product of the row operand ``a``
+    [M, K]: ``(mblocks, n_tiles, nk, total, first, step)``, the row and column blocks, the ``BK``-wide K blocks, the
+    tile count, this CTA's first tile and the stride between its tiles. (The column blocks are computed first: the
+    MoE kernels' SASS was measured with that order.)"""
     n_tiles = ct.cdiv(out.shape[1], BN)
     mblocks = ct.cdiv(out.shape[0], BM)
-    return mblocks, n_tiles, mblocks * n_tiles, ct.bid(0), ct.num_blocks(0)
+    total = mblocks * n_tiles
+    first = ct.bid(0)
+    step = ct.num_blocks(0)
+    return mblocks, n_tiles, ct.cdiv(a.shape[1], BK), total, first, step
 
 
 def expert_tile(block_expert, t, mblocks, n_tiles, num_experts: int, GM: int):
