@@ -4,7 +4,8 @@ The integration needs transformers' experts registry (``transformers.integration
 and MoE models whose experts are fused 3-D parameters dispatched through ``@use_experts_implementation``
 (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``), from transformers 5.7; the supported range starts
 later, at :data:`TRANSFORMERS_ENDS`' first entry (see there). :func:`rewind_static_cache` hides how a version's
-``StaticCache`` keeps its write position, :func:`cache_kwargs` what a version's forward calls the cache.
+``StaticCache`` keeps its write position, :func:`cache_kwargs` what a version's forward calls the cache;
+:func:`squashed_source` and :func:`lines_in_order` check a stock forward for the lines a patch relies on.
 :func:`after_import` runs code when a transformers module is first imported, so that importing tilegemm's
 integration does not import transformers' (about a second: its MoE module imports its DeepGEMM and hub-kernels
 integrations).
@@ -17,7 +18,7 @@ import importlib.abc
 import inspect
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -144,3 +145,29 @@ def cache_kwargs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
     ``{"past_key_values": cache}``."""
     params = inspect.signature(model.forward).parameters
     return {"cache": cache} if "cache" in params else {"past_key_values": cache}
+
+
+def squash(text: str) -> str:
+    """``text`` without whitespace: source lines compared whatever their formatting."""
+    return "".join(text.split())
+
+
+def squashed_source(function: Callable[..., Any]) -> str | None:
+    """The :func:`squash`-ed source of ``function`` (its decorators unwrapped), or ``None`` where it has none."""
+    try:
+        return squash(inspect.getsource(inspect.unwrap(function)))
+    except (OSError, TypeError):
+        return None
+
+
+def lines_in_order(source: str, steps: Sequence[str | tuple[str, ...]]) -> bool:
+    """Whether the squashed ``source`` holds every step in order: a step is a line, or the alternatives one of which
+    must be found (each after the one found for the step before)."""
+    at = 0
+    for step in steps:
+        found = [source.find(squash(line), at) for line in ((step,) if isinstance(step, str) else step)]
+        found = [f for f in found if f >= 0]
+        if not found:
+            return False
+        at = min(found)
+    return True

@@ -37,7 +37,8 @@ release that changes them is left stock, with a warning). :func:`restore_indexer
 
 The top-k is stock's ``torch.topk`` over the scores, the same indices. Where the attention beside the indexer reads
 them only by scattering them into a mask (eager and SDPA attention; :func:`topk_order_unread` checks its source), it
-skips ``torch.topk``'s final sort (``sorted=False``): the same set of indices in another order, the same mask.
+skips ``torch.topk``'s final sort (``sorted=False``): the same set of indices in another order, the same mask. So it
+does under :data:`~tilegemm.transformers.sparse_attention.SPARSE_ATTENTION`, which gathers the keys it selects.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ from torch import nn
 from tilegemm.custom_ops import indexer_scores
 from tilegemm.fp8_key_cache import Fp8KeyCache, score_fp8_key_cache
 from tilegemm.indexer import dense_index_scores, hadamard_rotate, index_scores, mask_windows, quantize_rows
+from tilegemm.transformers.compat import lines_in_order, squash, squashed_source
+from tilegemm.transformers.sparse_attention import SPARSE_ATTENTION
 from tilegemm.transformers.swap import ClassSwap
 
 
@@ -114,32 +117,21 @@ _STOCK_PARAMETERS = ("self", "hidden_states", "q_resid", "position_embeddings", 
 _CACHE_PARAMETERS = ("cache", "past_key_values")
 
 
-def _squash(text: str) -> str:
-    return "".join(text.split())
-
-
 @functools.cache
 def stock_formula_matches(stock: type, rope: str) -> bool:
     """Whether ``stock.forward`` computes what the swap computes: its parameters, its rotary function and one
     alternative of every step of :data:`STOCK_SCORING`, in order."""
     forward = inspect.unwrap(stock.forward)
-    try:
-        source = _squash(inspect.getsource(forward))
-    except (OSError, TypeError):
+    source = squashed_source(forward)
+    if source is None:
         return False
     params = tuple(inspect.signature(forward).parameters)
     if params[:-1] != _STOCK_PARAMETERS or params[-1] not in _CACHE_PARAMETERS:
         return False
-    if _squash(f"= {rope}(q_rot, k_rot, cos, sin, unsqueeze_dim=2)") not in source:
+    if squash(f"= {rope}(q_rot, k_rot, cos, sin, unsqueeze_dim=2)") not in source:
         return False
-    at = 0
-    for alternatives in STOCK_SCORING:
-        found = [source.find(_squash(line.format(cache=params[-1])), at) for line in alternatives]
-        found = [f for f in found if f >= 0]
-        if not found:
-            return False
-        at = min(found)
-    return True
+    steps = [tuple(line.format(cache=params[-1]) for line in alternatives) for alternatives in STOCK_SCORING]
+    return lines_in_order(source, steps)
 
 
 #: The attention implementations under which transformers' DSA attention reads the indexer's top-k only by scattering
@@ -162,22 +154,12 @@ def topk_order_unread(stock: type) -> bool:
     callers = []
     for cls in vars(module).values() if module is not None else ():
         if isinstance(cls, type) and issubclass(cls, nn.Module) and cls.__module__ == stock.__module__:
-            try:
-                source = _squash(inspect.getsource(inspect.unwrap(cls.forward)))
-            except (OSError, TypeError):
+            source = squashed_source(cls.forward)
+            if source is None:
                 return False
-            if _squash("self.indexer(") in source:
+            if squash("self.indexer(") in source:
                 callers.append(source)
-    return bool(callers) and all(_in_order(source, _MASK_ONLY_SOURCE) for source in callers)
-
-
-def _in_order(source: str, lines: tuple[str, ...]) -> bool:
-    at = 0
-    for line in lines:
-        at = source.find(_squash(line), at)
-        if at < 0:
-            return False
-    return True
+    return bool(callers) and all(lines_in_order(source, _MASK_ONLY_SOURCE) for source in callers)
 
 
 # ------------------------------------------------------------------------------------------------ the swap
@@ -229,7 +211,10 @@ def _patched_forward(rope_name: str):
                     self._tilegemm_backend,
                 )
             topk = min(self.index_topk, scores.shape[-1])
-            ordered = not (self._tilegemm_topk_order_unread and self.config._attn_implementation in MASK_ATTENTION)
+            attention = self.config._attn_implementation
+            ordered = not (
+                attention == SPARSE_ATTENTION or (self._tilegemm_topk_order_unread and attention in MASK_ATTENTION)
+            )
             return scores.topk(topk, dim=-1, sorted=ordered).indices.to(torch.int32)
 
     return forward

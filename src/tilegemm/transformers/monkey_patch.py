@@ -29,6 +29,7 @@ from tilegemm.transformers.families import FAMILIES, FAMILY_BY_MODEL_TYPE, SUPPO
 from tilegemm.transformers.indexer import restore_indexers, swap_indexers
 from tilegemm.transformers.linear import restore_linear_layers, swap_linear_layers
 from tilegemm.transformers.norm import restore_rms_norms, swap_rms_norms
+from tilegemm.transformers.sparse_attention import restore_attention, use_sparse_attention
 
 _PATCHED_METHODS = ("post_init", "get_correct_experts_implementation")
 """The methods a family patcher replaces on the family's ``PreTrainedModel`` base class."""
@@ -71,6 +72,7 @@ def apply_tilegemm_to_model(
     backend: str | None = None,
     norm: bool = True,
     indexer: bool = True,
+    sparse_attention: bool = True,
 ) -> nn.Module:
     """Patch a built transformers model in place; returns it.
 
@@ -91,6 +93,8 @@ def apply_tilegemm_to_model(
             dense GEMM, keeping parameters, state_dict and weight tying.
         indexer: score the sparse-attention indexers (DeepSeek-V3.2, GLM-MoE-DSA) through the MQA-logits ops
             (:mod:`~tilegemm.transformers.indexer`), never materializing ``[B, S, H, T]``.
+        sparse_attention: DSA models on SDPA attention: a decode step attends to the indexer's top-k keys only
+            instead of every cached key under a mask (:mod:`~tilegemm.transformers.sparse_attention`).
         fp8: FP8 GEMMs (weights quantized once to 128x128 blocks and cached, activations per token), and DeepSeek's
             FP8 recipe for the indexers.
         backend: tilegemm backend for these layers (``None``: the current backend at call time).
@@ -124,24 +128,30 @@ def apply_tilegemm_to_model(
         model.set_experts_implementation(FP8_EXPERTS_NAME if fp8 else EXPERTS_NAME)
         for module in found:
             mark_patched(module, backend)
-    _swap_layers(model, norm=norm and known, linear=linear, indexer=indexer, fp8=fp8, backend=backend)
+    layers = dict(norm=norm and known, linear=linear, indexer=indexer, sparse_attention=sparse_attention)
+    _swap_layers(model, fp8=fp8, backend=backend, **layers)
     return model
 
 
-def _swap_layers(model: nn.Module, *, norm: bool, linear: bool, indexer: bool, fp8: bool, backend: str | None) -> None:
+def _swap_layers(
+    model: nn.Module, *, norm: bool, linear: bool, indexer: bool, sparse_attention: bool, fp8: bool, backend: str | None
+) -> None:
     """The layer swaps of :func:`apply_tilegemm_to_model` and of a family patcher's ``post_init``: the RMSNorm
-    modules (``norm``), the ``nn.Linear`` layers (``linear``), the sparse-attention indexers (``indexer``)."""
+    modules (``norm``), the ``nn.Linear`` layers (``linear``), the sparse-attention indexers (``indexer``), the DSA
+    attention (``sparse_attention``)."""
     if norm:
         swap_rms_norms(model, backend=backend)
     if linear:
         swap_linear_layers(model, fp8=fp8, backend=backend)
     if indexer:
         swap_indexers(model, fp8=fp8, backend=backend)
+    if sparse_attention:
+        use_sparse_attention(model)
 
 
 def revert_tilegemm_model(model: nn.Module, experts_implementation: str = "grouped_mm") -> nn.Module:
-    """Undo :func:`apply_tilegemm_to_model`: stock experts implementation, RMSNorm modules, ``nn.Linear`` layers and
-    indexers."""
+    """Undo :func:`apply_tilegemm_to_model`: stock experts implementation, RMSNorm modules, ``nn.Linear`` layers,
+    indexers and attention implementation."""
     if getattr(model.config, "_experts_implementation", None) in (EXPERTS_NAME, FP8_EXPERTS_NAME):
         model.set_experts_implementation(experts_implementation)
     for module in experts_modules(model):
@@ -149,6 +159,7 @@ def revert_tilegemm_model(model: nn.Module, experts_implementation: str = "group
     restore_rms_norms(model)
     restore_linear_layers(model)
     restore_indexers(model)
+    restore_attention(model)
     return model
 
 
@@ -160,6 +171,7 @@ def _patch_family(
     backend: str | None,
     norm: bool = True,
     indexer: bool = True,
+    sparse_attention: bool = True,
 ) -> None:
     """Make tilegemm's experts function the family's default experts implementation and patch its ``post_init``.
 
@@ -176,6 +188,7 @@ def _patch_family(
     if cls not in _ORIGINALS:
         _ORIGINALS[cls] = {name: (name in cls.__dict__, getattr(cls, name)) for name in _PATCHED_METHODS}
     original_post_init = _ORIGINALS[cls]["post_init"][1]
+    layers = dict(norm=norm, linear=linear, indexer=indexer, sparse_attention=sparse_attention)
     original_resolve = _ORIGINALS[cls]["get_correct_experts_implementation"][1]
     default = FP8_EXPERTS_NAME if fp8 else EXPERTS_NAME
 
@@ -192,7 +205,7 @@ def _patch_family(
         if experts and chosen in (EXPERTS_NAME, FP8_EXPERTS_NAME):
             for module in experts_modules(self):
                 mark_patched(module, backend)
-        _swap_layers(self, norm=norm, linear=linear, indexer=indexer, fp8=fp8, backend=backend)
+        _swap_layers(self, fp8=fp8, backend=backend, **layers)
         return result
 
     for method in (post_init, get_correct_experts_implementation):

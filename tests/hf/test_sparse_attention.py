@@ -1,0 +1,123 @@
+"""Sparse DSA attention (``tilegemm.transformers.sparse_attention``) against the stock masked attention (CPU, fp32).
+
+A decode step on ``tilegemm_sparse`` attends to the gathered top-k keys: the same softmax as stock's dense attention
+under the index mask, so the logits agree to fp32 summation order (calc_diff below 1e-12), also with left padding
+(masked keys among the selected) and a top-k wider than the visible keys. Prefill (several rows) runs the stock fold
+itself: the same logits bit for bit. Also: the switch follows the stock source (``indices=`` handed on), leaves other
+attention implementations and non-DSA models alone, is undone by ``revert_tilegemm_model``, reaches models a family
+patcher builds, and the indexer then skips its sort.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hf_models import build, prompt
+
+from tilegemm.testing import calc_diff
+from tilegemm.transformers import (
+    apply_tilegemm_kernel_to_model_type,
+    apply_tilegemm_to_model,
+    revert_tilegemm_kernel_patches,
+    revert_tilegemm_model,
+    swapped_indexers,
+)
+from tilegemm.transformers import sparse_attention as sparse
+from tilegemm.transformers.compat import cache_kwargs
+
+DSA_FAMILIES = ("tiny-deepseek-v32", "tiny-glm-moe-dsa")
+
+
+def _decode_logits(model, ids: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prefill logits of ``ids[:, :-1]`` and the logits of one decode step of ``ids[:, -1:]`` after it."""
+    with torch.no_grad():
+        head = model(ids[:, :-1], attention_mask=None if mask is None else mask[:, :-1], use_cache=True)
+        cache = cache_kwargs(model, head.past_key_values)
+        step = model(ids[:, -1:], attention_mask=mask, use_cache=True, **cache)
+    return head.logits, step.logits
+
+
+def _pair(family: str, **overrides):
+    stock = build(family, **overrides)
+    patched = build(family, **overrides)
+    apply_tilegemm_to_model(patched, experts=False, norm=False, indexer=False)
+    return stock, patched
+
+
+@pytest.mark.parametrize("family", DSA_FAMILIES)
+def test_stock_attention_hands_the_indices_on(family):
+    model = build(family)
+    attention = sparse._attention_class(model)
+    assert attention is not None and sparse.hands_indices_on(attention)
+
+
+@pytest.mark.parametrize("family", DSA_FAMILIES)
+def test_decode_step_matches_the_masked_attention(family):
+    stock, patched = _pair(family)
+    assert patched.config._attn_implementation == sparse.SPARSE_ATTENTION
+    ids = prompt(length=14)
+    stock_head, stock_step = _decode_logits(stock, ids)
+    head, step = _decode_logits(patched, ids)
+    assert torch.equal(head, stock_head)
+    assert calc_diff(step, stock_step) < 1e-12
+
+
+@pytest.mark.parametrize("family", DSA_FAMILIES)
+def test_padding_and_a_top_k_wider_than_the_visible_keys(family):
+    """Left padding hides keys the top-k selects (the indexer scores them -inf, and k exceeds the visible keys)."""
+    stock, patched = _pair(family, index_topk=12)
+    ids = prompt(length=10)
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    _, stock_step = _decode_logits(stock, ids, mask)
+    _, step = _decode_logits(patched, ids, mask)
+    assert calc_diff(step, stock_step) < 1e-12
+
+
+def test_switch_only_from_sdpa_and_only_dsa_models():
+    eager = build("tiny-deepseek-v32", _attn_implementation="eager")
+    assert not sparse.use_sparse_attention(eager) and eager.config._attn_implementation == "eager"
+    other = build("tiny-deepseek-v3")
+    apply_tilegemm_to_model(other, experts=False)
+    assert other.config._attn_implementation == "sdpa"
+
+
+def test_revert_restores_sdpa():
+    model = build("tiny-deepseek-v32")
+    apply_tilegemm_to_model(model)
+    assert model.config._attn_implementation == sparse.SPARSE_ATTENTION
+    revert_tilegemm_model(model)
+    assert model.config._attn_implementation == "sdpa"
+    assert not sparse.restore_attention(model)
+
+
+def test_off_by_switch_and_through_the_family_patcher():
+    model = build("tiny-deepseek-v32")
+    apply_tilegemm_to_model(model, sparse_attention=False)
+    assert model.config._attn_implementation == "sdpa"
+    try:
+        apply_tilegemm_kernel_to_model_type("deepseek_v32")
+        assert build("tiny-deepseek-v32").config._attn_implementation == sparse.SPARSE_ATTENTION
+    finally:
+        revert_tilegemm_kernel_patches()
+
+
+def test_indexer_skips_its_sort_under_sparse_attention(monkeypatch):
+    model = build("tiny-deepseek-v32")
+    apply_tilegemm_to_model(model, experts=False, norm=False)
+    indexers = swapped_indexers(model)
+    flags, inside = [], []
+    original = torch.Tensor.topk
+
+    def spy(self, k, dim=-1, largest=True, sorted=True):
+        if inside:
+            flags.append(sorted)
+        return original(self, k, dim, largest, sorted)
+
+    for module in indexers:
+        module.register_forward_pre_hook(lambda mod, args: inside.append(mod))
+        module.register_forward_hook(lambda mod, args, out: inside.clear())
+    monkeypatch.setattr(torch.Tensor, "topk", spy)
+    with torch.no_grad():
+        model(prompt(), use_cache=False)
+    assert len(flags) == len(indexers) == model.config.num_hidden_layers and not any(flags)
