@@ -567,9 +567,10 @@ def kernels(config, contexts: list[int], rows_list: list[int], reps: int, device
     return rows_out
 
 
-#: The whole-model decode step's variants: stock, indexers patched alone, everything patched (BF16 indexers),
-#: everything patched with the FP8 key cache, everything patched with the MQA decode kernel forced.
-MODEL_VARIANTS = ("stock", "indexer", "all", "all_fp8_cache", "all_decode_kernel")
+#: The whole-model decode step's variants: stock, indexers patched alone, indexers and the sparse attention, everything
+#: patched (BF16 indexers, sparse attention), everything patched with the FP8 key cache, everything patched with the
+#: MQA decode kernel forced.
+MODEL_VARIANTS = ("stock", "indexer", "sparse", "all", "all_fp8_cache", "all_decode_kernel")
 
 
 def decode_model(preset: str, layers: int, contexts: list[int], reps: int, device: torch.device) -> list[dict]:
@@ -607,8 +608,8 @@ def decode_model(preset: str, layers: int, contexts: list[int], reps: int, devic
         logits = {}
         for variant in MODEL_VARIANTS:
             revert_tilegemm_model(model, stock_experts)
-            if variant == "indexer":
-                apply_tilegemm_to_model(model, experts=False, norm=False)
+            if variant in ("indexer", "sparse"):
+                apply_tilegemm_to_model(model, experts=False, norm=False, sparse_attention=variant == "sparse")
             elif variant != "stock":
                 apply_tilegemm_to_model(model)
             if variant == "all_fp8_cache":

@@ -1,11 +1,12 @@
-"""Sparse DSA attention (``tilegemm.transformers.sparse_attention``) against the stock masked attention (CPU, fp32).
+"""Sparse DSA attention (``tilegemm.transformers.sparse_attention``) against the stock masked attention (CPU).
 
-A decode step on ``tilegemm_sparse`` attends to the gathered top-k keys: the same softmax as stock's dense attention
-under the index mask, so the logits agree to fp32 summation order (calc_diff below 1e-12), also with left padding
-(masked keys among the selected) and a top-k wider than the visible keys. Prefill (several rows) runs the stock fold
-itself: the same logits bit for bit. Also: the switch follows the stock source (``indices=`` handed on), leaves other
-attention implementations and non-DSA models alone, is undone by ``revert_tilegemm_model``, reaches models a family
-patcher builds, and the indexer then skips its sort.
+A decode step on ``tilegemm_sparse`` over enough keys per selected one attends to the gathered top-k keys: the same
+softmax as stock's dense attention under the index mask, so the logits agree to fp32 summation order (calc_diff below
+1e-12), also with left padding (masked keys among the selected) and a top-k wider than the visible keys. Prefill
+(several rows) and decode over few keys per selected one run the stock fold itself: the same logits bit for bit.
+Also: the switch follows the stock source (``indices=`` handed on), leaves other attention implementations and
+non-DSA models alone, is undone by ``revert_tilegemm_model``, reaches models a family patcher builds, and the
+indexer then skips its sort.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def test_stock_attention_hands_the_indices_on(family):
 
 @pytest.mark.parametrize("family", DSA_FAMILIES)
 def test_decode_step_matches_the_masked_attention(family):
-    stock, patched = _pair(family)
+    """14 keys, k = 3: the decode step gathers (at least GATHER_MIN_KEYS_PER_INDEX keys per selected one)."""
+    stock, patched = _pair(family, index_topk=3)
     assert patched.config._attn_implementation == sparse.SPARSE_ATTENTION
     ids = prompt(length=14)
     stock_head, stock_step = _decode_logits(stock, ids)
@@ -64,14 +66,40 @@ def test_decode_step_matches_the_masked_attention(family):
 
 @pytest.mark.parametrize("family", DSA_FAMILIES)
 def test_padding_and_a_top_k_wider_than_the_visible_keys(family):
-    """Left padding hides keys the top-k selects (the indexer scores them -inf, and k exceeds the visible keys)."""
-    stock, patched = _pair(family, index_topk=12)
+    """Left padding hides all but one key of the first sequence: its top-2 selects a hidden key (scored -inf), which
+    the gathered mask keeps hidden."""
+    stock, patched = _pair(family, index_topk=2)
     ids = prompt(length=10)
     mask = torch.ones_like(ids)
-    mask[0, :4] = 0
+    mask[0, :9] = 0
     _, stock_step = _decode_logits(stock, ids, mask)
     _, step = _decode_logits(patched, ids, mask)
     assert calc_diff(step, stock_step) < 1e-12
+
+
+def test_few_keys_per_selected_one_keep_the_masked_attention():
+    """14 keys, k = 6: fewer than GATHER_MIN_KEYS_PER_INDEX per selected one, the stock fold itself (bit for bit)."""
+    assert 14 < sparse.GATHER_MIN_KEYS_PER_INDEX * 6
+    stock, patched = _pair("tiny-deepseek-v32", index_topk=6)
+    ids = prompt(length=14)
+    assert all(torch.equal(a, b) for a, b in zip(_decode_logits(patched, ids), _decode_logits(stock, ids)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gathered_attention_equals_the_folded_mask(dtype):
+    """The function alone, one decode row of 64 keys of which 8 are selected (some hidden by the mask): the gathered
+    SDPA against SDPA over every key under the folded mask."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    g = torch.Generator().manual_seed(0)
+    module = torch.nn.Module()
+    q, k, v = (torch.randn(2, 4, n, 16, generator=g).to(dtype) for n in (1, 64, 64))
+    indices = torch.stack([torch.randperm(64, generator=g)[:8] for _ in range(2)])[:, None].int()
+    mask = torch.rand(2, 1, 1, 64, generator=g) > 0.3
+    mask[..., indices[0, 0, 0]] = True
+    got, _ = sparse.sparse_attention_forward(module, q, k, v, mask, scaling=0.25, indices=indices)
+    want, _ = sdpa_attention_forward(module, q, k, v, sparse._index_mask(mask, indices, 64, dtype), 0.0, 0.25)
+    assert calc_diff(got.double(), want.double()) < (1e-12 if dtype == torch.float32 else 1e-5)
 
 
 def test_switch_only_from_sdpa_and_only_dsa_models():

@@ -7,11 +7,13 @@ Under any other attention implementation the stock forward hands the raw indices
 (``indices=``, for FlashMLA). :data:`SPARSE_ATTENTION` is such an implementation, registered with transformers'
 ``AttentionInterface`` (and SDPA's mask function with ``AttentionMaskInterface``):
 
-* a query row alone (a decode step, ``S == 1``): the keys and values at its ``k`` indices are gathered, with its mask
-  at those keys, and SDPA runs over the ``k`` of them. The same softmax: every key the stock mask hides gets weight
-  exactly 0 there (``exp(-inf)``), and the visible ones are the same; only the order of the sums differs;
-* several query rows (prefill, each row with its own keys): the stock computation itself, the index mask folded into
-  the attention mask as the stock forward folds it, then SDPA over all keys.
+* a query row alone (a decode step, ``S == 1``) over at least :data:`GATHER_MIN_KEYS_PER_INDEX` keys per selected
+  one: the keys and values at its ``k`` indices are gathered, with its mask at those keys, and SDPA runs over the
+  ``k`` of them. The same softmax: every key the stock mask hides gets weight exactly 0 there (``exp(-inf)``), and
+  the visible ones are the same; only the order of the sums differs;
+* otherwise (prefill, each row with its own keys; or few keys per selected one, where copying the selected keys and
+  values costs more than reading all of them): the stock computation itself, the index mask folded into the
+  attention mask as the stock forward folds it, then SDPA over all keys.
 
 :func:`use_sparse_attention` switches a model from ``"sdpa"`` to it (only a DSA model whose stock attention forward
 hands ``indices=`` on, checked in its source: :func:`hands_indices_on`); :func:`restore_attention` switches back.
@@ -29,6 +31,7 @@ from tilegemm.transformers.compat import lines_in_order, squashed_source
 
 __all__ = [
     "DSA_ATTENTION_CLASSES",
+    "GATHER_MIN_KEYS_PER_INDEX",
     "SPARSE_ATTENTION",
     "hands_indices_on",
     "restore_attention",
@@ -38,6 +41,12 @@ __all__ = [
 
 #: The name of the attention implementation in transformers' ``AttentionInterface``.
 SPARSE_ATTENTION = "tilegemm_sparse"
+#: A decode step gathers its selected keys from this many keys per selected one (the attention's key count, a static
+#: cache's whole length included, over ``k``). The copy of the ``k`` selected keys and values costs about as much as
+#: reading them, so the gather pays where the dense attention reads several times more: DeepSeek-V3.2's 4-layer decode
+#: step on an H200 (``benchmarks/results/indexer/sparse_attention_h200.md``) ran 0.90x stock with 2 keys per selected
+#: one (4097 keys, k = 2048) and 1.30x with 8 (16385 keys).
+GATHER_MIN_KEYS_PER_INDEX = 4
 #: The DSA attention class of each model type (in ``transformers.models.<type>.modeling_<type>``).
 DSA_ATTENTION_CLASSES = {"deepseek_v32": "DeepseekV32Attention", "glm_moe_dsa": "GlmMoeDsaAttention"}
 #: The stock lines (whitespace-insensitive, in order) by which a DSA attention forward hands the indexer's raw top-k
@@ -98,7 +107,7 @@ def sparse_attention_forward(
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     kwargs.pop("is_causal", None)
     batch, _, rows, _ = query.shape
-    if rows != 1:
+    if rows != 1 or key.shape[2] < GATHER_MIN_KEYS_PER_INDEX * indices.shape[-1]:
         mask = _index_mask(attention_mask, indices, key.shape[2], query.dtype)
         return sdpa_attention_forward(module, query, key, value, mask, dropout, scaling, is_causal=False, **kwargs)
     chosen = indices.long()[:, None, 0, :, None]  # [B, 1, k, 1]
