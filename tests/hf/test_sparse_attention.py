@@ -149,3 +149,17 @@ def test_indexer_skips_its_sort_under_sparse_attention(monkeypatch):
     with torch.no_grad():
         model(prompt(), use_cache=False)
     assert len(flags) == len(indexers) == model.config.num_hidden_layers and not any(flags)
+
+
+def test_source_checks_find_lines_in_order_whatever_the_formatting():
+    """``compat.lines_in_order``, the check behind ``hands_indices_on`` and the indexer swap's: whitespace never
+    matters, steps must come in order, and a step of alternatives takes the earliest found."""
+    from tilegemm.transformers.compat import lines_in_order, squash, squashed_source
+
+    source = squash("a = f(x)\nif  cond :\n    b = g( a )\nreturn b\n")
+    assert lines_in_order(source, ("a = f(x)", "b = g(a)", "return b"))
+    assert not lines_in_order(source, ("b = g(a)", "a = f(x)"))
+    assert lines_in_order(source, (("b = h(a)", "b = g(a)"), "return b"))
+    assert not lines_in_order(source, (("b = h(a)", "c = g(a)"),))
+    assert squashed_source(len) is None  # a builtin has no source
+    assert "sparse_indices=topk_indices" in squashed_source(sparse._attention_class(build("tiny-deepseek-v32")).forward)
