@@ -211,3 +211,26 @@ def routing(module, tokens: int, top_k: int = 2, seed: int = 0, weight_dtype=tor
     index = torch.stack([torch.randperm(module.num_experts, generator=g)[:top_k] for _ in range(tokens)])
     weights = torch.rand(tokens, top_k, generator=g).to(weight_dtype)
     return index, weights
+
+
+@contextlib.contextmanager
+def topk_sorted_flags(indexers: list[torch.nn.Module]):
+    """Inside the block, ``torch.Tensor.topk`` spied: yields the list of the ``sorted`` argument of every call inside a
+    forward of ``indexers`` (the routers' top-k left out), in order; the spy and its hooks are gone after it."""
+    flags, inside = [], []
+    original = torch.Tensor.topk
+
+    def spy(self, k, dim=-1, largest=True, sorted=True):
+        if inside:
+            flags.append(sorted)
+        return original(self, k, dim, largest, sorted)
+
+    hooks = [m.register_forward_pre_hook(lambda mod, args: inside.append(mod)) for m in indexers]
+    hooks += [m.register_forward_hook(lambda mod, args, out: inside.clear()) for m in indexers]
+    torch.Tensor.topk = spy
+    try:
+        yield flags
+    finally:
+        torch.Tensor.topk = original
+        for hook in hooks:
+            hook.remove()

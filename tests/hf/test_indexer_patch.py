@@ -9,13 +9,12 @@ visible keys than k is arbitrary; attention masks them anyway).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 
 import pytest
 import torch
-from hf_models import build, indexer_inputs, prompt
+from hf_models import build, indexer_inputs, prompt, topk_sorted_flags
 
 from modeling.transformers import measure
 from modeling.transformers.indexer_bench import capture_scores
@@ -414,29 +413,6 @@ def test_earlier_release_form_is_recognized_and_swapped():
     assert got.dtype == torch.int32 and got.shape[:2] == args[0].shape[:2]
 
 
-@contextlib.contextmanager
-def _topk_sorted_flags(indexers: list[torch.nn.Module]):
-    """Inside the block, ``torch.Tensor.topk`` spied: yields the list of the ``sorted`` argument of every call inside a
-    forward of ``indexers`` (the routers' top-k left out), in order; the spy and its hooks are gone after it."""
-    flags, inside = [], []
-    original = torch.Tensor.topk
-
-    def spy(self, k, dim=-1, largest=True, sorted=True):
-        if inside:
-            flags.append(sorted)
-        return original(self, k, dim, largest, sorted)
-
-    hooks = [m.register_forward_pre_hook(lambda mod, args: inside.append(mod)) for m in indexers]
-    hooks += [m.register_forward_hook(lambda mod, args, out: inside.clear()) for m in indexers]
-    torch.Tensor.topk = spy
-    try:
-        yield flags
-    finally:
-        torch.Tensor.topk = original
-        for hook in hooks:
-            hook.remove()
-
-
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("family", DSA_FAMILIES)
 def test_topk_skips_the_sort_where_attention_reads_a_mask(family, attn, monkeypatch):
@@ -449,7 +425,7 @@ def test_topk_skips_the_sort_where_attention_reads_a_mask(family, attn, monkeypa
     ids = prompt()
     calls = _capture_indexer_calls(model, ids)
     swap_indexers(model)
-    with _topk_sorted_flags(swapped_indexers(model)) as flags, torch.no_grad():
+    with topk_sorted_flags(swapped_indexers(model)) as flags, torch.no_grad():
         out = model(ids, use_cache=False).logits
     assert len(flags) == model.config.num_hidden_layers and not any(flags)
     swapped = type(swapped_indexers(model)[0])
@@ -459,7 +435,7 @@ def test_topk_skips_the_sort_where_attention_reads_a_mask(family, attn, monkeypa
     monkeypatch.undo()
     module, args, kwargs = calls[0]
     monkeypatch.setattr(module.config, "_attn_implementation", "flash_attention_2")
-    with _topk_sorted_flags([module]) as flags, torch.no_grad():
+    with topk_sorted_flags([module]) as flags, torch.no_grad():
         got = module(*args, **kwargs)
         scores = _patched_scores(module, args, kwargs)
     assert flags and all(flags) and torch.equal(got, scores.topk(got.shape[-1], dim=-1).indices.to(torch.int32))

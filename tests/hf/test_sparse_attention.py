@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_models import build, prompt
+from hf_models import build, prompt, topk_sorted_flags
 
 from tilegemm.testing import calc_diff
 from tilegemm.transformers import (
@@ -130,23 +130,11 @@ def test_off_by_switch_and_through_the_family_patcher():
         revert_tilegemm_kernel_patches()
 
 
-def test_indexer_skips_its_sort_under_sparse_attention(monkeypatch):
+def test_indexer_skips_its_sort_under_sparse_attention():
     model = build("tiny-deepseek-v32")
     apply_tilegemm_to_model(model, experts=False, norm=False)
     indexers = swapped_indexers(model)
-    flags, inside = [], []
-    original = torch.Tensor.topk
-
-    def spy(self, k, dim=-1, largest=True, sorted=True):
-        if inside:
-            flags.append(sorted)
-        return original(self, k, dim, largest, sorted)
-
-    for module in indexers:
-        module.register_forward_pre_hook(lambda mod, args: inside.append(mod))
-        module.register_forward_hook(lambda mod, args, out: inside.clear())
-    monkeypatch.setattr(torch.Tensor, "topk", spy)
-    with torch.no_grad():
+    with topk_sorted_flags(indexers) as flags, torch.no_grad():
         model(prompt(), use_cache=False)
     assert len(flags) == len(indexers) == model.config.num_hidden_layers and not any(flags)
 
