@@ -21,8 +21,9 @@ random-weight realistic preset (default ``deepseek-v3.2``: indexer 64 heads of 1
    the decode kernel against the plain one.
 4. ``decode_model``: the whole model (``--layers``, default 4: three dense layers and one MoE layer) decode step
    with a static cache of the same lengths (filled with random keys) replayed from a CUDA graph: stock,
-   indexers patched alone, everything patched (indexers, experts, norms), everything patched with the FP8 key
-   cache, and everything patched with the decode kernel forced; logits ``calc_diff`` vs stock.
+   indexers patched alone, indexers and the sparse attention, everything patched (indexers, sparse attention,
+   experts, norms), everything patched on the cutile backend (the sparse attention gathers for SDPA instead of its
+   gluon kernel), and everything patched with the FP8 key cache (``MODEL_VARIANTS``); logits ``calc_diff`` vs stock.
 
 5. ``decode_profile``: one eager decode step of one indexer (stock, patched BF16, FP8 key cache) under torch's
    profiler: its kernels with their device microseconds, most first.
@@ -60,7 +61,7 @@ from modeling.transformers.cli import positive_ints, progress_log  # noqa: E402
 from tilegemm import indexer as scoring  # noqa: E402
 from tilegemm.env import MQA_VARIANT  # noqa: E402
 from tilegemm.ops import api  # noqa: E402
-from tilegemm.testing import calc_diff  # noqa: E402
+from tilegemm.testing import calc_diff, dense_index_scores  # noqa: E402
 from tilegemm.transformers import indexer as idx  # noqa: E402
 from tilegemm.transformers.compat import cache_kwargs, rewind_static_cache  # noqa: E402
 from tilegemm.transformers.presets import PRESETS  # noqa: E402
@@ -364,7 +365,7 @@ def sampled_formula(module, hidden, q_resid, pe, sample) -> torch.Tensor:
             module(hidden, q_resid, pe, None, None)  # no cache
     finally:
         scoring.index_scores = original
-    ref = scoring.dense_index_scores(captured["q"], captured["k"], captured["w"], captured["scale"])[0]
+    ref = dense_index_scores(captured["q"], captured["k"], captured["w"], captured["scale"])[0]
     cols = torch.arange(ref.shape[-1], device=ref.device)
     return ref.masked_fill(cols[None, :] > sample[:, None], float("-inf"))
 
@@ -568,14 +569,15 @@ def kernels(config, contexts: list[int], rows_list: list[int], reps: int, device
 
 
 #: The whole-model decode step's variants: stock, indexers patched alone, indexers and the sparse attention, everything
-#: patched (BF16 indexers, sparse attention), everything patched with the FP8 key cache, everything patched with the
-#: MQA decode kernel forced.
-MODEL_VARIANTS = ("stock", "indexer", "sparse", "all", "all_fp8_cache", "all_decode_kernel")
+#: patched (BF16 indexers, sparse attention), everything patched under the cutile backend (so the sparse attention
+#: gathers its keys for SDPA instead of running the gluon kernel), everything patched with the FP8 key cache.
+MODEL_VARIANTS = ("stock", "indexer", "sparse", "all", "all_gather", "all_fp8_cache")
 
 
 def decode_model(preset: str, layers: int, contexts: list[int], reps: int, device: torch.device) -> list[dict]:
     from transformers import AutoModelForCausalLM
 
+    from tilegemm import use_backend
     from tilegemm.bench.models import StaticDecode
     from tilegemm.transformers import apply_tilegemm_to_model, revert_tilegemm_model, swap_indexers
 
@@ -616,7 +618,7 @@ def decode_model(preset: str, layers: int, contexts: list[int], reps: int, devic
                 swap_indexers(model, fp8=True, fp8_cache=True)
             step = functools.partial(decode.step, token, length)
             try:
-                with mqa_variant("decode" if variant == "all_decode_kernel" else None):
+                with use_backend("cutile") if variant == "all_gather" else contextlib.nullcontext():
                     ms, out = graph_replay_ms(step, reps * 4, device)
                     peak = peak_extra_gib(step, device)
                 logits[variant] = out.float().clone()

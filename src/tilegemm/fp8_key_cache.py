@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from tilegemm import config
-from tilegemm.indexer import hadamard_rotate, mask_windows, quantize_keys, quantize_rows
+from tilegemm.indexer import apply_mask, hadamard_rotate, key_windows, quantize_keys, quantize_rows
 from tilegemm.ops import api
 
 __all__ = ["BLOCK_KV", "PAGED_MAX_ROWS", "Fp8KeyCache", "score_fp8_key_cache"]
@@ -122,11 +122,7 @@ def score_fp8_key_cache(
         fp32 ``[B, S, length]``, as :func:`tilegemm.indexer.index_scores` with ``fp8=True`` on the same keys.
     """
     batch, rows, heads, dim = q.shape
-    if attention_mask is None:
-        ks = torch.zeros(batch, rows, dtype=torch.int32, device=q.device)
-        ke = torch.full_like(ks, length)
-    else:
-        ks, ke = mask_windows(attention_mask)
+    ks, ke = key_windows(attention_mask, batch, rows, length, q.device)
     q8, q_scale = quantize_rows(hadamard_rotate(q) if cache.hadamard else q)
     w = weights.float() * softmax_scale * q_scale
     if rows <= PAGED_MAX_ROWS:
@@ -150,8 +146,4 @@ def score_fp8_key_cache(
             keys = cache.sequence(b, length)
             parts.append(api.fp8_mqa_logits(q8[b], keys, w[b].contiguous(), ks[b], ke[b], backend=backend))
         scores = torch.stack(parts)
-    if attention_mask is None:
-        return scores
-    if attention_mask.dtype == torch.bool:
-        return scores.masked_fill_(~attention_mask, float("-inf"))
-    return scores.add_(attention_mask)
+    return apply_mask(scores, attention_mask)

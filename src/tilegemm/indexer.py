@@ -15,7 +15,8 @@ beyond what the arguments require (Python lists of lengths are host data by natu
 * :func:`index_scores`: a transformers sparse-attention indexer's masked scores ``[B, S, T]`` through
   :func:`tilegemm.bf16_mqa_logits` or (DeepSeek's FP8 recipe) :func:`tilegemm.fp8_mqa_logits`, never materializing
   ``[B, S, H, T]``; the scoring of the indexer swap (:mod:`tilegemm.transformers.indexer`), with its helpers
-  :func:`mask_windows`, :func:`hadamard_rotate`, :func:`quantize_rows` and the float64 :func:`dense_index_scores`.
+  :func:`mask_windows`, :func:`hadamard_rotate`, :func:`quantize_rows` (its float64 formula:
+  :func:`tilegemm.testing.dense_index_scores`).
 
 The cache layout: block ``blk`` is ``block_kv * (D + 4)`` bytes; the first ``block_kv * D`` bytes
 are the FP8 keys of its ``block_kv`` tokens, token-major; the last ``4 * block_kv`` bytes are their
@@ -50,6 +51,7 @@ from tilegemm.env import MQA_VARIANT
 from tilegemm.heuristics.cutile.mqa import decode_sized
 from tilegemm.ops import api
 from tilegemm.ops.checks import value_checks_enabled
+from tilegemm.ops.checks.mqa import index_scores_check
 
 __all__ = [
     "FP8_MAX",
@@ -61,9 +63,11 @@ __all__ = [
     "context_parallel_windows",
     "index_scores",
     "mask_windows",
+    "key_windows",
+    "apply_mask",
+    "DECODE_WINDOW_ROWS",
     "hadamard_rotate",
     "quantize_rows",
-    "dense_index_scores",
 ]
 
 #: Largest finite ``float8_e4m3fn`` value.
@@ -409,13 +413,21 @@ def context_parallel_windows(
 # ------------------------------------------------------------------- the indexer's scores through the MQA-logits ops
 
 
-def mask_windows(attention_mask: torch.Tensor, rows_per_chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _visible(mask: torch.Tensor) -> torch.Tensor:
+    """Where a boolean or additive mask shows its key (above the float dtype's lowest value)."""
+    return mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min
+
+
+def mask_windows(
+    attention_mask: torch.Tensor, rows_per_chunk: int | None = None, from_key_zero: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Each query's key window from its mask row: ``ks`` = first visible key, ``ke`` = last visible key + 1.
 
     Args:
         attention_mask: ``[B, S, T]``, boolean (True: visible) or additive float (visible where above the
             dtype's lowest value, as transformers' ``min`` / ``-inf`` masks mark hidden keys).
         rows_per_chunk: query rows per pass (default: about 2**24 mask elements), bounding the temporaries.
+        from_key_zero: every ``ks`` 0 (one pass over the mask: the ends only).
 
     Returns:
         int32 ``ks``, ``ke`` of shape ``[B, S]``; a row with no visible key gets ``[0, 0)``. No host sync.
@@ -425,17 +437,46 @@ def mask_windows(attention_mask: torch.Tensor, rows_per_chunk: int | None = None
     batch, rows, keys = attention_mask.shape
     step = rows_per_chunk or max(1, (1 << 24) // max(1, batch * keys))
     cols = torch.arange(1, keys + 1, dtype=torch.int32, device=attention_mask.device)
-    ks = torch.empty(batch, rows, dtype=torch.int32, device=attention_mask.device)
+    if from_key_zero and step >= rows:  # one pass, no copies
+        ke = torch.where(_visible(attention_mask), cols, 0).amax(dim=-1)
+        return torch.zeros_like(ke), ke
+    ks = torch.zeros(batch, rows, dtype=torch.int32, device=attention_mask.device)
     ke = torch.empty_like(ks)
     for r0 in range(0, rows, step):
-        part = attention_mask[:, r0 : r0 + step]
-        if part.dtype != torch.bool:
-            part = part > torch.finfo(part.dtype).min
+        part = _visible(attention_mask[:, r0 : r0 + step])
         last = torch.where(part, cols, 0).amax(dim=-1)  # last visible + 1, or 0
-        first = torch.where(part, cols, keys + 1).amin(dim=-1) - 1  # first visible, or T
         ke[:, r0 : r0 + step] = last
-        ks[:, r0 : r0 + step] = torch.minimum(first, last)
+        if not from_key_zero:
+            first = torch.where(part, cols, keys + 1).amin(dim=-1) - 1  # first visible, or T
+            ks[:, r0 : r0 + step] = torch.minimum(first, last)
     return ks, ke
+
+
+#: Up to this many query rows per sequence (decode steps), key windows start at key 0 (one pass over the mask; the
+#: hidden keys before the first visible one are scored, then masked). Longer calls (prefill) skip those keys.
+DECODE_WINDOW_ROWS = 4
+
+
+def key_windows(
+    attention_mask: torch.Tensor | None, batch: int, rows: int, keys: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``ks``, ``ke`` key windows (int32 ``[B, S]``) an indexer call over ``keys`` keys scores: every key with no
+    mask, else :func:`mask_windows` (from key 0 up to :data:`DECODE_WINDOW_ROWS` rows). Every visible key lies in its
+    row's window; the caller applies the mask over the windows' scores."""
+    if attention_mask is None:
+        ks = torch.zeros(batch, rows, dtype=torch.int32, device=device)
+        return ks, torch.full_like(ks, keys)
+    return mask_windows(attention_mask, from_key_zero=rows <= DECODE_WINDOW_ROWS)
+
+
+def apply_mask(scores: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """``scores`` (fp32 ``[B, S, T]``) under the mask as stock transformers applies it: ``-inf`` where a boolean
+    mask hides a key (a new tensor), ``+ mask`` for an additive one (in place); unchanged with no mask."""
+    if attention_mask is None:
+        return scores
+    if attention_mask.dtype == torch.bool:
+        return torch.where(attention_mask, scores, float("-inf"))
+    return scores.add_(attention_mask)
 
 
 @functools.cache
@@ -500,32 +541,6 @@ def _decode_kernel_takes(q: torch.Tensor, rows: int, keys: int, backend: str | N
     return decode_sized(rows, keys, 10 * torch.cuda.get_device_capability(q.device)[0])
 
 
-def _check_scoring_inputs(q, k, weights, attention_mask) -> None:
-    """Shapes and dtypes of :func:`index_scores`' inputs, checked before any kernel runs."""
-    for name, x, ndim in (("q", q, 4), ("k", k, 3), ("weights", weights, 3)):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name}: got {type(x).__name__}, expected a torch.Tensor")
-        if x.dim() != ndim:
-            raise ValueError(f"{name}: got shape {list(x.shape)}, expected {ndim}-D")
-        if not x.is_floating_point():
-            raise TypeError(f"{name}: got dtype {x.dtype}, expected a float tensor")
-    batch, rows, heads, dim = q.shape
-    if k.shape[0] != batch or k.shape[2] != dim:
-        raise ValueError(f"k: got shape {list(k.shape)}, expected [B={batch}, T, D={dim}]")
-    if tuple(weights.shape) != (batch, rows, heads):
-        raise ValueError(f"weights: got shape {list(weights.shape)}, expected [B, S, H] = {[batch, rows, heads]}")
-    if attention_mask is not None:
-        if not isinstance(attention_mask, torch.Tensor):
-            raise TypeError(f"attention_mask: got {type(attention_mask).__name__}, expected a torch.Tensor or None")
-        if attention_mask.dim() != 3 or tuple(attention_mask.shape) != (batch, rows, k.shape[1]):
-            raise ValueError(
-                f"attention_mask: got shape {list(attention_mask.shape)}, "
-                f"expected [B, S, T] = {[batch, rows, k.shape[1]]}"
-            )
-        if attention_mask.dtype != torch.bool and not attention_mask.is_floating_point():
-            raise TypeError(f"attention_mask: got dtype {attention_mask.dtype}, expected bool or a float dtype")
-
-
 def index_scores(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -552,19 +567,13 @@ def index_scores(
         backend: the tilegemm backend of the MQA-logits calls (``None``: the current choice).
 
     Returns:
-        fp32 ``[B, S, T]``: ``sum_h weights * relu(q . k) * softmax_scale`` inside each mask span, the mask applied
-        as stock applies it (``-inf`` where a boolean mask hides a key, ``+ mask`` for an additive one).
+        fp32 ``[B, S, T]``: ``sum_h weights * relu(q . k) * softmax_scale`` inside each key window
+        (:func:`key_windows`), ``-inf`` outside, the mask then applied as stock applies it (:func:`apply_mask`).
     """
-    _check_scoring_inputs(q, k, weights, attention_mask)
-    if not softmax_scale > 0:
-        raise ValueError(f"softmax_scale: got {softmax_scale}, expected a positive number")
+    index_scores_check(q, k, weights, attention_mask, softmax_scale)
     batch, rows, _, _ = q.shape
     keys = k.shape[1]
-    if attention_mask is None:
-        ks = torch.zeros(batch, rows, dtype=torch.int32, device=q.device)
-        ke = torch.full_like(ks, keys)
-    else:
-        ks, ke = mask_windows(attention_mask)
+    ks, ke = key_windows(attention_mask, batch, rows, keys, q.device)
     w = weights.float() * softmax_scale
     if fp8:
         if hadamard:
@@ -587,14 +596,4 @@ def index_scores(
     else:
         parts = [_float_logits(q[b], k[b], w[b], ks[b], ke[b]) for b in range(batch)]
     scores = parts[0].unsqueeze(0) if batch == 1 else torch.stack(parts)
-    if attention_mask is None:
-        return scores
-    if attention_mask.dtype == torch.bool:
-        return scores.masked_fill_(~attention_mask, float("-inf"))
-    return scores.add_(attention_mask)
-
-
-def dense_index_scores(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, softmax_scale: float) -> torch.Tensor:
-    """Stock's formula in float64 (tests and measurements): ``[B, S, T]`` = ``sum_h w * relu(q . k * scale)``."""
-    scores = torch.einsum("bshd,btd->bsht", q.double(), k.double()).mul_(softmax_scale).relu_()
-    return torch.einsum("bsh,bsht->bst", weights.double(), scores)
+    return apply_mask(scores, attention_mask)

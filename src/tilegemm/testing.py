@@ -266,3 +266,10 @@ def bench_kernel(fn: Callable[[], Any], warmup: int = 25, rep: int = 100, device
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
+
+
+def dense_index_scores(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, softmax_scale: float) -> torch.Tensor:
+    """The transformers DSA indexer's formula (stock's scoring) in float64 (tests and measurements): ``[B, S, T]``
+    = ``sum_h w * relu(q . k * scale)``."""
+    scores = torch.einsum("bshd,btd->bsht", q.double(), k.double()).mul_(softmax_scale).relu_()
+    return torch.einsum("bsh,bsht->bst", weights.double(), scores)

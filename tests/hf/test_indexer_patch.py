@@ -19,7 +19,7 @@ from hf_models import build, indexer_inputs, prompt, topk_sorted_flags
 from modeling.transformers import measure
 from modeling.transformers.indexer_bench import capture_scores
 from tilegemm import indexer as scoring
-from tilegemm.testing import calc_diff
+from tilegemm.testing import calc_diff, dense_index_scores
 from tilegemm.transformers import (
     apply_tilegemm_kernel_to_model_type,
     apply_tilegemm_to_model,
@@ -181,6 +181,49 @@ def test_mask_windows():
     ]
 
 
+def test_windows_from_key_zero_and_key_windows():
+    """``mask_windows(from_key_zero=True)``: the same ``ke`` in one pass (boolean or additive, empty rows 0, one chunk
+    or several), every ``ks`` 0; ``key_windows`` takes it for decode rows (up to ``DECODE_WINDOW_ROWS``), the spans
+    for longer calls and every key without a mask."""
+    torch.manual_seed(0)
+    visible = torch.rand(2, 9, 13) < 0.4
+    visible[0, 3] = False
+    ks, ke = scoring.mask_windows(visible)
+    additive = torch.zeros(visible.shape).masked_fill(~visible, torch.finfo(torch.float32).min)
+    for mask in (visible, additive, additive.bfloat16().masked_fill(~visible, float("-inf"))):
+        for chunk in (None, 4):
+            starts, ends = scoring.mask_windows(mask, rows_per_chunk=chunk, from_key_zero=True)
+            assert torch.equal(ends, ke) and ends.dtype == torch.int32 and not starts.any()
+    rows = scoring.DECODE_WINDOW_ROWS
+    starts, ends = scoring.key_windows(visible[:, :rows], 2, rows, 13, visible.device)
+    assert starts.tolist() == [[0] * rows] * 2 and torch.equal(ends, ke[:, :rows])
+    assert all(torch.equal(a, b) for a, b in zip(scoring.key_windows(visible, 2, 9, 13, visible.device), (ks, ke)))
+    starts, ends = scoring.key_windows(None, 2, 3, 13, visible.device)
+    assert starts.tolist() == [[0] * 3] * 2 and ends.tolist() == [[13] * 3] * 2
+
+
+@pytest.mark.parametrize("variant", ["plain", "decode"], ids=["torch-matmul", "mqa-op"])
+def test_decode_step_window_from_key_zero(variant, monkeypatch):
+    """A left-padded decode row (its first visible key past 0) scored from key 0: stock's formula on every visible
+    key, ``-inf`` exactly where a boolean mask hides one; an additive mask adds to the scores of the window's hidden
+    keys as stock's ``scores + mask`` does, ``-inf`` past the last visible key."""
+    monkeypatch.setenv("TILEGEMM_MQA_VARIANT", variant)
+    q, k, w, mask = _random_indexer_inputs()
+    q, w, mask = q[:, -1:], w[:, -1:], mask[:, -1:].clone()
+    mask[0, 0, :5] = False
+    mask[1, 0, -3:] = False
+    scale = q.shape[-1] ** -0.5
+    ref = dense_index_scores(q, k, w, scale)
+    got = idx.index_scores(q, k, w, mask, scale)
+    assert torch.equal(torch.isneginf(got), ~mask) and calc_diff(got[mask], ref[mask]) < 1e-6
+    lowest = torch.finfo(torch.float32).min
+    additive = torch.zeros(mask.shape).masked_fill(~mask, lowest)
+    got = idx.index_scores(q, k, w, additive, scale)
+    inside = torch.arange(k.shape[1]) < scoring.mask_windows(mask)[1].unsqueeze(-1)
+    assert torch.equal(torch.isneginf(got), ~inside)
+    assert calc_diff(got[inside], (ref.float() + additive)[inside]) < 1e-6
+
+
 _random_indexer_inputs = functools.partial(indexer_inputs, batch=2, rows=40, keys=64, heads=8, dim=64, seed=0)
 
 
@@ -190,7 +233,7 @@ def test_index_scores_bf16_matches_formula():
     q, k, w, mask = _random_indexer_inputs()
     scale = q.shape[-1] ** -0.5
     got = idx.index_scores(q, k, w, mask, scale)
-    ref = idx.dense_index_scores(q, k, w, scale)
+    ref = dense_index_scores(q, k, w, scale)
     assert torch.equal(torch.isneginf(got), ~mask)
     assert calc_diff(got[mask], ref[mask]) < 1e-6
 
@@ -221,7 +264,7 @@ def test_decode_sized_scores_take_torch_path(monkeypatch):
     visible = last[3]
     assert torch.equal(torch.isneginf(small), ~visible)
     assert calc_diff(small[visible], fused[visible]) < 1e-6
-    ref = idx.dense_index_scores(*last[:3], scale)
+    ref = dense_index_scores(*last[:3], scale)
     assert calc_diff(small[visible], ref[visible]) < 1e-6
 
 
@@ -247,7 +290,7 @@ def test_index_scores_fp8_recipe(hadamard):
     q, k, w, mask = _random_indexer_inputs(rows=64, keys=256, heads=16, dim=128, seed=1)
     scale = q.shape[-1] ** -0.5
     got = idx.index_scores(q, k, w, mask, scale, fp8=True, hadamard=hadamard)
-    ref = idx.dense_index_scores(q, k, w, scale)
+    ref = dense_index_scores(q, k, w, scale)
     assert torch.equal(torch.isneginf(got), ~mask)
     assert calc_diff(got[mask], ref[mask]) < 1e-3
     bf16 = idx.index_scores(q, k, w, mask, scale)
@@ -333,8 +376,8 @@ def test_indexer_bench_smoke_on_cpu(tmp_path):
     assert kern["bf16_decode"]["calc_diff_vs_plain"] < 1e-9 and kern["fp8_decode"]["calc_diff_vs_plain"] < 1e-9
     (model,) = result["decode_model"]
     assert model["indexer"]["calc_diff_vs_stock"] < 1e-6 and "error" not in model["all"]
-    forced, patched = model["all_decode_kernel"]["calc_diff_vs_stock"], model["all"]["calc_diff_vs_stock"]
-    assert forced <= patched + 1e-6 and "error" not in model["all_fp8_cache"]
+    gathered, patched = model["all_gather"]["calc_diff_vs_stock"], model["all"]["calc_diff_vs_stock"]
+    assert gathered <= patched + 1e-6 and "error" not in model["all_fp8_cache"]
     (prof,) = result["decode_profile"]
     for variant in indexer_bench.PROFILE_VARIANTS:
         assert prof[variant]["kernels"] >= 1 and prof[variant]["total_us"] > 0, prof[variant]

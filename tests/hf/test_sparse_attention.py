@@ -52,9 +52,27 @@ def test_stock_attention_hands_the_indices_on(family):
     assert attention is not None and sparse.hands_indices_on(attention)
 
 
+@pytest.fixture(params=["gather", "op"])
+def decode_path(request, monkeypatch) -> tuple[str, list]:
+    """The decode path under test: ``gather`` (SDPA over the gathered keys: no kernel here) or ``op``
+    (:func:`tilegemm.sparse_decode_attention`, as on a GPU where its kernel runs; here its reference). Returns its
+    name and the list each op call appends its arguments' shapes to."""
+    from tilegemm.ops import api
+
+    calls = []
+    if request.param == "op":
+        real = api.sparse_decode_attention
+        monkeypatch.setattr(sparse, "_kernel_runs", lambda query: True)
+        monkeypatch.setattr(
+            api, "sparse_decode_attention", lambda *a, **kw: calls.append([tuple(t.shape) for t in a[:4]]) or real(*a)
+        )
+    return request.param, calls
+
+
 @pytest.mark.parametrize("family", DSA_FAMILIES)
-def test_decode_step_matches_the_masked_attention(family):
-    """14 keys, k = 3: the decode step gathers (at least GATHER_MIN_KEYS_PER_INDEX keys per selected one)."""
+def test_decode_step_matches_the_masked_attention(family, decode_path):
+    """14 keys, k = 3: the decode step attends to its 3 selected keys (the gather: at least GATHER_MIN_KEYS_PER_INDEX
+    keys per selected one)."""
     stock, patched = _pair(family, index_topk=3)
     assert patched.config._attn_implementation == sparse.SPARSE_ATTENTION
     ids = prompt(length=14)
@@ -62,12 +80,17 @@ def test_decode_step_matches_the_masked_attention(family):
     head, step = _decode_logits(patched, ids)
     assert torch.equal(head, stock_head)
     assert calc_diff(step, stock_step) < 1e-12
+    path, calls = decode_path
+    c = patched.config
+    one = [(2, c.num_attention_heads, c.qk_head_dim), (2, c.num_attention_heads, 14, c.qk_head_dim)]
+    one += [(2, c.num_attention_heads, 14, c.v_head_dim), (2, 3)]
+    assert calls == ([one] * c.num_hidden_layers if path == "op" else [])
 
 
 @pytest.mark.parametrize("family", DSA_FAMILIES)
-def test_padding_and_a_top_k_wider_than_the_visible_keys(family):
+def test_padding_and_a_top_k_wider_than_the_visible_keys(family, decode_path):
     """Left padding hides all but one key of the first sequence: its top-2 selects a hidden key (scored -inf), which
-    the gathered mask keeps hidden."""
+    the mask at the selected keys keeps hidden."""
     stock, patched = _pair(family, index_topk=2)
     ids = prompt(length=10)
     mask = torch.ones_like(ids)
@@ -78,11 +101,39 @@ def test_padding_and_a_top_k_wider_than_the_visible_keys(family):
 
 
 def test_few_keys_per_selected_one_keep_the_masked_attention():
-    """14 keys, k = 6: fewer than GATHER_MIN_KEYS_PER_INDEX per selected one, the stock fold itself (bit for bit)."""
+    """14 keys, k = 6: fewer than GATHER_MIN_KEYS_PER_INDEX per selected one, without the kernel the stock fold
+    itself (bit for bit); with it (any number of keys per selected one) the same logits to fp32 order."""
     assert 14 < sparse.GATHER_MIN_KEYS_PER_INDEX * 6
     stock, patched = _pair("tiny-deepseek-v32", index_topk=6)
     ids = prompt(length=14)
-    assert all(torch.equal(a, b) for a, b in zip(_decode_logits(patched, ids), _decode_logits(stock, ids)))
+    stock_logits = _decode_logits(stock, ids)
+    assert all(torch.equal(a, b) for a, b in zip(_decode_logits(patched, ids), stock_logits))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sparse, "_kernel_runs", lambda query: True)
+        assert calc_diff(_decode_logits(patched, ids)[1], stock_logits[1]) < 1e-12
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", DSA_FAMILIES)
+def test_decode_step_on_the_kernel_gpu(family, monkeypatch):
+    """On a Hopper GPU the decode step runs the ``gluon`` kernel (fallback disabled): fp32 logits within 1e-9 of
+    stock's (the same softmax, another summation order)."""
+    from tilegemm.backend import selector
+    from tilegemm.ops import api
+
+    if not selector.is_backend_available("gluon"):
+        pytest.skip(f"gluon: {selector.unavailable_reason('gluon')}")
+    monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
+    ran = []
+    real = api.sparse_decode_attention
+    monkeypatch.setattr(api, "sparse_decode_attention", lambda *a: ran.append(a[0].device) or real(*a))
+    stock, patched = (model.cuda() for model in _pair(family, index_topk=3))
+    ids = prompt(length=14).cuda()
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    _, stock_step = _decode_logits(stock, ids, mask)
+    _, step = _decode_logits(patched, ids, mask)
+    assert ran and calc_diff(step.double(), stock_step.double()) < 1e-9
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -690,6 +690,38 @@ def rms_norm(draw) -> Case:
 FLOATS = [torch.bfloat16, torch.float16, torch.float32]
 
 
+def sparse_decode_attention(draw) -> Case:
+    b, h, t = draw(st.integers(0, 3)), draw(st.integers(1, 5)), draw(st.integers(1, 40))
+    dim, dim_v, count = draw(st.integers(1, 70)), draw(st.integers(1, 70)), draw(st.integers(1, 12))
+    dtype = draw(st.sampled_from(FLOATS))
+    index_dtype = draw(st.sampled_from([torch.int32, torch.int64]))
+    indices = torch.randint(0, t, (b, count), dtype=index_dtype)
+    mask = draw(st.sampled_from([None, "bool", "additive"]))
+    if mask is not None:
+        visible = torch.rand(b, t) > 0.3
+        mask = visible if mask == "bool" else torch.zeros(b, t, dtype=dtype).masked_fill(~visible, -math.inf)
+    scale = draw(st.sampled_from([0.125, 1, 3.0]))
+    kw = dict(q=rand(b, h, dim, dtype=dtype), k=rand(b, 1, t, dim, dtype=dtype), v=rand(b, 1, t, dim_v, dtype=dtype))
+    kw.update(indices=indices, scale=scale, mask=mask)
+
+    def reference(call: dict[str, Any], _: Any) -> torch.Tensor:
+        q, k, v = d64(call["q"]), d64(call["k"])[:, 0], d64(call["v"])[:, 0]
+        rows = call["indices"].long()
+        logits = torch.stack([q[i] @ k[i][rows[i]].T for i in range(b)]) * scale if b else torch.zeros(0, h, count)
+        if call["mask"] is not None:
+            at = torch.stack([call["mask"][i][rows[i]] for i in range(b)]) if b else torch.zeros(0, count)
+            bias = torch.where(at, 0.0, -math.inf) if at.dtype == torch.bool else d64(at)
+            logits = logits + bias[:, None, :].double()
+        weights = torch.softmax(logits, -1).nan_to_num(0.0)
+        return torch.stack([weights[i] @ v[i][rows[i]] for i in range(b)]) if b else torch.zeros(0, h, dim_v)
+
+    dims = {"q": "BHD", "k": "BGTD", "v": "BGTE", "indices": "BK"} | ({"mask": "BT"} if mask is not None else {})
+    return Case(
+        tg.sparse_decode_attention, kw, dims, reference, out=None, bar=1e-5, free="HEK", contiguous=("q", "k", "v"),
+        bad_dtype=torch.int16, meta_ok=False,
+    )  # fmt: skip
+
+
 def matmul(draw) -> Case:
     m, k, n = draw(st.integers(1, 12)), draw(st.integers(1, 40)), draw(st.integers(1, 12))
 
@@ -866,6 +898,7 @@ FAMILIES: dict[str, Callable[[Any], Case]] = {
     "fp8_einsum": fp8_einsum,
     "tf32_hc_prenorm_gemm": prenorm,
     "rms_norm": rms_norm,
+    "sparse_decode_attention": sparse_decode_attention,
     "matmul": matmul,
     "grouped_matmul": grouped_matmul,
     "fp8_grouped_matmul": fp8_grouped_matmul,
@@ -1034,7 +1067,7 @@ def test_every_public_tensor_op_is_fuzzed():
         "grouped_matmul",
         "fp8_grouped_matmul", "fp8_linear", "per_token_cast_to_fp8", "per_channel_cast_to_fp8", "per_block_cast_to_fp8",
         "get_mn_major_tma_aligned_tensor", "calc_diff", "cublaslt_gemm_nn", "cublaslt_gemm_nt", "cublaslt_gemm_tn",
-        "cublaslt_gemm_tt", "moe_experts", "fp8_moe_experts", "rms_norm",
+        "cublaslt_gemm_tt", "moe_experts", "fp8_moe_experts", "rms_norm", "sparse_decode_attention",
     }  # fmt: skip
     aliases = {
         "m_grouped_fp8_fp4_gemm_nt_contiguous",

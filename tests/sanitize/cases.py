@@ -497,6 +497,41 @@ def _mqa_decode() -> str:
     return "ran"
 
 
+# The gluon sparse decode attention: indices anywhere in int32 (outside [0, T) they select nothing and read nothing),
+# boolean and additive masks, grouped heads, awkward head dims, one split and several; valid indices against pytorch.
+@case("sparse decode attention gluon: garbage indices, awkward shapes")
+def _sparse_decode_attention() -> str:
+    from tilegemm.backend.selector import gluon_unavailable_reason
+
+    reason = gluon_unavailable_reason()
+    if reason is not None:
+        return f"skipped: gluon unavailable ({reason})"
+    g = _gen(12)
+    diffs = []
+    for b, h, hk, t, dk, dv, count in (
+        (1, 128, 128, 300, 192, 128, 2048),
+        (3, 6, 3, 77, 80, 40, 50),
+        (2, 4, 1, 5, 64, 96, 1),
+    ):
+        q = torch.randn(b, h, dk, device=DEV, generator=g).bfloat16()
+        k = torch.randn(b, hk, t, dk, device=DEV, generator=g).bfloat16()
+        v = torch.randn(b, hk, t, dv, device=DEV, generator=g).bfloat16()
+        visible = torch.rand(b, t, device=DEV, generator=g) > 0.2
+        additive = torch.zeros(b, t, device=DEV).masked_fill(~visible, float("-inf"))
+        wild = torch.randint(-(2**31), 2**31 - 1, (b, count), device=DEV, generator=g, dtype=torch.int32)
+        valid = torch.randint(0, t, (b, count), device=DEV, generator=g)
+        for mask in (None, visible, additive):
+            tg.sparse_decode_attention(q, k, v, wild, 0.1, mask, backend="gluon")
+            got = tg.sparse_decode_attention(q, k, v, valid, 0.1, mask, backend="gluon")
+            want = tg.sparse_decode_attention(q, k, v, valid, 0.1, mask, backend="pytorch")
+            diff = calc_diff(got.double(), want.double())
+            if diff > 1e-5:
+                raise AssertionError(f"gluon differs from pytorch: calc_diff {diff:.2e}")
+            diffs.append(diff)
+    torch.cuda.synchronize()
+    return f"calc_diff <= {max(diffs):.1e}"
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("tests/sanitize/cases.py needs a CUDA GPU (make test-gpu-sanitize on a GPU machine)", file=sys.stderr)

@@ -21,10 +21,12 @@ logits only), with the same projections, rotary embedding, key cache, mask and `
   :func:`tilegemm.transformers.compat.rewind_static_cache` rewinds both caches and the step is graph-capturable.
   This path calls the ops directly, not as one custom op (``torch.compile`` breaks the graph there).
 
-Each query's key window ``[ks, ke)`` is the span of its row of the attention mask (first to last visible key), so
-the kernel skips the causal future and the unfilled slots of a static cache; the mask itself is then applied as
-stock applies it (``masked_fill`` for a boolean mask, addition for an additive one), which also covers holes
-(padding) inside a span. Nothing synchronises the host, so a static-cache decode step can be captured in a CUDA graph.
+Each query's key window ``[ks, ke)`` ends at its mask row's last visible key and starts at its first (prefill) or
+at key 0 (decode steps: :func:`~tilegemm.indexer.key_windows`), so the kernel skips the causal future and the
+unfilled slots of a static cache; the mask itself is then applied as stock applies it (``-inf`` for a boolean mask,
+addition for an additive one), which also covers the hidden keys (padding) inside a window. The softmax scale and
+stock's ``n_heads**-0.5`` are folded into one factor of the head weights. Nothing synchronises the host, so a
+static-cache decode step can be captured in a CUDA graph.
 That scoring is :func:`tilegemm.indexer.index_scores` (with :func:`~tilegemm.indexer.mask_windows`,
 :func:`~tilegemm.indexer.hadamard_rotate`, :func:`~tilegemm.indexer.quantize_rows`; imported here too); this module
 is the swap. The swapped forward calls the scoring as the custom op ``tilegemm::indexer_scores``
@@ -55,7 +57,7 @@ from torch import nn
 
 from tilegemm.custom_ops import indexer_scores
 from tilegemm.fp8_key_cache import Fp8KeyCache, score_fp8_key_cache
-from tilegemm.indexer import dense_index_scores, hadamard_rotate, index_scores, mask_windows, quantize_rows
+from tilegemm.indexer import hadamard_rotate, index_scores, mask_windows, quantize_rows
 from tilegemm.transformers.compat import lines_in_order, squash, squashed_source
 from tilegemm.transformers.sparse_attention import SPARSE_ATTENTION
 from tilegemm.transformers.swap import ClassSwap
@@ -193,11 +195,12 @@ def _patched_forward(rope_name: str):
             k = new = torch.cat([k_rot, k_pass], dim=-1).squeeze(2)
             if cache is not None:
                 k = cache.update_indexer(k, self.layer_idx)
-            weights = self.weights_proj(hidden_states.to(self.weights_proj.weight.dtype)).float() * (self.n_heads**-0.5)
+            weights = self.weights_proj(hidden_states.to(self.weights_proj.weight.dtype)).float()
+            scale = float(self.softmax_scale) * self.n_heads**-0.5
             if self._tilegemm_fp8_cache:
                 keys = fp8_keys_for(cache, self.layer_idx, new, k, self._tilegemm_hadamard)
                 scores = score_fp8_key_cache(
-                    q, keys, weights, attention_mask, float(self.softmax_scale), k.shape[1], self._tilegemm_backend
+                    q, keys, weights, attention_mask, scale, k.shape[1], self._tilegemm_backend
                 )
             else:
                 scores = indexer_scores(
@@ -205,7 +208,7 @@ def _patched_forward(rope_name: str):
                     k,
                     weights,
                     attention_mask,
-                    float(self.softmax_scale),
+                    scale,
                     self._tilegemm_fp8,
                     self._tilegemm_hadamard,
                     self._tilegemm_backend,
@@ -359,7 +362,6 @@ __all__ = [
     "INDEXER_BY_MODEL_TYPE",
     "IndexerSpec",
     "MASK_ATTENTION",
-    "dense_index_scores",
     "fp8_keys_for",
     "hadamard_rotate",
     "index_scores",

@@ -7,10 +7,13 @@ Under any other attention implementation the stock forward hands the raw indices
 (``indices=``, for FlashMLA). :data:`SPARSE_ATTENTION` is such an implementation, registered with transformers'
 ``AttentionInterface`` (and SDPA's mask function with ``AttentionMaskInterface``):
 
-* a query row alone (a decode step, ``S == 1``) over at least :data:`GATHER_MIN_KEYS_PER_INDEX` keys per selected
-  one: the keys and values at its ``k`` indices are gathered, with its mask at those keys, and SDPA runs over the
-  ``k`` of them. The same softmax: every key the stock mask hides gets weight exactly 0 there (``exp(-inf)``), and
+* a query row alone (a decode step, ``S == 1``) on a GPU where the ``gluon`` backend runs:
+  :func:`tilegemm.sparse_decode_attention`, whose kernel reads the ``k`` selected keys and values in place (and the
+  mask at them). The same softmax: every key the stock mask hides gets weight exactly 0 there (``exp(-inf)``), and
   the visible ones are the same; only the order of the sums differs;
+* a query row alone elsewhere, over at least :data:`GATHER_MIN_KEYS_PER_INDEX` keys per selected one: the keys and
+  values at its ``k`` indices are gathered (:func:`~tilegemm.ops.reference.attention.gather_rows`), with its mask
+  at those keys, and SDPA runs over the ``k`` of them;
 * otherwise (prefill, each row with its own keys; or few keys per selected one, where copying the selected keys and
   values costs more than reading all of them): the stock computation itself, the index mask folded into the
   attention mask as the stock forward folds it, then SDPA over all keys.
@@ -27,6 +30,9 @@ import sys
 import torch
 from torch import nn
 
+from tilegemm.backend import choice, selector
+from tilegemm.ops import api
+from tilegemm.ops.reference.attention import gather_rows
 from tilegemm.transformers.compat import lines_in_order, squashed_source
 
 __all__ = [
@@ -106,18 +112,38 @@ def sparse_attention_forward(
     if indices is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     kwargs.pop("is_causal", None)
-    batch, _, rows, _ = query.shape
-    if rows != 1 or key.shape[2] < GATHER_MIN_KEYS_PER_INDEX * indices.shape[-1]:
-        mask = _index_mask(attention_mask, indices, key.shape[2], query.dtype)
+    rows, keys = query.shape[2], key.shape[2]
+    if rows == 1:
+        mask_row = _decode_mask_row(attention_mask, keys)
+        if mask_row is not False and not dropout and kwargs.get("softcap") is None and _kernel_runs(query):
+            scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+            out = api.sparse_decode_attention(query[:, :, 0], key, value, indices[:, 0], scale, mask_row)
+            return out.unsqueeze(1), None
+    if rows != 1 or keys < GATHER_MIN_KEYS_PER_INDEX * indices.shape[-1]:
+        mask = _index_mask(attention_mask, indices, keys, query.dtype)
         return sdpa_attention_forward(module, query, key, value, mask, dropout, scaling, is_causal=False, **kwargs)
-    chosen = indices.long()[:, None, 0, :, None]  # [B, 1, k, 1]
-    count = chosen.shape[2]
-    key = key.gather(2, chosen.expand(batch, key.shape[1], count, key.shape[3]))
-    value = value.gather(2, chosen.expand(batch, value.shape[1], count, value.shape[3]))
+    chosen = indices[:, 0]  # [B, k]
+    key, value = gather_rows(key, chosen), gather_rows(value, chosen)
     mask = attention_mask
     if mask is not None:
-        mask = mask.gather(-1, chosen[..., 0].unsqueeze(2).expand(-1, mask.shape[1], 1, -1))  # [B, 1 or H, 1, k]
+        mask = mask.gather(-1, chosen.long()[:, None, None, :].expand(-1, mask.shape[1], 1, -1))  # [B, 1 or H, 1, k]
     return sdpa_attention_forward(module, query, key, value, mask, dropout, scaling, is_causal=False, **kwargs)
+
+
+def _kernel_runs(query: torch.Tensor) -> bool:
+    """Whether :func:`tilegemm.sparse_decode_attention` runs its kernel on ``query``'s device: the ``gluon`` backend
+    can run here and no other backend is chosen."""
+    return query.is_cuda and choice.chosen() in (choice.AUTO, "gluon") and selector.is_backend_available("gluon")
+
+
+def _decode_mask_row(attention_mask: torch.Tensor | None, keys: int) -> torch.Tensor | None | bool:
+    """A decode step's mask ``[B, 1, 1, >= T]`` as the op's ``[B, T]`` row (``None`` stays ``None``); ``False`` for a
+    mask with a row per head, which the op does not take."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 4 or attention_mask.shape[1] != 1 or attention_mask.shape[3] < keys:
+        return False
+    return attention_mask[:, 0, 0, :keys]
 
 
 @functools.cache

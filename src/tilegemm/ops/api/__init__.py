@@ -19,8 +19,8 @@ scales)`` whose scales are in the data's own orientation (a transposed operand's
 transposed too). ``c`` is not read when it is ``None`` or ``beta == 0``; ``c`` may be ``d``.
 GEMM ops write the caller's ``d`` and return it.
 
-One module per op family (``dense``, ``grouped``, ``mqa``, ``einsum``, ``moe``, ``norm``); every op is also
-importable from here. ``__all__`` below is the one list of the public ops: ``tilegemm`` re-exports exactly these
+One module per op family (``dense``, ``grouped``, ``mqa``, ``einsum``, ``moe``, ``norm``, ``attention``); every op
+is also importable from here. ``__all__`` below is the one list of the public ops: ``tilegemm`` re-exports exactly these
 (``tilegemm.__all__`` takes them from it) and the registry takes their aliases from it. ``moe_experts_forward`` and
 ``moe_experts_backward`` are ops too (``tilegemm.autograd.moe_experts``' two halves) but not public names.
 """
@@ -28,6 +28,9 @@ importable from here. ``__all__`` below is the one list of the public ops: ``til
 from __future__ import annotations
 
 from tilegemm.backend import registry
+from tilegemm.ops.api.attention import (
+    sparse_decode_attention,
+)
 from tilegemm.ops.api.dense import (
     bf16_gemm_nn,
     bf16_gemm_nt,
@@ -96,7 +99,7 @@ __all__ = [
     "k_grouped_fp8_gemm_tn_contiguous", "m_grouped_bf16_gemm_nn_contiguous", "m_grouped_bf16_gemm_nt_contiguous",
     "m_grouped_bf16_gemm_nt_masked", "m_grouped_fp8_fp4_gemm_nn_contiguous", "m_grouped_fp8_fp4_gemm_nt_contiguous",
     "m_grouped_fp8_fp4_gemm_nt_masked", "m_grouped_fp8_gemm_nn_contiguous", "m_grouped_fp8_gemm_nt_contiguous",
-    "m_grouped_fp8_gemm_nt_masked", "moe_experts", "rms_norm", "tf32_hc_prenorm_gemm",
+    "m_grouped_fp8_gemm_nt_masked", "moe_experts", "rms_norm", "sparse_decode_attention", "tf32_hc_prenorm_gemm",
 ]  # fmt: skip
 
 # DeepGEMM's other names of an op (fp8_gemm_nt for fp8_fp4_gemm_nt, ...) name that op wherever an op name is taken

@@ -30,6 +30,7 @@ Two kinds of check:
   themselves) they never run.
 """
 
+from tilegemm.ops.checks.attention import sparse_decode_attention_check
 from tilegemm.ops.checks.autograd import (
     GROUPED_MATMUL_DTYPES,
     fp8_linear_check,
@@ -107,6 +108,7 @@ __all__ = [
     "moe_experts_check", "mqa_logits_check", "pack_ue8m0_check", "paged_mqa_logits_check",
     "paged_mqa_logits_signature", "paged_mqa_metadata_check", "quant_input_check", "resolve_alignment",
     "resolve_recipe", "rms_norm_check", "scale_tensor_check", "skip_head_mid_check", "skip_value_checks",
+    "sparse_decode_attention_check",
     "tf32_hc_prenorm_gemm_check", "tma_aligned_size_check", "transform_sf_check", "value_checks_enabled",
     "visible_lengths",
 ]  # fmt: skip

@@ -344,3 +344,36 @@ def _paged_block_table(
             f"block_table: batch {b} slot {col} holds block {int(block_table[b, col])}, "
             f"expected 0..{num_blocks - 1} (kv_cache has {num_blocks} blocks)"
         )
+
+
+# ------------------------------------------------------------------------------ the indexers' scoring
+
+
+def index_scores_check(q, k, weights, attention_mask, softmax_scale) -> None:
+    """The inputs of :func:`tilegemm.indexer.index_scores` (not an op: the transformers indexers' scoring), checked
+    before any kernel runs: float ``q [B, S, H, D]``, ``k [B, T, D]``, ``weights [B, S, H]``, a bool or float
+    ``attention_mask [B, S, T]`` or ``None``, ``softmax_scale > 0``."""
+    for name, x, ndim in (("q", q, 4), ("k", k, 3), ("weights", weights, 3)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: got {type(x).__name__}, expected a torch.Tensor")
+        if x.dim() != ndim:
+            raise ValueError(f"{name}: got shape {list(x.shape)}, expected {ndim}-D")
+        if not x.is_floating_point():
+            raise TypeError(f"{name}: got dtype {x.dtype}, expected a float tensor")
+    batch, rows, heads, dim = q.shape
+    if k.shape[0] != batch or k.shape[2] != dim:
+        raise ValueError(f"k: got shape {list(k.shape)}, expected [B={batch}, T, D={dim}]")
+    if tuple(weights.shape) != (batch, rows, heads):
+        raise ValueError(f"weights: got shape {list(weights.shape)}, expected [B, S, H] = {[batch, rows, heads]}")
+    if attention_mask is not None:
+        if not isinstance(attention_mask, torch.Tensor):
+            raise TypeError(f"attention_mask: got {type(attention_mask).__name__}, expected a torch.Tensor or None")
+        if attention_mask.dim() != 3 or tuple(attention_mask.shape) != (batch, rows, k.shape[1]):
+            raise ValueError(
+                f"attention_mask: got shape {list(attention_mask.shape)}, "
+                f"expected [B, S, T] = {[batch, rows, k.shape[1]]}"
+            )
+        if attention_mask.dtype != torch.bool and not attention_mask.is_floating_point():
+            raise TypeError(f"attention_mask: got dtype {attention_mask.dtype}, expected bool or a float dtype")
+    if not softmax_scale > 0:
+        raise ValueError(f"softmax_scale: got {softmax_scale}, expected a positive number")

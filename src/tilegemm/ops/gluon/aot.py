@@ -14,7 +14,7 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 
 from tilegemm.heuristics.gluon import GluonDenseConfig
-from tilegemm.ops.gluon import fp8_gemm_kernel, fp8_gemm_ws, gemm
+from tilegemm.ops.gluon import fp8_gemm_kernel, fp8_gemm_ws, gemm, sparse_attention
 from tilegemm.ops.gluon.tma import SCALE_LAYOUT, operand_layout
 
 _TY = {torch.float8_e4m3fn: "fp8e4nv", torch.bfloat16: "bf16", torch.float32: "fp32"}
@@ -78,3 +78,64 @@ def compile_dense_fp8_ws(cfg: fp8_gemm_ws.WsConfig, out_dtype: torch.dtype = tor
     signature.update({name: "constexpr" for name in consts})
     source = GluonASTSource(ws.fp8_gemm_ws_kernel, signature, constexprs=consts)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": ws.MMA_WARPS})
+
+
+def compile_sparse_decode(
+    dk: int = 192,
+    dv: int = 128,
+    splits: int = 2,
+    mask: int = 1,
+    groups: int = 1,
+    dtype: torch.dtype = torch.bfloat16,
+) -> Any:
+    """``sparse_decode_kernel`` compiled for sm_90a as :func:`sparse_attention.sparse_decode_attention` launches it
+    (``mask``: 0 none, 1 boolean, 2 additive of ``dtype``; the pointers and row strides 16-byte aligned, as the JIT
+    specializes them for DeepSeek's cache)."""
+    sa = sparse_attention
+    ty = "*" + _TY[dtype]
+    part = "*fp32" if splits > 1 else ty
+    signature = {
+        "q_ptr": ty,
+        "k_ptr": ty,
+        "v_ptr": ty,
+        "idx_ptr": "*i32",
+        "mask_ptr": {0: ty, 1: "*u8", 2: ty}[mask],
+        "o_ptr": ty,
+        "part_ptr": part,
+        "stat_ptr": part,
+    }
+    ints = ["heads", "num_keys", "count", "per_split", "q_sb", "q_sh", "k_sb", "k_sh", "k_st", "v_sb", "v_sh", "v_st"]
+    signature.update({name: "i32" for name in [*ints, "idx_sb", "mask_sb", "o_sb", "o_sh"]})
+    signature["scale_log2"] = "fp32"
+    consts = dict(
+        GROUPS=groups,
+        DK=dk,
+        DV=dv,
+        DK_PAD=sa._pad(dk),
+        DV_PAD=sa._pad(dv),
+        BLOCK=sa.BLOCK_N,
+        ROW_LANES=sa.ROW_LANES,
+        SPLITS=splits,
+        MASK=mask,
+        WARPS=sa.NUM_WARPS,
+    )
+    names = list(signature)
+    aligned = [n for n in names if n.endswith("_ptr")] + [n for n in ints[4:] if dk % 8 == 0 and dv % 8 == 0]
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    signature.update({name: "constexpr" for name in consts})
+    source = GluonASTSource(sa.sparse_decode_kernel, signature, constexprs=consts, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": sa.NUM_WARPS})
+
+
+def compile_sparse_combine(dv: int = 128, splits: int = 2) -> Any:
+    """``sparse_decode_combine_kernel`` compiled for sm_90a as the host launches it after ``splits`` splits (the
+    output's pointer and strides 16-byte aligned)."""
+    sa = sparse_attention
+    signature = {"o_ptr": "*bf16", "part_ptr": "*fp32", "stat_ptr": "*fp32", "heads": "i32", "o_sb": "i32"}
+    signature["o_sh"] = "i32"
+    consts = dict(DV=dv, DV_PAD=sa._pad(dv), SPLITS=splits, SPLITS_PAD=sa._pad_splits(splits), WARPS=sa.COMBINE_WARPS)
+    names = list(signature)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in ("o_ptr", "part_ptr", "stat_ptr", "o_sb", "o_sh")}
+    signature.update({name: "constexpr" for name in consts})
+    source = GluonASTSource(sa.sparse_decode_combine_kernel, signature, constexprs=consts, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": sa.COMBINE_WARPS})

@@ -4,6 +4,7 @@ Importing this package registers every op's ``pytorch`` implementation.
 """
 
 from tilegemm.ops.reference import (  # noqa: F401  (registration side effects)
+    attention,
     cublaslt,
     einsum,
     gemm,
