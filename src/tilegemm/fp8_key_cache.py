@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 
 from tilegemm import config
-from tilegemm.indexer import apply_mask, hadamard_rotate, key_windows, quantize_keys, quantize_rows
+from tilegemm.indexer import hadamard_rotate, quantize_keys, quantize_rows
+from tilegemm.indexer_mask import apply_mask, clean_outside_windows, key_windows
 from tilegemm.ops import api
 
 __all__ = ["BLOCK_KV", "PAGED_MAX_ROWS", "Fp8KeyCache", "score_fp8_key_cache"]
@@ -136,7 +137,7 @@ def score_fp8_key_cache(
             cache.block_table,
             meta,
             length,
-            True,
+            clean_outside_windows(attention_mask),
             backend=backend,
         )
         scores = flat.view(batch, rows, length)
@@ -144,6 +145,7 @@ def score_fp8_key_cache(
         parts = []
         for b in range(batch):
             keys = cache.sequence(b, length)
-            parts.append(api.fp8_mqa_logits(q8[b], keys, w[b].contiguous(), ks[b], ke[b], backend=backend))
+            clean = clean_outside_windows(attention_mask)
+            parts.append(api.fp8_mqa_logits(q8[b], keys, w[b].contiguous(), ks[b], ke[b], clean, backend=backend))
         scores = torch.stack(parts)
     return apply_mask(scores, attention_mask)

@@ -15,8 +15,8 @@ beyond what the arguments require (Python lists of lengths are host data by natu
 * :func:`index_scores`: a transformers sparse-attention indexer's masked scores ``[B, S, T]`` through
   :func:`tilegemm.bf16_mqa_logits` or (DeepSeek's FP8 recipe) :func:`tilegemm.fp8_mqa_logits`, never materializing
   ``[B, S, H, T]``; the scoring of the indexer swap (:mod:`tilegemm.transformers.indexer`), with its helpers
-  :func:`mask_windows`, :func:`hadamard_rotate`, :func:`quantize_rows` (its float64 formula:
-  :func:`tilegemm.testing.dense_index_scores`).
+  :func:`hadamard_rotate`, :func:`quantize_rows` and the mask's windows (:mod:`tilegemm.indexer_mask`); its float64
+  formula is :func:`tilegemm.testing.dense_index_scores`.
 
 The cache layout: block ``blk`` is ``block_kv * (D + 4)`` bytes; the first ``block_kv * D`` bytes
 are the FP8 keys of its ``block_kv`` tokens, token-major; the last ``4 * block_kv`` bytes are their
@@ -49,6 +49,7 @@ import torch
 
 from tilegemm.env import MQA_VARIANT
 from tilegemm.heuristics.cutile.mqa import decode_sized
+from tilegemm.indexer_mask import apply_mask, clean_outside_windows, key_windows
 from tilegemm.ops import api
 from tilegemm.ops.checks import value_checks_enabled
 from tilegemm.ops.checks.mqa import index_scores_check
@@ -62,10 +63,6 @@ __all__ = [
     "packed_causal_windows",
     "context_parallel_windows",
     "index_scores",
-    "mask_windows",
-    "key_windows",
-    "apply_mask",
-    "DECODE_WINDOW_ROWS",
     "hadamard_rotate",
     "quantize_rows",
 ]
@@ -413,72 +410,6 @@ def context_parallel_windows(
 # ------------------------------------------------------------------- the indexer's scores through the MQA-logits ops
 
 
-def _visible(mask: torch.Tensor) -> torch.Tensor:
-    """Where a boolean or additive mask shows its key (above the float dtype's lowest value)."""
-    return mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min
-
-
-def mask_windows(
-    attention_mask: torch.Tensor, rows_per_chunk: int | None = None, from_key_zero: bool = False
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each query's key window from its mask row: ``ks`` = first visible key, ``ke`` = last visible key + 1.
-
-    Args:
-        attention_mask: ``[B, S, T]``, boolean (True: visible) or additive float (visible where above the
-            dtype's lowest value, as transformers' ``min`` / ``-inf`` masks mark hidden keys).
-        rows_per_chunk: query rows per pass (default: about 2**24 mask elements), bounding the temporaries.
-        from_key_zero: every ``ks`` 0 (one pass over the mask: the ends only).
-
-    Returns:
-        int32 ``ks``, ``ke`` of shape ``[B, S]``; a row with no visible key gets ``[0, 0)``. No host sync.
-    """
-    if attention_mask.dim() != 3:
-        raise ValueError(f"attention_mask: got shape {list(attention_mask.shape)}, expected [B, S, T]")
-    batch, rows, keys = attention_mask.shape
-    step = rows_per_chunk or max(1, (1 << 24) // max(1, batch * keys))
-    cols = torch.arange(1, keys + 1, dtype=torch.int32, device=attention_mask.device)
-    if from_key_zero and step >= rows:  # one pass, no copies
-        ke = torch.where(_visible(attention_mask), cols, 0).amax(dim=-1)
-        return torch.zeros_like(ke), ke
-    ks = torch.zeros(batch, rows, dtype=torch.int32, device=attention_mask.device)
-    ke = torch.empty_like(ks)
-    for r0 in range(0, rows, step):
-        part = _visible(attention_mask[:, r0 : r0 + step])
-        last = torch.where(part, cols, 0).amax(dim=-1)  # last visible + 1, or 0
-        ke[:, r0 : r0 + step] = last
-        if not from_key_zero:
-            first = torch.where(part, cols, keys + 1).amin(dim=-1) - 1  # first visible, or T
-            ks[:, r0 : r0 + step] = torch.minimum(first, last)
-    return ks, ke
-
-
-#: Up to this many query rows per sequence (decode steps), key windows start at key 0 (one pass over the mask; the
-#: hidden keys before the first visible one are scored, then masked). Longer calls (prefill) skip those keys.
-DECODE_WINDOW_ROWS = 4
-
-
-def key_windows(
-    attention_mask: torch.Tensor | None, batch: int, rows: int, keys: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``ks``, ``ke`` key windows (int32 ``[B, S]``) an indexer call over ``keys`` keys scores: every key with no
-    mask, else :func:`mask_windows` (from key 0 up to :data:`DECODE_WINDOW_ROWS` rows). Every visible key lies in its
-    row's window; the caller applies the mask over the windows' scores."""
-    if attention_mask is None:
-        ks = torch.zeros(batch, rows, dtype=torch.int32, device=device)
-        return ks, torch.full_like(ks, keys)
-    return mask_windows(attention_mask, from_key_zero=rows <= DECODE_WINDOW_ROWS)
-
-
-def apply_mask(scores: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-    """``scores`` (fp32 ``[B, S, T]``) under the mask as stock transformers applies it: ``-inf`` where a boolean
-    mask hides a key (a new tensor), ``+ mask`` for an additive one (in place); unchanged with no mask."""
-    if attention_mask is None:
-        return scores
-    if attention_mask.dtype == torch.bool:
-        return torch.where(attention_mask, scores, float("-inf"))
-    return scores.add_(attention_mask)
-
-
 @functools.cache
 def _hadamard(dim: int, device: torch.device) -> torch.Tensor:
     """The orthonormal Sylvester-Hadamard matrix fp32 ``[dim, dim]`` (``dim`` a power of two), times ``dim**-0.5``."""
@@ -574,6 +505,7 @@ def index_scores(
     batch, rows, _, _ = q.shape
     keys = k.shape[1]
     ks, ke = key_windows(attention_mask, batch, rows, keys, q.device)
+    clean = clean_outside_windows(attention_mask)
     w = weights.float() * softmax_scale
     if fp8:
         if hadamard:
@@ -582,7 +514,7 @@ def index_scores(
         k8, k_scale = quantize_rows(k)
         w = w * q_scale
         parts = [
-            api.fp8_mqa_logits(q8[b], (k8[b], k_scale[b]), w[b].contiguous(), ks[b], ke[b], backend=backend)
+            api.fp8_mqa_logits(q8[b], (k8[b], k_scale[b]), w[b].contiguous(), ks[b], ke[b], clean, backend=backend)
             for b in range(batch)
         ]
     elif (
@@ -591,7 +523,8 @@ def index_scores(
         and (rows * q.shape[2] * keys * 4 > SMALL_SCORES_BYTES or _decode_kernel_takes(q, rows, keys, backend))
     ):
         parts = [
-            api.bf16_mqa_logits(q[b], k[b], w[b].contiguous(), ks[b], ke[b], backend=backend) for b in range(batch)
+            api.bf16_mqa_logits(q[b], k[b], w[b].contiguous(), ks[b], ke[b], clean, backend=backend)
+            for b in range(batch)
         ]
     else:
         parts = [_float_logits(q[b], k[b], w[b], ks[b], ke[b]) for b in range(batch)]

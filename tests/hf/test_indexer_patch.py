@@ -19,6 +19,7 @@ from hf_models import build, indexer_inputs, prompt, topk_sorted_flags
 from modeling.transformers import measure
 from modeling.transformers.indexer_bench import capture_scores
 from tilegemm import indexer as scoring
+from tilegemm import indexer_mask as index_mask
 from tilegemm.testing import calc_diff, dense_index_scores
 from tilegemm.transformers import (
     apply_tilegemm_kernel_to_model_type,
@@ -184,22 +185,24 @@ def test_mask_windows():
 def test_windows_from_key_zero_and_key_windows():
     """``mask_windows(from_key_zero=True)``: the same ``ke`` in one pass (boolean or additive, empty rows 0, one chunk
     or several), every ``ks`` 0; ``key_windows`` takes it for decode rows (up to ``DECODE_WINDOW_ROWS``), the spans
-    for longer calls and every key without a mask."""
+    for longer calls and every key without a mask; ``clean_outside_windows`` only for an additive mask."""
     torch.manual_seed(0)
     visible = torch.rand(2, 9, 13) < 0.4
     visible[0, 3] = False
-    ks, ke = scoring.mask_windows(visible)
+    ks, ke = index_mask.mask_windows(visible)
     additive = torch.zeros(visible.shape).masked_fill(~visible, torch.finfo(torch.float32).min)
     for mask in (visible, additive, additive.bfloat16().masked_fill(~visible, float("-inf"))):
         for chunk in (None, 4):
-            starts, ends = scoring.mask_windows(mask, rows_per_chunk=chunk, from_key_zero=True)
+            starts, ends = index_mask.mask_windows(mask, rows_per_chunk=chunk, from_key_zero=True)
             assert torch.equal(ends, ke) and ends.dtype == torch.int32 and not starts.any()
-    rows = scoring.DECODE_WINDOW_ROWS
-    starts, ends = scoring.key_windows(visible[:, :rows], 2, rows, 13, visible.device)
+    rows = index_mask.DECODE_WINDOW_ROWS
+    starts, ends = index_mask.key_windows(visible[:, :rows], 2, rows, 13, visible.device)
     assert starts.tolist() == [[0] * rows] * 2 and torch.equal(ends, ke[:, :rows])
-    assert all(torch.equal(a, b) for a, b in zip(scoring.key_windows(visible, 2, 9, 13, visible.device), (ks, ke)))
-    starts, ends = scoring.key_windows(None, 2, 3, 13, visible.device)
+    assert all(torch.equal(a, b) for a, b in zip(index_mask.key_windows(visible, 2, 9, 13, visible.device), (ks, ke)))
+    starts, ends = index_mask.key_windows(None, 2, 3, 13, visible.device)
     assert starts.tolist() == [[0] * 3] * 2 and ends.tolist() == [[13] * 3] * 2
+    # the op fills -inf outside the windows itself only where the mask's application would not: an additive mask
+    assert [index_mask.clean_outside_windows(m) for m in (None, visible, additive)] == [False, False, True]
 
 
 @pytest.mark.parametrize("variant", ["plain", "decode"], ids=["torch-matmul", "mqa-op"])
@@ -219,7 +222,7 @@ def test_decode_step_window_from_key_zero(variant, monkeypatch):
     lowest = torch.finfo(torch.float32).min
     additive = torch.zeros(mask.shape).masked_fill(~mask, lowest)
     got = idx.index_scores(q, k, w, additive, scale)
-    inside = torch.arange(k.shape[1]) < scoring.mask_windows(mask)[1].unsqueeze(-1)
+    inside = torch.arange(k.shape[1]) < index_mask.mask_windows(mask)[1].unsqueeze(-1)
     assert torch.equal(torch.isneginf(got), ~inside)
     assert calc_diff(got[inside], (ref.float() + additive)[inside]) < 1e-6
 

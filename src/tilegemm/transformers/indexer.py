@@ -22,12 +22,12 @@ logits only), with the same projections, rotary embedding, key cache, mask and `
   This path calls the ops directly, not as one custom op (``torch.compile`` breaks the graph there).
 
 Each query's key window ``[ks, ke)`` ends at its mask row's last visible key and starts at its first (prefill) or
-at key 0 (decode steps: :func:`~tilegemm.indexer.key_windows`), so the kernel skips the causal future and the
+at key 0 (decode steps: :func:`~tilegemm.indexer_mask.key_windows`), so the kernel skips the causal future and the
 unfilled slots of a static cache; the mask itself is then applied as stock applies it (``-inf`` for a boolean mask,
 addition for an additive one), which also covers the hidden keys (padding) inside a window. The softmax scale and
 stock's ``n_heads**-0.5`` are folded into one factor of the head weights. Nothing synchronises the host, so a
 static-cache decode step can be captured in a CUDA graph.
-That scoring is :func:`tilegemm.indexer.index_scores` (with :func:`~tilegemm.indexer.mask_windows`,
+That scoring is :func:`tilegemm.indexer.index_scores` (with :func:`~tilegemm.indexer_mask.mask_windows`,
 :func:`~tilegemm.indexer.hadamard_rotate`, :func:`~tilegemm.indexer.quantize_rows`; imported here too); this module
 is the swap. The swapped forward calls the scoring as the custom op ``tilegemm::indexer_scores``
 (:func:`tilegemm.custom_ops.indexer_scores`), so patched models compile whole with ``torch.compile(fullgraph=True)``;
@@ -57,7 +57,8 @@ from torch import nn
 
 from tilegemm.custom_ops import indexer_scores
 from tilegemm.fp8_key_cache import Fp8KeyCache, score_fp8_key_cache
-from tilegemm.indexer import hadamard_rotate, index_scores, mask_windows, quantize_rows
+from tilegemm.indexer import hadamard_rotate, index_scores, quantize_rows
+from tilegemm.indexer_mask import mask_windows
 from tilegemm.transformers.compat import lines_in_order, squash, squashed_source
 from tilegemm.transformers.sparse_attention import SPARSE_ATTENTION
 from tilegemm.transformers.swap import ClassSwap
