@@ -236,3 +236,31 @@ def test_torch_load_in_a_fresh_process(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["tiny-qwen3-moe", "tilegemm", "tiny-olmoe", "tilegemm"]
+
+
+def _dsa_decode_step_compiles(**patch) -> None:
+    """``torch.compile(fullgraph=True)`` of a tiny DeepSeek-V3.2's decode step (after an eager prefill), patched with
+    ``patch``; raises where the step does not trace as one graph."""
+    from tilegemm.transformers.compat import cache_kwargs
+
+    model = apply_tilegemm_to_model(build("tiny-deepseek-v32", index_topk=3), **patch)
+    ids = prompt(length=14)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        cache = cache_kwargs(model, model(ids[:, :-1], use_cache=True).past_key_values)
+        eager = model(ids[:, -1:], use_cache=True, **copy.deepcopy(cache)).logits
+        got = torch.compile(model, backend="aot_eager", fullgraph=True)(ids[:, -1:], use_cache=True, **cache).logits
+    assert torch.equal(got, eager)
+
+
+def test_dsa_decode_step_without_the_sparse_attention_compiles_whole():
+    """The patched indexers (a custom op), experts and norms: the decode step traces as one graph."""
+    _dsa_decode_step_compiles(sparse_attention=False)
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: the sparse DSA attention's decode step breaks the graph")
+def test_dsa_decode_step_on_the_sparse_attention_compiles_whole():
+    """Not yet: under ``tilegemm_sparse`` Dynamo stops in transformers' output capturing (an exception it cannot
+    trace), and on Hopper the kernel's dispatch reads a ContextVar. When this passes, drop the mark (and the note in
+    docs/transformers.md)."""
+    _dsa_decode_step_compiles()
