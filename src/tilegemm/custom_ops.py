@@ -41,6 +41,8 @@ Called by the patched transformers modules (:data:`MODEL_OPS`; each takes the mo
 * ``tilegemm::rms_norm`` (above): the RMSNorm swap.
 * ``tilegemm::indexer_scores(q, k, weights, attention_mask, softmax_scale, fp8, hadamard, backend) -> [B, S, T]``:
   :func:`tilegemm.indexer.index_scores`, the sparse-attention indexer swap's scoring.
+* ``tilegemm::sparse_decode_attention(q, k, v, indices, scale, mask, backend) -> [B, H, Dv]``:
+  :func:`tilegemm.sparse_decode_attention`, the sparse DSA attention's decode step.
 
 Adding a model-level op (an attention indexer, a fused router) is :func:`model_op`::
 
@@ -436,3 +438,16 @@ def indexer_scores(
     """:func:`tilegemm.indexer.index_scores` as the custom op the swapped indexers call (so patched models compile
     whole). Returns a new fp32 ``[B, S, T]``."""
     return indexer.index_scores(q, k, weights, attention_mask, softmax_scale, fp8, hadamard, backend).contiguous()
+
+
+def _fake_sparse_decode(q, k, v, indices, scale, mask, backend):
+    return q.new_empty(q.shape[0], q.shape[1], v.shape[3])
+
+
+@model_op("tilegemm::sparse_decode_attention", fake=_fake_sparse_decode)
+def sparse_decode_attention(
+    q: Tensor, k: Tensor, v: Tensor, indices: Tensor, scale: float, mask: Tensor | None, backend: str | None
+) -> Tensor:
+    """:func:`tilegemm.sparse_decode_attention` as the custom op the sparse DSA attention calls (so its decode step
+    compiles whole). Returns a new ``[B, H, Dv]``."""
+    return api.sparse_decode_attention(q, k, v, indices, scale, mask, backend=backend)

@@ -166,6 +166,15 @@ SAMPLES = {
         True,
         None,
     ),  # fmt: skip
+    "tilegemm::sparse_decode_attention": lambda: (
+        torch.randn(2, 4, 32).bfloat16(),
+        torch.randn(2, 2, 9, 32).bfloat16(),
+        torch.randn(2, 2, 9, 16).bfloat16(),
+        torch.tensor([[0, 3, 8], [5, 1, 2]], dtype=torch.int32),
+        0.25,
+        torch.ones(2, 9, dtype=torch.bool),
+        None,
+    ),  # fmt: skip
 }
 """One sample call per op of ``custom_ops.MODEL_OPS``: an op added there without a sample here fails below."""
 
@@ -258,9 +267,11 @@ def test_dsa_decode_step_without_the_sparse_attention_compiles_whole():
     _dsa_decode_step_compiles(sparse_attention=False)
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: the sparse DSA attention's decode step breaks the graph")
-def test_dsa_decode_step_on_the_sparse_attention_compiles_whole():
-    """Not yet: under ``tilegemm_sparse`` Dynamo stops in transformers' output capturing (an exception it cannot
-    trace), and on Hopper the kernel's dispatch reads a ContextVar. When this passes, drop the mark (and the note in
-    docs/transformers.md)."""
+@pytest.mark.parametrize("path", ["gather", "op"])
+def test_dsa_decode_step_on_the_sparse_attention_compiles_whole(path, monkeypatch):
+    """The sparse attention's decode step: without the kernel (the selected rows gathered, SDPA) and through the
+    ``tilegemm::sparse_decode_attention`` op (as on a GPU where the kernel runs; here the op's reference)."""
+    from tilegemm.transformers import sparse_attention
+
+    monkeypatch.setattr(sparse_attention, "_kernel_runs", lambda query: path == "op")
     _dsa_decode_step_compiles()

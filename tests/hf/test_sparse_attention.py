@@ -126,7 +126,7 @@ def test_decode_step_on_the_kernel_gpu(family, monkeypatch):
     monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
     ran = []
     real = api.sparse_decode_attention
-    monkeypatch.setattr(api, "sparse_decode_attention", lambda *a: ran.append(a[0].device) or real(*a))
+    monkeypatch.setattr(api, "sparse_decode_attention", lambda *a, **kw: ran.append(a[0].device) or real(*a, **kw))
     stock, patched = (model.cuda() for model in _pair(family, index_topk=3))
     ids = prompt(length=14).cuda()
     mask = torch.ones_like(ids)
@@ -202,3 +202,24 @@ def test_source_checks_find_lines_in_order_whatever_the_formatting():
     assert not lines_in_order(source, (("b = h(a)", "c = g(a)"),))
     assert squashed_source(len) is None  # a builtin has no source
     assert "sparse_indices=topk_indices" in squashed_source(sparse._attention_class(build("tiny-deepseek-v32")).forward)
+
+
+@pytest.mark.gpu
+def test_decode_step_on_the_kernel_compiles_whole_gpu(monkeypatch):
+    """``torch.compile(fullgraph=True)`` of the decode step on a Hopper GPU: the kernel inside the
+    ``tilegemm::sparse_decode_attention`` op, the eager step's logits bit for bit."""
+    import copy
+
+    from tilegemm.backend import selector
+
+    if not selector.is_backend_available("gluon"):
+        pytest.skip(f"gluon: {selector.unavailable_reason('gluon')}")
+    monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
+    model = _pair("tiny-deepseek-v32", index_topk=3)[1].cuda()
+    ids = prompt(length=14).cuda()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        cache = cache_kwargs(model, model(ids[:, :-1], use_cache=True).past_key_values)
+        eager = model(ids[:, -1:], use_cache=True, **copy.deepcopy(cache)).logits
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+        assert torch.equal(compiled(ids[:, -1:], use_cache=True, **cache).logits, eager)

@@ -30,8 +30,8 @@ import sys
 import torch
 from torch import nn
 
+from tilegemm import custom_ops
 from tilegemm.backend import choice, selector
-from tilegemm.ops import api
 from tilegemm.ops.reference.attention import gather_rows
 from tilegemm.transformers.compat import lines_in_order, squashed_source
 
@@ -117,7 +117,7 @@ def sparse_attention_forward(
         mask_row = _decode_mask_row(attention_mask, keys)
         if mask_row is not False and not dropout and kwargs.get("softcap") is None and _kernel_runs(query):
             scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-            out = api.sparse_decode_attention(query[:, :, 0], key, value, indices[:, 0], scale, mask_row)
+            out = custom_ops.sparse_decode_attention(query[:, :, 0], key, value, indices[:, 0], scale, mask_row, None)
             return out.unsqueeze(1), None
     if rows != 1 or keys < GATHER_MIN_KEYS_PER_INDEX * indices.shape[-1]:
         mask = _index_mask(attention_mask, indices, keys, query.dtype)
@@ -133,7 +133,13 @@ def sparse_attention_forward(
 def _kernel_runs(query: torch.Tensor) -> bool:
     """Whether :func:`tilegemm.sparse_decode_attention` runs its kernel on ``query``'s device: the ``gluon`` backend
     can run here and no other backend is chosen."""
-    return query.is_cuda and choice.chosen() in (choice.AUTO, "gluon") and selector.is_backend_available("gluon")
+    return query.is_cuda and _gluon_chosen_or_automatic()
+
+
+@torch.compiler.assume_constant_result
+def _gluon_chosen_or_automatic() -> bool:
+    """The ``gluon`` backend can run here and the backend choice leaves it to the op (read once when traced)."""
+    return choice.chosen() in (choice.AUTO, "gluon") and selector.is_backend_available("gluon")
 
 
 def _decode_mask_row(attention_mask: torch.Tensor | None, keys: int) -> torch.Tensor | None | bool:

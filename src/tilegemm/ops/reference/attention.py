@@ -27,9 +27,11 @@ def gather_rows(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     The rows are copied as 8-byte words where the row's bytes allow (4 bf16 elements a word: a quarter of the
     elements of an element-wise gather)."""
     batch, heads, _, dim = x.shape
+    size = x.element_size()
     wide = x
-    if (dim * x.element_size()) % 8 == 0 and x.stride(-1) == 1 and x.data_ptr() % 8 == 0:
-        if all(s * x.element_size() % 8 == 0 for s in x.stride()[:-1]):
+    # a traced call (torch.compile) gathers elements: Dynamo cannot trace the alignment checks (data_ptr)
+    if not torch.compiler.is_compiling() and dim * size % 8 == 0 and x.stride(-1) == 1 and x.data_ptr() % 8 == 0:
+        if all(s * size % 8 == 0 for s in x.stride()[:-1]):
             wide = x.view(torch.int64)
     rows = indices.long()[:, None, :, None].expand(batch, heads, indices.shape[1], wide.shape[-1])
     return wide.gather(2, rows).view(x.dtype)
