@@ -142,6 +142,16 @@ def test_bad_input(change, error, message):
 
 
 @pytest.mark.parametrize("backend", ["pytorch", pytest.param("gluon", marks=pytest.mark.gpu)])
+def test_no_keys_gives_zeros(backend):
+    """A cache with no keys (T = 0): every index selects nothing, every row is zeros."""
+    device = "cuda" if backend == "gluon" else "cpu"
+    q, k, v = torch.randn(2, 4, 64), torch.zeros(2, 2, 0, 64), torch.zeros(2, 2, 0, 32)
+    args = [t.bfloat16().to(device) for t in (q, k, v)] + [torch.zeros(2, 3, dtype=torch.int32, device=device), 0.5]
+    out = tilegemm.sparse_decode_attention(*args, backend=backend)
+    assert out.shape == (2, 4, 32) and not out.any()
+
+
+@pytest.mark.parametrize("backend", ["pytorch", pytest.param("gluon", marks=pytest.mark.gpu)])
 def test_indices_outside_the_keys_select_nothing(backend):
     """``-1`` padding (and any index outside ``[0, T)``) selects no key: the same as leaving it out."""
     device = "cuda" if backend == "gluon" else "cpu"

@@ -50,6 +50,8 @@ def sparse_decode_attention(
     """The selected keys and values gathered (:func:`gather_rows`), then the softmax of the fp32 logits; an index
     outside ``[0, T)`` selects no key."""
     groups = q.shape[1] // k.shape[1]
+    if k.shape[2] == 0:  # no keys to select: every row hidden
+        return q.new_zeros(q.shape[0], q.shape[1], v.shape[3])
     selects = (indices >= 0) & (indices < k.shape[2])
     indices = torch.where(selects, indices, 0)
     keys = gather_rows(k, indices).float().repeat_interleave(groups, dim=1)  # [B, H, K, Dk]
