@@ -124,6 +124,7 @@ def score_fp8_key_cache(
     """
     batch, rows, heads, dim = q.shape
     ks, ke = key_windows(attention_mask, batch, rows, length, q.device)
+    clean = clean_outside_windows(attention_mask)
     q8, q_scale = quantize_rows(hadamard_rotate(q) if cache.hadamard else q)
     w = weights.float() * softmax_scale * q_scale
     if rows <= PAGED_MAX_ROWS:
@@ -137,7 +138,7 @@ def score_fp8_key_cache(
             cache.block_table,
             meta,
             length,
-            clean_outside_windows(attention_mask),
+            clean,
             backend=backend,
         )
         scores = flat.view(batch, rows, length)
@@ -145,7 +146,6 @@ def score_fp8_key_cache(
         parts = []
         for b in range(batch):
             keys = cache.sequence(b, length)
-            clean = clean_outside_windows(attention_mask)
             parts.append(api.fp8_mqa_logits(q8[b], keys, w[b].contiguous(), ks[b], ke[b], clean, backend=backend))
         scores = torch.stack(parts)
     return apply_mask(scores, attention_mask)
