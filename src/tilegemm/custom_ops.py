@@ -5,7 +5,8 @@ lane, fallback warnings, value checks) is not traceable, so the differentiable f
 :mod:`tilegemm.autograd` and every call from a patched transformers module into tilegemm go through one custom op
 here: ``torch.compile(..., fullgraph=True)`` sees one opaque node per call, with shapes from the op's fake
 implementation, and the dispatcher runs inside the op at run time (a ``use_backend`` scope around a compiled call
-still applies). The op names are part of compiled graphs and pickles: they do not change.
+still applies). Eagerly, where autograd records nothing, a patched module's call skips the op's own dispatch and
+runs its function (:func:`model_op`). The op names are part of compiled graphs and pickles: they do not change.
 
 Every op is functional (new outputs, no input written, none aliased) and takes ``backend: str | None``, passed on
 as ``backend=`` to the tilegemm ops it calls (``None``: the current choice when the op runs). A differentiable op's
@@ -61,6 +62,7 @@ without one) and counts the graph breaks of every patched family under ``torch.c
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -101,14 +103,40 @@ def _define(name: str, fake: Callable[..., object], *tables: dict[str, object]) 
     return decorator
 
 
+def _records_grad(args: tuple, kwargs: dict) -> bool:
+    """Whether autograd would record a call with these arguments (grad mode on, a tensor that requires grad)."""
+    if not torch.is_grad_enabled():
+        return False
+    return any(isinstance(a, Tensor) and a.requires_grad for a in (*args, *kwargs.values()))
+
+
 def model_op(name: str, *, fake: Callable[..., object]) -> Callable[[F], F]:
     """Register ``fn`` as the functional custom op ``name`` (``"tilegemm::..."``) with fake implementation ``fake``.
 
     ``fn`` needs torch.library type annotations and returns new tensors; ``fake`` takes the same arguments and
     returns empty tensors of the outputs' shapes, dtypes and devices. The op is added to :data:`MODEL_OPS`.
-    Returns the custom op (callable as ``fn`` was).
+
+    Returns what the patched modules call: the custom op while ``torch.compile`` or ``torch.export`` traces
+    (:func:`torch.compiler.is_compiling`) or while autograd records a tensor argument that requires grad (the op's
+    autograd formula, where it has one, applies); ``fn`` itself otherwise. The two compute the same; eagerly the
+    op's dispatch would only add host time, which a decode step pays once per layer and call.
     """
-    return _define(name, fake, MODEL_OPS)
+
+    define = _define(name, fake, MODEL_OPS)
+
+    def decorator(fn: F) -> F:
+        op = define(fn)
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            if torch.compiler.is_compiling() or _records_grad(args, kwargs):
+                return op(*args, **kwargs)
+            return fn(*args, **kwargs)
+
+        call.op = op  # type: ignore[attr-defined]
+        return call  # type: ignore[return-value]
+
+    return decorator
 
 
 # ------------------------------------------------------------------------- the differentiable ops' forwards
@@ -349,7 +377,7 @@ grouped_gemm.register_autograd(_grouped_backward, setup_context=_save_inputs)
 fp8_linear_forward.register_autograd(_fp8_linear_backward, setup_context=_save_inputs)
 fp8_grouped_gemm.register_autograd(_fp8_grouped_backward, setup_context=_save_fp8_grouped)
 moe_experts_train.register_autograd(_moe_backward, setup_context=_save_moe)
-rms_norm_forward.register_autograd(_rms_norm_backward, setup_context=_save_rms_norm)
+rms_norm_forward.op.register_autograd(_rms_norm_backward, setup_context=_save_rms_norm)
 
 
 # ----------------------------------------------------------------------- the patched transformers modules' ops

@@ -1,10 +1,10 @@
 """Patched models under ``torch.compile(fullgraph=True)`` and ``torch.save`` / ``pickle`` (CPU, tiny models).
 
-Every call from a patched module into tilegemm is a ``torch.library`` custom op
-(``tilegemm.custom_ops``), so a patched model traces as one graph: ``fullgraph=True`` raises on any
-graph break, and the counting backend sees exactly one graph. The compiled model (``aot_eager``: the custom ops'
-fake implementations, functionalization and the real kernels) must give the eager patched model's logits bit for
-bit.
+Under tracing, every call from a patched module into tilegemm is a ``torch.library`` custom op
+(``tilegemm.custom_ops``; eagerly, without autograd, the op's function runs directly), so a patched model traces as
+one graph: ``fullgraph=True`` raises on any graph break, and the counting backend sees exactly one graph. The
+compiled model (``aot_eager``: the custom ops' fake implementations, functionalization and the real kernels) must
+give the eager patched model's logits bit for bit.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import sys
 import pytest
 import torch
 from hf_models import FAMILIES, build, prompt
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tilegemm import custom_ops
 from tilegemm.transformers import apply_tilegemm_to_model, swapped_indexers, swapped_rms_norms
@@ -194,6 +195,37 @@ def test_model_op_passes_opcheck(name):
 def test_model_op_names_are_tilegemm_ops():
     with pytest.raises(ValueError, match="^name: got 'indexer'"):
         custom_ops.model_op("indexer", fake=lambda: None)
+
+
+class _DispatchedOps(TorchDispatchMode):
+    """Records the name of every op the dispatcher runs inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_model_ops_run_their_function_eagerly_and_the_op_where_autograd_records():
+    """Eagerly a model op calls its function (the custom op's dispatch is only host time); with a tensor that
+    requires grad it goes through the op, whose autograd formula gives the gradient."""
+    x, weight = torch.randn(3, 16), torch.rand(16) + 0.5
+    with _DispatchedOps() as eager:
+        y = custom_ops.rms_norm_forward(x, weight, 1e-6, "pytorch")
+    assert "tilegemm.rms_norm.default" not in eager.names and eager.names
+    x.requires_grad_()
+    with _DispatchedOps() as recorded:
+        y_grad = custom_ops.rms_norm_forward(x, weight, 1e-6, "pytorch")
+    assert "tilegemm.rms_norm.default" in recorded.names
+    assert torch.equal(y, y_grad.detach())
+    y_grad.sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+    with torch.no_grad(), _DispatchedOps() as no_grad:
+        custom_ops.rms_norm_forward(x, weight, 1e-6, "pytorch")
+    assert "tilegemm.rms_norm.default" not in no_grad.names
 
 
 # ------------------------------------------------------------------------------------- pickling

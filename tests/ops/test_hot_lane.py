@@ -348,3 +348,120 @@ def test_a_forced_decode_variant_takes_a_new_plan(recorded_launches, monkeypatch
     new = [key for key in plans._PLANS if key not in before]
     assert len(new) == 1 and "w64k128" in new[0]
     assert len(recorded_launches) == 3
+
+
+# ------------------------------------------------------------------------------ ragged MQA logits
+
+
+def _ragged_operands(bf16: bool, seed: int = 0, s: int = 3, s_kv: int = 300, h: int = 64, d: int = 128):
+    """CPU operands of a ragged call (q, kv, weights, ks, ke): bf16, or fp8 with (keys, fp32 scales)."""
+    g = torch.Generator().manual_seed(seed)
+    q, keys = torch.randn(s, h, d, generator=g), torch.randn(s_kv, d, generator=g)
+    w = torch.randn(s, h, generator=g)
+    ke = torch.randint(1, s_kv + 1, (s,), generator=g, dtype=torch.int32)
+    ks = torch.zeros(s, dtype=torch.int32)
+    if bf16:
+        return q.bfloat16(), keys.bfloat16(), w, ks, ke
+    fp8 = torch.float8_e4m3fn
+    return q.to(fp8), (keys.to(fp8), torch.rand(s_kv, generator=g)), w, ks, ke
+
+
+def test_ragged_signature_refuses_what_it_cannot_vouch_for(monkeypatch):
+    monkeypatch.delenv("TILEGEMM_MQA_VARIANT", raising=False)
+    sig = tilegemm.bf16_mqa_logits.hot_signature
+    sig8 = tilegemm.fp8_mqa_logits.hot_signature
+    sig4 = tilegemm.fp8_fp4_mqa_logits.hot_signature
+    q, kv, w, ks, ke = _ragged_operands(bf16=True)
+    key, operands = sig(q, kv, w, ks, ke, False, 0, torch.float32, None)
+    assert all(x is y for x, y in zip(operands, (q, kv, w, ks, ke)))
+    assert sig(q.clone(), kv.clone(), w.clone(), ks.clone(), ke.clone(), False, 0, torch.float32, None)[0] == key
+    q8, kv8, w8, ks8, ke8 = _ragged_operands(bf16=False)
+    assert sig8(q8, kv8, w8, ks8, ke8, False, 0, None) is not None
+    assert sig4((q8, None), kv8, w8, ks8, ke8, False, 0, torch.float32, None)[1][0] is q8
+    refused = {
+        "a stream": (q, kv, w, ks, ke, False, 0, torch.float32, object()),
+        "a non-contiguous kv": (q, kv.t().contiguous().t(), w, ks, ke, False, 0, torch.float32, None),
+        "int64 windows": (q, kv, w, ks.long(), ke, False, 0, torch.float32, None),
+        "bf16 weights": (q, kv, w.bfloat16(), ks, ke, False, 0, torch.float32, None),
+        "an int clean_logits": (q, kv, w, ks, ke, 0, 0, torch.float32, None),
+        "fp8 operands": (q8, kv8[0], w, ks, ke, False, 0, torch.float32, None),
+    }
+    for what, values in refused.items():
+        assert sig(*values) is None, what
+    assert sig8(q8, (kv8[0], kv8[1].double()), w8, ks8, ke8, False, 0, None) is None  # fp64 key scales
+    other = [
+        sig(q[:2], kv, w[:2], ks[:2], ke[:2], False, 0, torch.float32, None)[0],  # rows
+        sig(q, kv, w, ks, ke, True, 0, torch.float32, None)[0],  # clean_logits
+        sig(q, kv, w, ks, ke, False, 64, torch.float32, None)[0],  # compressed
+        sig(q, kv, w, ks, ke, False, 0, torch.bfloat16, None)[0],  # logits dtype
+    ]
+    monkeypatch.setenv("TILEGEMM_MQA_VARIANT", "decode")
+    other.append(sig(q, kv, w, ks, ke, False, 0, torch.float32, None)[0])  # the forced variant
+    assert len({key, *other}) == 1 + len(other)
+    monkeypatch.setenv("TILEGEMM_CHECK_VALUES", "1")
+    assert sig(q, kv, w, ks, ke, False, 0, torch.float32, None) is None  # value checks run on every call
+
+
+@pytest.mark.parametrize("forced", [None, "decode"])
+@pytest.mark.parametrize("name", ["bf16_mqa_logits", "fp8_mqa_logits", "fp8_fp4_mqa_logits"])
+def test_ragged_calls_replay_what_the_full_path_launched(recorded_launches, monkeypatch, name, forced):
+    """The first call takes the full path (checked), the next ones replay it: the same kernels, grids and
+    constants, on each call's own tensors and output."""
+    import cuda.tile as ct
+
+    from tilegemm.ops.cutile import mqa
+
+    monkeypatch.setattr(mqa, "_check_arch", lambda t: 90)
+    if forced is None:
+        monkeypatch.delenv("TILEGEMM_MQA_VARIANT", raising=False)
+    else:
+        monkeypatch.setenv("TILEGEMM_MQA_VARIANT", forced)
+    launches = []
+    monkeypatch.setattr(ct, "launch", lambda stream, grid, kernel, args: launches.append((grid, kernel, args)))
+    checked = []
+    original = checks.mqa._same_device
+    monkeypatch.setattr(checks.mqa, "_same_device", lambda tensors: checked.append(1) or original(tensors))
+    call = getattr(tilegemm, name)
+    bf16 = name.startswith("bf16")
+    per_call = []
+    for seed in range(3):
+        q, kv, w, ks, ke = _ragged_operands(bf16, seed=seed)
+        before = len(launches)
+        out = call((q, None) if name.startswith("fp8_fp4") else q, kv, w, ks, ke, True, backend="cutile")
+        assert out.shape == (3, 300) and out.dtype == torch.float32
+        made = launches[before:]
+        assert len(made) == 2  # the logits kernel, then the clean kernel
+        keys = kv if bf16 else kv[0]
+        assert made[0][2][0] is q and made[0][2][1] is keys and made[0][2][3] is w
+        assert made[0][2][6].data_ptr() == out.data_ptr() and made[1][2][2].data_ptr() == out.data_ptr()
+        if not bf16:
+            assert made[0][2][2] is kv[1]
+        else:
+            assert bool((made[0][2][2] == 1).all()) and made[0][2][2].shape == (300,)
+        per_call.append(
+            [(grid, kernel, tuple(a for a in args if not isinstance(a, torch.Tensor))) for grid, kernel, args in made]
+        )
+    assert len(checked) == 1  # only the first call was checked
+    assert per_call[0] == per_call[1] == per_call[2]
+    decode_grid = per_call[0][0][0][1] > 1  # the decode kernel splits the keys over a second grid dim
+    assert decode_grid == (forced == "decode")
+
+
+def test_paged_schedule_replays_the_same_ops(recorded_launches, monkeypatch):
+    """``get_paged_mqa_logits_metadata``: the first call is checked, later calls of its key replay the schedule's
+    torch ops on their own lengths (the reference's values); ``indices`` or int64 lengths take the full path."""
+    from tilegemm.ops.common import paged_mqa_schedule
+
+    sig = tilegemm.get_paged_mqa_logits_metadata.hot_signature
+    ctx = torch.tensor([130, 7, 300], dtype=torch.int32)
+    assert sig(ctx, 64, 4, None) is not None
+    assert sig(ctx, 64, 4, torch.zeros(3, dtype=torch.int32)) is None and sig(ctx.long(), 64, 4, None) is None
+    assert sig(ctx, 64, 4, None)[0] != sig(ctx, 32, 4, None)[0] != sig(ctx, 64, 8, None)[0]
+    checked = []
+    original = checks.mqa._context_lens
+    monkeypatch.setattr(checks.mqa, "_context_lens", lambda *a: checked.append(1) or original(*a))
+    for lengths in ([130, 7, 300], [1, 2000, 65], [0, 0, 9]):
+        ctx = torch.tensor(lengths, dtype=torch.int32)
+        meta = tilegemm.get_paged_mqa_logits_metadata(ctx, 64, 4, backend="cutile")
+        assert torch.equal(meta, paged_mqa_schedule(ctx, 64, 4))
+    assert len(checked) == 1

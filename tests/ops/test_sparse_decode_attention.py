@@ -192,10 +192,12 @@ def test_gluon_matches_float64(shape, mask_kind, monkeypatch):
 @pytest.mark.parametrize("programs_per_sm", [1, 8, 64], ids=lambda n: f"pps{n}")
 def test_gluon_splits(programs_per_sm, monkeypatch):
     """One split per head (the output written directly), several (merged by the combine kernel), one per block."""
+    from tilegemm.backend import hot_lane
     from tilegemm.ops.gluon import sparse_attention
 
     monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
     monkeypatch.setattr(sparse_attention, "PROGRAMS_PER_SM", programs_per_sm)
+    hot_lane.clear_hot_lane()  # a replay keeps the split of the call it replays
     args = _case((2, 64, 64, 3000, 192, 128, 700), "bool", device="cuda")
     out = tilegemm.sparse_decode_attention(*args)
     assert calc_diff(out.double().cpu(), _exact(*args)) < 1e-5
@@ -227,3 +229,51 @@ def test_gluon_empty_batch():
     q, k, v = torch.zeros(0, 4, 64), torch.zeros(0, 4, 10, 64), torch.zeros(0, 4, 10, 32)
     args = [t.bfloat16().cuda() for t in (q, k, v)] + [torch.zeros(0, 3, dtype=torch.int32, device="cuda"), 0.5]
     assert tilegemm.sparse_decode_attention(*args, backend="gluon").shape == (0, 4, 32)
+
+
+@gpu
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "additive"])
+def test_gluon_replays_give_the_full_paths_bits(mask_kind, monkeypatch):
+    """A call whose key has run replays the plan (the compiled kernels relaunched) on its own tensors: the same bits
+    as the full path (the JIT launch) on them."""
+    from tilegemm.backend import hot_lane
+
+    monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
+    hot_lane.clear_hot_lane()
+    tilegemm.sparse_decode_attention(*_case(SHAPES[1], mask_kind, device="cuda", seed=1))  # the full path
+    assert hot_lane._HOT
+    for seed in (2, 3):
+        args = _case(SHAPES[1], mask_kind, device="cuda", seed=seed)
+        replayed = tilegemm.sparse_decode_attention(*args)
+        hot_lane.clear_hot_lane()
+        full = tilegemm.sparse_decode_attention(*args)
+        assert torch.equal(replayed.view(torch.uint8), full.view(torch.uint8))
+        assert calc_diff(replayed.double().cpu(), _exact(*args)) < 1e-5
+
+
+def test_signature_keys_what_the_plan_reads(monkeypatch):
+    """The hot-lane key holds every tensor's metadata, the scale and ``set_num_sms``; calls it cannot vouch for
+    (a stream, a mask the check would copy, an int scale) take the full path."""
+    from tilegemm import config
+
+    sig = tilegemm.sparse_decode_attention.hot_signature
+    q, k, v, indices, scale, mask = _case(SHAPES[1], "bool")
+    key, operands = sig(q, k, v, indices, scale, mask, None)
+    assert all(x is y for x, y in zip(operands, (q, k, v, indices, scale, mask)))
+    assert sig(q.clone(), k.clone(), v.clone(), indices.clone(), scale, mask.clone(), None)[0] == key
+    wide = torch.ones(2, 600, dtype=torch.bool)[:, ::2]
+    for what, values in {
+        "a stream": (q, k, v, indices, scale, mask, object()),
+        "a strided mask": (q, k, v, indices, scale, wide, None),
+        "an int scale": (q, k, v, indices, 1, mask, None),
+    }.items():
+        assert sig(*values) is None, what
+    other = [
+        sig(q, k, v, indices, scale, None, None)[0],
+        sig(q, k, v, indices.long(), scale, mask, None)[0],
+        sig(q, k, v, indices, scale * 2, mask, None)[0],
+        sig(q[:1], k[:1], v[:1], indices[:1], scale, mask[:1], None)[0],
+    ]
+    monkeypatch.setattr(config, "_num_sms", 7)
+    other.append(sig(q, k, v, indices, scale, mask, None)[0])
+    assert len({key, *other}) == 1 + len(other)

@@ -10,7 +10,11 @@ from tilegemm.ops import checks
 Tensor = torch.Tensor
 
 
-@dispatch("sparse_decode_attention", check=checks.sparse_decode_attention_check)
+@dispatch(
+    "sparse_decode_attention",
+    check=checks.sparse_decode_attention_check,
+    signature=checks.sparse_decode_attention_signature(),
+)
 def sparse_decode_attention(
     q: Tensor, k: Tensor, v: Tensor, indices: Tensor, scale: float, mask: Tensor | None = None, *, stream=None
 ) -> Tensor:

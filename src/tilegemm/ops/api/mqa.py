@@ -95,13 +95,23 @@ def _fp4_and_legacy_ops(
     return fp4, legacy
 
 
-fp8_fp4_mqa_logits, fp8_mqa_logits = _fp4_and_legacy_ops("mqa_logits", _mqa_logits, _MQA_DOC, checks.mqa_logits_check)
+fp8_fp4_mqa_logits, fp8_mqa_logits = _fp4_and_legacy_ops(
+    "mqa_logits", _mqa_logits, _MQA_DOC, checks.mqa_logits_check, checks.mqa_logits_signature
+)
 bf16_mqa_logits = op(
-    "bf16_mqa_logits", retyped(_mqa_logits, q="Tensor", kv="Tensor"), _BF16_MQA_DOC, checks.bf16_mqa_logits_check
+    "bf16_mqa_logits",
+    retyped(_mqa_logits, q="Tensor", kv="Tensor"),
+    _BF16_MQA_DOC,
+    checks.bf16_mqa_logits_check,
+    checks.mqa_logits_signature(bf16=True),
 )
 
 
-@dispatch("get_paged_mqa_logits_metadata", check=checks.paged_mqa_metadata_check)
+@dispatch(
+    "get_paged_mqa_logits_metadata",
+    check=checks.paged_mqa_metadata_check,
+    signature=checks.paged_mqa_metadata_signature(),
+)
 def get_paged_mqa_logits_metadata(
     context_lens: Tensor, block_kv: int, num_sms: int, indices: Tensor | None = None
 ) -> Tensor:

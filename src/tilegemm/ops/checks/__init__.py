@@ -30,7 +30,7 @@ Two kinds of check:
   themselves) they never run.
 """
 
-from tilegemm.ops.checks.attention import sparse_decode_attention_check
+from tilegemm.ops.checks.attention import sparse_decode_attention_check, sparse_decode_attention_signature
 from tilegemm.ops.checks.autograd import (
     GROUPED_MATMUL_DTYPES,
     fp8_linear_check,
@@ -79,9 +79,11 @@ from tilegemm.ops.checks.mqa import (
     LOGITS_DTYPES,
     bf16_mqa_logits_check,
     mqa_logits_check,
+    mqa_logits_signature,
     paged_mqa_logits_check,
     paged_mqa_logits_signature,
     paged_mqa_metadata_check,
+    paged_mqa_metadata_signature,
     visible_lengths,
 )
 from tilegemm.ops.checks.norm import rms_norm_check
@@ -105,10 +107,11 @@ __all__ = [
     "fp8_linear_check",
     "fp8_moe_experts_check", "fp8_weight_check", "grouped_matmul_check", "k_grouped_check", "k_grouped_ue8m0_check",
     "m_grouped_contiguous_check", "m_grouped_masked_check", "matmul_check", "moe_experts_backward_check",
-    "moe_experts_check", "mqa_logits_check", "pack_ue8m0_check", "paged_mqa_logits_check",
-    "paged_mqa_logits_signature", "paged_mqa_metadata_check", "quant_input_check", "resolve_alignment",
+    "moe_experts_check", "mqa_logits_check", "mqa_logits_signature", "pack_ue8m0_check", "paged_mqa_logits_check",
+    "paged_mqa_logits_signature", "paged_mqa_metadata_check", "paged_mqa_metadata_signature", "quant_input_check",
+    "resolve_alignment",
     "resolve_recipe", "rms_norm_check", "scale_tensor_check", "skip_head_mid_check", "skip_value_checks",
-    "sparse_decode_attention_check",
+    "sparse_decode_attention_check", "sparse_decode_attention_signature",
     "tf32_hc_prenorm_gemm_check", "tma_aligned_size_check", "transform_sf_check", "value_checks_enabled",
     "visible_lengths",
 ]  # fmt: skip

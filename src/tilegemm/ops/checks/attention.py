@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 from typing import Any
 
 import torch
 
+from tilegemm import config
+from tilegemm.ops.checks import hot
 from tilegemm.ops.checks.base import FLOATS, _same_device, _scalar, _shape, _stream, _tensor
 
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -47,3 +50,41 @@ def sparse_decode_attention_check(q, k, v, indices, scale, mask=None, *, stream=
     if mask is not None and mask.shape[1] > 1 and mask.stride(1) != 1:
         mask = mask.contiguous()
     return dict(q=q, k=k, v=v, indices=indices, scale=scale, mask=mask, stream=stream)
+
+
+def _row_mask(x: Any) -> Hashable:
+    """The ``mask`` part of the hot-lane key: ``None``, or a 16-byte aligned bool or float ``[B, T]`` whose last
+    dimension the check leaves as it is (contiguous, or one key)."""
+    if x is None:
+        return None
+    if isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[1] > 1 and x.stride(1) != 1:
+        raise hot.Miss
+    return _MASK(x)
+
+
+_MASK = hot.tensor(torch.bool, *FLOATS)
+
+
+def sparse_decode_attention_signature() -> hot.HotLane:
+    """The hot-lane key of ``sparse_decode_attention``: the replay takes ``(q, k, v, indices, scale, mask)``.
+
+    The key holds the shape, strides, dtype and device of every tensor (16-byte aligned), ``scale`` and the
+    ``set_num_sms`` setting (the split of the indices reads it). Calls with a ``stream``, a tensor off 16-byte
+    alignment or a mask the check would copy take the full path.
+    """
+    kinds = dict(
+        q=hot.tensor(*FLOATS),
+        k=hot.tensor(*FLOATS),
+        v=hot.tensor(*FLOATS),
+        indices=hot.tensor(*INDEX_DTYPES),
+        scale=hot.exact(float),
+        mask=_row_mask,
+        stream=hot.none,
+    )
+    operands = {name: None for name in ("q", "k", "v", "indices", "scale", "mask")}
+    return hot.HotLane(kinds, operands, setting=_num_sms_setting)
+
+
+def _num_sms_setting() -> int:
+    """The ``set_num_sms`` setting."""
+    return config._num_sms

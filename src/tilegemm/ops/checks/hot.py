@@ -67,8 +67,15 @@ def packed(*dtypes: torch.dtype) -> Kind:
 
 def pair(data: torch.dtype, scales: torch.dtype) -> Kind:
     """A ``(data, scales)`` tuple of 16-byte aligned tensors of those dtypes: both tensors' parts."""
-    first, second = tensor(data), tensor(scales)
+    return _pair_of(tensor(data), tensor(scales))
 
+
+def packed_pair(data: torch.dtype, scales: torch.dtype) -> Kind:
+    """A ``(data, scales)`` tuple of contiguous tensors of those dtypes: both tensors' parts."""
+    return _pair_of(packed(data), packed(scales))
+
+
+def _pair_of(first: Kind, second: Kind) -> Kind:
     def part(x: Any) -> Hashable:
         if type(x) is not tuple or len(x) != 2:
             raise Miss

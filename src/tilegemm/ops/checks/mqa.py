@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
+from tilegemm.env import MQA_VARIANT
 from tilegemm.ops.checks import hot
 from tilegemm.ops.checks.base import (
     FP8,
@@ -194,6 +196,16 @@ def paged_mqa_metadata_check(context_lens, block_kv, num_sms, indices=None) -> d
     return dict(context_lens=context_lens, block_kv=block_kv, num_sms=num_sms)
 
 
+def paged_mqa_metadata_signature() -> hot.HotLane:
+    """The hot-lane key of ``get_paged_mqa_logits_metadata``: the replay takes ``(context_lens,)``; the key holds its
+    shape and device, ``block_kv`` and ``num_sms``. Calls with ``indices``, lengths other than contiguous int32, or
+    with value checks on take the full path."""
+    kinds = dict(
+        context_lens=hot.packed(torch.int32), block_kv=hot.exact(int), num_sms=hot.exact(int), indices=hot.none
+    )
+    return hot.HotLane(kinds, {"context_lens": None}, value_checks=True)
+
+
 def _nonnegative_lengths(context_lens: torch.Tensor) -> None:
     if context_lens.numel() and bool((context_lens < 0).any()):
         raise ValueError(f"context_lens: got a negative length (min {int(context_lens.min())}), expected >= 0")
@@ -249,14 +261,8 @@ def paged_mqa_logits_check(
     _bool("clean_logits", clean_logits)
     _indices(indices, batch)
     _stream(stream)
-    tensors = dict(
-        q=q,
-        kv_cache=kv_cache,
-        weights=weights,
-        context_lens=context_lens,
-        block_table=block_table,
-        schedule_meta=schedule_meta,
-    )
+    tensors = dict(q=q, kv_cache=kv_cache, weights=weights, context_lens=context_lens)
+    tensors.update(block_table=block_table, schedule_meta=schedule_meta)
     _same_device(dict(tensors, indices=indices))
     if value_checks_enabled(block_table.device):
         _paged_values(context_lens, block_table, schedule_meta, next_n, num_blocks, block_kv, max_context_len)
@@ -267,6 +273,41 @@ def paged_mqa_logits_check(
         logits_dtype=logits_dtype,
         stream=stream,
     )
+
+
+def mqa_logits_signature(fp4_form: bool = False, bf16: bool = False) -> hot.HotLane:
+    """The hot-lane key of ``fp8_fp4_mqa_logits`` (``fp4_form``), ``fp8_mqa_logits`` or ``bf16_mqa_logits``
+    (``bf16``): the replay takes ``(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end)``.
+
+    The key holds the shape, dtype and device of every tensor, ``clean_logits``, ``max_seqlen_k``, ``logits_dtype``
+    and the forced MQA variant (``$TILEGEMM_MQA_VARIANT``, which the config reads). Calls with a ``stream``, a
+    non-contiguous tensor, dtypes other than the kernels' own (fp8 ``q`` and keys with fp32 key scales, or bf16
+    ``q`` and keys; fp32 weights; int32 windows), or with value checks on take the full path.
+    """
+    i32 = hot.packed(torch.int32)
+    if bf16:
+        q_kind, kv_kind = hot.packed(torch.bfloat16), hot.packed(torch.bfloat16)
+    else:
+        q_kind = hot.packed_or_pair_with_none(FP8) if fp4_form else hot.packed(FP8)
+        kv_kind = hot.packed_pair(FP8, torch.float32)
+    kinds = dict(q=q_kind, kv=kv_kind, weights=hot.packed(torch.float32), stream=hot.none)
+    kinds.update(cu_seq_len_k_start=i32, cu_seq_len_k_end=i32, max_seqlen_k=hot.exact(int))
+    kinds.update(clean_logits=hot.exact(bool), logits_dtype=hot.one_of(LOGITS_DTYPES))
+    operands = _replay_operands(("q", "kv", "weights", "cu_seq_len_k_start", "cu_seq_len_k_end"), fp4_form)
+    return hot.HotLane(kinds, operands, setting=_mqa_variant, value_checks=True)
+
+
+def _replay_operands(names: tuple[str, ...], fp4_form: bool) -> dict[str, Any]:
+    """A replay's operands: the arguments ``names`` as given, ``q`` as its tensor in the fp8_fp4 form."""
+    operands: dict[str, Any] = {name: None for name in names}
+    if fp4_form:
+        operands["q"] = hot.first_of_pair
+    return operands
+
+
+def _mqa_variant() -> str | None:
+    """The setting the MQA configs read: ``$TILEGEMM_MQA_VARIANT``."""
+    return os.environ.get(MQA_VARIANT) or None
 
 
 def paged_mqa_logits_signature(fp4_form: bool) -> hot.HotLane:
@@ -294,10 +335,7 @@ def paged_mqa_logits_signature(fp4_form: bool) -> hot.HotLane:
         stream=hot.none,
     )
     names = ("q", "kv_cache", "weights", "context_lens", "block_table", "schedule_meta")
-    operands = {name: None for name in names}
-    if fp4_form:
-        operands["q"] = hot.first_of_pair
-    return hot.HotLane(kinds, operands, value_checks=True)
+    return hot.HotLane(kinds, _replay_operands(names, fp4_form), value_checks=True)
 
 
 def _paged_values(

@@ -5,8 +5,9 @@ The two plain ops run the plain kernel, or for a decode-sized call that ``$TILEG
 decode kernel (:mod:`tilegemm.ops.cutile.mqa_decode_kernels`: the keys split over the SMs).
 
 Each op: problem -> config (:mod:`tilegemm.heuristics.cutile`) -> the arrays and constants its kernel takes -> launch;
-a repeated paged call replays its launch (the registry's hot lane: ``checks.paged_mqa_logits_signature``,
-:func:`_paged_replay`). The kernels and their design are in :mod:`tilegemm.ops.cutile.mqa_kernels`.
+a repeated call replays its launches (the registry's hot lane: ``checks.mqa_logits_signature`` and
+:func:`_plain_replay`, ``checks.paged_mqa_logits_signature`` and :func:`_paged_replay`). The kernels and their
+design are in :mod:`tilegemm.ops.cutile.mqa_kernels`.
 """
 
 from __future__ import annotations
@@ -68,6 +69,33 @@ def _new_logits(rows: int, cols: int, clean: bool, device: torch.device) -> torc
     return torch.empty((rows, cols), dtype=torch.float32, device=device)
 
 
+def mqa_launch_plan(conf: MqaConfig, s: int, s_kv: int, d: int, out_shape: tuple[int, ...], kernel=None) -> tuple:
+    """``(kernel, grid, constants)`` of ``conf``'s launch over ``s`` query rows and ``s_kv`` keys of ``d`` (``out``
+    of ``out_shape``): the plain kernel, one CTA per ``conf.bq`` rows, or with ``conf.path == "decode"`` the decode
+    kernel (:mod:`~tilegemm.ops.cutile.mqa_decode_kernels`, grid ``(ceil(S / bq), conf.parts)``)."""
+    if conf.path == "decode":
+        return kernel or decode_kernel_for(conf.occupancy), (cdiv(s, conf.bq), conf.parts, 1), decode_constants(conf, d)
+    inside = tuple(out_shape) == (s, s_kv) and tiles_inside(conf, s, s_kv)
+    consts = (
+        conf.bq,
+        conf.hp,
+        d,
+        conf.bk,
+        conf.head_chain,
+        conf.two_chains,
+        conf.unroll,
+        inside,
+        inside and conf.scales_ldg,
+        conf.key_latency,
+    )
+    return kernel or plain_kernel_for(conf.occupancy), (cdiv(s, conf.bq), 1, 1), consts
+
+
+def clean_launch_plan(conf: MqaConfig, s: int) -> tuple:
+    """``(kernel, grid, constants)`` of :func:`mqa_clean_logits_kernel` after ``conf``'s kernel on ``s`` rows."""
+    return mqa_clean_logits_kernel, (cdiv(s, conf.bq), 1, 1), (conf.bq, conf.bk, conf.unroll)
+
+
 def launch_mqa_logits(
     q: torch.Tensor,
     kv_data: torch.Tensor,
@@ -81,9 +109,8 @@ def launch_mqa_logits(
     clean: bool = False,
     stream: Any = None,
 ) -> None:
-    """Launch ``conf``'s kernel on ``stream`` (``None``: the current one; inputs as the op's, already checked; ``out``
-    fp32 [S, S_kv]): the plain kernel, or with ``conf.path == "decode"`` the decode kernel
-    (:mod:`~tilegemm.ops.cutile.mqa_decode_kernels`, grid ``(ceil(S / bq), conf.parts)``).
+    """Launch ``conf``'s kernel (:func:`mqa_launch_plan`) on ``stream`` (``None``: the current one; inputs as the
+    op's, already checked; ``out`` fp32 [S, S_kv]).
 
     ``clean``: also launch :func:`mqa_clean_logits_kernel`, so that every element of ``out`` is written (``out`` may be
     uninitialised); otherwise the tiles outside the windows are left as they were.
@@ -99,34 +126,34 @@ def launch_mqa_logits(
         ke,
         out,
     )
-    if conf.path == "decode":
-        grid = (cdiv(s, conf.bq), conf.parts, 1)
-        launch(kernel or decode_kernel_for(conf.occupancy), grid, arrays + decode_constants(conf, d), stream)
-    else:
-        _launch_plain(arrays, conf, d, kernel, stream)
+    main, grid, consts = mqa_launch_plan(conf, s, kv_data.shape[0], d, tuple(out.shape), kernel)
+    launch(main, grid, arrays + consts, stream)
     if clean:
-        args = (ks, ke, out, conf.bq, conf.bk, conf.unroll)
-        launch(mqa_clean_logits_kernel, (cdiv(s, conf.bq), 1, 1), args, stream)
+        cleaner, clean_grid, clean_consts = clean_launch_plan(conf, s)
+        launch(cleaner, clean_grid, (ks, ke, out) + clean_consts, stream)
 
 
-def _launch_plain(arrays: tuple, conf: MqaConfig, d: int, kernel, stream: Any) -> None:
-    """Launch the plain kernel on ``arrays`` (:func:`launch_mqa_logits`'), one CTA per ``conf.bq`` query rows."""
-    s, s_kv = arrays[0].shape[0], arrays[1].shape[0]
-    out = arrays[6]
-    inside = tuple(out.shape) == (s, s_kv) and tiles_inside(conf, s, s_kv)
-    consts = (
-        conf.bq,
-        conf.hp,
-        d,
-        conf.bk,
-        conf.head_chain,
-        conf.two_chains,
-        conf.unroll,
-        inside,
-        inside and conf.scales_ldg,
-        conf.key_latency,
-    )
-    launch(kernel or plain_kernel_for(conf.occupancy), (cdiv(s, conf.bq), 1, 1), arrays + consts, stream)
+_UNIT_SCALES: dict[torch.device, torch.Tensor] = {}
+
+
+def unit_key_scales(n: int, device: torch.device) -> torch.Tensor:
+    """fp32 ones ``[n]``, the key scales of a BF16 call: a view of one buffer per device, made outside CUDA-graph
+    capture (growing it keeps the old one alive for graphs that captured it), or a new tensor during capture."""
+    buf = _UNIT_SCALES.get(device)
+    if buf is None or buf.numel() < n:
+        on_gpu = device.type == "cuda"
+        if on_gpu and torch.cuda.is_current_stream_capturing():
+            return torch.ones(n, dtype=torch.float32, device=device)
+        if buf is not None:
+            _RETIRED_SCALES.append(buf)
+        buf = torch.ones(max(n, 2 * buf.numel() if buf is not None else 0, 4096), dtype=torch.float32, device=device)
+        if on_gpu:
+            torch.cuda.synchronize(device)  # filled before a kernel on any stream reads it
+        _UNIT_SCALES[device] = buf
+    return buf[:n]
+
+
+_RETIRED_SCALES: list[torch.Tensor] = []
 
 
 def fp8_mqa_logits(
@@ -173,16 +200,60 @@ def bf16_mqa_logits(
     print_once("bf16_mqa_logits", {"S": s, "S_kv": s_kv, "H": h, "D": d}, conf)
     out = torch.empty((s, s_kv), dtype=torch.float32, device=q.device)
     if s and s_kv:
-        ones = torch.ones(s_kv, dtype=torch.float32, device=q.device)
+        ones = unit_key_scales(s_kv, q.device)
         ks, ke = cu_seq_len_k_start, cu_seq_len_k_end
         launch_mqa_logits(q, kv, ones, weights, ks, ke, out, conf, clean=clean_logits, stream=stream)
     return logits_result(out, cu_seq_len_k_start, max_seqlen_k, logits_dtype)
+
+
+def _plain_replay(derived: dict[str, Any]) -> Callable[..., torch.Tensor] | None:
+    """The hot-lane replay of a ragged call (``checks.mqa_logits_signature``): the config, kernels, grids and
+    constants fixed; per call only the output, a BF16 call's unit key scales and the launches. The signature admits
+    contiguous operands of the kernels' dtypes only, so the conversions of :func:`launch_mqa_logits` are no-ops
+    here."""
+    q, kv = derived["q"], derived["kv"]
+    bf16 = not isinstance(kv, tuple)
+    s, h, d = q.shape
+    s_kv = (kv if bf16 else kv[0]).shape[0]
+    try:
+        conf = plain_mqa_config(h, d, s, s_kv, num_sms(), sm=_check_arch(q), bf16=bf16, variant=variant("mqa"))
+    except Unsupported:
+        return None
+    if conf is None:
+        return None
+    main, grid, consts = mqa_launch_plan(conf, s, s_kv, d, (s, s_kv))
+    cleaner, clean_grid, clean_consts = clean_launch_plan(conf, s)
+    clean, runs = derived["clean_logits"], s > 0 and s_kv > 0
+    max_seqlen_k, logits_dtype, device = derived["max_seqlen_k"], derived["logits_dtype"], q.device
+
+    def replay(q, kv, weights, ks, ke) -> torch.Tensor:
+        out = torch.empty((s, s_kv), dtype=torch.float32, device=device)
+        if runs:
+            keys, scales = (kv, unit_key_scales(s_kv, device)) if bf16 else kv
+            launch(main, grid, (q, keys, scales, weights, ks, ke, out) + consts)
+            if clean:
+                launch(cleaner, clean_grid, (ks, ke, out) + clean_consts)
+        return logits_result(out, ks, max_seqlen_k, logits_dtype)
+
+    return replay
+
+
+for _name in ("fp8_fp4_mqa_logits", "fp8_mqa_logits", "bf16_mqa_logits"):
+    register_replay(_name, "cutile")(_plain_replay)
+del _name
 
 
 @register_impl("get_paged_mqa_logits_metadata", "cutile")
 def get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms):
     """Balanced schedule on the device (no host sync): ``ops.common.paged_mqa_schedule``, as the reference."""
     return paged_mqa_schedule(context_lens, block_kv, num_sms)
+
+
+@register_replay("get_paged_mqa_logits_metadata", "cutile")
+def _metadata_replay(derived: dict[str, Any]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The hot-lane replay of a schedule call (``checks.paged_mqa_metadata_signature``): the same torch ops."""
+    block_kv, sms = derived["block_kv"], derived["num_sms"]
+    return lambda context_lens: paged_mqa_schedule(context_lens, block_kv, sms)
 
 
 def paged_views(kv_cache: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -88,7 +88,7 @@ def compile_sparse_decode(
     groups: int = 1,
     dtype: torch.dtype = torch.bfloat16,
 ) -> Any:
-    """``sparse_decode_kernel`` compiled for sm_90a as :func:`sparse_attention.sparse_decode_attention` launches it
+    """``sparse_decode_kernel`` compiled for sm_90a as :func:`sparse_attention.sparse_decode_plan` launches it
     (``mask``: 0 none, 1 boolean, 2 additive of ``dtype``; the pointers and row strides 16-byte aligned, as the JIT
     specializes them for DeepSeek's cache)."""
     sa = sparse_attention

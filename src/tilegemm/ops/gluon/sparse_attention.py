@@ -15,13 +15,17 @@ An index outside ``[0, T)`` (``-1`` padding) selects no key; a row whose selecte
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from tilegemm import config
+from tilegemm.backend.hot_lane import register_replay
 from tilegemm.backend.registry import register_impl
+from tilegemm.ops.gluon.tma import Relaunch
 from tilegemm.ops.operands import cdiv
 
 LOG2E = gl.constexpr(math.log2(math.e))
@@ -217,6 +221,70 @@ def splits_for(programs: int, count: int, sms: int) -> int:
     return max(1, min(want, cdiv(count, BLOCK_N)))
 
 
+def sparse_decode_plan(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, mask: torch.Tensor | None
+) -> Callable[..., torch.Tensor]:
+    """The launch plan of calls shaped as this one (checked operands): ``run(q, k, v, indices, scale, mask) ->
+    out [B, H, Dv]``, on the current stream.
+
+    Problem -> splits of the indices (:func:`splits_for`) -> grids, strides and constants, settled once here: a run
+    is valid for operands with this call's shapes, strides, dtypes and 16-byte alignment (the hot lane's key). The
+    first run launches through triton's JIT (it compiles); later runs go straight to the compiled kernels
+    (:class:`~tilegemm.ops.gluon.tma.Relaunch`), without the JIT's argument binding and cache lookup.
+    """
+    batch, heads, dk = q.shape
+    kv_heads, dv = k.shape[1], v.shape[3]
+    count = indices.shape[1]
+    device, dtype = q.device, q.dtype
+    splits = splits_for(batch * heads, count, max(1, config.get_num_sms()))
+    per_split = cdiv(cdiv(count, splits), BLOCK_N) * BLOCK_N
+    splits = cdiv(count, per_split)
+    dv_pad = _pad(dv)
+    mask_kind = 0 if mask is None else 1 if mask.dtype == torch.bool else 2
+    idx_stride = indices.stride(0) if indices.stride(1) == 1 else indices.shape[1]
+    strides = (*q.stride()[:2], *k.stride()[:3], *v.stride()[:3], idx_stride, mask.stride(0) if mask is not None else 0)
+    sizes = (heads, k.shape[2], count, per_split, *strides, heads * dv, dv)  # the kernel's ints, in order
+    shapes = (heads // kv_heads, dk, dv, _pad(dk), dv_pad, BLOCK_N, ROW_LANES, splits, mask_kind, NUM_WARPS)
+    names = sparse_decode_kernel.arg_names
+    fixed = dict(zip(names[names.index("heads") : names.index("scale_log2")], sizes, strict=True))
+    fixed.update(zip(names[names.index("scale_log2") + 1 :], shapes, strict=True))  # the constexprs, GROUPS .. WARPS
+    combine = dict(heads=heads, o_sb=heads * dv, o_sh=dv, DV=dv, DV_PAD=dv_pad, SPLITS=splits)
+    combine.update(SPLITS_PAD=_pad_splits(splits), WARPS=COMBINE_WARPS)
+    combine_rest = tuple(combine[name] for name in sparse_decode_combine_kernel.arg_names[3:])
+    grid, combine_grid = (batch * heads, splits, 1), (batch * heads, 1, 1)
+    relaunches: list[Relaunch] = []
+
+    def run(q, k, v, indices, scale, mask) -> torch.Tensor:
+        out = torch.empty(batch, heads, dv, dtype=dtype, device=device)
+        if out.numel() == 0:
+            return out
+        if splits > 1:
+            part = torch.empty(batch * heads * splits, dv_pad, dtype=torch.float32, device=device)
+            stat = torch.empty(batch * heads * splits, 2, dtype=torch.float32, device=device)
+        else:
+            part = stat = out
+        idx = indices if indices.stride(1) == 1 else indices.contiguous()
+        mask_arg = out if mask is None else mask.view(torch.uint8) if mask_kind == 1 else mask
+        pointers = (q, k, v, idx, mask_arg, out, part, stat)
+        scale_log2 = float(scale) * LOG2E.value
+        if relaunches:
+            relaunches[0]((), (*pointers, *sizes, scale_log2, *shapes), None)
+            if splits > 1:
+                relaunches[1]((), (out, part, stat, *combine_rest), None)
+            return out
+        compiled = sparse_decode_kernel[grid[:2]](*pointers, scale_log2=scale_log2, **fixed, num_warps=NUM_WARPS)
+        found = [Relaunch(compiled, grid, device, [])]
+        if splits > 1:
+            compiled = sparse_decode_combine_kernel[combine_grid[:1]](
+                out, part, stat, **combine, num_warps=COMBINE_WARPS
+            )
+            found.append(Relaunch(compiled, combine_grid, device, []))
+        relaunches.extend(found)
+        return out
+
+    return run
+
+
 @register_impl("sparse_decode_attention", "gluon")
 def sparse_decode_attention(
     q: torch.Tensor,
@@ -227,76 +295,14 @@ def sparse_decode_attention(
     mask: torch.Tensor | None,
     stream,
 ) -> torch.Tensor:
-    """The gluon kernel of :func:`tilegemm.sparse_decode_attention` (the module docstring); ``stream`` is current."""
-    batch, heads, dk = q.shape
-    kv_heads, dv = k.shape[1], v.shape[3]
-    count = indices.shape[1]
-    out = torch.empty(batch, heads, dv, dtype=q.dtype, device=q.device)
-    if out.numel() == 0:
-        return out
-    splits = splits_for(batch * heads, count, max(1, config.get_num_sms()))
-    per_split = cdiv(cdiv(count, splits), BLOCK_N) * BLOCK_N
-    splits = cdiv(count, per_split)
-    dk_pad, dv_pad = _pad(dk), _pad(dv)
-    if splits > 1:
-        part = torch.empty(batch * heads * splits, dv_pad, dtype=torch.float32, device=q.device)
-        stat = torch.empty(batch * heads * splits, 2, dtype=torch.float32, device=q.device)
-    else:
-        part = stat = out
-    idx = indices if indices.stride(1) == 1 else indices.contiguous()
-    mask_kind = 0 if mask is None else 1 if mask.dtype == torch.bool else 2
-    mask_arg = out if mask is None else mask.view(torch.uint8) if mask_kind == 1 else mask
-    sparse_decode_kernel[(batch * heads, splits)](
-        q,
-        k,
-        v,
-        idx,
-        mask_arg,
-        out,
-        part,
-        stat,
-        heads,
-        k.shape[2],
-        count,
-        per_split,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        k.stride(2),
-        v.stride(0),
-        v.stride(1),
-        v.stride(2),
-        idx.stride(0),
-        mask.stride(0) if mask is not None else 0,
-        out.stride(0),
-        out.stride(1),
-        float(scale) * LOG2E.value,
-        GROUPS=heads // kv_heads,
-        DK=dk,
-        DV=dv,
-        DK_PAD=dk_pad,
-        DV_PAD=dv_pad,
-        BLOCK=BLOCK_N,
-        ROW_LANES=ROW_LANES,
-        SPLITS=splits,
-        MASK=mask_kind,
-        WARPS=NUM_WARPS,
-        num_warps=NUM_WARPS,
-    )
-    if splits > 1:
-        sparse_decode_combine_kernel[(batch * heads,)](
-            out,
-            part,
-            stat,
-            heads,
-            out.stride(0),
-            out.stride(1),
-            DV=dv,
-            DV_PAD=dv_pad,
-            SPLITS=splits,
-            SPLITS_PAD=_pad_splits(splits),
-            WARPS=COMBINE_WARPS,
-            num_warps=COMBINE_WARPS,
-        )
-    return out
+    """The gluon kernel of :func:`tilegemm.sparse_decode_attention` (the module docstring), through its plan
+    (:func:`sparse_decode_plan`); ``stream`` is current."""
+    return sparse_decode_plan(q, k, v, indices, mask)(q, k, v, indices, scale, mask)
+
+
+@register_replay("sparse_decode_attention", "gluon")
+def _replay(derived: dict[str, Any]) -> Callable[..., torch.Tensor]:
+    """The hot-lane replay of a call that ran here (``checks.sparse_decode_attention_signature``): its plan, which
+    relaunches the compiled kernels."""
+    q, k, v, indices, mask = (derived[name] for name in ("q", "k", "v", "indices", "mask"))
+    return sparse_decode_plan(q, k, v, indices, mask)
