@@ -9,12 +9,13 @@ random-weight realistic preset (default ``deepseek-v3.2``: indexer 64 heads of 1
    variant: median ms, peak memory above the inputs; patched vs stock top-k agreement on sampled rows (keys
    chosen by one side only must be near-ties, as in ``tests/hf/test_indexer_patch.py``), and FP8 against
    BF16: the top-k overlap and the scores' ``calc_diff``.
-2. ``decode_module``: the indexer's decode step (one query over a static key cache of 4k / 16k / 64k keys,
-   the cache write included, the cache's write position rewound in the step) replayed from a CUDA graph, each
-   variant: stock; patched BF16 (torch's matmul at decode size); ``bf16_kernel``, patched BF16 through
-   ``bf16_mqa_logits`` with its decode kernel forced (``TILEGEMM_MQA_VARIANT=decode``); patched FP8 quantizing the
-   whole cache per call; ``fp8_cache``, patched FP8 over the FP8 key cache (``fp8_cache=True``: keys quantized on
-   append, ``fp8_paged_mqa_logits``). Top-k overlap of each with stock and of the FP8 ones with BF16.
+2. ``decode_module``: the indexer's decode step (one query per sequence over a static key cache of 4k / 16k / 64k
+   keys, ``--decode-batches`` sequences, the cache write included, the cache's write position rewound in the step)
+   replayed from a CUDA graph and timed eagerly (wall clock, host included), each variant: stock; patched BF16
+   (torch's matmul at decode size); ``bf16_kernel``, patched BF16 through ``bf16_mqa_logits`` with its decode
+   kernel forced (``TILEGEMM_MQA_VARIANT=decode``); patched FP8 quantizing the whole cache per call; ``fp8_cache``,
+   patched FP8 over the FP8 key cache (``fp8_cache=True``: keys quantized on append, ``fp8_paged_mqa_logits``).
+   Top-k overlap of each with stock and of the FP8 ones with BF16.
 3. ``kernels``: the MQA-logits ops alone at decode size (``--kernel-rows`` query rows, the indexer's heads, the same
    key counts), each call replayed from a CUDA graph: torch's fp32 matmul (the BF16 decode path today), the plain
    kernel and the decode kernel (BF16 and FP8), and ``fp8_paged_mqa_logits`` on the same keys; ``calc_diff`` of
@@ -23,7 +24,8 @@ random-weight realistic preset (default ``deepseek-v3.2``: indexer 64 heads of 1
    with a static cache of the same lengths (filled with random keys) replayed from a CUDA graph: stock,
    indexers patched alone, indexers and the sparse attention, everything patched (indexers, sparse attention,
    experts, norms), everything patched on the cutile backend (the sparse attention gathers for SDPA instead of its
-   gluon kernel), and everything patched with the FP8 key cache (``MODEL_VARIANTS``); logits ``calc_diff`` vs stock.
+   gluon kernel), and everything patched with the FP8 key cache (``MODEL_VARIANTS``); logits ``calc_diff`` vs stock;
+   each also timed eagerly (wall clock, host included).
 
 5. ``decode_profile``: one eager decode step of one indexer (stock, patched BF16, FP8 key cache) under torch's
    profiler: its kernels with their device microseconds, most first.
@@ -88,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=".", help="folder for indexer_bench.json and indexer_bench.md")
     p.add_argument("--json", default=None, help="also write the JSON result to this path")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated parts to run, of {','.join(PARTS)}")
+    p.add_argument(
+        "--decode-batches", type=positive_ints, default=[1], help="sequences per decode step of the decode_module part"
+    )
     p.add_argument("--kernel-rows", type=positive_ints, default=[1], help="query rows of the kernels part")
     return p
 
@@ -100,9 +105,10 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed_ms(fn: Callable[[], Any], reps: int, device: torch.device) -> float:
-    """Median ms of ``reps`` calls after one warm-up call."""
-    fn()
+def timed_ms(fn: Callable[[], Any], reps: int, device: torch.device, warmup: int = 1) -> float:
+    """Median ms of ``reps`` calls (each waited for) after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
     sync(device)
     times = []
     for _ in range(reps):
@@ -111,6 +117,27 @@ def timed_ms(fn: Callable[[], Any], reps: int, device: torch.device) -> float:
         sync(device)
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
+
+
+def interleaved_eager_ms(
+    variants: dict[str, tuple[Callable[[], Any], Callable[[], Any]]], rounds: int, device: torch.device
+) -> dict[str, float]:
+    """Median eager ms (host included, each call waited for) of every variant's ``call``, the variants timed in turn
+    round after round (``setup()`` first, then one untimed call, then the timed one; the order rotates each round),
+    so that drift of the host's speed reaches every variant alike. ``variants``: name -> ``(setup, call)``."""
+    names = list(variants)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            setup, call = variants[name]
+            setup()
+            call()
+            sync(device)
+            start = time.perf_counter()
+            call()
+            sync(device)
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def peak_extra_gib(fn: Callable[[], Any], device: torch.device) -> float | None:
@@ -396,18 +423,21 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> float:
     return len(set(a.tolist()) & sb) / max(1, len(sb))
 
 
-def decode_step(config, module, rotary, length: int, device: torch.device) -> Callable[[], Callable[[], torch.Tensor]]:
-    """The indexer's decode step over a static key cache of ``length`` random keys (one query at position
-    ``length``, every key visible): returns ``step_of_module()``, which gives the step of ``module`` as it is now
-    (stock or a swapped variant): the cache's write position rewound (a device op: captured with the step), then one
-    forward."""
+def decode_step(
+    config, module, rotary, length: int, device: torch.device, batch: int = 1
+) -> Callable[[], Callable[[], torch.Tensor]]:
+    """The indexer's decode step over a static key cache of ``length`` random keys per sequence (``batch`` sequences,
+    one query each at position ``length``, every key visible): returns ``step_of_module()``, which gives the step of
+    ``module`` as it is now (stock or a swapped variant): the cache's write position rewound (a device op: captured
+    with the step), then one forward."""
     g = torch.Generator(device=device).manual_seed(length)
-    cache = StaticKeys(torch.randn(1, length + 1, module.head_dim, device=device, generator=g).bfloat16(), length)
-    hidden = torch.randn(1, 1, config.hidden_size, device=device, generator=g).bfloat16()
-    q_resid = torch.randn(1, 1, config.q_lora_rank, device=device, generator=g).bfloat16()
-    position = torch.tensor([[length]], device=device)
+    keys = torch.randn(batch, length + 1, module.head_dim, device=device, generator=g).bfloat16()
+    cache = StaticKeys(keys, length)
+    hidden = torch.randn(batch, 1, config.hidden_size, device=device, generator=g).bfloat16()
+    q_resid = torch.randn(batch, 1, config.q_lora_rank, device=device, generator=g).bfloat16()
+    position = torch.full((batch, 1), length, device=device)
     pe = rotary(hidden, position)
-    mask = torch.ones(1, 1, length + 1, dtype=torch.bool, device=device)
+    mask = torch.ones(batch, 1, length + 1, dtype=torch.bool, device=device)
 
     def step_of_module() -> Callable[[], torch.Tensor]:
         forward = indexer_call(module, hidden, q_resid, pe, mask, position, cache)
@@ -421,33 +451,45 @@ def decode_step(config, module, rotary, length: int, device: torch.device) -> Ca
     return step_of_module
 
 
-def decode_module(config, contexts: list[int], reps: int, device: torch.device) -> list[dict]:
+def decode_module(
+    config, contexts: list[int], reps: int, device: torch.device, batches: list[int] = (1,)
+) -> list[dict]:
+    """:data:`DECODE_VARIANTS`' decode step of one indexer per batch size and context: the CUDA-graph replay and the
+    eager (wall-clock, host included) median ms, top-k overlaps of the first sequence."""
     module, stock, rope, rotary = make_indexer(config, device)
     rows = []
-    for length in contexts:
-        log(f"decode_module {length}")
-        step_of_module = decode_step(config, module, rotary, length, device)
-        row: dict[str, Any] = {"context": length}
-        outs = {}
-        for variant in DECODE_VARIANTS:
-            set_variant(module, stock, variant, rope)
-            call = step_of_module()
-            try:
-                with mqa_variant("decode" if variant == "bf16_kernel" else None):
-                    ms, out = graph_replay_ms(call, reps * 20, device)
-                outs[variant] = out.clone()
-                row[variant] = {"graph_ms": ms}
-            except Exception as exc:
-                row[variant] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-            free(device)
-        for variant in DECODE_VARIANTS[1:]:
-            if "stock" in outs and variant in outs:
-                row[variant]["topk_overlap_vs_stock"] = _overlap(outs[variant][0, 0], outs["stock"][0, 0])
-                row[variant]["speedup"] = row["stock"]["graph_ms"] / row[variant]["graph_ms"]
-            if variant.startswith("fp8") and "bf16" in outs and variant in outs:
-                row[variant]["topk_overlap_vs_bf16"] = _overlap(outs[variant][0, 0], outs["bf16"][0, 0])
-                row[variant]["speed_vs_bf16"] = row["bf16"]["graph_ms"] / row[variant]["graph_ms"]
-        rows.append(row)
+    for batch in batches:
+        for length in contexts:
+            log(f"decode_module batch {batch} context {length}")
+            step_of_module = decode_step(config, module, rotary, length, device, batch)
+            row: dict[str, Any] = {"batch": batch, "context": length}
+            outs, eager_calls = {}, {}
+            for variant in DECODE_VARIANTS:
+                set_variant(module, stock, variant, rope)
+                call = step_of_module()
+                try:
+                    with mqa_variant("decode" if variant == "bf16_kernel" else None):
+                        ms, out = graph_replay_ms(call, reps * 20, device)
+                    outs[variant] = out.clone()
+                    row[variant] = {"graph_ms": ms}
+                    eager_calls[variant] = (functools.partial(set_variant, module, stock, variant, rope), call)
+                except Exception as exc:
+                    row[variant] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+                free(device)
+            eager_calls.pop("bf16_kernel", None)  # the same eager path as bf16 (the variant is forced per call)
+            for variant, eager in interleaved_eager_ms(eager_calls, reps * 10, device).items():
+                row[variant]["eager_ms"] = eager
+            for variant in DECODE_VARIANTS[1:]:
+                if "stock" in outs and variant in outs:
+                    row[variant]["topk_overlap_vs_stock"] = _overlap(outs[variant][0, 0], outs["stock"][0, 0])
+                    row[variant]["speedup"] = row["stock"]["graph_ms"] / row[variant]["graph_ms"]
+                    if "eager_ms" in row[variant]:
+                        row[variant]["eager_speedup"] = row["stock"]["eager_ms"] / row[variant]["eager_ms"]
+                if variant.startswith("fp8") and "bf16" in outs and variant in outs:
+                    row[variant]["topk_overlap_vs_bf16"] = _overlap(outs[variant][0, 0], outs["bf16"][0, 0])
+                    row[variant]["speed_vs_bf16"] = row["bf16"]["graph_ms"] / row[variant]["graph_ms"]
+                    row[variant]["eager_speed_vs_bf16"] = row["bf16"]["eager_ms"] / row[variant]["eager_ms"]
+            rows.append(row)
     set_variant(module, stock, "stock", rope)
     return rows
 
@@ -577,7 +619,6 @@ MODEL_VARIANTS = ("stock", "indexer", "sparse", "all", "all_gather", "all_fp8_ca
 def decode_model(preset: str, layers: int, contexts: list[int], reps: int, device: torch.device) -> list[dict]:
     from transformers import AutoModelForCausalLM
 
-    from tilegemm import use_backend
     from tilegemm.bench.models import StaticDecode
     from tilegemm.transformers import apply_tilegemm_to_model, revert_tilegemm_model, swap_indexers
 
@@ -607,8 +648,9 @@ def decode_model(preset: str, layers: int, contexts: list[int], reps: int, devic
             rows.append(row)
             continue
         token = prompt[:, :1].clone()
-        logits = {}
-        for variant in MODEL_VARIANTS:
+        logits, eager_calls = {}, {}
+
+        def patch(variant: str) -> None:
             revert_tilegemm_model(model, stock_experts)
             if variant in ("indexer", "sparse"):
                 apply_tilegemm_to_model(model, experts=False, norm=False, sparse_attention=variant == "sparse")
@@ -616,25 +658,41 @@ def decode_model(preset: str, layers: int, contexts: list[int], reps: int, devic
                 apply_tilegemm_to_model(model)
             if variant == "all_fp8_cache":
                 swap_indexers(model, fp8=True, fp8_cache=True)
+
+        for variant in MODEL_VARIANTS:
+            patch(variant)
             step = functools.partial(decode.step, token, length)
+            if variant == "all_gather":
+                step = functools.partial(_under_backend, "cutile", step)
             try:
-                with use_backend("cutile") if variant == "all_gather" else contextlib.nullcontext():
-                    ms, out = graph_replay_ms(step, reps * 4, device)
-                    peak = peak_extra_gib(step, device)
+                ms, out = graph_replay_ms(step, reps * 4, device)
+                peak = peak_extra_gib(step, device)
                 logits[variant] = out.float().clone()
                 row[variant] = {"graph_ms": ms, "peak_gib": peak}
+                eager_calls[variant] = (functools.partial(patch, variant), step)
             except Exception as exc:
                 row[variant] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             free(device)
+        for variant, eager in interleaved_eager_ms(eager_calls, reps * 2, device).items():
+            row[variant]["eager_ms"] = eager
         for variant in MODEL_VARIANTS[1:]:
             if "stock" in logits and variant in logits:
                 row[variant]["calc_diff_vs_stock"] = calc_diff(logits[variant], logits["stock"])
                 row[variant]["speedup"] = row["stock"]["graph_ms"] / row[variant]["graph_ms"]
+                row[variant]["eager_speedup"] = row["stock"]["eager_ms"] / row[variant]["eager_ms"]
         rows.append(row)
         del decode
         free(device)
     revert_tilegemm_model(model, stock_experts)
     return rows
+
+
+def _under_backend(backend: str, step: Callable[[], Any]) -> Any:
+    """``step()`` inside ``use_backend(backend)``."""
+    from tilegemm import use_backend
+
+    with use_backend(backend):
+        return step()
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -675,19 +733,23 @@ def markdown(result: dict) -> str:
             f"| {_cell(b, 'calc_diff_vs_f64')} | {_cell(f, 'ms')} | {_fmt(f8.get('topk_overlap'))} "
             f"| {_fmt(f8.get('calc_diff'))} |"
         )
-    lines += ["", "## Decode step, one indexer (static key cache, CUDA graph)", ""]
+    lines += ["", "## Decode step, one indexer (static key cache; CUDA-graph replay, then eager wall-clock)", ""]
     lines += [
-        "| context | stock ms | bf16 ms | speedup | bf16_kernel ms | speedup | fp8 ms | speedup | fp8_cache ms "
-        "| speedup | fp8_cache vs bf16 speed | fp8_cache top-k overlap vs bf16 | bf16 top-k overlap vs stock |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| batch | context | stock ms | bf16 ms | speedup | bf16_kernel ms | speedup | fp8 ms | speedup | fp8_cache ms "
+        "| speedup | fp8_cache vs bf16 speed | fp8_cache top-k overlap vs bf16 | bf16 top-k overlap vs stock "
+        "| eager: stock ms | bf16 ms | speedup | fp8_cache ms | vs bf16 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result.get("decode_module", []):
         s, b, bk, f, fc = (r.get(v) for v in DECODE_VARIANTS)
         lines.append(
-            f"| {r['context']} | {_cell(s, 'graph_ms')} | {_cell(b, 'graph_ms')} | {_cell(b, 'speedup')} "
-            f"| {_cell(bk, 'graph_ms')} | {_cell(bk, 'speedup')} | {_cell(f, 'graph_ms')} | {_cell(f, 'speedup')} "
-            f"| {_cell(fc, 'graph_ms')} | {_cell(fc, 'speedup')} | {_cell(fc, 'speed_vs_bf16')} "
-            f"| {_cell(fc, 'topk_overlap_vs_bf16')} | {_cell(b, 'topk_overlap_vs_stock')} |"
+            f"| {r.get('batch', 1)} | {r['context']} | {_cell(s, 'graph_ms')} | {_cell(b, 'graph_ms')} "
+            f"| {_cell(b, 'speedup')} | {_cell(bk, 'graph_ms')} | {_cell(bk, 'speedup')} | {_cell(f, 'graph_ms')} "
+            f"| {_cell(f, 'speedup')} | {_cell(fc, 'graph_ms')} | {_cell(fc, 'speedup')} "
+            f"| {_cell(fc, 'speed_vs_bf16')} "
+            f"| {_cell(fc, 'topk_overlap_vs_bf16')} | {_cell(b, 'topk_overlap_vs_stock')} | {_cell(s, 'eager_ms')} "
+            f"| {_cell(b, 'eager_ms')} | {_cell(b, 'eager_speedup')} | {_cell(fc, 'eager_ms')} "
+            f"| {_cell(fc, 'eager_speed_vs_bf16')} |"
         )
     lines += ["", "## MQA-logits ops at decode size (CUDA graph, us)", ""]
     lines += [
@@ -717,6 +779,17 @@ def markdown(result: dict) -> str:
             for v in MODEL_VARIANTS[1:]
         )
         lines.append(f"| {r['context']} | {r['layers']} | {_cell(s, 'graph_ms')} | {_cell(s, 'peak_gib')} | {cells} |")
+    if any("eager_ms" in (r.get("stock") or {}) for r in result.get("decode_model", [])):
+        lines += ["", "## Decode step, whole model, eager (wall clock, host included)", ""]
+        lines += [
+            "| context | layers | stock ms | " + " | ".join(f"{v} ms | speedup" for v in MODEL_VARIANTS[1:]) + " |",
+            "|---|---|---|" + "---|" * (2 * (len(MODEL_VARIANTS) - 1)),
+        ]
+        for r in result.get("decode_model", []):
+            cells = " | ".join(
+                f"{_cell(r.get(v), 'eager_ms')} | {_cell(r.get(v), 'eager_speedup')}" for v in MODEL_VARIANTS[1:]
+            )
+            lines.append(f"| {r['context']} | {r['layers']} | {_cell(r.get('stock'), 'eager_ms')} | {cells} |")
     if result.get("decode_profile"):
         lines += ["", "## Decode step, one indexer, kernel by kernel (one eager step, device us)", ""]
         lines += ["| context | variant | kernels | total us | top kernels (us, count) |", "|---|---|---|---|---|"]
@@ -766,7 +839,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     runs = {
         "prefill": lambda: prefill(config, args.contexts, args.reps, device),
-        "decode_module": lambda: decode_module(config, args.decode_contexts, args.reps, device),
+        "decode_module": lambda: decode_module(config, args.decode_contexts, args.reps, device, args.decode_batches),
         "kernels": lambda: kernels(config, args.decode_contexts, args.kernel_rows, args.reps, device),
         "decode_model": lambda: decode_model(args.preset, args.layers, args.decode_contexts, args.reps, device),
         "decode_profile": lambda: decode_profile(config, args.decode_contexts, device),
