@@ -105,10 +105,9 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed_ms(fn: Callable[[], Any], reps: int, device: torch.device, warmup: int = 1) -> float:
-    """Median ms of ``reps`` calls (each waited for) after ``warmup`` calls."""
-    for _ in range(warmup):
-        fn()
+def timed_ms(fn: Callable[[], Any], reps: int, device: torch.device) -> float:
+    """Median ms of ``reps`` calls (each waited for) after one warm-up call."""
+    fn()
     sync(device)
     times = []
     for _ in range(reps):
