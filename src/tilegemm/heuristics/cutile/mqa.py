@@ -212,18 +212,18 @@ def takes_mqa_decode(rows: int, keys: int, base: MqaConfig, sms: int, variant: s
     return choice == "decode" or decode_sized(rows, keys, sm)
 
 
-def mqa_decode_config(base: MqaConfig, rows: int, keys: int, sms: int, sm: int = 90) -> MqaConfig:
+def mqa_decode_config(base: MqaConfig, rows: int, keys: int, sms: int, sm: int = 90, sequences: int = 1) -> MqaConfig:
     """The decode kernel's config (``path="decode"``) from the plain config ``base`` of the same heads and dtype.
 
     ``bq``: the query rows rounded up to a power of two, at most ``base.bq`` (one row at H = 64: an MMA N side of
     64, not 128 half empty), and at least an N side of :data:`MQA_DECODE_MIN_N` (few heads: zero rows pad it; at
     an N side of 4 tileiras 13.4 emits no tensor-core MMA). ``parts``: CTAs per block of rows, each taking every
     ``parts``-th key tile of the rows' window (the paged kernel's round-robin split), enough for
-    :data:`MQA_DECODE_CTAS_PER_SM` CTAs per SM and at most one per key tile. One key tile per iteration, no latency
-    hint, checked stores.
+    :data:`MQA_DECODE_CTAS_PER_SM` CTAs per SM over the row blocks of all ``sequences`` (the batched kernel's) and at
+    most one per key tile. One key tile per iteration, no latency hint, checked stores.
     """
     bq = min(base.bq, max(_mqa_pow2_ceil(max(1, rows)), MQA_DECODE_MIN_N // base.hp))
-    blocks = -(-max(1, rows) // bq)
+    blocks = max(1, sequences) * -(-max(1, rows) // bq)
     tiles = max(1, -(-keys // MQA_DECODE_BK))
     parts = max(1, min(tiles, -(-MQA_DECODE_CTAS_PER_SM * sms // blocks)))
     return MqaConfig(

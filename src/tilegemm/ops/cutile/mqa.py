@@ -31,7 +31,7 @@ from tilegemm.heuristics.cutile import (
 )
 from tilegemm.ops.common import cdiv, logits_result, paged_mqa_schedule, paged_mqa_split_kv
 from tilegemm.ops.cutile.launch import launch, num_sms
-from tilegemm.ops.cutile.mqa_decode_kernels import decode_constants, decode_kernel_for
+from tilegemm.ops.cutile.mqa_decode_kernels import decode_batched_kernel_for, decode_constants, decode_kernel_for
 from tilegemm.ops.cutile.mqa_kernels import NEG_INF, mqa_clean_logits_kernel, paged_kernel_for, plain_kernel_for
 
 
@@ -131,6 +131,28 @@ def launch_mqa_logits(
     if clean:
         cleaner, clean_grid, clean_consts = clean_launch_plan(conf, s)
         launch(cleaner, clean_grid, (ks, ke, out) + clean_consts, stream)
+
+
+def launch_mqa_logits_batched(
+    q: torch.Tensor,
+    kv_data: torch.Tensor,
+    kv_scale: torch.Tensor,
+    weights: torch.Tensor,
+    ks: torch.Tensor,
+    ke: torch.Tensor,
+    out: torch.Tensor,
+    conf: MqaConfig,
+    stream: Any = None,
+) -> None:
+    """Launch the batched decode kernel (``conf.path == "decode"``, its ``parts`` for all the sequences) on ``stream``:
+    ``B`` sequences' logits in one launch, grid ``(ceil(S / bq), conf.parts, B)``. Contiguous operands of the
+    kernel's dtypes: ``q`` [B, S, H, D], keys [B, T, D] (fp8 or bf16, ``q``'s), fp32 ``kv_scale`` [B, T] and
+    ``weights`` [B, S, H], int32 ``ks``/``ke`` [B, S]; ``out`` fp32 [B, S, T] (tiles outside the windows left as
+    they were)."""
+    batch, s, _, d = q.shape
+    grid = (cdiv(s, conf.bq), conf.parts, batch)
+    arrays = (q, kv_data, kv_scale, weights, ks, ke, out)
+    launch(decode_batched_kernel_for(conf.occupancy), grid, arrays + decode_constants(conf, d), stream)
 
 
 _UNIT_SCALES: dict[torch.device, torch.Tensor] = {}

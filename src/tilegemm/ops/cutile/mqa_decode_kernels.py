@@ -21,7 +21,7 @@ import functools
 
 import cuda.tile as ct
 
-from tilegemm.ops.cutile.mqa_kernels import ZERO, key_tile_logits, row_block, window_mask
+from tilegemm.ops.cutile.mqa_kernels import ZERO, key_tile_logits, row_block, window_mask, window_tiles
 
 
 def decode_tile_count(t_lo, t_hi, part, n_parts):
@@ -63,6 +63,55 @@ def make_mqa_decode_kernel(**hints):
             ct.store(out, (pid, j), ct.transpose(logit), allow_tma=False)
 
     return mqa_decode_kernel
+
+
+def make_mqa_decode_batched_kernel(**hints):
+    """Build the batched decode kernel (``hints``: ct.kernel's): :func:`make_mqa_decode_kernel`'s math over ``B``
+    sequences at once, each with its own keys, in one launch."""
+
+    @ct.kernel(**hints)
+    def mqa_decode_batched_kernel(
+        q,  # fp8 or bf16 [B, S, H, D]
+        kv,  # fp8 or bf16 [B, T, D] (the key cache, read in place)
+        kv_scale,  # fp32 [B, T]
+        w,  # fp32 [B, S, H]
+        ks,  # int32 [B, S]
+        ke,  # int32 [B, S]
+        out,  # fp32 [B, S, T]
+        BQ: ct.Constant[int],
+        HP: ct.Constant[int],
+        D: ct.Constant[int],
+        BK: ct.Constant[int],
+        HEAD_CHAIN: ct.Constant[bool],
+    ):
+        """CTA ``(r, p, b)`` of grid ``(ceil(S / BQ), PARTS, B)``: sequence ``b``'s query rows ``r * BQ ..`` against
+        every ``PARTS``-th key tile of their windows in that sequence's keys, from tile ``t_lo + p``."""
+        pid = ct.bid(0)
+        part = ct.bid(1)
+        b = ct.bid(2)
+        n_parts = ct.num_blocks(1)
+        q_rows = ct.reshape(ct.load(q, (b, pid, 0, 0), shape=(1, BQ, HP, D), padding_mode=ZERO), (BQ * HP, D))
+        q_t = ct.transpose(q_rows)
+        w_t = ct.reshape(ct.load(w, (b, pid, 0), shape=(1, BQ, HP), padding_mode=ZERO), (1, BQ * HP))
+        ks_t = ct.reshape(ct.load(ks, (b, pid), shape=(1, BQ), padding_mode=ZERO), (BQ,))
+        ke_t = ct.reshape(ct.load(ke, (b, pid), shape=(1, BQ), padding_mode=ZERO), (BQ,))
+        t_lo, t_hi = window_tiles(ks_t, ke_t, pid * BQ, q.shape[1], kv.shape[1], BQ, BK, 1)
+        ks_r, ke_r = ct.reshape(ks_t, (1, BQ)), ct.reshape(ke_t, (1, BQ))
+        for i in range(decode_tile_count(t_lo, t_hi, part, n_parts)):
+            j = t_lo + part + i * n_parts
+            k_t = ct.reshape(ct.load(kv, (b, j, 0), shape=(1, BK, D), padding_mode=ZERO), (BK, D))
+            sc = ct.reshape(ct.load(kv_scale, (b, j), shape=(1, BK), padding_mode=ZERO), (BK, 1))
+            logit = key_tile_logits(k_t, q_t, w_t, BK, BQ, HP, HEAD_CHAIN, False, False) * sc  # [BK, BQ]
+            logit = window_mask(logit, j, ks_r, ke_r, BK)
+            ct.store(out, (b, pid, j), ct.reshape(ct.transpose(logit), (1, BQ, BK)), allow_tma=False)
+
+    return mqa_decode_batched_kernel
+
+
+@functools.cache
+def decode_batched_kernel_for(occupancy: int):
+    """The batched decode kernel with the sm_90 ``occupancy`` hint (as :func:`decode_kernel_for`)."""
+    return make_mqa_decode_batched_kernel(occupancy=ct.ByTarget(sm_90=occupancy))
 
 
 @functools.cache
