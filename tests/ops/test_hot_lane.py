@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import tilegemm
+from tilegemm import config
 from tilegemm.backend import binding, hot_lane, registry, selector
 from tilegemm.backend.hot_lane import register_replay
 from tilegemm.backend.registry import dispatch, register_impl
@@ -397,6 +398,8 @@ def test_ragged_signature_refuses_what_it_cannot_vouch_for(monkeypatch):
     ]
     monkeypatch.setenv("TILEGEMM_MQA_VARIANT", "decode")
     other.append(sig(q, kv, w, ks, ke, False, 0, torch.float32, None)[0])  # the forced variant
+    monkeypatch.setattr(config, "_num_sms", 66)
+    other.append(sig(q, kv, w, ks, ke, False, 0, torch.float32, None)[0])  # set_num_sms: the decode kernel's grid
     assert len({key, *other}) == 1 + len(other)
     monkeypatch.setenv("TILEGEMM_CHECK_VALUES", "1")
     assert sig(q, kv, w, ks, ke, False, 0, torch.float32, None) is None  # value checks run on every call

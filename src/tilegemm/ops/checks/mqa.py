@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from tilegemm import config
 from tilegemm.env import MQA_VARIANT
 from tilegemm.ops.checks import hot
 from tilegemm.ops.checks.base import (
@@ -280,7 +281,7 @@ def mqa_logits_signature(fp4_form: bool = False, bf16: bool = False) -> hot.HotL
     (``bf16``): the replay takes ``(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end)``.
 
     The key holds the shape, dtype and device of every tensor, ``clean_logits``, ``max_seqlen_k``, ``logits_dtype``
-    and the forced MQA variant (``$TILEGEMM_MQA_VARIANT``, which the config reads). Calls with a ``stream``, a
+    and the settings the config reads (``set_num_sms``, ``$TILEGEMM_MQA_VARIANT``). Calls with a ``stream``, a
     non-contiguous tensor, dtypes other than the kernels' own (fp8 ``q`` and keys with fp32 key scales, or bf16
     ``q`` and keys; fp32 weights; int32 windows), or with value checks on take the full path.
     """
@@ -294,7 +295,7 @@ def mqa_logits_signature(fp4_form: bool = False, bf16: bool = False) -> hot.HotL
     kinds.update(cu_seq_len_k_start=i32, cu_seq_len_k_end=i32, max_seqlen_k=hot.exact(int))
     kinds.update(clean_logits=hot.exact(bool), logits_dtype=hot.one_of(LOGITS_DTYPES))
     operands = _replay_operands(("q", "kv", "weights", "cu_seq_len_k_start", "cu_seq_len_k_end"), fp4_form)
-    return hot.HotLane(kinds, operands, setting=_mqa_variant, value_checks=True)
+    return hot.HotLane(kinds, operands, setting=_mqa_settings, value_checks=True)
 
 
 def _replay_operands(names: tuple[str, ...], fp4_form: bool) -> dict[str, Any]:
@@ -305,9 +306,10 @@ def _replay_operands(names: tuple[str, ...], fp4_form: bool) -> dict[str, Any]:
     return operands
 
 
-def _mqa_variant() -> str | None:
-    """The setting the MQA configs read: ``$TILEGEMM_MQA_VARIANT``."""
-    return os.environ.get(MQA_VARIANT) or None
+def _mqa_settings() -> tuple[int, str | None]:
+    """The global settings the MQA configs read: ``set_num_sms`` (the decode kernel's grid) and
+    ``$TILEGEMM_MQA_VARIANT``."""
+    return config._num_sms, os.environ.get(MQA_VARIANT) or None
 
 
 def paged_mqa_logits_signature(fp4_form: bool) -> hot.HotLane:
