@@ -3,7 +3,7 @@
 ``PYTHONPATH=src python3 benchmarks/batched_decode_probe.py OUT.json`` on a Hopper GPU: for BF16 and FP8, 1 / 8 / 32
 sequences of 4k / 16k / 64k keys, one query row each: whether the batched kernel's logits inside every window are
 the per-sequence op's bit for bit, and both paths' CUDA-graph and eager (host included) microseconds.
-``benchmarks/batched_decode_memcheck.py`` runs the kernel under compute-sanitizer with windows past both ends.
+Its memcheck case: ``tests/sanitize/cases.py`` ("mqa logits batched decode kernel").
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def case(dtype: str, batch: int, keys: int) -> dict:
         return [one(b) for b in range(batch)]
 
     def batched() -> None:
-        cutile_mqa.launch_mqa_logits_batched(q, kv, scale, w, ks, ke, out, conf)
+        cutile_mqa.launch_mqa_logits_batched((q, kv, scale, w, ks, ke), out, conf)
 
     refs = loop()
     batched()

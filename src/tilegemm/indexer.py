@@ -507,26 +507,29 @@ def index_scores(
     ks, ke = key_windows(attention_mask, batch, rows, keys, q.device)
     clean = clean_outside_windows(attention_mask)
     w = weights.float() * softmax_scale
+    bf16 = q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16
+    decode = (fp8 or bf16) and _decode_kernel_takes(q, rows, keys, backend)
     if fp8:
         if hadamard:
             q, k = hadamard_rotate(q), hadamard_rotate(k)
-        q8, q_scale = quantize_rows(q)
-        k8, k_scale = quantize_rows(k)
+        q, q_scale = quantize_rows(q)
+        k = quantize_rows(k)  # (fp8 keys, per-key scales)
         w = w * q_scale
+    if decode:  # one launch over every sequence
+        scores = api.mqa_logits_batched(q, k, w, ks, ke, clean, backend=backend)
+    elif fp8:
         parts = [
-            api.fp8_mqa_logits(q8[b], (k8[b], k_scale[b]), w[b].contiguous(), ks[b], ke[b], clean, backend=backend)
+            api.fp8_mqa_logits(q[b], (k[0][b], k[1][b]), w[b].contiguous(), ks[b], ke[b], clean, backend=backend)
             for b in range(batch)
         ]
-    elif (
-        q.dtype == torch.bfloat16
-        and k.dtype == torch.bfloat16
-        and (rows * q.shape[2] * keys * 4 > SMALL_SCORES_BYTES or _decode_kernel_takes(q, rows, keys, backend))
-    ):
+        scores = parts[0].unsqueeze(0) if batch == 1 else torch.stack(parts)
+    elif bf16 and rows * q.shape[2] * keys * 4 > SMALL_SCORES_BYTES:
         parts = [
             api.bf16_mqa_logits(q[b], k[b], w[b].contiguous(), ks[b], ke[b], clean, backend=backend)
             for b in range(batch)
         ]
+        scores = parts[0].unsqueeze(0) if batch == 1 else torch.stack(parts)
     else:
         parts = [_float_logits(q[b], k[b], w[b], ks[b], ke[b]) for b in range(batch)]
-    scores = parts[0].unsqueeze(0) if batch == 1 else torch.stack(parts)
+        scores = parts[0].unsqueeze(0) if batch == 1 else torch.stack(parts)
     return apply_mask(scores, attention_mask)

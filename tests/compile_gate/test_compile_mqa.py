@@ -368,7 +368,11 @@ DECODE_VARIANTS = [
 #: sm_100 decode variants whose tileiras 13.4 SASS spills (local loads + stores): two query rows of 64 heads, an MMA N
 #: side of 128 summed by ``ct.sum`` (the plain kernel's sm_100 variants of that class spill 20-22). Exact caps.
 DECODE_SM100_KNOWN_SPILLS = {("fp8", 64, 128, 2): 11, ("bf16", 64, 128, 2): 3}
-DECODE_JOBS = [(v, arch) for v in DECODE_VARIANTS for arch in aot.ARCHS]
+#: The batched kernel's sm_100 caps (its batch index and 3-D tiles hold more registers there); sm_90 is spill-free.
+DECODE_BATCHED_SM100_KNOWN_SPILLS = {("fp8", 64, 128, 2): 11, ("bf16", 64, 128, 2): 82}
+#: Each decode variant as the single-sequence kernel and as the batched one (``mqa_logits_batched``: a batch
+#: dimension on every array, the same tile math).
+DECODE_JOBS = [(v, arch, batched) for v in DECODE_VARIANTS for arch in aot.ARCHS for batched in (False, True)]
 
 
 def decode_config(dtype: str, h: int, d: int, rows: int, arch: str = "sm_90"):
@@ -377,27 +381,29 @@ def decode_config(dtype: str, h: int, d: int, rows: int, arch: str = "sm_90"):
     return heuristics.plain_mqa_config(h, d, rows, 65536, 132, sm=_sm(arch), bf16=dtype == "bf16", variant="decode")
 
 
-def decode_params(dtype: str, h: int, d: int, rows: int, arch: str = "sm_90") -> list:
+def decode_params(dtype: str, h: int, d: int, rows: int, arch: str = "sm_90", batched: bool = False) -> list:
+    """The decode kernel's parameters (``batched``: the batched kernel's, one more leading dim on every array)."""
     conf = decode_config(dtype, h, d, rows, arch)
     elem = ct.bfloat16 if dtype == "bf16" else ct.float8_e4m3fn
+    extra = int(batched)
     return [
-        aot.array(elem, 3),  # q [S, H, D]
-        aot.array(elem, 2),  # kv [S_kv, D]
-        aot.array(ct.float32, 1),  # kv scale
-        aot.array(ct.float32, 2, align_bytes=4),  # weights [S, H] (H = 4: 16-byte rows; not assumed)
-        aot.array(ct.int32, 1),
-        aot.array(ct.int32, 1),
-        aot.array(ct.float32, 2, align_bytes=4),  # out [S, S_kv]: rows of any length
+        aot.array(elem, 3 + extra),  # q [S, H, D]
+        aot.array(elem, 2 + extra),  # kv [S_kv, D]
+        aot.array(ct.float32, 1 + extra),  # kv scale
+        aot.array(ct.float32, 2 + extra, align_bytes=4),  # weights [S, H] (H = 4: 16-byte rows; not assumed)
+        aot.array(ct.int32, 1 + extra),
+        aot.array(ct.int32, 1 + extra),
+        aot.array(ct.float32, 2 + extra, align_bytes=4),  # out [S, S_kv]: rows of any length
         *mqa_decode_kernels.decode_constants(conf, d),
     ]
 
 
 def _compile_decode(job):
-    (dtype, h, d, rows), arch = job
+    (dtype, h, d, rows), arch, batched = job
     conf = decode_config(dtype, h, d, rows, arch)
     try:
-        kernel = mqa_decode_kernels.decode_kernel_for(conf.occupancy)
-        return aot.compile_cubin(kernel, decode_params(dtype, h, d, rows, arch), arch)
+        made = mqa_decode_kernels.decode_batched_kernel_for if batched else mqa_decode_kernels.decode_kernel_for
+        return aot.compile_cubin(made(conf.occupancy), decode_params(dtype, h, d, rows, arch, batched), arch)
     except Exception as exc:  # reported by the job's own test
         return exc
 
@@ -430,13 +436,15 @@ def test_decode_configs_take_decode_steps():
     assert heuristics.plain_mqa_config(64, 128, 1, 300, 132, variant="decode").parts == 3  # one CTA per key tile
 
 
-@pytest.mark.parametrize("job", DECODE_JOBS, ids=[f"{'-'.join(map(str, v))}-{a}" for v, a in DECODE_JOBS])
+@pytest.mark.parametrize(
+    "job", DECODE_JOBS, ids=[f"{'-'.join(map(str, v))}-{a}{'-batched' if b else ''}" for v, a, b in DECODE_JOBS]
+)
 def test_decode_kernel_sass(decode_cubins, job):
     """The decode kernel: the dtype's tensor-core MMAs (sm_90 ``QGMMA`` / ``HGMMA``, sm_100 ``UTCQMMA`` /
     ``UTCHMMA``), TMA loads of the key tiles, no byte-wide FP8 loads, no TMA store (no store warpgroup), no spills;
     no spills on sm_90 (sm_100: the exact caps of :data:`DECODE_SM100_KNOWN_SPILLS`), 256 threads with registers
     for two CTAs per SM and the key loads pipelined (shared memory for two key tiles or more)."""
-    (dtype, *_), arch = job
+    (dtype, *_), arch, _ = job
     cubin = decode_cubins[job]
     if isinstance(cubin, Exception):
         pytest.fail(f"does not compile: {type(cubin).__name__}: {str(cubin)[:500]}")
@@ -450,5 +458,5 @@ def test_decode_kernel_sass(decode_cubins, job):
         key_tile = 128 * job[0][2] * (2 if dtype == "bf16" else 1)
         assert 2 * key_tile <= res["shared"] <= SM90_SHARED, res  # key loads pipelined (two tiles in flight or more)
     else:
-        spill_cap = DECODE_SM100_KNOWN_SPILLS.get(job[0], 0)
+        spill_cap = (DECODE_BATCHED_SM100_KNOWN_SPILLS if job[2] else DECODE_SM100_KNOWN_SPILLS).get(job[0], 0)
         assert s["ldl"] + s["stl"] <= spill_cap, f"register spills (known cap {spill_cap}): {s}"

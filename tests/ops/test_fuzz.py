@@ -508,6 +508,32 @@ def bf16_mqa(draw) -> Case:
     return Case(tg.bf16_mqa_logits, kw, dims, reference, out=None, values=bad, compare="logits")
 
 
+def mqa_batched(draw) -> Case:
+    b, s, t = draw(st.integers(0, 3)), draw(st.integers(0, 4)), draw(st.integers(0, 30))
+    h, dim, bf16 = draw(st.integers(1, 4)), draw(st.sampled_from([32, 64])), draw(st.booleans())
+    q = torch.randn(b, s, h, dim).bfloat16() if bf16 else fp8(b, s, h, dim)
+    keys, kscale = (torch.randn(b, t, dim).bfloat16(), torch.ones(b, t)) if bf16 else (fp8(b, t, dim), scales(b, t))
+    w = torch.randn(b, s, h)
+    starts = [[draw(st.integers(0, t)) for _ in range(s)] for _ in range(b)]
+    ends = [[draw(st.integers(x, t)) for x in row] for row in starts]
+    ks, ke = torch.tensor(starts, dtype=torch.int32).reshape(b, s), torch.tensor(ends, dtype=torch.int32).reshape(b, s)
+    kv = keys if bf16 else (keys, kscale)
+    kw = dict(q=q, kv=kv, weights=w, cu_seq_len_k_start=ks, cu_seq_len_k_end=ke)
+    key_dims = {"kv": "BTD"} if bf16 else {"kv[0]": "BTD", "kv[1]": "BT"}
+    dims = {"q": "BSHD", **key_dims, "weights": "BSH", "cu_seq_len_k_start": "BS", "cu_seq_len_k_end": "BS"}
+
+    def reference(call: dict[str, Any], _: Any) -> torch.Tensor:
+        out = torch.full((b, s, t), -math.inf, dtype=torch.float64)
+        cols = torch.arange(t)
+        for i in range(b):
+            full = _logits64(q[i], d64(keys[i]), kscale[i], w[i]).reshape(s, t)
+            out[i] = torch.where((cols >= ks[i][:, None]) & (cols < ke[i][:, None]), full, -math.inf)
+        return out
+
+    bad = {"cu_seq_len_k_end": lambda x: x + t + 1} if b * s else {}
+    return Case(tg.mqa_logits_batched, kw, dims, reference, out=None, values=bad, compare="logits")
+
+
 def schedule64(lens: list[int], block_kv: int, num_sms: int) -> list[list[int]]:
     """The paged-MQA schedule in plain Python: where each SM starts, as (batch, split within it)."""
     split = math.lcm(256, block_kv)
@@ -892,6 +918,7 @@ FAMILIES: dict[str, Callable[[Any], Case]] = {
     "k_grouped_fp8_nt": lambda draw: k_grouped(draw, "nt"),
     "mqa": mqa,
     "bf16_mqa": bf16_mqa,
+    "mqa_batched": mqa_batched,
     "metadata": metadata,
     "paged_mqa": paged,
     "einsum": einsum,
@@ -1068,6 +1095,7 @@ def test_every_public_tensor_op_is_fuzzed():
         "fp8_grouped_matmul", "fp8_linear", "per_token_cast_to_fp8", "per_channel_cast_to_fp8", "per_block_cast_to_fp8",
         "get_mn_major_tma_aligned_tensor", "calc_diff", "cublaslt_gemm_nn", "cublaslt_gemm_nt", "cublaslt_gemm_tn",
         "cublaslt_gemm_tt", "moe_experts", "fp8_moe_experts", "rms_norm", "sparse_decode_attention",
+        "mqa_logits_batched",
     }  # fmt: skip
     aliases = {
         "m_grouped_fp8_fp4_gemm_nt_contiguous",

@@ -500,6 +500,31 @@ def _mqa_decode() -> str:
     return "ran"
 
 
+@case("mqa logits batched decode kernel (fp8 and bf16): windows past both ends, several rows per sequence")
+def _mqa_batched() -> str:
+    with _ForcedVariant("decode", MQA_VARIANT_ENV):
+        g = torch.Generator().manual_seed(6)
+        for dtype, batch, rows, keys, h, d in (
+            ("bf16", 3, 2, 333, 64, 128),
+            ("fp8", 5, 1, 777, 64, 128),
+            ("bf16", 2, 3, 129, 16, 32),
+        ):
+            q = torch.randn(batch, rows, h, d, generator=g)
+            k = torch.randn(batch, keys, d, generator=g)
+            if dtype == "bf16":
+                q, kv = q.bfloat16().to(DEV), k.bfloat16().to(DEV)
+            else:
+                q = q.to(torch.float8_e4m3fn).to(DEV)
+                kv = (k.to(torch.float8_e4m3fn).to(DEV), torch.rand(batch, keys, generator=g).to(DEV))
+            w = torch.randn(batch, rows, h, generator=g).to(DEV)
+            ks = torch.randint(-1000, 100, (batch, rows), generator=g, dtype=torch.int32).to(DEV)
+            ke = torch.randint(0, 3 * keys, (batch, rows), generator=g, dtype=torch.int32).to(DEV)
+            for clean in (False, True, False):  # the full path, then the hot lane's replays
+                tg.mqa_logits_batched(q, kv, w, ks, ke, clean, backend="cutile")
+        torch.cuda.synchronize()
+    return "ran"
+
+
 # The gluon sparse decode attention: indices anywhere in int32 (outside [0, T) they select nothing and read nothing),
 # boolean and additive masks, grouped heads, awkward head dims, one split and several; valid indices against pytorch.
 @case("sparse decode attention gluon: garbage indices, awkward shapes")

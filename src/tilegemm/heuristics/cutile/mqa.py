@@ -238,12 +238,22 @@ def mqa_decode_config(base: MqaConfig, rows: int, keys: int, sms: int, sm: int =
 
 
 def plain_mqa_config(
-    h: int, d: int, rows: int, keys: int, sms: int, sm: int = 90, bf16: bool = False, variant: str | None = None
+    h: int,
+    d: int,
+    rows: int,
+    keys: int,
+    sms: int,
+    sm: int = 90,
+    bf16: bool = False,
+    variant: str | None = None,
+    sequences: int = 1,
 ) -> MqaConfig | None:
     """The config of one ``fp8_mqa_logits`` (``bf16``: ``bf16_mqa_logits``) call of ``rows`` query rows and ``keys``
     keys on ``sms`` SMs: :func:`mqa_decode_config` where :func:`takes_mqa_decode`, else
-    :func:`mqa_logits_config` / :func:`bf16_mqa_logits_config`; ``None`` if unsupported."""
+    :func:`mqa_logits_config` / :func:`bf16_mqa_logits_config`; ``None`` if unsupported. ``sequences``: a batched
+    call's (``mqa_logits_batched``), each of ``rows`` rows over its own ``keys`` keys; the decode kernel's ``parts``
+    then spread all of them over the SMs."""
     base = bf16_mqa_logits_config(h, d, sm) if bf16 else mqa_logits_config(h, d, sm)
     if base is None or not takes_mqa_decode(rows, keys, base, sms, variant, sm):
         return base
-    return mqa_decode_config(base, rows, keys, sms, sm)
+    return mqa_decode_config(base, rows, keys, sms, sm, sequences)

@@ -84,6 +84,7 @@ from tilegemm.ops.api.mqa import (
     fp8_mqa_logits,
     fp8_paged_mqa_logits,
     get_paged_mqa_logits_metadata,
+    mqa_logits_batched,
 )
 from tilegemm.ops.api.norm import (
     rms_norm,
@@ -99,7 +100,8 @@ __all__ = [
     "k_grouped_fp8_gemm_tn_contiguous", "m_grouped_bf16_gemm_nn_contiguous", "m_grouped_bf16_gemm_nt_contiguous",
     "m_grouped_bf16_gemm_nt_masked", "m_grouped_fp8_fp4_gemm_nn_contiguous", "m_grouped_fp8_fp4_gemm_nt_contiguous",
     "m_grouped_fp8_fp4_gemm_nt_masked", "m_grouped_fp8_gemm_nn_contiguous", "m_grouped_fp8_gemm_nt_contiguous",
-    "m_grouped_fp8_gemm_nt_masked", "moe_experts", "rms_norm", "sparse_decode_attention", "tf32_hc_prenorm_gemm",
+    "m_grouped_fp8_gemm_nt_masked", "moe_experts", "mqa_logits_batched", "rms_norm", "sparse_decode_attention",
+    "tf32_hc_prenorm_gemm",
 ]  # fmt: skip
 
 # DeepGEMM's other names of an op (fp8_gemm_nt for fp8_fp4_gemm_nt, ...) name that op wherever an op name is taken

@@ -107,6 +107,37 @@ bf16_mqa_logits = op(
 )
 
 
+@dispatch("mqa_logits_batched", check=checks.mqa_logits_batched_check, signature=checks.mqa_logits_batched_signature())
+def mqa_logits_batched(
+    q: Tensor,
+    kv: Tensor | FP8Operand,
+    weights: Tensor,
+    cu_seq_len_k_start: Tensor,
+    cu_seq_len_k_end: Tensor,
+    clean_logits: bool = True,
+    *,
+    stream=None,
+) -> Tensor:
+    """MQA logits of ``B`` sequences in one call, each sequence's query rows against its own keys (tilegemm's
+    extension: DeepGEMM's ragged ops score one key tensor per call); returns a new fp32 [B, S, T].
+
+    ``logits[b, i, j] = kv_scale[b, j] * sum_h weights[b, i, h] * relu(q[b, i, h, :] . kv[b, j, :])`` for
+    ``ks[b, i] <= j < ke[b, i]``, the products summed in fp32; ``-inf`` elsewhere when ``clean_logits``
+    (unspecified otherwise). Sequence ``b`` is what ``fp8_mqa_logits`` / ``bf16_mqa_logits`` give for
+    ``q[b]``, ``kv[b]``, ``weights[b]`` and its windows. A decode step of ``B`` sequences (the indexer's) runs as one
+    launch of the decode kernel where that op would take it, the keys read in place.
+
+    Args:
+        q: fp8 or bf16 [B, S, H, D].
+        kv: bf16 [B, T, D] with bf16 ``q``; ``(fp8 [B, T, D], fp32 [B, T])`` keys and per-key scales with fp8 ``q``.
+        weights: fp32 [B, S, H].
+        cu_seq_len_k_start: int32 [B, S], ``ks``; ``0 <= ks <= ke``.
+        cu_seq_len_k_end: int32 [B, S], ``ke``; ``ke <= T``.
+        clean_logits: write ``-inf`` outside each row's window.
+        stream: CUDA stream (``None``: current).
+    """
+
+
 @dispatch(
     "get_paged_mqa_logits_metadata",
     check=checks.paged_mqa_metadata_check,

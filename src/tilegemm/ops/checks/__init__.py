@@ -78,6 +78,8 @@ from tilegemm.ops.checks.moe import (
 from tilegemm.ops.checks.mqa import (
     LOGITS_DTYPES,
     bf16_mqa_logits_check,
+    mqa_logits_batched_check,
+    mqa_logits_batched_signature,
     mqa_logits_check,
     mqa_logits_signature,
     paged_mqa_logits_check,
@@ -107,7 +109,8 @@ __all__ = [
     "fp8_linear_check",
     "fp8_moe_experts_check", "fp8_weight_check", "grouped_matmul_check", "k_grouped_check", "k_grouped_ue8m0_check",
     "m_grouped_contiguous_check", "m_grouped_masked_check", "matmul_check", "moe_experts_backward_check",
-    "moe_experts_check", "mqa_logits_check", "mqa_logits_signature", "pack_ue8m0_check", "paged_mqa_logits_check",
+    "moe_experts_check", "mqa_logits_batched_check", "mqa_logits_batched_signature", "mqa_logits_check",
+    "mqa_logits_signature", "pack_ue8m0_check", "paged_mqa_logits_check",
     "paged_mqa_logits_signature", "paged_mqa_metadata_check", "paged_mqa_metadata_signature", "quant_input_check",
     "resolve_alignment",
     "resolve_recipe", "rms_norm_check", "scale_tensor_check", "skip_head_mid_check", "skip_value_checks",

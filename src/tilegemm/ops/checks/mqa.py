@@ -185,6 +185,63 @@ def _indices(indices: Any, batch: int) -> None:
     _shape("indices", indices, [batch], "[B], the sequence of each row")
 
 
+def mqa_logits_batched_check(
+    q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits=True, *, stream=None
+) -> dict[str, Any]:
+    """The check of ``mqa_logits_batched``: ``q`` fp8 or bf16 [B, S, H, D]; ``kv`` bf16 [B, T, D] (bf16 ``q``) or
+    (fp8 [B, T, D], fp32 [B, T]) (fp8 ``q``); ``weights`` fp32 [B, S, H]; int32 windows [B, S] inside ``[0, T]``
+    (a value check). Derived: the same, ``kv`` as given."""
+    _tensor("q", q, (FP8, torch.bfloat16), 4)
+    batch, s, h, dim = q.shape
+    if q.dtype == torch.bfloat16:
+        if isinstance(kv, (tuple, list)):
+            raise TypeError(f"kv: got {_describe(kv)}, expected a bf16 torch.Tensor [B, T, D] with bf16 q")
+        _tensor("kv", kv, (torch.bfloat16,), 3)
+        keys = kv.shape[1]
+        _shape("kv", kv, [batch, keys, dim], f"[B={batch}, T, D={dim}]")
+        named = {"q": q, "kv": kv}
+    else:
+        kv_data, kv_scale = _fp8_operand("kv", kv, 3)
+        keys = kv_data.shape[1]
+        _shape("kv[0] (data)", kv_data, [batch, keys, dim], f"[B={batch}, T, D={dim}]")
+        _tensor("kv[1] (scales)", kv_scale, (torch.float32,), 2)
+        _shape("kv[1] (scales)", kv_scale, [batch, keys], "[B, T], one per key")
+        named = {"q": q, "kv[0] (data)": kv_data, "kv[1] (scales)": kv_scale}
+    _tensor("weights", weights, (torch.float32,), 3)
+    _shape("weights", weights, [batch, s, h], "[B, S, H]")
+    for name, x in (("cu_seq_len_k_start", cu_seq_len_k_start), ("cu_seq_len_k_end", cu_seq_len_k_end)):
+        _tensor(name, x, (torch.int32,), 2)
+        _shape(name, x, [batch, s], "[B, S], one per query")
+    _bool("clean_logits", clean_logits)
+    _stream(stream)
+    _same_device(
+        {**named, "weights": weights, "cu_seq_len_k_start": cu_seq_len_k_start, "cu_seq_len_k_end": cu_seq_len_k_end}
+    )
+    _window_values(cu_seq_len_k_start.reshape(-1), cu_seq_len_k_end.reshape(-1), batch * s, keys)
+    derived = dict(q=q, kv=kv, weights=weights, clean_logits=clean_logits, stream=stream)
+    return dict(derived, cu_seq_len_k_start=cu_seq_len_k_start, cu_seq_len_k_end=cu_seq_len_k_end)
+
+
+def mqa_logits_batched_signature() -> hot.HotLane:
+    """The hot-lane key of ``mqa_logits_batched``: as :func:`mqa_logits_signature`'s, over its arguments (fp8 ``q``
+    with ``(keys, fp32 scales)`` or bf16 ``q`` and keys, all contiguous); the replay takes ``(q, kv, weights,
+    cu_seq_len_k_start, cu_seq_len_k_end)``."""
+    i32 = hot.packed(torch.int32)
+    kinds = dict(q=hot.packed(FP8, torch.bfloat16), kv=_batched_keys, weights=hot.packed(torch.float32))
+    kinds.update(cu_seq_len_k_start=i32, cu_seq_len_k_end=i32, clean_logits=hot.exact(bool), stream=hot.none)
+    operands = _replay_operands(("q", "kv", "weights", "cu_seq_len_k_start", "cu_seq_len_k_end"), False)
+    return hot.HotLane(kinds, operands, setting=_mqa_settings, value_checks=True)
+
+
+_FP8_KEYS = hot.packed_pair(FP8, torch.float32)
+_BF16_KEYS = hot.packed(torch.bfloat16)
+
+
+def _batched_keys(x: Any) -> Any:
+    """``kv`` of a batched call: bf16 keys, or fp8 keys with fp32 scales (contiguous)."""
+    return _FP8_KEYS(x) if type(x) is tuple else _BF16_KEYS(x)
+
+
 def paged_mqa_metadata_check(context_lens, block_kv, num_sms, indices=None) -> dict[str, Any]:
     """The check of ``get_paged_mqa_logits_metadata``; derived: ``context_lens``, ``block_kv``, ``num_sms``."""
     _context_lens(context_lens, None, None)

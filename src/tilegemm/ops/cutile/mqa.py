@@ -134,25 +134,17 @@ def launch_mqa_logits(
 
 
 def launch_mqa_logits_batched(
-    q: torch.Tensor,
-    kv_data: torch.Tensor,
-    kv_scale: torch.Tensor,
-    weights: torch.Tensor,
-    ks: torch.Tensor,
-    ke: torch.Tensor,
-    out: torch.Tensor,
-    conf: MqaConfig,
-    stream: Any = None,
+    arrays: tuple[torch.Tensor, ...], out: torch.Tensor, conf: MqaConfig, stream: Any = None
 ) -> None:
     """Launch the batched decode kernel (``conf.path == "decode"``, its ``parts`` for all the sequences) on ``stream``:
-    ``B`` sequences' logits in one launch, grid ``(ceil(S / bq), conf.parts, B)``. Contiguous operands of the
-    kernel's dtypes: ``q`` [B, S, H, D], keys [B, T, D] (fp8 or bf16, ``q``'s), fp32 ``kv_scale`` [B, T] and
-    ``weights`` [B, S, H], int32 ``ks``/``ke`` [B, S]; ``out`` fp32 [B, S, T] (tiles outside the windows left as
-    they were)."""
-    batch, s, _, d = q.shape
+    ``B`` sequences' logits in one launch, grid ``(ceil(S / bq), conf.parts, B)``.
+
+    ``arrays``: contiguous operands of the kernel's dtypes, ``(q [B, S, H, D], keys [B, T, D] (fp8 or bf16, q's),
+    fp32 kv_scale [B, T], fp32 weights [B, S, H], int32 ks [B, S], int32 ke [B, S])``; ``out`` fp32 [B, S, T] (the
+    tiles outside the windows left as they were)."""
+    batch, s, _, d = arrays[0].shape
     grid = (cdiv(s, conf.bq), conf.parts, batch)
-    arrays = (q, kv_data, kv_scale, weights, ks, ke, out)
-    launch(decode_batched_kernel_for(conf.occupancy), grid, arrays + decode_constants(conf, d), stream)
+    launch(decode_batched_kernel_for(conf.occupancy), grid, (*arrays, out, *decode_constants(conf, d)), stream)
 
 
 _UNIT_SCALES: dict[torch.device, torch.Tensor] = {}
@@ -263,6 +255,75 @@ def _plain_replay(derived: dict[str, Any]) -> Callable[..., torch.Tensor] | None
 for _name in ("fp8_fp4_mqa_logits", "fp8_mqa_logits", "bf16_mqa_logits"):
     register_replay(_name, "cutile")(_plain_replay)
 del _name
+
+
+@register_impl("mqa_logits_batched", "cutile")
+def mqa_logits_batched(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits, stream):
+    """cuTile batched MQA logits: one launch of the batched decode kernel where a sequence's call would take the
+    decode kernel (:func:`batched_plan`), else the ragged op's path once per sequence."""
+    plan = batched_plan(q, kv)
+    if plan is not None:
+        return plan(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits, stream)
+    impl = bf16_mqa_logits if not isinstance(kv, tuple) else fp8_mqa_logits
+    batch, s, _, _ = q.shape
+    keys = (kv if not isinstance(kv, tuple) else kv[0]).shape[1]
+    out = torch.empty(batch, s, keys, dtype=torch.float32, device=q.device)
+    for b in range(batch):
+        kv_b = kv[b] if not isinstance(kv, tuple) else (kv[0][b], kv[1][b])
+        ks, ke = cu_seq_len_k_start[b], cu_seq_len_k_end[b]
+        out[b] = impl(q[b], kv_b, weights[b], ks, ke, clean_logits, 0, torch.float32, stream)
+    return out
+
+
+def batched_plan(q: torch.Tensor, kv) -> Callable[..., torch.Tensor] | None:
+    """The launch plan of a batched call shaped as this one, ``run(q, kv, weights, ks, ke, clean_logits, stream)
+    -> [B, S, T]``, where one sequence's call takes the decode kernel (its ``parts`` over all ``B`` sequences'
+    row blocks); ``None`` where it takes the plain kernel (or the shape is unsupported).
+
+    A run makes its output (``-inf``-filled when ``clean_logits``: the kernel writes only the tiles that meet the
+    windows), takes a BF16 call's unit key scales and the operands as the kernel's contiguous dtypes (no-ops for
+    what the hot lane admits), and launches once, grid ``(ceil(S / bq), parts, B)``.
+    """
+    bf16 = not isinstance(kv, tuple)
+    batch, s, h, d = q.shape
+    keys = (kv if bf16 else kv[0]).shape[1]
+    sms = num_sms()
+    conf = plain_mqa_config(h, d, s, keys, sms, sm=_check_arch(q), bf16=bf16, variant=variant("mqa"), sequences=batch)
+    if conf is None or conf.path != "decode":
+        return None
+    runs = batch > 0 and s > 0 and keys > 0
+
+    def run(q, kv, weights, ks, ke, clean_logits, stream=None) -> torch.Tensor:
+        device = q.device
+        out = _new_logits(batch * s, keys, clean_logits, device).view(batch, s, keys)
+        if runs:
+            keys_data, scales = (kv, unit_key_scales(batch * keys, device).view(batch, keys)) if bf16 else kv
+            arrays = (
+                q.contiguous(),
+                keys_data.contiguous(),
+                scales.to(torch.float32).contiguous(),
+                weights.to(torch.float32).contiguous(),
+                ks.to(torch.int32).contiguous(),
+                ke.to(torch.int32).contiguous(),
+            )
+            launch_mqa_logits_batched(arrays, out, conf, stream)
+        return out
+
+    return run
+
+
+@register_replay("mqa_logits_batched", "cutile")
+def _batched_replay(derived: dict[str, Any]) -> Callable[..., torch.Tensor] | None:
+    """The hot-lane replay of a batched call (``checks.mqa_logits_batched_signature``): its plan, where it has one
+    (the per-sequence path keeps the full path)."""
+    try:
+        plan = batched_plan(derived["q"], derived["kv"])
+    except Unsupported:
+        return None
+    if plan is None:
+        return None
+    clean = derived["clean_logits"]
+    return lambda q, kv, weights, ks, ke: plan(q, kv, weights, ks, ke, clean)
 
 
 @register_impl("get_paged_mqa_logits_metadata", "cutile")

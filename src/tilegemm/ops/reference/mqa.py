@@ -5,6 +5,7 @@
   rows so the ``[chunk, H, S_kv]`` score temporary stays near ``CHUNK_BYTES``; compressed
   (``max_seqlen_k > 0``) and cast to ``logits_dtype`` (one rounding from fp32) at the end.
 * ``bf16_mqa_logits``: the same formula on bf16 ``q`` and keys, without key scales.
+* ``mqa_logits_batched``: either of them per sequence of a batch.
 * ``get_paged_mqa_logits_metadata``: the balanced split schedule (``ops.common.paged_mqa_schedule``).
 * ``fp8_fp4_paged_mqa_logits`` / ``fp8_paged_mqa_logits``: the same logits over a paged FP8 KV cache,
   chunked over key columns.
@@ -41,6 +42,19 @@ def bf16_mqa_logits(
     return _mqa_logits(
         q, kv, None, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits, max_seqlen_k, logits_dtype
     )
+
+
+@register_impl("mqa_logits_batched", "pytorch")
+def mqa_logits_batched(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits, stream):
+    """Reference batched MQA logits: each sequence through the ragged reference (fp32 [B, S, T])."""
+    kv_data, kv_scale = kv if isinstance(kv, tuple) else (kv, None)
+    batch, s, _, _ = q.shape
+    out = torch.empty(batch, s, kv_data.shape[1], dtype=torch.float32, device=q.device)
+    for b in range(batch):
+        scale = kv_scale[b] if kv_scale is not None else None
+        ks, ke = cu_seq_len_k_start[b], cu_seq_len_k_end[b]
+        out[b] = _mqa_logits(q[b], kv_data[b], scale, weights[b], ks, ke, clean_logits, 0, torch.float32)
+    return out
 
 
 def _mqa_logits(
