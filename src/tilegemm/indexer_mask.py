@@ -5,14 +5,26 @@
 * :func:`apply_mask`: the mask applied to the windows' scores as stock transformers applies it, and
   :func:`clean_outside_windows`: whether the op must write ``-inf`` outside the windows for that.
 
-Plain torch, no host sync (CUDA-graph capturable).
+Plain torch and CUDA-graph capturable. No host sync, but one when the cached key numbers are made or grown (the first
+call on a device, a longer mask than any before: :func:`~tilegemm.ops.common.cached_constant`).
 """
 
 from __future__ import annotations
 
 import torch
 
+from tilegemm.ops.common import cached_constant
+
 __all__ = ["DECODE_WINDOW_ROWS", "apply_mask", "clean_outside_windows", "key_windows", "mask_windows"]
+
+
+def _key_numbers(keys: int, device: torch.device) -> torch.Tensor:
+    """int32 ``[1, 2, .., keys]`` (:func:`~tilegemm.ops.common.cached_constant`: read only)."""
+    return cached_constant("key_numbers", keys, device, _count_from_one)
+
+
+def _count_from_one(n: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(1, n + 1, dtype=torch.int32, device=device)
 
 
 def _visible(mask: torch.Tensor) -> torch.Tensor:
@@ -32,13 +44,14 @@ def mask_windows(
         from_key_zero: every ``ks`` 0 (one pass over the mask: the ends only).
 
     Returns:
-        int32 ``ks``, ``ke`` of shape ``[B, S]``; a row with no visible key gets ``[0, 0)``. No host sync.
+        int32 ``ks``, ``ke`` of shape ``[B, S]``; a row with no visible key gets ``[0, 0)``. Host syncs: the
+        module docstring's one.
     """
     if attention_mask.dim() != 3:
         raise ValueError(f"attention_mask: got shape {list(attention_mask.shape)}, expected [B, S, T]")
     batch, rows, keys = attention_mask.shape
     step = rows_per_chunk or max(1, (1 << 24) // max(1, batch * keys))
-    cols = torch.arange(1, keys + 1, dtype=torch.int32, device=attention_mask.device)
+    cols = _key_numbers(keys, attention_mask.device)
     if from_key_zero and step >= rows:  # one pass, no copies
         ke = torch.where(_visible(attention_mask), cols, 0).amax(dim=-1)
         return torch.zeros_like(ke), ke

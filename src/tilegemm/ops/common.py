@@ -7,11 +7,14 @@
 * :func:`compress_logits`: the ``max_seqlen_k > 0`` form of the MQA logits; :func:`logits_result`, an MQA-logits
   op's result in that form and its dtype.
 * :class:`MoETrainState`: what the MoE experts training forward keeps for its backward.
+* :func:`cached_constant`: a read-only 1-D constant per device (unit key scales, key numbers), safe under CUDA-graph
+  capture.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -151,3 +154,30 @@ def logits_result(
     if max_seqlen_k:
         full = compress_logits(full, starts, max_seqlen_k)
     return full.to(logits_dtype)
+
+
+_CONSTANTS: dict[tuple[str, torch.device], torch.Tensor] = {}
+_RETIRED_CONSTANTS: list[torch.Tensor] = []
+
+
+def cached_constant(
+    name: str, n: int, device: torch.device, make: Callable[[int, torch.device], torch.Tensor]
+) -> torch.Tensor:
+    """The first ``n`` elements of ``make(size, device)``, a 1-D constant (unit scales, key numbers) that calls read
+    and never write: a view of one buffer per ``name`` and device, made outside CUDA-graph capture (at least 4096
+    elements, at least doubled when it grows; a grown-out buffer is kept alive for the graphs that captured it), or
+    ``make(n, device)`` anew during capture (a tensor made there is written only when the graph replays). Making
+    or growing a buffer on a GPU waits for it (one host sync), so that a kernel on any stream reads it written."""
+    key = (name, device)
+    buf = _CONSTANTS.get(key)
+    if buf is None or buf.numel() < n:
+        on_gpu = device.type == "cuda"
+        if on_gpu and torch.cuda.is_current_stream_capturing():
+            return make(n, device)
+        if buf is not None:
+            _RETIRED_CONSTANTS.append(buf)
+        buf = make(max(n, 2 * buf.numel() if buf is not None else 0, 4096), device)
+        if on_gpu:
+            torch.cuda.synchronize(device)  # written before a kernel on any stream reads it
+        _CONSTANTS[key] = buf
+    return buf[:n]

@@ -29,7 +29,7 @@ from tilegemm.heuristics.cutile import (
     print_once,
     variant,
 )
-from tilegemm.ops.common import cdiv, logits_result, paged_mqa_schedule, paged_mqa_split_kv
+from tilegemm.ops.common import cached_constant, cdiv, logits_result, paged_mqa_schedule, paged_mqa_split_kv
 from tilegemm.ops.cutile.launch import launch, num_sms
 from tilegemm.ops.cutile.mqa_decode_kernels import decode_batched_kernel_for, decode_constants, decode_kernel_for
 from tilegemm.ops.cutile.mqa_kernels import NEG_INF, mqa_clean_logits_kernel, paged_kernel_for, plain_kernel_for
@@ -147,27 +147,13 @@ def launch_mqa_logits_batched(
     launch(decode_batched_kernel_for(conf.occupancy), grid, (*arrays, out, *decode_constants(conf, d)), stream)
 
 
-_UNIT_SCALES: dict[torch.device, torch.Tensor] = {}
-
-
 def unit_key_scales(n: int, device: torch.device) -> torch.Tensor:
-    """fp32 ones ``[n]``, the key scales of a BF16 call: a view of one buffer per device, made outside CUDA-graph
-    capture (growing it keeps the old one alive for graphs that captured it), or a new tensor during capture."""
-    buf = _UNIT_SCALES.get(device)
-    if buf is None or buf.numel() < n:
-        on_gpu = device.type == "cuda"
-        if on_gpu and torch.cuda.is_current_stream_capturing():
-            return torch.ones(n, dtype=torch.float32, device=device)
-        if buf is not None:
-            _RETIRED_SCALES.append(buf)
-        buf = torch.ones(max(n, 2 * buf.numel() if buf is not None else 0, 4096), dtype=torch.float32, device=device)
-        if on_gpu:
-            torch.cuda.synchronize(device)  # filled before a kernel on any stream reads it
-        _UNIT_SCALES[device] = buf
-    return buf[:n]
+    """fp32 ones ``[n]``, the key scales of a BF16 call (:func:`~tilegemm.ops.common.cached_constant`)."""
+    return cached_constant("unit_key_scales", n, device, _ones)
 
 
-_RETIRED_SCALES: list[torch.Tensor] = []
+def _ones(n: int, device: torch.device) -> torch.Tensor:
+    return torch.ones(n, dtype=torch.float32, device=device)
 
 
 def fp8_mqa_logits(
