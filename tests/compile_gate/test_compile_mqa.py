@@ -69,16 +69,7 @@ def plain_params(h: int, d: int, out_align: int = 16, inside: bool = False, arch
         aot.array(ct.int32, 1),
         aot.array(ct.int32, 1),
         aot.array(ct.float32, 2, align_bytes=out_align),  # out [S, S_kv]
-        conf.bq,
-        conf.hp,
-        d,
-        conf.bk,
-        conf.head_chain,
-        conf.two_chains,
-        conf.unroll,
-        inside,
-        inside and conf.scales_ldg,
-        conf.key_latency,
+        *mqa.plain_constants(conf, d, inside),
     ]
 
 

@@ -75,8 +75,14 @@ def mqa_launch_plan(conf: MqaConfig, s: int, s_kv: int, d: int, out_shape: tuple
     kernel (:mod:`~tilegemm.ops.cutile.mqa_decode_kernels`, grid ``(ceil(S / bq), conf.parts)``)."""
     if conf.path == "decode":
         return kernel or decode_kernel_for(conf.occupancy), (cdiv(s, conf.bq), conf.parts, 1), decode_constants(conf, d)
-    inside = tuple(out_shape) == (s, s_kv) and tiles_inside(conf, s, s_kv)
-    consts = (
+    consts = plain_constants(conf, d, tuple(out_shape) == (s, s_kv) and tiles_inside(conf, s, s_kv))
+    return kernel or plain_kernel_for(conf.occupancy), (cdiv(s, conf.bq), 1, 1), consts
+
+
+def plain_constants(conf: MqaConfig, d: int, inside: bool) -> tuple:
+    """The plain kernel's constant arguments, in its parameter order (``BQ`` .. ``KEY_LATENCY``; ``inside``:
+    :func:`tiles_inside` for its output); the compile gate builds its signatures from it."""
+    return (
         conf.bq,
         conf.hp,
         d,
@@ -88,7 +94,16 @@ def mqa_launch_plan(conf: MqaConfig, s: int, s_kv: int, d: int, out_shape: tuple
         inside and conf.scales_ldg,
         conf.key_latency,
     )
-    return kernel or plain_kernel_for(conf.occupancy), (cdiv(s, conf.bq), 1, 1), consts
+
+
+def _config(q: torch.Tensor, keys: int, bf16: bool, sequences: int = 1) -> MqaConfig | None:
+    """:func:`~tilegemm.heuristics.cutile.plain_mqa_config` of a call of ``q`` ([..., S, H, D]) over ``keys`` keys on
+    this device, with the settings it reads (``set_num_sms``, ``$TILEGEMM_MQA_VARIANT``); raises ``Unsupported``
+    below compute capability 8.9."""
+    s, h, d = q.shape[-3:]
+    return plain_mqa_config(
+        h, d, s, keys, num_sms(), sm=_check_arch(q), bf16=bf16, variant=variant("mqa"), sequences=sequences
+    )
 
 
 def clean_launch_plan(conf: MqaConfig, s: int) -> tuple:
@@ -170,7 +185,7 @@ def fp8_mqa_logits(
         raise Unsupported(f"fp8_mqa_logits needs float8_e4m3fn q and kv, got {q.dtype} and {kv_data.dtype}")
     s, h, d = q.shape
     s_kv = kv_data.shape[0]
-    conf = plain_mqa_config(h, d, s, s_kv, num_sms(), sm=_check_arch(q), variant=variant("mqa"))
+    conf = _config(q, s_kv, bf16=False)
     if conf is None:
         raise Unsupported(f"fp8_mqa_logits: H={h}, D={d} not supported (H <= 128, D in {{32, 64, 128}})")
     print_once("fp8_mqa_logits", {"S": s, "S_kv": s_kv, "H": h, "D": d}, conf)
@@ -194,7 +209,7 @@ def bf16_mqa_logits(
     :func:`fp8_mqa_logits`); then compression and the cast, as :func:`fp8_mqa_logits`."""
     s, h, d = q.shape
     s_kv = kv.shape[0]
-    conf = plain_mqa_config(h, d, s, s_kv, num_sms(), sm=_check_arch(q), bf16=True, variant=variant("mqa"))
+    conf = _config(q, s_kv, bf16=True)
     if conf is None:
         raise Unsupported(f"bf16_mqa_logits: H={h}, D={d} not supported (H <= 128, D in {{32, 64, 128}})")
     print_once("bf16_mqa_logits", {"S": s, "S_kv": s_kv, "H": h, "D": d}, conf)
@@ -213,10 +228,10 @@ def _plain_replay(derived: dict[str, Any]) -> Callable[..., torch.Tensor] | None
     here."""
     q, kv = derived["q"], derived["kv"]
     bf16 = not isinstance(kv, tuple)
-    s, h, d = q.shape
+    s, d = q.shape[0], q.shape[2]
     s_kv = (kv if bf16 else kv[0]).shape[0]
     try:
-        conf = plain_mqa_config(h, d, s, s_kv, num_sms(), sm=_check_arch(q), bf16=bf16, variant=variant("mqa"))
+        conf = _config(q, s_kv, bf16)
     except Unsupported:
         return None
     if conf is None:
@@ -271,10 +286,9 @@ def batched_plan(q: torch.Tensor, kv) -> Callable[..., torch.Tensor] | None:
     what the hot lane admits), and launches once, grid ``(ceil(S / bq), parts, B)``.
     """
     bf16 = not isinstance(kv, tuple)
-    batch, s, h, d = q.shape
+    batch, s = q.shape[:2]
     keys = (kv if bf16 else kv[0]).shape[1]
-    sms = num_sms()
-    conf = plain_mqa_config(h, d, s, keys, sms, sm=_check_arch(q), bf16=bf16, variant=variant("mqa"), sequences=batch)
+    conf = _config(q, keys, bf16, sequences=batch)
     if conf is None or conf.path != "decode":
         return None
     runs = batch > 0 and s > 0 and keys > 0
