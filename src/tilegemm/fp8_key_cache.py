@@ -2,10 +2,10 @@
 
 :func:`tilegemm.indexer.index_scores` with ``fp8=True`` quantizes the whole key cache on every call (transformers'
 cache holds bf16 keys). :class:`Fp8KeyCache` keeps the keys as DeepSeek's recipe stores them instead: Hadamard-rotated
-(optional), cast to FP8 with one fp32 scale per token (:func:`tilegemm.indexer.quantize_keys`), in DeepGEMM's paged
-byte layout (``kv_cache`` of :func:`tilegemm.fp8_paged_mqa_logits`, block ``b * blocks + i`` holding sequence b's keys
-``i * block_kv ..``: an identity block table). :func:`score_fp8_key_cache` scores queries against it, reading it in
-place:
+(optional), cast to FP8 with one fp32 scale per token, in DeepGEMM's paged byte layout (``kv_cache`` of
+:func:`tilegemm.fp8_paged_mqa_logits`, block ``b * blocks + i`` holding sequence b's keys ``i * block_kv ..``: an
+identity block table), by :func:`tilegemm.fp8_paged_append` (one kernel on the GPU). :func:`score_fp8_key_cache`
+scores queries against it, reading it in place, the queries cast by :func:`tilegemm.fp8_quantize_rows`:
 
 * decode (at most :data:`PAGED_MAX_ROWS` query rows): :func:`tilegemm.fp8_paged_mqa_logits` (its schedule spreads
   each sequence's keys over the SMs), each query row seeing its window's end ``ke`` as its context length;
@@ -21,7 +21,6 @@ from __future__ import annotations
 import torch
 
 from tilegemm import config
-from tilegemm.indexer import hadamard_rotate, quantize_keys, quantize_rows
 from tilegemm.indexer_mask import apply_mask, clean_outside_windows, key_windows
 from tilegemm.ops import api
 
@@ -68,17 +67,15 @@ class Fp8KeyCache:
         scales = words[:, BLOCK_KV * self.dim // 4 :].view(self.batch, self.blocks, BLOCK_KV)
         return keys, scales
 
-    def append(self, keys: torch.Tensor, positions: torch.Tensor) -> None:
-        """Quantize ``keys`` (float ``[batch, S, dim]``, rotated first when :attr:`hadamard`) and write token s of
-        sequence b at position ``positions[s]`` (int64 ``[S]`` on the cache's device, each < :attr:`capacity`)."""
+    def append(self, keys: torch.Tensor, end: torch.Tensor | int, backend: str | None = None) -> None:
+        """Write ``keys`` (float ``[batch, S, dim]``, rotated first when :attr:`hadamard`) as each sequence's tokens
+        ``end - S .. end - 1`` (``end``: an int, or an int tensor ``[]`` / ``[batch]`` on the cache's device, each
+        ``S <= end <= capacity``), quantized by :func:`tilegemm.fp8_paged_append`."""
         if keys.dim() != 3 or keys.shape[0] != self.batch or keys.shape[2] != self.dim:
             raise ValueError(f"keys: got shape {list(keys.shape)}, expected [{self.batch}, S, {self.dim}]")
-        x = hadamard_rotate(keys) if self.hadamard else keys.float()
-        data, scale = quantize_keys(x.reshape(-1, self.dim))
-        block, slot = positions // BLOCK_KV, positions % BLOCK_KV
-        key_view, scale_view = self._views()
-        key_view[:, block, slot] = data.view(torch.uint8).view(self.batch, -1, self.dim)
-        scale_view[:, block, slot] = scale.view(self.batch, -1)
+        if not isinstance(end, torch.Tensor):
+            end = torch.full((), end, dtype=torch.int64, device=self.kv_cache.device)
+        api.fp8_paged_append(keys, self.kv_cache, self.block_table, end, self.hadamard, backend=backend)
 
     def grow(self, capacity: int) -> None:
         """Make room for ``capacity`` tokens per sequence (at least doubling), keeping what is stored: a copy of the
@@ -125,7 +122,7 @@ def score_fp8_key_cache(
     batch, rows, heads, dim = q.shape
     ks, ke = key_windows(attention_mask, batch, rows, length, q.device)
     clean = clean_outside_windows(attention_mask)
-    q8, q_scale = quantize_rows(hadamard_rotate(q) if cache.hadamard else q)
+    q8, q_scale = api.fp8_quantize_rows(q, cache.hadamard, backend=backend)
     w = weights.float() * softmax_scale * q_scale
     if rows <= PAGED_MAX_ROWS:
         num_sms = max(1, config.get_num_sms()) if q.is_cuda else 1

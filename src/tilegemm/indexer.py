@@ -53,6 +53,7 @@ from tilegemm.indexer_mask import apply_mask, clean_outside_windows, key_windows
 from tilegemm.ops import api
 from tilegemm.ops.checks import value_checks_enabled
 from tilegemm.ops.checks.mqa import index_scores_check
+from tilegemm.ops.common import AMAX_EPS, FP8_MAX, fp8_cast_rows, hadamard_rotate  # noqa: F401  (public here too)
 
 __all__ = [
     "FP8_MAX",
@@ -67,10 +68,6 @@ __all__ = [
     "quantize_rows",
 ]
 
-#: Largest finite ``float8_e4m3fn`` value.
-FP8_MAX = 448.0
-#: Lower clamp of a token's amax, so an all-zero key gets a finite scale.
-AMAX_EPS = 1e-4
 
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
@@ -123,10 +120,7 @@ def quantize_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         the ``kv`` operand of :func:`tilegemm.fp8_mqa_logits`.
     """
     _tensor("keys", keys, 2, None, "[S_kv, D]")
-    x = keys.float()
-    scale = x.abs().amax(dim=1).clamp_min(AMAX_EPS) / FP8_MAX
-    data = (x / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return data, scale
+    return fp8_cast_rows(keys)
 
 
 def _as_fp8_keys(
@@ -411,28 +405,11 @@ def context_parallel_windows(
 
 
 @functools.cache
-def _hadamard(dim: int, device: torch.device) -> torch.Tensor:
-    """The orthonormal Sylvester-Hadamard matrix fp32 ``[dim, dim]`` (``dim`` a power of two), times ``dim**-0.5``."""
-    h = torch.ones(1, 1)
-    while h.shape[0] < dim:
-        h = torch.cat([torch.cat([h, h], dim=1), torch.cat([h, -h], dim=1)], dim=0)
-    return (h * dim**-0.5).to(device)
-
-
-def hadamard_rotate(x: torch.Tensor) -> torch.Tensor:
-    """``x @ H`` in fp32 for the orthonormal Hadamard ``H`` over the last dim (a power of two): the reference
-    indexer's ``rotate_activation``; ``(x H) . (y H) == x . y``."""
-    dim = x.shape[-1]
-    if dim & (dim - 1):
-        raise ValueError(f"hadamard: the head dim must be a power of two, got {dim}")
-    return x.float() @ _hadamard(dim, x.device)
-
-
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row FP8 cast over the last dim: ``(fp8 x / s, s)``, ``s = max(amax, 1e-4) / 448`` fp32 ``x.shape[:-1]``."""
-    xf = x.float()
-    scale = xf.abs().amax(dim=-1).clamp_min(1e-4) / FP8_MAX
-    return (xf / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+def quantize_rows(x: torch.Tensor, hadamard: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row FP8 cast over the last dim (after the Hadamard rotation with ``hadamard``) in torch ops, on any device:
+    ``(fp8 y / s, s)``, ``s = max(amax(|y|), 1e-4) / 448`` fp32 ``x.shape[:-1]``. :func:`tilegemm.fp8_quantize_rows`
+    is the same cast as an op (one kernel on the GPU)."""
+    return fp8_cast_rows(x, hadamard)
 
 
 def _float_logits(
@@ -510,10 +487,8 @@ def index_scores(
     bf16 = q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16
     decode = (fp8 or bf16) and _decode_kernel_takes(q, rows, keys, backend)
     if fp8:
-        if hadamard:
-            q, k = hadamard_rotate(q), hadamard_rotate(k)
-        q, q_scale = quantize_rows(q)
-        k = quantize_rows(k)  # (fp8 keys, per-key scales)
+        q, q_scale = api.fp8_quantize_rows(q, hadamard, backend=backend)
+        k = api.fp8_quantize_rows(k, hadamard, backend=backend)  # (fp8 keys, per-key scales)
         w = w * q_scale
     if decode:  # one launch over every sequence
         scores = api.mqa_logits_batched(q, k, w, ks, ke, clean, backend=backend)

@@ -21,13 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from tilegemm.ops.checks import quant as checks
-from tilegemm.ops.common import cdiv
+from tilegemm.ops.common import AMAX_EPS, FP8_MAX, cdiv  # noqa: F401  (FP8_MAX, AMAX_EPS: public here too)
 
 FP8_DTYPE = torch.float8_e4m3fn
-#: Largest finite ``float8_e4m3fn`` value.
-FP8_MAX = 448.0
-#: Lower clamp of a block's absolute maximum before it becomes a scale.
-AMAX_EPS = 1e-4
 #: Elements per scale along K (and along M/N for 128x128 blocks).
 BLOCK = 128
 #: TMA needs 16-byte aligned strides.

@@ -26,15 +26,16 @@ DSA_FAMILIES = ("tiny-deepseek-v32", "tiny-glm-moe-dsa")
 
 
 def test_append_stores_the_recipes_keys_in_deepgemms_layout():
-    """Keys appended at scattered positions read back (``read_paged_kv_cache``) as ``quantize_keys`` of the rotated
-    keys, bitwise; a grown cache keeps them; unwritten slots stay zero."""
+    """Keys appended in runs (the end as a tensor or an int) read back (``read_paged_kv_cache``) as ``quantize_keys``
+    of the rotated keys, bitwise; a grown cache keeps them; unwritten slots stay zero."""
     g = torch.Generator().manual_seed(0)
     batch, dim, capacity = 3, 64, 150
     keys = torch.randn(batch, capacity, dim, generator=g).bfloat16()
     cache = Fp8KeyCache(batch, capacity, dim, "cpu")
-    order = torch.randperm(capacity, generator=g)
-    for chunk in order.split(37):
-        cache.append(keys[:, chunk], chunk)
+    end = 0
+    for size in (37, 1, 64, 48):
+        end += size
+        cache.append(keys[:, end - size : end], torch.tensor(end) if size > 1 else end)
     lens = torch.full((batch,), capacity, dtype=torch.int32)
     for rotated in (True, False):
         for b, (data, scale) in enumerate(scoring.read_paged_kv_cache(cache.kv_cache, cache.block_table, lens)):
@@ -47,7 +48,7 @@ def test_append_stores_the_recipes_keys_in_deepgemms_layout():
             assert not cache.kv_cache.view(batch, cache.blocks, -1)[:, blocks:].any()
     assert torch.equal(cache.sequence(1, 5)[1], scoring.quantize_keys(scoring.hadamard_rotate(keys[1, :5]))[1])
     with pytest.raises(ValueError, match="keys: got shape"):
-        cache.append(keys[:1], torch.arange(3))
+        cache.append(keys[:1], 3)
 
 
 _inputs = functools.partial(indexer_inputs, heads=16, dim=128, seed=1)
@@ -62,7 +63,7 @@ def test_cache_scores_equal_the_per_call_recipe(rows, hadamard):
     q, k, w, mask = _inputs(2, rows, 300, seed=rows)
     scale = q.shape[-1] ** -0.5
     cache = Fp8KeyCache(2, 300, q.shape[-1], "cpu", hadamard=hadamard)
-    cache.append(k, torch.arange(300))
+    cache.append(k, 300)
     got = score_fp8_key_cache(q, cache, w, mask, scale, 300, backend="pytorch")
     ref = scoring.index_scores(q, k, w, mask, scale, fp8=True, hadamard=hadamard, backend="pytorch")
     assert got.shape == ref.shape == (2, rows, 300) and got.dtype == torch.float32
@@ -244,17 +245,17 @@ def test_cache_scores_on_gpu_cutile(rows, monkeypatch):
     q, k, w, mask = (t.cuda() for t in _inputs(2, rows, 4000, heads=64, seed=rows))
     scale = q.shape[-1] ** -0.5
     cache = Fp8KeyCache(2, 4000, q.shape[-1], "cuda")
-    cache.append(k, torch.arange(4000, device="cuda"))
+    cache.append(k, 4000)
     got = score_fp8_key_cache(q, cache, w, mask, scale, 4000, backend="cutile")
     ref = scoring.index_scores(q, k, w, mask, scale, fp8=True, backend="cutile")
     torch.cuda.synchronize()
     assert not torch.isnan(got).any() and torch.equal(torch.isneginf(got), ~mask)
     assert calc_diff(got[mask], ref[mask]) < 1e-6
     assert torch.equal(score_fp8_key_cache(q, cache, w, mask, scale, 4000, backend="cutile"), got)
-    new_key, position = k[:, -1:], torch.tensor([3999], device="cuda")
+    new_key, end = k[:, -1:], torch.tensor(4000, device="cuda")
 
     def step():
-        cache.append(new_key, position)
+        cache.append(new_key, end)
         return score_fp8_key_cache(q, cache, w, mask, scale, 4000, backend="cutile")
 
     side = torch.cuda.Stream()
@@ -267,7 +268,7 @@ def test_cache_scores_on_gpu_cutile(rows, monkeypatch):
         out = step()
     graph.replay()
     torch.cuda.synchronize()
-    # The re-appended key is rotated as a batch of one row: cuBLAS may round it differently from the 4000-row batch,
-    # so the scores after an append are compared with the same step run eagerly (bitwise), and with ``got`` as fp32.
+    # The step re-appends the last key (a tile of one row) and scores: the same step run eagerly, bitwise, and
+    # ``got`` within fp32 order.
     assert torch.equal(out, eager)
     assert calc_diff(out[mask], got[mask]) < 1e-6

@@ -567,6 +567,83 @@ def metadata(draw) -> Case:
     return Case(tg.get_paged_mqa_logits_metadata, kw, dims, expected, out=None, free="BT", values=bad, compare="exact")
 
 
+def _hadamard64(dim: int) -> torch.Tensor:
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < dim:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / dim**0.5
+
+
+def _assert_fp8_rows(q: torch.Tensor, s: torch.Tensor, x: torch.Tensor, hadamard: bool) -> None:
+    """``(q, s)`` casts ``x``'s rows (rotated first with ``hadamard``): scales ``max(amax, 1e-4) / 448`` of the float64
+    rows within fp32 rounding, ``q * s`` within half an FP8 step of them."""
+    y = d64(x) @ _hadamard64(x.shape[-1]) if hadamard else d64(x)
+    want = y.abs().amax(-1).clamp_min(1e-4) / 448 if y.shape[-1] else torch.zeros(y.shape[:-1], dtype=torch.float64)
+    assert q.dtype == FP8 and q.shape == x.shape and s.dtype == torch.float32 and s.shape == x.shape[:-1]
+    assert torch.allclose(d64(s), want, rtol=1e-5, atol=0)
+    back = d64(q) * d64(s).unsqueeze(-1)
+    assert ((back - y).abs() <= y.abs() * 2**-4 + d64(s).unsqueeze(-1) * 2**-9 * 1.01).all()
+
+
+def fp8_rows(draw) -> Case:
+    hadamard = draw(st.booleans())
+    lead = draw(st.lists(st.integers(0, 5), min_size=0, max_size=2))
+    dim = draw(st.sampled_from([2, 8, 64, 128])) if hadamard else draw(st.integers(1, 200))
+    x = rand(*lead, dim, dtype=draw(st.sampled_from(FLOATS))) * 4
+
+    def reference(call: dict[str, Any], result: Any) -> None:
+        _assert_fp8_rows(*result, call["x"], call["hadamard"])
+
+    dims = {"x": "ABD"[-len(lead) - 1 :]}
+    free = "AB" if hadamard else "ABD"
+    kw = dict(x=x, hadamard=hadamard)
+    return Case(
+        tg.fp8_quantize_rows, kw, dims, reference, out=None, compare="asserts", free=free, bad_dtype=torch.int32,
+        meta_ok=False,  # a pair of tensors (the meta check reads one)
+    )  # fmt: skip
+
+
+def paged_append(draw) -> Case:
+    """Keys appended to a zeroed paged cache (a grown cache is zeroed too), each sequence ending at a length that
+    leaves room for one more key (the ``S`` dim is free), through a permuted block table."""
+    batch, count, dim = draw(st.integers(0, 3)), draw(st.integers(0, 5)), draw(st.sampled_from([8, 32]))
+    block_kv, width = draw(st.sampled_from([4, 16])), draw(st.integers(1, 3))
+    num_blocks = max(1, batch * width + draw(st.integers(0, 2)))
+    hadamard, one_length = draw(st.booleans()), draw(st.booleans())
+    table = torch.randperm(num_blocks)[: batch * width].view(batch, width).to(torch.int32)
+    room = width * block_kv
+    ends = [draw(st.integers(min(count + 1, room), room)) for _ in range(1 if one_length else batch)]
+    lens_dtype = draw(st.sampled_from([torch.int32, torch.int64]))
+    lens = torch.tensor(ends, dtype=lens_dtype).reshape(() if one_length and draw(st.booleans()) else -1)
+    x = rand(batch, count, dim, dtype=draw(st.sampled_from(FLOATS)))
+    cache = torch.zeros(num_blocks, block_kv, 1, dim + 4, dtype=torch.uint8)
+    kw = dict(x=x, kv_cache=cache, block_table=table, context_lens=lens, hadamard=hadamard)
+
+    def reference(call: dict[str, Any], result: torch.Tensor) -> None:
+        """The cache is zero but for the appended keys' FP8 bytes and scales, where the table puts them."""
+        got, x_, table_, lens_ = result, call["x"], call["block_table"], call["context_lens"].reshape(-1)
+        assert got is call["kv_cache"]
+        b_, s_, d_ = x_.shape
+        kv_ = got.shape[1]
+        q, s = tg.fp8_quantize_rows(x_, call["hadamard"], backend="pytorch")
+        want = torch.zeros_like(got).view(got.shape[0], -1)
+        for b in range(b_):
+            for t in range(s_):
+                pos = int(lens_[min(b, lens_.numel() - 1)]) - s_ + t
+                blk, slot = int(table_[b, pos // kv_]), pos % kv_
+                want[blk, slot * d_ : (slot + 1) * d_] = q[b, t].view(torch.uint8)
+                want[blk].view(torch.float32)[kv_ * d_ // 4 + slot] = s[b, t]
+        assert torch.equal(got.view(got.shape[0], -1), want)
+
+    dims = {"x": "BSD", "kv_cache": "NKOE", "block_table": "BM"}
+    dims["context_lens"] = "" if lens.dim() == 0 or one_length else "B"
+    bad = {"context_lens": lambda t: t + room + 1} if batch and count else {}
+    return Case(
+        tg.fp8_paged_append, kw, dims, reference, out=None, compare="asserts", free="SNM", related={"D": "E"},
+        contiguous=("kv_cache",), values=bad, bad_dtype=torch.int16, meta_ok=False,
+    )  # fmt: skip
+
+
 def paged(draw) -> Case:
     batch, next_n, h, dim = draw(st.integers(1, 3)), draw(st.integers(0, 2)), draw(st.integers(1, 3)), 32
     block_kv, num_blocks, num_sms = draw(st.sampled_from([4, 16])), draw(st.integers(1, 6)), draw(st.integers(1, 4))
@@ -920,6 +997,8 @@ FAMILIES: dict[str, Callable[[Any], Case]] = {
     "bf16_mqa": bf16_mqa,
     "mqa_batched": mqa_batched,
     "metadata": metadata,
+    "fp8_rows": fp8_rows,
+    "paged_append": paged_append,
     "paged_mqa": paged,
     "einsum": einsum,
     "fp8_einsum": fp8_einsum,
@@ -1095,7 +1174,7 @@ def test_every_public_tensor_op_is_fuzzed():
         "fp8_grouped_matmul", "fp8_linear", "per_token_cast_to_fp8", "per_channel_cast_to_fp8", "per_block_cast_to_fp8",
         "get_mn_major_tma_aligned_tensor", "calc_diff", "cublaslt_gemm_nn", "cublaslt_gemm_nt", "cublaslt_gemm_tn",
         "cublaslt_gemm_tt", "moe_experts", "fp8_moe_experts", "rms_norm", "sparse_decode_attention",
-        "mqa_logits_batched",
+        "mqa_logits_batched", "fp8_quantize_rows", "fp8_paged_append",
     }  # fmt: skip
     aliases = {
         "m_grouped_fp8_fp4_gemm_nt_contiguous",

@@ -451,10 +451,9 @@ def test_ragged_calls_replay_what_the_full_path_launched(recorded_launches, monk
 
 
 def test_paged_schedule_replays_the_same_ops(recorded_launches, monkeypatch):
-    """``get_paged_mqa_logits_metadata``: the first call is checked, later calls of its key replay the schedule's
-    torch ops on their own lengths (the reference's values); ``indices`` or int64 lengths take the full path."""
-    from tilegemm.ops.common import paged_mqa_schedule
-
+    """``get_paged_mqa_logits_metadata``: the first call is checked, later calls of its key replay the schedule
+    kernel (one launch) on their own lengths; ``indices`` or int64 lengths take the full path. The kernel's values
+    are the reference's: ``tests/ops/test_mqa_prep.py`` (GPU)."""
     sig = tilegemm.get_paged_mqa_logits_metadata.hot_signature
     ctx = torch.tensor([130, 7, 300], dtype=torch.int32)
     assert sig(ctx, 64, 4, None) is not None
@@ -466,5 +465,6 @@ def test_paged_schedule_replays_the_same_ops(recorded_launches, monkeypatch):
     for lengths in ([130, 7, 300], [1, 2000, 65], [0, 0, 9]):
         ctx = torch.tensor(lengths, dtype=torch.int32)
         meta = tilegemm.get_paged_mqa_logits_metadata(ctx, 64, 4, backend="cutile")
-        assert torch.equal(meta, paged_mqa_schedule(ctx, 64, 4))
-    assert len(checked) == 1
+        lens, out = recorded_launches[-1][:2]
+        assert out is meta and meta.shape == (5, 2) and torch.equal(lens.view(-1), ctx)
+    assert len(checked) == 1 and len(recorded_launches) == 3

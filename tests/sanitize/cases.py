@@ -525,6 +525,35 @@ def _mqa_batched() -> str:
     return "ran"
 
 
+# The FP8 row cast (awkward row counts, fp32/fp16 rows, padded and unaligned columns), the paged append with
+# positions before and past the table and blocks outside the cache (nothing written there), the schedule kernel.
+@case("mqa prep kernels: FP8 rows, paged append with garbage positions and blocks, schedule")
+def _mqa_prep() -> str:
+    g = torch.Generator().manual_seed(7)
+    for shape, dtype, hadamard in (
+        ((130, 128), torch.bfloat16, True),
+        ((3, 5, 100), torch.float32, False),
+        ((65, 16), torch.float16, True),
+        ((1, 1000), torch.bfloat16, False),
+    ):
+        x = torch.randn(*shape, generator=g).to(dtype).to(DEV)
+        tg.fp8_quantize_rows(x, hadamard, backend="cutile")
+        tg.fp8_quantize_rows(x[..., 1:] if not hadamard else x, hadamard, backend="cutile")  # unaligned rows
+    for batch, count, block_kv, lens in ((3, 70, 64, [70, 300, 10**6]), (2, 1, 16, [-5, 33]), (4, 2, 32, [97])):
+        cache = torch.zeros(batch * 2 + 1, block_kv, 1, 132, dtype=torch.uint8, device=DEV)
+        table = torch.randint(-3, batch * 2 + 4, (batch, 3), generator=g, dtype=torch.int32).to(DEV)  # some outside
+        x = torch.randn(batch, count, 128, generator=g).bfloat16().to(DEV)
+        ctx = torch.tensor(lens, dtype=torch.int64, device=DEV)
+        tg.fp8_paged_append(x, cache, table, ctx if len(lens) > 1 else ctx.reshape(()), True, backend="cutile")
+    for shape in ((1,), (17,), (300, 2), (40, 3)):
+        lens = torch.randint(0, 70000, shape, generator=g, dtype=torch.int32).to(DEV)
+        for sms in (1, 132, 255):
+            tg.get_paged_mqa_logits_metadata(lens, 64, sms, backend="cutile")
+            tg.get_paged_mqa_logits_metadata(lens, 64, sms, backend="cutile")  # the hot lane's replay
+    torch.cuda.synchronize()
+    return "ran"
+
+
 # The gluon sparse decode attention: indices anywhere in int32 (outside [0, T) they select nothing and read nothing),
 # boolean and additive masks, grouped heads, awkward head dims, one split and several; valid indices against pytorch.
 @case("sparse decode attention gluon: garbage indices, awkward shapes")

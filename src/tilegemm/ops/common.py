@@ -9,6 +9,8 @@
 * :class:`MoETrainState`: what the MoE experts training forward keeps for its backward.
 * :func:`cached_constant`: a read-only 1-D constant per device (unit key scales, key numbers), safe under CUDA-graph
   capture.
+* DeepSeek's FP8 recipe of the indexer's rows: :func:`hadamard_matrix`, :func:`hadamard_rotate`,
+  :func:`fp8_cast_rows` (the ``fp8_quantize_rows`` reference), :func:`paged_views` (the paged cache's keys and scales).
 """
 
 from __future__ import annotations
@@ -181,3 +183,63 @@ def cached_constant(
             torch.cuda.synchronize(device)  # written before a kernel on any stream reads it
         _CONSTANTS[key] = buf
     return buf[:n]
+
+
+#: Largest finite ``float8_e4m3fn`` value.
+FP8_MAX = 448.0
+#: Lower clamp of a row's absolute maximum before it becomes a scale (an all-zero row gets a finite scale).
+AMAX_EPS = 1e-4
+
+
+def _hadamard_signs(dim: int) -> torch.Tensor:
+    """The Sylvester-Hadamard matrix of ``dim`` (a power of two): fp32 ``[dim, dim]`` of +-1."""
+    h = torch.ones(1, 1)
+    while h.shape[0] < dim:
+        h = torch.cat([torch.cat([h, h], dim=1), torch.cat([h, -h], dim=1)], dim=0)
+    return h
+
+
+def hadamard_matrix(dim: int, device: torch.device, dtype: torch.dtype = torch.float32, signs: bool = False):
+    """The orthonormal Hadamard matrix ``[dim, dim]`` (``H @ H.T = I``, entries ``+-dim**-0.5``) in ``dtype`` on
+    ``device``, or with ``signs`` its +-1 pattern (exact in any float dtype): a cached constant (one host-to-device
+    copy per ``dim``, dtype and device, made outside CUDA-graph capture as :func:`cached_constant` makes them)."""
+    if dim < 1 or dim & (dim - 1):
+        raise ValueError(f"hadamard: the head dim must be a power of two, got {dim}")
+    scale = 1.0 if signs else dim**-0.5
+
+    def make(size: int, dev: torch.device) -> torch.Tensor:
+        flat = torch.zeros(size, dtype=dtype)
+        flat[: dim * dim] = (_hadamard_signs(dim) * scale).reshape(-1).to(dtype)
+        return flat.to(dev)
+
+    name = f"hadamard_{dim}_{dtype}_{'signs' if signs else 'orthonormal'}"
+    return cached_constant(name, dim * dim, torch.device(device), make).view(dim, dim)
+
+
+def hadamard_rotate(x: torch.Tensor) -> torch.Tensor:
+    """``x @ H`` in fp32 for the orthonormal Hadamard ``H`` over the last dim (a power of two): the reference
+    indexer's ``rotate_activation``; ``(x H) . (y H) == x . y``."""
+    return x.float() @ hadamard_matrix(x.shape[-1], x.device)
+
+
+def fp8_cast_rows(x: torch.Tensor, hadamard: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek's per-row FP8 cast over the last dim, after the Hadamard rotation with ``hadamard``:
+    ``y = x @ H`` (or ``x``) in fp32, ``s = max(amax(|y|), AMAX_EPS) / FP8_MAX``, ``(fp8(clamp(y / s)), s)``:
+    float8_e4m3fn of ``x``'s shape and fp32 ``x.shape[:-1]``."""
+    y = hadamard_rotate(x) if hadamard else x.float()
+    scale = y.abs().amax(dim=-1).clamp_min(AMAX_EPS) / FP8_MAX
+    return (y / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+
+
+def paged_views(kv_cache: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views of a contiguous DeepGEMM cache: keys fp8 [num_blocks, block_kv, D], scales fp32 [num_blocks, block_kv].
+
+    A block is ``block_kv * D`` key bytes (token-major) then ``block_kv`` fp32 scales; four tensor ops in all
+    (this runs on every call).
+    """
+    num_blocks, block_kv = kv_cache.shape[0], kv_cache.shape[1]
+    block = block_kv * (d + 4)
+    kv_keys = kv_cache.view(torch.float8_e4m3fn).as_strided((num_blocks, block_kv, d), (block, d, 1))
+    words = kv_cache.view(torch.float32)
+    kv_scales = words.as_strided((num_blocks, block_kv), (block // 4, 1), words.storage_offset() + block_kv * d // 4)
+    return kv_keys, kv_scales

@@ -199,7 +199,7 @@ def _patched_forward(rope_name: str):
             weights = self.weights_proj(hidden_states.to(self.weights_proj.weight.dtype)).float()
             scale = float(self.softmax_scale) * self.n_heads**-0.5
             if self._tilegemm_fp8_cache:
-                keys = fp8_keys_for(cache, self.layer_idx, new, k, self._tilegemm_hadamard)
+                keys = fp8_keys_for(cache, self.layer_idx, new, k, self._tilegemm_hadamard, self._tilegemm_backend)
                 scores = score_fp8_key_cache(
                     q, keys, weights, attention_mask, scale, k.shape[1], self._tilegemm_backend
                 )
@@ -232,7 +232,9 @@ FP8 key cache."""
 FP8_KEYS_ATTR = "_tilegemm_fp8_keys"
 
 
-def fp8_keys_for(cache, layer_idx: int, new: torch.Tensor, keys: torch.Tensor, hadamard: bool) -> Fp8KeyCache:
+def fp8_keys_for(
+    cache, layer_idx: int, new: torch.Tensor, keys: torch.Tensor, hadamard: bool, backend: str | None = None
+) -> Fp8KeyCache:
     """Layer ``layer_idx``'s FP8 key cache with the keys ``new`` just appended.
 
     Args:
@@ -240,6 +242,7 @@ def fp8_keys_for(cache, layer_idx: int, new: torch.Tensor, keys: torch.Tensor, h
         new: the keys this call appended, ``[B, S, D]``.
         keys: every key the layer's cache returned (``update_indexer``), ``[B, T, D]``; ``new`` among them.
         hadamard: the rotation of the swap's recipe.
+        backend: the tilegemm backend of the appends (``None``: the current choice).
 
     Where the FP8 cache writes: a layer with a tensor ``indexer_cumulative_length`` (transformers' static layers)
     has just advanced it by S, so at ``counter - S ..``, device ops (graph-capturable; a rewind of the counter
@@ -252,7 +255,7 @@ def fp8_keys_for(cache, layer_idx: int, new: torch.Tensor, keys: torch.Tensor, h
     total = keys.shape[1]
     if cache is None:
         fresh = Fp8KeyCache(batch, total, dim, keys.device, hadamard)
-        fresh.append(keys, torch.arange(total, device=keys.device))
+        fresh.append(keys, total, backend)
         return fresh
     layers = getattr(cache, "layers", None)
     layer = layers[layer_idx] if isinstance(layers, (list, tuple)) and layer_idx < len(layers) else None
@@ -271,16 +274,15 @@ def fp8_keys_for(cache, layer_idx: int, new: torch.Tensor, keys: torch.Tensor, h
     )
     if stale:
         fp8 = Fp8KeyCache(batch, total, dim, keys.device, hadamard)
-        fp8.append(keys, torch.arange(total, device=keys.device))
+        fp8.append(keys, total, backend)
         fp8.length = total
         store[layer_idx] = fp8
         return fp8
     if static:
-        positions = counter.to(torch.long) - count + torch.arange(count, device=keys.device)
+        fp8.append(new, counter, backend)  # the counter already holds the length after this call's keys
     else:
         fp8.grow(total)
-        positions = torch.arange(total - count, total, device=keys.device)
-    fp8.append(new, positions)
+        fp8.append(new, total, backend)
     fp8.length = total
     return fp8
 

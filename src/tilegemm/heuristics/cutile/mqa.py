@@ -257,3 +257,46 @@ def plain_mqa_config(
     if base is None or not takes_mqa_decode(rows, keys, base, sms, variant, sm):
         return base
     return mqa_decode_config(base, rows, keys, sms, sm, sequences)
+
+
+# ---------------------------------------------------------------- operands of the MQA ops (``ops/cutile/mqa_prep.py``)
+
+#: The longest row ``fp8_quantize_rows`` / ``fp8_paged_append`` cast on the GPU (padded to a power of two).
+FP8_ROWS_MAX_COLS = 1024
+#: The longest row they rotate first (the ``[D, D]`` +-1 matrix is one shared-memory tile): DeepSeek's head size.
+FP8_ROWS_MAX_HADAMARD = 128
+#: fp32 elements of a row tile at most (16 a thread of the kernels' four warps).
+FP8_ROWS_TILE_ELEMS = 2048
+#: Rows a CTA of the row kernels: each CTA's rows cost it their scatter (the append writes element by element,
+#: bounds-checked) and their casts, while a decode step brings 64 query rows and one key a sequence. sm_90 SASS of
+#: the 128-wide bf16 rotated append: 2136 instructions at 16 rows (mma.sync), 5928 at 64 (wgmma), and one append
+#: took 12.3 us at 64 rows on an H200 (``benchmarks/results/indexer/``).
+FP8_ROWS = 16
+#: Batches per step of the schedule kernel's walk: with 256 SM lanes a ``[256, 16]`` int32 comparison tile (at 32
+#: the sm_90 kernel spills 9 words; the compile gate ``test_compile_mqa_prep.py`` holds it).
+SCHEDULE_CHUNK = 16
+
+_BF16_PARTS = {"torch.bfloat16": 1, "torch.float16": 2, "torch.float32": 3}
+
+
+@dataclass(frozen=True)
+class Fp8RowsConfig:
+    """The row tile of the FP8 row kernels: ``rows`` x ``cols`` (the row length padded to a power of two, at least
+    16: the rotation MMA's K), and ``splits``, the bf16 parts a row is split into for the rotation's MMA
+    (1 for bf16 rows, 2 for fp16, 3 for fp32: each part exact)."""
+
+    rows: int
+    cols: int
+    splits: int
+
+
+def fp8_rows_config(dim: int, dtype) -> Fp8RowsConfig | None:
+    """The tile for rows of ``dim`` elements of ``dtype`` (a torch float dtype); ``None`` past the kernels' rows:
+    :data:`FP8_ROWS` rows a CTA, the row padded to a power of two (at least 16, the MMA's K), up to
+    :data:`FP8_ROWS_MAX_COLS`. Whether a row can be rotated (a power of two up to :data:`FP8_ROWS_MAX_HADAMARD`) is
+    the host's check. Measured on the indexer's rows only (128 bf16 elements; ``benchmarks/results/indexer/``)."""
+    splits = _BF16_PARTS.get(str(dtype))
+    if splits is None or not 1 <= dim <= FP8_ROWS_MAX_COLS:
+        return None
+    cols = max(16, 1 << (dim - 1).bit_length())
+    return Fp8RowsConfig(rows=max(1, min(FP8_ROWS, FP8_ROWS_TILE_ELEMS // cols)), cols=cols, splits=splits)

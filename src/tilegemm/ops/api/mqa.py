@@ -208,3 +208,59 @@ fp8_fp4_paged_mqa_logits, fp8_paged_mqa_logits = _fp4_and_legacy_ops(
     checks.paged_mqa_logits_check,
     checks.paged_mqa_logits_signature,
 )
+
+
+# ------------------------------------------------------------------------------------ FP8 operands of the MQA ops
+
+
+@dispatch("fp8_quantize_rows", check=checks.fp8_quantize_rows_check)
+def fp8_quantize_rows(x: Tensor, hadamard: bool = False, *, stream=None) -> tuple[Tensor, Tensor]:
+    """DeepSeek's FP8 cast of the indexer's rows (tilegemm's extension): one scale per row of the last dimension,
+    after the orthonormal Hadamard rotation with ``hadamard``; the ``q`` and ``kv`` operands of
+    :func:`fp8_mqa_logits` and :func:`mqa_logits_batched` in one kernel.
+
+    Args:
+        x: [..., D] bf16, fp16 or fp32, any strides (D a power of two with ``hadamard``).
+        hadamard: rotate first: ``y = x @ H`` with ``H`` the orthonormal Sylvester-Hadamard matrix of D
+            (``H @ H.T = I``, so ``(x H) . (k H) = x . k``); otherwise ``y = x``.
+        stream: CUDA stream (``None``: current).
+
+    Returns:
+        ``(q, s)``: float8_e4m3fn of ``x``'s shape and fp32 ``x.shape[:-1]``, ``s = max(amax(|y|), 1e-4) / 448``
+        and ``q = fp8(clamp(y / s, -448, 448))`` per row (``y ~= q * s``). The ``pytorch`` backend computes ``y``
+        as an fp32 matmul; the ``cutile`` kernel sums the same exact products on the tensor cores in another
+        order, so a value may round to the neighbouring FP8 value.
+    """
+
+
+@dispatch("fp8_paged_append", check=checks.fp8_paged_append_check)
+def fp8_paged_append(
+    x: Tensor,
+    kv_cache: Tensor,
+    block_table: Tensor,
+    context_lens: Tensor,
+    hadamard: bool = False,
+    *,
+    stream=None,
+) -> Tensor:
+    """Append keys to a paged FP8 cache (tilegemm's extension): :func:`fp8_quantize_rows` of ``x`` written in place
+    into DeepGEMM's layout (the ``kv_cache`` of :func:`fp8_paged_mqa_logits`), one kernel, no host sync.
+
+    Args:
+        x: [B, S, D] bf16, fp16 or fp32: S new keys per sequence.
+        kv_cache: uint8 [num_blocks, block_kv, 1, D + 4], contiguous; block ``blk`` holds ``block_kv * D`` key
+            bytes (token-major) then ``block_kv`` fp32 scales.
+        block_table: int32 [B, max_blocks]: key j of sequence b lives in block ``block_table[b, j // block_kv]``,
+            slot ``j % block_kv``.
+        context_lens: int32 or int64 [B] (or [1] / [] for every sequence): each sequence's length after the
+            append, so token s goes to key ``context_lens[b] - S + s`` (DeepGEMM's ``context_lens`` of the
+            next decode step; a transformers static cache's ``indexer_cumulative_length`` after its update).
+        hadamard: rotate the keys first, as :func:`fp8_quantize_rows` does.
+        stream: CUDA stream (``None``: current).
+
+    Returns:
+        ``kv_cache``, with those keys and scales written and nothing else. Every written key must lie inside the
+        table (``S <= context_lens[b] <= max_blocks * block_kv``) and every block it names inside the cache:
+        value checks say so on CPU tensors (or with ``TILEGEMM_CHECK_VALUES=1``); on the GPU the kernel writes
+        nothing outside them.
+    """

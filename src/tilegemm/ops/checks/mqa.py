@@ -12,6 +12,7 @@ from tilegemm import config
 from tilegemm.env import MQA_VARIANT
 from tilegemm.ops.checks import hot
 from tilegemm.ops.checks.base import (
+    FLOATS,
     FP8,
     INT32_MAX,
     _bool,
@@ -440,6 +441,85 @@ def _paged_block_table(
         raise ValueError(
             f"block_table: batch {b} slot {col} holds block {int(block_table[b, col])}, "
             f"expected 0..{num_blocks - 1} (kv_cache has {num_blocks} blocks)"
+        )
+
+
+# ------------------------------------------------------------------------------ FP8 operands of the MQA ops
+
+
+def _fp8_rows(name: str, x: Any, ndim: int | None, shape: str, hadamard: Any) -> int:
+    """A float ``x`` of ``ndim`` dims (``None``: at least 1), rows of ``D >= 1`` (a power of two with ``hadamard``, a
+    bool); returns ``D``."""
+    _tensor(name, x, FLOATS, ndim)
+    _bool("hadamard", hadamard)
+    if x.dim() < 1 or x.shape[-1] < 1:
+        raise ValueError(f"{name}: got shape {list(x.shape)}, expected {shape} with D >= 1")
+    dim = x.shape[-1]
+    if hadamard and dim & (dim - 1):
+        raise ValueError(f"{name}: got rows of {dim} elements; the Hadamard rotation needs a power of two")
+    return dim
+
+
+def fp8_quantize_rows_check(x, hadamard=False, *, stream=None) -> dict[str, Any]:
+    """The check of ``fp8_quantize_rows``: a float ``x [..., D]`` (D a power of two with ``hadamard``), a bool
+    ``hadamard``; derived: ``x``, ``hadamard``, ``stream``."""
+    _fp8_rows("x", x, None, "[..., D]", hadamard)
+    _stream(stream)
+    return dict(x=x, hadamard=hadamard, stream=stream)
+
+
+def fp8_paged_append_check(x, kv_cache, block_table, context_lens, hadamard=False, *, stream=None) -> dict[str, Any]:
+    """The check of ``fp8_paged_append``: float ``x [B, S, D]``; a contiguous uint8 ``kv_cache [num_blocks,
+    block_kv, 1, D + 4]``; int32 ``block_table [B, max_blocks]``; int32 or int64 ``context_lens`` ``[B]``, ``[1]``
+    or ``[]``. Value checks: every written position ``context_lens[b] - S + s`` inside the table, every block it
+    names inside the cache. Derived: every argument by name."""
+    dim = _fp8_rows("x", x, 3, "[B, S, D]", hadamard)
+    batch, count = x.shape[0], x.shape[1]
+    _tensor("kv_cache", kv_cache, (torch.uint8,), 4)
+    if kv_cache.shape[2] != 1 or kv_cache.shape[3] != dim + 4 or kv_cache.shape[1] % 4:
+        raise ValueError(
+            f"kv_cache: got shape {list(kv_cache.shape)}, expected [num_blocks, block_kv (a multiple of 4), 1, "
+            f"D + 4 = {dim + 4}]"
+        )
+    if not kv_cache.is_contiguous():
+        raise ValueError("kv_cache: must be contiguous (its bytes hold keys then scales per block)")
+    _tensor("block_table", block_table, (torch.int32,), 2)
+    if block_table.shape[0] != batch:
+        raise ValueError(f"block_table: got shape {list(block_table.shape)}, expected [B={batch}, max_blocks]")
+    _tensor("context_lens", context_lens, (torch.int32, torch.int64), None)
+    if context_lens.numel() not in (1, batch) or context_lens.dim() > 1:
+        raise ValueError(
+            f"context_lens: got shape {list(context_lens.shape)}, expected [B={batch}], [1] or [] (one length for all)"
+        )
+    _stream(stream)
+    tensors = dict(x=x, kv_cache=kv_cache, block_table=block_table, context_lens=context_lens)
+    _same_device(tensors)
+    if count and batch and value_checks_enabled(x.device):
+        _append_values(context_lens, block_table, count, kv_cache.shape[0], kv_cache.shape[1])
+    return dict(tensors, hadamard=hadamard, stream=stream)
+
+
+def _append_values(
+    context_lens: torch.Tensor, block_table: torch.Tensor, count: int, num_blocks: int, block_kv: int
+) -> None:
+    """Every position an append writes lies inside the block table, and every block it names inside the cache."""
+    ends = context_lens.reshape(-1).long().expand(block_table.shape[0])
+    room = block_table.shape[1] * block_kv
+    bad = (ends < count) | (ends > room)
+    if bool(bad.any()):
+        b = int(bad.nonzero()[0])
+        raise ValueError(
+            f"context_lens: sequence {b} ends at {int(ends[b])}, but its {count} new tokens must end in "
+            f"[{count}, {room}] ({block_table.shape[1]} blocks of {block_kv} tokens)"
+        )
+    pos = ends[:, None] - count + torch.arange(count, device=ends.device)
+    blocks = block_table.long().gather(1, pos // block_kv)
+    outside = (blocks < 0) | (blocks >= num_blocks)
+    if bool(outside.any()):
+        b, s = (int(v) for v in outside.nonzero()[0])
+        raise ValueError(
+            f"block_table: token {s} of sequence {b} goes to block {int(blocks[b, s])}, expected 0..{num_blocks - 1} "
+            f"(kv_cache has {num_blocks} blocks)"
         )
 
 

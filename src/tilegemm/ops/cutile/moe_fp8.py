@@ -37,7 +37,6 @@ import torch
 from tilegemm.backend.registry import Unsupported, register_impl
 from tilegemm.heuristics import cutile as heuristics
 from tilegemm.ops.cutile import launch, moe, moe_blocks, tile_lib
-from tilegemm.quant import AMAX_EPS, FP8_MAX
 from tilegemm.routing import max_padded_rows
 
 ConstInt = ct.Constant[int]
@@ -49,15 +48,6 @@ QUANT_BR = 16
 QUANT_OCCUPANCY = 6
 
 
-def _quantize(v, axis: int):
-    """``(q, scale)``: fp32 ``v`` quantized to e4m3 with one scale per 128 values along ``axis`` (the tile's extent
-    there is 128): ``tilegemm.per_token_cast_to_fp8``'s formula. ``scale`` keeps ``axis`` with extent 1."""
-    amax = ct.max(ct.abs(v), axis=axis, keepdims=True)
-    scale = ct.maximum(amax, AMAX_EPS) / FP8_MAX
-    q = ct.minimum(ct.maximum(v / scale, -FP8_MAX), FP8_MAX)
-    return ct.astype(q, ct.float8_e4m3fn), scale
-
-
 def _gather_quant(x, row_token, xq, sx, BR: ConstInt):
     """``xq [M, H]`` fp8 and ``sx [M, H/128]`` fp32 rows ``[bid(0) * BR, +BR)``, columns block ``bid(1)``:
     the 1x128 quantization of ``x [T, H]`` bf16 row ``row_token[r]`` (clamped into ``[0, T)``)."""
@@ -66,7 +56,7 @@ def _gather_quant(x, row_token, xq, sx, BR: ConstInt):
     tok = ct.reshape(ct.minimum(ct.maximum(tok, 0), x.shape[0] - 1), (BR, 1))
     cols = ct.reshape(ct.bid(1) * 128 + ct.arange(128, dtype=ct.int32), (1, 128))
     v = ct.astype(ct.gather(x, (tok, cols), padding_value=0), ct.float32)
-    q, scale = _quantize(v, 1)
+    q, scale = tile_lib.fp8_quantize(v, 1)
     ct.store(xq, (ct.bid(0), ct.bid(1)), q)
     ct.store(sx, (ct.bid(0), ct.bid(1)), scale)
 
@@ -112,7 +102,7 @@ def _block_gate_up(
             u, suw = _weight_block(wu, su, e, pn, kb)
             acc_g = _promote(g, a, sa, sgw, acc_g)
             acc_u = _promote(u, a, sa, suw, acc_u)
-        q, scale = _quantize(tile_lib.activation(acc_g, ACT) * acc_u, 0)
+        q, scale = tile_lib.fp8_quantize(tile_lib.activation(acc_g, ACT) * acc_u, 0)
         ct.store(hq, (pn, mb), q, order=(1, 0))
         ct.store(sh, (pn, mb), scale, order=(1, 0))
 
@@ -164,7 +154,7 @@ def _tile_gate_up(xq, sx, wg, wu, sg, su, hq, sh, block_expert, num_experts: int
             a, sa = _row_operands(xq, sx, mb, kb)
             acc_g = _promote(a, g, sa, sgw, acc_g)
             acc_u = _promote(a, u, sa, suw, acc_u)
-        q, scale = _quantize(tile_lib.activation(acc_g, ACT) * acc_u, 1)
+        q, scale = tile_lib.fp8_quantize(tile_lib.activation(acc_g, ACT) * acc_u, 1)
         ct.store(hq, (mb, pn), q)
         ct.store(sh, (mb, pn), scale)
 

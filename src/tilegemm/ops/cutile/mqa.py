@@ -29,7 +29,14 @@ from tilegemm.heuristics.cutile import (
     print_once,
     variant,
 )
-from tilegemm.ops.common import cached_constant, cdiv, logits_result, paged_mqa_schedule, paged_mqa_split_kv
+from tilegemm.ops.common import (
+    cached_constant,
+    cdiv,
+    logits_result,
+    paged_mqa_split_kv,
+    paged_views,
+)
+from tilegemm.ops.cutile import mqa_prep
 from tilegemm.ops.cutile.launch import launch, num_sms
 from tilegemm.ops.cutile.mqa_decode_kernels import decode_batched_kernel_for, decode_constants, decode_kernel_for
 from tilegemm.ops.cutile.mqa_kernels import NEG_INF, mqa_clean_logits_kernel, paged_kernel_for, plain_kernel_for
@@ -328,29 +335,16 @@ def _batched_replay(derived: dict[str, Any]) -> Callable[..., torch.Tensor] | No
 
 @register_impl("get_paged_mqa_logits_metadata", "cutile")
 def get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms):
-    """Balanced schedule on the device (no host sync): ``ops.common.paged_mqa_schedule``, as the reference."""
-    return paged_mqa_schedule(context_lens, block_kv, num_sms)
+    """Balanced schedule on the device (no host sync): ``ops.common.paged_mqa_schedule``'s values, one kernel
+    (``mqa_prep.paged_schedule``)."""
+    return mqa_prep.paged_schedule(context_lens, block_kv, num_sms)
 
 
 @register_replay("get_paged_mqa_logits_metadata", "cutile")
 def _metadata_replay(derived: dict[str, Any]) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The hot-lane replay of a schedule call (``checks.paged_mqa_metadata_signature``): the same torch ops."""
+    """The hot-lane replay of a schedule call (``checks.paged_mqa_metadata_signature``): the same kernel."""
     block_kv, sms = derived["block_kv"], derived["num_sms"]
-    return lambda context_lens: paged_mqa_schedule(context_lens, block_kv, sms)
-
-
-def paged_views(kv_cache: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Views of a contiguous DeepGEMM cache: keys fp8 [num_blocks, block_kv, D], scales fp32 [num_blocks, block_kv].
-
-    A block is ``block_kv * D`` key bytes (token-major) then ``block_kv`` fp32 scales; four tensor ops in all
-    (this runs on every call).
-    """
-    num_blocks, block_kv = kv_cache.shape[0], kv_cache.shape[1]
-    block = block_kv * (d + 4)
-    kv_keys = kv_cache.view(torch.float8_e4m3fn).as_strided((num_blocks, block_kv, d), (block, d, 1))
-    words = kv_cache.view(torch.float32)
-    kv_scales = words.as_strided((num_blocks, block_kv), (block // 4, 1), words.storage_offset() + block_kv * d // 4)
-    return kv_keys, kv_scales
+    return lambda context_lens: mqa_prep.paged_schedule(context_lens, block_kv, sms)
 
 
 def paged_constants(conf: PagedMqaConfig, next_n: int, d: int, block_kv: int, ctx_2d: bool) -> tuple:

@@ -1,9 +1,9 @@
 """The device-side library every cutile kernel module imports (tile code only; host code lives beside each kernel
 family): the swizzled tile order, tile loads (a logical BF16 operand from either storage order, since TMA reads
 16-bit data K-major or MN-major alike; a load with a latency hint; the index clamp an unchecked load in a loop
-needs; a grouped operand's row block), the grouped BF16 MMA loop, the gated activations, an expert block's
-lookup and the MoE kernels' persistent walk over expert row blocks. A helper used by more than one kernel module
-lives here, not as another module's private name."""
+needs; a grouped operand's row block), the per-block FP8 cast, the grouped BF16 MMA loop, the gated activations,
+an expert block's lookup and the MoE kernels' persistent walk over expert row blocks. A helper used by more than
+one kernel module lives here, not as another module's private name."""
 
 from __future__ import annotations
 
@@ -12,11 +12,22 @@ import math
 import cuda.tile as ct
 
 from tilegemm.heuristics.cutile import Kind
+from tilegemm.ops.common import AMAX_EPS, FP8_MAX
 
 ConstInt = ct.Constant[int]
 _ZERO = ct.PaddingMode.ZERO
 #: ``sqrt(2 / pi)``, the tanh GELU's constant.
 GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def fp8_quantize(v, axis: int):
+    """``(q, scale)``: fp32 ``v`` cast to e4m3 with one scale along ``axis`` (``scale = max(amax, AMAX_EPS) /
+    FP8_MAX``, ``q = clamp(v / scale)``): ``tilegemm.per_token_cast_to_fp8``'s formula for a tile whose extent along
+    ``axis`` is one block. ``scale`` keeps ``axis`` with extent 1."""
+    amax = ct.max(ct.abs(v), axis=axis, keepdims=True)
+    scale = ct.maximum(amax, AMAX_EPS) / FP8_MAX
+    q = ct.minimum(ct.maximum(v / scale, -FP8_MAX), FP8_MAX)
+    return ct.astype(q, ct.float8_e4m3fn), scale
 
 
 def load_mk(A, pm, kb, TM: int, TK: int, KMAJOR: bool):

@@ -9,6 +9,8 @@
 * ``get_paged_mqa_logits_metadata``: the balanced split schedule (``ops.common.paged_mqa_schedule``).
 * ``fp8_fp4_paged_mqa_logits`` / ``fp8_paged_mqa_logits``: the same logits over a paged FP8 KV cache,
   chunked over key columns.
+* ``fp8_quantize_rows``: ``ops.common.fp8_cast_rows``; ``fp8_paged_append``: that cast written into the cache's
+  blocks by ``index_put`` at the positions the lengths give.
 
 Nothing here synchronises the host, so the ops can be captured in CUDA graphs.
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from tilegemm.backend.registry import register_impl
-from tilegemm.ops.common import logits_result, paged_mqa_schedule
+from tilegemm.ops.common import fp8_cast_rows, logits_result, paged_mqa_schedule, paged_views
 from tilegemm.ops.reference._common import chunk_count, exact_matmul
 
 
@@ -151,3 +153,28 @@ def fp8_paged_mqa_logits(
 
 register_impl("fp8_fp4_paged_mqa_logits", "pytorch")(fp8_paged_mqa_logits)
 register_impl("fp8_paged_mqa_logits", "pytorch")(fp8_paged_mqa_logits)
+
+
+@register_impl("fp8_quantize_rows", "pytorch")
+def fp8_quantize_rows(x, hadamard, stream):
+    """Reference FP8 rows: ``(fp8 [..., D], fp32 [...])``, the rotation an fp32 matmul."""
+    return fp8_cast_rows(x, hadamard)
+
+
+@register_impl("fp8_paged_append", "pytorch")
+def fp8_paged_append(x, kv_cache, block_table, context_lens, hadamard, stream):
+    """Reference append: the keys' FP8 rows and scales written into their blocks (``index_put``, no host sync:
+    every position must be inside the table, as the check's value checks say)."""
+    batch, count, dim = x.shape
+    if batch == 0 or count == 0:
+        return kv_cache
+    data, scale = fp8_cast_rows(x, hadamard)
+    block_kv = kv_cache.shape[1]
+    ends = context_lens.reshape(-1).long().expand(batch)
+    pos = ends[:, None] - count + torch.arange(count, device=x.device)
+    blocks = block_table.long().gather(1, torch.div(pos, block_kv, rounding_mode="floor"))
+    slots = pos % block_kv
+    kv_keys, kv_scales = paged_views(kv_cache, dim)
+    kv_keys.view(torch.uint8)[blocks, slots] = data.view(torch.uint8)
+    kv_scales[blocks, slots] = scale
+    return kv_cache

@@ -1,0 +1,215 @@
+"""cuTile kernels that make the MQA-logits ops' operands on the GPU, one launch each (DeepSeek's indexer recipe).
+
+* ``fp8_quantize_rows``: a CTA casts ``ROWS`` rows ``[ROWS, COLS]`` (``COLS``: the row length as a power of two,
+  zero-padded) to FP8 with one scale per row (``tile_lib.fp8_quantize``), after the Hadamard rotation when asked:
+  ``y = (x @ S) * D**-0.5`` with ``S`` the +-1 Sylvester matrix on the tensor cores. The MMA takes bf16 operands, so
+  an fp16 or fp32 row is split into bf16 parts (``x = x1 + x2 (+ x3)``, each part exact) that the MMA sums in fp32:
+  every product is exact, as in the fp32 reference.
+* ``fp8_paged_append``: the same cast of the new keys ``x [B, S, D]`` (grid: row blocks x sequences), scattered into
+  DeepGEMM's paged cache: token s of sequence b at position ``p = context_lens[b] - S + s``, block
+  ``block_table[b, p // block_kv]``, slot ``p % block_kv``; a position outside the table or a block outside the
+  cache is not written (bounds-checked scatters).
+* ``get_paged_mqa_logits_metadata``: the schedule of ``ops.common.paged_mqa_schedule`` in one CTA: split counts,
+  their total, and for every SM its first split as (batch, split within the batch), the batches walked in chunks
+  of ``CHUNK``. The torch formula (``cumsum``, ``searchsorted``, ...) is about 15 kernels.
+
+Nothing here synchronises the host, so a decode step of the FP8 key cache captures in a CUDA graph. The configs:
+:func:`tilegemm.heuristics.cutile.fp8_rows_config`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cuda.tile as ct
+import torch
+
+from tilegemm.backend.registry import Unsupported, register_impl
+from tilegemm.heuristics import cutile as heuristics
+from tilegemm.ops.common import hadamard_matrix, paged_mqa_split_kv, paged_views
+from tilegemm.ops.cutile import launch, tile_lib
+
+ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
+_ZERO = ct.PaddingMode.ZERO
+
+
+def _rows_fp8(x, signs, inv_sqrt: float, ROWS: int, COLS: int, SPLITS: int, HADAMARD: bool):
+    """Tile code: rows ``x [ROWS, COLS]`` (any float dtype) rotated (``HADAMARD``) and cast: fp8 ``[ROWS, COLS]`` and
+    fp32 scales ``[ROWS, 1]``."""
+    y = ct.astype(x, ct.float32)
+    if HADAMARD:
+        h = ct.load(signs, (0, 0), (COLS, COLS))
+        acc = ct.zeros((ROWS, COLS), dtype=ct.float32)
+        for _ in ct.static_iter(range(SPLITS)):
+            part = ct.astype(y, ct.bfloat16)
+            acc = ct.mma(part, h, acc)
+            y = y - ct.astype(part, ct.float32)
+        y = acc * inv_sqrt
+    return tile_lib.fp8_quantize(y, 1)
+
+
+def _quantize_rows(
+    x, signs, q, scales, inv_sqrt: float, ROWS: ConstInt, COLS: ConstInt, SPLITS: ConstInt, HADAMARD: ConstBool
+):
+    """``x [N, D]`` -> ``q`` fp8 ``[N, D]``, ``scales`` fp32 ``[N]``: rows ``[bid(0) * ROWS, +ROWS)``."""
+    r = ct.bid(0)
+    rows = ct.load(x, (r, 0), (ROWS, COLS), padding_mode=_ZERO)
+    data, scale = _rows_fp8(rows, signs, inv_sqrt, ROWS, COLS, SPLITS, HADAMARD)
+    ct.store(q, (r, 0), data)
+    ct.store(scales, (r,), ct.reshape(scale, (ROWS,)))
+
+
+def _paged_append(
+    x, signs, context_lens, block_table, kv_keys, kv_scales, inv_sqrt: float,
+    ROWS: ConstInt, COLS: ConstInt, SPLITS: ConstInt, HADAMARD: ConstBool, PER_SEQUENCE: ConstBool,
+):  # fmt: skip
+    """``x [B, S, D]``: tokens ``[bid(0) * ROWS, +ROWS)`` of sequence ``bid(1)`` into ``kv_keys`` fp8
+    ``[blocks, block_kv, D]`` and ``kv_scales`` fp32 ``[blocks, block_kv]`` (views of one paged cache);
+    ``context_lens``: int ``[B]`` (``PER_SEQUENCE``) or ``[1]``, each sequence's length after the append."""
+    r, b = ct.bid(0), ct.bid(1)
+    count = x.shape[1]
+    rows = ct.reshape(ct.load(x, (b, r, 0), (1, ROWS, COLS), padding_mode=_ZERO), (ROWS, COLS))
+    data, scale = _rows_fp8(rows, signs, inv_sqrt, ROWS, COLS, SPLITS, HADAMARD)
+    if PER_SEQUENCE:
+        end = ct.astype(ct.gather(context_lens, b), ct.int32)
+    else:
+        end = ct.astype(ct.gather(context_lens, 0), ct.int32)
+    token = r * ROWS + ct.arange(ROWS, dtype=ct.int32)
+    pos = end - count + token
+    block_kv = kv_keys.shape[1]
+    live = (token < count) & (pos >= 0) & (pos < block_table.shape[1] * block_kv)
+    pos = ct.where(live, pos, 0)
+    blk = ct.gather(block_table, (b, pos // block_kv), mask=live, padding_value=-1)
+    live = live & (blk >= 0)
+    slot = pos % block_kv
+    cols = ct.reshape(ct.arange(COLS, dtype=ct.int32), (1, COLS))
+    blk2, slot2, live2 = ct.reshape(blk, (ROWS, 1)), ct.reshape(slot, (ROWS, 1)), ct.reshape(live, (ROWS, 1))
+    ct.scatter(kv_keys, (blk2, slot2, cols), data, mask=live2 & (cols < kv_keys.shape[2]))
+    ct.scatter(kv_scales, (blk, slot), ct.reshape(scale, (ROWS,)), mask=live)
+
+
+def _paged_schedule(context_lens, meta, SPLIT: ConstInt, NN: ConstInt, CHUNK: ConstInt, SMS: ConstInt):
+    """``meta`` int32 ``[num_sms + 1, 2]`` from ``context_lens`` int32 ``[B, NN]`` (``SMS``: a power of two
+    > ``num_sms``): ``ops.common.paged_mqa_schedule``'s rows, one CTA."""
+    batch = context_lens.shape[0]
+    num_sms = meta.shape[0] - 1
+    total = ct.zeros((1,), dtype=ct.int32)
+    for c in range(ct.cdiv(batch, CHUNK)):
+        lens = ct.max(ct.load(context_lens, (c, 0), (CHUNK, NN), padding_mode=_ZERO), axis=1)
+        total = total + ct.sum((ct.maximum(lens, 0) + (SPLIT - 1)) // SPLIT, axis=0, keepdims=True)
+    base = total // num_sms
+    sm = ct.arange(SMS, dtype=ct.int32)
+    start = ct.reshape(sm * base + ct.minimum(sm, total - base * num_sms), (SMS, 1))
+    before = ct.zeros((SMS, 1), dtype=ct.int32)  # batches whose splits all start before an SM's first split
+    first = ct.zeros((SMS, 1), dtype=ct.int32)  # the splits of those batches
+    seen = ct.zeros((1, 1), dtype=ct.int32)
+    for c in range(ct.cdiv(batch, CHUNK)):
+        lens = ct.max(ct.load(context_lens, (c, 0), (CHUNK, NN), padding_mode=_ZERO), axis=1)
+        counts = ct.reshape((ct.maximum(lens, 0) + (SPLIT - 1)) // SPLIT, (1, CHUNK))
+        ends = seen + ct.cumsum(counts, axis=1)
+        inside = ct.reshape(c * CHUNK + ct.arange(CHUNK, dtype=ct.int32), (1, CHUNK)) < batch
+        done = inside & (ends <= start)
+        before = before + ct.sum(ct.astype(done, ct.int32), axis=1, keepdims=True)
+        first = first + ct.sum(ct.where(done, counts, 0), axis=1, keepdims=True)
+        seen = seen + ct.sum(counts, axis=1, keepdims=True)
+    row = ct.reshape(sm, (SMS, 1))
+    live = row <= num_sms
+    ct.scatter(meta, (row, 0), before, mask=live)
+    ct.scatter(meta, (row, 1), start - first, mask=live)
+
+
+#: ``get_kernel(name)``: the cached ``@ct.kernel`` of ``quantize_rows``, ``paged_append``, ``paged_schedule``.
+get_kernel = launch.kernel_factory(
+    {"quantize_rows": _quantize_rows, "paged_append": _paged_append, "paged_schedule": _paged_schedule}, hints=False
+)
+
+
+def rows_constants(cfg: heuristics.Fp8RowsConfig, hadamard: bool, per_sequence: bool | None = None) -> list[Any]:
+    """The ``ct.Constant`` arguments of the row kernels for ``cfg`` (``per_sequence``: the append kernel's)."""
+    named = dict(ROWS=cfg.rows, COLS=cfg.cols, SPLITS=cfg.splits, HADAMARD=hadamard)
+    if per_sequence is None:
+        return launch.trailing(_quantize_rows, **named)
+    return launch.trailing(_paged_append, **named, PER_SEQUENCE=per_sequence)
+
+
+def schedule_constants(block_kv: int, next_n: int, num_sms: int) -> list[Any]:
+    """The ``ct.Constant`` arguments of the schedule kernel."""
+    sms = 1 << num_sms.bit_length()  # a power of two > num_sms
+    nn = 1 << max(0, next_n - 1).bit_length()
+    return launch.trailing(
+        _paged_schedule, SPLIT=paged_mqa_split_kv(block_kv), NN=nn, CHUNK=heuristics.SCHEDULE_CHUNK, SMS=sms
+    )
+
+
+def _rows_config(x: torch.Tensor, hadamard: bool) -> heuristics.Fp8RowsConfig:
+    cfg = heuristics.fp8_rows_config(x.shape[-1], x.dtype)
+    if cfg is None or (hadamard and x.shape[-1] > heuristics.FP8_ROWS_MAX_HADAMARD):
+        raise Unsupported(
+            f"FP8 rows of {x.shape[-1]} elements{' with the Hadamard rotation' if hadamard else ''} (the kernel takes "
+            f"rows of up to {heuristics.FP8_ROWS_MAX_COLS}, rotated rows of a power of two up to "
+            f"{heuristics.FP8_ROWS_MAX_HADAMARD})"
+        )
+    return cfg
+
+
+def _signs(cfg: heuristics.Fp8RowsConfig, hadamard: bool, device: torch.device) -> torch.Tensor:
+    """The kernel's +-1 Sylvester matrix ``[COLS, COLS]`` (its first ``D`` columns of a zero-padded row are the
+    rotation of the row's ``D``), or a ``[1, 1]`` placeholder the kernel does not read."""
+    return hadamard_matrix(cfg.cols if hadamard else 1, device, torch.bfloat16, signs=True)
+
+
+@register_impl("fp8_quantize_rows", "cutile")
+def fp8_quantize_rows(x: torch.Tensor, hadamard: bool, stream) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 rows of ``x [..., D]`` (see the module docstring): problem -> config -> operands -> launch."""
+    dim = x.shape[-1]
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    cfg = _rows_config(x, hadamard)
+    if q.numel() == 0:
+        return q, scales
+    rows = x.reshape(-1, dim)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    args = (rows, _signs(cfg, hadamard, x.device), q.view(-1, dim), scales.view(-1), dim**-0.5)
+    grid = (launch.cdiv(rows.shape[0], cfg.rows), 1, 1)
+    launch.launch(get_kernel("quantize_rows"), grid, (*args, *rows_constants(cfg, hadamard)), stream)
+    return q, scales
+
+
+@register_impl("fp8_paged_append", "cutile")
+def fp8_paged_append(
+    x: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    context_lens: torch.Tensor,
+    hadamard: bool,
+    stream,
+) -> torch.Tensor:
+    """Append ``x [B, S, D]`` to the paged cache (see the module docstring): problem -> config -> operands ->
+    launch."""
+    batch, count, dim = x.shape
+    cfg = _rows_config(x, hadamard)
+    if batch == 0 or count == 0:
+        return kv_cache
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    kv_keys, kv_scales = paged_views(kv_cache, dim)
+    lens = context_lens.reshape(-1)
+    args = (x, _signs(cfg, hadamard, x.device), lens, block_table, kv_keys, kv_scales, dim**-0.5)
+    grid = (launch.cdiv(count, cfg.rows), batch, 1)
+    per_sequence = lens.shape[0] > 1 or batch == 1
+    launch.launch(get_kernel("paged_append"), grid, (*args, *rows_constants(cfg, hadamard, per_sequence)), stream)
+    return kv_cache
+
+
+def paged_schedule(context_lens: torch.Tensor, block_kv: int, num_sms: int, stream=None) -> torch.Tensor:
+    """The paged-MQA schedule int32 ``[num_sms + 1, 2]`` of ``context_lens`` int32 ``[B]`` or ``[B, next_n]``, in one
+    launch: ``ops.common.paged_mqa_schedule``'s values."""
+    meta = torch.empty(num_sms + 1, 2, dtype=torch.int32, device=context_lens.device)
+    lens = context_lens if context_lens.dim() == 2 else context_lens.view(-1, 1)
+    if lens.dtype != torch.int32 or lens.stride(-1) != 1:
+        lens = lens.to(torch.int32).contiguous()
+    args = (lens, meta, *schedule_constants(block_kv, lens.shape[1], num_sms))
+    launch.launch(get_kernel("paged_schedule"), (1, 1, 1), args, stream)
+    return meta

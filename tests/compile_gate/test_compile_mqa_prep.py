@@ -1,0 +1,105 @@
+"""CPU compile gate for the kernels that make the MQA ops' FP8 operands (``ops/cutile/mqa_prep.py``), sm_90 and sm_100.
+
+Every row kernel the indexer launches (``fp8_quantize_rows`` and ``fp8_paged_append`` on 128-wide bf16 rows, rotated
+or not), the other float dtypes (their bf16 parts: 2 and 3 MMAs), the narrowest rotated rows (16 columns), the
+longest plain rows, and the schedule kernel at one and two query rows. Each is compiled with ``export_kernel`` (no
+GPU) and its SASS checked: no LDL/STL spills; the rotation on the tensor cores (sm_90: ``HMMA`` m16n8k16, one per
+16 of K and 8 columns over four warps and per bf16 part), none without it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+ct = pytest.importorskip("cuda.tile")
+torch = pytest.importorskip("torch")
+
+from compile_gate.sass import compile_all, sass_summary  # noqa: E402
+from tilegemm.heuristics import cutile as heuristics  # noqa: E402
+from tilegemm.ops.cutile import aot, mqa_prep  # noqa: E402
+
+ARCHS = aot.ARCHS
+_F32 = aot.scalar(ct.float32)
+_CT_DTYPES = {torch.bfloat16: ct.bfloat16, torch.float16: ct.float16, torch.float32: ct.float32}
+
+
+def _rows_params(dim: int, dtype: torch.dtype, hadamard: bool) -> tuple[heuristics.Fp8RowsConfig, list]:
+    cfg = heuristics.fp8_rows_config(dim, dtype)
+    arrays = [aot.array(_CT_DTYPES[dtype], 2), aot.array(ct.bfloat16, 2)]
+    arrays += [aot.array(ct.float8_e4m3fn, 2), aot.array(ct.float32, 1)]
+    return cfg, [*arrays, _F32, *mqa_prep.rows_constants(cfg, hadamard)]
+
+
+def _append_params(dim: int, dtype: torch.dtype, hadamard: bool, lens: ct.DType, per_sequence: bool):
+    cfg = heuristics.fp8_rows_config(dim, dtype)
+    arrays = [aot.array(_CT_DTYPES[dtype], 3), aot.array(ct.bfloat16, 2), aot.array(lens, 1)]
+    arrays += [aot.array(ct.int32, 2), aot.array(ct.float8_e4m3fn, 3), aot.array(ct.float32, 2)]
+    return cfg, [*arrays, _F32, *mqa_prep.rows_constants(cfg, hadamard, per_sequence)]
+
+
+def _schedule_params(next_n: int, num_sms: int) -> list:
+    return [aot.array(ct.int32, 2), aot.array(ct.int32, 2), *mqa_prep.schedule_constants(64, next_n, num_sms)]
+
+
+def _variants():
+    """(id, kernel name, config or None, hadamard, params) of every variant compiled here."""
+    out = []
+    for dim, dtype, hadamard in [
+        (128, torch.bfloat16, True),
+        (128, torch.bfloat16, False),
+        (128, torch.float16, True),
+        (128, torch.float32, True),
+        (16, torch.bfloat16, True),
+        (heuristics.FP8_ROWS_MAX_COLS, torch.float32, False),
+    ]:
+        cfg, params = _rows_params(dim, dtype, hadamard)
+        out.append(
+            (f"rows-{str(dtype)[6:]}-d{dim}-{'h' if hadamard else 'plain'}", "quantize_rows", cfg, hadamard, params)
+        )
+    for lens, per_sequence in [(ct.int64, False), (ct.int32, True)]:
+        cfg, params = _append_params(128, torch.bfloat16, True, lens, per_sequence)
+        vid = f"append-bf16-d128-h-{'per-seq' if per_sequence else 'one-length'}"
+        out.append((vid, "paged_append", cfg, True, params))
+    cfg, params = _append_params(128, torch.bfloat16, False, ct.int32, True)
+    out.append(("append-bf16-d128-plain", "paged_append", cfg, False, params))
+    for next_n, sms in [(1, 132), (2, 78)]:
+        out.append((f"schedule-n{next_n}-sms{sms}", "paged_schedule", None, False, _schedule_params(next_n, sms)))
+    return out
+
+
+VARIANTS = _variants()
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    jobs = [(v[0], mqa_prep.get_kernel(v[1]), v[4], arch) for v in VARIANTS for arch in ARCHS]
+    return compile_all(jobs, aot.compile_cubin, sass_summary)
+
+
+def test_configs_cover_the_rows():
+    """Rows of 1 to the limit get a tile: ``FP8_ROWS`` rows of 16 to 128 columns, the row padded to a power of two
+    (at least 16), within the tile's elements; bf16 parts by dtype; nothing past the limit or for a non-float
+    dtype."""
+    for dim in (1, 2, 8, 16, 64, 100, 128, 1000, heuristics.FP8_ROWS_MAX_COLS):
+        cfg = heuristics.fp8_rows_config(dim, torch.float32)
+        assert dim <= cfg.cols < max(32, 2 * dim) and cfg.rows * cfg.cols <= heuristics.FP8_ROWS_TILE_ELEMS
+        assert cfg.rows == (heuristics.FP8_ROWS if cfg.cols <= 128 else heuristics.FP8_ROWS_TILE_ELEMS // cfg.cols)
+    assert heuristics.fp8_rows_config(heuristics.FP8_ROWS_MAX_COLS + 1, torch.float32) is None
+    assert [heuristics.fp8_rows_config(128, d).splits for d in _CT_DTYPES] == [1, 2, 3]
+    assert (
+        heuristics.fp8_rows_config(128, torch.int32) is None and heuristics.fp8_rows_config(0, torch.bfloat16) is None
+    )
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("vid", [v[0] for v in VARIANTS])
+def test_mqa_prep_kernel_sass(compiled, vid, arch):
+    s = compiled[(vid, arch)]
+    if isinstance(s, Exception):
+        raise s
+    assert s["ldl"] == 0 and s["stl"] == 0, f"{vid} {arch}: spills {s['ldl']} LDL / {s['stl']} STL"
+    _, _, cfg, hadamard, _ = next(v for v in VARIANTS if v[0] == vid)
+    if arch == "sm_90" and cfg is not None and cfg.cols >= 64:
+        # mma.sync m16n8k16 over the CTA's four warps: per 16 of K, 8 columns and bf16 part (16 rows: one M block)
+        want = cfg.splits * (cfg.cols // 16) * (cfg.cols // 8) // 4 if hadamard else 0
+        assert s["hmma"] == want and s["hgmma"] == 0, f"{vid}: {s['hmma']} HMMA, {s['hgmma']} HGMMA, expected {want}"

@@ -1,0 +1,314 @@
+"""The MQA ops' FP8 operands: ``fp8_quantize_rows``, ``fp8_paged_append`` and the paged schedule's kernel.
+
+CPU: the reference against the float64 formula (the rotation by the orthonormal Hadamard matrix, one scale per row,
+the cast within FP8's rounding), the append's bytes where the block table puts them and nowhere else, bad input,
+and the cutile host path with ``cuda.tile.launch`` recorded (one launch per call). GPU (``gpu`` marks): the cutile
+kernels against the same float64 formula and against the reference (scales within fp32 rounding, FP8 values equal
+or neighbours), bitwise reruns, an append captured in a CUDA graph, and the schedule kernel's rows equal to
+``ops.common.paged_mqa_schedule``'s. Machine code: ``tests/compile_gate/test_compile_mqa_prep.py``.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+import tilegemm as tg
+from tilegemm import indexer
+from tilegemm.backend import hot_lane, registry
+from tilegemm.ops.common import paged_mqa_schedule
+from tilegemm.testing import backend_device_params, calc_diff
+
+FP8 = torch.float8_e4m3fn
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+def _hadamard64(dim: int) -> torch.Tensor:
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < dim:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / dim**0.5
+
+
+def _exact_rows(x: torch.Tensor, hadamard: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 ``y`` (rotated or not) and its scales ``max(amax, 1e-4) / 448``."""
+    y = x.double().cpu()
+    if hadamard:
+        y = y @ _hadamard64(y.shape[-1])
+    return y, y.abs().amax(-1).clamp_min(1e-4) / 448
+
+
+def _assert_fp8_rows(q: torch.Tensor, s: torch.Tensor, x: torch.Tensor, hadamard: bool) -> None:
+    """``(q, s)`` is the cast of ``x``: scales within fp32 rounding of the float64 ones, ``q * s`` within half an
+    FP8 step (2**-4 relative, or a subnormal's step) of ``y``, every value written."""
+    y, want_s = _exact_rows(x, hadamard)
+    assert q.dtype == FP8 and q.shape == x.shape and s.dtype == torch.float32 and s.shape == x.shape[:-1]
+    s64 = s.double().cpu()
+    assert torch.allclose(s64, want_s, rtol=1e-5, atol=0)
+    back = q.double().cpu() * s64.unsqueeze(-1)
+    assert ((back - y).abs() <= y.abs() * 2**-4 + s64.unsqueeze(-1) * 2**-9 * 1.01).all()
+    if y.numel():
+        assert calc_diff(back, y) < 2e-3
+
+
+def _rows(shape, dtype, seed=0, device="cpu") -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g) * torch.rand(*shape[:-1], 1, generator=g) * 8
+    if x.numel():
+        x.view(-1, shape[-1])[0] = 0  # an all-zero row: the scale's floor
+    return x.to(dtype).to(device)
+
+
+ROW_CASES = [((3, 5, 128), True), ((7, 100), False), ((2, 64, 16), True), ((1, 8), True), ((0, 128), True)]
+ROW_CASES += [((130, 128), False), ((4, 1), False), ((65, 3, 1000), False)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "shape,hadamard", ROW_CASES, ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v)
+)
+@pytest.mark.parametrize("backend,device", backend_device_params())
+def test_quantize_rows_matches_float64(backend, device, shape, hadamard, dtype):
+    x = _rows(shape, dtype, device=device)
+    q, s = tg.fp8_quantize_rows(x, hadamard, backend=backend)
+    _assert_fp8_rows(q, s, x, hadamard)
+    q2, s2 = tg.fp8_quantize_rows(x, hadamard, backend=backend)
+    assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(s, s2)
+
+
+def test_quantize_rows_strided_input_and_the_indexer_helpers():
+    """A strided ``x`` gives the contiguous copy's result; ``indexer.quantize_rows`` and ``quantize_keys`` are the
+    op (the reference recipe: ``hadamard_rotate`` then the cast)."""
+    x = _rows((6, 256), torch.bfloat16)[:, ::2]
+    q, s = tg.fp8_quantize_rows(x, True, backend="pytorch")
+    q2, s2 = tg.fp8_quantize_rows(x.contiguous(), True, backend="pytorch")
+    assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(s, s2)
+    q3, s3 = indexer.quantize_rows(indexer.hadamard_rotate(x))
+    assert torch.equal(q.view(torch.uint8), q3.view(torch.uint8)) and torch.equal(s, s3)
+    k, ks = indexer.quantize_keys(x)
+    k2, ks2 = indexer.quantize_rows(x)
+    assert torch.equal(k.view(torch.uint8), k2.view(torch.uint8)) and torch.equal(ks, ks2)
+
+
+def _paged(batch: int, blocks: int, block_kv: int, dim: int, seed: int = 0, device="cpu"):
+    """A cache of random bytes and a permuted block table (sequence b's blocks scattered over the cache)."""
+    g = torch.Generator().manual_seed(seed)
+    num_blocks = batch * blocks + 3
+    cache = torch.randint(0, 256, (num_blocks, block_kv, 1, dim + 4), generator=g, dtype=torch.uint8)
+    table = torch.randperm(num_blocks, generator=g)[: batch * blocks].view(batch, blocks).to(torch.int32)
+    return cache.to(device), table.to(device)
+
+
+def _expected_append(cache, table, x, ends, hadamard):
+    """The cache after the append, written byte by byte on the CPU from the reference cast."""
+    want = cache.cpu().clone()
+    batch, count, dim = x.shape
+    block_kv = cache.shape[1]
+    q, s = tg.fp8_quantize_rows(x.cpu(), hadamard, backend="pytorch")
+    raw = want.view(want.shape[0], -1)
+    for b in range(batch):
+        for t in range(count):
+            pos = int(ends[b]) - count + t
+            blk, slot = int(table[b, pos // block_kv]), pos % block_kv
+            raw[blk, slot * dim : (slot + 1) * dim] = q[b, t].view(torch.uint8)
+            raw[blk].view(torch.float32)[block_kv * dim // 4 + slot] = s[b, t]
+    return want, q, s
+
+
+APPEND_CASES = [  # (batch, count, ends, block_kv, dim, hadamard)
+    (3, 1, [5, 64, 200], 64, 128, True),
+    (2, 70, [70, 191], 64, 128, True),
+    (1, 3, [3], 16, 64, False),
+    (4, 5, [9], 32, 128, True),  # one length for every sequence
+    (2, 0, [4, 4], 64, 128, True),
+]
+
+
+@pytest.mark.parametrize("case", APPEND_CASES, ids=lambda c: f"b{c[0]}s{c[1]}kv{c[3]}d{c[4]}{'h' if c[5] else ''}")
+@pytest.mark.parametrize("lens_dtype", [torch.int32, torch.int64], ids=str)
+@pytest.mark.parametrize("backend,device", backend_device_params())
+def test_paged_append_writes_its_keys_and_nothing_else(backend, device, lens_dtype, case):
+    batch, count, ends, block_kv, dim, hadamard = case
+    cache, table = _paged(batch, 4, block_kv, dim, device=device)
+    x = _rows((batch, count, dim), torch.bfloat16, seed=1, device=device)
+    lens = torch.tensor(ends, dtype=lens_dtype, device=device)
+    if len(ends) == 1 and batch > 1:
+        lens = lens.reshape(())
+    want, q, s = _expected_append(cache, table, x, torch.tensor(ends).expand(batch), hadamard)
+    out = tg.fp8_paged_append(x, cache, table, lens, hadamard, backend=backend)
+    assert out is cache
+    if device == "cpu":
+        assert torch.equal(cache, want)
+    else:  # written exactly where the CPU reference writes; the values the device's cast of the same rows (the
+        # rotation's fp32 sums in another order: cuBLAS for pytorch, the tensor cores for cutile)
+        changed = cache.cpu() != want
+        raw_want = want.view(want.shape[0], -1)
+        raw_got = cache.cpu().view(want.shape[0], -1)
+        for b in range(batch):
+            for t in range(count):
+                pos = ends[min(b, len(ends) - 1)] - count + t
+                blk, slot = int(table[b, pos // block_kv]), pos % block_kv
+                got_q = raw_got[blk, slot * dim : (slot + 1) * dim].view(FP8)
+                got_s = raw_got[blk].view(torch.float32)[block_kv * dim // 4 + slot]
+                _assert_fp8_rows(got_q[None], got_s.reshape(1), x[b, t : t + 1].cpu(), hadamard)
+                changed.view(want.shape[0], -1)[blk, slot * dim : (slot + 1) * dim] = False
+                changed.view(want.shape[0], -1)[blk, block_kv * dim + 4 * slot : block_kv * dim + 4 * slot + 4] = False
+        assert not changed.any(), "bytes written outside the appended keys"
+        assert raw_want.shape == raw_got.shape
+
+
+def test_paged_append_reads_back_with_the_indexer_helpers():
+    """An identity-table cache filled by appends of several sizes reads back (``read_paged_kv_cache``) as
+    ``quantize_keys`` of the rotated keys."""
+    g = torch.Generator().manual_seed(3)
+    batch, dim, total = 2, 64, 150
+    keys = torch.randn(batch, total, dim, generator=g).bfloat16()
+    cache, table, _ = indexer.build_paged_kv_cache([torch.zeros(total, dim)] * batch, block_kv=64)
+    end = 0
+    for size in (37, 1, 64, 48):
+        end += size
+        tg.fp8_paged_append(keys[:, end - size : end], cache, table, torch.tensor(end), True, backend="pytorch")
+    lens = torch.full((batch,), total, dtype=torch.int32)
+    for b, (data, scale) in enumerate(indexer.read_paged_kv_cache(cache, table, lens)):
+        want = indexer.quantize_keys(indexer.hadamard_rotate(keys[b]))
+        assert torch.equal(data.view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(scale, want[1])
+
+
+def _append_args(**over):
+    cache, table = _paged(2, 2, 64, 128)
+    args = dict(x=torch.randn(2, 3, 128).bfloat16(), kv_cache=cache, block_table=table)
+    args.update(context_lens=torch.tensor([3, 100], dtype=torch.int32), hadamard=True)
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize(
+    "call,error,message",
+    [
+        (lambda: tg.fp8_quantize_rows([1.0, 2.0]), TypeError, "x"),
+        (lambda: tg.fp8_quantize_rows(torch.ones(3, 4, dtype=torch.int32)), TypeError, "x"),
+        (lambda: tg.fp8_quantize_rows(torch.ones(3, 96), True), ValueError, "power of two"),
+        (lambda: tg.fp8_quantize_rows(torch.ones(3, 0)), ValueError, "D >= 1"),
+        (lambda: tg.fp8_quantize_rows(torch.ones(3, 4), 1), TypeError, "hadamard"),
+        (lambda: tg.fp8_paged_append(**_append_args(x=torch.randn(2, 3, 64))), ValueError, "kv_cache"),
+        (lambda: tg.fp8_paged_append(**_append_args(x=torch.randn(3, 3, 128))), ValueError, "block_table"),
+        (lambda: tg.fp8_paged_append(**_append_args(kv_cache=torch.zeros(5, 64, 1, 132))), TypeError, "kv_cache"),
+        (lambda: tg.fp8_paged_append(**_append_args(block_table=torch.zeros(2, 2))), TypeError, "block_table"),
+        (lambda: tg.fp8_paged_append(**_append_args(context_lens=torch.tensor([3.0, 4.0]))), TypeError, "context_lens"),
+        (lambda: tg.fp8_paged_append(**_append_args(context_lens=torch.tensor([3, 4, 5]))), ValueError, "context_lens"),
+        (lambda: tg.fp8_paged_append(**_append_args(context_lens=torch.tensor([2, 9]))), ValueError, "ends at 2"),
+        (lambda: tg.fp8_paged_append(**_append_args(context_lens=torch.tensor([3, 129]))), ValueError, "ends at 129"),
+        (
+            lambda: tg.fp8_paged_append(**_append_args(block_table=torch.tensor([[0, 1], [2, 99]], dtype=torch.int32))),
+            ValueError,
+            "block 99",
+        ),
+    ],
+)
+def test_bad_input(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+# ------------------------------------------------------------------------------ cutile host path (launches recorded)
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Every cutile launch as ``(grid, kernel, args)``, on CPU tensors."""
+    cuda_tile = pytest.importorskip("cuda.tile")
+    from tilegemm.ops.cutile import launch
+
+    seen = []
+    monkeypatch.setattr(cuda_tile, "launch", lambda stream, grid, kernel, args: seen.append((grid, kernel, args)))
+    monkeypatch.setattr(launch, "current_stream", lambda: types.SimpleNamespace(cuda_stream=0))
+    monkeypatch.setattr(registry, "_unavailable_reason", lambda *args: None)
+    monkeypatch.setattr(hot_lane, "_HOT", {})
+    monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
+    return seen
+
+
+def test_each_call_is_one_launch(launches):
+    """The row cast: one launch over row blocks; the append: one launch over (row blocks, sequences), the lengths
+    as given (one length: index 0); the schedule: one CTA; past the kernels' rows, the reference's error."""
+    from tilegemm.ops.cutile import mqa_prep
+
+    x = torch.randn(3, 70, 128).bfloat16()
+    tg.fp8_quantize_rows(x, True, backend="cutile")
+    grid, kernel, args = launches[-1]
+    assert grid == (14, 1, 1) and kernel is mqa_prep.get_kernel("quantize_rows") and args[0].shape == (210, 128)
+    cache, table = _paged(3, 2, 64, 128)
+    tg.fp8_paged_append(x[:, :2], cache, table, torch.tensor(66), True, backend="cutile")
+    grid, kernel, args = launches[-1]
+    assert grid == (1, 3, 1) and kernel is mqa_prep.get_kernel("paged_append") and args[2].shape == (1,)
+    assert args[-1] is False  # PER_SEQUENCE
+    meta = tg.get_paged_mqa_logits_metadata(torch.tensor([5, 300], dtype=torch.int32), 64, 7, backend="cutile")
+    grid, kernel, args = launches[-1]
+    assert grid == (1, 1, 1) and kernel is mqa_prep.get_kernel("paged_schedule") and args[1] is meta
+    assert meta.shape == (8, 2) and len(launches) == 3
+    with pytest.raises(RuntimeError, match="rotated rows of a power of two up to 128"):  # fallback disabled
+        tg.fp8_quantize_rows(torch.randn(2, 256), True, backend="cutile")
+
+
+# ------------------------------------------------------------------------------ GPU
+
+gpu = pytest.mark.gpu
+
+
+@gpu
+def test_gpu_kernels_and_reference_agree(monkeypatch):
+    """The cutile cast of the indexer's rows (64 heads of 128, bf16) against the reference: scales within fp32
+    rounding, FP8 values equal or neighbours (the rotation's sums in another order), equal in nearly all."""
+    monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
+    x = _rows((4, 3, 64, 128), torch.bfloat16, seed=5, device="cuda")
+    q, s = tg.fp8_quantize_rows(x, True, backend="cutile")
+    q_ref, s_ref = tg.fp8_quantize_rows(x, True, backend="pytorch")
+    assert torch.allclose(s, s_ref, rtol=1e-6, atol=0)
+    a, b = q.float(), q_ref.float()
+    assert (a == b).float().mean() > 0.999
+    step = (b.abs() * 2**-3).clamp_min(2**-9)
+    assert ((a - b).abs() <= step * 1.01).all()
+
+
+@gpu
+def test_gpu_append_in_a_cuda_graph(monkeypatch):
+    """A decode step's append captured with its lengths on the device: each replay writes the next position (the
+    lengths advanced between replays), the bytes the eager call writes."""
+    monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
+    cache, table = _paged(2, 3, 64, 128, device="cuda")
+    eager_cache = cache.clone()
+    x = _rows((2, 1, 128), torch.bfloat16, seed=2, device="cuda")
+    lens = torch.tensor([10, 100], dtype=torch.int64, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        tg.fp8_paged_append(x, cache.clone(), table, lens, True)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tg.fp8_paged_append(x, cache, table, lens, True)
+    for _ in range(3):
+        lens += 1
+        graph.replay()
+        tg.fp8_paged_append(x, eager_cache, table, lens.clone(), True)
+    torch.cuda.synchronize()
+    assert torch.equal(cache, eager_cache)
+
+
+@gpu
+@pytest.mark.parametrize("next_n", [0, 1, 2, 3])
+@pytest.mark.parametrize("num_sms", [1, 7, 132, 255])
+def test_gpu_schedule_kernel_is_the_reference(monkeypatch, next_n, num_sms):
+    """Lengths of 0 to 70k keys over 1 to 300 sequences (several of the kernel's chunks), 1-D and 2-D."""
+    monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
+    g = torch.Generator().manual_seed(num_sms * 10 + next_n)
+    for batch in (1, 5, 16, 17, 300):
+        shape = (batch,) if next_n == 1 else (batch, next_n)
+        lens = torch.randint(0, 70000, shape, generator=g, dtype=torch.int32)
+        lens[torch.rand(shape, generator=g) < 0.3] = 0
+        lens = lens.cuda()
+        for block_kv in (64, 32):
+            got = tg.get_paged_mqa_logits_metadata(lens, block_kv, num_sms, backend="cutile")
+            assert torch.equal(got, paged_mqa_schedule(lens, block_kv, num_sms)), (batch, block_kv)
