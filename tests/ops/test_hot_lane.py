@@ -215,8 +215,8 @@ def test_dense_signatures_give_the_checks_logical_form():
 
 def test_dense_calls_replay_with_the_new_tensors(recorded_launches, monkeypatch):
     checked = []
-    original = checks.dense._same_device
-    monkeypatch.setattr(checks.dense, "_same_device", lambda tensors: checked.append(1) or original(tensors))
+    original = checks.dense._gemm_placement
+    monkeypatch.setattr(checks.dense, "_gemm_placement", lambda *args, **kw: checked.append(1) or original(*args, **kw))
     for call, fp8 in ((tilegemm.bf16_gemm_nt, False), (tilegemm.fp8_gemm_nt, True)):
         recorded_launches.clear()
         checked.clear()

@@ -38,6 +38,11 @@ def moe_blocks_sized(tokens: int, top_k: int, experts: int) -> bool:
     return tokens * top_k <= MOE_BLOCKS_MAX_ROWS * experts
 
 
+#: The combine kernel's tile: tokens, and the widest column count (a power of two dividing H); the configs' defaults.
+MOE_COMBINE_BT = 16
+MOE_COMBINE_MAX_BN = 256
+
+
 @dataclass(frozen=True)
 class MoEConfig:
     """Configs of the fused experts kernels (``ops/cutile/moe.py``).
@@ -50,8 +55,8 @@ class MoEConfig:
     path: ClassVar[str] = "sorted"
     up: TileConfig
     down: TileConfig
-    combine_bt: int = 16
-    combine_bn: int = 256
+    combine_bt: int = MOE_COMBINE_BT
+    combine_bn: int = MOE_COMBINE_MAX_BN
 
     @property
     def bm(self) -> int:
@@ -73,9 +78,6 @@ MOE_UP_CONFIGS = {64: TileConfig(64, 64, 64), 128: TileConfig(128, 128, 64, num_
 MOE_DOWN_CONFIGS = {64: TileConfig(64, 128, 64), 128: TileConfig(128, 256, 64, num_worker_warps=8)}
 #: Mean rows per expert at or below which experts' segments are 64-row aligned (64-row tiles).
 MOE_SMALL_ROWS = 64
-#: The combine kernel's tile: tokens, and the widest column count (a power of two dividing H).
-MOE_COMBINE_BT = 16
-MOE_COMBINE_MAX_BN = 256
 
 
 def all_moe_configs() -> tuple[MoEConfig, ...]:
@@ -122,8 +124,8 @@ class _SwapABConfig:
     bw: int
     bk: int
     bt: int = 8
-    combine_bt: int = 16
-    combine_bn: int = 256
+    combine_bt: int = MOE_COMBINE_BT
+    combine_bn: int = MOE_COMBINE_MAX_BN
 
     @property
     def name(self) -> str:

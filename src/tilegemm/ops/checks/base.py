@@ -157,6 +157,15 @@ def _operand_devices(
     return {"a[0] (data)": a, "a[1] (scales)": sa, "b[0] (data)": b, "b[1] (scales)": sb, **others}
 
 
+def _gemm_placement(
+    stream: Any, a: torch.Tensor, sa: torch.Tensor | None, b: torch.Tensor, sb: torch.Tensor | None, **others: Any
+) -> None:
+    """Where a GEMM call runs: ``stream`` is ``None`` or a ``torch.cuda.Stream``, and the operands (``sa`` / ``sb``:
+    FP8 scales, ``None`` for plain tensors) and ``others`` are all on one device (:func:`_operand_devices`)."""
+    _stream(stream)
+    _same_device(_operand_devices(a, sa, b, sb, **others))
+
+
 def _scalar(name: str, x: Any) -> float:
     """``x`` as a float: any real number (int, float, Fraction, numpy scalar) that a float can hold."""
     if type(x) is float:  # the common case, without the ABC check below

@@ -20,16 +20,14 @@ from tilegemm.ops.checks.base import (
     OUT_DTYPES,
     _addend,
     _bool,
+    _gemm_placement,
     _int_tuple,
     _logical_shape,
-    _operand_devices,
     _operands,
     _output,
     _pack,
-    _same_device,
     _scalar,
     _shape,
-    _stream,
     _string,
     _t,
     _tensor,
@@ -94,8 +92,7 @@ def dense_gemm_check(layout: str, fp8: bool) -> Callable[..., dict[str, Any]]:
         _output("d", d, OUT_DTYPES, [m, n], "[M, N]")
         _addend(c, OUT_DTYPES, [m, n], "[M, N]")
         alpha, beta = _scalar("alpha", alpha), _scalar("beta", beta)
-        _stream(stream)
-        _same_device(_operand_devices(a_data, sa, b_data, sb, d=d, c=c))
+        _gemm_placement(stream, a_data, sa, b_data, sb, d=d, c=c)
         return dict(a=_pack(la, sa), b=_pack(lb, sb), d=d, c=c, **derived, alpha=alpha, beta=beta, stream=stream)
 
     return check
@@ -124,8 +121,7 @@ def cublaslt_gemm_check(layout: str) -> Callable[..., dict[str, Any]]:
         m, n = la.shape[0], lb.shape[0]
         _output("d", d, OUT_DTYPES, [m, n], "[M, N]")
         _addend(c, OUT_DTYPES, [m, n], "[M, N]")
-        _stream(stream)
-        _same_device(dict(a=a, b=b, d=d, c=c))
+        _gemm_placement(stream, a, None, b, None, d=d, c=c)
         return dict(a=la, b=lb, d=d, c=c, stream=stream)
 
     return check
@@ -189,6 +185,5 @@ def skip_head_mid_check(
     _bool("disable_ue8m0_cast", disable_ue8m0_cast)
     _string("compiled_dims", compiled_dims)
     _output("d", d, OUT_DTYPES, [m, n + n // (left + right) * mid], "[M, N + N / (left + right) * mid]")
-    _stream(stream)
-    _same_device(_operand_devices(a_data, sa, b_data, sb, d=d))
+    _gemm_placement(stream, a_data, sa, b_data, sb, d=d)
     return dict(a=(a_data, sa), b=(b_data, sb), d=d, head_splits=(left, mid, right), recipe=rec, stream=stream)

@@ -11,15 +11,13 @@ from tilegemm.ops.checks.base import (
     OUT_DTYPES,
     _addend,
     _bool,
+    _gemm_placement,
     _gran_k,
     _int,
     _int_tuple,
-    _operand_devices,
     _operands,
     _output,
-    _same_device,
     _shape,
-    _stream,
     _tensor,
 )
 from tilegemm.ops.common import cdiv
@@ -69,8 +67,7 @@ def einsum_check(expr, a, b, d, c=None, use_cublaslt=False, *, stream=None) -> d
         _tensor("c", c, (d.dtype,), len(out_shape))
         _shape("c", c, out_shape, "d's shape")
     _bool("use_cublaslt", use_cublaslt)
-    _stream(stream)
-    _same_device(dict(a=a, b=b, d=d, c=c))
+    _gemm_placement(stream, a, None, b, None, d=d, c=c)
     return dict(expr=expr, a=a, b=b, d=d, c=c, stream=stream)
 
 
@@ -102,8 +99,7 @@ def fp8_einsum_check(expr, a, b, d, c=None, recipe=(1, 128, 128), *, stream=None
     out_shape = [sizes[x] for x in d_dims]
     _output("d", d, OUT_DTYPES, out_shape, f"[{', '.join(d_dims.upper())}]")
     _addend(c, OUT_DTYPES, out_shape, "d's shape")
-    _stream(stream)
-    _same_device(_operand_devices(a_data, sa, b_data, sb, d=d, c=c))
+    _gemm_placement(stream, a_data, sa, b_data, sb, d=d, c=c)
     return dict(expr=expr, a=(a_data, sa), b=(b_data, sb), d=d, c=c, recipe=rec, stream=stream)
 
 
@@ -121,6 +117,5 @@ def tf32_hc_prenorm_gemm_check(a, b, d, sqr_sum, num_splits=None, *, stream=None
         _int("num_splits", num_splits, 1)
         _output("d", d, (torch.float32,), [num_splits, m, n], "[num_splits, M, N]")
         _output("sqr_sum", sqr_sum, (torch.float32,), [num_splits, m], "[num_splits, M]")
-    _stream(stream)
-    _same_device(dict(a=a, b=b, d=d, sqr_sum=sqr_sum))
+    _gemm_placement(stream, a, None, b, None, d=d, sqr_sum=sqr_sum)
     return dict(a=a, b=b, d=d, sqr_sum=sqr_sum, num_splits=num_splits, stream=stream)

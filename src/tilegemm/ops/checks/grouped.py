@@ -16,17 +16,15 @@ from tilegemm.ops.checks.base import (
     _addend,
     _bool,
     _describe,
+    _gemm_placement,
     _gran_k,
     _int,
     _int_tuple,
     _logical_shape,
-    _operand_devices,
     _operands,
     _output,
     _pack,
-    _same_device,
     _shape,
-    _stream,
     _string,
     _t,
     _tensor,
@@ -134,8 +132,7 @@ def m_grouped_contiguous_check(layout: str, fp8: bool) -> Callable[..., dict[str
             _int("expected_m_for_psum_layout", expected_m_for_psum_layout, 0)
         align = resolve_alignment(alignment)
         _tensor("grouped_layout", grouped_layout, (torch.int32,), 1)
-        _stream(stream)
-        _same_device(_operand_devices(a_data, sa, b_data, sb, d=d, grouped_layout=grouped_layout))
+        _gemm_placement(stream, a_data, sa, b_data, sb, d=d, grouped_layout=grouped_layout)
         if use_psum_layout:
             check_group_offsets(grouped_layout, m_sum, groups)
         else:
@@ -196,8 +193,7 @@ def m_grouped_masked_check(fp8: bool) -> Callable[..., dict[str, Any]]:
         _tensor("masked_m", masked_m, (torch.int32,), 1)
         _shape("masked_m", masked_m, [groups], "[G], valid rows per group")
         _int("expected_m", expected_m, 0)
-        _stream(stream)
-        _same_device(_operand_devices(a_data, sa, b_data, sb, d=d, masked_m=masked_m))
+        _gemm_placement(stream, a_data, sa, b_data, sb, d=d, masked_m=masked_m)
         if value_checks_enabled(masked_m.device) and groups:
             bad = (masked_m < 0) | (masked_m > m_max)
             if bool(bad.any()):
@@ -299,8 +295,7 @@ def k_grouped_check(fp8: bool, layout: str = "tn") -> Callable[..., dict[str, An
         _addend(c, (torch.float32,), [groups, m, n], "[G, M, N]")
         _tensor("grouped_layout", grouped_layout, (torch.int32,), 1)
         _shape("grouped_layout", grouped_layout, [groups], "[G], the device mirror of ks_cpu")
-        _stream(stream)
-        _same_device(_operand_devices(a_data, sa, b_data, sb, d=d, c=c, grouped_layout=grouped_layout))
+        _gemm_placement(stream, a_data, sa, b_data, sb, d=d, c=c, grouped_layout=grouped_layout)
         if value_checks_enabled(grouped_layout.device) and groups and grouped_layout.cpu().tolist() != ks:
             raise ValueError(f"grouped_layout: holds {grouped_layout.cpu().tolist()}, expected ks_cpu={ks}")
         return dict(

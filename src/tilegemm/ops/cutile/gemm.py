@@ -62,7 +62,7 @@ class _Call:
     a_kmajor: bool
     fb: Callable | None
     b_kmajor: bool
-    c_fn: Callable
+    c_fn: Callable[[torch.Tensor, Any], torch.Tensor]
     sb_rows: bool = False
     sa_to_f32: bool = False
 
