@@ -75,7 +75,7 @@ class Fp8KeyCache:
             raise ValueError(f"keys: got shape {list(keys.shape)}, expected [{self.batch}, S, {self.dim}]")
         if not isinstance(end, torch.Tensor):
             end = torch.full((), end, dtype=torch.int64, device=self.kv_cache.device)
-        api.fp8_paged_append(keys, self.kv_cache, self.block_table, end, self.hadamard, backend=backend)
+        api.fp8_paged_append(keys, self.kv_cache, self.block_table, end, hadamard=self.hadamard, backend=backend)
 
     def grow(self, capacity: int) -> None:
         """Make room for ``capacity`` tokens per sequence (at least doubling), keeping what is stored: a copy of the
@@ -122,7 +122,7 @@ def score_fp8_key_cache(
     batch, rows, heads, dim = q.shape
     ks, ke = key_windows(attention_mask, batch, rows, length, q.device)
     clean = clean_outside_windows(attention_mask)
-    q8, q_scale = api.fp8_quantize_rows(q, cache.hadamard, backend=backend)
+    q8, q_scale = api.fp8_quantize_rows(q, hadamard=cache.hadamard, backend=backend)
     w = weights.float() * softmax_scale * q_scale
     if rows <= PAGED_MAX_ROWS:
         num_sms = max(1, config.get_num_sms()) if q.is_cuda else 1

@@ -41,7 +41,6 @@ Example (prefill, then decode)::
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Sequence
 
@@ -404,7 +403,6 @@ def context_parallel_windows(
 # ------------------------------------------------------------------- the indexer's scores through the MQA-logits ops
 
 
-@functools.cache
 def quantize_rows(x: torch.Tensor, hadamard: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row FP8 cast over the last dim (after the Hadamard rotation with ``hadamard``) in torch ops, on any device:
     ``(fp8 y / s, s)``, ``s = max(amax(|y|), 1e-4) / 448`` fp32 ``x.shape[:-1]``. :func:`tilegemm.fp8_quantize_rows`
@@ -487,8 +485,8 @@ def index_scores(
     bf16 = q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16
     decode = (fp8 or bf16) and _decode_kernel_takes(q, rows, keys, backend)
     if fp8:
-        q, q_scale = api.fp8_quantize_rows(q, hadamard, backend=backend)
-        k = api.fp8_quantize_rows(k, hadamard, backend=backend)  # (fp8 keys, per-key scales)
+        q, q_scale = api.fp8_quantize_rows(q, hadamard=hadamard, backend=backend)
+        k = api.fp8_quantize_rows(k, hadamard=hadamard, backend=backend)  # (fp8 keys, per-key scales)
         w = w * q_scale
     if decode:  # one launch over every sequence
         scores = api.mqa_logits_batched(q, k, w, ks, ke, clean, backend=backend)

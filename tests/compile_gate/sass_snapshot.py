@@ -26,7 +26,8 @@ FAMILIES = ("dense", "grouped", "mqa", "einsum", "moe", "moe_train", "norm")
 
 
 def _mqa_jobs() -> list[tuple[str, Any, Any]]:
-    """The MQA gate's sm_90 jobs (plain, paged and decode kernels) and its ``-inf`` fill kernel's."""
+    """The MQA gates' sm_90 jobs (plain, paged and decode kernels, the FP8 operand and schedule kernels) and the
+    ``-inf`` fill kernel's."""
     from compile_gate import test_compile_mqa as q
 
     mqa = q.mqa
@@ -47,6 +48,10 @@ def _mqa_jobs() -> list[tuple[str, Any, Any]]:
     for variant in q.DECODE_VARIANTS:
         kernel = q.mqa_decode_kernels.decode_kernel_for(q.decode_config(*variant).occupancy)
         jobs.append((f"mqa:decode-{'-'.join(map(str, variant))}", kernel, q.decode_params(*variant)))
+    from compile_gate import test_compile_mqa_prep as prep
+
+    for vid, name, _, _, params in prep.VARIANTS:
+        jobs.append((f"mqa:prep-{vid}", prep.mqa_prep.get_kernel(name), params))
     return jobs
 
 

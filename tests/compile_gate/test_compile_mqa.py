@@ -278,28 +278,6 @@ def test_paged_kernel_fits_two_ctas_per_sm90(h, next_n):
     assert 2 * res["threads"] * res["registers"] <= SM90_REGISTERS and 2 * res["shared"] <= SM90_SHARED, res
 
 
-def test_cutile_schedule_matches_reference_on_cpu():
-    """The cutile metadata (torch ops, so it also runs on the CPU) equals the reference's schedule."""
-    import torch
-
-    from tilegemm.ops.reference import mqa as ref
-
-    g = torch.Generator().manual_seed(0)
-    for trial in range(120):
-        batch = int(torch.randint(1, 40, (1,), generator=g))
-        next_n = int(torch.randint(1, 5, (1,), generator=g))
-        top = (0, 5, 300, 5000, 70000)[trial % 5]
-        shape = (batch, next_n) if trial % 2 else (batch,)
-        ctx = torch.randint(0, top + 1, shape, generator=g, dtype=torch.int32)
-        num_sms = int(torch.randint(1, 140, (1,), generator=g))
-        block_kv = (16, 32, 64)[trial % 3]
-        got = mqa.get_paged_mqa_logits_metadata(ctx, block_kv, num_sms)
-        want = ref.get_paged_mqa_logits_metadata(ctx, block_kv, num_sms)
-        assert got.dtype == torch.int32 and got.shape == (num_sms + 1, 2)
-        assert torch.equal(got, want), (trial, ctx, num_sms)
-        assert got[-1].tolist() == [batch, 0]
-
-
 # (H, D) of the BF16 plain kernel (``bf16_mqa_logits``): the indexers' heads at D = 128, every head-dim class, and the
 # tiny DSA presets' indexer (4 heads of 32).
 BF16_VARIANTS = [(64, 128), (32, 128), (128, 128), (16, 128), (64, 64), (64, 32), (8, 64), (4, 32)]

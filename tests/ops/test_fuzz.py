@@ -625,7 +625,7 @@ def paged_append(draw) -> Case:
         assert got is call["kv_cache"]
         b_, s_, d_ = x_.shape
         kv_ = got.shape[1]
-        q, s = tg.fp8_quantize_rows(x_, call["hadamard"], backend="pytorch")
+        q, s = tg.fp8_quantize_rows(x_, hadamard=call["hadamard"], backend="pytorch")
         want = torch.zeros_like(got).view(got.shape[0], -1)
         for b in range(b_):
             for t in range(s_):

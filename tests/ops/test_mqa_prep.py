@@ -72,9 +72,9 @@ ROW_CASES += [((130, 128), False), ((4, 1), False), ((65, 3, 1000), False)]
 @pytest.mark.parametrize("backend,device", backend_device_params())
 def test_quantize_rows_matches_float64(backend, device, shape, hadamard, dtype):
     x = _rows(shape, dtype, device=device)
-    q, s = tg.fp8_quantize_rows(x, hadamard, backend=backend)
+    q, s = tg.fp8_quantize_rows(x, hadamard=hadamard, backend=backend)
     _assert_fp8_rows(q, s, x, hadamard)
-    q2, s2 = tg.fp8_quantize_rows(x, hadamard, backend=backend)
+    q2, s2 = tg.fp8_quantize_rows(x, hadamard=hadamard, backend=backend)
     assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(s, s2)
 
 
@@ -82,8 +82,8 @@ def test_quantize_rows_strided_input_and_the_indexer_helpers():
     """A strided ``x`` gives the contiguous copy's result; ``indexer.quantize_rows`` and ``quantize_keys`` are the
     op (the reference recipe: ``hadamard_rotate`` then the cast)."""
     x = _rows((6, 256), torch.bfloat16)[:, ::2]
-    q, s = tg.fp8_quantize_rows(x, True, backend="pytorch")
-    q2, s2 = tg.fp8_quantize_rows(x.contiguous(), True, backend="pytorch")
+    q, s = tg.fp8_quantize_rows(x, hadamard=True, backend="pytorch")
+    q2, s2 = tg.fp8_quantize_rows(x.contiguous(), hadamard=True, backend="pytorch")
     assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(s, s2)
     q3, s3 = indexer.quantize_rows(indexer.hadamard_rotate(x))
     assert torch.equal(q.view(torch.uint8), q3.view(torch.uint8)) and torch.equal(s, s3)
@@ -106,7 +106,7 @@ def _expected_append(cache, table, x, ends, hadamard):
     want = cache.cpu().clone()
     batch, count, dim = x.shape
     block_kv = cache.shape[1]
-    q, s = tg.fp8_quantize_rows(x.cpu(), hadamard, backend="pytorch")
+    q, s = tg.fp8_quantize_rows(x.cpu(), hadamard=hadamard, backend="pytorch")
     raw = want.view(want.shape[0], -1)
     for b in range(batch):
         for t in range(count):
@@ -137,7 +137,7 @@ def test_paged_append_writes_its_keys_and_nothing_else(backend, device, lens_dty
     if len(ends) == 1 and batch > 1:
         lens = lens.reshape(())
     want, q, s = _expected_append(cache, table, x, torch.tensor(ends).expand(batch), hadamard)
-    out = tg.fp8_paged_append(x, cache, table, lens, hadamard, backend=backend)
+    out = tg.fp8_paged_append(x, cache, table, lens, hadamard=hadamard, backend=backend)
     assert out is cache
     if device == "cpu":
         assert torch.equal(cache, want)
@@ -169,7 +169,9 @@ def test_paged_append_reads_back_with_the_indexer_helpers():
     end = 0
     for size in (37, 1, 64, 48):
         end += size
-        tg.fp8_paged_append(keys[:, end - size : end], cache, table, torch.tensor(end), True, backend="pytorch")
+        tg.fp8_paged_append(
+            keys[:, end - size : end], cache, table, torch.tensor(end), hadamard=True, backend="pytorch"
+        )
     lens = torch.full((batch,), total, dtype=torch.int32)
     for b, (data, scale) in enumerate(indexer.read_paged_kv_cache(cache, table, lens)):
         want = indexer.quantize_keys(indexer.hadamard_rotate(keys[b]))
@@ -189,9 +191,9 @@ def _append_args(**over):
     [
         (lambda: tg.fp8_quantize_rows([1.0, 2.0]), TypeError, "x"),
         (lambda: tg.fp8_quantize_rows(torch.ones(3, 4, dtype=torch.int32)), TypeError, "x"),
-        (lambda: tg.fp8_quantize_rows(torch.ones(3, 96), True), ValueError, "power of two"),
+        (lambda: tg.fp8_quantize_rows(torch.ones(3, 96), hadamard=True), ValueError, "power of two"),
         (lambda: tg.fp8_quantize_rows(torch.ones(3, 0)), ValueError, "D >= 1"),
-        (lambda: tg.fp8_quantize_rows(torch.ones(3, 4), 1), TypeError, "hadamard"),
+        (lambda: tg.fp8_quantize_rows(torch.ones(3, 4), hadamard=1), TypeError, "hadamard"),
         (lambda: tg.fp8_paged_append(**_append_args(x=torch.randn(2, 3, 64))), ValueError, "kv_cache"),
         (lambda: tg.fp8_paged_append(**_append_args(x=torch.randn(3, 3, 128))), ValueError, "block_table"),
         (lambda: tg.fp8_paged_append(**_append_args(kv_cache=torch.zeros(5, 64, 1, 132))), TypeError, "kv_cache"),
@@ -236,11 +238,11 @@ def test_each_call_is_one_launch(launches):
     from tilegemm.ops.cutile import mqa_prep
 
     x = torch.randn(3, 70, 128).bfloat16()
-    tg.fp8_quantize_rows(x, True, backend="cutile")
+    tg.fp8_quantize_rows(x, hadamard=True, backend="cutile")
     grid, kernel, args = launches[-1]
     assert grid == (14, 1, 1) and kernel is mqa_prep.get_kernel("quantize_rows") and args[0].shape == (210, 128)
     cache, table = _paged(3, 2, 64, 128)
-    tg.fp8_paged_append(x[:, :2], cache, table, torch.tensor(66), True, backend="cutile")
+    tg.fp8_paged_append(x[:, :2], cache, table, torch.tensor(66), hadamard=True, backend="cutile")
     grid, kernel, args = launches[-1]
     assert grid == (1, 3, 1) and kernel is mqa_prep.get_kernel("paged_append") and args[2].shape == (1,)
     assert args[-1] is False  # PER_SEQUENCE
@@ -249,7 +251,7 @@ def test_each_call_is_one_launch(launches):
     assert grid == (1, 1, 1) and kernel is mqa_prep.get_kernel("paged_schedule") and args[1] is meta
     assert meta.shape == (8, 2) and len(launches) == 3
     with pytest.raises(RuntimeError, match="rotated rows of a power of two up to 128"):  # fallback disabled
-        tg.fp8_quantize_rows(torch.randn(2, 256), True, backend="cutile")
+        tg.fp8_quantize_rows(torch.randn(2, 256), hadamard=True, backend="cutile")
 
 
 # ------------------------------------------------------------------------------ GPU
@@ -263,8 +265,8 @@ def test_gpu_kernels_and_reference_agree(monkeypatch):
     rounding, FP8 values equal or neighbours (the rotation's sums in another order), equal in nearly all."""
     monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
     x = _rows((4, 3, 64, 128), torch.bfloat16, seed=5, device="cuda")
-    q, s = tg.fp8_quantize_rows(x, True, backend="cutile")
-    q_ref, s_ref = tg.fp8_quantize_rows(x, True, backend="pytorch")
+    q, s = tg.fp8_quantize_rows(x, hadamard=True, backend="cutile")
+    q_ref, s_ref = tg.fp8_quantize_rows(x, hadamard=True, backend="pytorch")
     assert torch.allclose(s, s_ref, rtol=1e-6, atol=0)
     a, b = q.float(), q_ref.float()
     assert (a == b).float().mean() > 0.999
@@ -284,15 +286,15 @@ def test_gpu_append_in_a_cuda_graph(monkeypatch):
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        tg.fp8_paged_append(x, cache.clone(), table, lens, True)
+        tg.fp8_paged_append(x, cache.clone(), table, lens, hadamard=True)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        tg.fp8_paged_append(x, cache, table, lens, True)
+        tg.fp8_paged_append(x, cache, table, lens, hadamard=True)
     for _ in range(3):
         lens += 1
         graph.replay()
-        tg.fp8_paged_append(x, eager_cache, table, lens.clone(), True)
+        tg.fp8_paged_append(x, eager_cache, table, lens.clone(), hadamard=True)
     torch.cuda.synchronize()
     assert torch.equal(cache, eager_cache)
 

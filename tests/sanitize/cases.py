@@ -537,14 +537,14 @@ def _mqa_prep() -> str:
         ((1, 1000), torch.bfloat16, False),
     ):
         x = torch.randn(*shape, generator=g).to(dtype).to(DEV)
-        tg.fp8_quantize_rows(x, hadamard, backend="cutile")
-        tg.fp8_quantize_rows(x[..., 1:] if not hadamard else x, hadamard, backend="cutile")  # unaligned rows
+        tg.fp8_quantize_rows(x, hadamard=hadamard, backend="cutile")
+        tg.fp8_quantize_rows(x[..., 1:] if not hadamard else x, hadamard=hadamard, backend="cutile")  # unaligned rows
     for batch, count, block_kv, lens in ((3, 70, 64, [70, 300, 10**6]), (2, 1, 16, [-5, 33]), (4, 2, 32, [97])):
         cache = torch.zeros(batch * 2 + 1, block_kv, 1, 132, dtype=torch.uint8, device=DEV)
         table = torch.randint(-3, batch * 2 + 4, (batch, 3), generator=g, dtype=torch.int32).to(DEV)  # some outside
         x = torch.randn(batch, count, 128, generator=g).bfloat16().to(DEV)
         ctx = torch.tensor(lens, dtype=torch.int64, device=DEV)
-        tg.fp8_paged_append(x, cache, table, ctx if len(lens) > 1 else ctx.reshape(()), True, backend="cutile")
+        tg.fp8_paged_append(x, cache, table, ctx if len(lens) > 1 else ctx.reshape(()), hadamard=True, backend="cutile")
     for shape in ((1,), (17,), (300, 2), (40, 3)):
         lens = torch.randint(0, 70000, shape, generator=g, dtype=torch.int32).to(DEV)
         for sms in (1, 132, 255):

@@ -214,14 +214,14 @@ fp8_fp4_paged_mqa_logits, fp8_paged_mqa_logits = _fp4_and_legacy_ops(
 
 
 @dispatch("fp8_quantize_rows", check=checks.fp8_quantize_rows_check)
-def fp8_quantize_rows(x: Tensor, hadamard: bool = False, *, stream=None) -> tuple[Tensor, Tensor]:
+def fp8_quantize_rows(x: Tensor, *, hadamard: bool = False, stream=None) -> tuple[Tensor, Tensor]:
     """DeepSeek's FP8 cast of the indexer's rows (tilegemm's extension): one scale per row of the last dimension,
     after the orthonormal Hadamard rotation with ``hadamard``; the ``q`` and ``kv`` operands of
     :func:`fp8_mqa_logits` and :func:`mqa_logits_batched` in one kernel.
 
     Args:
         x: [..., D] bf16, fp16 or fp32, any strides (D a power of two with ``hadamard``).
-        hadamard: rotate first: ``y = x @ H`` with ``H`` the orthonormal Sylvester-Hadamard matrix of D
+        hadamard: (keyword) rotate first: ``y = x @ H`` with ``H`` the orthonormal Sylvester-Hadamard matrix of D
             (``H @ H.T = I``, so ``(x H) . (k H) = x . k``); otherwise ``y = x``.
         stream: CUDA stream (``None``: current).
 
@@ -235,13 +235,7 @@ def fp8_quantize_rows(x: Tensor, hadamard: bool = False, *, stream=None) -> tupl
 
 @dispatch("fp8_paged_append", check=checks.fp8_paged_append_check)
 def fp8_paged_append(
-    x: Tensor,
-    kv_cache: Tensor,
-    block_table: Tensor,
-    context_lens: Tensor,
-    hadamard: bool = False,
-    *,
-    stream=None,
+    x: Tensor, kv_cache: Tensor, block_table: Tensor, context_lens: Tensor, *, hadamard: bool = False, stream=None
 ) -> Tensor:
     """Append keys to a paged FP8 cache (tilegemm's extension): :func:`fp8_quantize_rows` of ``x`` written in place
     into DeepGEMM's layout (the ``kv_cache`` of :func:`fp8_paged_mqa_logits`), one kernel, no host sync.
@@ -255,7 +249,7 @@ def fp8_paged_append(
         context_lens: int32 or int64 [B] (or [1] / [] for every sequence): each sequence's length after the
             append, so token s goes to key ``context_lens[b] - S + s`` (DeepGEMM's ``context_lens`` of the
             next decode step; a transformers static cache's ``indexer_cumulative_length`` after its update).
-        hadamard: rotate the keys first, as :func:`fp8_quantize_rows` does.
+        hadamard: (keyword) rotate the keys first, as :func:`fp8_quantize_rows` does.
         stream: CUDA stream (``None``: current).
 
     Returns:

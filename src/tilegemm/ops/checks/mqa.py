@@ -460,7 +460,7 @@ def _fp8_rows(name: str, x: Any, ndim: int | None, shape: str, hadamard: Any) ->
     return dim
 
 
-def fp8_quantize_rows_check(x, hadamard=False, *, stream=None) -> dict[str, Any]:
+def fp8_quantize_rows_check(x, *, hadamard=False, stream=None) -> dict[str, Any]:
     """The check of ``fp8_quantize_rows``: a float ``x [..., D]`` (D a power of two with ``hadamard``), a bool
     ``hadamard``; derived: ``x``, ``hadamard``, ``stream``."""
     _fp8_rows("x", x, None, "[..., D]", hadamard)
@@ -468,7 +468,7 @@ def fp8_quantize_rows_check(x, hadamard=False, *, stream=None) -> dict[str, Any]
     return dict(x=x, hadamard=hadamard, stream=stream)
 
 
-def fp8_paged_append_check(x, kv_cache, block_table, context_lens, hadamard=False, *, stream=None) -> dict[str, Any]:
+def fp8_paged_append_check(x, kv_cache, block_table, context_lens, *, hadamard=False, stream=None) -> dict[str, Any]:
     """The check of ``fp8_paged_append``: float ``x [B, S, D]``; a contiguous uint8 ``kv_cache [num_blocks,
     block_kv, 1, D + 4]``; int32 ``block_table [B, max_blocks]``; int32 or int64 ``context_lens`` ``[B]``, ``[1]``
     or ``[]``. Value checks: every written position ``context_lens[b] - S + s`` inside the table, every block it
