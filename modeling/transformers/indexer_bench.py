@@ -151,12 +151,11 @@ def peak_extra_gib(fn: Callable[[], Any], device: torch.device) -> float | None:
     return (torch.cuda.max_memory_allocated(device) - base) / 2**30
 
 
-def graph_replay_ms(fn: Callable[[], Any], reps: int, device: torch.device) -> tuple[float, Any]:
-    """Capture ``fn`` in a CUDA graph (after two eager warm-ups on a side stream) and return the median ms of a
-    replay and the graph's output; on the CPU the eager time and output."""
+def capture_graph(fn: Callable[[], Any], device: torch.device) -> tuple[Any, Any]:
+    """``fn`` captured in a CUDA graph after two eager warm-ups on a side stream, replayed once: ``(graph, its
+    output)``; on the CPU ``(None, fn())``."""
     if device.type != "cuda":
-        out = fn()
-        return timed_ms(fn, reps, device), out
+        return None, fn()
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
@@ -168,6 +167,11 @@ def graph_replay_ms(fn: Callable[[], Any], reps: int, device: torch.device) -> t
         out = fn()
     graph.replay()
     sync(device)
+    return graph, out
+
+
+def replay_ms(graph: Any, reps: int, device: torch.device) -> float:
+    """Median ms of one replay of ``graph``, each timed alone between two events (the graph's launch included)."""
     times = []
     for _ in range(reps):
         start = torch.cuda.Event(enable_timing=True)
@@ -177,7 +181,39 @@ def graph_replay_ms(fn: Callable[[], Any], reps: int, device: torch.device) -> t
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-    return statistics.median(times), out
+    return statistics.median(times)
+
+
+def graph_replay_ms(fn: Callable[[], Any], reps: int, device: torch.device) -> tuple[float, Any]:
+    """Capture ``fn`` in a CUDA graph (:func:`capture_graph`) and return the median ms of a replay
+    (:func:`replay_ms`) and the graph's output; on the CPU the eager time and output."""
+    graph, out = capture_graph(fn, device)
+    if graph is None:
+        return timed_ms(fn, reps, device), out
+    return replay_ms(graph, reps, device), out
+
+
+def interleaved_graph_ms(graphs: dict[str, Any], rounds: int, replays: int, device: torch.device) -> dict[str, float]:
+    """Kernel-only ms of a step: every graph of ``graphs`` (name -> CUDA graph) replayed ``replays`` times back to
+    back between two events (the GPU never waits for the host), the variants in turn round after round (the order
+    rotating), the median over ``rounds`` of ms per replay. Empty on the CPU."""
+    if device.type != "cuda" or not graphs:
+        return {}
+    names = list(graphs)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            graphs[name].replay()
+            sync(device)
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(replays):
+                graphs[name].replay()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) / replays)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -462,19 +498,25 @@ def decode_module(
             log(f"decode_module batch {batch} context {length}")
             step_of_module = decode_step(config, module, rotary, length, device, batch)
             row: dict[str, Any] = {"batch": batch, "context": length}
-            outs, eager_calls = {}, {}
+            outs, eager_calls, graphs = {}, {}, {}
             for variant in DECODE_VARIANTS:
                 set_variant(module, stock, variant, rope)
                 call = step_of_module()
                 try:
                     with mqa_variant("decode" if variant == "bf16_kernel" else None):
-                        ms, out = graph_replay_ms(call, reps * 20, device)
+                        graph, out = capture_graph(call, device)
+                        ms = timed_ms(call, reps * 20, device) if graph is None else replay_ms(graph, reps * 20, device)
                     outs[variant] = out.clone()
                     row[variant] = {"graph_ms": ms}
+                    if graph is not None:
+                        graphs[variant] = graph
                     eager_calls[variant] = (functools.partial(set_variant, module, stock, variant, rope), call)
                 except Exception as exc:
                     row[variant] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
                 free(device)
+            for variant, ms in interleaved_graph_ms(graphs, max(5, reps), 20, device).items():
+                row[variant]["graph_b2b_ms"] = ms
+            graphs.clear()
             eager_calls.pop("bf16_kernel", None)  # the same eager path as bf16 (the variant is forced per call)
             for variant, eager in interleaved_eager_ms(eager_calls, reps * 10, device).items():
                 row[variant]["eager_ms"] = eager
@@ -482,11 +524,15 @@ def decode_module(
                 if "stock" in outs and variant in outs:
                     row[variant]["topk_overlap_vs_stock"] = _overlap(outs[variant][0, 0], outs["stock"][0, 0])
                     row[variant]["speedup"] = row["stock"]["graph_ms"] / row[variant]["graph_ms"]
+                    if "graph_b2b_ms" in row[variant]:
+                        row[variant]["speedup_b2b"] = row["stock"]["graph_b2b_ms"] / row[variant]["graph_b2b_ms"]
                     if "eager_ms" in row[variant]:
                         row[variant]["eager_speedup"] = row["stock"]["eager_ms"] / row[variant]["eager_ms"]
                 if variant.startswith("fp8") and "bf16" in outs and variant in outs:
                     row[variant]["topk_overlap_vs_bf16"] = _overlap(outs[variant][0, 0], outs["bf16"][0, 0])
                     row[variant]["speed_vs_bf16"] = row["bf16"]["graph_ms"] / row[variant]["graph_ms"]
+                    if "graph_b2b_ms" in row[variant]:
+                        row[variant]["speed_vs_bf16_b2b"] = row["bf16"]["graph_b2b_ms"] / row[variant]["graph_b2b_ms"]
                     row[variant]["eager_speed_vs_bf16"] = row["bf16"]["eager_ms"] / row[variant]["eager_ms"]
             rows.append(row)
     set_variant(module, stock, "stock", rope)
@@ -749,6 +795,22 @@ def markdown(result: dict) -> str:
             f"| {_cell(fc, 'topk_overlap_vs_bf16')} | {_cell(b, 'topk_overlap_vs_stock')} | {_cell(s, 'eager_ms')} "
             f"| {_cell(b, 'eager_ms')} | {_cell(b, 'eager_speedup')} | {_cell(fc, 'eager_ms')} "
             f"| {_cell(fc, 'eager_speed_vs_bf16')} |"
+        )
+    title = "## Decode step, one indexer, kernel-only (CUDA graphs replayed back to back, the variants in turn)"
+    lines += ["", title, ""]
+    lines += [
+        "| batch | context | stock ms | bf16 ms | speedup | fp8 ms | speedup | fp8_cache ms | speedup "
+        "| fp8_cache vs bf16 speed |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result.get("decode_module", []):
+        s, b, _, f, fc = (r.get(v) for v in DECODE_VARIANTS)
+        if not (s or {}).get("graph_b2b_ms"):
+            continue
+        lines.append(
+            f"| {r.get('batch', 1)} | {r['context']} | {_cell(s, 'graph_b2b_ms')} | {_cell(b, 'graph_b2b_ms')} "
+            f"| {_cell(b, 'speedup_b2b')} | {_cell(f, 'graph_b2b_ms')} | {_cell(f, 'speedup_b2b')} "
+            f"| {_cell(fc, 'graph_b2b_ms')} | {_cell(fc, 'speedup_b2b')} | {_cell(fc, 'speed_vs_bf16_b2b')} |"
         )
     lines += ["", "## MQA-logits ops at decode size (CUDA graph, us)", ""]
     lines += [
