@@ -9,13 +9,10 @@ machine code is read by the compile gate (``tests/compile_gate/test_compile_mqa.
 
 from __future__ import annotations
 
-import types
-
 import pytest
 import torch
 
 import tilegemm as tg
-from tilegemm.backend import hot_lane, registry
 from tilegemm.ops import checks
 from tilegemm.testing import calc_diff
 
@@ -112,25 +109,6 @@ def test_bad_input(args, error, message):
 
 
 # ------------------------------------------------------------------------------ cutile host path (launches recorded)
-
-
-@pytest.fixture
-def launches(monkeypatch):
-    """Every cutile launch as ``(grid, kernel, args)``, on CPU tensors, an sm_90 device of 132 SMs."""
-    cuda_tile = pytest.importorskip("cuda.tile")
-    from tilegemm import config
-    from tilegemm.ops.cutile import launch
-
-    seen = []
-    monkeypatch.setattr(cuda_tile, "launch", lambda stream, grid, kernel, args: seen.append((grid, kernel, args)))
-    monkeypatch.setattr(launch, "current_stream", lambda: types.SimpleNamespace(cuda_stream=0))
-    monkeypatch.setattr(registry, "_unavailable_reason", lambda *args: None)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(config, "_num_sms", 132)
-    monkeypatch.setattr(hot_lane, "_HOT", {})
-    monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
-    monkeypatch.delenv("TILEGEMM_MQA_VARIANT", raising=False)
-    return seen
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])

@@ -4,32 +4,12 @@ and its machine code by the compile gate (``tests/compile_gate/test_compile_mqa.
 
 from __future__ import annotations
 
-import types
-
 import pytest
 import torch
 
-from tilegemm.backend import registry
 from tilegemm.ops import api
 
 ct = pytest.importorskip("cuda.tile")
-
-
-@pytest.fixture
-def launches(monkeypatch):
-    """Every cutile launch of the test as ``(grid, kernel, args)``, on CPU tensors, an sm_90 device of 132 SMs."""
-    from tilegemm import config
-    from tilegemm.ops.cutile import launch
-
-    seen = []
-    monkeypatch.setattr(ct, "launch", lambda stream, grid, kernel, args: seen.append((grid, kernel, args)))
-    monkeypatch.setattr(launch, "current_stream", lambda: types.SimpleNamespace(cuda_stream=0))
-    monkeypatch.setattr(registry, "_unavailable_reason", lambda *args: None)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(config, "_num_sms", 132)
-    monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
-    monkeypatch.delenv("TILEGEMM_MQA_VARIANT", raising=False)
-    return seen
 
 
 def _operands(rows: int, keys: int, heads: int = 64, dim: int = 128, bf16: bool = False):

@@ -10,14 +10,11 @@ or neighbours), bitwise reruns, an append captured in a CUDA graph, and the sche
 
 from __future__ import annotations
 
-import types
-
 import pytest
 import torch
 
 import tilegemm as tg
 from tilegemm import indexer
-from tilegemm.backend import hot_lane, registry
 from tilegemm.ops.common import paged_mqa_schedule
 from tilegemm.testing import backend_device_params, calc_diff
 
@@ -215,21 +212,6 @@ def test_bad_input(call, error, message):
 
 
 # ------------------------------------------------------------------------------ cutile host path (launches recorded)
-
-
-@pytest.fixture
-def launches(monkeypatch):
-    """Every cutile launch as ``(grid, kernel, args)``, on CPU tensors."""
-    cuda_tile = pytest.importorskip("cuda.tile")
-    from tilegemm.ops.cutile import launch
-
-    seen = []
-    monkeypatch.setattr(cuda_tile, "launch", lambda stream, grid, kernel, args: seen.append((grid, kernel, args)))
-    monkeypatch.setattr(launch, "current_stream", lambda: types.SimpleNamespace(cuda_stream=0))
-    monkeypatch.setattr(registry, "_unavailable_reason", lambda *args: None)
-    monkeypatch.setattr(hot_lane, "_HOT", {})
-    monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
-    return seen
 
 
 def test_each_call_is_one_launch(launches):
