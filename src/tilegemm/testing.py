@@ -20,6 +20,7 @@ import torch
 
 from tilegemm.kernel_timing import bench, bench_kineto, empty_suppress, suppress_stdout_stderr  # noqa: F401
 from tilegemm.ops.checks import calc_diff_check
+from tilegemm.ops.common import hadamard_matrix
 
 #: (backend, device) pairs the per-op tests run: the pytorch reference on the CPU and on CUDA,
 #: and the cutile backend on CUDA.
@@ -196,6 +197,30 @@ def fp8_round_trip_per_token(v: torch.Tensor) -> torch.Tensor:
     scale = (blocks.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-4) / 448.0).double()
     q = (blocks / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).double()
     return (q * scale).reshape(v.shape)
+
+
+def fp8_rows_float64(x: torch.Tensor, hadamard: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float64 formula of ``fp8_quantize_rows`` before the cast: ``y = x @ H`` (the orthonormal Sylvester-Hadamard
+    matrix of the last dim, with ``hadamard``) or ``x``, and its row scales ``max(amax(|y|), 1e-4) / 448``; float64
+    ``[..., D]`` and ``[...]`` on the CPU."""
+    y = x.detach().double().cpu()
+    if hadamard:
+        dim = y.shape[-1]
+        y = y @ (hadamard_matrix(dim, torch.device("cpu"), torch.float64, signs=True) / math.sqrt(dim))
+    return y, y.abs().amax(-1).clamp_min(1e-4) / 448
+
+
+def assert_fp8_rows(q: torch.Tensor, scale: torch.Tensor, x: torch.Tensor, hadamard: bool = False) -> None:
+    """Assert that ``(q, scale)`` is the per-row FP8 cast of ``x`` (``fp8_quantize_rows``): float8_e4m3fn of ``x``'s
+    shape and fp32 ``x.shape[:-1]``, the scales within fp32 rounding of :func:`fp8_rows_float64`'s, and ``q * scale``
+    within half an FP8 step of ``y`` (2**-4 relative, or half the smallest subnormal step of the row)."""
+    y, want = fp8_rows_float64(x, hadamard)
+    assert q.dtype == torch.float8_e4m3fn and q.shape == x.shape, (q.dtype, q.shape)
+    assert scale.dtype == torch.float32 and scale.shape == x.shape[:-1], (scale.dtype, scale.shape)
+    s64 = scale.double().cpu()
+    assert torch.allclose(s64, want, rtol=1e-5, atol=0)
+    back = q.double().cpu() * s64.unsqueeze(-1)
+    assert ((back - y).abs() <= y.abs() * 2**-4 + s64.unsqueeze(-1) * 2**-9 * 1.01).all()
 
 
 def poisoned(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype, device: Any = "cpu") -> torch.Tensor:

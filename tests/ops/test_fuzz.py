@@ -24,7 +24,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tilegemm as tg
-from tilegemm.testing import MOE_ACTIVATIONS, calc_diff, dequantize, fp8_round_trip_per_token, rms_norm_float64
+from tilegemm.testing import (
+    MOE_ACTIVATIONS,
+    assert_fp8_rows,
+    calc_diff,
+    dequantize,
+    fp8_round_trip_per_token,
+    rms_norm_float64,
+)
 
 FP8 = torch.float8_e4m3fn
 BAD_DTYPE = {torch.int32: torch.int64, torch.uint8: torch.int16}  # any other dtype -> float16
@@ -567,24 +574,6 @@ def metadata(draw) -> Case:
     return Case(tg.get_paged_mqa_logits_metadata, kw, dims, expected, out=None, free="BT", values=bad, compare="exact")
 
 
-def _hadamard64(dim: int) -> torch.Tensor:
-    h = torch.ones(1, 1, dtype=torch.float64)
-    while h.shape[0] < dim:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return h / dim**0.5
-
-
-def _assert_fp8_rows(q: torch.Tensor, s: torch.Tensor, x: torch.Tensor, hadamard: bool) -> None:
-    """``(q, s)`` casts ``x``'s rows (rotated first with ``hadamard``): scales ``max(amax, 1e-4) / 448`` of the float64
-    rows within fp32 rounding, ``q * s`` within half an FP8 step of them."""
-    y = d64(x) @ _hadamard64(x.shape[-1]) if hadamard else d64(x)
-    want = y.abs().amax(-1).clamp_min(1e-4) / 448 if y.shape[-1] else torch.zeros(y.shape[:-1], dtype=torch.float64)
-    assert q.dtype == FP8 and q.shape == x.shape and s.dtype == torch.float32 and s.shape == x.shape[:-1]
-    assert torch.allclose(d64(s), want, rtol=1e-5, atol=0)
-    back = d64(q) * d64(s).unsqueeze(-1)
-    assert ((back - y).abs() <= y.abs() * 2**-4 + d64(s).unsqueeze(-1) * 2**-9 * 1.01).all()
-
-
 def fp8_rows(draw) -> Case:
     hadamard = draw(st.booleans())
     lead = draw(st.lists(st.integers(0, 5), min_size=0, max_size=2))
@@ -592,7 +581,7 @@ def fp8_rows(draw) -> Case:
     x = rand(*lead, dim, dtype=draw(st.sampled_from(FLOATS))) * 4
 
     def reference(call: dict[str, Any], result: Any) -> None:
-        _assert_fp8_rows(*result, call["x"], call["hadamard"])
+        assert_fp8_rows(*result, call["x"], call["hadamard"])
 
     dims = {"x": "ABD"[-len(lead) - 1 :]}
     free = "AB" if hadamard else "ABD"

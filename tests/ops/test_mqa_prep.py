@@ -16,38 +16,19 @@ import torch
 import tilegemm as tg
 from tilegemm import indexer
 from tilegemm.ops.common import paged_mqa_schedule
-from tilegemm.testing import backend_device_params, calc_diff
+from tilegemm.testing import assert_fp8_rows, backend_device_params, calc_diff, fp8_rows_float64
 
 FP8 = torch.float8_e4m3fn
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 
-def _hadamard64(dim: int) -> torch.Tensor:
-    h = torch.ones(1, 1, dtype=torch.float64)
-    while h.shape[0] < dim:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return h / dim**0.5
-
-
-def _exact_rows(x: torch.Tensor, hadamard: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 ``y`` (rotated or not) and its scales ``max(amax, 1e-4) / 448``."""
-    y = x.double().cpu()
-    if hadamard:
-        y = y @ _hadamard64(y.shape[-1])
-    return y, y.abs().amax(-1).clamp_min(1e-4) / 448
-
-
 def _assert_fp8_rows(q: torch.Tensor, s: torch.Tensor, x: torch.Tensor, hadamard: bool) -> None:
-    """``(q, s)`` is the cast of ``x``: scales within fp32 rounding of the float64 ones, ``q * s`` within half an
-    FP8 step (2**-4 relative, or a subnormal's step) of ``y``, every value written."""
-    y, want_s = _exact_rows(x, hadamard)
-    assert q.dtype == FP8 and q.shape == x.shape and s.dtype == torch.float32 and s.shape == x.shape[:-1]
-    s64 = s.double().cpu()
-    assert torch.allclose(s64, want_s, rtol=1e-5, atol=0)
-    back = q.double().cpu() * s64.unsqueeze(-1)
-    assert ((back - y).abs() <= y.abs() * 2**-4 + s64.unsqueeze(-1) * 2**-9 * 1.01).all()
+    """``(q, s)`` is the cast of ``x`` (:func:`tilegemm.testing.assert_fp8_rows`), and within ``calc_diff`` 2e-3 of
+    the float64 rows."""
+    assert_fp8_rows(q, s, x, hadamard)
+    y, _ = fp8_rows_float64(x, hadamard)
     if y.numel():
-        assert calc_diff(back, y) < 2e-3
+        assert calc_diff(q.double().cpu() * s.double().cpu().unsqueeze(-1), y) < 2e-3
 
 
 def _rows(shape, dtype, seed=0, device="cpu") -> torch.Tensor:

@@ -10,7 +10,8 @@
 * :func:`cached_constant`: a read-only 1-D constant per device (unit key scales, key numbers), safe under CUDA-graph
   capture.
 * DeepSeek's FP8 recipe of the indexer's rows: :func:`hadamard_matrix`, :func:`hadamard_rotate`,
-  :func:`fp8_cast_rows` (the ``fp8_quantize_rows`` reference), :func:`paged_views` (the paged cache's keys and scales).
+  :func:`fp8_cast_rows` (the ``fp8_quantize_rows`` reference), :func:`paged_views` (the paged cache's keys and scales),
+  :func:`append_positions` (the keys an append writes).
 """
 
 from __future__ import annotations
@@ -229,6 +230,14 @@ def fp8_cast_rows(x: torch.Tensor, hadamard: bool = False) -> tuple[torch.Tensor
     y = hadamard_rotate(x) if hadamard else x.float()
     scale = y.abs().amax(dim=-1).clamp_min(AMAX_EPS) / FP8_MAX
     return (y / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+
+
+def append_positions(context_lens: torch.Tensor, batch: int, count: int) -> torch.Tensor:
+    """The keys an append of ``count`` tokens per sequence writes (``fp8_paged_append``): int64 ``[batch, count]``,
+    token s of sequence b at ``context_lens[b] - count + s`` (``context_lens``: ``[batch]``, or one length ``[1]`` /
+    ``[]``, the lengths after the append)."""
+    ends = context_lens.reshape(-1).long().expand(batch)
+    return ends[:, None] - count + torch.arange(count, device=context_lens.device)
 
 
 def paged_views(kv_cache: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:

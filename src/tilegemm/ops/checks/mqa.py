@@ -26,7 +26,7 @@ from tilegemm.ops.checks.base import (
     _tensor,
     value_checks_enabled,
 )
-from tilegemm.ops.common import paged_mqa_schedule
+from tilegemm.ops.common import append_positions, paged_mqa_schedule
 
 # ------------------------------------------------------------------------------ MQA logits
 
@@ -503,7 +503,8 @@ def _append_values(
     context_lens: torch.Tensor, block_table: torch.Tensor, count: int, num_blocks: int, block_kv: int
 ) -> None:
     """Every position an append writes lies inside the block table, and every block it names inside the cache."""
-    ends = context_lens.reshape(-1).long().expand(block_table.shape[0])
+    pos = append_positions(context_lens, block_table.shape[0], count)
+    ends = pos[:, -1] + 1
     room = block_table.shape[1] * block_kv
     bad = (ends < count) | (ends > room)
     if bool(bad.any()):
@@ -512,7 +513,6 @@ def _append_values(
             f"context_lens: sequence {b} ends at {int(ends[b])}, but its {count} new tokens must end in "
             f"[{count}, {room}] ({block_table.shape[1]} blocks of {block_kv} tokens)"
         )
-    pos = ends[:, None] - count + torch.arange(count, device=ends.device)
     blocks = block_table.long().gather(1, pos // block_kv)
     outside = (blocks < 0) | (blocks >= num_blocks)
     if bool(outside.any()):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from tilegemm.backend.registry import register_impl
-from tilegemm.ops.common import fp8_cast_rows, logits_result, paged_mqa_schedule, paged_views
+from tilegemm.ops.common import append_positions, fp8_cast_rows, logits_result, paged_mqa_schedule, paged_views
 from tilegemm.ops.reference._common import chunk_count, exact_matmul
 
 
@@ -170,8 +170,7 @@ def fp8_paged_append(x, kv_cache, block_table, context_lens, hadamard, stream):
         return kv_cache
     data, scale = fp8_cast_rows(x, hadamard)
     block_kv = kv_cache.shape[1]
-    ends = context_lens.reshape(-1).long().expand(batch)
-    pos = ends[:, None] - count + torch.arange(count, device=x.device)
+    pos = append_positions(context_lens, batch, count)
     blocks = block_table.long().gather(1, torch.div(pos, block_kv, rounding_mode="floor"))
     slots = pos % block_kv
     kv_keys, kv_scales = paged_views(kv_cache, dim)
