@@ -7,8 +7,10 @@ cache holds bf16 keys). :class:`Fp8KeyCache` keeps the keys as DeepSeek's recipe
 identity block table), by :func:`tilegemm.fp8_paged_append` (one kernel on the GPU). :func:`score_fp8_key_cache`
 scores queries against it, reading it in place, the queries cast by :func:`tilegemm.fp8_quantize_rows`:
 
-* decode (at most :data:`PAGED_MAX_ROWS` query rows): :func:`tilegemm.fp8_paged_mqa_logits` (its schedule spreads
-  each sequence's keys over the SMs), each query row seeing its window's end ``ke`` as its context length;
+* decode (at most :data:`PAGED_MAX_ROWS` query rows): :func:`tilegemm.fp8_paged_mqa_logits` without a schedule
+  (each sequence's keys split over the SMs), each query row seeing its window's end ``ke`` as its context length;
+  the step's new keys are appended by the kernel that casts its queries (:func:`tilegemm.fp8_indexer_prepare`), so
+  the step is two kernels of its own where BF16 scoring is one (and one multiply of the weights);
 * prefill: :func:`tilegemm.fp8_mqa_logits` per sequence on its keys gathered out of the blocks (a copy of FP8 bytes,
   no quantization).
 
@@ -20,8 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from tilegemm import config
-from tilegemm.indexer_mask import apply_mask, clean_outside_windows, key_windows
+from tilegemm.indexer_mask import apply_mask, clean_outside_windows, key_window_ends, key_windows
 from tilegemm.ops import api
 
 __all__ = ["BLOCK_KV", "PAGED_MAX_ROWS", "Fp8KeyCache", "score_fp8_key_cache"]
@@ -71,11 +72,22 @@ class Fp8KeyCache:
         """Write ``keys`` (float ``[batch, S, dim]``, rotated first when :attr:`hadamard`) as each sequence's tokens
         ``end - S .. end - 1`` (``end``: an int, or an int tensor ``[]`` / ``[batch]`` on the cache's device, each
         ``S <= end <= capacity``), quantized by :func:`tilegemm.fp8_paged_append`."""
+        self.check_keys(keys)
+        api.fp8_paged_append(
+            keys, self.kv_cache, self.block_table, self.end_tensor(end), hadamard=self.hadamard, backend=backend
+        )
+
+    def check_keys(self, keys: torch.Tensor) -> None:
+        """Raise ``ValueError`` unless ``keys`` is ``[batch, S, dim]``: keys this cache can append."""
         if keys.dim() != 3 or keys.shape[0] != self.batch or keys.shape[2] != self.dim:
             raise ValueError(f"keys: got shape {list(keys.shape)}, expected [{self.batch}, S, {self.dim}]")
-        if not isinstance(end, torch.Tensor):
-            end = torch.full((), end, dtype=torch.int64, device=self.kv_cache.device)
-        api.fp8_paged_append(keys, self.kv_cache, self.block_table, end, hadamard=self.hadamard, backend=backend)
+
+    def end_tensor(self, end: torch.Tensor | int) -> torch.Tensor:
+        """An append's ``end`` as the ``context_lens`` of the append ops: a tensor as given, an int as an int64
+        ``[]`` on the cache's device."""
+        if isinstance(end, torch.Tensor):
+            return end
+        return torch.full((), end, dtype=torch.int64, device=self.kv_cache.device)
 
     def grow(self, capacity: int) -> None:
         """Make room for ``capacity`` tokens per sequence (at least doubling), keeping what is stored: a copy of the
@@ -104,6 +116,7 @@ def score_fp8_key_cache(
     softmax_scale: float,
     length: int,
     backend: str | None = None,
+    append: tuple[torch.Tensor, torch.Tensor | int] | None = None,
 ) -> torch.Tensor:
     """The indexer's masked scores of ``q`` against the first ``length`` keys of each sequence in ``cache``.
 
@@ -115,34 +128,52 @@ def score_fp8_key_cache(
         softmax_scale: the positive scale of ``q . k``.
         length: keys per sequence to score (the mask's last dim).
         backend: the tilegemm backend of the MQA-logits calls (``None``: the current choice).
+        append: ``(keys, end)``, keys not yet in ``cache`` that the scores see (:meth:`Fp8KeyCache.append`'s
+            arguments), written first: at a decode step in the kernel that casts the queries
+            (:func:`tilegemm.fp8_indexer_prepare`), otherwise by :meth:`Fp8KeyCache.append`.
 
     Returns:
         fp32 ``[B, S, length]``, as :func:`tilegemm.indexer.index_scores` with ``fp8=True`` on the same keys.
     """
-    batch, rows, heads, dim = q.shape
-    ks, ke = key_windows(attention_mask, batch, rows, length, q.device)
+    batch, rows, heads, _ = q.shape
     clean = clean_outside_windows(attention_mask)
-    q8, q_scale = api.fp8_quantize_rows(q, hadamard=cache.hadamard, backend=backend)
-    w = weights.float() * softmax_scale * q_scale
-    if rows <= PAGED_MAX_ROWS:
-        num_sms = max(1, config.get_num_sms()) if q.is_cuda else 1
-        meta = api.get_paged_mqa_logits_metadata(ke, BLOCK_KV, num_sms, backend=backend)
-        flat = api.fp8_paged_mqa_logits(
-            q8.contiguous(),
-            cache.kv_cache,
-            w.reshape(batch * rows, heads).contiguous(),
-            ke,
-            cache.block_table,
-            meta,
-            length,
-            clean,
-            backend=backend,
-        )
-        scores = flat.view(batch, rows, length)
-    else:
+    if rows > PAGED_MAX_ROWS:
+        if append is not None:
+            cache.append(*append, backend=backend)
+        ks, ke = key_windows(attention_mask, batch, rows, length, q.device)
+        q8, w = _cast_queries(q, weights, softmax_scale, cache.hadamard, backend)
         parts = []
         for b in range(batch):
             keys = cache.sequence(b, length)
             parts.append(api.fp8_mqa_logits(q8[b], keys, w[b].contiguous(), ks[b], ke[b], clean, backend=backend))
-        scores = torch.stack(parts)
-    return apply_mask(scores, attention_mask)
+        return apply_mask(torch.stack(parts), attention_mask)
+    ke = key_window_ends(attention_mask, batch, rows, length, q.device)
+    if append is None:
+        q8, w = _cast_queries(q, weights, softmax_scale, cache.hadamard, backend)
+    else:
+        keys, end = append
+        cache.check_keys(keys)
+        q8, w = api.fp8_indexer_prepare(
+            q,
+            keys,
+            weights,
+            cache.kv_cache,
+            cache.block_table,
+            cache.end_tensor(end),
+            hadamard=cache.hadamard,
+            weight_scale=softmax_scale,
+            backend=backend,
+        )
+    flat = api.fp8_paged_mqa_logits(
+        q8, cache.kv_cache, w.reshape(batch * rows, heads), ke, cache.block_table, None, length, clean, backend=backend
+    )
+    return apply_mask(flat.view(batch, rows, length), attention_mask)
+
+
+def _cast_queries(
+    q: torch.Tensor, weights: torch.Tensor, softmax_scale: float, hadamard: bool, backend: str | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 queries and their weights ``weights * softmax_scale * q_scale`` (fp32), as ``fp8_indexer_prepare``
+    gives them, for a call with no keys to append."""
+    q8, q_scale = api.fp8_quantize_rows(q, hadamard=hadamard, backend=backend)
+    return q8, weights.float() * softmax_scale * q_scale

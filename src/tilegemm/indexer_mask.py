@@ -1,7 +1,8 @@
 """The attention mask of a sparse-attention indexer call (:func:`tilegemm.indexer.index_scores`).
 
 * :func:`mask_windows` / :func:`key_windows`: each query row's key window ``[ks, ke)`` from its mask row, the windows
-  the MQA-logits ops score (every visible key inside; decode rows from key 0);
+  the MQA-logits ops score (every visible key inside; decode rows from key 0); :func:`key_window_ends`: the ends
+  alone (the paged op's lengths);
 * :func:`apply_mask`: the mask applied to the windows' scores as stock transformers applies it, and
   :func:`clean_outside_windows`: whether the op must write ``-inf`` outside the windows for that.
 
@@ -15,7 +16,14 @@ import torch
 
 from tilegemm.ops.common import cached_constant
 
-__all__ = ["DECODE_WINDOW_ROWS", "apply_mask", "clean_outside_windows", "key_windows", "mask_windows"]
+__all__ = [
+    "DECODE_WINDOW_ROWS",
+    "apply_mask",
+    "clean_outside_windows",
+    "key_window_ends",
+    "key_windows",
+    "mask_windows",
+]
 
 
 def _key_numbers(keys: int, device: torch.device) -> torch.Tensor:
@@ -50,21 +58,31 @@ def mask_windows(
     if attention_mask.dim() != 3:
         raise ValueError(f"attention_mask: got shape {list(attention_mask.shape)}, expected [B, S, T]")
     batch, rows, keys = attention_mask.shape
-    step = rows_per_chunk or max(1, (1 << 24) // max(1, batch * keys))
+    step = rows_per_chunk or _rows_per_pass(attention_mask)
     cols = _key_numbers(keys, attention_mask.device)
     if from_key_zero and step >= rows:  # one pass, no copies
-        ke = torch.where(_visible(attention_mask), cols, 0).amax(dim=-1)
+        ke = _last_visible(attention_mask, cols)
         return torch.zeros_like(ke), ke
     ks = torch.zeros(batch, rows, dtype=torch.int32, device=attention_mask.device)
     ke = torch.empty_like(ks)
     for r0 in range(0, rows, step):
         part = _visible(attention_mask[:, r0 : r0 + step])
-        last = torch.where(part, cols, 0).amax(dim=-1)  # last visible + 1, or 0
+        last = _last_visible(part, cols)
         ke[:, r0 : r0 + step] = last
         if not from_key_zero:
             first = torch.where(part, cols, keys + 1).amin(dim=-1) - 1  # first visible, or T
             ks[:, r0 : r0 + step] = torch.minimum(first, last)
     return ks, ke
+
+
+def _rows_per_pass(attention_mask: torch.Tensor) -> int:
+    """Query rows of a ``[B, S, T]`` mask :func:`mask_windows` reads per pass: about 2**24 mask elements."""
+    return max(1, (1 << 24) // max(1, attention_mask.shape[0] * attention_mask.shape[-1]))
+
+
+def _last_visible(mask: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """int32 ``[B, S]``: each mask row's last visible key + 1, or 0 (``cols``: :func:`_key_numbers`)."""
+    return torch.where(_visible(mask), cols, 0).amax(dim=-1)
 
 
 #: Up to this many query rows per sequence (decode steps), key windows start at key 0 (one pass over the mask; the
@@ -82,6 +100,20 @@ def key_windows(
         ks = torch.zeros(batch, rows, dtype=torch.int32, device=device)
         return ks, torch.full_like(ks, keys)
     return mask_windows(attention_mask, from_key_zero=rows <= DECODE_WINDOW_ROWS)
+
+
+def key_window_ends(
+    attention_mask: torch.Tensor | None, batch: int, rows: int, keys: int, device: torch.device
+) -> torch.Tensor:
+    """The ``ke`` of :func:`key_windows` alone, for decode calls (at most :data:`DECODE_WINDOW_ROWS` rows, whose
+    windows start at key 0): the visible lengths of the paged MQA op, without the zeros of ``ks``."""
+    if rows > DECODE_WINDOW_ROWS:
+        raise ValueError(f"key_window_ends: {rows} query rows; decode windows hold at most {DECODE_WINDOW_ROWS}")
+    if attention_mask is None:
+        return torch.full((batch, rows), keys, dtype=torch.int32, device=device)
+    if attention_mask.dim() == 3 and _rows_per_pass(attention_mask) >= attention_mask.shape[1]:  # one pass
+        return _last_visible(attention_mask, _key_numbers(attention_mask.shape[2], attention_mask.device))
+    return mask_windows(attention_mask, from_key_zero=True)[1]
 
 
 def clean_outside_windows(attention_mask: torch.Tensor | None) -> bool:

@@ -39,6 +39,11 @@ PAGED_VARIANTS = [
     (64, 64, 4, 32, False),
 ]
 
+#: The paged variants the paged decode kernel takes (``heuristics.cutile.paged_decode_config``: sm_90, N <= 128).
+PAGED_DECODE_VARIANTS = [
+    v for v in PAGED_VARIANTS if heuristics.paged_decode_config(heuristics.paged_mqa_config(*v[:4]), 1, 4096, 132)
+]
+
 
 def _cache_view(dtype: ct.DType, ndim: int, block_stride_elems: int) -> cc.ArrayConstraint:
     """A view into the paged cache: unit last stride, block stride a multiple of 16 bytes."""
@@ -82,8 +87,12 @@ def paged_params(
     out_align: int = 16,
     arch: str = "sm_90",
     w_align: int = 4,
+    scheduled: bool = True,
 ) -> list:
+    """The paged kernel's parameters (``scheduled=False``: the paged decode kernel's, which takes no schedule)."""
     conf = mqa.paged_mqa_config(h, d, next_n, block_kv, sm=_sm(arch))
+    schedule = [aot.array(ct.int32, 2, align_bytes=8)] if scheduled else []
+    constants = mqa.paged_constants if scheduled else mqa.paged_decode_constants
     return [
         aot.array(ct.float8_e4m3fn, 4),  # q [B, next_n, H, D]
         _cache_view(ct.float8_e4m3fn, 3, 16),  # keys [num_blocks, block_kv, D]
@@ -91,9 +100,9 @@ def paged_params(
         aot.array(ct.float32, 3, align_bytes=w_align),  # weights [B, next_n, H] (16 bytes: H a multiple of 4)
         aot.array(ct.int32, 2 if two_d else 1, align_bytes=4),  # context_lens
         aot.array(ct.int32, 2, align_bytes=4),  # block_table
-        aot.array(ct.int32, 2, align_bytes=8),  # schedule
+        *schedule,
         aot.array(ct.float32, 3, align_bytes=out_align),  # out [B, next_n, W]
-        *mqa.paged_constants(conf, next_n, d, block_kv, two_d),
+        *constants(conf, next_n, d, block_kv, two_d),
     ]
 
 
@@ -118,6 +127,7 @@ JOBS = (
     [("plain", v + (al,), arch) for v in PLAIN_VARIANTS for al in (16, 4) for arch in aot.ARCHS]
     + [("plain", v + (16, True), arch) for v in PLAIN_VARIANTS for arch in aot.ARCHS]
     + [("paged", v + (al,), arch) for v in PAGED_VARIANTS for al in (16, 4) for arch in aot.ARCHS]
+    + [("paged_decode", v + (al,), "sm_90") for v in PAGED_DECODE_VARIANTS for al in (16, 4)]
 )
 
 
@@ -134,8 +144,11 @@ def _compile_one(job):
         conf = mqa.mqa_logits_config(*variant[:2], sm=_sm(arch))
         cubin = aot.compile_cubin(mqa_kernels.plain_kernel_for(conf.occupancy), plain_params(*variant, arch=arch), arch)
     else:
+        scheduled = kind == "paged"
         conf = mqa.paged_mqa_config(*variant[:4], sm=_sm(arch))
-        cubin = aot.compile_cubin(mqa_kernels.paged_kernel_for(conf.occupancy), paged_params(*variant, arch=arch), arch)
+        made = mqa_kernels.paged_kernel_for if scheduled else mqa_decode_kernels.paged_decode_kernel_for
+        params = paged_params(*variant, arch=arch, scheduled=scheduled)
+        cubin = aot.compile_cubin(made(conf.occupancy), params, arch)
     return sass_summary(cubin)
 
 

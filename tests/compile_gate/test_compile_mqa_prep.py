@@ -1,10 +1,11 @@
 """CPU compile gate for the kernels that make the MQA ops' FP8 operands (``ops/cutile/mqa_prep.py``), sm_90 and sm_100.
 
-Every row kernel the indexer launches (``fp8_quantize_rows`` and ``fp8_paged_append`` on 128-wide bf16 rows, rotated
-or not), the other float dtypes (their bf16 parts: 2 and 3 MMAs), the narrowest rotated rows (16 columns), the
-longest plain rows, and the schedule kernel at one and two query rows. Each is compiled with ``export_kernel`` (no
-GPU) and its SASS checked: no LDL/STL spills; the rotation on the tensor cores (sm_90: ``HMMA`` m16n8k16, one per
-16 of K and 8 columns over four warps and per bf16 part), none without it.
+Every row kernel the indexer launches (``fp8_quantize_rows``, ``fp8_paged_append`` and ``fp8_indexer_prepare`` on
+128-wide bf16 rows, rotated or not), the other float dtypes (their bf16 parts: 2 and 3 MMAs), the narrowest rotated
+rows (16 columns), the longest plain rows, and the schedule kernel at one and two query rows. Each is compiled with
+``export_kernel`` (no GPU) and its SASS checked: no LDL/STL spills; the rotation on the tensor cores (sm_90: ``HMMA``
+m16n8k16, one per 16 of K and 8 columns over four warps and per bf16 part; the prepare kernel's two branches each),
+none without it.
 """
 
 from __future__ import annotations
@@ -34,7 +35,19 @@ def _append_params(dim: int, dtype: torch.dtype, hadamard: bool, lens: ct.DType,
     cfg = heuristics.fp8_rows_config(dim, dtype)
     arrays = [aot.array(_CT_DTYPES[dtype], 3), aot.array(ct.bfloat16, 2), aot.array(lens, 1)]
     arrays += [aot.array(ct.int32, 2), aot.array(ct.float8_e4m3fn, 3), aot.array(ct.float32, 2)]
-    return cfg, [*arrays, _F32, *mqa_prep.rows_constants(cfg, hadamard, per_sequence)]
+    return cfg, [*arrays, _F32, *mqa_prep.rows_constants(cfg, hadamard, per_sequence, 64)]
+
+
+def _prepare_params(dim: int, dtype: torch.dtype, hadamard: bool, per_sequence: bool):
+    """The indexer-prepare kernel's parameters: query rows ``[B, S * H, D]`` and weights, then the append's, then the
+    outputs (queries and weights of one dtype, int32 lengths)."""
+    cfg = heuristics.fp8_rows_config(dim, dtype)
+    elem = _CT_DTYPES[dtype]
+    arrays = [aot.array(elem, 3), aot.array(ct.float32, 2, align_bytes=4), aot.array(elem, 3)]
+    arrays += [aot.array(ct.bfloat16, 2), aot.array(ct.int32, 1), aot.array(ct.int32, 2)]
+    arrays += [aot.array(ct.float8_e4m3fn, 3), aot.array(ct.float32, 2)]
+    arrays += [aot.array(ct.float8_e4m3fn, 3), aot.array(ct.float32, 2, align_bytes=4)]
+    return cfg, [*arrays, _F32, _F32, *mqa_prep.prepare_constants(cfg, cfg, hadamard, per_sequence, 64)]
 
 
 def _schedule_params(next_n: int, num_sms: int) -> list:
@@ -62,6 +75,10 @@ def _variants():
         out.append((vid, "paged_append", cfg, True, params))
     cfg, params = _append_params(128, torch.bfloat16, False, ct.int32, True)
     out.append(("append-bf16-d128-plain", "paged_append", cfg, False, params))
+    for hadamard, per_sequence in [(True, True), (True, False), (False, True)]:
+        cfg, params = _prepare_params(128, torch.bfloat16, hadamard, per_sequence)
+        vid = f"prepare-bf16-d128-{'h' if hadamard else 'plain'}-{'per-seq' if per_sequence else 'one-length'}"
+        out.append((vid, "indexer_prepare", cfg, hadamard, params))
     for next_n, sms in [(1, 132), (2, 78)]:
         out.append((f"schedule-n{next_n}-sms{sms}", "paged_schedule", None, False, _schedule_params(next_n, sms)))
     return out
@@ -102,4 +119,5 @@ def test_mqa_prep_kernel_sass(compiled, vid, arch):
     if arch == "sm_90" and cfg is not None and cfg.cols >= 64:
         # mma.sync m16n8k16 over the CTA's four warps: per 16 of K, 8 columns and bf16 part (16 rows: one M block)
         want = cfg.splits * (cfg.cols // 16) * (cfg.cols // 8) // 4 if hadamard else 0
+        want *= 2 if vid.startswith("prepare") else 1  # its two branches: query rows, key rows
         assert s["hmma"] == want and s["hgmma"] == 0, f"{vid}: {s['hmma']} HMMA, {s['hgmma']} HGMMA, expected {want}"

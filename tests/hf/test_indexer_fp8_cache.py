@@ -78,6 +78,24 @@ def test_cache_scores_equal_the_per_call_recipe(rows, hadamard):
     assert torch.equal(got_add[mask], got[mask]) and (got_add[~mask] < -1e30).all()
 
 
+@pytest.mark.parametrize("rows", [1, 4, 40], ids=lambda r: f"rows{r}")
+def test_scores_with_an_owed_append_equal_append_then_score(rows):
+    """The step's keys passed to the scoring (``append=``, as ``fp8_keys_for`` leaves them owed: at decode the kernel
+    that casts the queries writes them) give the scores and the cache bytes of an append before the scoring, bitwise
+    (the ``pytorch`` backend: the same formulas in the same order)."""
+    q, k, w, mask = _inputs(2, rows, 300, seed=10 + rows)
+    scale = q.shape[-1] ** -0.5
+    before, owed = Fp8KeyCache(2, 300, q.shape[-1], "cpu"), Fp8KeyCache(2, 300, q.shape[-1], "cpu")
+    for cache in (before, owed):
+        cache.append(k[:, : 300 - rows], 300 - rows)
+    before.append(k[:, 300 - rows :], torch.tensor(300))
+    want = score_fp8_key_cache(q, before, w, mask, scale, 300, backend="pytorch")
+    got = score_fp8_key_cache(q, owed, w, mask, scale, 300, backend="pytorch", append=(k[:, 300 - rows :], 300))
+    assert torch.equal(got, want) and torch.equal(owed.kv_cache, before.kv_cache)
+    with pytest.raises(ValueError, match="keys: got shape"):
+        score_fp8_key_cache(q, owed, w, mask, scale, 300, backend="pytorch", append=(k[:1, -1:], 300))
+
+
 def test_swap_rejects_fp8_cache_without_fp8():
     model = build("tiny-deepseek-v32")
     with pytest.raises(ValueError, match="fp8_cache=True needs fp8=True"):
@@ -193,12 +211,14 @@ def test_fp8_cache_is_rebuilt_when_a_dynamic_cache_restarts():
         layers = [Layer()]
 
     cache = Dynamic()
-    first = idx.fp8_keys_for(cache, 0, keys[:, :12], keys[:, :12], True)
-    assert first.length == 12
-    same = idx.fp8_keys_for(cache, 0, keys[:, 12:13], keys[:, :13], True)
+    first, pending = idx.fp8_keys_for(cache, 0, keys[:, :12], keys[:, :12], True)
+    assert first.length == 12 and pending is None  # built from every key
+    same, pending = idx.fp8_keys_for(cache, 0, keys[:, 12:13], keys[:, :13], True)
     assert same is first and same.length == 13
-    rebuilt = idx.fp8_keys_for(cache, 0, keys[:, :5], keys[:, :5], True)  # restarted at 5 keys
-    assert rebuilt is not first and rebuilt.length == 5
+    assert torch.equal(pending[0], keys[:, 12:13]) and pending[1] == 13  # the new key, owed to the next score
+    same.append(*pending)
+    rebuilt, pending = idx.fp8_keys_for(cache, 0, keys[:, :5], keys[:, :5], True)  # restarted at 5 keys
+    assert rebuilt is not first and rebuilt.length == 5 and pending is None
     lens = torch.full((2,), 5, dtype=torch.int32)
     for b, (data, _) in enumerate(scoring.read_paged_kv_cache(rebuilt.kv_cache, rebuilt.block_table, lens)):
         want = scoring.quantize_keys(scoring.hadamard_rotate(keys[b, :5]))[0]

@@ -200,9 +200,10 @@ PAGED_CASES = [
 
 
 @pytest.mark.parametrize("backend,device", BACKENDS)
+@pytest.mark.parametrize("scheduled", [True, False], ids=["schedule", "no_schedule"])
 @pytest.mark.parametrize("clean", [True, False], ids=["clean", "raw"])
 @pytest.mark.parametrize("case", PAGED_CASES, ids=[c[0] for c in PAGED_CASES])
-def test_fp8_paged_mqa_logits(backend, device, case, clean):
+def test_fp8_paged_mqa_logits(backend, device, case, clean, scheduled):
     _, batch, next_n, h, dim, block_kv, ctx = case
     gen = torch.Generator().manual_seed(43)
     ctx_t = torch.tensor(ctx, dtype=torch.int32)
@@ -214,7 +215,7 @@ def test_fp8_paged_mqa_logits(backend, device, case, clean):
     q, weights = q.to(device), weights.to(device)
     context_lens = ctx_t.to(device)
     max_context_len = max(lens_max) + 5
-    meta = tg.get_paged_mqa_logits_metadata(context_lens, block_kv, 4)
+    meta = tg.get_paged_mqa_logits_metadata(context_lens, block_kv, 4) if scheduled else None
     logits = tg.fp8_paged_mqa_logits(
         q, cache, weights, context_lens, table, meta, max_context_len, clean_logits=clean, backend=backend
     )

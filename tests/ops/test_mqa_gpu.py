@@ -217,6 +217,12 @@ def _check_paged(b, next_n, h, d, block_kv, two_d, num_sms, longest=None):
     assert torch.equal(again, out)
     raw = api.fp8_paged_mqa_logits(q_d, cache_d, w_d, ctx_d, table_d, meta, width, clean_logits=False, backend="cutile")
     assert torch.equal(raw[valid], out[valid])
+    # without a schedule (the paged decode kernel, or where it does not take the rows the op's own schedule): the
+    # same chunks' math, so the same bits
+    unscheduled = api.fp8_paged_mqa_logits(
+        q_d, cache_d, w_d, ctx_d, table_d, None, width, clean_logits=True, backend="cutile"
+    )
+    assert torch.equal(unscheduled, out)
 
 
 def test_fp8_paged_mqa_logits_cuda_graph():

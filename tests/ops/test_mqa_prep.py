@@ -156,6 +156,52 @@ def test_paged_append_reads_back_with_the_indexer_helpers():
         assert torch.equal(data.view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(scale, want[1])
 
 
+PREPARE_CASES = [  # (batch, rows, heads, dim, ends, hadamard)
+    (2, 1, 64, 128, [5, 200], True),
+    (3, 2, 16, 128, [2, 64, 70], True),
+    (1, 4, 8, 64, [9], False),
+    (2, 1, 5, 32, [33], True),  # 5 heads: query row blocks ragged; one length for both
+]
+
+
+@pytest.mark.parametrize("case", PREPARE_CASES, ids=lambda c: f"b{c[0]}s{c[1]}h{c[2]}d{c[3]}{'h' if c[5] else ''}")
+@pytest.mark.parametrize("backend,device", backend_device_params())
+def test_indexer_prepare_is_the_append_the_cast_and_the_weights(backend, device, case):
+    """``fp8_indexer_prepare`` = ``fp8_paged_append`` of the keys + ``fp8_quantize_rows`` of the queries + the
+    weights times ``weight_scale`` times the query scales, on the same backend bit for bit (the kernel runs the ops'
+    tile code on the same tiles); the cast within the float64 formula's FP8 rounding; a rerun the same bits."""
+    batch, rows, heads, dim, ends, hadamard = case
+    cache, table = _paged(batch, 4, 64, dim, device=device)
+    q = _rows((batch, rows, heads, dim), torch.bfloat16, seed=3, device=device)
+    k = _rows((batch, rows, dim), torch.bfloat16, seed=4, device=device)
+    w = torch.randn(batch, rows, heads, generator=torch.Generator().manual_seed(5)).to(device)
+    lens = torch.tensor(ends, dtype=torch.int32, device=device)
+    if len(ends) == 1 and batch > 1:
+        lens = lens.reshape(())
+    want_cache = cache.clone()
+    tg.fp8_paged_append(k, want_cache, table, lens, hadamard=hadamard, backend=backend)
+    want_q, want_s = tg.fp8_quantize_rows(q, hadamard=hadamard, backend=backend)
+    q8, w8 = tg.fp8_indexer_prepare(q, k, w, cache, table, lens, hadamard=hadamard, weight_scale=0.3, backend=backend)
+    assert q8.shape == q.shape and q8.dtype == FP8 and w8.shape == w.shape and w8.dtype == torch.float32
+    assert torch.equal(cache, want_cache)
+    assert torch.equal(q8.view(torch.uint8), want_q.view(torch.uint8))
+    assert torch.equal(w8, w * 0.3 * want_s)
+    _assert_fp8_rows(q8.cpu(), (w8 / (w * 0.3)).cpu(), q.cpu(), hadamard)
+    again = tg.fp8_indexer_prepare(
+        q, k, w, cache.clone(), table, lens, hadamard=hadamard, weight_scale=0.3, backend=backend
+    )
+    assert torch.equal(again[0].view(torch.uint8), q8.view(torch.uint8)) and torch.equal(again[1], w8)
+
+
+def _prepare_args(**over):
+    cache, table = _paged(2, 2, 64, 128)
+    args = dict(q=torch.randn(2, 1, 4, 128).bfloat16(), k=torch.randn(2, 1, 128).bfloat16())
+    args.update(weights=torch.ones(2, 1, 4))
+    args.update(kv_cache=cache, block_table=table, context_lens=torch.tensor([3, 100], dtype=torch.int32))
+    args.update(over)
+    return args
+
+
 def _append_args(**over):
     cache, table = _paged(2, 2, 64, 128)
     args = dict(x=torch.randn(2, 3, 128).bfloat16(), kv_cache=cache, block_table=table)
@@ -192,6 +238,28 @@ def test_bad_input(call, error, message):
         call()
 
 
+@pytest.mark.parametrize(
+    "over,error,message",
+    [
+        (dict(q=torch.randn(2, 1, 128)), ValueError, "q"),
+        (dict(q=torch.randn(2, 1, 4, 64)), ValueError, "k: got shape"),
+        (dict(q=torch.randn(2, 1, 4, 96), k=torch.randn(2, 1, 96)), ValueError, "power of two"),
+        (dict(weights=torch.ones(2, 1, 5)), ValueError, "weights"),
+        (dict(weights=torch.ones(2, 1, 4, dtype=torch.int32)), TypeError, "weights"),
+        (dict(k=torch.randn(3, 1, 128)), ValueError, "k"),
+        (dict(k=torch.randn(2, 1, 128, dtype=torch.float64)), TypeError, "k"),
+        (dict(weight_scale=float("nan")), ValueError, "weight_scale"),
+        (dict(weight_scale="2"), TypeError, "weight_scale"),
+        (dict(context_lens=torch.tensor([0, 9])), ValueError, "ends at 0"),
+        (dict(kv_cache=torch.zeros(5, 64, 1, 68, dtype=torch.uint8)), ValueError, "kv_cache"),
+    ],
+    ids=lambda v: ",".join(v) if isinstance(v, dict) else None,
+)
+def test_indexer_prepare_bad_input(over, error, message):
+    with pytest.raises(error, match=message):
+        tg.fp8_indexer_prepare(**_prepare_args(**over), hadamard=True)
+
+
 # ------------------------------------------------------------------------------ cutile host path (launches recorded)
 
 
@@ -208,11 +276,16 @@ def test_each_call_is_one_launch(launches):
     tg.fp8_paged_append(x[:, :2], cache, table, torch.tensor(66), hadamard=True, backend="cutile")
     grid, kernel, args = launches[-1]
     assert grid == (1, 3, 1) and kernel is mqa_prep.get_kernel("paged_append") and args[2].shape == (1,)
-    assert args[-1] is False  # PER_SEQUENCE
+    assert args[-2] is False and args[-1] == 64  # PER_SEQUENCE, BLOCK_KV
     meta = tg.get_paged_mqa_logits_metadata(torch.tensor([5, 300], dtype=torch.int32), 64, 7, backend="cutile")
     grid, kernel, args = launches[-1]
     assert grid == (1, 1, 1) and kernel is mqa_prep.get_kernel("paged_schedule") and args[1] is meta
     assert meta.shape == (8, 2) and len(launches) == 3
+    q = torch.randn(3, 1, 40, 128).bfloat16()  # 40 query rows a sequence: 3 row blocks, then 1 of keys
+    tg.fp8_indexer_prepare(q, x[:, :1], torch.ones(3, 1, 40), cache, table, torch.tensor(66), backend="cutile")
+    grid, kernel, args = launches[-1]
+    assert grid == (4, 3, 1) and kernel is mqa_prep.get_kernel("indexer_prepare") and args[0].shape == (3, 40, 128)
+    assert tuple(args[-2:]) == (False, 64) and len(launches) == 4
     with pytest.raises(RuntimeError, match="rotated rows of a power of two up to 128"):  # fallback disabled
         tg.fp8_quantize_rows(torch.randn(2, 256), hadamard=True, backend="cutile")
 

@@ -427,8 +427,8 @@ def _mqa() -> str:
 
 
 @case(
-    "paged mqa logits (next_n 1 and 2): garbage block table tail, output as wide as the longest, then garbage "
-    "schedule and lengths"
+    "paged mqa logits (next_n 1 and 2, scheduled and not): garbage block table tail, output as wide as the longest, "
+    "then garbage schedule and lengths"
 )
 def _paged() -> str:
     for next_n in (1, 2):  # 128-key chunks, two per 256-key split (paged_mqa_config)
@@ -442,11 +442,12 @@ def _paged() -> str:
         w = torch.randn(b * next_n, h, generator=g)
         cache, table, ctx, q8, w = (t.to(DEV) for t in (cache, table, ctx, q8, w))
         meta = tg.get_paged_mqa_logits_metadata(ctx, block_kv, 132, backend="cutile")
-        for width in (max(lens), max(lens) + 50):
-            tg.fp8_paged_mqa_logits(q8, cache, w, ctx, table, meta, width, backend="cutile")
+        for width, schedule in itertools.product((max(lens), max(lens) + 50), (meta, None)):  # None: no schedule
+            tg.fp8_paged_mqa_logits(q8, cache, w, ctx, table, schedule, width, backend="cutile")
         bad_meta = torch.randint(-100, 10**5, meta.shape, generator=torch.Generator().manual_seed(3), dtype=torch.int32)
         bad_ctx = torch.tensor([10**6, -4, 2**31 - 1], dtype=torch.int32, device=DEV)
         tg.fp8_paged_mqa_logits(q8, cache, w, bad_ctx, table, bad_meta.to(DEV), width, backend="cutile")
+        tg.fp8_paged_mqa_logits(q8, cache, w, bad_ctx, table, None, width, backend="cutile")
     torch.cuda.synchronize()
     return "ran"
 
@@ -527,7 +528,7 @@ def _mqa_batched() -> str:
 
 # The FP8 row cast (awkward row counts, fp32/fp16 rows, padded and unaligned columns), the paged append with
 # positions before and past the table and blocks outside the cache (nothing written there), the schedule kernel.
-@case("mqa prep kernels: FP8 rows, paged append with garbage positions and blocks, schedule")
+@case("mqa prep kernels: FP8 rows, paged append and indexer prepare with garbage positions and blocks, schedule")
 def _mqa_prep() -> str:
     g = torch.Generator().manual_seed(7)
     for shape, dtype, hadamard in (
@@ -545,6 +546,14 @@ def _mqa_prep() -> str:
         x = torch.randn(batch, count, 128, generator=g).bfloat16().to(DEV)
         ctx = torch.tensor(lens, dtype=torch.int64, device=DEV)
         tg.fp8_paged_append(x, cache, table, ctx if len(lens) > 1 else ctx.reshape(()), hadamard=True, backend="cutile")
+        for heads in (64, 5):  # the indexer's 64 query rows a token; 5: ragged row blocks
+            q = torch.randn(batch, count, heads, 128, generator=g).bfloat16().to(DEV)
+            w = torch.randn(batch, count, heads, generator=g).to(DEV)
+            lens_arg = ctx if len(lens) > 1 else ctx.reshape(())
+            for _ in range(2):  # the full path, then the hot lane's replay
+                tg.fp8_indexer_prepare(
+                    q, x, w, cache, table, lens_arg, hadamard=True, weight_scale=0.1, backend="cutile"
+                )
     for shape in ((1,), (17,), (300, 2), (40, 3)):
         lens = torch.randint(0, 70000, shape, generator=g, dtype=torch.int32).to(DEV)
         for sms in (1, 132, 255):

@@ -16,7 +16,8 @@ logits only), with the same projections, rotary embedding, key cache, mask and `
 * FP8 key cache (``fp8=True, fp8_cache=True``): the same recipe, the keys quantized once as they are appended into an
   FP8 cache beside transformers' (:class:`tilegemm.fp8_key_cache.Fp8KeyCache`, DeepGEMM's paged layout, kept on the
   cache object per layer: :func:`fp8_keys_for`); decode scored over it in place by
-  :func:`tilegemm.fp8_paged_mqa_logits`, prefill by :func:`tilegemm.fp8_mqa_logits` on its keys
+  :func:`tilegemm.fp8_paged_mqa_logits` without a schedule, the step's key appended in the kernel that casts its
+  queries (:func:`tilegemm.fp8_indexer_prepare`), prefill by :func:`tilegemm.fp8_mqa_logits` on its keys
   (:func:`tilegemm.fp8_key_cache.score_fp8_key_cache`). A static cache's writes follow its device counter, so
   :func:`tilegemm.transformers.compat.rewind_static_cache` rewinds both caches and the step is graph-capturable.
   This path calls the ops directly, not as one custom op (``torch.compile`` breaks the graph there).
@@ -199,9 +200,11 @@ def _patched_forward(rope_name: str):
             weights = self.weights_proj(hidden_states.to(self.weights_proj.weight.dtype)).float()
             scale = float(self.softmax_scale) * self.n_heads**-0.5
             if self._tilegemm_fp8_cache:
-                keys = fp8_keys_for(cache, self.layer_idx, new, k, self._tilegemm_hadamard, self._tilegemm_backend)
+                keys, pending = fp8_keys_for(
+                    cache, self.layer_idx, new, k, self._tilegemm_hadamard, self._tilegemm_backend
+                )
                 scores = score_fp8_key_cache(
-                    q, keys, weights, attention_mask, scale, k.shape[1], self._tilegemm_backend
+                    q, keys, weights, attention_mask, scale, k.shape[1], self._tilegemm_backend, pending
                 )
             else:
                 scores = indexer_scores(
@@ -234,8 +237,11 @@ FP8_KEYS_ATTR = "_tilegemm_fp8_keys"
 
 def fp8_keys_for(
     cache, layer_idx: int, new: torch.Tensor, keys: torch.Tensor, hadamard: bool, backend: str | None = None
-) -> Fp8KeyCache:
-    """Layer ``layer_idx``'s FP8 key cache with the keys ``new`` just appended.
+) -> tuple[Fp8KeyCache, tuple[torch.Tensor, torch.Tensor | int] | None]:
+    """Layer ``layer_idx``'s FP8 key cache and the append of the keys ``new`` it still owes: ``(fp8_cache, pending)``,
+    ``pending`` the ``(keys, end)`` of :meth:`Fp8KeyCache.append` (``score_fp8_key_cache``'s ``append``: a decode
+    step writes them in the kernel that casts its queries), or ``None`` where the cache was just built from all of
+    ``keys``.
 
     Args:
         cache: the forward's transformers cache (``None``: no cache, a fresh FP8 cache of ``keys``).
@@ -256,7 +262,7 @@ def fp8_keys_for(
     if cache is None:
         fresh = Fp8KeyCache(batch, total, dim, keys.device, hadamard)
         fresh.append(keys, total, backend)
-        return fresh
+        return fresh, None
     layers = getattr(cache, "layers", None)
     layer = layers[layer_idx] if isinstance(layers, (list, tuple)) and layer_idx < len(layers) else None
     counter = getattr(layer, "indexer_cumulative_length", None)
@@ -277,14 +283,11 @@ def fp8_keys_for(
         fp8.append(keys, total, backend)
         fp8.length = total
         store[layer_idx] = fp8
-        return fp8
-    if static:
-        fp8.append(new, counter, backend)  # the counter already holds the length after this call's keys
-    else:
+        return fp8, None
+    if not static:
         fp8.grow(total)
-        fp8.append(new, total, backend)
     fp8.length = total
-    return fp8
+    return fp8, (new, counter if static else total)  # a static counter already holds the length after ``new``
 
 
 def _rebuild_swapped(stock: type, rope_name: str, state: dict) -> nn.Module:

@@ -104,6 +104,7 @@ from tilegemm.heuristics.cutile.mqa import (
     fp8_rows_config,
     mqa_decode_config,
     mqa_logits_config,
+    paged_decode_config,
     paged_mqa_config,
     plain_mqa_config,
     takes_mqa_decode,
@@ -187,7 +188,7 @@ __all__ = [
     "bf16_mqa_logits_config", "choose", "decode_config", "decode_sized", "decode_plan", "DecodeConfig", "DecodePlan",
     "dense_tile_config", "DenseConfig", "grouped_config", "Kind", "moe_blocks_config", "moe_config", "moe_fp8_config",
     "moe_slots_config", "moe_train_config", "MoEBlocksConfig", "MoEConfig", "MoESlotsConfig", "mqa_decode_config",
-    "mqa_logits_config", "MqaConfig", "narrow_config", "NarrowConfig", "NormConfig", "paged_mqa_config",
-    "PagedMqaConfig", "plain_mqa_config", "print_once", "Problem", "problem", "rms_norm_config", "Rule", "split_plan",
-    "SplitPlan", "takes_decode", "takes_mqa_decode", "TileConfig", "variant",
+    "mqa_logits_config", "MqaConfig", "narrow_config", "NarrowConfig", "NormConfig", "paged_decode_config",
+    "paged_mqa_config", "PagedMqaConfig", "plain_mqa_config", "print_once", "Problem", "problem", "rms_norm_config",
+    "Rule", "split_plan", "SplitPlan", "takes_decode", "takes_mqa_decode", "TileConfig", "variant",
 ]  # fmt: skip

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tilegemm.env import MQA_VARIANT
 from tilegemm.heuristics.cutile.problem import forced
@@ -176,6 +176,24 @@ def paged_mqa_config(
         batch_major=sm == 90,
         rows_outer=sm == 90 and nnp == rg,
     )
+
+
+def paged_decode_config(base: PagedMqaConfig, batch: int, width: int, sms: int, sm: int = 90) -> PagedMqaConfig | None:
+    """The paged op's config without a schedule (``schedule_meta=None``: ``mqa_decode_kernels.paged_decode_kernel``)
+    from its scheduled config ``base``: the same tiles, and ``parts`` CTAs per (sequence, row group), each taking
+    every ``parts``-th chunk of ``base.ck`` keys: as many as :data:`MQA_DECODE_CTAS_PER_SM` CTAs per SM hold over the
+    ``batch`` sequences' row groups (rounded down: one wave; rounded up, 32 sequences of 64k keys ran 288 CTAs in
+    264 slots, 0.78x the scheduled kernel), at most one per chunk of ``width`` (``max_context_len``) keys.
+
+    ``None`` (the op then makes its schedule itself) off sm_90 and at an MMA N side (``rg * hp``) above 128: there
+    tileiras 13.4 spills the kernel's loop (sm_90 N = 256: 1,200 local loads and stores; sm_100 spills or fails at
+    2-D lengths, ``tests/compile_gate/test_compile_mqa.py``)."""
+    if sm != 90 or base.rg * base.hp > 128:
+        return None
+    blocks = max(1, batch) * (base.nnp // base.rg)
+    chunks = max(1, -(-width // base.ck))
+    parts = max(1, min(chunks, MQA_DECODE_CTAS_PER_SM * sms // blocks))
+    return replace(base, parts=parts)
 
 
 #: Names the MQA-logits kernel of every ``fp8_mqa_logits`` / ``bf16_mqa_logits`` call (benchmarks, tests): ``plain``

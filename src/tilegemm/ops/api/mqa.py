@@ -176,7 +176,9 @@ _PAGED_DOC = """FP8 MQA logits over a paged KV cache (decode); returns a new [B 
         context_lens: int32 [B] or [B, next_n].
         block_table: int32 [B, max_blocks].
         schedule_meta: int32 [num_sms + 1, 2] from :func:`get_paged_mqa_logits_metadata` for these
-            ``context_lens`` and ``block_kv`` (checked when value checks run).
+            ``context_lens`` and ``block_kv`` (checked when value checks run); or ``None`` (tilegemm's extension:
+            no schedule, each sequence's keys split over the SMs in a fixed round robin, what a decode step of a
+            few sequences wants: no schedule kernel to run first).
         max_context_len: output width (>= every visible length).
         clean_logits: write ``-inf`` past each row's visible length.{dtype_doc}
         indices: DeepGEMM's varlen sequence index per row (int32 [B]); validated, no effect (the
@@ -191,7 +193,7 @@ def _paged_mqa_logits(
     weights: Tensor,
     context_lens: Tensor,
     block_table: Tensor,
-    schedule_meta: Tensor,
+    schedule_meta: Tensor | None,
     max_context_len: int,
     clean_logits: bool = False,
     logits_dtype: torch.dtype = torch.float32,
@@ -257,4 +259,40 @@ def fp8_paged_append(
         table (``S <= context_lens[b] <= max_blocks * block_kv``) and every block it names inside the cache:
         value checks say so on CPU tensors (or with ``TILEGEMM_CHECK_VALUES=1``); on the GPU the kernel writes
         nothing outside them.
+    """
+
+
+@dispatch(
+    "fp8_indexer_prepare", check=checks.fp8_indexer_prepare_check, signature=checks.fp8_indexer_prepare_signature()
+)
+def fp8_indexer_prepare(
+    q: Tensor,
+    k: Tensor,
+    weights: Tensor,
+    kv_cache: Tensor,
+    block_table: Tensor,
+    context_lens: Tensor,
+    *,
+    hadamard: bool = False,
+    weight_scale: float = 1.0,
+    stream=None,
+) -> tuple[Tensor, Tensor]:
+    """The operands of a decode step of DeepSeek's indexer over a paged FP8 key cache, in one kernel (tilegemm's
+    extension): :func:`fp8_paged_append` of the step's keys ``k``, :func:`fp8_quantize_rows` of its queries ``q``,
+    and the query scales folded into the head weights; then :func:`fp8_paged_mqa_logits` scores the step.
+
+    Args:
+        q: [B, S, H, D] bf16, fp16 or fp32 queries (D a power of two with ``hadamard``).
+        k: [B, S', D] of ``q``'s float dtypes: the keys to append (``S'`` new tokens a sequence, ``S`` at a step).
+        weights: [B, S, H] float head weights.
+        kv_cache, block_table, context_lens: as :func:`fp8_paged_append` takes them (``context_lens``: the lengths
+            after the append).
+        hadamard: (keyword) rotate queries and keys first, as :func:`fp8_quantize_rows` does.
+        weight_scale: (keyword) a factor of every weight (the softmax scale and ``H**-0.5``, say).
+        stream: CUDA stream (``None``: current).
+
+    Returns:
+        ``(q_fp8, w)``: float8_e4m3fn ``[B, S, H, D]`` and fp32 ``[B, S, H]``, where ``(q_fp8, s) =
+        fp8_quantize_rows(q, hadamard=hadamard)`` and ``w = weights * weight_scale * s`` (fp32, in that order); the
+        keys written into ``kv_cache`` as :func:`fp8_paged_append` writes them, under its conditions.
     """

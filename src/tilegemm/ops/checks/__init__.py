@@ -78,6 +78,8 @@ from tilegemm.ops.checks.moe import (
 from tilegemm.ops.checks.mqa import (
     LOGITS_DTYPES,
     bf16_mqa_logits_check,
+    fp8_indexer_prepare_check,
+    fp8_indexer_prepare_signature,
     fp8_paged_append_check,
     fp8_quantize_rows_check,
     mqa_logits_batched_check,
@@ -106,7 +108,7 @@ __all__ = [
     "BLOCK", "EINSUM_EXPRS", "FLOATS", "FP8", "FP8_EINSUM_EXPRS", "GROUPED_MATMUL_DTYPES", "INT32_MAX",
     "LAYOUTS", "LAYOUT_SHAPES", "LOGITS_DTYPES", "MOE_ACTIVATIONS", "M_ALIGNMENT", "OUT_DTYPES", "RECIPES",
     "HotLane", "allow_float_operands", "bf16_mqa_logits_check", "calc_diff_check", "ceil_to_ue8m0_check",
-    "fp8_paged_append_check", "fp8_quantize_rows_check",
+    "fp8_indexer_prepare_check", "fp8_indexer_prepare_signature", "fp8_paged_append_check", "fp8_quantize_rows_check",
     "check_group_offsets",
     "cublaslt_gemm_check", "dense_gemm_check", "dense_gemm_signature", "einsum_check", "fp8_einsum_check",
     "fp8_linear_check",

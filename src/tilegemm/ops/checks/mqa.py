@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from tilegemm.ops.checks.base import (
     _fp8_operand,
     _int,
     _same_device,
+    _scalar,
     _shape,
     _stream,
     _tensor,
@@ -313,9 +315,10 @@ def paged_mqa_logits_check(
     _tensor("block_table", block_table, (torch.int32,), 2)
     if block_table.shape[0] != batch:
         raise ValueError(f"block_table: got shape {list(block_table.shape)}, expected [B={batch}, max_blocks]")
-    _tensor("schedule_meta", schedule_meta, (torch.int32,), 2)
-    if schedule_meta.shape[0] < 2 or schedule_meta.shape[1] != 2:
-        raise ValueError(f"schedule_meta: got shape {list(schedule_meta.shape)}, expected [num_sms + 1, 2]")
+    if schedule_meta is not None:
+        _tensor("schedule_meta", schedule_meta, (torch.int32,), 2)
+        if schedule_meta.shape[0] < 2 or schedule_meta.shape[1] != 2:
+            raise ValueError(f"schedule_meta: got shape {list(schedule_meta.shape)}, expected [num_sms + 1, 2]")
     _int("max_context_len", max_context_len, 0, INT32_MAX)
     _bool("clean_logits", clean_logits)
     _indices(indices, batch)
@@ -374,8 +377,9 @@ def paged_mqa_logits_signature(fp4_form: bool) -> hot.HotLane:
     """The hot-lane key of ``fp8_fp4_paged_mqa_logits`` (``fp4_form``) or ``fp8_paged_mqa_logits``: the replay
     takes ``(q, kv_cache, weights, context_lens, block_table, schedule_meta)``.
 
-    The key holds the shape, dtype and device of every tensor, ``max_context_len``, ``clean_logits`` and
-    ``logits_dtype``. Calls with a ``stream``, ``indices``, a non-contiguous tensor, dtypes other than the
+    The key holds the shape, dtype and device of every tensor (``schedule_meta`` may be ``None``),
+    ``max_context_len``, ``clean_logits``, ``logits_dtype`` and the settings the config reads (``set_num_sms``: the
+    grid without a schedule). Calls with a ``stream``, ``indices``, a non-contiguous tensor, dtypes other than the
     canonical ones (fp8 ``q``, uint8 cache, int32 lengths/table/schedule, fp32 weights, or bf16 in the fp8_fp4
     form, whose check pairs them with bf16 logits), or with value checks on (``TILEGEMM_CHECK_VALUES=1``)
     take the full path.
@@ -387,7 +391,7 @@ def paged_mqa_logits_signature(fp4_form: bool) -> hot.HotLane:
         weights=hot.packed(torch.float32, torch.bfloat16) if fp4_form else hot.packed(torch.float32),
         context_lens=i32,
         block_table=i32,
-        schedule_meta=i32,
+        schedule_meta=hot.optional(i32),
         max_context_len=hot.exact(int),
         clean_logits=hot.exact(bool),
         logits_dtype=hot.one_of(LOGITS_DTYPES),
@@ -395,13 +399,13 @@ def paged_mqa_logits_signature(fp4_form: bool) -> hot.HotLane:
         stream=hot.none,
     )
     names = ("q", "kv_cache", "weights", "context_lens", "block_table", "schedule_meta")
-    return hot.HotLane(kinds, _replay_operands(names, fp4_form), value_checks=True)
+    return hot.HotLane(kinds, _replay_operands(names, fp4_form), setting=_mqa_settings, value_checks=True)
 
 
 def _paged_values(
     context_lens: torch.Tensor,
     block_table: torch.Tensor,
-    schedule_meta: torch.Tensor,
+    schedule_meta: torch.Tensor | None,
     next_n: int,
     num_blocks: int,
     block_kv: int,
@@ -412,6 +416,8 @@ def _paged_values(
     visible = visible_lengths(context_lens, next_n)
     if visible.numel():
         _paged_block_table(visible, block_table, num_blocks, block_kv, max_context_len)
+    if schedule_meta is None:
+        return
     expected = paged_mqa_schedule(context_lens, block_kv, schedule_meta.shape[0] - 1)
     if not torch.equal(schedule_meta, expected):
         raise ValueError(
@@ -497,6 +503,39 @@ def fp8_paged_append_check(x, kv_cache, block_table, context_lens, *, hadamard=F
     if count and batch and value_checks_enabled(x.device):
         _append_values(context_lens, block_table, count, kv_cache.shape[0], kv_cache.shape[1])
     return dict(tensors, hadamard=hadamard, stream=stream)
+
+
+def fp8_indexer_prepare_check(
+    q, k, weights, kv_cache, block_table, context_lens, *, hadamard=False, weight_scale=1.0, stream=None
+) -> dict[str, Any]:
+    """The check of ``fp8_indexer_prepare``: float ``q [B, S, H, D]`` and ``weights [B, S, H]``; the keys ``k`` and
+    the cache as :func:`fp8_paged_append_check` has them (``k [B, S', D]``, D the queries'); a finite
+    ``weight_scale``. Derived: every argument by name (``weight_scale`` a float)."""
+    dim = _fp8_rows("q", q, 4, "[B, S, H, D]", hadamard)
+    batch, count, heads = q.shape[:3]
+    _tensor("weights", weights, FLOATS, 3)
+    _shape("weights", weights, [batch, count, heads], f"[B={batch}, S={count}, H={heads}]")
+    _fp8_rows("k", k, 3, "[B, S, D]", hadamard)
+    _shape("k", k, [batch, k.shape[1], dim], f"[B={batch}, S, D={dim}] (the queries' batch and D)")
+    scale = _scalar("weight_scale", weight_scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"weight_scale: got {weight_scale}, expected a finite number")
+    derived = fp8_paged_append_check(k, kv_cache, block_table, context_lens, hadamard=hadamard, stream=stream)
+    _same_device(dict(q=q, weights=weights, k=k))
+    derived.pop("x")
+    return dict(derived, q=q, k=k, weights=weights, weight_scale=scale)
+
+
+def fp8_indexer_prepare_signature() -> hot.HotLane:
+    """The hot-lane key of ``fp8_indexer_prepare``: the replay takes ``(q, k, weights, kv_cache, block_table,
+    context_lens)``; the key holds their shapes, dtypes and devices, ``hadamard`` and ``weight_scale``. Calls with a
+    ``stream``, a non-contiguous tensor or with value checks on (``TILEGEMM_CHECK_VALUES=1``) take the full path."""
+    names = ("q", "k", "weights", "kv_cache", "block_table", "context_lens")
+    kinds = dict(q=hot.packed(*FLOATS), k=hot.packed(*FLOATS), weights=hot.packed(*FLOATS))
+    kinds.update(kv_cache=hot.packed(torch.uint8), block_table=hot.packed(torch.int32))
+    kinds.update(context_lens=hot.packed(torch.int32, torch.int64), hadamard=hot.exact(bool))
+    kinds.update(weight_scale=hot.exact(float, int), stream=hot.none)
+    return hot.HotLane(kinds, dict.fromkeys(names), value_checks=True)
 
 
 def _append_values(

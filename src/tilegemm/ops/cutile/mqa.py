@@ -2,7 +2,9 @@
 ``get_paged_mqa_logits_metadata`` and ``fp8_paged_mqa_logits``.
 
 The two plain ops run the plain kernel, or for a decode-sized call that ``$TILEGEMM_MQA_VARIANT=decode`` forces the
-decode kernel (:mod:`tilegemm.ops.cutile.mqa_decode_kernels`: the keys split over the SMs).
+decode kernel (:mod:`tilegemm.ops.cutile.mqa_decode_kernels`: the keys split over the SMs). The paged op runs the
+scheduled paged kernel, or with ``schedule_meta=None`` the paged decode kernel (no schedule; where its config does
+not take the rows, the op makes the schedule itself).
 
 Each op: problem -> config (:mod:`tilegemm.heuristics.cutile`) -> the arrays and constants its kernel takes -> launch;
 a repeated call replays its launches (the registry's hot lane: ``checks.mqa_logits_signature`` and
@@ -24,6 +26,7 @@ from tilegemm.heuristics.cutile import (
     PagedMqaConfig,
     bf16_mqa_logits_config,  # noqa: F401  (the compile gate reads the configs through this module)
     mqa_logits_config,  # noqa: F401
+    paged_decode_config,
     paged_mqa_config,
     plain_mqa_config,
     print_once,
@@ -38,7 +41,12 @@ from tilegemm.ops.common import (
 )
 from tilegemm.ops.cutile import mqa_prep
 from tilegemm.ops.cutile.launch import launch, num_sms
-from tilegemm.ops.cutile.mqa_decode_kernels import decode_batched_kernel_for, decode_constants, decode_kernel_for
+from tilegemm.ops.cutile.mqa_decode_kernels import (
+    decode_batched_kernel_for,
+    decode_constants,
+    decode_kernel_for,
+    paged_decode_kernel_for,
+)
 from tilegemm.ops.cutile.mqa_kernels import NEG_INF, mqa_clean_logits_kernel, paged_kernel_for, plain_kernel_for
 
 
@@ -367,11 +375,33 @@ def paged_constants(conf: PagedMqaConfig, next_n: int, d: int, block_kv: int, ct
 
 
 def _paged_arrays(q, kv_cache, weights, context_lens, block_table, schedule_meta, out) -> tuple:
-    """The paged kernel's array arguments from contiguous operands of the kernel's dtypes (``weights`` fp32)."""
+    """The paged kernel's array arguments from contiguous operands of the kernel's dtypes (``weights`` fp32); without
+    a schedule (``schedule_meta`` None) the paged decode kernel's, which take none."""
     batch, next_n, h, d = q.shape
     kv_keys, kv_scales = paged_views(kv_cache, d)
     w = weights.view(batch, next_n, h)
-    return (q, kv_keys, kv_scales, w, context_lens, block_table, schedule_meta, out.view(batch, next_n, out.shape[1]))
+    meta = () if schedule_meta is None else (schedule_meta,)
+    return (q, kv_keys, kv_scales, w, context_lens, block_table, *meta, out.view(batch, next_n, out.shape[1]))
+
+
+def paged_decode_constants(conf: PagedMqaConfig, next_n: int, d: int, block_kv: int, ctx_2d: bool) -> tuple:
+    """The paged decode kernel's constant arguments, in its parameter order (``NN`` .. ``ROWS_OUTER``)."""
+    return (next_n, conf.nnp, conf.rg, conf.hp, d, block_kv, conf.ck, ctx_2d, conf.head_chain, conf.rows_outer)
+
+
+def paged_launch_plan(
+    conf: PagedMqaConfig, q: torch.Tensor, kv_cache: torch.Tensor, ctx_2d: bool, meta_rows: int | None
+) -> tuple:
+    """``(kernel, grid, constants)`` of a paged call: the scheduled kernel, ``conf.parts`` CTAs per schedule row
+    (``meta_rows``: the schedule's ``num_sms + 1`` rows), or without a schedule (``None``) the paged decode kernel,
+    :func:`~tilegemm.heuristics.cutile.paged_decode_config`'s ``parts`` CTAs per sequence and row group."""
+    batch, next_n, _, d = q.shape
+    block_kv = kv_cache.shape[1]
+    if meta_rows is None:
+        grid = (conf.nnp // conf.rg, conf.parts, batch)
+        return paged_decode_kernel_for(conf.occupancy), grid, paged_decode_constants(conf, next_n, d, block_kv, ctx_2d)
+    grid = (meta_rows - 1, conf.parts, 1)
+    return paged_kernel_for(conf.occupancy), grid, paged_constants(conf, next_n, d, block_kv, ctx_2d)
 
 
 def launch_paged_mqa_logits(
@@ -380,31 +410,38 @@ def launch_paged_mqa_logits(
     weights: torch.Tensor,
     context_lens: torch.Tensor,
     block_table: torch.Tensor,
-    schedule_meta: torch.Tensor,
+    schedule_meta: torch.Tensor | None,
     out: torch.Tensor,
     conf: PagedMqaConfig,
     kernel=None,
     stream: Any = None,
 ) -> None:
-    """Launch the paged kernel on ``stream`` (``None``: the current one), ``conf.parts`` CTAs per schedule row (``out``
-    [B*next_n, W])."""
-    _, next_n, _, d = q.shape
+    """Launch ``conf``'s paged kernel on ``stream`` (``None``: the current one; :func:`paged_launch_plan`, ``kernel``
+    replacing its kernel; ``out`` [B*next_n, W])."""
+    meta = None if schedule_meta is None else schedule_meta.to(torch.int32).contiguous()
     arrays = _paged_arrays(
         q.contiguous(),
         kv_cache,
         weights.to(torch.float32).contiguous(),
         context_lens.to(torch.int32).contiguous(),
         block_table.to(torch.int32).contiguous(),
-        schedule_meta.to(torch.int32).contiguous(),
+        meta,
         out,
     )
-    consts = paged_constants(conf, next_n, d, kv_cache.shape[1], context_lens.dim() == 2)
-    grid = (schedule_meta.shape[0] - 1, conf.parts, 1)
-    launch(kernel or paged_kernel_for(conf.occupancy), grid, arrays + consts, stream)
+    main, grid, consts = paged_launch_plan(conf, q, kv_cache, context_lens.dim() == 2, _meta_rows(meta))
+    launch(kernel or main, grid, arrays + consts, stream)
 
 
-def _paged_config(q: torch.Tensor, kv_cache: torch.Tensor) -> PagedMqaConfig:
-    """The paged kernel's config for these operands, or :class:`Unsupported`."""
+def _meta_rows(schedule_meta: torch.Tensor | None) -> int | None:
+    return None if schedule_meta is None else schedule_meta.shape[0]
+
+
+def _paged_config(
+    q: torch.Tensor, kv_cache: torch.Tensor, scheduled: bool = True, width: int = 0
+) -> PagedMqaConfig | None:
+    """The paged kernel's config for these operands (``scheduled=False``: the paged decode kernel's for an output of
+    ``width`` keys, :func:`~tilegemm.heuristics.cutile.paged_decode_config`, ``None`` where it takes none), or
+    :class:`Unsupported`."""
     if q.dtype != torch.float8_e4m3fn:
         raise Unsupported(f"fp8_paged_mqa_logits needs float8_e4m3fn q, got {q.dtype}")
     _, next_n, h, d = q.shape
@@ -417,19 +454,26 @@ def _paged_config(q: torch.Tensor, kv_cache: torch.Tensor) -> PagedMqaConfig:
         )
     if not kv_cache.is_contiguous():
         raise Unsupported("fp8_paged_mqa_logits: kv_cache must be contiguous (DeepGEMM's byte layout)")
-    return conf
+    return conf if scheduled else paged_decode_config(conf, q.shape[0], width, num_sms(), _check_arch(q))
 
 
 def fp8_paged_mqa_logits(
     q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, clean_logits, logits_dtype, stream
 ):
-    """cuTile paged MQA logits: the fp32 [B * next_n, max_context_len] kernel, then the cast to ``logits_dtype``."""
-    conf = _paged_config(q, kv_cache)
+    """cuTile paged MQA logits: the fp32 [B * next_n, max_context_len] kernel (the scheduled kernel, or with
+    ``schedule_meta=None`` the paged decode kernel), then the cast to ``logits_dtype``."""
+    conf = None if schedule_meta is None else _paged_config(q, kv_cache)
+    if schedule_meta is None:
+        conf = _paged_config(q, kv_cache, False, int(max_context_len))
+        if conf is None:  # the paged decode kernel does not take these rows: schedule them here
+            schedule_meta = mqa_prep.paged_schedule(context_lens, kv_cache.shape[1], num_sms(), stream)
+            conf = _paged_config(q, kv_cache)
+    scheduled = schedule_meta is not None
     batch, next_n, h, d = q.shape
-    shape = {"B": batch, "next_n": next_n, "H": h, "D": d, "block_kv": kv_cache.shape[1]}
+    shape = {"B": batch, "next_n": next_n, "H": h, "D": d, "block_kv": kv_cache.shape[1], "scheduled": scheduled}
     print_once("fp8_paged_mqa_logits", shape, conf)
     out = _new_logits(batch * next_n, int(max_context_len), clean_logits, q.device)
-    if out.numel() and kv_cache.shape[0] and schedule_meta.shape[0] > 1:
+    if out.numel() and kv_cache.shape[0] and (not scheduled or schedule_meta.shape[0] > 1):
         launch_paged_mqa_logits(
             q, kv_cache, weights, context_lens, block_table, schedule_meta, out, conf, stream=stream
         )
@@ -442,17 +486,18 @@ def _paged_replay(derived: dict[str, Any]) -> Callable[..., torch.Tensor] | None
     the kernel's dtypes only, so the conversions of :func:`launch_paged_mqa_logits` are no-ops here."""
     q, kv_cache, weights = derived["q"], derived["kv_cache"], derived["weights"]
     context_lens, schedule_meta = derived["context_lens"], derived["schedule_meta"]
+    batch, next_n, _, _ = q.shape
+    rows, width = batch * next_n, int(derived["max_context_len"])
+    meta_rows = _meta_rows(schedule_meta)
     try:
-        conf = _paged_config(q, kv_cache)
+        conf = _paged_config(q, kv_cache, meta_rows is not None, width)
     except Unsupported:
         return None
-    batch, next_n, _, d = q.shape
-    rows, width = batch * next_n, int(derived["max_context_len"])
+    if conf is None:  # no schedule given and the paged decode kernel does not take the rows: the full path
+        return None
     clean, logits_dtype = derived["clean_logits"], derived["logits_dtype"]
-    runs = rows * width > 0 and kv_cache.shape[0] > 0 and schedule_meta.shape[0] > 1
-    kernel = paged_kernel_for(conf.occupancy)
-    grid = (schedule_meta.shape[0] - 1, conf.parts, 1)
-    consts = paged_constants(conf, next_n, d, kv_cache.shape[1], context_lens.dim() == 2)
+    runs = rows * width > 0 and kv_cache.shape[0] > 0 and (meta_rows is None or meta_rows > 1)
+    kernel, grid, consts = paged_launch_plan(conf, q, kv_cache, context_lens.dim() == 2, meta_rows)
     weights_f32 = weights.dtype == torch.float32
 
     def replay(q, kv_cache, weights, context_lens, block_table, schedule_meta) -> torch.Tensor:

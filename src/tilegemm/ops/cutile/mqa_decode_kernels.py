@@ -1,4 +1,5 @@
-"""The decode kernel of the plain MQA-logits ops (``fp8_mqa_logits``, ``bf16_mqa_logits``), device side.
+"""The decode kernels of the MQA-logits ops, device side: the plain ops' (``fp8_mqa_logits``, ``bf16_mqa_logits``,
+``mqa_logits_batched``) and the paged op's without a schedule (``fp8_paged_mqa_logits`` with ``schedule_meta=None``).
 
 A decode step scores one or a few query rows against the whole key cache. The plain kernel
 (:mod:`tilegemm.ops.cutile.mqa_kernels`) gives each block of ``BQ`` query rows one CTA, which then walks every key
@@ -11,8 +12,14 @@ or BF16 operands (the dtype of ``q`` and ``kv``), and its ``[BQ, BK]`` logits ti
 would store it: the tiles it computes are exactly :func:`~tilegemm.ops.cutile.mqa_kernels.window_tiles` with one
 tile per iteration, so ``mqa_clean_logits_kernel`` fills the rest as it does for the plain kernel.
 
+The paged decode kernel splits each sequence's visible keys the same way over ``PARTS`` CTAs (grid
+``(row groups, PARTS, B)``), each chunk of ``CK`` keys the scheduled paged kernel's math
+(:func:`~tilegemm.ops.cutile.mqa_kernels.paged_keys` / ``paged_logits``, so the same bits), with no schedule to read
+and none to compute first: what a decode step of a few sequences wants (``heuristics.cutile.paged_decode_config``).
+
 Whatever the index values, no tile is read or written out of bounds: window bounds are clamped by ``window_tiles``
-and every tile index a CTA takes lies in ``[t_lo, t_hi)``, inside the keys.
+and every tile index a CTA takes lies in ``[t_lo, t_hi)``, inside the keys; the paged decode kernel clamps lengths
+to the table and the output, and block ids into the cache, as the scheduled kernel does.
 """
 
 from __future__ import annotations
@@ -21,7 +28,17 @@ import functools
 
 import cuda.tile as ct
 
-from tilegemm.ops.cutile.mqa_kernels import ZERO, key_tile_logits, row_block, window_mask, window_tiles
+from tilegemm.ops.cutile.mqa_kernels import (
+    ZERO,
+    batch_length,
+    key_tile_logits,
+    paged_keys,
+    paged_logits,
+    paged_rows,
+    row_block,
+    window_mask,
+    window_tiles,
+)
 
 
 def decode_tile_count(t_lo, t_hi, part, n_parts):
@@ -106,6 +123,64 @@ def make_mqa_decode_batched_kernel(**hints):
             ct.store(out, (b, pid, j), ct.reshape(ct.transpose(logit), (1, BQ, BK)), allow_tma=False)
 
     return mqa_decode_batched_kernel
+
+
+def make_paged_decode_kernel(**hints):
+    """Build the paged decode kernel (``hints``: ct.kernel's): ``fp8_paged_mqa_logits`` without a schedule, each
+    sequence's keys split over ``PARTS`` CTAs as the decode kernel splits them."""
+
+    @ct.kernel(**hints)
+    def paged_decode_kernel(
+        q,  # fp8 [B, NN, H, D]
+        kv_keys,  # fp8 [num_blocks, BKV, D] view of the cache (block stride BKV * (D + 4) bytes)
+        kv_scales,  # fp32 [num_blocks, BKV] view of the cache
+        w,  # fp32 [B, NN, H]
+        ctx,  # int32 [B] or [B, NN]
+        block_table,  # int32 [B, max_blocks]
+        out,  # fp32 [B, NN, W]
+        NN: ct.Constant[int],
+        NNP: ct.Constant[int],
+        RG: ct.Constant[int],
+        HP: ct.Constant[int],
+        D: ct.Constant[int],
+        BKV: ct.Constant[int],
+        CK: ct.Constant[int],
+        CTX2D: ct.Constant[bool],
+        HEAD_CHAIN: ct.Constant[bool],
+        ROWS_OUTER: ct.Constant[bool],
+    ):
+        """CTA ``(g, p, b)`` of grid ``(NNP / RG, PARTS, B)``: row group ``g`` of sequence ``b`` against every
+        ``PARTS``-th chunk of ``CK`` keys of the sequence's visible keys, from chunk ``p``; ``-inf`` past each row's
+        visible length inside a chunk, chunks past the sequence's length untouched. The rows are loaded once
+        (``ROWS_OUTER``) or per chunk (where holding them through the loop spills: ``PagedMqaConfig.rows_outer``)."""
+        rg = ct.bid(0)
+        part = ct.bid(1)
+        b = ct.bid(2)
+        n_parts = ct.num_blocks(1)
+        key_cap = ct.minimum(block_table.shape[1] * BKV, out.shape[2])
+        length = batch_length(ctx, b, key_cap, NNP, CTX2D)
+        chunks = decode_tile_count(0, ct.cdiv(length, CK), part, n_parts)
+        if ROWS_OUTER:
+            q_t, w_t, vis = paged_rows(q, w, ctx, b, rg, length, NN, RG, HP, D, CTX2D)
+            for i in range(chunks):
+                key0 = (part + i * n_parts) * CK
+                keys, sc = paged_keys(kv_keys, kv_scales, block_table, b, key0, BKV, CK, D)
+                paged_logits(out, keys, sc, q_t, w_t, vis, b, rg, key0, CK, RG, HP, HEAD_CHAIN)
+        else:
+            for i in range(chunks):
+                key0 = (part + i * n_parts) * CK
+                keys, sc = paged_keys(kv_keys, kv_scales, block_table, b, key0, BKV, CK, D)
+                q_c, w_c, vis_c = paged_rows(q, w, ctx, b, rg, length, NN, RG, HP, D, CTX2D)
+                paged_logits(out, keys, sc, q_c, w_c, vis_c, b, rg, key0, CK, RG, HP, HEAD_CHAIN)
+
+    return paged_decode_kernel
+
+
+@functools.cache
+def paged_decode_kernel_for(occupancy: int):
+    """The paged decode kernel with the sm_90 ``occupancy`` hint (``PagedMqaConfig.occupancy``; other targets get at
+    most 4, as :func:`~tilegemm.ops.cutile.mqa_kernels.paged_kernel_for`)."""
+    return make_paged_decode_kernel(occupancy=ct.ByTarget(sm_90=occupancy, default=min(occupancy, 4)))
 
 
 @functools.cache

@@ -8,7 +8,13 @@
 * ``fp8_paged_append``: the same cast of the new keys ``x [B, S, D]`` (grid: row blocks x sequences), scattered into
   DeepGEMM's paged cache: token s of sequence b at position ``p = context_lens[b] - S + s``, block
   ``block_table[b, p // block_kv]``, slot ``p % block_kv``; a position outside the table or a block outside the
-  cache is not written (bounds-checked scatters).
+  cache is not written (every index checked before the scatters; ``block_kv`` a compile-time constant, so the
+  block and slot are shifts).
+* ``fp8_indexer_prepare``: a decode step's operands of the paged op in one launch, grid (query row blocks + key row
+  blocks, B): the first CTAs of each sequence cast its query rows ``[S * H, D]`` as ``fp8_quantize_rows`` does and
+  write their weights times ``weight_scale`` times their scales; the last append its keys as ``fp8_paged_append``
+  does. The same tile code on the same tiles as those two ops, so the same bits. A repeated call replays its plan
+  (the registry's hot lane: ``checks.fp8_indexer_prepare_signature``, :func:`prepare_plan`).
 * ``get_paged_mqa_logits_metadata``: the schedule of ``ops.common.paged_mqa_schedule`` in one CTA: split counts,
   their total, and for every SM its first split as (batch, split within the batch), the batches walked in chunks
   of ``CHUNK``. The torch formula (``cumsum``, ``searchsorted``, ...) is about 15 kernels.
@@ -19,11 +25,13 @@ Nothing here synchronises the host, so a decode step of the FP8 key cache captur
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import cuda.tile as ct
 import torch
 
+from tilegemm.backend.hot_lane import register_replay
 from tilegemm.backend.registry import Unsupported, register_impl
 from tilegemm.heuristics import cutile as heuristics
 from tilegemm.ops.common import hadamard_matrix, paged_mqa_split_kv, paged_views
@@ -62,12 +70,48 @@ def _quantize_rows(
 
 def _paged_append(
     x, signs, context_lens, block_table, kv_keys, kv_scales, inv_sqrt: float,
-    ROWS: ConstInt, COLS: ConstInt, SPLITS: ConstInt, HADAMARD: ConstBool, PER_SEQUENCE: ConstBool,
+    ROWS: ConstInt, COLS: ConstInt, SPLITS: ConstInt, HADAMARD: ConstBool, PER_SEQUENCE: ConstBool, BLOCK_KV: ConstInt,
 ):  # fmt: skip
     """``x [B, S, D]``: tokens ``[bid(0) * ROWS, +ROWS)`` of sequence ``bid(1)`` into ``kv_keys`` fp8
-    ``[blocks, block_kv, D]`` and ``kv_scales`` fp32 ``[blocks, block_kv]`` (views of one paged cache);
+    ``[blocks, BLOCK_KV, D]`` and ``kv_scales`` fp32 ``[blocks, BLOCK_KV]`` (views of one paged cache);
     ``context_lens``: int ``[B]`` (``PER_SEQUENCE``) or ``[1]``, each sequence's length after the append."""
+    _append_rows(
+        x, signs, context_lens, block_table, kv_keys, kv_scales, inv_sqrt, ct.bid(0), ct.bid(1),
+        ROWS, COLS, SPLITS, HADAMARD, PER_SEQUENCE, BLOCK_KV,
+    )  # fmt: skip
+
+
+def _indexer_prepare(
+    q, w, x, signs, context_lens, block_table, kv_keys, kv_scales, q8, w8, inv_sqrt: float, weight_scale: float,
+    ROWS: ConstInt, COLS: ConstInt, Q_SPLITS: ConstInt, K_SPLITS: ConstInt, HADAMARD: ConstBool,
+    PER_SEQUENCE: ConstBool, BLOCK_KV: ConstInt,
+):  # fmt: skip
+    """``q [B, S * H, D]``, ``w [B, S * H]``, ``x [B, S, D]``: CTA ``(r, b)`` casts query rows ``[r * ROWS, +ROWS)``
+    of sequence ``b`` into ``q8`` fp8 ``[B, S * H, D]`` and their weights times ``weight_scale`` times their scales
+    into ``w8`` fp32 ``[B, S * H]``; past the query row blocks, it appends key rows as :func:`_paged_append`."""
     r, b = ct.bid(0), ct.bid(1)
+    q_blocks = ct.cdiv(q.shape[1], ROWS)
+    if r < q_blocks:
+        rows = ct.reshape(ct.load(q, (b, r, 0), (1, ROWS, COLS), padding_mode=_ZERO), (ROWS, COLS))
+        data, scale = _rows_fp8(rows, signs, inv_sqrt, ROWS, COLS, Q_SPLITS, HADAMARD)
+        ct.store(q8, (b, r, 0), ct.reshape(data, (1, ROWS, COLS)))
+        weights = ct.astype(ct.load(w, (b, r), (1, ROWS), padding_mode=_ZERO), ct.float32)
+        ct.store(w8, (b, r), weights * weight_scale * ct.reshape(scale, (1, ROWS)))
+    else:
+        _append_rows(
+            x, signs, context_lens, block_table, kv_keys, kv_scales, inv_sqrt, r - q_blocks, b,
+            ROWS, COLS, K_SPLITS, HADAMARD, PER_SEQUENCE, BLOCK_KV,
+        )  # fmt: skip
+
+
+def _append_rows(
+    x, signs, context_lens, block_table, kv_keys, kv_scales, inv_sqrt: float, r, b,
+    ROWS: int, COLS: int, SPLITS: int, HADAMARD: bool, PER_SEQUENCE: bool, BLOCK_KV: int,
+):  # fmt: skip
+    """Tile code of the appends: tokens ``[r * ROWS, +ROWS)`` of sequence ``b`` of ``x [B, S, D]`` cast and
+    scattered into the cache (:func:`_paged_append`'s arguments). ``BLOCK_KV`` (the cache's ``block_kv``) is a
+    constant so that a position's block and slot are shifts, not integer divisions (sm_90 SASS of the 128-wide
+    rotated append: 2072 instructions with it read from the cache's shape, 1656 as a constant)."""
     count = x.shape[1]
     rows = ct.reshape(ct.load(x, (b, r, 0), (1, ROWS, COLS), padding_mode=_ZERO), (ROWS, COLS))
     data, scale = _rows_fp8(rows, signs, inv_sqrt, ROWS, COLS, SPLITS, HADAMARD)
@@ -77,16 +121,17 @@ def _paged_append(
         end = ct.astype(ct.gather(context_lens, 0), ct.int32)
     token = r * ROWS + ct.arange(ROWS, dtype=ct.int32)
     pos = end - count + token
-    block_kv = kv_keys.shape[1]
+    block_kv = BLOCK_KV
     live = (token < count) & (pos >= 0) & (pos < block_table.shape[1] * block_kv)
     pos = ct.where(live, pos, 0)
-    blk = ct.gather(block_table, (b, pos // block_kv), mask=live, padding_value=-1)
-    live = live & (blk >= 0)
+    blk = ct.gather(block_table, (b, pos // block_kv), mask=live, padding_value=-1, check_bounds=False)
+    live = live & (blk >= 0) & (blk < kv_keys.shape[0])  # every index below checked here
     slot = pos % block_kv
     cols = ct.reshape(ct.arange(COLS, dtype=ct.int32), (1, COLS))
     blk2, slot2, live2 = ct.reshape(blk, (ROWS, 1)), ct.reshape(slot, (ROWS, 1)), ct.reshape(live, (ROWS, 1))
-    ct.scatter(kv_keys, (blk2, slot2, cols), data, mask=live2 & (cols < kv_keys.shape[2]))
-    ct.scatter(kv_scales, (blk, slot), ct.reshape(scale, (ROWS,)), mask=live)
+    keys_mask = live2 & (cols < kv_keys.shape[2])
+    ct.scatter(kv_keys, (blk2, slot2, cols), data, mask=keys_mask, check_bounds=False)
+    ct.scatter(kv_scales, (blk, slot), ct.reshape(scale, (ROWS,)), mask=live, check_bounds=False)
 
 
 def _paged_schedule(context_lens, meta, SPLIT: ConstInt, NN: ConstInt, CHUNK: ConstInt, SMS: ConstInt):
@@ -119,18 +164,45 @@ def _paged_schedule(context_lens, meta, SPLIT: ConstInt, NN: ConstInt, CHUNK: Co
     ct.scatter(meta, (row, 1), start - first, mask=live)
 
 
-#: ``get_kernel(name)``: the cached ``@ct.kernel`` of ``quantize_rows``, ``paged_append``, ``paged_schedule``.
+#: ``get_kernel(name)``: the cached ``@ct.kernel`` of ``quantize_rows``, ``paged_append``, ``indexer_prepare``,
+#: ``paged_schedule``.
 get_kernel = launch.kernel_factory(
-    {"quantize_rows": _quantize_rows, "paged_append": _paged_append, "paged_schedule": _paged_schedule}, hints=False
+    {
+        "quantize_rows": _quantize_rows,
+        "paged_append": _paged_append,
+        "indexer_prepare": _indexer_prepare,
+        "paged_schedule": _paged_schedule,
+    },
+    hints=False,
 )
 
 
-def rows_constants(cfg: heuristics.Fp8RowsConfig, hadamard: bool, per_sequence: bool | None = None) -> list[Any]:
-    """The ``ct.Constant`` arguments of the row kernels for ``cfg`` (``per_sequence``: the append kernel's)."""
+def rows_constants(
+    cfg: heuristics.Fp8RowsConfig, hadamard: bool, per_sequence: bool | None = None, block_kv: int = 0
+) -> list[Any]:
+    """The ``ct.Constant`` arguments of the row kernels for ``cfg`` (``per_sequence`` and ``block_kv``: the append
+    kernel's)."""
     named = dict(ROWS=cfg.rows, COLS=cfg.cols, SPLITS=cfg.splits, HADAMARD=hadamard)
     if per_sequence is None:
         return launch.trailing(_quantize_rows, **named)
-    return launch.trailing(_paged_append, **named, PER_SEQUENCE=per_sequence)
+    return launch.trailing(_paged_append, **named, PER_SEQUENCE=per_sequence, BLOCK_KV=block_kv)
+
+
+def prepare_constants(
+    q_cfg: heuristics.Fp8RowsConfig, k_cfg: heuristics.Fp8RowsConfig, hadamard: bool, per_sequence: bool, block_kv: int
+) -> list[Any]:
+    """The ``ct.Constant`` arguments of the indexer-prepare kernel (the query rows' and the keys' tiles differ only
+    in their bf16 parts)."""
+    return launch.trailing(
+        _indexer_prepare,
+        ROWS=q_cfg.rows,
+        COLS=q_cfg.cols,
+        Q_SPLITS=q_cfg.splits,
+        K_SPLITS=k_cfg.splits,
+        HADAMARD=hadamard,
+        PER_SEQUENCE=per_sequence,
+        BLOCK_KV=block_kv,
+    )
 
 
 def schedule_constants(block_kv: int, next_n: int, num_sms: int) -> list[Any]:
@@ -199,8 +271,77 @@ def fp8_paged_append(
     args = (x, _signs(cfg, hadamard, x.device), lens, block_table, kv_keys, kv_scales, dim**-0.5)
     grid = (launch.cdiv(count, cfg.rows), batch, 1)
     per_sequence = lens.shape[0] > 1 or batch == 1
-    launch.launch(get_kernel("paged_append"), grid, (*args, *rows_constants(cfg, hadamard, per_sequence)), stream)
+    consts = rows_constants(cfg, hadamard, per_sequence, kv_cache.shape[1])
+    launch.launch(get_kernel("paged_append"), grid, (*args, *consts), stream)
     return kv_cache
+
+
+@register_impl("fp8_indexer_prepare", "cutile")
+def fp8_indexer_prepare(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    weights: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    context_lens: torch.Tensor,
+    hadamard: bool,
+    weight_scale: float,
+    stream,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cast the queries, scale the weights and append the keys in one launch (see the module docstring):
+    :func:`prepare_plan`, run."""
+    run = prepare_plan(q, k, kv_cache, context_lens, hadamard, weight_scale)
+    return run(q, k, weights, kv_cache, block_table, context_lens, stream)
+
+
+def prepare_plan(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    kv_cache: torch.Tensor,
+    context_lens: torch.Tensor,
+    hadamard: bool,
+    weight_scale: float,
+) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """The launch plan of an indexer-prepare call shaped as this one, ``run(q, k, weights, kv_cache, block_table,
+    context_lens, stream=None) -> (q_fp8, w)``: problem -> config -> constants and grid (query row blocks + key row
+    blocks, B) fixed; a run makes its outputs, views its operands and launches once."""
+    batch, count, heads, dim = q.shape
+    q_cfg, k_cfg = _rows_config(q, hadamard), _rows_config(k, hadamard)
+    q_blocks = launch.cdiv(count * heads, q_cfg.rows)
+    grid = (q_blocks + launch.cdiv(k.shape[1], q_cfg.rows), batch, 1)
+    per_sequence = context_lens.numel() > 1 or batch == 1
+    consts = prepare_constants(q_cfg, k_cfg, hadamard, per_sequence, kv_cache.shape[1])
+    signs = _signs(q_cfg, hadamard, q.device)
+    kernel, runs = get_kernel("indexer_prepare"), batch * count * heads > 0
+    scalars = (dim**-0.5, float(weight_scale))
+
+    def run(q, k, weights, kv_cache, block_table, context_lens, stream=None) -> tuple[torch.Tensor, torch.Tensor]:
+        q8 = torch.empty(q.shape, dtype=torch.float8_e4m3fn, device=q.device)
+        w8 = torch.empty(batch, count, heads, dtype=torch.float32, device=q.device)
+        if runs:
+            rows = q.reshape(batch, count * heads, dim)
+            rows = rows if rows.stride(-1) == 1 else rows.contiguous()
+            keys = k if k.stride(-1) == 1 else k.contiguous()
+            kv_keys, kv_scales = paged_views(kv_cache, dim)
+            args = (rows, weights.reshape(batch, count * heads), keys, signs, context_lens.reshape(-1), block_table)
+            args += (kv_keys, kv_scales, q8.view(batch, count * heads, dim), w8.view(batch, count * heads), *scalars)
+            launch.launch(kernel, grid, (*args, *consts), stream)
+        return q8, w8
+
+    return run
+
+
+@register_replay("fp8_indexer_prepare", "cutile")
+def _prepare_replay(derived: dict[str, Any]) -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
+    """The hot-lane replay of a prepare call (``checks.fp8_indexer_prepare_signature``): its plan."""
+    try:
+        run = prepare_plan(
+            derived["q"], derived["k"], derived["kv_cache"], derived["context_lens"], derived["hadamard"],
+            derived["weight_scale"],
+        )  # fmt: skip
+    except Unsupported:
+        return None
+    return run
 
 
 def paged_schedule(context_lens: torch.Tensor, block_kv: int, num_sms: int, stream=None) -> torch.Tensor:

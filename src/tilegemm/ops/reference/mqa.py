@@ -10,7 +10,8 @@
 * ``fp8_fp4_paged_mqa_logits`` / ``fp8_paged_mqa_logits``: the same logits over a paged FP8 KV cache,
   chunked over key columns.
 * ``fp8_quantize_rows``: ``ops.common.fp8_cast_rows``; ``fp8_paged_append``: that cast written into the cache's
-  blocks by ``index_put`` at the positions the lengths give.
+  blocks by ``index_put`` at the positions the lengths give; ``fp8_indexer_prepare``: both, the query scales
+  multiplied into the weights.
 
 Nothing here synchronises the host, so the ops can be captured in CUDA graphs.
 """
@@ -177,3 +178,12 @@ def fp8_paged_append(x, kv_cache, block_table, context_lens, hadamard, stream):
     kv_keys.view(torch.uint8)[blocks, slots] = data.view(torch.uint8)
     kv_scales[blocks, slots] = scale
     return kv_cache
+
+
+@register_impl("fp8_indexer_prepare", "pytorch")
+def fp8_indexer_prepare(q, k, weights, kv_cache, block_table, context_lens, hadamard, weight_scale, stream):
+    """Reference prepare: :func:`fp8_paged_append` of ``k``, :func:`fp8_quantize_rows` of ``q``, and
+    ``weights * weight_scale * q_scale`` in fp32 (that order)."""
+    fp8_paged_append(k, kv_cache, block_table, context_lens, hadamard, stream)
+    q8, q_scale = fp8_cast_rows(q, hadamard)
+    return q8, weights.float() * weight_scale * q_scale
