@@ -10,7 +10,8 @@ of 4k / 16k / 64k keys (an identity-table paged cache, block_kv 64), one query r
   decode kernel): logits bit for bit, microseconds.
 
 Times: the median of CUDA-graph replays of 20 calls back to back, divided by 20 (kernel-only), and of one call a
-replay (its launch included). Prints a table, writes the JSON.
+replay (its launch included). Prints a table, writes the JSON and its tables beside it (``OUT.md``;
+``paged_decode_probe.py OUT.json --render`` writes them again from a finished run's JSON).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+import time
 from collections.abc import Callable
 
 import cuda.tile as ct
@@ -101,7 +103,8 @@ def case(batch: int, keys: int, num_sms: int) -> dict:
 
 def _prepare_ldg(q, w, x, signs, context_lens, block_table, kv_keys, kv_scales, q8, w8, inv_sqrt: float,
                  weight_scale: float, ROWS: ct.Constant[int], COLS: ct.Constant[int], Q_SPLITS: ct.Constant[int],
-                 K_SPLITS: ct.Constant[int], HADAMARD: ct.Constant[bool], PER_SEQUENCE: ct.Constant[bool]):  # fmt: skip
+                 K_SPLITS: ct.Constant[int], HADAMARD: ct.Constant[bool], PER_SEQUENCE: ct.Constant[bool],
+                 BLOCK_KV: ct.Constant[int]):  # fmt: skip
     """``mqa_prep._indexer_prepare`` with plain loads (no TMA, hence no barrier waits) of the rows, the weights and
     the rotation's signs: the experiment of the ``ops`` part."""
     r, b = ct.bid(0), ct.bid(1)
@@ -123,7 +126,7 @@ def _prepare_ldg(q, w, x, signs, context_lens, block_table, kv_keys, kv_scales, 
             end = ct.astype(ct.gather(context_lens, 0), ct.int32)
         token = rk * ROWS + ct.arange(ROWS, dtype=ct.int32)
         pos = end - count + token
-        block_kv = kv_keys.shape[1]
+        block_kv = BLOCK_KV
         live = (token < count) & (pos >= 0) & (pos < block_table.shape[1] * block_kv)
         pos = ct.where(live, pos, 0)
         blk = ct.gather(block_table, (b, pos // block_kv), mask=live, padding_value=-1)
@@ -190,16 +193,52 @@ def ops(batch: int) -> dict:
     return row
 
 
+def markdown(result: dict) -> str:
+    """The JSON's tables (microseconds per call, kernel-only: 20 calls a graph replay)."""
+    when = f", {result['when']}" if "when" in result else ""
+    lines = [f"# The FP8 key cache's decode step, old ops against new ({result['device']}{when})", ""]
+    lines += [f"`benchmarks/paged_decode_probe.py` (module docstring), torch {result['torch']}. us per call, a CUDA"]
+    lines += ["graph of 20 calls back to back.", ""]
+    lines += ["## The step's row kernels alone (64 query rows and one key a sequence)", ""]
+    names = ["quantize_q", "append_k", "prepare", "prepare_ldg", "weights_mul"]
+    lines += ["| sequences | " + " | ".join(names) + " | plain loads bit for bit |", "|---" * (len(names) + 2) + "|"]
+    for r in result["ops"]:
+        cells = " | ".join(f"{r[n]['b2b_us']:.1f}" for n in names)
+        lines.append(f"| {r['batch']} | {cells} | {r['ldg_bitwise_equal']} |")
+    lines += ["", "## The paged op and the step: before (schedule, separate casts) and now", ""]
+    head = "| sequences | keys | paged with schedule | without | x | same bits | step before | now | x | same bits |"
+    lines += [head]
+    lines += ["|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        p, t = r["paged"], r["step"]
+        lines.append(
+            f"| {r['batch']} | {r['keys']} | {p['old_b2b_us']:.1f} | {p['new_b2b_us']:.1f} | {p['speedup_b2b']:.2f} | "
+            f"{p['bitwise_equal']} | {t['old_b2b_us']:.1f} | {t['new_b2b_us']:.1f} | {t['speedup_b2b']:.2f} | "
+            f"{t['bitwise_equal']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main(out: str) -> int:
+    if out.endswith(".json") and len(sys.argv) > 2 and sys.argv[2] == "--render":  # tables of a finished run
+        with open(out) as f:
+            result = json.load(f)
+        with open(out[: -len(".json")] + ".md", "w") as f:
+            f.write(markdown(result))
+        return 0
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     op_rows = [ops(b) for b in (1, 8, 32)]
     for r in op_rows:
         cells = "  ".join(f"{k} {v['b2b_us']:.1f}/{v['one_us']:.1f}" for k, v in r.items() if isinstance(v, dict))
         print(f"ops batch {r['batch']}: {cells}  (ldg bitwise {r['ldg_bitwise_equal']})")
     rows = [case(b, t, num_sms) for b in (1, 8, 32, 128) for t in (4096, 16384, 65536)]
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ops": op_rows, "rows": rows}
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "when": time.strftime("%Y-%m-%d")}
+    result.update(ops=op_rows, rows=rows)
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
+    if out.endswith(".json"):
+        with open(out[: -len(".json")] + ".md", "w") as f:
+            f.write(markdown(result))
     print("batch keys | paged: old / new us (b2b) x, equal | step: old / new us (b2b) x, equal | one-call new step us")
     for r in rows:
         p, s = r["paged"], r["step"]

@@ -592,9 +592,10 @@ def fp8_rows(draw) -> Case:
     )  # fmt: skip
 
 
-def paged_append(draw) -> Case:
-    """Keys appended to a zeroed paged cache (a grown cache is zeroed too), each sequence ending at a length that
-    leaves room for one more key (the ``S`` dim is free), through a permuted block table."""
+def _append_args(draw) -> tuple[dict[str, Any], dict[str, str], dict, int]:
+    """A paged append's arguments: keys ``x`` for a zeroed paged cache (a grown cache is zeroed too), each sequence
+    ending at a length that leaves room for one more key (the ``S`` dim is free), through a permuted block table.
+    Returns ``(kwargs, dims, bad values, D)``."""
     batch, count, dim = draw(st.integers(0, 3)), draw(st.integers(0, 5)), draw(st.sampled_from([8, 32]))
     block_kv, width = draw(st.sampled_from([4, 16])), draw(st.integers(1, 3))
     num_blocks = max(1, batch * width + draw(st.integers(0, 2)))
@@ -607,29 +608,65 @@ def paged_append(draw) -> Case:
     x = rand(batch, count, dim, dtype=draw(st.sampled_from(FLOATS)))
     cache = torch.zeros(num_blocks, block_kv, 1, dim + 4, dtype=torch.uint8)
     kw = dict(x=x, kv_cache=cache, block_table=table, context_lens=lens, hadamard=hadamard)
-
-    def reference(call: dict[str, Any], result: torch.Tensor) -> None:
-        """The cache is zero but for the appended keys' FP8 bytes and scales, where the table puts them."""
-        got, x_, table_, lens_ = result, call["x"], call["block_table"], call["context_lens"].reshape(-1)
-        assert got is call["kv_cache"]
-        b_, s_, d_ = x_.shape
-        kv_ = got.shape[1]
-        q, s = tg.fp8_quantize_rows(x_, hadamard=call["hadamard"], backend="pytorch")
-        want = torch.zeros_like(got).view(got.shape[0], -1)
-        for b in range(b_):
-            for t in range(s_):
-                pos = int(lens_[min(b, lens_.numel() - 1)]) - s_ + t
-                blk, slot = int(table_[b, pos // kv_]), pos % kv_
-                want[blk, slot * d_ : (slot + 1) * d_] = q[b, t].view(torch.uint8)
-                want[blk].view(torch.float32)[kv_ * d_ // 4 + slot] = s[b, t]
-        assert torch.equal(got.view(got.shape[0], -1), want)
-
     dims = {"x": "BSD", "kv_cache": "NKOE", "block_table": "BM"}
     dims["context_lens"] = "" if lens.dim() == 0 or one_length else "B"
     bad = {"context_lens": lambda t: t + room + 1} if batch and count else {}
+    return kw, dims, bad, dim
+
+
+def _assert_appended(cache: torch.Tensor, x: torch.Tensor, table: torch.Tensor, lens: torch.Tensor, hadamard: bool):
+    """The cache is zero but for the appended keys' FP8 bytes and scales, where the table puts them."""
+    lens = lens.reshape(-1)
+    b_, s_, d_ = x.shape
+    kv_ = cache.shape[1]
+    q, s = tg.fp8_quantize_rows(x, hadamard=hadamard, backend="pytorch")
+    want = torch.zeros_like(cache).view(cache.shape[0], -1)
+    for b in range(b_):
+        for t in range(s_):
+            pos = int(lens[min(b, lens.numel() - 1)]) - s_ + t
+            blk, slot = int(table[b, pos // kv_]), pos % kv_
+            want[blk, slot * d_ : (slot + 1) * d_] = q[b, t].view(torch.uint8)
+            want[blk].view(torch.float32)[kv_ * d_ // 4 + slot] = s[b, t]
+    assert torch.equal(cache.view(cache.shape[0], -1), want)
+
+
+def paged_append(draw) -> Case:
+    kw, dims, bad, _ = _append_args(draw)
+
+    def reference(call: dict[str, Any], result: torch.Tensor) -> None:
+        assert result is call["kv_cache"]
+        _assert_appended(result, call["x"], call["block_table"], call["context_lens"], call["hadamard"])
+
     return Case(
         tg.fp8_paged_append, kw, dims, reference, out=None, compare="asserts", free="SNM", related={"D": "E"},
         contiguous=("kv_cache",), values=bad, bad_dtype=torch.int16, meta_ok=False,
+    )  # fmt: skip
+
+
+def indexer_prepare(draw) -> Case:
+    """:func:`paged_append`'s keys as ``k``, with queries ``[B, S, H, D]`` and their weights: the cache as the append
+    leaves it, the queries the FP8 rows of ``fp8_quantize_rows``, the weights ``weights * weight_scale * s``."""
+    kw, dims, bad, dim = _append_args(draw)
+    kw["k"] = kw.pop("x")
+    dims = {"k": dims.pop("x"), **dims}
+    batch, count = kw["k"].shape[:2]
+    heads = draw(st.integers(1, 3))
+    kw.update(
+        q=rand(batch, count, heads, dim, dtype=draw(st.sampled_from(FLOATS))), weights=torch.randn(batch, count, heads)
+    )
+    kw.update(weight_scale=draw(st.sampled_from([1.0, 0.125, 3])))
+    dims.update(q="BSHD", weights="BSH")
+
+    def reference(call: dict[str, Any], result: Any) -> None:
+        _assert_appended(call["kv_cache"], call["k"], call["block_table"], call["context_lens"], call["hadamard"])
+        q8, w = result
+        _, s = tg.fp8_quantize_rows(call["q"], hadamard=call["hadamard"], backend="pytorch")
+        assert_fp8_rows(q8, s, call["q"], call["hadamard"])
+        assert torch.equal(w, call["weights"].float() * float(call["weight_scale"]) * s)
+
+    return Case(
+        tg.fp8_indexer_prepare, kw, dims, reference, out=None, compare="asserts", free="SNM", related={"D": "E"},
+        contiguous=("kv_cache",), values=bad, bad_dtype=torch.int16, meta_ok=False, scalars=("weight_scale",),
     )  # fmt: skip
 
 
@@ -645,11 +682,13 @@ def paged(draw) -> Case:
     kw = dict(q=q, kv_cache=raw.view(num_blocks, block_kv, 1, dim + 4), weights=w)
     kw.update(context_lens=torch.tensor(lens, dtype=torch.int32))
     kw.update(block_table=torch.randint(0, num_blocks, (batch, table_w), dtype=torch.int32))
-    kw.update(schedule_meta=torch.tensor(schedule64(lens, block_kv, num_sms), dtype=torch.int32))
-    kw.update(max_context_len=width, clean_logits=True)
+    scheduled = draw(st.booleans())  # without: schedule_meta=None (no schedule)
+    meta = torch.tensor(schedule64(lens, block_kv, num_sms), dtype=torch.int32) if scheduled else None
+    kw.update(schedule_meta=meta, max_context_len=width, clean_logits=True)
     name = draw(st.sampled_from(["fp8_paged_mqa_logits", "fp8_fp4_paged_mqa_logits"]))
     dims = {"q": "BTHD", "kv_cache": "QLOE", "weights": "RH", "context_lens": "B", "block_table": "BW"}
-    dims["schedule_meta"] = "PZ"
+    if scheduled:
+        dims["schedule_meta"] = "PZ"
 
     def reference(call: dict[str, Any], _: Any) -> torch.Tensor:
         cache, table = call["kv_cache"], call["block_table"]
@@ -667,7 +706,8 @@ def paged(draw) -> Case:
                 out[b * next_n + t, :visible] = full[t, :visible]
         return out
 
-    bad = {"schedule_meta": lambda t: t + 1, "context_lens": lambda t: t - 10_000}
+    bad = {"schedule_meta": lambda t: t + 1} if scheduled else {}
+    bad["context_lens"] = lambda t: t - 10_000
     if next_n and max(lens):
         bad["block_table"] = lambda t: t + num_blocks
     related = {"B": "R", "T": "R", "D": "E"}
@@ -988,6 +1028,7 @@ FAMILIES: dict[str, Callable[[Any], Case]] = {
     "metadata": metadata,
     "fp8_rows": fp8_rows,
     "paged_append": paged_append,
+    "indexer_prepare": indexer_prepare,
     "paged_mqa": paged,
     "einsum": einsum,
     "fp8_einsum": fp8_einsum,
@@ -1163,7 +1204,7 @@ def test_every_public_tensor_op_is_fuzzed():
         "fp8_grouped_matmul", "fp8_linear", "per_token_cast_to_fp8", "per_channel_cast_to_fp8", "per_block_cast_to_fp8",
         "get_mn_major_tma_aligned_tensor", "calc_diff", "cublaslt_gemm_nn", "cublaslt_gemm_nt", "cublaslt_gemm_tn",
         "cublaslt_gemm_tt", "moe_experts", "fp8_moe_experts", "rms_norm", "sparse_decode_attention",
-        "mqa_logits_batched", "fp8_quantize_rows", "fp8_paged_append",
+        "mqa_logits_batched", "fp8_quantize_rows", "fp8_paged_append", "fp8_indexer_prepare",
     }  # fmt: skip
     aliases = {
         "m_grouped_fp8_fp4_gemm_nt_contiguous",

@@ -193,6 +193,22 @@ def test_indexer_prepare_is_the_append_the_cast_and_the_weights(backend, device,
     assert torch.equal(again[0].view(torch.uint8), q8.view(torch.uint8)) and torch.equal(again[1], w8)
 
 
+@pytest.mark.parametrize("backend,device", backend_device_params())
+def test_indexer_prepare_without_keys(backend, device):
+    """No keys to append (``k`` of 0 tokens): the queries and weights as ``fp8_quantize_rows`` gives them, the cache
+    untouched."""
+    cache, table = _paged(2, 2, 64, 128, device=device)
+    q = _rows((2, 1, 64, 128), torch.bfloat16, seed=6, device=device)
+    k = torch.zeros(2, 0, 128, dtype=torch.bfloat16, device=device)
+    w = torch.randn(2, 1, 64, generator=torch.Generator().manual_seed(7)).to(device)
+    lens = torch.tensor([5, 70], dtype=torch.int32, device=device)
+    before = cache.clone()
+    q8, w8 = tg.fp8_indexer_prepare(q, k, w, cache, table, lens, hadamard=True, weight_scale=2.0, backend=backend)
+    want_q, want_s = tg.fp8_quantize_rows(q, hadamard=True, backend=backend)
+    assert torch.equal(cache, before) and torch.equal(q8.view(torch.uint8), want_q.view(torch.uint8))
+    assert torch.equal(w8, w * 2.0 * want_s)
+
+
 def _prepare_args(**over):
     cache, table = _paged(2, 2, 64, 128)
     args = dict(q=torch.randn(2, 1, 4, 128).bfloat16(), k=torch.randn(2, 1, 128).bfloat16())

@@ -462,12 +462,11 @@ def fp8_paged_mqa_logits(
 ):
     """cuTile paged MQA logits: the fp32 [B * next_n, max_context_len] kernel (the scheduled kernel, or with
     ``schedule_meta=None`` the paged decode kernel), then the cast to ``logits_dtype``."""
-    conf = None if schedule_meta is None else _paged_config(q, kv_cache)
-    if schedule_meta is None:
-        conf = _paged_config(q, kv_cache, False, int(max_context_len))
-        if conf is None:  # the paged decode kernel does not take these rows: schedule them here
+    conf = _paged_config(q, kv_cache, False, int(max_context_len)) if schedule_meta is None else None
+    if conf is None:
+        if schedule_meta is None:  # the paged decode kernel does not take these rows: schedule them here
             schedule_meta = mqa_prep.paged_schedule(context_lens, kv_cache.shape[1], num_sms(), stream)
-            conf = _paged_config(q, kv_cache)
+        conf = _paged_config(q, kv_cache)
     scheduled = schedule_meta is not None
     batch, next_n, h, d = q.shape
     shape = {"B": batch, "next_n": next_n, "H": h, "D": d, "block_kv": kv_cache.shape[1], "scheduled": scheduled}

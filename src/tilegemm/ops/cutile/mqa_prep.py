@@ -322,6 +322,7 @@ def prepare_plan(
             rows = q.reshape(batch, count * heads, dim)
             rows = rows if rows.stride(-1) == 1 else rows.contiguous()
             keys = k if k.stride(-1) == 1 else k.contiguous()
+            keys = keys if keys.numel() else rows  # no keys: no key row block reads the array; no empty array passed
             kv_keys, kv_scales = paged_views(kv_cache, dim)
             args = (rows, weights.reshape(batch, count * heads), keys, signs, context_lens.reshape(-1), block_table)
             args += (kv_keys, kv_scales, q8.view(batch, count * heads, dim), w8.view(batch, count * heads), *scalars)
