@@ -13,6 +13,7 @@ per SM on sm_90.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
@@ -393,6 +394,24 @@ def _compile_decode(job):
 @pytest.fixture(scope="module")
 def decode_cubins() -> Mapping:
     return compile_each(DECODE_JOBS, _compile_decode)
+
+
+def test_paged_decode_configs():
+    """The paged op without a schedule: the scheduled config's tiles, ``parts`` CTAs per (sequence, row group) as many
+    as two CTAs per SM hold over all of them (rounded down: one wave), at most one per 128-key chunk and at least one;
+    none off sm_90 or at an MMA N side above 128 (the op then schedules itself)."""
+    base = heuristics.paged_mqa_config(64, 128, 1, 64)
+    for batch, width, parts in [(1, 4096, 32), (1, 65536, 264), (8, 65536, 33), (32, 65536, 8), (128, 4096, 2)]:
+        conf = heuristics.paged_decode_config(base, batch, width, 132)
+        assert conf == dataclasses.replace(base, parts=parts), (batch, width, conf)
+        assert batch * conf.parts <= 2 * 132
+    assert heuristics.paged_decode_config(base, 300, 65536, 132).parts == 1  # more sequences than slots
+    assert heuristics.paged_decode_config(base, 1, 100, 132).parts == 1  # one chunk
+    assert heuristics.paged_decode_config(base, 1, 4096, 132, sm=100) is None
+    wide = heuristics.paged_mqa_config(128, 128, 4, 64)  # N = 256
+    assert wide.rg * wide.hp == 256 and heuristics.paged_decode_config(wide, 1, 4096, 132) is None
+    confs = {v: heuristics.paged_mqa_config(*v[:4]) for v in PAGED_VARIANTS}
+    assert set(PAGED_DECODE_VARIANTS) == {v for v, c in confs.items() if c.rg * c.hp <= 128}
 
 
 def test_decode_configs_take_decode_steps():

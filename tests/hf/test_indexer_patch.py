@@ -205,6 +205,26 @@ def test_windows_from_key_zero_and_key_windows():
     assert [index_mask.clean_outside_windows(m) for m in (None, visible, additive)] == [False, False, True]
 
 
+def test_key_window_ends_are_key_windows_ends():
+    """``key_window_ends`` (the paged op's lengths at a decode step): ``key_windows``' ``ke`` for decode rows, with a
+    boolean, additive or no mask, in one pass or through ``mask_windows``' chunks (a mask of more than 2**24
+    elements a pass); more rows than a decode window holds is an error."""
+    torch.manual_seed(1)
+    rows = index_mask.DECODE_WINDOW_ROWS
+    visible = torch.rand(3, rows, 29) < 0.3
+    visible[1, 2] = False  # a row with no visible key: 0
+    additive = torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))
+    for mask in (visible, additive, None):
+        want = index_mask.key_windows(mask, 3, rows, 29, visible.device)[1]
+        got = index_mask.key_window_ends(mask, 3, rows, 29, visible.device)
+        assert torch.equal(got, want) and got.dtype == torch.int32
+    wide = torch.zeros(1, 2, (1 << 24) + 5, dtype=torch.bool)  # two passes of one row
+    wide[0, 0, 7], wide[0, 1, -1] = True, True
+    assert index_mask.key_window_ends(wide, 1, 2, wide.shape[-1], wide.device).tolist() == [[8, wide.shape[-1]]]
+    with pytest.raises(ValueError, match="decode windows hold at most"):
+        index_mask.key_window_ends(visible, 3, rows + 1, 29, visible.device)
+
+
 @pytest.mark.parametrize("variant", ["plain", "decode"], ids=["torch-matmul", "mqa-op"])
 def test_decode_step_window_from_key_zero(variant, monkeypatch):
     """A left-padded decode row (its first visible key past 0) scored from key 0: stock's formula on every visible
