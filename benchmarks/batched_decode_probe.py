@@ -23,8 +23,9 @@ from tilegemm.ops.cutile import mqa as cutile_mqa
 HEADS, DIM = 64, 128
 
 
-def graph_us(fn: Callable[[], object], reps: int = 50) -> float:
-    """Median microseconds of a CUDA-graph replay of ``fn`` (captured after two warm-ups on a side stream)."""
+def graph_us(fn: Callable[[], object], reps: int = 50, calls: int = 1) -> float:
+    """Median microseconds per call of ``fn`` from the replays of a CUDA graph of ``calls`` calls back to back
+    (captured after two warm-ups on a side stream; ``calls=1``: one call a replay, its launch included)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -33,7 +34,8 @@ def graph_us(fn: Callable[[], object], reps: int = 50) -> float:
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        for _ in range(calls):
+            fn()
     graph.replay()
     torch.cuda.synchronize()
     times = []
@@ -43,7 +45,7 @@ def graph_us(fn: Callable[[], object], reps: int = 50) -> float:
         graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
+        times.append(start.elapsed_time(end) * 1e3 / calls)
     return statistics.median(times)
 
 

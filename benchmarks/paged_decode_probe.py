@@ -17,13 +17,12 @@ replay (its launch included). Prints a table, writes the JSON and its tables bes
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import time
-from collections.abc import Callable
 
 import cuda.tile as ct
 import torch
+from batched_decode_probe import graph_us  # the sibling probe's graph timer (this script's folder is on sys.path)
 
 import tilegemm as tg
 from tilegemm.fp8_key_cache import BLOCK_KV, Fp8KeyCache
@@ -34,31 +33,8 @@ from tilegemm.ops.cutile.tile_lib import fp8_quantize
 _ZERO = ct.PaddingMode.ZERO
 
 HEADS, DIM = 64, 128
-
-
-def graph_us(fn: Callable[[], object], calls: int, reps: int = 30) -> float:
-    """Median microseconds per call of a CUDA graph of ``calls`` calls of ``fn`` (two warm-ups on a side stream)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
+#: Timed replays of each graph (the median is kept).
+REPS = 30
 
 
 def case(batch: int, keys: int, num_sms: int) -> dict:
@@ -95,7 +71,7 @@ def case(batch: int, keys: int, num_sms: int) -> dict:
     row = {"batch": batch, "keys": keys}
     for name, old, new in (("paged", scheduled, unscheduled), ("step", step_before, step_now)):
         same = torch.equal(old(), new())
-        times = {f"{v}_{kind}_us": graph_us(fn, calls) for v, fn in (("old", old), ("new", new))
+        times = {f"{v}_{kind}_us": graph_us(fn, REPS, calls) for v, fn in (("old", old), ("new", new))
                  for kind, calls in (("b2b", 20), ("one", 1))}  # fmt: skip
         row[name] = dict(bitwise_equal=same, **times, speedup_b2b=times["old_b2b_us"] / times["new_b2b_us"])
     return row
@@ -189,7 +165,7 @@ def ops(batch: int) -> dict:
     }
     row = {"batch": batch, "ldg_bitwise_equal": same}
     for name, fn in calls.items():
-        row[name] = {"b2b_us": graph_us(fn, 20), "one_us": graph_us(fn, 1)}
+        row[name] = {"b2b_us": graph_us(fn, REPS, 20), "one_us": graph_us(fn, REPS, 1)}
     return row
 
 
