@@ -25,11 +25,15 @@ import torch
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
 
 from compile_gate.sass import cuobjdump_path, dump_sass, loop_bodies, opcode_counts, sass_summary  # noqa: E402
-from tilegemm.ops.gluon import aot, fp8_gemm_ws_kernel  # noqa: E402
+from tilegemm.ops.gluon import aot, fp8_gemm_ws_kernel, grouped, transpose  # noqa: E402
 from tilegemm.ops.gluon import fp8_gemm_ws as ws  # noqa: E402
 
 GOOD = ["a_128x128", "a_128x128_p", "d_128x128_ov", "d_128x128_ov4", "b_256x128", "b_256x128_np", "c_128x192"]
 SPILLING_OVERLAP = ["bd_256x128_ov", "cd_128x192_ov"]
+#: the one-wave designs an m-grouped call may run (the shipped one first)
+GROUPED = ["d_128x128_ov4", "a_128x128_p", "c_128x192"]
+#: the design a k-grouped call runs: no overlap (with the next wgmma in flight, B's column scales spill)
+K_GROUPED = ["a_128x128_p"]
 
 
 def ffma_under_mma(loop: list[str]) -> int:
@@ -89,18 +93,24 @@ def sass_facts(kernel) -> dict:
 
 @pytest.fixture(scope="module")
 def facts():
+    """The SASS facts of every design (by name) and of the m-grouped form of :data:`GROUPED` (``name+grouped``)."""
     reason = _tools_reason()
     if reason:
         pytest.skip(reason)
-    out = {}
-    for name in ws.VARIANTS:
+    facts_of = {}
+    builds = [(name, "", ws.DENSE, False) for name in ws.VARIANTS]
+    builds += [(name, "+grouped", ws.M_GROUPED, False) for name in GROUPED]
+    builds += [(name, f"+k{'acc' if acc else ''}", ws.K_GROUPED, acc) for name in K_GROUPED for acc in (False, True)]
+    for name, suffix, grouping, accumulate in builds:
+        key = name + suffix
         try:
-            kernel = aot.compile_dense_fp8_ws(ws.VARIANTS[name])
+            out = torch.float32 if grouping == ws.K_GROUPED else torch.bfloat16
+            kernel = aot.compile_dense_fp8_ws(ws.VARIANTS[name], out, grouping, accumulate)
             assert kernel.name == fp8_gemm_ws_kernel.fp8_gemm_ws_kernel.__name__
-            out[name] = sass_facts(kernel)
+            facts_of[key] = sass_facts(kernel)
         except Exception as exc:
-            out[name] = exc
-    return out
+            facts_of[key] = exc
+    return facts_of
 
 
 def _get(facts, name):
@@ -112,8 +122,49 @@ def _get(facts, name):
 
 @pytest.mark.parametrize("name", GOOD)
 def test_ws_sass(facts, name):
+    _check_good(ws.VARIANTS[name], _get(facts, name))
+
+
+@pytest.mark.parametrize("name", GROUPED)
+def test_ws_grouped_sass(facts, name):
+    """The m-grouped form (the tile's group read per tile, its rows masked at the store) keeps the design's SASS."""
+    _check_good(ws.VARIANTS[name], _get(facts, f"{name}+grouped"))
+
+
+@pytest.mark.parametrize("suffix", ["+k", "+kacc"])
+@pytest.mark.parametrize("name", K_GROUPED)
+def test_ws_k_grouped_sass(facts, name, suffix):
+    """The k-grouped form (per-group K ranges, B's column scales by TMA in the stage, D read when accumulating)."""
+    f = _get(facts, name + suffix)
     cfg = ws.VARIANTS[name]
-    f = _get(facts, name)
+    assert f["usetmaxreg"] >= 1 and f["stl"] == f["ldl"] == 0, "setmaxnreg, no spills"
+    assert f["qgmma_k_loop"] == 4 and f["qgmma_shapes"] == ["QGMMA.64x128x32"] and f["gmma_group_min"] == 4
+    assert 0 < f["max_register"] < f["mma_budget"] <= 240
+    assert f["shared_bytes"] <= ws.SMEM_BYTES and cfg.block_n == 128
+    assert f["utmaldg"] == 4, "A, B and both sides' scales by TMA"
+
+
+def test_transpose_moves_16_bytes_a_thread():
+    """The FP8 transposing copy (``ops/gluon/transpose.py``) loads and stores 16 bytes a thread (128-bit global
+    accesses, no byte-wide ones) and keeps its tile in 16 KB of shared memory."""
+    reason = _tools_reason()
+    if reason:
+        pytest.skip(reason)
+    kernel = aot.compile_transpose()
+    ops = opcode_counts(dump_sass(kernel.asm["cubin"]))
+    assert ops.get("LDG.E.128", 0) == ops.get("STG.E.128", 0) == 8, ops
+    assert not any(op.startswith(("LDG.E.U8", "STG.E.U8", "STL", "LDL")) for op in ops), ops
+    assert kernel.metadata.shared == transpose.TILE * transpose.TILE
+
+
+def test_the_grouped_ops_run_gated_designs():
+    """``ops/gluon/grouped.py`` launches the ws kernel's grouped forms with designs this gate compiles."""
+    assert grouped.M_GROUPED_FP8_WS_DESIGN in GROUPED
+    assert grouped.K_GROUPED_FP8_WS_DESIGN in K_GROUPED
+
+
+def _check_good(cfg: ws.WsConfig, f: dict) -> None:
+    """What every shipped design's SASS must show (see the module docstring)."""
     assert f["usetmaxreg"] >= 1, "setmaxnreg: the MMA warps take the loader warp's registers"
     assert f["stl"] == f["ldl"] == 0, "register spills"
     per_wave = 4 + (4 if cfg.block_n == 192 else 0)

@@ -18,6 +18,8 @@ from tilegemm.backend import hot_lane, registry, selector  # noqa: E402
 from tilegemm.ops import plans  # noqa: E402
 from tilegemm.ops.gluon import fp8_gemm_kernel, fp8_gemm_ws, tma  # noqa: E402
 from tilegemm.ops.gluon import gemm as gluon_gemm  # noqa: E402
+from tilegemm.ops.gluon import grouped as gluon_grouped  # noqa: E402
+from tilegemm.ops.operands import cdiv  # noqa: E402
 
 LEADING = 9  # grid (3), stream, function, packed metadata, launch metadata, enter and exit hooks
 
@@ -183,6 +185,137 @@ def test_launches_on_the_given_stream(recorders, monkeypatch, kernel):
     gluon_gemm.fp8_gemm(a, b, d, recipe=(1, 128, 128), alpha=alpha, stream=given)
     gluon_gemm.fp8_gemm(a, b, d, recipe=(1, 128, 128), alpha=alpha)
     assert [run[3] for run in recorder.runs] == [9, 7]
+
+
+def _grouped_operands(sizes: list[int], n: int, k: int):
+    """An m-grouped call's operands (A's scales MN-major and TMA-aligned, as DeepGEMM's callers keep them) and its
+    ``m_indices``: each group's rows padded with -1 to a multiple of 128."""
+    index = torch.cat([torch.tensor([g] * s + [-1] * (-s % 128), dtype=torch.int32) for g, s in enumerate(sizes)])
+    qa, sa = tilegemm.per_token_cast_to_fp8(torch.randn(index.numel(), k))
+    b = tilegemm.per_block_cast_to_fp8(torch.randn(len(sizes), n, k))
+    return (qa, tilegemm.get_mn_major_tma_aligned_tensor(sa)), b, index
+
+
+def test_m_grouped_plan_launches_the_grouped_kernel(recorders):
+    """An m-grouped call runs the ws kernel's grouped form: B as one [G * N, K] matrix, the group pitch of its
+    scales, the groups' count, ``m_indices`` by pointer; a second call of the same shapes reuses the plan with the
+    new tensors as given (no copies), the compiled launcher handed what the JIT got."""
+    sizes, n, k = [300, 0, 129], 256, 1024
+    a, b, index = _grouped_operands(sizes, n, k)
+    d = torch.empty(index.numel(), n, dtype=torch.bfloat16)
+    gluon_grouped.m_grouped_fp8(a, b, d, index)
+    a2, b2, index2 = _grouped_operands(sizes, n, k)
+    d2 = torch.empty_like(d)
+    gluon_grouped.m_grouped_fp8(a2, b2, d2, index2)
+    rec = recorders["ws"]
+    assert len(rec.jit) == 1 and len(rec.runs) == 1 and not recorders["v1"].jit
+    grid, num_warps, kwargs = rec.jit[0]
+    assert kwargs["GROUPING"] == fp8_gemm_ws.M_GROUPED and kwargs["WAVES"] == 1 and kwargs["ACCUMULATE"] is False
+    assert kwargs["num_groups"] == len(sizes) and kwargs["sb_group_stride"] == b[1].stride(0)
+    assert kwargs["sb_stride"] == b[1].stride(1) and kwargs["M"] == index.numel() and kwargs["N"] == n
+    assert list(kwargs["b0_desc"].shape) == [len(sizes) * n, k]
+    assert kwargs["group_ptr"].data_ptr() == index.data_ptr()
+    tiles = cdiv(index.numel(), 128) * cdiv(n, 128)
+    assert grid[0] == max(1, min(tiles, tilegemm.config.get_num_sms())), "one CTA per tile, at most one per SM"
+    run = rec.runs[0]
+    assert list(kwargs) == list(rec.arg_names)
+    launched = dict(zip(rec.arg_names, run[LEADING:]))
+    for name in rec.arg_names:
+        if name.endswith("_desc"):
+            assert _view(launched[name]) == _view(kwargs[name]), name
+        elif not isinstance(kwargs[name], torch.Tensor):
+            assert launched[name] == kwargs[name], name
+    assert launched["a_desc"].base.data_ptr() == a2[0].data_ptr()
+    assert launched["sa_desc"].base.data_ptr() == a2[1].data_ptr()
+    assert launched["b0_desc"].base.data_ptr() == b2[0].data_ptr()
+    assert launched["sb_ptr"].data_ptr() == b2[1].data_ptr()
+    assert launched["group_ptr"].data_ptr() == index2.data_ptr()
+    assert launched["d0_desc"].base.data_ptr() == d2.data_ptr()
+
+
+@pytest.mark.parametrize("addend", [None, "d", "apart"])
+def test_k_grouped_plan_launches_the_grouped_kernel(recorders, addend):
+    """A k-grouped call (``tn`` form) runs the ws kernel's k-grouped form on K-major copies of A and B: D as
+    [G * M, N], B's column scales by TMA, the groups' K offsets and D itself by pointer, ``ACCUMULATE`` with an
+    addend (one apart from D copied into D first); a second call reuses the plan."""
+    ks, m, n = [256, 0, 512], 256, 200
+    k_sum = sum(ks)
+
+    def operands_tn():
+        qa, sa = tilegemm.per_token_cast_to_fp8(torch.randn(m, k_sum))
+        qb, sb = tilegemm.per_token_cast_to_fp8(torch.randn(n, k_sum))
+        return (qa.t().contiguous(), sa.t().contiguous()), (qb.t().contiguous(), sb.t().contiguous())
+
+    layout = torch.tensor(ks, dtype=torch.int32)
+    for _ in range(2):
+        a, b = operands_tn()
+        d = torch.zeros(len(ks), m, n)
+        c = {None: None, "d": d, "apart": torch.ones(len(ks), m, n)}[addend]
+        gluon_grouped.k_grouped_fp8(a, b, d, ks, layout, c)
+        if addend == "apart":
+            assert torch.equal(d, c), "the addend is copied into d, which the kernel then accumulates into"
+    rec = recorders["ws"]
+    assert len(rec.jit) == 1 and len(rec.runs) == 1
+    grid, num_warps, kwargs = rec.jit[0]
+    assert kwargs["GROUPING"] == fp8_gemm_ws.K_GROUPED and kwargs["ACCUMULATE"] is (addend is not None)
+    assert kwargs["num_groups"] == len(ks) and (kwargs["M"], kwargs["N"], kwargs["K"]) == (m, n, k_sum)
+    assert list(kwargs["a_desc"].shape) == [m, k_sum] and list(kwargs["b0_desc"].shape) == [n, k_sum]
+    assert list(kwargs["sb_desc"].shape) == [k_sum // 128, n] and list(kwargs["d0_desc"].shape) == [len(ks) * m, n]
+    assert kwargs["group_ptr"].tolist() == [0, 256, 256, 768]
+    assert grid[0] == max(1, min(len(ks) * 2 * 2, tilegemm.config.get_num_sms()))
+    launched = dict(zip(rec.arg_names, rec.runs[0][LEADING:]))
+    for name in rec.arg_names:
+        if name.endswith("_desc"):
+            assert _view(launched[name]) == _view(kwargs[name]), name
+        elif not isinstance(kwargs[name], torch.Tensor):
+            assert launched[name] == kwargs[name], name
+    assert launched["c_ptr"].data_ptr() == launched["d0_desc"].base.data_ptr() == d.data_ptr()
+
+
+def test_k_grouped_unsupported_cases(recorders):
+    """M off the 128-row tiles (a tile would cross groups) and an output that is not TMA-aligned are refused."""
+    qa, sa = tilegemm.per_token_cast_to_fp8(torch.randn(200, 256))
+    a = (qa.t().contiguous(), sa.t().contiguous())
+    layout = torch.tensor([256], dtype=torch.int32)
+    with pytest.raises(registry.Unsupported, match="multiple of 128"):
+        gluon_grouped.k_grouped_fp8(a, a, torch.empty(1, 200, 200), [256], layout)
+    qa, sa = tilegemm.per_token_cast_to_fp8(torch.randn(128, 256))
+    a = (qa.t().contiguous(), sa.t().contiguous())
+    qb, sb = tilegemm.per_token_cast_to_fp8(torch.randn(130, 256))
+    b = (qb.t().contiguous(), sb.t().contiguous())
+    with pytest.raises(registry.Unsupported, match="TMA"):
+        gluon_grouped.k_grouped_fp8(a, b, torch.empty(1, 128, 130), [256], layout)
+    assert not recorders["ws"].jit
+
+
+def test_m_grouped_unsupported_cases(recorders):
+    """What the grouped kernel lacks is refused before anything runs: the psum layout, 1x128-row RHS scales, an
+    output of another dtype or not TMA-aligned."""
+    a, b, index = _grouped_operands([200, 56], 256, 512)
+    d = torch.empty(index.numel(), 256, dtype=torch.bfloat16)
+    with pytest.raises(registry.Unsupported, match="psum"):
+        gluon_grouped.m_grouped_fp8(a, b, d, index, use_psum_layout=True)
+    rows_scaled = (b[0], torch.ones(2, 256, 4))
+    with pytest.raises(registry.Unsupported, match="128x128"):
+        gluon_grouped.m_grouped_fp8(a, rows_scaled, d, index)
+    with pytest.raises(registry.Unsupported, match="dtype"):
+        gluon_grouped.m_grouped_fp8(a, b, d.half(), index)
+    unaligned = torch.empty(index.numel(), 260, dtype=torch.bfloat16)[:, :250]
+    with pytest.raises(registry.Unsupported, match="TMA"):
+        gluon_grouped.m_grouped_fp8(a, (b[0][:, :250], b[1]), unaligned, index)
+    assert not recorders["ws"].jit
+
+
+def test_m_grouped_rule_wants_enough_tiles():
+    """The automatic choice gives the grouped kernel calls with enough 128x128 tiles and tile-steps for the SMs."""
+    from tilegemm.heuristics.gluon import prefers_k_grouped_fp8, prefers_m_grouped_fp8
+
+    assert prefers_m_grouped_fp8(8192, 4096, 7168, 132)
+    assert not prefers_m_grouped_fp8(256, 2048, 768, 132)  # 32 tiles on 132 SMs
+    assert not prefers_m_grouped_fp8(1024, 1536, 128, 132)  # 96 tiles of one K block
+    assert prefers_k_grouped_fp8(8, 4096, 7168, 8 * 4096, 132)
+    assert not prefers_k_grouped_fp8(4, 4000, 7168, 4 * 4096, 132)  # M off the tiles
+    assert not prefers_k_grouped_fp8(2, 128, 256, 2 * 256, 132)  # 8 tiles
 
 
 def _relaunch_against_triton(monkeypatch, scratch: int = 0):

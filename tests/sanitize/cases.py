@@ -305,6 +305,74 @@ def _dense_gluon_ws() -> str:
     return f"{len(ws.VARIANTS)} designs, calc_diff {worst:.1e}"
 
 
+# The ws kernel's m-grouped form (ops/gluon/grouped.py): -1 padding ending groups, an empty group, a partial last
+# block, N and K off the tiles, every one-wave design on a 3-CTA persistent grid; then garbage ids.
+@case("m-grouped fp8 gluon ws: m_indices padding, partial last block, every grouped design; then garbage ids")
+def _m_grouped_gluon_ws() -> str:
+    from tilegemm.backend.selector import gluon_unavailable_reason
+
+    reason = gluon_unavailable_reason()
+    if reason is not None:
+        return f"skipped: gluon unavailable ({reason})"
+    from tilegemm.ops.gluon import fp8_gemm_ws as ws
+
+    parts = []
+    for gi, s in enumerate([70, 0, 128, 5]):
+        seg = torch.full((-(-s // ALIGN) * ALIGN,), -1, dtype=torch.int32)
+        seg[:s] = gi
+        parts.append(seg)
+    idx = torch.cat(parts)[:-60].to(DEV)  # the last block partial
+    rows = idx.numel()
+    a, b = _grouped_operands(rows, 4, True, seed=rows)
+    d = torch.full((rows, N), float("nan"), dtype=torch.bfloat16, device=DEV)
+    note = _cutile_vs_reference(tg.m_grouped_fp8_gemm_nt_contiguous, a, b, d, idx, bar=1e-5, backend="gluon")
+    designs = [name for name, cfg in ws.VARIANTS.items() if cfg.waves == 1 and name != "cd_128x192_ov"]
+    ref = torch.empty_like(d)
+    tg.m_grouped_fp8_gemm_nt_contiguous(a, b, ref, idx, backend="pytorch")
+    for name in designs:
+        d.fill_(float("nan"))
+        ws.ws_plan(a, b, d, ws.VARIANTS[name], 3, idx)(a, b, d, m_index=idx)
+        torch.cuda.synchronize()
+        if d.isnan().any() or calc_diff(d, ref) > 1e-5:
+            raise AssertionError(f"{name}: differs from pytorch or left rows unwritten")
+    garbage = torch.randint(-9, 9, (rows,), generator=_gen(3), device=DEV, dtype=torch.int32)
+    tg.m_grouped_fp8_gemm_nt_contiguous(a, b, d, garbage, backend="gluon")
+    torch.cuda.synchronize()
+    return f"{note}; {len(designs)} designs"
+
+
+# The ws kernel's k-grouped form (ops/gluon/grouped.py): uneven K with an empty group, N off the tiles, accumulating
+# into d; then garbage K offsets (clamped into [0, K_sum]) through the plan directly.
+@case("k-grouped fp8 gluon ws: an empty group, N off the tiles, c = d; then garbage offsets")
+def _k_grouped_gluon_ws() -> str:
+    from tilegemm.backend.selector import gluon_unavailable_reason
+
+    reason = gluon_unavailable_reason()
+    if reason is not None:
+        return f"skipped: gluon unavailable ({reason})"
+    from tilegemm.ops.gluon import fp8_gemm_ws as ws
+
+    ks, m, n = [256, 0, 384, 128], 256, N
+    g = _gen(41)
+    qa, sa = per_token_cast_to_fp8(torch.randn(m, sum(ks), device=DEV, generator=g))
+    qb, sb = per_token_cast_to_fp8(torch.randn(n, sum(ks), device=DEV, generator=g))
+    a, b = (qa.t().contiguous(), sa.t().contiguous()), (qb.t().contiguous(), sb.t().contiguous())
+    layout = torch.tensor(ks, dtype=torch.int32, device=DEV)
+    d = torch.randn(len(ks), m, n, device=DEV, generator=g)
+    ref = d.clone()
+    tg.k_grouped_fp8_gemm_tn_contiguous(a, b, d, ks, layout, c=d, backend="gluon")
+    tg.k_grouped_fp8_gemm_tn_contiguous(a, b, ref, ks, layout, c=ref, backend="pytorch")
+    torch.cuda.synchronize()
+    diff = calc_diff(d, ref)
+    if not diff < 1e-6:
+        raise AssertionError(f"gluon differs from pytorch: calc_diff {diff:.2e}")
+    garbage = torch.tensor([0, -300, 10**6, 128, -5], dtype=torch.int32, device=DEV)
+    a_k, b_k = (qa, sa), (qb, sb)
+    ws.ws_plan(a_k, b_k, d, ws.VARIANTS["a_128x128_p"], 3, k_offsets=garbage)(a_k, b_k, d, k_offsets=garbage)
+    torch.cuda.synchronize()
+    return f"calc_diff {diff:.1e}"
+
+
 class _ForcedVariant:
     """The variant variable ``env`` (``TILEGEMM_MOE_VARIANT`` by default) set to ``variant`` inside the block (unset
     for ``None``), restored after it."""

@@ -48,6 +48,17 @@ DENSE_FP8_MIN_FLOPS = 2e10
 DENSE_FP8_WS_DESIGN = "d_128x128_ov4"
 
 
+#: The design of the warp-specialized kernel the m-grouped contiguous FP8 calls run (``ops/gluon/grouped.py``): one
+#: 128-row wave a tile (one group), as the dense calls.
+M_GROUPED_FP8_WS_DESIGN = "d_128x128_ov4"
+#: The design the k-grouped FP8 calls run: 128x128 tiles, persistent, each promotion after its wgmma (the next
+#: step's wgmma in flight beside B's column scales spills: tests/compile_gate/test_compile_gluon_ws.py).
+K_GROUPED_FP8_WS_DESIGN = "a_128x128_p"
+#: The grouped FP8 calls the ws kernel takes: enough 128x128 tiles for the SMs and tile-steps per SM, as dense.
+GROUPED_FP8_MIN_TILES_PER_SM = 0.75
+GROUPED_FP8_MIN_STEPS_PER_SM = 2.5
+
+
 def takes_ws_kernel(recipe: tuple[int, int, int], has_c: bool, alpha: float) -> bool:
     """Whether a gluon dense FP8 call runs the warp-specialized kernel: DeepGEMM's recipe (B scaled per 128x128
     block), no addend and ``alpha`` 1, the product it computes; other calls run ``fp8_gemm_kernel``."""
@@ -138,3 +149,59 @@ def dense_fp8_rule(arguments: dict[str, Any]) -> str | None:
     if prefers_dense_fp8(m, b_data.shape[0], k, config.get_num_sms(), ws):
         return "gluon"
     return None
+
+
+def grouped_tiles_suffice(tiles: int, k_blocks: int, num_sms: int) -> bool:
+    """Whether ``tiles`` 128x128 output tiles of ``k_blocks`` K blocks each on average fill ``num_sms`` SMs well enough
+    for the ws kernel (it does not split K)."""
+    if tiles < GROUPED_FP8_MIN_TILES_PER_SM * num_sms:
+        return False
+    return tiles * k_blocks >= GROUPED_FP8_MIN_STEPS_PER_SM * num_sms
+
+
+def prefers_m_grouped_fp8(m_sum: int, n: int, k: int, num_sms: int) -> bool:
+    """True when the gluon backend is the automatic choice for an m-grouped contiguous FP8 GEMM of ``m_sum`` rows
+    against [G, N, K] weights on ``num_sms`` SMs (:func:`grouped_tiles_suffice`)."""
+    return grouped_tiles_suffice(cdiv(m_sum, BLOCK_M) * cdiv(n, 128), cdiv(k, BLOCK_K), num_sms)
+
+
+def prefers_k_grouped_fp8(groups: int, m: int, n: int, k_sum: int, num_sms: int) -> bool:
+    """True when the gluon backend is the automatic choice for a k-grouped FP8 GEMM into fp32 [G, M, N] over K_sum:
+    M a multiple of 128 (the kernel's condition) and enough tiles (:func:`grouped_tiles_suffice`)."""
+    if m % BLOCK_M or groups == 0:
+        return False
+    return grouped_tiles_suffice(groups * cdiv(m, BLOCK_M) * cdiv(n, 128), cdiv(k_sum, BLOCK_K * groups), num_sms)
+
+
+def _gluon_may_run(d: torch.Tensor) -> bool:
+    """Whether a call writing ``d`` may go to gluon at all: on a CUDA device where the backend runs, bf16 or fp32
+    output, TMA-aligned."""
+    if not d.is_cuda or selector.gluon_unavailable_reason() is not None:
+        return False
+    return d.dtype in (torch.bfloat16, torch.float32) and operands.tma_ready(d)
+
+
+@register_rule("m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nn_contiguous")
+def m_grouped_fp8_rule(arguments: dict[str, Any]) -> str | None:
+    """The automatic choice's rule for the m-grouped contiguous FP8 GEMMs (``arguments``: the logical ``nt`` form the
+    check derived): ``gluon`` on Hopper for the ``m_indices`` layout with K-major weights where
+    :func:`prefers_m_grouped_fp8` says so, else no claim."""
+    if arguments["use_psum_layout"] or not _gluon_may_run(arguments["d"]):
+        return None
+    (a_data, _), (b_data, sb) = arguments["a"], arguments["b"]
+    if b_data.stride(-1) != 1 or sb.shape[-2] != cdiv(b_data.shape[-2], 128):
+        return None
+    m_sum, k = a_data.shape
+    return "gluon" if prefers_m_grouped_fp8(m_sum, b_data.shape[-2], k, config.get_num_sms()) else None
+
+
+@register_rule("k_grouped_fp8_gemm_tn_contiguous", "k_grouped_fp8_gemm_nt_contiguous")
+def k_grouped_fp8_rule(arguments: dict[str, Any]) -> str | None:
+    """The automatic choice's rule for the k-grouped FP8 GEMMs: ``gluon`` on Hopper where
+    :func:`prefers_k_grouped_fp8` says so (contiguous fp32 output), else no claim."""
+    d = arguments["d"]
+    if not d.is_contiguous() or not _gluon_may_run(d):
+        return None
+    groups, m, n = d.shape
+    k_sum = arguments["a"][0].shape[0]
+    return "gluon" if prefers_k_grouped_fp8(groups, m, n, k_sum, config.get_num_sms()) else None

@@ -1,11 +1,14 @@
-"""The ground floor both kernel backends' host paths stand on (torch only): :func:`cdiv`, and how an operand reaches
-a TMA-reading kernel: the one TMA contract (:func:`tma_ready`) and the copies that meet it.
+"""The ground floor both kernel backends' host paths stand on (torch only): :func:`cdiv`, how an operand reaches
+a TMA-reading kernel (the one TMA contract, :func:`tma_ready`, and the copies that meet it), and a k-grouped call's
+K offsets (:func:`k_offsets`).
 
 Both kernel backends read their tiles by TMA, which needs a unit last stride, every other stride a multiple
 of 16 bytes and a 16-byte aligned base.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -54,3 +57,20 @@ def as_row_major(x: torch.Tensor, pad_rows: bool = True) -> torch.Tensor:
     if tma_ready(x):
         return x
     return aligned_copy(x) if pad_rows else x.contiguous()
+
+
+def k_offsets(ks: list[int], ks_tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """int32 [G + 1] offsets of a k-grouped call's K ranges (0, then the prefix sums of ``ks``) on ``device``: from
+    ``ks_tensor`` (the device mirror of ``ks``) when given, else kept per ``ks``."""
+    if ks_tensor is not None:
+        sums = torch.cumsum(ks_tensor.to(device=device, dtype=torch.int32), 0, dtype=torch.int32)
+        return torch.cat([sums.new_zeros(1), sums])
+    return _kept_offsets(tuple(int(k) for k in ks), device)
+
+
+@functools.lru_cache(maxsize=256)
+def _kept_offsets(ks: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    prefix = [0]
+    for k in ks:
+        prefix.append(prefix[-1] + k)
+    return torch.tensor(prefix, dtype=torch.int32).to(device)

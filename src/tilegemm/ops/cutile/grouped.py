@@ -15,6 +15,7 @@ import torch
 from tilegemm.backend.registry import Unsupported, register_impl
 from tilegemm.heuristics import cutile as heuristics
 from tilegemm.heuristics.cutile import Kind
+from tilegemm.ops import operands
 from tilegemm.ops.cutile import launch
 from tilegemm.ops.cutile.grouped_kernels import get_kernel
 from tilegemm.routing import expert_ends
@@ -192,22 +193,6 @@ def _m_grouped_repacked(
     return torch.index_select(d_pad, 0, dst, out=d)
 
 
-def _k_offsets(ks: list[int], ks_tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor:
-    """int32 [G + 1] prefix sums of ``ks`` on ``device`` (from ``ks_tensor`` on the device when given)."""
-    if ks_tensor is not None:
-        sums = torch.cumsum(ks_tensor.to(device=device, dtype=torch.int32), 0, dtype=torch.int32)
-        return torch.cat([sums.new_zeros(1), sums])
-    return _cached_offsets(tuple(int(k) for k in ks), device)
-
-
-@functools.lru_cache(maxsize=256)
-def _cached_offsets(ks: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    prefix = [0]
-    for k in ks:
-        prefix.append(prefix[-1] + k)
-    return torch.tensor(prefix, dtype=torch.int32).to(device)
-
-
 @functools.lru_cache(maxsize=256)
 def _k_block_rows(ks: tuple[int, ...], block: int, device: torch.device) -> tuple[torch.Tensor, list[int]]:
     """Rows of a ``[sum(ks), *]`` operand in a layout whose groups start on multiples of ``block`` (int64 on
@@ -262,7 +247,7 @@ def _k_grouped(
         a_data = a_data.new_zeros(ks_sum := sum(ks), a_data.shape[1]).index_copy_(0, rows, a_data)
         b_data = b_data.new_zeros(ks_sum, b_data.shape[1]).index_copy_(0, rows, b_data)
         ks_tensor = None
-    koffs = _k_offsets(ks, ks_tensor, d.device)
+    koffs = operands.k_offsets(ks, ks_tensor, d.device)
     c_is_d = has_c and c.data_ptr() == d.data_ptr() and c.stride() == d.stride()
     # When c is d the kernel reads C from d itself (no aliased pair of arrays); otherwise a row-major c.
     c_arg = c.contiguous() if has_c and not c_is_d else d

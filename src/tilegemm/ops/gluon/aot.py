@@ -14,7 +14,7 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 
 from tilegemm.heuristics.gluon import GluonDenseConfig
-from tilegemm.ops.gluon import fp8_gemm_kernel, fp8_gemm_ws, gemm, sparse_attention
+from tilegemm.ops.gluon import fp8_gemm_kernel, fp8_gemm_ws, gemm, sparse_attention, transpose
 from tilegemm.ops.gluon.tma import SCALE_LAYOUT, operand_layout
 
 _TY = {torch.float8_e4m3fn: "fp8e4nv", torch.bfloat16: "bf16", torch.float32: "fp32"}
@@ -54,30 +54,53 @@ def compile_dense_fp8(
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 
 
-def compile_dense_fp8_ws(cfg: fp8_gemm_ws.WsConfig, out_dtype: torch.dtype = torch.bfloat16) -> Any:
+def compile_dense_fp8_ws(
+    cfg: fp8_gemm_ws.WsConfig,
+    out_dtype: torch.dtype = torch.bfloat16,
+    grouping: int = fp8_gemm_ws.DENSE,
+    accumulate: bool = False,
+) -> Any:
     """``fp8_gemm_ws_kernel`` compiled for sm_90a as :func:`fp8_gemm_ws.ws_plan` launches ``cfg`` (its ring depth set
-    for a 4096-cubed problem with ``out_dtype`` output): a triton ``CompiledKernel``."""
+    for a 4096-cubed problem with ``out_dtype`` output; ``grouping``: dense, m-grouped or k-grouped, 8 groups;
+    ``accumulate``: k-grouped into D): a triton ``CompiledKernel``."""
     ws = fp8_gemm_ws
-    cfg = ws.ws_config(ws.Problem(4096, 4096, 4096, out_dtype), cfg)
+    groups = 8 if grouping != ws.DENSE else 0
+    cfg = ws.ws_config(ws.Problem(4096, 4096, 4096, out_dtype, groups, grouping), cfg)
     box = ws.block_shapes(cfg)
     f8 = torch.float8_e4m3fn
+    sb_box = box["sb"] if grouping == ws.K_GROUPED else box["sa"]
     signature = {
         "a_desc": _desc(f8, box["a"]),
         "b0_desc": _desc(f8, box["b0"]),
         "b1_desc": _desc(f8, box["b1"]),
         "sa_desc": _desc(torch.float32, box["sa"], SCALE_LAYOUT),
+        "sb_desc": _desc(torch.float32, sb_box, SCALE_LAYOUT),
         "d0_desc": _desc(out_dtype, box["d0"]),
         "d1_desc": _desc(out_dtype, box["d1"]),
         "sb_ptr": "*fp32",
+        "group_ptr": "*fp32" if grouping == ws.DENSE else "*i32",
+        "c_ptr": "*" + _TY[out_dtype],
         "sb_stride": "i32",
+        "sb_group_stride": "i32",
+        "num_groups": "i32",
         "M": "i32",
         "N": "i32",
         "K": "i32",
     }
-    consts = ws.constants(cfg)
+    consts = ws.constants(cfg, grouping, accumulate)
     signature.update({name: "constexpr" for name in consts})
     source = GluonASTSource(ws.fp8_gemm_ws_kernel, signature, constexprs=consts)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": ws.MMA_WARPS})
+
+
+def compile_transpose() -> Any:
+    """``transpose_kernel`` compiled for sm_90a as :func:`transpose.transposed` launches it on the usual operands:
+    the pointers 16-byte aligned (as torch allocates them) and both sizes multiples of 16 (the JIT specializes
+    on that)."""
+    signature = {"src": "*u8", "dst": "*u8", "rows": "i32", "cols": "i32", "TILE": "constexpr"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(4)}
+    source = GluonASTSource(transpose.transpose_kernel, signature, constexprs={"TILE": transpose.TILE}, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": transpose.WARPS})
 
 
 def compile_sparse_decode(

@@ -33,12 +33,33 @@ waves each wgmma is therefore given the other wave's accumulator as its input ti
 False at run time but not at compile time: the promotion must finish first (ptxas copies the tile: about 64 moves
 a wave, no spills).
 
+``GROUPING`` picks the problem (one 128-row wave a tile in both grouped forms):
+
+* ``DENSE`` (0): one GEMM.
+* ``M_GROUPED`` (1, m-grouped contiguous, DeepGEMM's ``m_indices`` layout): A is the rows of every group, B the
+  groups' weights as one [G * N, K] matrix, ``sb`` [G, ceil(N/128), ceil(K/128)] (group pitch ``sb_group_stride``).
+  Row tile ``pm``'s group is ``group_ptr[pm * 128]``: its B rows start at ``group * N`` and its B scales at
+  ``group * sb_group_stride``. A tile of group -1 (padding) runs no K block and is stored as zeros; a tile of any
+  other id outside ``[0, G)`` runs none and is not stored; rows of a computed tile whose own entry is not the
+  tile's group (the -1 rows that end a group's last block) are stored as zeros. Columns past N read the next
+  group's rows of B, and the store drops them.
+* ``K_GROUPED`` (2, k-grouped, the MoE weight gradient ``D[g] = A_g @ B_g.T``): A [M, K_sum] and B [N, K_sum]
+  hold every group's K range side by side, ``group_ptr`` the [G + 1] offsets of those ranges (multiples of 128),
+  D is [G * M, N] (M a multiple of 128, so no tile crosses a group). The walk runs over (group, row tile, column
+  tile); a tile runs its group's K blocks. Both sides are scaled 1x128 (DeepGEMM's k-grouped recipe): A's scales
+  as ever, B's [ceil(K_sum/128), N] come by TMA with the stage (``sb_desc``) and each step is promoted as
+  ``acc += P * sa[:, None] * sb[None, :]``. ``ACCUMULATE``: D is read (through ``c_ptr``, D itself) and the
+  product added to it.
+
 B's scales are read by the MMA warps with a scalar global load one K block ahead; A's scales come with the stage.
 The output leaves through shared memory by TMA stores (one staging buffer per sub-tile, reused wave by wave).
 Tiles past M or N are handled by TMA (zero-filled loads, clipped stores); K past the last full block is
 zero-filled.
 
 The host side is :mod:`tilegemm.ops.gluon.fp8_gemm_ws`.
+
+Over 600 lines: one kernel, its three problems (dense, m-grouped, k-grouped) and its two K loops (with and without
+the overlap), read top to bottom in one file.
 """
 
 from __future__ import annotations
@@ -58,7 +79,12 @@ BLOCK_K = 128  # one scale block of K per step
 NARROW_N = 64  # width of the second sub-tile of a 192-wide tile
 MMA_WARPS = 8  # the default partition: two MMA warpgroups
 
+DENSE, M_GROUPED, K_GROUPED = 0, 1, 2  # GROUPING: the problem the kernel computes
+
 _WAVE_M = gl.constexpr(WAVE_M)
+_DENSE = gl.constexpr(DENSE)
+_M_GROUPED = gl.constexpr(M_GROUPED)
+_K_GROUPED = gl.constexpr(K_GROUPED)
 _BLOCK_K = gl.constexpr(BLOCK_K)
 
 
@@ -87,11 +113,12 @@ def _sub_cols(pn, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _tile_range(M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PERSISTENT: gl.constexpr):
-    """(first tile, tile count, step, row tiles, column tiles) of this CTA's walk over the output tiles."""
+def _tile_range(M, N, walks, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PERSISTENT: gl.constexpr):
+    """(first tile, tile count, step, row tiles, column tiles) of this CTA's walk over the output tiles of
+    ``walks`` problems of [M, N] (the k-grouped groups; else 1)."""
     num_m = gl.cdiv(M, BLOCK_M)
     num_n = gl.cdiv(N, BLOCK_N)
-    num_tiles = num_m * num_n
+    num_tiles = walks * num_m * num_n
     if PERSISTENT:
         step = gl.num_programs(0)
     else:
@@ -100,12 +127,38 @@ def _tile_range(M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PERSISTENT: 
 
 
 @gluon.jit
+def _tile_job(tile, num_m, num_n, group_ptr, num_groups, K, GROUP_M: gl.constexpr, GROUPING: gl.constexpr):
+    """What linear tile ``tile`` computes: (group, row tile, column tile, first K block, K blocks).
+
+    Dense: group 0, every K block. m-grouped: the group ``group_ptr[pm * 128]`` of its row block, every K block, or
+    none for an id outside ``[0, num_groups)`` (-1: padding). k-grouped: the tile's group of the walk and that
+    group's K range ``[group_ptr[g], group_ptr[g + 1])``, clamped into ``[0, K]``."""
+    per_group = num_m * num_n
+    walk = tile // per_group
+    pm, pn = _tile_coords(tile - walk * per_group, num_m, num_n, GROUP_M)
+    num_k = gl.cdiv(K, _BLOCK_K)
+    if GROUPING == _M_GROUPED:
+        group = gl.load(group_ptr + pm * _WAVE_M)
+        runs = (group >= 0) & (group < num_groups)
+        return group, pm, pn, 0, num_k * runs.to(gl.int32)
+    elif GROUPING == _K_GROUPED:
+        k0 = gl.minimum(gl.maximum(gl.load(group_ptr + walk), 0), K)
+        k1 = gl.minimum(gl.maximum(gl.load(group_ptr + walk + 1), k0), K)
+        return walk, pm, pn, k0 // _BLOCK_K, (k1 - k0) // _BLOCK_K
+    else:
+        return 0, pm, pn, 0, num_k
+
+
+@gluon.jit
 def _loader(
     a_desc,
     b0_desc,
     b1_desc,
     sa_desc,
+    sb_desc,
     ring,
+    group_ptr,
+    num_groups,
     M,
     N,
     K,
@@ -113,30 +166,38 @@ def _loader(
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
     PERSISTENT: gl.constexpr,
+    GROUPING: gl.constexpr,
 ):
-    """The TMA warp: A, B (one or two sub-tiles) and A's scales of every K block of every tile of this CTA, into
-    ``ring`` (the kernel's stages)."""
-    a_ring, b0_ring, b1_ring, sa_ring, ready, empty = ring
+    """The TMA warp: A, B (one or two sub-tiles) and A's scales (k-grouped: and B's) of every K block of every tile
+    of this CTA, into ``ring`` (the kernel's stages); m-grouped: B's rows of the tile's group."""
+    a_ring, b0_ring, b1_ring, sa_ring, sb_ring, ready, empty = ring
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     SPLIT: gl.constexpr = BLOCK_N == 192
+    SB_COLS: gl.constexpr = GROUPING == _K_GROUPED
     B1_BYTES: gl.constexpr = b1_desc.block_type.nbytes if SPLIT else 0
-    nbytes: gl.constexpr = a_desc.block_type.nbytes + b0_desc.block_type.nbytes + sa_desc.block_type.nbytes + B1_BYTES
-    first, num_tiles, step, num_m, num_n = _tile_range(M, N, BLOCK_M, BLOCK_N, PERSISTENT)
-    num_k = gl.cdiv(K, _BLOCK_K)
+    SB_BYTES: gl.constexpr = sb_desc.block_type.nbytes if SB_COLS else 0
+    nbytes: gl.constexpr = (
+        a_desc.block_type.nbytes + b0_desc.block_type.nbytes + sa_desc.block_type.nbytes + B1_BYTES + SB_BYTES
+    )
+    walks = num_groups if GROUPING == _K_GROUPED else 1
+    first, num_tiles, step, num_m, num_n = _tile_range(M, N, walks, BLOCK_M, BLOCK_N, PERSISTENT)
     it = 0
     for tile in range(first, num_tiles, step):
-        pm, pn = _tile_coords(tile, num_m, num_n, GROUP_M)
+        group, pm, pn, kb0, tile_k = _tile_job(tile, num_m, num_n, group_ptr, num_groups, K, GROUP_M, GROUPING)
         col0, col1 = _sub_cols(pn, BLOCK_N)
-        for kb in range(num_k):
+        b_row = group * N if GROUPING == _M_GROUPED else 0  # m-grouped: the group's rows of B
+        for kb in range(kb0, kb0 + tile_k):
             s = it % STAGES
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
             bar = ready.index(s)
             mbarrier.expect(bar, nbytes)
             tma.async_copy_global_to_shared(a_desc, [pm * BLOCK_M, kb * _BLOCK_K], bar, a_ring.index(s))
-            tma.async_copy_global_to_shared(b0_desc, [col0, kb * _BLOCK_K], bar, b0_ring.index(s))
+            tma.async_copy_global_to_shared(b0_desc, [b_row + col0, kb * _BLOCK_K], bar, b0_ring.index(s))
             if SPLIT:
-                tma.async_copy_global_to_shared(b1_desc, [col1, kb * _BLOCK_K], bar, b1_ring.index(s))
+                tma.async_copy_global_to_shared(b1_desc, [b_row + col1, kb * _BLOCK_K], bar, b1_ring.index(s))
             tma.async_copy_global_to_shared(sa_desc, [kb, pm * BLOCK_M], bar, sa_ring.index(s))
+            if SB_COLS:
+                tma.async_copy_global_to_shared(sb_desc, [kb, col0], bar, sb_ring.index(s))
             it += 1
 
 
@@ -154,6 +215,23 @@ def _store_tile(acc, d_desc, out_smem, row, col):
     out_smem.store(acc.to(d_desc.dtype))
     fence_async_shared()
     tma.async_copy_shared_to_global(d_desc, [row, col], out_smem)
+
+
+@gluon.jit
+def _group_rows(acc, m_index, row, group, M, rows: gl.constexpr):
+    """``acc`` (the 128 rows from ``row``) with the rows whose ``m_index`` entry is not ``group`` set to 0."""
+    r = row + gl.arange(0, _WAVE_M, layout=rows)
+    ids = gl.load(m_index + r, mask=r < M, other=-1)
+    return gl.where((ids == group)[:, None], acc, 0.0)
+
+
+@gluon.jit
+def _add_c(acc, c_ptr, row, col, N, layout: gl.constexpr):
+    """``acc`` plus the [128, width] tile of fp32 C (row pitch N) at (row, col); columns past N read 0."""
+    r = row + gl.arange(0, _WAVE_M, layout=gl.SliceLayout(1, layout))
+    c = col + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, layout))
+    offs = r.to(gl.int64)[:, None] * N + c[None, :]
+    return acc + gl.load(c_ptr + offs, mask=(c < N)[None, :], other=0.0)
 
 
 @gluon.jit
@@ -205,12 +283,16 @@ def _ov_promote(
     rows0: gl.constexpr,
     rows1: gl.constexpr,
     SPLIT: gl.constexpr,
+    SB_COLS: gl.constexpr,
 ):
     """``acc += p * (sa * sb)`` for one step: A's scales of ring slot ``blk`` (rows from ``row``), B's ``sb0`` /
-    ``sb1``."""
+    ``sb1`` (``SB_COLS``: ``sb0`` one scale per column, ``acc += p * sa[:, None] * sb0[None, :]``)."""
     STAGES: gl.constexpr = sa_rows.shape[0]
     sa = sa_rows.index(blk % STAGES).slice(row, _WAVE_M).load(rows0)
-    acc0 = _pin(acc0 + p0 * (sa * sb0)[:, None])
+    if SB_COLS:
+        acc0 = _pin(acc0 + (p0 * sa[:, None]) * sb0[None, :])
+    else:
+        acc0 = _pin(acc0 + p0 * (sa * sb0)[:, None])
     if SPLIT:
         acc1 = _pin(acc1 + p1 * gl.convert_layout(sa * sb1, rows1)[:, None])
     return acc0, acc1
@@ -229,6 +311,8 @@ def _ov_run(
     WAVES: gl.constexpr,
     rows0: gl.constexpr,
     rows1: gl.constexpr,
+    cols0: gl.constexpr,
+    SB_COLS: gl.constexpr,
 ):
     """``BLOCKS`` K blocks from ``kb`` (ring slot ``it``) as one software-pipelined run of steps (a step: one wave
     of one K block): each step issues the next step's wgmma, then waits for its own with one left in flight and
@@ -236,7 +320,7 @@ def _ov_run(
     odd ones ``qb`` (each a pair, one tile per sub-tile); the run is unrolled, so each tile keeps its registers, and
     no wgmma is in flight when it returns. ``ring``, ``b_scales`` and ``accs`` as :func:`_ov_k_loop` takes them.
     Returns the accumulators and the product tiles (for the next run to overwrite)."""
-    a_ring, b0_ring, b1_ring, sa_rows, ready, empty = ring
+    a_ring, b0_ring, b1_ring, sa_rows, sb_cols, ready, empty = ring
     sb_ptr, sb_stride, col0, col1, num_k, num_nb = b_scales
     acc00, acc01, acc10 = accs
     qa0, qa1 = qa
@@ -248,7 +332,10 @@ def _ov_run(
     for i in gl.static_range(STEPS):
         blk = it + i // WAVES
         if i % WAVES == 0:
-            sb0 = _b_scale(sb_ptr, sb_stride, col0, kb + i // WAVES, num_k, num_nb)
+            if SB_COLS:  # the K block's column scales came with the stage
+                sb0 = sb_cols.index(blk % STAGES).load(cols0)
+            else:
+                sb0 = _b_scale(sb_ptr, sb_stride, col0, kb + i // WAVES, num_k, num_nb)
             if SPLIT:
                 sb1 = _b_scale(sb_ptr, sb_stride, col1, kb + i // WAVES, num_k, num_nb)
             else:
@@ -278,9 +365,9 @@ def _ov_run(
             p0 = qb0
             p1 = qb1
         if i % WAVES == 0:
-            acc00, acc01 = _ov_promote(acc00, acc01, p0, p1, sa_rows, blk, 0, sb0, sb1, rows0, rows1, SPLIT)
+            acc00, acc01 = _ov_promote(acc00, acc01, p0, p1, sa_rows, blk, 0, sb0, sb1, rows0, rows1, SPLIT, SB_COLS)
         else:
-            acc10, _ = _ov_promote(acc10, acc10, p0, p0, sa_rows, blk, _WAVE_M, sb0, sb0, rows0, rows0, False)
+            acc10, _ = _ov_promote(acc10, acc10, p0, p0, sa_rows, blk, _WAVE_M, sb0, sb0, rows0, rows0, False, SB_COLS)
         if i % WAVES == WAVES - 1:
             mbarrier.arrive(empty.index(blk % STAGES), count=1)  # every wgmma reading this stage is complete
     return (acc00, acc01, acc10), (qa0, qa1), (qb0, qb1)
@@ -297,25 +384,29 @@ def _ov_k_loop(
     WAVES: gl.constexpr,
     rows0: gl.constexpr,
     rows1: gl.constexpr,
+    cols0: gl.constexpr,
+    SB_COLS: gl.constexpr,
 ):
     """The K loop of one tile with the next step's wgmma issued before the current step's promotion (``OVERLAP``
     = ``RUN``, a power of two): runs of ``RUN`` K blocks (:func:`_ov_run`), then the remaining blocks as runs of
     the powers of two below ``RUN`` that make them up. A loop whose back edge a wgmma crosses in flight while the
     body reads that wgmma's tile makes ptxas serialize every wgmma of the kernel (C7514), hence whole runs per
-    iteration. ``ring``: the stages ``(a_ring, b0_ring, b1_ring, sa_rows, ready, empty)``; ``b_scales``: what
+    iteration. ``ring``: the stages ``(a_ring, b0_ring, b1_ring, sa_rows, sb_cols, ready, empty)``; ``b_scales``: what
     :func:`_b_scale` reads, ``(sb_ptr, sb_stride, col0, col1, num_k, num_nb)``; ``accs``: the accumulators
     ``(acc00, acc01, acc10)`` (acc{wave}{sub-tile}); ``qa``: a pair of spare product tiles. Returns the accumulators
     and the ring counter past the tile's K blocks."""
     num_k = b_scales[4]
     qb = (_pin(gl.zeros_like(qa[0])), _pin(gl.zeros_like(qa[1])))
     for kb in range(0, num_k - (RUN - 1), RUN):
-        accs, qa, qb = _ov_run(ring, b_scales, accs, qa, qb, kb, it, RUN, WAVES, rows0, rows1)
+        accs, qa, qb = _ov_run(ring, b_scales, accs, qa, qb, kb, it, RUN, WAVES, rows0, rows1, cols0, SB_COLS)
         it += RUN
     kb = num_k - num_k % RUN
     for j in gl.static_range(1, 4):
         if RUN >> j > 0:
             if (num_k % RUN) & (RUN >> j):
-                accs, qa, qb = _ov_run(ring, b_scales, accs, qa, qb, kb, it, RUN >> j, WAVES, rows0, rows1)
+                accs, qa, qb = _ov_run(
+                    ring, b_scales, accs, qa, qb, kb, it, RUN >> j, WAVES, rows0, rows1, cols0, SB_COLS
+                )
                 it += RUN >> j
                 kb += RUN >> j
     return accs, it
@@ -326,7 +417,11 @@ def _mma_partition(
     ring,
     out,
     sb_ptr,
+    group_ptr,
+    c_ptr,
     sb_stride,
+    sb_group_stride,
+    num_groups,
     M,
     N,
     K,
@@ -336,10 +431,14 @@ def _mma_partition(
     STAGES: gl.constexpr,
     PERSISTENT: gl.constexpr,
     OVERLAP: gl.constexpr,
+    GROUPING: gl.constexpr,
+    ACCUMULATE: gl.constexpr,
 ):
     """The two MMA warpgroups (the default partition): every tile of this CTA, ``WAVES`` waves of 128 rows, from
-    ``ring`` (the kernel's stages), stored through ``out`` (``d0_desc, d1_desc, out0, out1``)."""
-    a_ring, b0_ring, b1_ring, sa_ring, ready, empty = ring
+    ``ring`` (the kernel's stages), stored through ``out`` (``d0_desc, d1_desc, out0, out1``); m-grouped: with the
+    tile's group's B scales and the rows of no group zeroed (:func:`_group_rows`); k-grouped: into the group's rows
+    of D, added to D's tile when ``ACCUMULATE``."""
+    a_ring, b0_ring, b1_ring, sa_ring, sb_ring, ready, empty = ring
     d0_desc, d1_desc, out0, out1 = out
     NW: gl.constexpr = gl.num_warps()
     SPLIT: gl.constexpr = BLOCK_N == 192
@@ -352,8 +451,11 @@ def _mma_partition(
     rows1: gl.constexpr = gl.SliceLayout(1, l1)
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     sa_rows = sa_ring._reinterpret(gl.float32, [STAGES, BLOCK_M], flat)
-    first, num_tiles, step, num_m, num_n = _tile_range(M, N, BLOCK_M, BLOCK_N, PERSISTENT)
-    num_k = gl.cdiv(K, _BLOCK_K)
+    SB_COLS: gl.constexpr = GROUPING == _K_GROUPED
+    cols0: gl.constexpr = gl.SliceLayout(0, l0)
+    sb_cols = sb_ring._reinterpret(gl.float32, [STAGES, BN0], flat) if SB_COLS else sa_rows
+    walks = num_groups if GROUPING == _K_GROUPED else 1
+    first, num_tiles, step, num_m, num_n = _tile_range(M, N, walks, BLOCK_M, BLOCK_N, PERSISTENT)
     num_nb = gl.cdiv(N, 128)
     # Always False, but unknown at compile time. With two waves, each wave's wgmma takes the OTHER wave's
     # accumulator as its (ignored) input tile: ptxas then sees a read of registers the previous promotion wrote and
@@ -362,8 +464,9 @@ def _mma_partition(
     chain = K < 0
     it = 0
     for tile in range(first, num_tiles, step):
-        pm, pn = _tile_coords(tile, num_m, num_n, GROUP_M)
+        group, pm, pn, kb0, tile_k = _tile_job(tile, num_m, num_n, group_ptr, num_groups, K, GROUP_M, GROUPING)
         col0, col1 = _sub_cols(pn, BLOCK_N)
+        sb_tile = sb_ptr + group * sb_group_stride if GROUPING == _M_GROUPED else sb_ptr
         # Accumulators acc{wave}{sub-tile}; spare{sub-tile}: the product tile the next wgmma overwrites.
         acc00 = gl.zeros([_WAVE_M, BN0], gl.float32, l0)
         spare0 = gl.zeros([_WAVE_M, BN0], gl.float32, l0)
@@ -378,24 +481,27 @@ def _mma_partition(
         if WAVES == 1:
             acc10 = acc00  # not used
         if OVERLAP:
-            rows_ring = (a_ring, b0_ring, b1_ring, sa_rows, ready, empty)
-            b_scales = (sb_ptr, sb_stride, col0, col1, num_k, num_nb)
+            rows_ring = (a_ring, b0_ring, b1_ring, sa_rows, sb_cols, ready, empty)
+            b_scales = (sb_tile, sb_stride, col0, col1, tile_k, num_nb)
             accs, it = _ov_k_loop(
-                rows_ring, b_scales, (acc00, acc01, acc10), (spare0, spare1), it, OVERLAP, WAVES, rows0, rows1
-            )
+                rows_ring, b_scales, (acc00, acc01, acc10), (spare0, spare1), it, OVERLAP, WAVES, rows0, rows1,
+                cols0, SB_COLS,
+            )  # fmt: skip
             acc00, acc01, acc10 = accs
         else:
-            sbn0 = _b_scale(sb_ptr, sb_stride, col0, 0, num_k, num_nb)
+            sbn0 = _b_scale(sb_tile, sb_stride, col0, 0, tile_k, num_nb)
             if SPLIT:
-                sbn1 = _b_scale(sb_ptr, sb_stride, col1, 0, num_k, num_nb)
-            for kb in range(num_k):
+                sbn1 = _b_scale(sb_tile, sb_stride, col1, 0, tile_k, num_nb)
+            for kb in range(tile_k):
                 s = it % STAGES
                 sb0 = sbn0
-                sbn0 = _b_scale(sb_ptr, sb_stride, col0, kb + 1, num_k, num_nb)
+                sbn0 = _b_scale(sb_tile, sb_stride, col0, kb + 1, tile_k, num_nb)
                 if SPLIT:
                     sb1 = sbn1
-                    sbn1 = _b_scale(sb_ptr, sb_stride, col1, kb + 1, num_k, num_nb)
+                    sbn1 = _b_scale(sb_tile, sb_stride, col1, kb + 1, tile_k, num_nb)
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                if SB_COLS:  # the K block's column scales came with the stage
+                    sbv = sb_cols.index(s).load(cols0)
                 for w in gl.static_range(WAVES):
                     sa = sa_rows.index(s).slice(w * _WAVE_M, _WAVE_M).load(rows0)
                     a = a_ring.index(s).slice(w * _WAVE_M, _WAVE_M)
@@ -412,11 +518,12 @@ def _mma_partition(
                         p0, p1 = warpgroup_mma_wait(num_outstanding=0, deps=(t0, t1))
                     else:
                         p0 = warpgroup_mma_wait(num_outstanding=0, deps=(t0,))
-                    scale0 = (sa * sb0)[:, None]
-                    if w == 0:
-                        acc00 = acc00 + p0 * scale0
+                    if SB_COLS:
+                        acc00 = acc00 + (p0 * sa[:, None]) * sbv[None, :]
+                    elif w == 0:
+                        acc00 = acc00 + p0 * (sa * sb0)[:, None]
                     else:
-                        acc10 = acc10 + p0 * scale0
+                        acc10 = acc10 + p0 * (sa * sb0)[:, None]
                     spare0 = p0
                     if SPLIT:
                         scale1 = gl.convert_layout(sa * sb1, rows1)[:, None]
@@ -426,11 +533,24 @@ def _mma_partition(
                         mbarrier.arrive(empty.index(s), count=1)  # every wgmma reading stage s is complete
                 it += 1
         row = pm * BLOCK_M
-        _store_tile(acc00, d0_desc, out0, row, col0)
-        if SPLIT:
-            _store_tile(acc01, d1_desc, out1, row, col1)
-        if WAVES == 2:
-            _store_tile(acc10, d0_desc, out0, row + _WAVE_M, col0)
+        if GROUPING == _M_GROUPED:
+            if (group >= -1) & (group < num_groups):  # other ids: the tile is not stored
+                acc00 = _group_rows(acc00, group_ptr, row, group, M, rows0)
+                _store_tile(acc00, d0_desc, out0, row, col0)
+                if SPLIT:
+                    acc01 = _group_rows(acc01, group_ptr, row, group, M, rows1)
+                    _store_tile(acc01, d1_desc, out1, row, col1)
+        elif GROUPING == _K_GROUPED:
+            row += group * M  # D is [G * M, N], M a multiple of 128
+            if ACCUMULATE:
+                acc00 = _add_c(acc00, c_ptr, row, col0, N, l0)
+            _store_tile(acc00, d0_desc, out0, row, col0)
+        else:
+            _store_tile(acc00, d0_desc, out0, row, col0)
+            if SPLIT:
+                _store_tile(acc01, d1_desc, out1, row, col1)
+            if WAVES == 2:
+                _store_tile(acc10, d0_desc, out0, row + _WAVE_M, col0)
     tma.store_wait(pendings=0)
 
 
@@ -440,10 +560,15 @@ def fp8_gemm_ws_kernel(
     b0_desc,
     b1_desc,
     sa_desc,
+    sb_desc,
     d0_desc,
     d1_desc,
     sb_ptr,
+    group_ptr,
+    c_ptr,
     sb_stride,
+    sb_group_stride,
+    num_groups,
     M,
     N,
     K,
@@ -453,27 +578,40 @@ def fp8_gemm_ws_kernel(
     GROUP_M: gl.constexpr,
     PERSISTENT: gl.constexpr,
     OVERLAP: gl.constexpr,
+    GROUPING: gl.constexpr,
+    ACCUMULATE: gl.constexpr,
     LOADER_REGS: gl.constexpr,
 ):
     """Warp-specialized FP8 GEMM (see the module docstring); launch with ``num_warps=8``.
 
     ``b1_desc`` / ``d1_desc`` are the narrow (64-column) sub-tile's descriptors when ``BLOCK_N`` is 192; for 128
-    they are not read (pass the wide ones again).
+    they are not read (pass the wide ones again). ``sb_desc`` (B's column scales) and ``c_ptr`` (D, read when
+    ``ACCUMULATE``) are read by the k-grouped form only; ``group_ptr`` (m-grouped: int32 ``m_index`` [M];
+    k-grouped: int32 K offsets [G + 1]), ``sb_group_stride`` and ``num_groups`` by the grouped forms (dense: any
+    descriptor or pointer, 0 and 1). ``sb_ptr`` / ``sb_stride``: B's block scales (not read k-grouped).
     """
     gl.static_assert(BLOCK_N == 128 or BLOCK_N == 192, "BLOCK_N is 128 or 192")
     gl.static_assert(WAVES == 1 or WAVES == 2, "WAVES is 1 or 2")
     gl.static_assert(BLOCK_N == 128 or WAVES == 1, "a 192-wide tile runs one wave")
+    gl.static_assert(GROUPING == _DENSE or WAVES == 1, "a grouped tile is one 128-row wave: one group")
+    gl.static_assert(GROUPING != _K_GROUPED or BLOCK_N == 128, "k-grouped: 128-wide tiles")
+    gl.static_assert(not ACCUMULATE or GROUPING == _K_GROUPED, "ACCUMULATE: k-grouped only")
     gl.static_assert(
         OVERLAP == 0 or OVERLAP == 1 or OVERLAP == 2 or OVERLAP == 4 or OVERLAP == 8, "OVERLAP is 0, 1, 2, 4 or 8"
     )
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     SPLIT: gl.constexpr = BLOCK_N == 192
+    SB_COLS: gl.constexpr = GROUPING == _K_GROUPED
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, _BLOCK_K], a_desc.layout)
     b0_ring = gl.allocate_shared_memory(b0_desc.dtype, [STAGES] + b0_desc.block_type.shape, b0_desc.layout)
     if SPLIT:
         b1_ring = gl.allocate_shared_memory(b1_desc.dtype, [STAGES] + b1_desc.block_type.shape, b1_desc.layout)
         out1 = gl.allocate_shared_memory(d1_desc.dtype, d1_desc.block_type.shape, d1_desc.layout)
     sa_ring = gl.allocate_shared_memory(gl.float32, [STAGES] + sa_desc.block_type.shape, sa_desc.layout)
+    if SB_COLS:
+        sb_ring = gl.allocate_shared_memory(gl.float32, [STAGES] + sb_desc.block_type.shape, sb_desc.layout)
+    else:
+        sb_ring = sa_ring  # not read
     out0 = gl.allocate_shared_memory(d0_desc.dtype, d0_desc.block_type.shape, d0_desc.layout)
     if not SPLIT:
         b1_ring = b0_ring  # not read
@@ -484,17 +622,57 @@ def fp8_gemm_ws_kernel(
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     fence_async_shared()
-    # the stages both partitions take: A, B's sub-tiles, A's scales and the ring's barriers
-    ring = (a_ring, b0_ring, b1_ring, sa_ring, ready, empty)
+    # the stages both partitions take: A, B's sub-tiles, A's (and B's column) scales and the ring's barriers
+    ring = (a_ring, b0_ring, b1_ring, sa_ring, sb_ring, ready, empty)
     # the MMA partition's epilogue: D's descriptors and the shared tiles its stores go through
     out = (d0_desc, d1_desc, out0, out1)
     gl.warp_specialize(
         [
             (
                 _mma_partition,
-                (ring, out, sb_ptr, sb_stride, M, N, K, BLOCK_N, WAVES, GROUP_M, STAGES, PERSISTENT, OVERLAP),
+                (
+                    ring,
+                    out,
+                    sb_ptr,
+                    group_ptr,
+                    c_ptr,
+                    sb_stride,
+                    sb_group_stride,
+                    num_groups,
+                    M,
+                    N,
+                    K,
+                    BLOCK_N,
+                    WAVES,
+                    GROUP_M,
+                    STAGES,
+                    PERSISTENT,
+                    OVERLAP,
+                    GROUPING,
+                    ACCUMULATE,
+                ),  # fmt: skip
             ),
-            (_loader, (a_desc, b0_desc, b1_desc, sa_desc, ring, M, N, K, BLOCK_N, GROUP_M, STAGES, PERSISTENT)),
+            (
+                _loader,
+                (
+                    a_desc,
+                    b0_desc,
+                    b1_desc,
+                    sa_desc,
+                    sb_desc,
+                    ring,
+                    group_ptr,
+                    num_groups,
+                    M,
+                    N,
+                    K,
+                    BLOCK_N,
+                    GROUP_M,
+                    STAGES,
+                    PERSISTENT,
+                    GROUPING,
+                ),  # fmt: skip
+            ),
         ],
         [1],
         [LOADER_REGS],

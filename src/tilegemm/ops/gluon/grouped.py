@@ -1,0 +1,193 @@
+"""Gluon grouped FP8 GEMMs, host side, on Hopper: m-grouped contiguous (``m_grouped_fp8_fp4_gemm_{nt,nn}_contiguous``)
+and k-grouped (``k_grouped_fp8_gemm_{tn,nt}_contiguous``), both on the warp-specialized FP8 kernel
+(:mod:`fp8_gemm_ws`, its ``M_GROUPED`` and ``K_GROUPED`` forms).
+
+m-grouped: DeepGEMM's ``m_indices`` layout, every 128-row block of A one group (or padding, -1), so a 128-row output
+tile reads one group's B. The check hands the weights over as the logical [G, N, K]; a view that is not K-major (the
+``nn`` op) is copied to K-major here, as the cutile backend does. The psum layout is not served here
+(:class:`Unsupported`).
+
+k-grouped: ``d[g] (+)= A_g @ B_g.T`` with 1x128 scales on both sides. The check hands over the ``tn`` form (a
+[K_sum, M], b [K_sum, N]); FP8 wgmma reads K-major tiles, so A and B go in as [M, K_sum] and [N, K_sum]: a view for
+the ``nt`` op (its groups were gathered K-major by the check), one transposing copy for ``tn``
+(:mod:`tilegemm.ops.gluon.transpose`). M must be a
+multiple of 128 (no output tile crosses a group); ``c`` other than ``d`` is copied into ``d`` first.
+
+    m_grouped_fp8 / k_grouped_fp8 (the registered implementations, named arguments)
+      -> m_grouped_plan / k_grouped_plan: the plan kept in tilegemm.ops.plans, or fp8_gemm_ws.ws_plan with the
+         design :data:`tilegemm.heuristics.gluon.M_GROUPED_FP8_WS_DESIGN` / ``K_GROUPED_FP8_WS_DESIGN``
+      -> run(a, b, d, stream, m_index= / k_offsets=): the first launch through triton's JIT, later ones to the
+         compiled kernel's launcher
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tilegemm import config
+from tilegemm.backend.registry import Unsupported, register_impl
+from tilegemm.heuristics.gluon import K_GROUPED_FP8_WS_DESIGN, M_GROUPED_FP8_WS_DESIGN
+from tilegemm.heuristics.report import print_once
+from tilegemm.ops import operands, plans
+from tilegemm.ops.gluon import fp8_gemm_ws
+from tilegemm.ops.gluon.transpose import transposed
+
+Runner = plans.Runner
+
+
+def unsupported_reason(b: tuple[torch.Tensor, torch.Tensor], d: torch.Tensor, use_psum_layout: bool) -> str | None:
+    """Why the gluon m-grouped FP8 kernel cannot run a call with these weights, output and layout, or ``None``."""
+    if use_psum_layout:
+        return "the psum layout (the kernel reads m_indices)"
+    if b[1].shape[-2] != operands.cdiv(b[0].shape[-2], 128):
+        return "RHS scales other than one per 128x128 block"
+    if d.dtype not in (torch.bfloat16, torch.float32):
+        return f"output dtype {d.dtype}"
+    if not operands.tma_ready(d):
+        return "the output is not TMA-aligned (row pitch a multiple of 16 bytes, 16-byte base)"
+    if max(*b[0].shape, *d.shape) >= 2**31 or b[0].shape[0] * b[0].shape[1] >= 2**31:
+        return "a dimension past int32 (TMA coordinates)"
+    return None
+
+
+def m_grouped_fp8(
+    a: tuple[torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor],
+    d: torch.Tensor,
+    grouped_layout: torch.Tensor,
+    use_psum_layout: bool = False,
+    alignment: int = 128,
+    stream: torch.cuda.Stream | None = None,
+) -> torch.Tensor:
+    """``d[r] = dequant(a)[r] @ dequant(b[m_indices[r]]).T`` on the gluon warp-specialized kernel; rows of group -1
+    written 0 (DeepGEMM's m-grouped contiguous FP8 GEMM, ``m_indices`` layout), on ``stream`` (``None``: current).
+
+    Args:
+        a: (fp8 [M_sum, K], fp32 sa [M_sum, ceil(K/128)]).
+        b: (fp8 [G, N, K], fp32 sb [G, ceil(N/128), ceil(K/128)]), the logical ``nt`` form.
+        d: bf16 or fp32 [M_sum, N], TMA-aligned.
+        grouped_layout: int32 [M_sum], row r's group; every 128-row block one group or -1 padding.
+        use_psum_layout: must be False (else :class:`Unsupported`).
+        alignment: the psum alignment (not read: the ``m_indices`` layout has none).
+
+    Raises:
+        Unsupported: a case the kernel lacks (before anything is written).
+    """
+    reason = unsupported_reason(b, d, use_psum_layout)
+    if reason is not None:
+        raise Unsupported(reason)
+    (a_data, _), (b_data, _) = a, b
+    if a_data.shape[0] == 0 or d.shape[1] == 0:
+        return d
+    if a_data.shape[1] == 0 or b_data.shape[0] == 0:  # every row an empty sum or padding
+        return d.zero_()
+    return m_grouped_plan(a, b, d, grouped_layout)(a, b, d, stream, grouped_layout)
+
+
+def m_grouped_plan(
+    a: tuple[torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor],
+    d: torch.Tensor,
+    m_index: torch.Tensor,
+) -> Runner:
+    """The launch plan of a call, ``run(a, b, d, stream, m_index) -> d``, kept in :mod:`tilegemm.ops.plans`: keyed by
+    every operand's metadata and the device and SM count (what decides the copies, the descriptors and the grid)."""
+    (a_data, sa), (b_data, sb) = a, b
+    tk = plans.tensor_key
+    key = (
+        "gluon", "m_grouped_fp8", tk(a_data), tk(sa), tk(b_data), tk(sb), tk(d), tk(m_index), plans.sms_key(d.device)
+    )  # fmt: skip
+    run = plans.find(key)
+    if run is None:
+        design = fp8_gemm_ws.VARIANTS[M_GROUPED_FP8_WS_DESIGN]
+        print_once("m_grouped_fp8_gemm_nt_contiguous[gluon]", (a_data.shape[0], *b_data.shape), design)
+        run = plans.keep(key, fp8_gemm_ws.ws_plan(a, b, d, design, config.get_num_sms(), m_index))
+    return run
+
+
+def k_grouped_unsupported_reason(m: int, d: torch.Tensor) -> str | None:
+    """Why the gluon k-grouped FP8 kernel cannot run a call with per-group M ``m`` and output ``d``, or ``None``."""
+    if m % 128:
+        return f"M = {m} is not a multiple of 128 (an output tile would cross groups)"
+    if not d.is_contiguous() or not operands.tma_ready(d):
+        return "the output is not contiguous and TMA-aligned (N a multiple of 4)"
+    if d.shape[0] * d.shape[1] >= 2**31:
+        return "G * M output rows past int32 (TMA coordinates)"
+    return None
+
+
+def k_grouped_fp8(
+    a: tuple[torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor],
+    d: torch.Tensor,
+    ks_cpu: list[int],
+    grouped_layout: torch.Tensor,
+    c: torch.Tensor | None = None,
+    stream: torch.cuda.Stream | None = None,
+) -> torch.Tensor:
+    """``d[g] = dequant(a_g).T @ dequant(b_g) (+ c[g])`` in fp32 on the gluon warp-specialized kernel (DeepGEMM's
+    k-grouped FP8 GEMM, 1x128 scales along K on both sides), on ``stream`` (``None``: current).
+
+    Args:
+        a: (fp8 [K_sum, M], fp32 sa [K_sum/128, M]), the ``tn`` form the check derives.
+        b: (fp8 [K_sum, N], fp32 sb [K_sum/128, N]).
+        d: fp32 [G, M, N], contiguous, M a multiple of 128.
+        ks_cpu: per-group K, multiples of 128 (0 allowed); ``grouped_layout``: their int32 [G] device mirror.
+        c: fp32 [G, M, N] added to the product, or ``None``; may be ``d``.
+
+    Raises:
+        Unsupported: a case the kernel lacks (before anything is written).
+    """
+    (a_data, sa), (b_data, sb) = a, b
+    groups, m, n = d.shape
+    reason = k_grouped_unsupported_reason(m, d)
+    if reason is not None:
+        raise Unsupported(reason)
+    if d.numel() == 0:
+        return d
+    accumulate = c is not None
+    if accumulate and not (c.data_ptr() == d.data_ptr() and c.stride() == d.stride()):
+        d.copy_(c)  # d[g] = c[g], then accumulated into
+    if a_data.shape[0] == 0:  # every group's product is an empty sum
+        return d if accumulate else d.zero_()
+    a_k = (_k_major(a_data), sa.t())  # [M, K_sum], scales [M, K_sum/128] (MN-major storage)
+    b_k = (_k_major(b_data), sb.t())
+    offsets = operands.k_offsets(ks_cpu, grouped_layout, d.device)
+    return k_grouped_plan(a_k, b_k, d, offsets, accumulate)(a_k, b_k, d, stream, k_offsets=offsets)
+
+
+def _k_major(x: torch.Tensor) -> torch.Tensor:
+    """The [K_sum, MN] operand ``x`` as the [MN, K_sum] K-major matrix the kernel reads: a view where ``x`` is one
+    (the ``nt`` op's gathered groups), else a transposing copy (:func:`transpose.transposed`)."""
+    return x.t() if x.t().is_contiguous() else transposed(x)
+
+
+def k_grouped_plan(
+    a: tuple[torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor],
+    d: torch.Tensor,
+    k_offsets: torch.Tensor,
+    accumulate: bool,
+) -> Runner:
+    """The launch plan of a k-grouped call in the kernel's K-major form, ``run(a, b, d, stream, k_offsets=) -> d``,
+    kept in :mod:`tilegemm.ops.plans` (keyed as :func:`m_grouped_plan`, and by ``accumulate``)."""
+    (a_data, sa), (b_data, sb) = a, b
+    tk = plans.tensor_key
+    key = (
+        "gluon", "k_grouped_fp8", tk(a_data), tk(sa), tk(b_data), tk(sb), tk(d), tk(k_offsets), accumulate,
+        plans.sms_key(d.device),
+    )  # fmt: skip
+    run = plans.find(key)
+    if run is None:
+        design = fp8_gemm_ws.VARIANTS[K_GROUPED_FP8_WS_DESIGN]
+        print_once("k_grouped_fp8_gemm_contiguous[gluon]", tuple(d.shape), design)
+        plan = fp8_gemm_ws.ws_plan(a, b, d, design, config.get_num_sms(), k_offsets=k_offsets, accumulate=accumulate)
+        run = plans.keep(key, plan)
+    return run
+
+
+for _op in ("m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nn_contiguous"):
+    register_impl(_op, "gluon")(m_grouped_fp8)
+for _op in ("k_grouped_fp8_gemm_tn_contiguous", "k_grouped_fp8_gemm_nt_contiguous"):
+    register_impl(_op, "gluon")(k_grouped_fp8)
+del _op
