@@ -126,6 +126,20 @@ def timed(row: dict, name: str, fn, sets: list, d: torch.Tensor, ref, rows, eage
         print(f"  {name}: {row['error'][name]}", flush=True)
 
 
+def finish_row(row: dict, flops: float, label: str, t0: float) -> dict:
+    """``row`` with its TFLOP/s (``flops`` a call), printed as one progress line (``BAD`` for a ``calc_diff`` over
+    1e-5)."""
+    row["tflops"] = {name: flops / us / 1e6 for name, us in row["us"].items()}
+    bad = {name: f"{x:.1e}" for name, x in row["diff"].items() if not x < 1e-5}
+    print(
+        f"{label} {time.time() - t0:5.0f}s "
+        + " ".join(f"{name}={t:.0f}" for name, t in row["tflops"].items())
+        + (f" BAD calc_diff {bad}" if bad else ""),
+        flush=True,
+    )
+    return row
+
+
 def design(name: str) -> ws.WsConfig:
     """``ws.VARIANTS[name]``, or with the loader warp's registers set for ``name@R``."""
     base, _, regs = name.partition("@")
@@ -187,15 +201,7 @@ def k_grouped_rows(dg, designs: list[str], args, t0: float) -> list[dict]:
             fn = dg.k_grouped_fp8_gemm_nt_contiguous
             call = lambda a, b, fn=fn, d=d, ks=ks, t=ks_tensor: fn(a, b, d, ks, t, d, (1, 1, 128))  # noqa: E731
             timed(row, "deepgemm", call, theirs, d, ref, None, args.eager, args.rep_ms)
-        row["tflops"] = {name: 2 * m * n * k_sum / us / 1e6 for name, us in row["us"].items()}
-        bad = {name: f"{x:.1e}" for name, x in row["diff"].items() if not x < 1e-5}
-        results.append(row)
-        print(
-            f"{row['name']:>10} m{m:5d} n{n:5d} {time.time() - t0:5.0f}s "
-            + " ".join(f"{name}={t:.0f}" for name, t in row["tflops"].items())
-            + (f" BAD calc_diff {bad}" if bad else ""),
-            flush=True,
-        )
+        results.append(finish_row(row, 2 * m * n * k_sum, f"{row['name']:>10} m{m:5d} n{n:5d}", t0))
         del tn, kmajor, ref
         torch.cuda.empty_cache()
     return results
@@ -253,15 +259,7 @@ def main() -> None:
             theirs = [((a[0], peers.dg_sfa(dg, a[1])), b, i) for a, b, i in sets]
             call = lambda a, b, i, d=d: dg.m_grouped_fp8_gemm_nt_contiguous(a, b, d, i)  # noqa: E731
             timed(row, "deepgemm", call, theirs, d, ref, rows, args.eager, args.rep_ms)
-        row["tflops"] = {name: 2 * row["routed"] * n * k / us / 1e6 for name, us in row["us"].items()}
-        bad = {name: f"{x:.1e}" for name, x in row["diff"].items() if not x < 1e-5}
-        results.append(row)
-        print(
-            f"{spec['name']:>10} n{n:5d} k{k:5d} {time.time() - t0:5.0f}s "
-            + " ".join(f"{name}={t:.0f}" for name, t in row["tflops"].items())
-            + (f" BAD calc_diff {bad}" if bad else ""),
-            flush=True,
-        )
+        results.append(finish_row(row, 2 * row["routed"] * n * k, f"{spec['name']:>10} n{n:5d} k{k:5d}", t0))
         del sets, ref
         torch.cuda.empty_cache()
     finish(args, designs, why, t0, results)
