@@ -98,14 +98,22 @@ def facts():
     if reason:
         pytest.skip(reason)
     facts_of = {}
-    builds = [(name, "", ws.DENSE, False) for name in ws.VARIANTS]
-    builds += [(name, "+grouped", ws.M_GROUPED, False) for name in GROUPED]
-    builds += [(name, f"+k{'acc' if acc else ''}", ws.K_GROUPED, acc) for name in K_GROUPED for acc in (False, True)]
-    for name, suffix, grouping, accumulate in builds:
+    bf16, f32 = torch.bfloat16, torch.float32
+    builds = [(name, "", ws.DENSE, bf16, False) for name in ws.VARIANTS]
+    builds += [(name, "+grouped", ws.M_GROUPED, bf16, False) for name in GROUPED]
+    builds += [
+        (name, f"+k{'acc' if acc else ''}", ws.K_GROUPED, f32, acc) for name in K_GROUPED for acc in (False, True)
+    ]
+    # the fused FP8 experts' GEMMs (ops/gluon/moe_fp8.py): gate/up with the activation, down with the routing weights
+    up, f8 = grouped.MOE_FP8_GATE_UP_WS_DESIGN, torch.float8_e4m3fn
+    builds += [(up, f"+gated_{act}", ws.M_GROUPED, f8, False) for act in ws.GATED_ACTIVATIONS]
+    builds += [(grouped.M_GROUPED_FP8_WS_DESIGN, "+row_scale", ws.M_GROUPED, bf16, False)]
+    for name, suffix, grouping, out, accumulate in builds:
         key = name + suffix
         try:
-            out = torch.float32 if grouping == ws.K_GROUPED else torch.bfloat16
-            kernel = aot.compile_dense_fp8_ws(ws.VARIANTS[name], out, grouping, accumulate)
+            row_scale = suffix == "+row_scale"
+            gated = ws.GATED_ACTIVATIONS.get(suffix.removeprefix("+gated_"), 0)
+            kernel = aot.compile_dense_fp8_ws(ws.VARIANTS[name], out, grouping, accumulate, row_scale, gated)
             assert kernel.name == fp8_gemm_ws_kernel.fp8_gemm_ws_kernel.__name__
             facts_of[key] = sass_facts(kernel)
         except Exception as exc:
@@ -129,6 +137,26 @@ def test_ws_sass(facts, name):
 def test_ws_grouped_sass(facts, name):
     """The m-grouped form (the tile's group read per tile, its rows masked at the store) keeps the design's SASS."""
     _check_good(ws.VARIANTS[name], _get(facts, f"{name}+grouped"))
+
+
+def test_ws_row_scale_sass(facts):
+    """The fused FP8 experts' down GEMM (each row scaled by its routing weight) keeps the m-grouped design's SASS."""
+    _check_good(
+        ws.VARIANTS[grouped.M_GROUPED_FP8_WS_DESIGN], _get(facts, grouped.M_GROUPED_FP8_WS_DESIGN + "+row_scale")
+    )
+
+
+@pytest.mark.parametrize("activation", list(ws.GATED_ACTIVATIONS))
+def test_ws_gated_sass(facts, activation):
+    """The fused FP8 experts' gate/up GEMM (the gated form): per K block four QGMMA for the gate tile and four for the
+    up tile, each four in one group; two accumulators and one product tile within the budget, no spills; A, the two B
+    sub-tiles and A's scales by TMA, h stored by one TMA store."""
+    f = _get(facts, f"{grouped.MOE_FP8_GATE_UP_WS_DESIGN}+gated_{activation}")
+    assert f["usetmaxreg"] >= 1 and f["stl"] == f["ldl"] == 0, "setmaxnreg, no spills"
+    assert f["qgmma_k_loop"] == 8 and f["qgmma_shapes"] == ["QGMMA.64x128x32"] and f["gmma_group_min"] == 4
+    assert 0 < f["max_register"] < f["mma_budget"] <= 240
+    assert f["shared_bytes"] <= ws.SMEM_BYTES and f["ffma_under_mma"] == 0
+    assert f["utmaldg"] == 4 and f["utmastg"] == 1
 
 
 @pytest.mark.parametrize("suffix", ["+k", "+kacc"])
@@ -161,6 +189,7 @@ def test_the_grouped_ops_run_gated_designs():
     """``ops/gluon/grouped.py`` launches the ws kernel's grouped forms with designs this gate compiles."""
     assert grouped.M_GROUPED_FP8_WS_DESIGN in GROUPED
     assert grouped.K_GROUPED_FP8_WS_DESIGN in K_GROUPED
+    assert grouped.MOE_FP8_GATE_UP_WS_DESIGN in GOOD
 
 
 def _check_good(cfg: ws.WsConfig, f: dict) -> None:

@@ -131,8 +131,14 @@ def _fp8_variants():
     every row tile ``moe_fp8_config`` can pick, and the row-form ones with ``MOE_FP8_TILE_CONFIG``'s hints.
     Entries: (id, kernel name, compiler hints (warps, occupancy), params)."""
     f8, f32, bf, out = ct.float8_e4m3fn, ct.float32, ct.bfloat16, []
-    quant = [_A(bf, 2), _index(), _A(f8, 2), _A(f32, 2), moe_fp8.QUANT_BR]
+    quant = [_A(bf, 2), _index(), _A(f8, 2), _A(f32, 2), _index(), aot.scalar(ct.int32), moe_fp8.QUANT_BR, 64]
     out.append(("fp8-gather-quant", "gather_quant", (None, moe_fp8.QUANT_OCCUPANCY), quant))
+    # the gluon form's: each token quantized once, then its rows gathered (bytes), the scales MN-major
+    tokens = [_A(bf, 2), _A(f8, 2), _A(f32, 2), moe_fp8.QUANT_BR]
+    out.append(("fp8-token-quant", "quant", (None, moe_fp8.QUANT_OCCUPANCY), tokens))
+    u8, block = _A(ct.uint8, 2), [_index(), aot.scalar(ct.int32), moe_fp8.QUANT_BR, 128]
+    rows = [u8, _A(f32, 2), _index(), u8, _A(f32, 2), *block]
+    out.append(("fp8-gather-rows", "gather_rows", (None, moe_fp8.QUANT_OCCUPANCY), rows))
     rows = [_A(f8, 2), _A(f32, 2)]  # fp8 rows and their 1x128 scales
     up = [*rows, _A(f8, 3), _A(f8, 3), _A(f32, 3), _A(f32, 3), *rows, _index(), aot.scalar(ct.int32)]
     weight = aot.array(ct.float32, 1, align_bytes=4)
@@ -205,7 +211,7 @@ def test_moe_kernel_sass(compiled, vid, arch):
     s, ops = result
     assert s["ldl"] == 0 and s["stl"] == 0, f"{vid} {arch}: register spills to local memory: {s}"
     assert s["tensormap_writes"] == 0, f"{vid} {arch}: TMA descriptors built on the device: {s}"
-    if "combine" in vid or "route" in vid or "gather-quant" in vid:
+    if "combine" in vid or "route" in vid or "quant" in vid or "gather-rows" in vid:
         return
     if vid.startswith("fp8"):  # FP8 tensor-core MMAs; weight blocks and row tiles through TMA
         mma = s["qgmma"] if arch == "sm_90" else s["utcqmma"]

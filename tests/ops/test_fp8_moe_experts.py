@@ -215,3 +215,87 @@ def test_cutile_model_sizes(strict, t, k, e, h, i):
     out = tilegemm.fp8_moe_experts(*args, backend="cutile")
     ref = tilegemm.fp8_moe_experts(*args, backend="pytorch")
     assert calc_diff(out, ref) < FP8_BAR
+
+
+def _gluon_reason() -> str | None:
+    """Why the gluon form cannot run here (it needs gluon and, for its routing and quantization kernels, cuTile)."""
+    from tilegemm.backend.selector import cutile_unavailable_reason, gluon_unavailable_reason
+
+    if not torch.cuda.is_available():
+        return "needs CUDA"
+    return gluon_unavailable_reason() or cutile_unavailable_reason()
+
+
+@pytest.fixture
+def gluon_form(strict):
+    """Skip where the gluon form cannot run; no fallback to another backend (``strict``)."""
+    reason = _gluon_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.usefixtures("gluon_form")
+@pytest.mark.gpu
+def test_gluon_matches_formula(activation, shape):
+    """The gluon form (m-grouped GEMMs, ``ops/gluon/moe_fp8.py``) on every shape: formula, bitwise reruns."""
+    args = _inputs(*shape, "cuda")
+    out = tilegemm.fp8_moe_experts(*args, activation=activation, backend="gluon")
+    assert out.shape == args[0].shape and out.dtype == torch.bfloat16
+    assert calc_diff(out, _formula(*args, activation)) < BAR
+    assert torch.equal(out, tilegemm.fp8_moe_experts(*args, activation=activation, backend="gluon"))
+
+
+@pytest.mark.parametrize(("t", "k", "e", "h", "i"), [(512, 8, 16, 2048, 768), (300, 2, 4, 4096, 1024)])
+@pytest.mark.usefixtures("gluon_form")
+@pytest.mark.gpu
+def test_gluon_model_sizes_and_automatic_choice(t, k, e, h, i):
+    """Prefill-sized layers (128+ rows per expert): against the pytorch backend at the harness's FP8 bar, and the
+    automatic choice (gluon here, :func:`tilegemm.heuristics.gluon.prefers_fp8_moe_experts`) bitwise equal to
+    ``backend="gluon"``."""
+    from tilegemm.heuristics.gluon import prefers_fp8_moe_experts
+
+    assert prefers_fp8_moe_experts(t, k, e, h, i)
+    args = _inputs(t, k, e, h, i, False, "cuda")
+    out = tilegemm.fp8_moe_experts(*args, backend="gluon")
+    assert calc_diff(out, tilegemm.fp8_moe_experts(*args, backend="pytorch")) < FP8_BAR
+    assert torch.equal(out, tilegemm.fp8_moe_experts(*args))
+
+
+@pytest.mark.usefixtures("gluon_form")
+@pytest.mark.gpu
+def test_gluon_graph_capture_replays_new_routing():
+    """One CUDA graph replayed with new token values and new routing (sentinels included): no host sync."""
+    x, ids, w, w13, w2 = _inputs(96, 4, 8, 256, 128, True, "cuda")
+    tilegemm.fp8_moe_experts(x, ids, w, w13, w2, backend="gluon")  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = tilegemm.fp8_moe_experts(x, ids, w, w13, w2, backend="gluon")
+    x2, ids2, w_2, _, _ = _inputs(96, 4, 8, 256, 128, True, "cuda", seed=1)
+    x.copy_(x2), ids.copy_(ids2), w.copy_(w_2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert calc_diff(out, _formula(x, ids, w, w13, w2)) < BAR
+
+
+@pytest.mark.parametrize(
+    ("t", "k", "e", "h", "i", "gluon"),
+    [
+        (256, 8, 32, 2048, 768, True),
+        (255, 8, 32, 2048, 768, False),  # below the rows per expert
+        (1, 8, 128, 2048, 768, False),
+        (16384, 8, 256, 7168, 2048, True),  # DeepSeek-V3 prefill
+        (32768, 8, 256, 7168, 2048, True),  # 294,656 worst-case rows: [M, H] just below 2**31 elements
+        (65536, 8, 256, 7168, 2048, False),  # [M, H] past int32
+    ],
+)
+def test_gluon_rule(t, k, e, h, i, gluon):
+    """The gluon form from :data:`~tilegemm.heuristics.gluon.MOE_FP8_MIN_ROWS_PER_EXPERT` routed rows per expert,
+    where its buffers stay in int32 (a call it could not take would fall back to pytorch, not to cutile)."""
+    from tilegemm.heuristics import gluon as gluon_heuristics
+
+    assert gluon_heuristics.prefers_fp8_moe_experts(t, k, e, h, i) == gluon
+    if t * k >= gluon_heuristics.MOE_FP8_MIN_ROWS_PER_EXPERT * e:
+        assert gluon_heuristics.moe_fp8_buffers_fit(t, k, e, h, i) == gluon

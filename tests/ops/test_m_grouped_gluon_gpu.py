@@ -182,3 +182,77 @@ def test_cuda_graph_replay_with_new_routing():
     torch.cuda.synchronize()
     assert not d.isnan().any() and (d[index < 0] == 0).all()
     assert calc_diff(d, ref) < BAR[torch.bfloat16]
+
+
+@pytest.mark.parametrize("name", ["d_128x128_ov4", "c_128x192"])
+def test_ws_grouped_row_scale(name):
+    """``row_scale`` (the fused experts' down projection): each row times its fp32 entry before the bf16 rounding,
+    padding rows 0; a rerun with other scales uses them (the plan reads the call's ``row_scale``)."""
+    sizes = [300, 0, 128, 77]
+    index = _m_indices(sizes)
+    a, b, ref = _case(index, len(sizes), 384, 1024, seed=31)
+    scales = [torch.rand(index.numel(), generator=torch.Generator().manual_seed(s)).cuda() + 0.5 for s in (0, 1)]
+    first = poisoned((index.numel(), 384), torch.bfloat16, "cuda")
+    plan = ws.ws_plan(a, b, first, ws.VARIANTS[name], m_index=index, row_scale=scales[0])
+    for scale in scales:
+        d = poisoned((index.numel(), 384), torch.bfloat16, "cuda")
+        run = lambda dd, scale=scale: plan(a, b, dd, m_index=index, row_scale=scale)  # noqa: E731
+        _check(run, d, ref * scale.double()[:, None], index, len(sizes))
+
+
+def test_ws_row_scale_is_checked():
+    index = _m_indices([128])
+    a, b, _ = _case(index, 1, 128, 128, seed=0)
+    d = torch.empty(index.numel(), 128, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="row_scale must be fp32"):
+        ws.ws_plan(a, b, d, m_index=index, row_scale=torch.ones(index.numel(), device="cuda").half())
+    with pytest.raises(ValueError, match="row_scale must be fp32"):
+        ws.ws_plan(a, (b[0][0], b[1][0]), d, row_scale=torch.ones(index.numel(), device="cuda"))
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_ws_gated(activation):
+    """The gated form (the fused experts' gate/up): ``h = act(g) * u`` of each row's gate and up products quantized
+    1x128 into FP8 and MN-major scales, against the same quantization of the float64 ``h``: scales to fp32
+    accumulation error, the e4m3 values equal but for the few elements that round the other way at a midpoint;
+    padding rows 0, blocks of an out-of-range id left unwritten, a bitwise rerun."""
+    from tilegemm.testing import MOE_ACTIVATIONS
+
+    sizes, inter, k = [300, 0, 128, 77], 256, 1024
+    index = _m_indices(sizes)
+    index[-128:] = len(sizes)  # an out-of-range block: not written
+    a, b, ref = _case(index, len(sizes), 2 * inter, k, seed=41)
+    h64 = MOE_ACTIVATIONS[activation](ref[:, :inter]) * ref[:, inter:]
+    q_ref, s_ref = per_token_cast_to_fp8(h64.float())
+    rows = index.numel()
+    code = ws.GATED_ACTIVATIONS[activation]
+    outs = []
+    for _ in range(2):
+        hq = poisoned((rows, inter), torch.float8_e4m3fn, "cuda")
+        sh = torch.full((inter // 128, rows), float("nan"), device="cuda")
+        ws.ws_plan(a, b, hq, ws.VARIANTS["a_128x128_p"], m_index=index, gated=code, d_scales=sh)(
+            a, b, hq, m_index=index, d_scales=sh
+        )
+        torch.cuda.synchronize()
+        outs.append((hq.view(torch.uint8).clone(), sh.clone()))
+    (hq, sh), (hq2, sh2) = outs
+    live = index < len(sizes)
+    assert torch.equal(hq[live], hq2[live]) and torch.equal(sh[:, live], sh2[:, live]), "rerun not bitwise identical"
+    assert sh[:, ~live].isnan().all(), "blocks of out-of-range ids must be left as they were"
+    assert (hq[index < 0] == 0).all(), "padding rows must be written as 0"
+    # amax from fp32 products with the FP8 MMA's fast accumulation (about 2**-14 of a block's magnitudes)
+    torch.testing.assert_close(sh[:, live].t(), s_ref[live], rtol=1e-3, atol=0)
+    differ = (hq[live] != q_ref.view(torch.uint8)[live]).float().mean().item()
+    assert differ < 0.01, f"{differ:.2%} of the e4m3 values differ from the float64 h's quantization"
+    deq = dequant_per_token(hq[live].view(torch.float8_e4m3fn), sh[:, live].t())
+    assert calc_diff(deq, dequant_per_token(q_ref[live], s_ref[live])) < 1e-5
+
+
+def test_ws_gated_is_checked():
+    index = _m_indices([128])
+    a, b, _ = _case(index, 1, 256, 128, seed=0)
+    hq = torch.empty(index.numel(), 128, dtype=torch.float8_e4m3fn, device="cuda")
+    with pytest.raises(ValueError, match="d_scales must be fp32"):
+        ws.ws_plan(a, b, hq, m_index=index, gated=1, d_scales=torch.empty(1, 128, device="cuda"))
+    with pytest.raises(ValueError, match="gated: m-grouped"):
+        ws.ws_plan(a, b, hq.bfloat16(), m_index=index, gated=1, d_scales=torch.empty(1, 128, device="cuda"))

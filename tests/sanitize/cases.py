@@ -391,8 +391,17 @@ class _ForcedVariant:
             os.environ[self.env] = self.before
 
 
-def _moe_case(op: Callable, tokens: int, hidden: int, inter: int, fp8: bool, variant: str | None, bar: float) -> str:
-    """``op`` (``moe_experts`` or ``fp8_moe_experts``) on 16 experts, top-4, one sentinel id: cutile against
+def _moe_case(
+    op: Callable,
+    tokens: int,
+    hidden: int,
+    inter: int,
+    fp8: bool,
+    variant: str | None,
+    bar: float,
+    backend: str = "cutile",
+) -> str:
+    """``op`` (``moe_experts`` or ``fp8_moe_experts``) on 16 experts, top-4, one sentinel id: ``backend`` against
     pytorch, then a call with garbage int64 expert ids (checked only for staying in bounds)."""
     experts, top_k = 16, 4
     g = _gen(tokens)
@@ -404,12 +413,12 @@ def _moe_case(op: Callable, tokens: int, hidden: int, inter: int, fp8: bool, var
     ids[0, -1] = -1  # an expert-parallel sentinel
     w = torch.rand(tokens, top_k, device=DEV, generator=g)
     with _ForcedVariant(variant):
-        out = op(x, ids, w, w13, w2, backend="cutile")
+        out = op(x, ids, w, w13, w2, backend=backend)
         diff = calc_diff(out, op(x, ids, w, w13, w2, backend="pytorch"))
         if diff > bar:
-            raise AssertionError(f"cutile differs from pytorch: calc_diff {diff:.2e}")
+            raise AssertionError(f"{backend} differs from pytorch: calc_diff {diff:.2e}")
         garbage = torch.randint(-(2**31), 2**31 - 1, ids.shape, device=DEV, generator=g, dtype=torch.int64)
-        op(x, garbage, w, w13, w2, backend="cutile")
+        op(x, garbage, w, w13, w2, backend=backend)
         torch.cuda.synchronize()
     return f"calc_diff {diff:.1e}"
 
@@ -427,6 +436,13 @@ for _t, _variant in ((1, None), (40, "blocks"), (40, "sorted"), (300, None)):
     def _fp8_moe(tokens=_t, variant=_variant) -> str:
         # Two implementations, each a few e4m3 steps of h from the formula: the harness's FP8 bar.
         return _moe_case(tg.fp8_moe_experts, tokens, 384, 256, True, variant, 5e-4)
+
+
+for _t in (1, 300, 700):
+
+    @case(f"fp8_moe_experts gluon: {_t} tokens (m-grouped GEMMs), then garbage expert ids")
+    def _fp8_moe_gluon(tokens=_t) -> str:
+        return _moe_case(tg.fp8_moe_experts, tokens, 384, 256, True, None, 5e-4, backend="gluon")
 
 
 @case("moe_experts training (forward + backward): 40 tokens, then garbage expert ids")

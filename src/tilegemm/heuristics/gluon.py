@@ -13,6 +13,7 @@ from tilegemm.backend import selector
 from tilegemm.backend.choice import register_rule
 from tilegemm.ops import operands
 from tilegemm.ops.operands import cdiv
+from tilegemm.routing import max_padded_rows
 
 BLOCK_M = 128  # two MMA warpgroups of 64 rows
 BLOCK_K = 128  # one FP8 scale block per K step
@@ -57,6 +58,14 @@ K_GROUPED_FP8_WS_DESIGN = "a_128x128_p"
 #: The grouped FP8 calls the ws kernel takes: enough 128x128 tiles for the SMs and tile-steps per SM, as dense.
 GROUPED_FP8_MIN_TILES_PER_SM = 0.75
 GROUPED_FP8_MIN_STEPS_PER_SM = 2.5
+#: The fused FP8 experts run on the m-grouped GEMMs (``ops/gluon/moe_fp8.py``) from this many routed rows per
+#: expert on average (``T * k / E``): half a 128-row tile each, where the gluon GEMMs' speed pays for the padding;
+#: below it the cutile form's smaller row tiles win (the rows: benchmarks/results/moe-fp8-gluon-h200/).
+MOE_FP8_MIN_ROWS_PER_EXPERT = 64
+#: The design of the fused experts' gate/up GEMM (the ws kernel's gated form: gate and up tiles, the activation and
+#: its FP8 quantization in the epilogue): no overlap, since two accumulators and one product tile already take
+#: R221 of the 224 registers (tests/compile_gate/test_compile_gluon_ws.py).
+MOE_FP8_GATE_UP_WS_DESIGN = "a_128x128_p"
 
 
 def takes_ws_kernel(recipe: tuple[int, int, int], has_c: bool, alpha: float) -> bool:
@@ -205,3 +214,33 @@ def k_grouped_fp8_rule(arguments: dict[str, Any]) -> str | None:
     groups, m, n = d.shape
     k_sum = arguments["a"][0].shape[0]
     return "gluon" if prefers_k_grouped_fp8(groups, m, n, k_sum, config.get_num_sms()) else None
+
+
+def moe_fp8_buffers_fit(tokens: int, top_k: int, experts: int, hidden: int, inter: int) -> bool:
+    """Whether the gluon form's buffers (``[M, H]`` and ``[M, I]`` over the worst-case ``M`` rows of 128-row expert
+    blocks) stay below 2**31 elements: its cuTile steps index them in int32."""
+    rows = max_padded_rows(tokens, top_k, experts, BLOCK_M)
+    return rows * max(hidden, inter) < 2**31
+
+
+def prefers_fp8_moe_experts(tokens: int, top_k: int, experts: int, hidden: int, inter: int) -> bool:
+    """True when the fused FP8 experts of ``tokens`` tokens routed ``top_k`` ways over ``experts`` experts (hidden
+    size ``hidden``, intermediate ``inter``) run on the gluon form: :data:`MOE_FP8_MIN_ROWS_PER_EXPERT` and
+    :func:`moe_fp8_buffers_fit`."""
+    if experts <= 0 or tokens * top_k < MOE_FP8_MIN_ROWS_PER_EXPERT * experts:
+        return False
+    return moe_fp8_buffers_fit(tokens, top_k, experts, hidden, inter)
+
+
+@register_rule("fp8_moe_experts")
+def fp8_moe_experts_rule(arguments: dict[str, Any]) -> str | None:
+    """The automatic choice's rule for ``fp8_moe_experts``: ``gluon`` on Hopper (with cuTile, whose kernels run the
+    routing, quantization and combine) where :func:`prefers_fp8_moe_experts` says so, else no claim."""
+    hidden, topk_ids, w13 = arguments["hidden"], arguments["topk_ids"], arguments["w13"]
+    if not hidden.is_cuda or selector.gluon_unavailable_reason() is not None:
+        return None
+    if selector.cutile_unavailable_reason() is not None:
+        return None
+    tokens, top_k = topk_ids.shape
+    experts, two_inter, hidden_dim = w13[0].shape
+    return "gluon" if prefers_fp8_moe_experts(tokens, top_k, experts, hidden_dim, two_inter // 2) else None

@@ -98,17 +98,19 @@ def moe_config(p: Problem) -> MoEConfig | MoESlotsConfig | MoEBlocksConfig:
     if path == "blocks" or (path is None and moe_blocks_sized(p.m, 1, p.groups)):
         return moe_blocks_config(p.m, p.n, p.groups)
     bm = 64 if p.m <= MOE_SMALL_ROWS * p.groups else 128
-    return MoEConfig(MOE_UP_CONFIGS[bm], MOE_DOWN_CONFIGS[bm], MOE_COMBINE_BT, _combine_bn(p.n))
+    return MoEConfig(MOE_UP_CONFIGS[bm], MOE_DOWN_CONFIGS[bm], MOE_COMBINE_BT, combine_bn(p.n))
 
 
 def moe_train_config(hidden: int) -> MoEConfig:
     """The training experts kernels (``ops/cutile/moe_train.py``) on the 128-row aligned layout: ``up`` for the
     gate/up forward and its backward (the same two-accumulator shape), ``down`` for the down forward and the
     input-gradient GEMM (both write [M, H] rows), the combine tile for the token kernels."""
-    return MoEConfig(MOE_UP_CONFIGS[128], MOE_DOWN_CONFIGS[128], MOE_COMBINE_BT, _combine_bn(hidden))
+    return MoEConfig(MOE_UP_CONFIGS[128], MOE_DOWN_CONFIGS[128], MOE_COMBINE_BT, combine_bn(hidden))
 
 
-def _combine_bn(hidden: int) -> int:
+def combine_bn(hidden: int) -> int:
+    """The combine kernel's column tile for hidden size ``hidden``: the largest power of two dividing it, at most
+    :data:`MOE_COMBINE_MAX_BN`."""
     bn = MOE_COMBINE_MAX_BN
     while bn > 1 and hidden % bn:
         bn //= 2
@@ -144,7 +146,7 @@ class MoESlotsConfig(_SwapABConfig):
 
 def moe_slots_config(hidden: int, bw: int = 64, bk: int = 256) -> MoESlotsConfig:
     """Config of the per-slot experts kernels; the combine's column tile as in the sorted path."""
-    return MoESlotsConfig(bw=bw, bk=bk, combine_bt=MOE_COMBINE_BT, combine_bn=_combine_bn(hidden))
+    return MoESlotsConfig(bw=bw, bk=bk, combine_bt=MOE_COMBINE_BT, combine_bn=combine_bn(hidden))
 
 
 #: The block kernels' row tile (the MMA's N side): the power of two covering twice the mean rows per touched
@@ -179,7 +181,7 @@ def moe_blocks_config(
     bt = MOE_BLOCKS_MIN_BT
     while bt < 2 * mean and bt < MOE_BLOCKS_MAX_BT:
         bt *= 2
-    return MoEBlocksConfig(bw=bw, bk=bk, bt=bt, combine_bt=MOE_COMBINE_BT, combine_bn=_combine_bn(hidden))
+    return MoEBlocksConfig(bw=bw, bk=bk, bt=bt, combine_bt=MOE_COMBINE_BT, combine_bn=combine_bn(hidden))
 
 
 #: FP8 fused experts, row form (``moe_fp8._tile_gate_up`` / ``_tile_down``): 64-row tiles x 128 columns x 128 of K
@@ -204,5 +206,5 @@ def moe_fp8_config(p: Problem) -> MoEBlocksConfig | MoEConfig:
     path = forced(p.variant, MOE_VARIANTS, MOE_VARIANT_ENV)
     mean = cdiv(max(slots, 1), max(1, min(experts, slots)))
     if path == "sorted" or (path is None and mean >= MOE_FP8_TILE_MIN_ROWS):
-        return replace(MOE_FP8_TILE_CONFIG, combine_bn=_combine_bn(hidden))
+        return replace(MOE_FP8_TILE_CONFIG, combine_bn=combine_bn(hidden))
     return moe_blocks_config(slots, hidden, experts, bw=128, bk=128)

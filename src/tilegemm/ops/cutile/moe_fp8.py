@@ -7,7 +7,8 @@ block path's routing (``moe_blocks.routing``), then four kernels:
 
 1. **gather + quantize** (``_gather_quant``): ``xq[r], sx[r] = q(x[tok(r)])``, one CTA per (``BR`` rows, 128
    columns): the 1x128 quantization of ``tilegemm.per_token_cast_to_fp8`` (``scale = max(amax, 1e-4) / 448``,
-   ``clamp(v / scale, -448, 448)`` rounded to e4m3), with the gather of the sorted rows folded in.
+   ``clamp(v / scale, -448, 448)`` rounded to e4m3), with the gather of the sorted rows folded in; blocks without
+   an expert (the unused tail of the worst-case rows) are skipped.
 2. **gate/up**, per (block, 128 intermediate columns). Per 128-K block the raw FP8 product is promoted,
    ``acc += (P * sx) * sw``, for gate and up; then ``h = act(g) * u`` in fp32 is quantized 1x128 in the epilogue
    (the tile's 128 columns are one block) and written once: ``hq`` fp8 [M, I] and ``sh`` fp32 [M, I/128].
@@ -48,17 +49,49 @@ QUANT_BR = 16
 QUANT_OCCUPANCY = 6
 
 
-def _gather_quant(x, row_token, xq, sx, BR: ConstInt):
-    """``xq [M, H]`` fp8 and ``sx [M, H/128]`` fp32 rows ``[bid(0) * BR, +BR)``, columns block ``bid(1)``:
-    the 1x128 quantization of ``x [T, H]`` bf16 row ``row_token[r]`` (clamped into ``[0, T)``)."""
-    rows = ct.bid(0) * BR + ct.arange(BR, dtype=ct.int32)
+def _gather_quant(x, row_token, xq, sx, block_expert, num_experts: int, BR: ConstInt, BT: ConstInt):
+    """``xq [M, H]`` fp8 and ``sx [M, H/128]`` fp32 rows ``[bid(0) * BR, +BR)``, columns block ``bid(1)``: the 1x128
+    quantization of ``x [T, H]`` bf16 row ``row_token[r]`` (clamped into ``[0, T)``). Rows of a ``BT``-row block
+    without an expert (``block_expert``) are skipped: the GEMMs skip their blocks. Those blocks are the tail of the
+    rows, so a CTA whose first row's block has none has no row in a live one (``BT`` may be below ``BR``)."""
+    _, live = tile_lib.block_expert(block_expert, ct.bid(0) * BR // BT, num_experts)
+    if live:
+        rows = ct.bid(0) * BR + ct.arange(BR, dtype=ct.int32)
+        tok = _row_tokens(row_token, rows, x.shape[0], BR)
+        cols = ct.reshape(ct.bid(1) * 128 + ct.arange(128, dtype=ct.int32), (1, 128))
+        v = ct.astype(ct.gather(x, (tok, cols), padding_value=0), ct.float32)
+        q, scale = tile_lib.fp8_quantize(v, 1)
+        ct.store(xq, (ct.bid(0), ct.bid(1)), q)
+        ct.store(sx, (ct.bid(0), ct.bid(1)), scale)
+
+
+def _row_tokens(row_token, rows, num_tokens: int, BR: int):
+    """``[BR, 1]``: the tokens of ``rows`` (``row_token`` int32 [M]), clamped into ``[0, num_tokens)``."""
     tok = ct.gather(row_token, rows, padding_value=0)
-    tok = ct.reshape(ct.minimum(ct.maximum(tok, 0), x.shape[0] - 1), (BR, 1))
-    cols = ct.reshape(ct.bid(1) * 128 + ct.arange(128, dtype=ct.int32), (1, 128))
-    v = ct.astype(ct.gather(x, (tok, cols), padding_value=0), ct.float32)
+    return ct.reshape(ct.minimum(ct.maximum(tok, 0), num_tokens - 1), (BR, 1))
+
+
+def _quant(x, xq, sx, BR: ConstInt):
+    """``xq [T, H]`` fp8 and ``sx [T, H/128]`` fp32 rows ``[bid(0) * BR, +BR)``, columns block ``bid(1)``: the 1x128
+    quantization of ``x [T, H]`` bf16, once per token (the gluon form gathers the quantized rows after)."""
+    v = ct.astype(ct.load(x, (ct.bid(0), ct.bid(1)), shape=(BR, 128), padding_mode=_ZERO), ct.float32)
     q, scale = tile_lib.fp8_quantize(v, 1)
     ct.store(xq, (ct.bid(0), ct.bid(1)), q)
     ct.store(sx, (ct.bid(0), ct.bid(1)), scale)
+
+
+def _gather_rows(xt, st, row_token, xq, sx, block_expert, num_experts: int, BR: ConstInt, BT: ConstInt):
+    """``xq [M, H]`` (bytes of fp8) and ``sx [H/128, M]`` fp32 (MN-major) rows ``[bid(0) * BR, +BR)``, columns block
+    ``bid(1)``: token ``row_token[r]``'s row of the quantized tokens ``xt [T, H]`` and its scale in ``st [T, H/128]``
+    (:func:`_quant`); blocks without an expert skipped as in :func:`_gather_quant`."""
+    _, live = tile_lib.block_expert(block_expert, ct.bid(0) * BR // BT, num_experts)
+    if live:
+        rows = ct.bid(0) * BR + ct.arange(BR, dtype=ct.int32)
+        tok = _row_tokens(row_token, rows, xt.shape[0], BR)
+        cols = ct.reshape(ct.bid(1) * 128 + ct.arange(128, dtype=ct.int32), (1, 128))
+        ct.store(xq, (ct.bid(0), ct.bid(1)), ct.gather(xt, (tok, cols), padding_value=0))
+        scale = ct.gather(st, (tok, ct.bid(1)), padding_value=0.0)
+        ct.store(sx, (ct.bid(0), ct.bid(1)), scale, order=(1, 0))
 
 
 def _promote(w, a, sa, sw, acc):
@@ -178,6 +211,8 @@ def _tile_down(hq, sh, w2, s2, y, block_expert, row_weight, num_experts: int):
 get_kernel = launch.kernel_factory(
     {
         "gather_quant": _gather_quant,
+        "quant": _quant,
+        "gather_rows": _gather_rows,
         "block_gate_up": _block_gate_up,
         "block_down": _block_down,
         "tile_gate_up": _tile_gate_up,
@@ -235,7 +270,7 @@ def fp8_moe_experts(hidden, topk_ids, topk_weights, w13, w2, activation, stream)
     sx = torch.empty(rows, hidden_dim // 128, dtype=torch.float32, device=dev)
     x = launch.as_row_major(hidden, pad_rows=False)
     grid = (launch.cdiv(rows, QUANT_BR), hidden_dim // 128, 1)
-    args = (x, routed.row_token, xq, sx, QUANT_BR)
+    args = (x, routed.row_token, xq, sx, routed.block_expert, num_experts, QUANT_BR, align)
     launch.launch(get_kernel("gather_quant", occupancy=QUANT_OCCUPANCY), grid, args, stream)
     hq = torch.empty(rows, inter, dtype=torch.float8_e4m3fn, device=dev)
     sh = torch.empty(rows, inter // 128, dtype=torch.float32, device=dev)

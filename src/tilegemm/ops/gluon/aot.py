@@ -59,13 +59,16 @@ def compile_dense_fp8_ws(
     out_dtype: torch.dtype = torch.bfloat16,
     grouping: int = fp8_gemm_ws.DENSE,
     accumulate: bool = False,
+    row_scale: bool = False,
+    gated: int = 0,
 ) -> Any:
     """``fp8_gemm_ws_kernel`` compiled for sm_90a as :func:`fp8_gemm_ws.ws_plan` launches ``cfg`` (its ring depth set
     for a 4096-cubed problem with ``out_dtype`` output; ``grouping``: dense, m-grouped or k-grouped, 8 groups;
-    ``accumulate``: k-grouped into D): a triton ``CompiledKernel``."""
+    ``accumulate``: k-grouped into D; ``row_scale``: m-grouped with scaled rows; ``gated``: m-grouped with the
+    gated activation quantized into an FP8 D): a triton ``CompiledKernel``."""
     ws = fp8_gemm_ws
     groups = 8 if grouping != ws.DENSE else 0
-    cfg = ws.ws_config(ws.Problem(4096, 4096, 4096, out_dtype, groups, grouping), cfg)
+    cfg = ws.ws_config(ws.Problem(4096, 4096, 4096, out_dtype, groups, grouping, gated), cfg)
     box = ws.block_shapes(cfg)
     f8 = torch.float8_e4m3fn
     sb_box = box["sb"] if grouping == ws.K_GROUPED else box["sa"]
@@ -80,6 +83,8 @@ def compile_dense_fp8_ws(
         "sb_ptr": "*fp32",
         "group_ptr": "*fp32" if grouping == ws.DENSE else "*i32",
         "c_ptr": "*" + _TY[out_dtype],
+        "row_scale_ptr": "*fp32" if row_scale else "*" + _TY[out_dtype],
+        "d_scale_ptr": "*fp32" if gated else "*" + _TY[out_dtype],
         "sb_stride": "i32",
         "sb_group_stride": "i32",
         "num_groups": "i32",
@@ -87,7 +92,7 @@ def compile_dense_fp8_ws(
         "N": "i32",
         "K": "i32",
     }
-    consts = ws.constants(cfg, grouping, accumulate)
+    consts = ws.constants(cfg, grouping, accumulate, row_scale, gated)
     signature.update({name: "constexpr" for name in consts})
     source = GluonASTSource(ws.fp8_gemm_ws_kernel, signature, constexprs=consts)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": ws.MMA_WARPS})

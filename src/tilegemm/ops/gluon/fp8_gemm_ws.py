@@ -22,6 +22,8 @@ from tilegemm.ops import operands
 from tilegemm.ops.gluon.fp8_gemm_ws_kernel import (
     BLOCK_K,
     DENSE,
+    GATED_GELU_TANH,
+    GATED_SILU,
     K_GROUPED,
     M_GROUPED,
     MMA_WARPS,
@@ -31,7 +33,10 @@ from tilegemm.ops.gluon.fp8_gemm_ws_kernel import (
 )
 from tilegemm.ops.gluon.tma import SCALE_LAYOUT, Relaunch, descriptor, tma_strides
 
-__all__ = ["VARIANTS", "WsConfig", "ws_plan"]
+__all__ = ["GATED_ACTIVATIONS", "VARIANTS", "WsConfig", "ws_plan"]
+
+#: The activations the kernel's gated form computes, by the fused experts' names: their ``gated`` code.
+GATED_ACTIVATIONS = {"silu": GATED_SILU, "gelu_tanh": GATED_GELU_TANH}
 
 
 class WsConfig(NamedTuple):
@@ -79,12 +84,14 @@ class Problem(NamedTuple):
     out_dtype: torch.dtype
     groups: int = 0
     grouping: int = DENSE
+    gated: int = 0  # m-grouped: the gated activation fused (GATED: 1 SiLU, 2 tanh GELU), D FP8 [M, N], B [G, 2N, K]
 
 
-def stage_bytes(cfg: WsConfig, grouping: int = DENSE) -> int:
-    """Shared memory of one ring stage: the A and B tiles and A's scales (k-grouped: and B's)."""
+def stage_bytes(cfg: WsConfig, grouping: int = DENSE, gated: bool = False) -> int:
+    """Shared memory of one ring stage: the A and B tiles (gated: two B tiles, gate and up) and A's scales
+    (k-grouped: and B's)."""
     scales = 4 * WAVE_M * cfg.waves + (4 * cfg.block_n if grouping == K_GROUPED else 0)
-    return (WAVE_M * cfg.waves + cfg.block_n) * BLOCK_K + scales
+    return (WAVE_M * cfg.waves + cfg.block_n * (2 if gated else 1)) * BLOCK_K + scales
 
 
 def staging_bytes(cfg: WsConfig, out_bytes: int) -> int:
@@ -92,9 +99,9 @@ def staging_bytes(cfg: WsConfig, out_bytes: int) -> int:
     return WAVE_M * cfg.block_n * out_bytes
 
 
-def max_stages(cfg: WsConfig, out_bytes: int, grouping: int = DENSE) -> int:
+def max_stages(cfg: WsConfig, out_bytes: int, grouping: int = DENSE, gated: bool = False) -> int:
     """The deepest ring that fits in a CTA's shared memory beside the output staging tiles."""
-    return (SMEM_BYTES - BARRIER_BYTES - staging_bytes(cfg, out_bytes)) // stage_bytes(cfg, grouping)
+    return (SMEM_BYTES - BARRIER_BYTES - staging_bytes(cfg, out_bytes)) // stage_bytes(cfg, grouping, gated)
 
 
 def ws_config(problem: Problem, cfg: WsConfig | None = None) -> WsConfig:
@@ -106,8 +113,10 @@ def ws_config(problem: Problem, cfg: WsConfig | None = None) -> WsConfig:
         raise ValueError(f"{cfg}: a grouped call runs 128-row tiles (waves=1), one group each")
     if problem.grouping == K_GROUPED and cfg.block_n != 128:
         raise ValueError(f"{cfg}: a k-grouped call runs 128-wide tiles")
+    if problem.gated and (cfg.block_n != 128 or cfg.overlap):
+        raise ValueError(f"{cfg}: a gated call runs 128-wide tiles without the overlap")
     out_bytes = torch.empty(0, dtype=problem.out_dtype).element_size()
-    deepest = min(max_stages(cfg, out_bytes, problem.grouping), 8)
+    deepest = min(max_stages(cfg, out_bytes, problem.grouping, bool(problem.gated)), 8)
     if deepest < 2:
         raise ValueError(f"{cfg} leaves no room for a two-stage ring with a {problem.out_dtype} output")
     return cfg._replace(stages=deepest if cfg.stages <= 0 else min(cfg.stages, deepest))
@@ -128,9 +137,12 @@ def block_shapes(cfg: WsConfig) -> dict[str, list[int]]:
     }
 
 
-def constants(cfg: WsConfig, grouping: int = DENSE, accumulate: bool = False) -> dict[str, Any]:
-    """The kernel's constexpr arguments for ``cfg`` (its ring depth already set), the problem's ``grouping`` and
-    whether D is accumulated into (k-grouped)."""
+def constants(
+    cfg: WsConfig, grouping: int = DENSE, accumulate: bool = False, row_scale: bool = False, gated: int = 0
+) -> dict[str, Any]:
+    """The kernel's constexpr arguments for ``cfg`` (its ring depth already set), the problem's ``grouping``,
+    whether D is accumulated into (k-grouped), whether its rows are scaled and the gated activation fused
+    (m-grouped)."""
     return {
         "BLOCK_N": cfg.block_n,
         "WAVES": cfg.waves,
@@ -140,6 +152,8 @@ def constants(cfg: WsConfig, grouping: int = DENSE, accumulate: bool = False) ->
         "OVERLAP": cfg.overlap,
         "GROUPING": grouping,
         "ACCUMULATE": accumulate,
+        "ROW_SCALE": row_scale,
+        "GATED": gated,
         "LOADER_REGS": cfg.loader_regs,
     }
 
@@ -163,18 +177,22 @@ def ws_problem(
     d: torch.Tensor,
     m_index: torch.Tensor | None = None,
     k_offsets: torch.Tensor | None = None,
+    gated: int = 0,
 ) -> tuple[Problem, Operands]:
     """Check a call and put its operands in the layouts the kernel reads (:func:`ws_operands`).
 
     Dense: A [M, K], sa [M, ceil(K/128)], B [N, K], sb [ceil(N/128), ceil(K/128)], D [M, N]. m-grouped
-    (``m_index`` int32 [M]): B [G, N, K], sb [G, ceil(N/128), ceil(K/128)]. k-grouped (``k_offsets`` int32
+    (``m_index`` int32 [M]): B [G, N, K], sb [G, ceil(N/128), ceil(K/128)]; ``gated``: B [G, 2N, K] (gate rows,
+    then up rows), sb [G, 2N/128, ceil(K/128)], D FP8 [M, N], N a multiple of 128. k-grouped (``k_offsets`` int32
     [G + 1]): A [M, K_sum], sa [M, K_sum/128], B [N, K_sum], sb [N, K_sum/128] (one scale per column and K block),
     D fp32 [G, M, N] contiguous, M a multiple of 128."""
     (a_data, sa), (b_data, sb) = a, b
     grouping = M_GROUPED if m_index is not None else K_GROUPED if k_offsets is not None else DENSE
+    if gated and (grouping != M_GROUPED or b_data.shape[-2] % 256 or d.dtype != torch.float8_e4m3fn):
+        raise ValueError("gated: m-grouped, B [G, 2N, K] with N a multiple of 128, D float8_e4m3fn [M, N]")
     m, k = a_data.shape
-    n = b_data.shape[-2]
-    kb, nb = operands.cdiv(k, BLOCK_K), operands.cdiv(n, 128)
+    n = b_data.shape[-2] // (2 if gated else 1)
+    kb, nb = operands.cdiv(k, BLOCK_K), operands.cdiv(b_data.shape[-2], 128)
     lead, out, b_scales = [], (m, n), (nb, kb)
     if grouping == M_GROUPED:
         lead = list(b_data.shape[:1])
@@ -187,8 +205,10 @@ def ws_problem(
         raise ValueError(f"shapes A {tuple(a_data.shape)}, B {tuple(b_data.shape)}, D {tuple(d.shape)}")
     if tuple(sa.shape) != (m, kb) or tuple(sb.shape) != b_scales:
         raise ValueError(f"scales: sa {tuple(sa.shape)} (want {(m, kb)}), sb {tuple(sb.shape)} (want {b_scales})")
-    if d.dtype not in (torch.bfloat16, torch.float32) or not operands.tma_ready(d):
-        raise ValueError("D must be bf16 or fp32 and TMA-aligned (16-byte row pitch and base)")
+    if d.dtype not in (torch.bfloat16, torch.float32, *([torch.float8_e4m3fn] if gated else [])):
+        raise ValueError(f"D must be bf16 or fp32 (gated: float8_e4m3fn), got {d.dtype}")
+    if not operands.tma_ready(d):
+        raise ValueError("D must be TMA-aligned (16-byte row pitch and base)")
     if grouping == M_GROUPED and (m_index.dtype != torch.int32 or tuple(m_index.shape) != (m,)):
         raise ValueError(f"m_index must be int32 [M] = [{m}], got {m_index.dtype} {tuple(m_index.shape)}")
     if grouping == K_GROUPED:
@@ -197,7 +217,7 @@ def ws_problem(
         if d.dtype != torch.float32 or not d.is_contiguous() or m % WAVE_M:
             raise ValueError("k-grouped: D fp32 [G, M, N] contiguous with M a multiple of 128")
     groups = b_data.shape[0] if grouping == M_GROUPED else out[0] if grouping == K_GROUPED else 0
-    return Problem(m, n, k, d.dtype, groups, grouping), ws_operands(a, b, d, m_index, k_offsets)
+    return Problem(m, n, k, d.dtype, groups, grouping, gated), ws_operands(a, b, d, m_index, k_offsets)
 
 
 def ws_operands(
@@ -263,6 +283,22 @@ def ws_grid(cfg: WsConfig, problem: Problem, num_sms: int) -> tuple[int]:
     return (max(1, min(tiles, num_sms)) if cfg.persistent else tiles,)
 
 
+def _row_scale_fits(row_scale: torch.Tensor, problem: Problem) -> bool:
+    """Whether ``row_scale`` is what an m-grouped launch with scaled rows reads: fp32 [M], contiguous."""
+    return (
+        problem.grouping == M_GROUPED
+        and row_scale.dtype == torch.float32
+        and tuple(row_scale.shape) == (problem.m,)
+        and row_scale.is_contiguous()
+    )
+
+
+def _d_scales_fit(d_scales: torch.Tensor, problem: Problem) -> bool:
+    """Whether ``d_scales`` is what a gated launch writes: fp32 [N/128, M], contiguous."""
+    want = (problem.n // 128, problem.m)
+    return d_scales.dtype == torch.float32 and tuple(d_scales.shape) == want and d_scales.is_contiguous()
+
+
 def ws_plan(
     a: tuple[torch.Tensor, torch.Tensor],
     b: tuple[torch.Tensor, torch.Tensor],
@@ -272,8 +308,12 @@ def ws_plan(
     m_index: torch.Tensor | None = None,
     k_offsets: torch.Tensor | None = None,
     accumulate: bool = False,
+    row_scale: torch.Tensor | None = None,
+    gated: int = 0,
+    d_scales: torch.Tensor | None = None,
 ) -> Callable[..., torch.Tensor]:
-    """The launch plan of calls shaped as this one: ``run(a, b, d, stream=None, m_index=None, k_offsets=None) -> d``.
+    """The launch plan of calls shaped as this one: ``run(a, b, d, stream=None, m_index=None, k_offsets=None,
+    row_scale=None, d_scales=None) -> d``.
 
     Problem -> :func:`ws_config` -> grid, and what a call's operand metadata fixes (the descriptors' shapes and
     strides, B's scale pitch), settled once here: a run is valid for operands with this call's shapes, strides,
@@ -300,14 +340,25 @@ def ws_plan(
         k_offsets: int32 [G + 1], the k-grouped call's K ranges (group g: ``[k_offsets[g], k_offsets[g + 1])``,
             multiples of 128); a run of a k-grouped plan takes its call's ``k_offsets``.
         accumulate: k-grouped: ``d[g] += A_g @ B_g.T`` (``d`` is read) instead of ``=``.
+        row_scale: m-grouped: fp32 [M], contiguous: ``d[r] = row_scale[r] * (A[r] @ B[m_index[r]].T)``, scaled
+            before the rounding to ``d``'s dtype; a run of such a plan takes its call's ``row_scale``.
+        gated: m-grouped, the fused experts' gate/up projection: ``b`` holds [G, 2N, K] (each group's gate rows,
+            then its up rows), and with ``g, u`` the fp32 products of row r against them, ``h = act(g) * u``
+            (``gated`` 1: SiLU, 2: tanh GELU) is quantized 1x128 into ``d`` float8_e4m3fn [M, N] and ``d_scales``
+            (fp32 [N/128, M], contiguous: MN-major); a run of such a plan takes its call's ``d_scales``.
     """
-    problem, first = ws_problem(a, b, d, m_index, k_offsets)
+    problem, first = ws_problem(a, b, d, m_index, k_offsets, gated)
     grouping = problem.grouping
+    if gated and (d_scales is None or not _d_scales_fit(d_scales, problem)):
+        raise ValueError(f"gated: d_scales must be fp32 [N/128, M] = [{problem.n // 128}, {problem.m}], contiguous")
+    if row_scale is not None and not _row_scale_fits(row_scale, problem):
+        raise ValueError(f"row_scale must be fp32 [M] = [{problem.m}], contiguous, with m_index; got "
+                         f"{row_scale.dtype} {tuple(row_scale.shape)}")  # fmt: skip
     cfg = ws_config(problem, cfg)
     if num_sms is None:
         num_sms = torch.cuda.get_device_properties(d.device).multi_processor_count
     grid = (*ws_grid(cfg, problem, num_sms), 1, 1)
-    consts = constants(cfg, grouping, accumulate)
+    consts = constants(cfg, grouping, accumulate, row_scale is not None, gated)
     fixed = {
         "sb_stride": first.sb.stride(-2),
         "sb_group_stride": first.sb.stride(0) if grouping == M_GROUPED else 0,
@@ -318,7 +369,7 @@ def ws_plan(
         **consts,
     }
     names = fp8_gemm_ws_kernel.arg_names
-    after_c = tuple(fixed[name] for name in names[names.index("c_ptr") + 1 :])
+    after_pointers = tuple(fixed[name] for name in names[names.index("d_scale_ptr") + 1 :])
     tma_shapes = [(list(t.shape), tma_strides(t)) for t in tma_operands(first, grouping)]
     (a_data, sa), (b_data, sb) = a, b
     index = m_index if m_index is not None else k_offsets
@@ -329,23 +380,26 @@ def ws_plan(
     as_given = as_given and sa.dtype == sb.dtype == torch.float32
     relaunch = None
 
-    def run(a, b, d, stream=None, m_index=None, k_offsets=None) -> torch.Tensor:
+    def run(a, b, d, stream=None, m_index=None, k_offsets=None, row_scale=None, d_scales=None) -> torch.Tensor:
         nonlocal relaunch
         index = m_index if grouping == M_GROUPED else k_offsets
+        # row_scale_ptr and d_scale_ptr: read only by a ROW_SCALE and a GATED plan
+        epilogue = (d if row_scale is None else row_scale, d if d_scales is None else d_scales)
         if relaunch is not None and as_given:
             (a_data, sa), (b_data, sb) = a, b
             sb_tma = sb if grouping == K_GROUPED else sa
-            relaunch((a_data, b_data, b_data, sa, sb_tma, d, d), (sb, sb if index is None else index, d, *after_c),
-                     stream)  # fmt: skip
+            pointers = (sb, sb if index is None else index, d, *epilogue)
+            relaunch((a_data, b_data, b_data, sa, sb_tma, d, d), (*pointers, *after_pointers), stream)
             return d
         ops = ws_operands(a, b, d, m_index, k_offsets)
-        pointers = (ops.sb, ops.sb if ops.index is None else ops.index, ops.d)
+        pointers = (ops.sb, ops.sb if ops.index is None else ops.index, ops.d, *epilogue)
         if relaunch is not None:
-            relaunch(tma_operands(ops, grouping), (*pointers, *after_c), stream)
+            relaunch(tma_operands(ops, grouping), (*pointers, *after_pointers), stream)
             return d
         with contextlib.nullcontext() if stream is None else torch.cuda.stream(stream):
             compiled = fp8_gemm_ws_kernel[grid](
-                **ws_descriptors(cfg, ops, grouping), **dict(zip(("sb_ptr", "group_ptr", "c_ptr"), pointers)),
+                **ws_descriptors(cfg, ops, grouping),
+                **dict(zip(("sb_ptr", "group_ptr", "c_ptr", "row_scale_ptr", "d_scale_ptr"), pointers)),
                 **fixed, num_warps=MMA_WARPS,
             )  # fmt: skip
         relaunch = Relaunch(compiled, grid, d.device, tma_shapes)

@@ -42,7 +42,13 @@ a wave, no spills).
   ``group * sb_group_stride``. A tile of group -1 (padding) runs no K block and is stored as zeros; a tile of any
   other id outside ``[0, G)`` runs none and is not stored; rows of a computed tile whose own entry is not the
   tile's group (the -1 rows that end a group's last block) are stored as zeros. Columns past N read the next
-  group's rows of B, and the store drops them.
+  group's rows of B, and the store drops them. ``ROW_SCALE``: each stored row is first multiplied by its fp32
+  entry of ``row_scale_ptr`` [M] (the fused experts' routing weight, applied before the rounding to D's dtype).
+  ``GATED`` (the fused experts' gate/up projection, 128-wide tiles, no overlap): B is [G * 2N, K], each group's N gate
+  rows then its N up rows; a tile loads the gate rows and the up rows of its 128 columns as its two B sub-tiles,
+  keeps two fp32 accumulators ``g`` and ``u`` (per K block: the gate wgmma and its promotion, then the up wgmma
+  into the same product tile and its promotion), and stores ``h = act(g) * u`` quantized 1x128 (DeepGEMM's
+  activation recipe) into an FP8 D [M, N] and its scales into ``d_scale_ptr`` [N/128, M].
 * ``K_GROUPED`` (2, k-grouped, the MoE weight gradient ``D[g] = A_g @ B_g.T``): A [M, K_sum] and B [N, K_sum]
   hold every group's K range side by side, ``group_ptr`` the [G + 1] offsets of those ranges (multiples of 128),
   D is [G * M, N] (M a multiple of 128, so no tile crosses a group). The walk runs over (group, row tile, column
@@ -58,8 +64,8 @@ zero-filled.
 
 The host side is :mod:`tilegemm.ops.gluon.fp8_gemm_ws`.
 
-Over 600 lines: one kernel, its three problems (dense, m-grouped, k-grouped) and its two K loops (with and without
-the overlap), read top to bottom in one file.
+Over 600 lines: one kernel, its three problems (dense, m-grouped with the fused experts' two epilogues, k-grouped)
+and its three K loops (with and without the overlap, gated), read top to bottom in one file.
 """
 
 from __future__ import annotations
@@ -80,6 +86,7 @@ NARROW_N = 64  # width of the second sub-tile of a 192-wide tile
 MMA_WARPS = 8  # the default partition: two MMA warpgroups
 
 DENSE, M_GROUPED, K_GROUPED = 0, 1, 2  # GROUPING: the problem the kernel computes
+GATED_SILU, GATED_GELU_TANH = 1, 2  # GATED (m-grouped): the activation fused into the epilogue (0: none)
 
 _WAVE_M = gl.constexpr(WAVE_M)
 _DENSE = gl.constexpr(DENSE)
@@ -110,6 +117,16 @@ def _sub_cols(pn, BLOCK_N: gl.constexpr):
         return start + 64 * odd, start + 128 - 128 * odd
     else:
         return start, start
+
+
+@gluon.jit
+def _b_cols(pn, N, BLOCK_N: gl.constexpr, GATED: gl.constexpr):
+    """The first rows of B that column tile ``pn`` reads, for its two sub-tiles (:func:`_sub_cols`); gated: its gate
+    rows and its up rows, ``N`` further on."""
+    col0, col1 = _sub_cols(pn, BLOCK_N)
+    if GATED:
+        col1 = col0 + N
+    return col0, col1
 
 
 @gluon.jit
@@ -167,14 +184,16 @@ def _loader(
     STAGES: gl.constexpr,
     PERSISTENT: gl.constexpr,
     GROUPING: gl.constexpr,
+    GATED: gl.constexpr,
 ):
-    """The TMA warp: A, B (one or two sub-tiles) and A's scales (k-grouped: and B's) of every K block of every tile
-    of this CTA, into ``ring`` (the kernel's stages); m-grouped: B's rows of the tile's group."""
+    """The TMA warp: A, B (one or two sub-tiles; gated: the gate and the up rows) and A's scales (k-grouped: and B's)
+    of every K block of every tile of this CTA, into ``ring`` (the kernel's stages); m-grouped: B's rows of the tile's
+    group."""
     a_ring, b0_ring, b1_ring, sa_ring, sb_ring, ready, empty = ring
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-    SPLIT: gl.constexpr = BLOCK_N == 192
+    TWO_B: gl.constexpr = BLOCK_N == 192 or GATED != 0
     SB_COLS: gl.constexpr = GROUPING == _K_GROUPED
-    B1_BYTES: gl.constexpr = b1_desc.block_type.nbytes if SPLIT else 0
+    B1_BYTES: gl.constexpr = b1_desc.block_type.nbytes if TWO_B else 0
     SB_BYTES: gl.constexpr = sb_desc.block_type.nbytes if SB_COLS else 0
     nbytes: gl.constexpr = (
         a_desc.block_type.nbytes + b0_desc.block_type.nbytes + sa_desc.block_type.nbytes + B1_BYTES + SB_BYTES
@@ -184,8 +203,8 @@ def _loader(
     it = 0
     for tile in range(first, num_tiles, step):
         group, pm, pn, kb0, tile_k = _tile_job(tile, num_m, num_n, group_ptr, num_groups, K, GROUP_M, GROUPING)
-        col0, col1 = _sub_cols(pn, BLOCK_N)
-        b_row = group * N if GROUPING == _M_GROUPED else 0  # m-grouped: the group's rows of B
+        col0, col1 = _b_cols(pn, N, BLOCK_N, GATED)
+        b_row = group * N * (2 if GATED else 1) if GROUPING == _M_GROUPED else 0  # m-grouped: the group's rows of B
         for kb in range(kb0, kb0 + tile_k):
             s = it % STAGES
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
@@ -193,7 +212,7 @@ def _loader(
             mbarrier.expect(bar, nbytes)
             tma.async_copy_global_to_shared(a_desc, [pm * BLOCK_M, kb * _BLOCK_K], bar, a_ring.index(s))
             tma.async_copy_global_to_shared(b0_desc, [b_row + col0, kb * _BLOCK_K], bar, b0_ring.index(s))
-            if SPLIT:
+            if TWO_B:
                 tma.async_copy_global_to_shared(b1_desc, [b_row + col1, kb * _BLOCK_K], bar, b1_ring.index(s))
             tma.async_copy_global_to_shared(sa_desc, [kb, pm * BLOCK_M], bar, sa_ring.index(s))
             if SB_COLS:
@@ -218,10 +237,13 @@ def _store_tile(acc, d_desc, out_smem, row, col):
 
 
 @gluon.jit
-def _group_rows(acc, m_index, row, group, M, rows: gl.constexpr):
-    """``acc`` (the 128 rows from ``row``) with the rows whose ``m_index`` entry is not ``group`` set to 0."""
+def _group_rows(acc, m_index, row_scale, row, group, M, rows: gl.constexpr, ROW_SCALE: gl.constexpr):
+    """``acc`` (the 128 rows from ``row``) with the rows whose ``m_index`` entry is not ``group`` set to 0, and each
+    row multiplied by its fp32 ``row_scale`` entry when ``ROW_SCALE``."""
     r = row + gl.arange(0, _WAVE_M, layout=rows)
     ids = gl.load(m_index + r, mask=r < M, other=-1)
+    if ROW_SCALE:
+        acc = acc * gl.load(row_scale + r, mask=r < M, other=0.0)[:, None]
     return gl.where((ids == group)[:, None], acc, 0.0)
 
 
@@ -232,6 +254,29 @@ def _add_c(acc, c_ptr, row, col, N, layout: gl.constexpr):
     c = col + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, layout))
     offs = r.to(gl.int64)[:, None] * N + c[None, :]
     return acc + gl.load(c_ptr + offs, mask=(c < N)[None, :], other=0.0)
+
+
+@gluon.jit
+def _gated(g, u, GATED: gl.constexpr):
+    """``act(g) * u`` in fp32: ``GATED`` 1 SiLU ``g / (1 + exp(-g))``, 2 the tanh GELU ``0.5 g (1 + tanh(t))`` with
+    ``t = sqrt(2/pi) (g + 0.044715 g^3)`` and ``tanh(t) = 1 - 2 / (1 + exp(2t))``."""
+    if GATED == 1:
+        return g / (1.0 + gl.exp(-g)) * u
+    else:
+        t = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+        return 0.5 * g * (2.0 - 2.0 / (1.0 + gl.exp(2.0 * t))) * u
+
+
+@gluon.jit
+def _store_quantized(h, d_desc, out_smem, d_scale_ptr, row, col, M, rows: gl.constexpr):
+    """``h`` [128, 128] fp32 quantized 1x128 (``per_token_cast_to_fp8``'s formula: ``scale = max(amax, 1e-4) / 448``,
+    ``q = clamp(h / scale, +-448)`` in e4m3) into D (FP8) at (row, col), its scales into row ``col / 128`` of the
+    MN-major [N/128, M] fp32 ``d_scale_ptr``."""
+    scale = gl.maximum(gl.max(gl.abs(h), axis=1), 1e-4) / 448.0
+    q = gl.minimum(gl.maximum(gl.div_rn(h, gl.expand_dims(scale, 1)), -448.0), 448.0)
+    _store_tile(q, d_desc, out_smem, row, col)
+    r = row + gl.arange(0, _WAVE_M, layout=rows)
+    gl.store(d_scale_ptr + (col // 128).to(gl.int64) * M + r, scale, mask=r < M)
 
 
 @gluon.jit
@@ -413,12 +458,46 @@ def _ov_k_loop(
 
 
 @gluon.jit
+def _gated_k_loop(ring, b_scales, acc_g, acc_u, spare, it, rows: gl.constexpr):
+    """The K loop of one gated tile (``GATED``): per K block the gate wgmma, its promotion, then the up wgmma into
+    the same product tile and its promotion. Two accumulators and one product tile stay within the registers; a
+    second product tile in flight would not. ``ring``: ``(a_ring, b0_ring, b1_ring, sa_rows, ready, empty)``;
+    ``b_scales``: what :func:`_b_scale` reads for the gate rows and the up rows, ``(sb_ptr, sb_stride, col_g,
+    col_u, num_k, num_nb)``. Returns the accumulators, the product tile and the ring counter past the tile."""
+    a_ring, b0_ring, b1_ring, sa_rows, ready, empty = ring
+    sb_ptr, sb_stride, col_g, col_u, num_k, num_nb = b_scales
+    STAGES: gl.constexpr = a_ring.shape[0]
+    next_g = _b_scale(sb_ptr, sb_stride, col_g, 0, num_k, num_nb)
+    next_u = _b_scale(sb_ptr, sb_stride, col_u, 0, num_k, num_nb)
+    for kb in range(num_k):
+        s = it % STAGES
+        sb_g = next_g
+        sb_u = next_u
+        next_g = _b_scale(sb_ptr, sb_stride, col_g, kb + 1, num_k, num_nb)
+        next_u = _b_scale(sb_ptr, sb_stride, col_u, kb + 1, num_k, num_nb)
+        mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+        sa = sa_rows.index(s).load(rows)
+        a = a_ring.index(s)
+        t = warpgroup_mma(a, b0_ring.index(s).permute((1, 0)), spare, use_acc=False, is_async=True)
+        p = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
+        acc_g = acc_g + p * (sa * sb_g)[:, None]
+        t = warpgroup_mma(a, b1_ring.index(s).permute((1, 0)), p, use_acc=False, is_async=True)
+        spare = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
+        acc_u = acc_u + spare * (sa * sb_u)[:, None]
+        mbarrier.arrive(empty.index(s), count=1)  # both wgmma reading stage s are complete
+        it += 1
+    return acc_g, acc_u, spare, it
+
+
+@gluon.jit
 def _mma_partition(
     ring,
     out,
     sb_ptr,
     group_ptr,
     c_ptr,
+    row_scale_ptr,
+    d_scale_ptr,
     sb_stride,
     sb_group_stride,
     num_groups,
@@ -433,11 +512,14 @@ def _mma_partition(
     OVERLAP: gl.constexpr,
     GROUPING: gl.constexpr,
     ACCUMULATE: gl.constexpr,
+    ROW_SCALE: gl.constexpr,
+    GATED: gl.constexpr,
 ):
     """The two MMA warpgroups (the default partition): every tile of this CTA, ``WAVES`` waves of 128 rows, from
     ``ring`` (the kernel's stages), stored through ``out`` (``d0_desc, d1_desc, out0, out1``); m-grouped: with the
-    tile's group's B scales and the rows of no group zeroed (:func:`_group_rows`); k-grouped: into the group's rows
-    of D, added to D's tile when ``ACCUMULATE``."""
+    tile's group's B scales and the rows of no group zeroed (:func:`_group_rows`; times ``row_scale_ptr``'s entries
+    when ``ROW_SCALE``; ``GATED``: the gated activation of the gate and up tiles, quantized into D and
+    ``d_scale_ptr``); k-grouped: into the group's rows of D, added to D's tile when ``ACCUMULATE``."""
     a_ring, b0_ring, b1_ring, sa_ring, sb_ring, ready, empty = ring
     d0_desc, d1_desc, out0, out1 = out
     NW: gl.constexpr = gl.num_warps()
@@ -456,7 +538,7 @@ def _mma_partition(
     sb_cols = sb_ring._reinterpret(gl.float32, [STAGES, BN0], flat) if SB_COLS else sa_rows
     walks = num_groups if GROUPING == _K_GROUPED else 1
     first, num_tiles, step, num_m, num_n = _tile_range(M, N, walks, BLOCK_M, BLOCK_N, PERSISTENT)
-    num_nb = gl.cdiv(N, 128)
+    num_nb = gl.cdiv(N * (2 if GATED else 1), 128)  # B's 128-row blocks (gated: the gate and the up rows)
     # Always False, but unknown at compile time. With two waves, each wave's wgmma takes the OTHER wave's
     # accumulator as its (ignored) input tile: ptxas then sees a read of registers the previous promotion wrote and
     # cannot sink that promotion below the wgmma. With a constant False it interleaves the two waves' promotions
@@ -465,7 +547,7 @@ def _mma_partition(
     it = 0
     for tile in range(first, num_tiles, step):
         group, pm, pn, kb0, tile_k = _tile_job(tile, num_m, num_n, group_ptr, num_groups, K, GROUP_M, GROUPING)
-        col0, col1 = _sub_cols(pn, BLOCK_N)
+        col0, col1 = _b_cols(pn, N, BLOCK_N, GATED)
         sb_tile = sb_ptr + group * sb_group_stride if GROUPING == _M_GROUPED else sb_ptr
         # Accumulators acc{wave}{sub-tile}; spare{sub-tile}: the product tile the next wgmma overwrites.
         acc00 = gl.zeros([_WAVE_M, BN0], gl.float32, l0)
@@ -475,12 +557,20 @@ def _mma_partition(
         if SPLIT:
             acc01 = gl.zeros([_WAVE_M, BN1], gl.float32, l1)
             spare1 = gl.zeros([_WAVE_M, BN1], gl.float32, l1)
+        elif GATED:
+            acc01 = gl.zeros([_WAVE_M, BN1], gl.float32, l1)  # the up tile (acc00: the gate tile)
+            spare1 = spare0  # not used: the up wgmma reuses the gate's product tile
         else:
             acc01 = acc00  # not used
             spare1 = spare0  # not used
         if WAVES == 1:
             acc10 = acc00  # not used
-        if OVERLAP:
+        if GATED:
+            acc00, acc01, spare0, it = _gated_k_loop(
+                (a_ring, b0_ring, b1_ring, sa_rows, ready, empty), (sb_tile, sb_stride, col0, col1, tile_k, num_nb),
+                acc00, acc01, spare0, it, rows0,
+            )  # fmt: skip
+        elif OVERLAP:
             rows_ring = (a_ring, b0_ring, b1_ring, sa_rows, sb_cols, ready, empty)
             b_scales = (sb_tile, sb_stride, col0, col1, tile_k, num_nb)
             accs, it = _ov_k_loop(
@@ -533,12 +623,16 @@ def _mma_partition(
                         mbarrier.arrive(empty.index(s), count=1)  # every wgmma reading stage s is complete
                 it += 1
         row = pm * BLOCK_M
-        if GROUPING == _M_GROUPED:
+        if GATED:
             if (group >= -1) & (group < num_groups):  # other ids: the tile is not stored
-                acc00 = _group_rows(acc00, group_ptr, row, group, M, rows0)
+                h = _group_rows(_gated(acc00, acc01, GATED), group_ptr, row_scale_ptr, row, group, M, rows0, False)
+                _store_quantized(h, d0_desc, out0, d_scale_ptr, row, col0, M, rows0)
+        elif GROUPING == _M_GROUPED:
+            if (group >= -1) & (group < num_groups):  # other ids: the tile is not stored
+                acc00 = _group_rows(acc00, group_ptr, row_scale_ptr, row, group, M, rows0, ROW_SCALE)
                 _store_tile(acc00, d0_desc, out0, row, col0)
                 if SPLIT:
-                    acc01 = _group_rows(acc01, group_ptr, row, group, M, rows1)
+                    acc01 = _group_rows(acc01, group_ptr, row_scale_ptr, row, group, M, rows1, ROW_SCALE)
                     _store_tile(acc01, d1_desc, out1, row, col1)
         elif GROUPING == _K_GROUPED:
             row += group * M  # D is [G * M, N], M a multiple of 128
@@ -566,6 +660,8 @@ def fp8_gemm_ws_kernel(
     sb_ptr,
     group_ptr,
     c_ptr,
+    row_scale_ptr,
+    d_scale_ptr,
     sb_stride,
     sb_group_stride,
     num_groups,
@@ -580,15 +676,19 @@ def fp8_gemm_ws_kernel(
     OVERLAP: gl.constexpr,
     GROUPING: gl.constexpr,
     ACCUMULATE: gl.constexpr,
+    ROW_SCALE: gl.constexpr,
+    GATED: gl.constexpr,
     LOADER_REGS: gl.constexpr,
 ):
     """Warp-specialized FP8 GEMM (see the module docstring); launch with ``num_warps=8``.
 
     ``b1_desc`` / ``d1_desc`` are the narrow (64-column) sub-tile's descriptors when ``BLOCK_N`` is 192; for 128
     they are not read (pass the wide ones again). ``sb_desc`` (B's column scales) and ``c_ptr`` (D, read when
-    ``ACCUMULATE``) are read by the k-grouped form only; ``group_ptr`` (m-grouped: int32 ``m_index`` [M];
-    k-grouped: int32 K offsets [G + 1]), ``sb_group_stride`` and ``num_groups`` by the grouped forms (dense: any
-    descriptor or pointer, 0 and 1). ``sb_ptr`` / ``sb_stride``: B's block scales (not read k-grouped).
+    ``ACCUMULATE``) are read by the k-grouped form only, ``row_scale_ptr`` (fp32 [M], read when ``ROW_SCALE``) and
+    ``d_scale_ptr`` (fp32 [N/128, M], written when ``GATED``) by the m-grouped one; ``group_ptr`` (m-grouped: int32
+    ``m_index`` [M]; k-grouped: int32 K offsets [G + 1]), ``sb_group_stride`` and ``num_groups`` by the grouped
+    forms (dense: any descriptor or pointer, 0 and 1). ``sb_ptr`` / ``sb_stride``: B's block scales (not read
+    k-grouped). Gated: ``b1_desc`` is B's (the up rows' sub-tile), ``d0_desc`` D's FP8 one.
     """
     gl.static_assert(BLOCK_N == 128 or BLOCK_N == 192, "BLOCK_N is 128 or 192")
     gl.static_assert(WAVES == 1 or WAVES == 2, "WAVES is 1 or 2")
@@ -596,6 +696,11 @@ def fp8_gemm_ws_kernel(
     gl.static_assert(GROUPING == _DENSE or WAVES == 1, "a grouped tile is one 128-row wave: one group")
     gl.static_assert(GROUPING != _K_GROUPED or BLOCK_N == 128, "k-grouped: 128-wide tiles")
     gl.static_assert(not ACCUMULATE or GROUPING == _K_GROUPED, "ACCUMULATE: k-grouped only")
+    gl.static_assert(not ROW_SCALE or GROUPING == _M_GROUPED, "ROW_SCALE: m-grouped only")
+    gl.static_assert(
+        GATED == 0 or (GROUPING == _M_GROUPED and BLOCK_N == 128 and OVERLAP == 0 and not ROW_SCALE),
+        "GATED: m-grouped, 128-wide tiles, no overlap, no row scale",
+    )
     gl.static_assert(
         OVERLAP == 0 or OVERLAP == 1 or OVERLAP == 2 or OVERLAP == 4 or OVERLAP == 8, "OVERLAP is 0, 1, 2, 4 or 8"
     )
@@ -604,8 +709,9 @@ def fp8_gemm_ws_kernel(
     SB_COLS: gl.constexpr = GROUPING == _K_GROUPED
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, _BLOCK_K], a_desc.layout)
     b0_ring = gl.allocate_shared_memory(b0_desc.dtype, [STAGES] + b0_desc.block_type.shape, b0_desc.layout)
-    if SPLIT:
+    if SPLIT or GATED != 0:
         b1_ring = gl.allocate_shared_memory(b1_desc.dtype, [STAGES] + b1_desc.block_type.shape, b1_desc.layout)
+    if SPLIT:
         out1 = gl.allocate_shared_memory(d1_desc.dtype, d1_desc.block_type.shape, d1_desc.layout)
     sa_ring = gl.allocate_shared_memory(gl.float32, [STAGES] + sa_desc.block_type.shape, sa_desc.layout)
     if SB_COLS:
@@ -614,8 +720,9 @@ def fp8_gemm_ws_kernel(
         sb_ring = sa_ring  # not read
     out0 = gl.allocate_shared_memory(d0_desc.dtype, d0_desc.block_type.shape, d0_desc.layout)
     if not SPLIT:
-        b1_ring = b0_ring  # not read
         out1 = out0  # not written
+        if GATED == 0:
+            b1_ring = b0_ring  # not read
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -636,6 +743,8 @@ def fp8_gemm_ws_kernel(
                     sb_ptr,
                     group_ptr,
                     c_ptr,
+                    row_scale_ptr,
+                    d_scale_ptr,
                     sb_stride,
                     sb_group_stride,
                     num_groups,
@@ -650,6 +759,8 @@ def fp8_gemm_ws_kernel(
                     OVERLAP,
                     GROUPING,
                     ACCUMULATE,
+                    ROW_SCALE,
+                    GATED,
                 ),  # fmt: skip
             ),
             (
@@ -671,6 +782,7 @@ def fp8_gemm_ws_kernel(
                     STAGES,
                     PERSISTENT,
                     GROUPING,
+                    GATED,
                 ),  # fmt: skip
             ),
         ],

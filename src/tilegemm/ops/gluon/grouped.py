@@ -26,7 +26,7 @@ import torch
 
 from tilegemm import config
 from tilegemm.backend.registry import Unsupported, register_impl
-from tilegemm.heuristics.gluon import K_GROUPED_FP8_WS_DESIGN, M_GROUPED_FP8_WS_DESIGN
+from tilegemm.heuristics.gluon import K_GROUPED_FP8_WS_DESIGN, M_GROUPED_FP8_WS_DESIGN, MOE_FP8_GATE_UP_WS_DESIGN
 from tilegemm.heuristics.report import print_once
 from tilegemm.ops import operands, plans
 from tilegemm.ops.gluon import fp8_gemm_ws
@@ -89,19 +89,31 @@ def m_grouped_plan(
     b: tuple[torch.Tensor, torch.Tensor],
     d: torch.Tensor,
     m_index: torch.Tensor,
+    row_scale: torch.Tensor | None = None,
+    gated: int = 0,
+    d_scales: torch.Tensor | None = None,
 ) -> Runner:
-    """The launch plan of a call, ``run(a, b, d, stream, m_index) -> d``, kept in :mod:`tilegemm.ops.plans`: keyed by
-    every operand's metadata and the device and SM count (what decides the copies, the descriptors and the grid)."""
+    """The launch plan of a call, ``run(a, b, d, stream, m_index, row_scale=None, d_scales=None) -> d``, kept in
+    :mod:`tilegemm.ops.plans`: keyed by every operand's metadata and the device and SM count (what decides the
+    copies, the descriptors and the grid). The fused experts' forms (:func:`fp8_gemm_ws.ws_plan`): ``row_scale``
+    (fp32 [M_sum], the down projection) multiplies each output row before the rounding; ``gated`` (the gate/up
+    projection, design :data:`~tilegemm.heuristics.gluon.MOE_FP8_GATE_UP_WS_DESIGN`) quantizes ``act(g) * u`` into
+    an FP8 ``d`` and its scales ``d_scales``."""
     (a_data, sa), (b_data, sb) = a, b
     tk = plans.tensor_key
+    epilogue = tuple(None if x is None else tk(x) for x in (row_scale, d_scales))
     key = (
-        "gluon", "m_grouped_fp8", tk(a_data), tk(sa), tk(b_data), tk(sb), tk(d), tk(m_index), plans.sms_key(d.device)
+        "gluon", "m_grouped_fp8", tk(a_data), tk(sa), tk(b_data), tk(sb), tk(d), tk(m_index), *epilogue, gated,
+        plans.sms_key(d.device),
     )  # fmt: skip
     run = plans.find(key)
     if run is None:
-        design = fp8_gemm_ws.VARIANTS[M_GROUPED_FP8_WS_DESIGN]
-        print_once("m_grouped_fp8_gemm_nt_contiguous[gluon]", (a_data.shape[0], *b_data.shape), design)
-        run = plans.keep(key, fp8_gemm_ws.ws_plan(a, b, d, design, config.get_num_sms(), m_index))
+        design = fp8_gemm_ws.VARIANTS[MOE_FP8_GATE_UP_WS_DESIGN if gated else M_GROUPED_FP8_WS_DESIGN]
+        print_once("m_grouped_fp8_gemm_nt_contiguous[gluon]", (a_data.shape[0], *b_data.shape, gated), design)
+        plan = fp8_gemm_ws.ws_plan(
+            a, b, d, design, config.get_num_sms(), m_index, row_scale=row_scale, gated=gated, d_scales=d_scales
+        )
+        run = plans.keep(key, plan)
     return run
 
 
