@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections import defaultdict
 
 import torch
 from moe_fp8_sweep import fp8_weights
 
 import tilegemm
+from tilegemm.bench import device
 from tilegemm.bench.moe import MODELS
 
 ROWS = "qwen3-30b-a3b:4096,mixtral-8x7b:512,deepseek-v3:4096"
@@ -66,7 +66,7 @@ def main() -> None:
             for name, us in times.items():
                 print(f"  {us:9.1f}  {name}")
         results.append(row)
-    meta = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M"), "calls": CALLS}
+    meta = {**device.describe(), "calls": CALLS}
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "rows": results}, f, indent=1)
 

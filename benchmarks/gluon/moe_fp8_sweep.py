@@ -25,7 +25,7 @@ import time
 import torch
 
 import tilegemm
-from tilegemm.bench import timing
+from tilegemm.bench import device, timing
 from tilegemm.bench.moe import FP8_BAR, MODELS
 from tilegemm.heuristics.gluon import prefers_fp8_moe_experts
 from tilegemm.testing import calc_diff
@@ -126,9 +126,7 @@ def main() -> None:
         w13 = w2 = outs = None
         torch.cuda.empty_cache()
     meta = {
-        "gpu": torch.cuda.get_device_name(),
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "torch": torch.__version__,
+        **device.describe(),
         "triton": __import__("triton").__version__,
         "forms": "cutile: fused epilogue (ops/cutile/moe_fp8.py); gluon: m-grouped GEMMs (ops/gluon/moe_fp8.py); "
         "auto: the public call with default settings",
