@@ -32,8 +32,9 @@ GOOD = ["a_128x128", "a_128x128_p", "d_128x128_ov", "d_128x128_ov4", "b_256x128"
 SPILLING_OVERLAP = ["bd_256x128_ov", "cd_128x192_ov"]
 #: the one-wave designs an m-grouped call may run (the shipped one first)
 GROUPED = ["d_128x128_ov4", "a_128x128_p", "c_128x192"]
-#: the design a k-grouped call runs: no overlap (with the next wgmma in flight, B's column scales spill)
-K_GROUPED = ["a_128x128_p"]
+#: the designs a k-grouped call may run (the shipped one first): with B's column scales read at the promotion, the
+#: runs of 2 keep within the registers
+K_GROUPED = ["d_128x128_ov", "a_128x128_p"]
 
 
 def ffma_under_mma(loop: list[str]) -> int:
@@ -166,7 +167,10 @@ def test_ws_k_grouped_sass(facts, name, suffix):
     f = _get(facts, name + suffix)
     cfg = ws.VARIANTS[name]
     assert f["usetmaxreg"] >= 1 and f["stl"] == f["ldl"] == 0, "setmaxnreg, no spills"
-    assert f["qgmma_k_loop"] == 4 and f["qgmma_shapes"] == ["QGMMA.64x128x32"] and f["gmma_group_min"] == 4
+    blocks = max(cfg.overlap, 1)  # K blocks per iteration of the K loop
+    assert f["qgmma_k_loop"] == 4 * blocks and f["qgmma_shapes"] == ["QGMMA.64x128x32"] and f["gmma_group_min"] == 4
+    if cfg.overlap:  # the first step's promotion of each run runs under the next step's wgmma
+        assert f["ffma_under_mma"] > 0, "promotion under the next wgmma"
     assert 0 < f["max_register"] < f["mma_budget"] <= 240
     assert f["shared_bytes"] <= ws.SMEM_BYTES and cfg.block_n == 128
     assert f["utmaldg"] == 4, "A, B and both sides' scales by TMA"

@@ -233,6 +233,51 @@ def test_m_grouped_plan_launches_the_grouped_kernel(recorders):
     assert launched["d0_desc"].base.data_ptr() == d2.data_ptr()
 
 
+def test_experts_plans_launch_the_gated_and_row_scaled_forms(recorders):
+    """The fused FP8 experts' two plans (``ops/gluon/moe_fp8.py``): the gate/up one runs the gated form (B as the
+    [G * 2I, H] gate and up rows, D FP8 [M, I], its scales by pointer, no overlap), the down one the row-scaled form
+    (the routing weights by pointer); a second call hands the launcher the new scales; a run without the tensor its
+    plan was made with is refused."""
+    sizes, inter, k = [300, 0, 129], 256, 512
+    a, w13, index = _grouped_operands(sizes, 2 * inter, k)
+    rows = index.numel()
+
+    def gate_up():
+        hq = torch.empty(rows, inter, dtype=torch.float8_e4m3fn)
+        sh = torch.empty(inter // 128, rows)
+        plan = gluon_grouped.m_grouped_plan(a, w13, hq, index, gated=1, d_scales=sh)
+        plan(a, w13, hq, None, index, d_scales=sh)
+        return plan, hq, sh
+
+    plan, hq, sh = gate_up()
+    _, hq2, sh2 = gate_up()
+    rec = recorders["ws"]
+    assert len(rec.jit) == 1 and len(rec.runs) == 1
+    _, _, kwargs = rec.jit[0]
+    assert kwargs["GATED"] == 1 and kwargs["ROW_SCALE"] is False and kwargs["OVERLAP"] == 0 and kwargs["N"] == inter
+    assert list(kwargs["b0_desc"].shape) == [len(sizes) * 2 * inter, k]
+    assert kwargs["d_scale_ptr"].data_ptr() == sh.data_ptr() and kwargs["d0_desc"].base.dtype == torch.float8_e4m3fn
+    launched = dict(zip(rec.arg_names, rec.runs[0][LEADING:]))
+    assert (
+        launched["d_scale_ptr"].data_ptr() == sh2.data_ptr() and launched["d0_desc"].base.data_ptr() == hq2.data_ptr()
+    )
+    with pytest.raises(ValueError, match="row_scale / d_scales"):
+        plan(a, w13, hq, None, index)
+
+    w2 = tilegemm.per_block_cast_to_fp8(torch.randn(len(sizes), 384, inter))
+    weight = torch.rand(rows)
+    h = (hq.view(torch.uint8).zero_().view(torch.float8_e4m3fn), sh.t())
+    y = torch.empty(rows, 384, dtype=torch.bfloat16)
+    down = gluon_grouped.m_grouped_plan(h, w2, y, index, weight)
+    down(h, w2, y, None, index, row_scale=weight)
+    _, _, kwargs = rec.jit[1]
+    assert (
+        kwargs["ROW_SCALE"] is True and kwargs["GATED"] == 0 and kwargs["row_scale_ptr"].data_ptr() == weight.data_ptr()
+    )
+    with pytest.raises(ValueError, match="row_scale / d_scales"):
+        down(h, w2, y, None, index)
+
+
 @pytest.mark.parametrize("addend", [None, "d", "apart"])
 def test_k_grouped_plan_launches_the_grouped_kernel(recorders, addend):
     """A k-grouped call (``tn`` form) runs the ws kernel's k-grouped form on K-major copies of A and B: D as

@@ -382,6 +382,8 @@ def ws_plan(
 
     def run(a, b, d, stream=None, m_index=None, k_offsets=None, row_scale=None, d_scales=None) -> torch.Tensor:
         nonlocal relaunch
+        if (row_scale is not None) != consts["ROW_SCALE"] or (d_scales is not None) != bool(gated):
+            raise ValueError("a run takes row_scale / d_scales exactly when its plan was made with them")
         index = m_index if grouping == M_GROUPED else k_offsets
         # row_scale_ptr and d_scale_ptr: read only by a ROW_SCALE and a GATED plan
         epilogue = (d if row_scale is None else row_scale, d if d_scales is None else d_scales)

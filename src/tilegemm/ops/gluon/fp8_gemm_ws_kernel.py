@@ -92,6 +92,7 @@ _WAVE_M = gl.constexpr(WAVE_M)
 _DENSE = gl.constexpr(DENSE)
 _M_GROUPED = gl.constexpr(M_GROUPED)
 _K_GROUPED = gl.constexpr(K_GROUPED)
+_GATED_SILU = gl.constexpr(GATED_SILU)
 _BLOCK_K = gl.constexpr(BLOCK_K)
 
 
@@ -258,9 +259,9 @@ def _add_c(acc, c_ptr, row, col, N, layout: gl.constexpr):
 
 @gluon.jit
 def _gated(g, u, GATED: gl.constexpr):
-    """``act(g) * u`` in fp32: ``GATED`` 1 SiLU ``g / (1 + exp(-g))``, 2 the tanh GELU ``0.5 g (1 + tanh(t))`` with
-    ``t = sqrt(2/pi) (g + 0.044715 g^3)`` and ``tanh(t) = 1 - 2 / (1 + exp(2t))``."""
-    if GATED == 1:
+    """``act(g) * u`` in fp32: ``GATED_SILU`` ``g / (1 + exp(-g))``, ``GATED_GELU_TANH`` the tanh GELU
+    ``0.5 g (1 + tanh(t))`` with ``t = sqrt(2/pi) (g + 0.044715 g^3)`` and ``tanh(t) = 1 - 2 / (1 + exp(2t))``."""
+    if GATED == _GATED_SILU:
         return g / (1.0 + gl.exp(-g)) * u
     else:
         t = 0.7978845608028654 * (g + 0.044715 * g * g * g)
@@ -331,11 +332,13 @@ def _ov_promote(
     SB_COLS: gl.constexpr,
 ):
     """``acc += p * (sa * sb)`` for one step: A's scales of ring slot ``blk`` (rows from ``row``), B's ``sb0`` /
-    ``sb1`` (``SB_COLS``: ``sb0`` one scale per column, ``acc += p * sa[:, None] * sb0[None, :]``)."""
+    ``sb1`` (``SB_COLS``: ``sb0`` the ring of B's column scales, slot ``blk``'s read here, at the promotion, so the
+    [128] vector is not live beside the next step's product tile; ``acc += p * sa[:, None] * sb[None, :]``)."""
     STAGES: gl.constexpr = sa_rows.shape[0]
     sa = sa_rows.index(blk % STAGES).slice(row, _WAVE_M).load(rows0)
     if SB_COLS:
-        acc0 = _pin(acc0 + (p0 * sa[:, None]) * sb0[None, :])
+        sbv = sb0.index(blk % STAGES).load(gl.SliceLayout(0, rows0.parent))
+        acc0 = _pin(acc0 + (p0 * sa[:, None]) * sbv[None, :])
     else:
         acc0 = _pin(acc0 + p0 * (sa * sb0)[:, None])
     if SPLIT:
@@ -377,8 +380,8 @@ def _ov_run(
     for i in gl.static_range(STEPS):
         blk = it + i // WAVES
         if i % WAVES == 0:
-            if SB_COLS:  # the K block's column scales came with the stage
-                sb0 = sb_cols.index(blk % STAGES).load(cols0)
+            if SB_COLS:  # the K block's column scales came with the stage: read at the promotion
+                sb0 = sb_cols
             else:
                 sb0 = _b_scale(sb_ptr, sb_stride, col0, kb + i // WAVES, num_k, num_nb)
             if SPLIT:

@@ -29,7 +29,7 @@ from tilegemm.backend.registry import Unsupported, register_impl
 from tilegemm.heuristics.gluon import K_GROUPED_FP8_WS_DESIGN, M_GROUPED_FP8_WS_DESIGN, MOE_FP8_GATE_UP_WS_DESIGN
 from tilegemm.heuristics.report import print_once
 from tilegemm.ops import operands, plans
-from tilegemm.ops.gluon import fp8_gemm_ws
+from tilegemm.ops.gluon import fp8_gemm_ws, gemm
 from tilegemm.ops.gluon.transpose import transposed
 
 Runner = plans.Runner
@@ -41,10 +41,9 @@ def unsupported_reason(b: tuple[torch.Tensor, torch.Tensor], d: torch.Tensor, us
         return "the psum layout (the kernel reads m_indices)"
     if b[1].shape[-2] != operands.cdiv(b[0].shape[-2], 128):
         return "RHS scales other than one per 128x128 block"
-    if d.dtype not in (torch.bfloat16, torch.float32):
-        return f"output dtype {d.dtype}"
-    if not operands.tma_ready(d):
-        return "the output is not TMA-aligned (row pitch a multiple of 16 bytes, 16-byte base)"
+    reason = gemm.unsupported_reason(1, 1, 1, d)  # the output's dtype and alignment, as the dense calls'
+    if reason is not None:
+        return reason
     if max(*b[0].shape, *d.shape) >= 2**31 or b[0].shape[0] * b[0].shape[1] >= 2**31:
         return "a dimension past int32 (TMA coordinates)"
     return None
