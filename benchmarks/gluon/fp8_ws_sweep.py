@@ -4,6 +4,7 @@ Run on the H200 machine (``source .devbundle/setup.sh``; DeepGEMM built first wi
 ``DG_PREBUILT=1 DG_SKIP_SMOKE=1 bash .devbundle/deepgemm/build.sh``):
 
     PYTHONPATH=src python3 benchmarks/gluon/fp8_ws_sweep.py OUT.json [--variants a_128x128,b_256x128] [--quick]
+        [--rows set|unseen|few] [--no-gluon]
 
 Every implementation's output on a row is compared with the float64 formula (``calc_diff``) before it is timed;
 timing is kernel-only: CUDA-graph replay of calls over input sets rotated past L2, median per call. A row whose
@@ -54,6 +55,21 @@ UNSEEN = [
     (8000, 1536, 7168),
     (12288, 4096, 4096),
     (12288, 14336, 4096),
+]
+#: Few-tile rows (``--rows few``): M 128-512, where 128-row tiles leave SMs idle (64 on 132 for 200x4096).
+FEW = [
+    (128, 4096, 7168),
+    (200, 4096, 8192),
+    (256, 2112, 7168),
+    (256, 4096, 7168),
+    (256, 7168, 2048),
+    (320, 6144, 4096),
+    (384, 2112, 7168),
+    (384, 3072, 8192),
+    (512, 1536, 2048),
+    (512, 2048, 768),
+    (512, 2112, 7168),
+    (512, 4096, 7168),
 ]
 
 
@@ -114,8 +130,9 @@ def main() -> None:
     parser.add_argument("out", help="JSON file to write")
     parser.add_argument("--variants", default=",".join(ws.VARIANTS), help="comma-separated names of ws.VARIANTS")
     parser.add_argument("--quick", action="store_true", help="four rows instead of ten")
-    parser.add_argument("--rows", choices=("set", "unseen"), default="set", help="the DeepSeek rows or UNSEEN")
+    parser.add_argument("--rows", choices=("set", "unseen", "few"), default="set", help="ROWS, UNSEEN or FEW")
     parser.add_argument("--budget-s", type=float, default=210.0, help="start no row after this many seconds")
+    parser.add_argument("--no-gluon", action="store_true", help="leave out fp8_gemm_kernel (the first gluon kernel)")
     parser.add_argument("--rep-ms", type=float, default=25.0, help="timing budget of one implementation on a row")
     args = parser.parse_args()
     names = [v for v in args.variants.split(",") if v]
@@ -123,7 +140,7 @@ def main() -> None:
     dg, why = peers.load_deepgemm("auto")
     print("deepgemm:", why, flush=True)
     rows = []
-    shapes = UNSEEN if args.rows == "unseen" else ROWS
+    shapes = {"set": ROWS, "unseen": UNSEEN, "few": FEW}[args.rows]
     for m, n, k in QUICK if args.quick else shapes:
         if time.time() - t0 > args.budget_s:
             print(f"skipping {m}x{n}x{k}: past the {args.budget_s:.0f} s budget", flush=True)
@@ -136,7 +153,8 @@ def main() -> None:
         for name in names:
             call = functools.partial(_ws, d=d, cfg=ws.VARIANTS[name])
             _timed(row, name, call, sets, d, ref, args.rep_ms)
-        _timed(row, "gluon", functools.partial(_gluon, d=d), sets, d, ref, args.rep_ms)
+        if not args.no_gluon:
+            _timed(row, "gluon", functools.partial(_gluon, d=d), sets, d, ref, args.rep_ms)
         _timed(row, "tilegemm", functools.partial(_public, d=d), sets, d, ref, args.rep_ms)
         _timed(row, "cutile", functools.partial(_cutile, d=d), sets, d, ref, args.rep_ms)
         if dg is not None:
@@ -165,7 +183,7 @@ def main() -> None:
     }
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    impls = names + ["gluon", "tilegemm", "cutile", "deepgemm"]
+    impls = names + ([] if args.no_gluon else ["gluon"]) + ["tilegemm", "cutile", "deepgemm"]
     short = {name: name[:13] for name in impls}
     print("\nTFLOP/s (kernel-only)   " + " ".join(f"{short[i]:>13}" for i in impls))
     for r in rows:

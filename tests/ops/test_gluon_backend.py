@@ -79,27 +79,48 @@ def test_forced_gluon_without_fallback_raises(monkeypatch):
 
 # The warp-specialized kernel (DeepGEMM's recipe, no addend, alpha 1): (M, N, K, gluon the automatic choice?) on 132
 # SMs, with what it measured beside cutile (eager / kernel-only, H200, benchmarks/results/dense-fp8-h200/
-# gluon_forced.json). "off-set": a shape outside the benchmark set.
+# gluon_forced.json for 128x128 tiles; kernel-only, few_tiles_h200.json for 64x128 tiles). "off-set": a shape
+# outside the benchmark set.
 WS_RULE_CASES = [
-    (256, 2048, 768, False),  # 32 tiles: 0.89x / 0.74x
-    (256, 4096, 7168, False),  # 64 tiles: 0.94x / 0.98x
-    (256, 2112, 7168, False),  # 34 tiles: 0.78x / 0.75x
+    (256, 2048, 768, False),  # 32 tiles: 0.89x / 0.74x; 64 64-row tiles, under the bar
+    (256, 4096, 7168, True),  # 64 tiles: 0.94x / 0.98x; 128 64-row tiles: 1.19x
+    (256, 2112, 7168, False),  # 34 tiles: 0.78x / 0.75x; 68 64-row tiles: 0.98x
     (256, 7168, 2048, True),  # 112 tiles: 1.23x / 1.21x
     (256, 32768, 512, True),  # 1.34x / 1.44x
     (256, 7168, 16384, True),  # 1.38x / 1.39x
-    (512, 2048, 768, True),  # 64 tiles, 2.9 tile-steps per SM: 1.10x / 1.16x
-    (512, 1536, 2048, True),  # 48 tiles: 1.34x / 1.52x
+    (512, 2048, 768, True),  # 64 tiles, 2.9 tile-steps per SM: 1.10x / 1.16x; 64-row tiles: 1.26x
+    (512, 1536, 2048, True),  # 48 tiles: 1.34x / 1.52x; 64-row tiles: 1.69x
     (512, 2112, 7168, True),  # 68 tiles: 1.56x / 1.55x
     (2048, 2048, 768, True),  # 1.32x / 1.44x
     (4096, 1536, 2048, True),  # 1.77x / 1.84x
     (8192, 8192, 8192, True),  # 1.47x / 1.52x
     (128, 7168, 16384, False),  # a decode size
-    (255, 7168, 2048, False),
+    (128, 4096, 7168, False),  # off-set: 64 64-row tiles, 0.99x
+    (200, 4096, 8192, True),  # off-set: 128 64-row tiles, 1.55x
+    (320, 6144, 4096, True),  # off-set: 240 64-row tiles, 1.32x
+    (384, 3072, 8192, True),  # off-set: 72 tiles, 1.56x
+    (255, 7168, 2048, True),  # off-set: 112 tiles
     (384, 7168, 2048, True),  # off-set: 168 tiles
-    (384, 2112, 7168, False),  # off-set: 51 tiles below 512 rows
+    (384, 2112, 7168, True),  # off-set: 102 64-row tiles
     (1024, 256, 7168, False),  # off-set: 16 tiles
     (1024, 512, 512, False),  # off-set: 32 tiles x 4 K blocks, under the fewest measured
+    (191, 7168, 7168, False),  # off-set: under DENSE_FP8_WS_MIN_M
 ]
+
+
+@pytest.mark.parametrize(
+    "m, n, design",
+    [
+        (200, 4096, "e_64x128_ov2"),  # one round of 64 tiles -> one of 128
+        (320, 6144, "e_64x128_ov2"),  # two rounds (144 tiles) -> two (240)
+        (384, 3072, "d_128x128_ov4"),  # one round (72) -> two (144)
+        (512, 4096, "d_128x128_ov4"),  # one round (128) -> two (256)
+        (4096, 7168, "d_128x128_ov4"),
+    ],
+)
+def test_dense_fp8_ws_design(m, n, design):
+    """64x128 tiles where their rounds over the SMs cost less than the 128x128 tiles' (a 64-row round: 0.8)."""
+    assert gluon.dense_fp8_ws_design(m, n, 132) == design
 
 
 @pytest.mark.parametrize("m, n, k, automatic", WS_RULE_CASES)

@@ -23,14 +23,18 @@ BARRIER_BYTES = 1024  # the ring's mbarriers, with room to spare
 
 # The automatic choice of the dense FP8 kernels, one reason a line (the rows: benchmarks/results/dense-fp8-h200/ for
 # the warp-specialized kernel, benchmarks/results/gluon/README.md for fp8_gemm_kernel).
-#: Both kernels' tiles are 128 rows: below 256, cutile's decode kernels (swap-AB, split-K) serve.
+#: ``fp8_gemm_kernel``'s tiles are 128 rows: below 256, cutile's decode kernels (swap-AB, split-K) serve.
 DENSE_FP8_MIN_M = 256
-#: The ws kernel from this many 128x128 output tiles per SM: it does not split K, and at 256 rows cutile's split-K
-#: plans win with fewer (64 tiles on 132 SMs: 0.94x eager; 112 tiles: 1.23x).
+#: The ws kernel from this many rows: with 64-row tiles it beats cutile's split-K plans at 200x4096x8192 (1.55x
+#: kernel-only), and ties them at 128 rows (benchmarks/results/dense-fp8-h200/few_tiles_h200.json).
+DENSE_FP8_WS_MIN_M = 192
+#: The ws kernel from this many output tiles (of the design :func:`dense_fp8_ws_design` picks) per SM: it does not
+#: split K, and below 384 rows cutile's split-K plans win with fewer (64 128x128 tiles on 132 SMs: 0.94x eager;
+#: 68 64x128 tiles: 0.98x kernel-only; 112 128x128 tiles: 1.23x; 128 64x128 tiles: 1.19x).
 DENSE_FP8_WS_MIN_TILES_PER_SM = 0.75
-#: From 512 rows the ws kernel wins with fewer tiles (every measured row, 48-68 tiles included: 1.34-1.56x eager),
-#: down to this many per SM (the fewest measured).
-DENSE_FP8_WS_MIN_TILES_PER_SM_FROM_512 = 0.35
+#: From 384 rows the ws kernel wins with fewer tiles (every measured row, 48-72 tiles included: 1.34-1.56x), down
+#: to this many per SM (the fewest measured).
+DENSE_FP8_WS_MIN_TILES_PER_SM_FROM_384 = 0.35
 #: ...and with at least this many tile-steps (tiles x K blocks) per SM (the fewest measured: 2.9, 1.10x eager).
 DENSE_FP8_WS_MIN_STEPS_PER_SM = 2.5
 #: ``fp8_gemm_kernel``: fewer tile-steps per SM and cutile's split-K plans fill the machine better (384 on 132 lost).
@@ -41,6 +45,13 @@ DENSE_FP8_MIN_TILES_PER_SM = 0.5
 #: relaunched through :class:`tilegemm.ops.gluon.tma.Relaunch`): from here every measured row won eager too.
 DENSE_FP8_MIN_FLOPS = 2e10
 
+
+#: The ws kernel's design for dense calls whose 128x128 tiles would leave SMs idle (:func:`dense_fp8_ws_design`):
+#: 64x128 tiles (the two MMA warpgroups split the columns), the next K block's wgmma in flight in runs of 2.
+DENSE_FP8_WS_SHORT_DESIGN = "e_64x128_ov2"
+#: The time of a 64x128 tile over a 128x128 one's on an SM (H200, the few-tile rows where both fill the SMs in one
+#: round: 0.81; benchmarks/results/dense-fp8-h200/few_tiles_h200.json).
+WS_SHORT_TILE_COST = 0.8
 
 #: The design of the warp-specialized FP8 kernel (``ops/gluon/fp8_gemm_ws.py``, by its ``VARIANTS`` name) the dense
 #: FP8 calls run where it computes what they ask (:func:`takes_ws_kernel`): 128x128 tiles, persistent, each K block's
@@ -123,13 +134,26 @@ def prefers_dense_fp8(m: int, n: int, k: int, num_sms: int, ws: bool = True) -> 
     return kernel_faster_dense_fp8(m, n, k, num_sms)
 
 
+def dense_fp8_ws_design(m: int, n: int, num_sms: int) -> str:
+    """The ws kernel's design for a dense [M, K] x [N, K] call on ``num_sms`` SMs: 64x128 tiles
+    (:data:`DENSE_FP8_WS_SHORT_DESIGN`) where their rounds over the SMs, each costing :data:`WS_SHORT_TILE_COST` of
+    a 128-row round, take less time than the 128x128 tiles' rounds; else :data:`DENSE_FP8_WS_DESIGN`. (One round of
+    64 128x128 tiles on 132 SMs becomes one round of 128 64-row tiles; 144 tiles, two rounds, become 240 in two.)"""
+    num_sms = max(num_sms, 1)  # 0 where no GPU is seen (plans recorded on a CPU)
+    rounds = cdiv(cdiv(m, BLOCK_M) * cdiv(n, 128), num_sms)
+    short_rounds = cdiv(cdiv(m, BLOCK_M // 2) * cdiv(n, 128), num_sms)
+    return DENSE_FP8_WS_SHORT_DESIGN if short_rounds * WS_SHORT_TILE_COST < rounds else DENSE_FP8_WS_DESIGN
+
+
 def ws_kernel_faster(m: int, n: int, k: int, num_sms: int) -> bool:
-    """True where the warp-specialized kernel beats cutile's kernels: 128-row tiles, enough of them for the SMs
-    (:data:`DENSE_FP8_WS_MIN_TILES_PER_SM`, fewer from 512 rows) and enough tile-steps per SM."""
-    tiles = cdiv(m, BLOCK_M) * cdiv(n, 128)
-    if m < DENSE_FP8_MIN_M or tiles * cdiv(k, BLOCK_K) < DENSE_FP8_WS_MIN_STEPS_PER_SM * num_sms:
+    """True where the warp-specialized kernel beats cutile's kernels: from :data:`DENSE_FP8_WS_MIN_M` rows, enough
+    output tiles of the design it runs (:func:`dense_fp8_ws_design`) for the SMs
+    (:data:`DENSE_FP8_WS_MIN_TILES_PER_SM`, fewer from 384 rows) and enough tile-steps per SM."""
+    rows = BLOCK_M // 2 if dense_fp8_ws_design(m, n, num_sms) == DENSE_FP8_WS_SHORT_DESIGN else BLOCK_M
+    tiles = cdiv(m, rows) * cdiv(n, 128)
+    if m < DENSE_FP8_WS_MIN_M or tiles * cdiv(k, BLOCK_K) < DENSE_FP8_WS_MIN_STEPS_PER_SM * num_sms:
         return False
-    least = DENSE_FP8_WS_MIN_TILES_PER_SM_FROM_512 if m >= 512 else DENSE_FP8_WS_MIN_TILES_PER_SM
+    least = DENSE_FP8_WS_MIN_TILES_PER_SM_FROM_384 if m >= 384 else DENSE_FP8_WS_MIN_TILES_PER_SM
     return tiles >= least * num_sms
 
 

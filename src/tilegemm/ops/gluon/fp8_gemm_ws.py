@@ -5,8 +5,8 @@ with ``m_index``, the m-grouped contiguous form ``D[r] = A[r] @ B[m_index[r]].T`
 triton's JIT with :func:`ws_descriptors`, later runs go to the compiled kernel. Tests and benchmarks run a
 fresh plan (``ws_plan(a, b, d, cfg)(a, b, d)``); the gluon backend's ``fp8_fp4_gemm_*`` and
 ``m_grouped_fp8_fp4_gemm_{nt,nn}_contiguous`` keep plans (:mod:`tilegemm.ops.gluon.gemm`,
-:mod:`tilegemm.ops.gluon.grouped`). :data:`VARIANTS` names the designs; the backend runs
-:data:`tilegemm.heuristics.gluon.DENSE_FP8_WS_DESIGN`.
+:mod:`tilegemm.ops.gluon.grouped`). :data:`VARIANTS` names the designs; the backend runs the one
+:func:`tilegemm.heuristics.gluon.dense_fp8_ws_design` picks.
 """
 
 from __future__ import annotations
@@ -42,10 +42,12 @@ GATED_ACTIVATIONS = {"silu": GATED_SILU, "gelu_tanh": GATED_GELU_TANH}
 class WsConfig(NamedTuple):
     """One launch of :func:`fp8_gemm_ws_kernel`.
 
-    ``block_n`` 128 or 192 (128 + 64 sub-tiles); ``waves`` 1 (128-row tile) or 2 (256 rows); ``persistent``: grid of
-    at most one CTA per SM; ``overlap``: K blocks per software-pipelined run with the next step's wgmma before the
-    current promotion (0: off; 1, 2, 4 or 8); ``stages``: ring depth,
-    0 for the deepest that fits; ``group_m``: row tiles per column sweep; ``loader_regs``: the TMA warp's registers.
+    ``block_n`` 128 or 192 (128 + 64 sub-tiles); ``waves`` 1 (one wave a tile) or 2 (two 128-row waves: 256 rows);
+    ``wave_m``: rows of a wave, 128 (each MMA warpgroup 64 of them) or 64 (the one wave of a 128-wide tile, each
+    warpgroup 64 of its columns: twice the tiles of a short M, for SMs a 128-row tiling leaves idle);
+    ``persistent``: grid of at most one CTA per SM; ``overlap``: K blocks per software-pipelined run with the next
+    step's wgmma before the current promotion (0: off; 1, 2, 4 or 8); ``stages``: ring depth, 0 for the deepest that
+    fits; ``group_m``: row tiles per column sweep; ``loader_regs``: the TMA warp's registers.
     """
 
     block_n: int = 128
@@ -55,11 +57,17 @@ class WsConfig(NamedTuple):
     stages: int = 0
     group_m: int = 8
     loader_regs: int = 56
+    wave_m: int = WAVE_M
+
+    @property
+    def block_m(self) -> int:
+        """Rows of a tile."""
+        return self.wave_m * self.waves
 
 
 #: The designs of the prototype, by name: (a) the MMA warpgroups in the default partition, (b) 256x128 as two waves,
 #: persistent, (c) 128x192 from 128 + 64 sub-tiles, (d) the next step's wgmma before the promotion (runs of 2 or 4
-#: K blocks), and mixes.
+#: K blocks), (e) 64x128 (one 64-row wave, the warpgroups splitting its columns), and mixes.
 VARIANTS: dict[str, WsConfig] = {
     "a_128x128": WsConfig(block_n=128, waves=1, persistent=False),
     "a_128x128_p": WsConfig(block_n=128, waves=1, persistent=True),
@@ -70,6 +78,9 @@ VARIANTS: dict[str, WsConfig] = {
     "bd_256x128_ov": WsConfig(block_n=128, waves=2, persistent=True, overlap=1),
     "c_128x192": WsConfig(block_n=192, waves=1, persistent=True),
     "cd_128x192_ov": WsConfig(block_n=192, waves=1, persistent=True, overlap=2),
+    "e_64x128_p": WsConfig(block_n=128, waves=1, persistent=True, wave_m=64),
+    "e_64x128_ov2": WsConfig(block_n=128, waves=1, persistent=True, overlap=2, wave_m=64),
+    "e_64x128_ov4": WsConfig(block_n=128, waves=1, persistent=True, overlap=4, wave_m=64),
 }
 
 
@@ -90,13 +101,13 @@ class Problem(NamedTuple):
 def stage_bytes(cfg: WsConfig, grouping: int = DENSE, gated: bool = False) -> int:
     """Shared memory of one ring stage: the A and B tiles (gated: two B tiles, gate and up) and A's scales
     (k-grouped: and B's)."""
-    scales = 4 * WAVE_M * cfg.waves + (4 * cfg.block_n if grouping == K_GROUPED else 0)
-    return (WAVE_M * cfg.waves + cfg.block_n * (2 if gated else 1)) * BLOCK_K + scales
+    scales = 4 * cfg.block_m + (4 * cfg.block_n if grouping == K_GROUPED else 0)
+    return (cfg.block_m + cfg.block_n * (2 if gated else 1)) * BLOCK_K + scales
 
 
 def staging_bytes(cfg: WsConfig, out_bytes: int) -> int:
     """Shared memory of the output staging tiles (one wave of every sub-tile)."""
-    return WAVE_M * cfg.block_n * out_bytes
+    return cfg.wave_m * cfg.block_n * out_bytes
 
 
 def max_stages(cfg: WsConfig, out_bytes: int, grouping: int = DENSE, gated: bool = False) -> int:
@@ -109,12 +120,16 @@ def ws_config(problem: Problem, cfg: WsConfig | None = None) -> WsConfig:
     deepest that fits when ``cfg.stages`` is 0, else no deeper than fits. A grouped call takes one wave (a
     k-grouped one, 128-wide tiles)."""
     cfg = cfg or WsConfig()
+    if cfg.wave_m not in (64, WAVE_M) or (cfg.wave_m == 64 and (cfg.waves != 1 or cfg.block_n != 128)):
+        raise ValueError(f"{cfg}: a wave is 128 rows, or 64 as the one wave of a 128-wide tile")
     if problem.grouping != DENSE and cfg.waves != 1:
-        raise ValueError(f"{cfg}: a grouped call runs 128-row tiles (waves=1), one group each")
+        raise ValueError(f"{cfg}: a grouped call runs one wave a tile (waves=1), one group each")
+    if problem.grouping == K_GROUPED and cfg.wave_m != WAVE_M:
+        raise ValueError(f"{cfg}: a k-grouped call runs 128-row tiles")
     if problem.grouping == K_GROUPED and cfg.block_n != 128:
         raise ValueError(f"{cfg}: a k-grouped call runs 128-wide tiles")
-    if problem.gated and (cfg.block_n != 128 or cfg.overlap):
-        raise ValueError(f"{cfg}: a gated call runs 128-wide tiles without the overlap")
+    if problem.gated and (cfg.block_n != 128 or cfg.overlap or cfg.wave_m != WAVE_M):
+        raise ValueError(f"{cfg}: a gated call runs 128x128 tiles without the overlap")
     out_bytes = torch.empty(0, dtype=problem.out_dtype).element_size()
     deepest = min(max_stages(cfg, out_bytes, problem.grouping, bool(problem.gated)), 8)
     if deepest < 2:
@@ -127,13 +142,13 @@ def block_shapes(cfg: WsConfig) -> dict[str, list[int]]:
     D's wide and narrow sub-tiles."""
     narrow = NARROW_N if cfg.block_n == 192 else 128
     return {
-        "a": [WAVE_M * cfg.waves, BLOCK_K],
+        "a": [cfg.block_m, BLOCK_K],
         "b0": [128, BLOCK_K],
         "b1": [narrow, BLOCK_K],
-        "sa": [1, WAVE_M * cfg.waves],
+        "sa": [1, cfg.block_m],
         "sb": [1, 128],
-        "d0": [WAVE_M, 128],
-        "d1": [WAVE_M, narrow],
+        "d0": [cfg.wave_m, 128],
+        "d1": [cfg.wave_m, narrow],
     }
 
 
@@ -277,7 +292,7 @@ def ws_descriptors(cfg: WsConfig, ops: Operands, grouping: int) -> dict[str, Any
 
 def ws_grid(cfg: WsConfig, problem: Problem, num_sms: int) -> tuple[int]:
     """One CTA per output tile, or at most one per SM when persistent."""
-    tiles = operands.cdiv(problem.m, WAVE_M * cfg.waves) * operands.cdiv(problem.n, cfg.block_n)
+    tiles = operands.cdiv(problem.m, cfg.block_m) * operands.cdiv(problem.n, cfg.block_n)
     if problem.grouping == K_GROUPED:
         tiles *= problem.groups
     return (max(1, min(tiles, num_sms)) if cfg.persistent else tiles,)

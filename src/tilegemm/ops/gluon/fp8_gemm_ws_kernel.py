@@ -9,7 +9,9 @@ Layout of warps (``gl.warp_specialize``):
 
 * the DEFAULT partition holds the MMA warps: 8 warps, two warpgroups. A 128-row wave is one ``warpgroup_mma``
   over the 8 warps (each warpgroup owns 64 of its rows); ``WAVES`` = 2 makes the tile 256 rows, each warpgroup
-  running its two 64-row halves one after the other on the same B tile. The default partition gets every
+  running its two 64-row halves one after the other on the same B tile. A 64-row wave (A's box 64 rows: the one
+  wave of a 128-wide tile, dense or m-grouped, not gated) splits the tile's columns instead, each warpgroup 64 of
+  them (m64n64k32, both reading the same A), which doubles the tiles of a short M. The default partition gets every
   register the worker leaves (``setmaxnreg``), so the accumulators fit without spilling;
 * one worker warp streams A, B and A's scales by TMA into a ``STAGES``-deep ring (``ready`` / ``empty``
   mbarriers), with ``LOADER_REGS`` registers.
@@ -33,7 +35,7 @@ waves each wgmma is therefore given the other wave's accumulator as its input ti
 False at run time but not at compile time: the promotion must finish first (ptxas copies the tile: about 64 moves
 a wave, no spills).
 
-``GROUPING`` picks the problem (one 128-row wave a tile in both grouped forms):
+``GROUPING`` picks the problem (one wave a tile in both grouped forms):
 
 * ``DENSE`` (0): one GEMM.
 * ``M_GROUPED`` (1, m-grouped contiguous, DeepGEMM's ``m_indices`` layout): A is the rows of every group, B the
@@ -96,6 +98,17 @@ _GATED_SILU = gl.constexpr(GATED_SILU)
 _BLOCK_K = gl.constexpr(BLOCK_K)
 
 
+@gluon.constexpr_function
+def _acc_layout(wave_m, width, num_warps):
+    """The wgmma accumulator layout of a [``wave_m``, ``width``] tile over the MMA warps: 128 rows, each warpgroup
+    64 of them (m64nWk32); 64 rows, each warpgroup half the columns (m64n(W/2)k32, both reading the same A)."""
+    if wave_m == 128:
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, width, 32])
+    return gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps // 2, 2], instr_shape=[16, width // 2, 32]
+    )
+
+
 @gluon.jit
 def _tile_coords(tile, num_m, num_n, GROUP_M: gl.constexpr):
     """Row and column tile of linear tile ``tile`` in grouped order: ``GROUP_M`` row tiles per column sweep."""
@@ -145,10 +158,12 @@ def _tile_range(M, N, walks, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PERSI
 
 
 @gluon.jit
-def _tile_job(tile, num_m, num_n, group_ptr, num_groups, K, GROUP_M: gl.constexpr, GROUPING: gl.constexpr):
+def _tile_job(
+    tile, num_m, num_n, group_ptr, num_groups, K, BLOCK_M: gl.constexpr, GROUP_M: gl.constexpr, GROUPING: gl.constexpr
+):
     """What linear tile ``tile`` computes: (group, row tile, column tile, first K block, K blocks).
 
-    Dense: group 0, every K block. m-grouped: the group ``group_ptr[pm * 128]`` of its row block, every K block, or
+    Dense: group 0, every K block. m-grouped: the group ``group_ptr[pm * BLOCK_M]`` of its row block, every K block, or
     none for an id outside ``[0, num_groups)`` (-1: padding). k-grouped: the tile's group of the walk and that
     group's K range ``[group_ptr[g], group_ptr[g + 1])``, clamped into ``[0, K]``."""
     per_group = num_m * num_n
@@ -156,7 +171,7 @@ def _tile_job(tile, num_m, num_n, group_ptr, num_groups, K, GROUP_M: gl.constexp
     pm, pn = _tile_coords(tile - walk * per_group, num_m, num_n, GROUP_M)
     num_k = gl.cdiv(K, _BLOCK_K)
     if GROUPING == _M_GROUPED:
-        group = gl.load(group_ptr + pm * _WAVE_M)
+        group = gl.load(group_ptr + pm * BLOCK_M)
         runs = (group >= 0) & (group < num_groups)
         return group, pm, pn, 0, num_k * runs.to(gl.int32)
     elif GROUPING == _K_GROUPED:
@@ -203,7 +218,7 @@ def _loader(
     first, num_tiles, step, num_m, num_n = _tile_range(M, N, walks, BLOCK_M, BLOCK_N, PERSISTENT)
     it = 0
     for tile in range(first, num_tiles, step):
-        group, pm, pn, kb0, tile_k = _tile_job(tile, num_m, num_n, group_ptr, num_groups, K, GROUP_M, GROUPING)
+        group, pm, pn, kb0, tile_k = _tile_job(tile, num_m, num_n, group_ptr, num_groups, K, BLOCK_M, GROUP_M, GROUPING)
         col0, col1 = _b_cols(pn, N, BLOCK_N, GATED)
         b_row = group * N * (2 if GATED else 1) if GROUPING == _M_GROUPED else 0  # m-grouped: the group's rows of B
         for kb in range(kb0, kb0 + tile_k):
@@ -239,9 +254,9 @@ def _store_tile(acc, d_desc, out_smem, row, col):
 
 @gluon.jit
 def _group_rows(acc, m_index, row_scale, row, group, M, rows: gl.constexpr, ROW_SCALE: gl.constexpr):
-    """``acc`` (the 128 rows from ``row``) with the rows whose ``m_index`` entry is not ``group`` set to 0, and each
+    """``acc`` (its rows from ``row``) with the rows whose ``m_index`` entry is not ``group`` set to 0, and each
     row multiplied by its fp32 ``row_scale`` entry when ``ROW_SCALE``."""
-    r = row + gl.arange(0, _WAVE_M, layout=rows)
+    r = row + gl.arange(0, acc.shape[0], layout=rows)
     ids = gl.load(m_index + r, mask=r < M, other=-1)
     if ROW_SCALE:
         acc = acc * gl.load(row_scale + r, mask=r < M, other=0.0)[:, None]
@@ -250,8 +265,8 @@ def _group_rows(acc, m_index, row_scale, row, group, M, rows: gl.constexpr, ROW_
 
 @gluon.jit
 def _add_c(acc, c_ptr, row, col, N, layout: gl.constexpr):
-    """``acc`` plus the [128, width] tile of fp32 C (row pitch N) at (row, col); columns past N read 0."""
-    r = row + gl.arange(0, _WAVE_M, layout=gl.SliceLayout(1, layout))
+    """``acc`` plus the [rows, width] tile of fp32 C (row pitch N) at (row, col); columns past N read 0."""
+    r = row + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, layout))
     c = col + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, layout))
     offs = r.to(gl.int64)[:, None] * N + c[None, :]
     return acc + gl.load(c_ptr + offs, mask=(c < N)[None, :], other=0.0)
@@ -276,7 +291,7 @@ def _store_quantized(h, d_desc, out_smem, d_scale_ptr, row, col, M, rows: gl.con
     scale = gl.maximum(gl.max(gl.abs(h), axis=1), 1e-4) / 448.0
     q = gl.minimum(gl.maximum(gl.div_rn(h, gl.expand_dims(scale, 1)), -448.0), 448.0)
     _store_tile(q, d_desc, out_smem, row, col)
-    r = row + gl.arange(0, _WAVE_M, layout=rows)
+    r = row + gl.arange(0, h.shape[0], layout=rows)
     gl.store(d_scale_ptr + (col // 128).to(gl.int64) * M + r, scale, mask=r < M)
 
 
@@ -288,14 +303,14 @@ def _pin(x):
 
 @gluon.jit
 def _ov_issue(a_ring, b0_ring, b1_ring, ready, blk, row: gl.constexpr, q0, q1, WAIT: gl.constexpr):
-    """Issue the wgmma of ring slot ``blk`` for the 128 rows of A's tile from ``row``, into the product tiles
+    """Issue the wgmma of ring slot ``blk`` for the wave of A's tile from ``row``, into the product tiles
     ``q0`` (and ``q1``, the narrow sub-tile, when B has two), after waiting for the slot's data if ``WAIT``."""
     STAGES: gl.constexpr = a_ring.shape[0]
     SPLIT: gl.constexpr = b1_ring.shape[1] != b0_ring.shape[1]
     s = blk % STAGES
     if WAIT:
         mbarrier.wait(ready.index(s), (blk // STAGES) & 1)
-    a = a_ring.index(s).slice(row, _WAVE_M)
+    a = a_ring.index(s).slice(row, q0.shape[0])
     t0 = warpgroup_mma(a, b0_ring.index(s).permute((1, 0)), q0, use_acc=False, is_async=True)
     if SPLIT:
         t1 = warpgroup_mma(a, b1_ring.index(s).permute((1, 0)), q1, use_acc=False, is_async=True)
@@ -335,7 +350,7 @@ def _ov_promote(
     ``sb1`` (``SB_COLS``: ``sb0`` the ring of B's column scales, slot ``blk``'s read here, at the promotion, so the
     [128] vector is not live beside the next step's product tile; ``acc += p * sa[:, None] * sb[None, :]``)."""
     STAGES: gl.constexpr = sa_rows.shape[0]
-    sa = sa_rows.index(blk % STAGES).slice(row, _WAVE_M).load(rows0)
+    sa = sa_rows.index(blk % STAGES).slice(row, acc0.shape[0]).load(rows0)
     if SB_COLS:
         sbv = sb0.index(blk % STAGES).load(gl.SliceLayout(0, rows0.parent))
         acc0 = _pin(acc0 + (p0 * sa[:, None]) * sbv[None, :])
@@ -376,6 +391,7 @@ def _ov_run(
     STAGES: gl.constexpr = a_ring.shape[0]
     SPLIT: gl.constexpr = b1_ring.shape[1] != b0_ring.shape[1]
     STEPS: gl.constexpr = BLOCKS * WAVES
+    WAVE_M: gl.constexpr = acc00.shape[0]
     ta0, ta1 = _ov_issue(a_ring, b0_ring, b1_ring, ready, it, 0, qa0, qa1, True)
     for i in gl.static_range(STEPS):
         blk = it + i // WAVES
@@ -393,12 +409,12 @@ def _ov_run(
             nxt = it + (i + 1) // WAVES
             if i % 2 == 0:
                 tb0, tb1 = _ov_issue(
-                    a_ring, b0_ring, b1_ring, ready, nxt, ((i + 1) % WAVES) * _WAVE_M, qb0, qb1, (i + 1) % WAVES == 0
+                    a_ring, b0_ring, b1_ring, ready, nxt, ((i + 1) % WAVES) * WAVE_M, qb0, qb1, (i + 1) % WAVES == 0
                 )
                 qa0, qa1 = _ov_wait(ta0, ta1, 1, SPLIT)
             else:
                 ta0, ta1 = _ov_issue(
-                    a_ring, b0_ring, b1_ring, ready, nxt, ((i + 1) % WAVES) * _WAVE_M, qa0, qa1, (i + 1) % WAVES == 0
+                    a_ring, b0_ring, b1_ring, ready, nxt, ((i + 1) % WAVES) * WAVE_M, qa0, qa1, (i + 1) % WAVES == 0
                 )
                 qb0, qb1 = _ov_wait(tb0, tb1, 1, SPLIT)
         else:
@@ -415,7 +431,7 @@ def _ov_run(
         if i % WAVES == 0:
             acc00, acc01 = _ov_promote(acc00, acc01, p0, p1, sa_rows, blk, 0, sb0, sb1, rows0, rows1, SPLIT, SB_COLS)
         else:
-            acc10, _ = _ov_promote(acc10, acc10, p0, p0, sa_rows, blk, _WAVE_M, sb0, sb0, rows0, rows0, False, SB_COLS)
+            acc10, _ = _ov_promote(acc10, acc10, p0, p0, sa_rows, blk, WAVE_M, sb0, sb0, rows0, rows0, False, SB_COLS)
         if i % WAVES == WAVES - 1:
             mbarrier.arrive(empty.index(blk % STAGES), count=1)  # every wgmma reading this stage is complete
     return (acc00, acc01, acc10), (qa0, qa1), (qb0, qb1)
@@ -530,8 +546,9 @@ def _mma_partition(
     BN0: gl.constexpr = b0_ring.shape[1]
     BN1: gl.constexpr = b1_ring.shape[1]
     BLOCK_M: gl.constexpr = a_ring.shape[1]
-    l0: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BN0, 32])
-    l1: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BN1, 32])
+    WAVE_M: gl.constexpr = BLOCK_M // WAVES
+    l0: gl.constexpr = _acc_layout(WAVE_M, BN0, NW)
+    l1: gl.constexpr = _acc_layout(WAVE_M, BN1, NW)
     rows0: gl.constexpr = gl.SliceLayout(1, l0)
     rows1: gl.constexpr = gl.SliceLayout(1, l1)
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
@@ -549,19 +566,19 @@ def _mma_partition(
     chain = K < 0
     it = 0
     for tile in range(first, num_tiles, step):
-        group, pm, pn, kb0, tile_k = _tile_job(tile, num_m, num_n, group_ptr, num_groups, K, GROUP_M, GROUPING)
+        group, pm, pn, kb0, tile_k = _tile_job(tile, num_m, num_n, group_ptr, num_groups, K, BLOCK_M, GROUP_M, GROUPING)
         col0, col1 = _b_cols(pn, N, BLOCK_N, GATED)
         sb_tile = sb_ptr + group * sb_group_stride if GROUPING == _M_GROUPED else sb_ptr
         # Accumulators acc{wave}{sub-tile}; spare{sub-tile}: the product tile the next wgmma overwrites.
-        acc00 = gl.zeros([_WAVE_M, BN0], gl.float32, l0)
-        spare0 = gl.zeros([_WAVE_M, BN0], gl.float32, l0)
+        acc00 = gl.zeros([WAVE_M, BN0], gl.float32, l0)
+        spare0 = gl.zeros([WAVE_M, BN0], gl.float32, l0)
         if WAVES == 2:
-            acc10 = gl.zeros([_WAVE_M, BN0], gl.float32, l0)
+            acc10 = gl.zeros([WAVE_M, BN0], gl.float32, l0)
         if SPLIT:
-            acc01 = gl.zeros([_WAVE_M, BN1], gl.float32, l1)
-            spare1 = gl.zeros([_WAVE_M, BN1], gl.float32, l1)
+            acc01 = gl.zeros([WAVE_M, BN1], gl.float32, l1)
+            spare1 = gl.zeros([WAVE_M, BN1], gl.float32, l1)
         elif GATED:
-            acc01 = gl.zeros([_WAVE_M, BN1], gl.float32, l1)  # the up tile (acc00: the gate tile)
+            acc01 = gl.zeros([WAVE_M, BN1], gl.float32, l1)  # the up tile (acc00: the gate tile)
             spare1 = spare0  # not used: the up wgmma reuses the gate's product tile
         else:
             acc01 = acc00  # not used
@@ -596,8 +613,8 @@ def _mma_partition(
                 if SB_COLS:  # the K block's column scales came with the stage
                     sbv = sb_cols.index(s).load(cols0)
                 for w in gl.static_range(WAVES):
-                    sa = sa_rows.index(s).slice(w * _WAVE_M, _WAVE_M).load(rows0)
-                    a = a_ring.index(s).slice(w * _WAVE_M, _WAVE_M)
+                    sa = sa_rows.index(s).slice(w * WAVE_M, WAVE_M).load(rows0)
+                    a = a_ring.index(s).slice(w * WAVE_M, WAVE_M)
                     if WAVES == 2:
                         if w == 0:
                             tie = acc10
@@ -647,7 +664,7 @@ def _mma_partition(
             if SPLIT:
                 _store_tile(acc01, d1_desc, out1, row, col1)
             if WAVES == 2:
-                _store_tile(acc10, d0_desc, out0, row + _WAVE_M, col0)
+                _store_tile(acc10, d0_desc, out0, row + WAVE_M, col0)
     tma.store_wait(pendings=0)
 
 
@@ -696,7 +713,12 @@ def fp8_gemm_ws_kernel(
     gl.static_assert(BLOCK_N == 128 or BLOCK_N == 192, "BLOCK_N is 128 or 192")
     gl.static_assert(WAVES == 1 or WAVES == 2, "WAVES is 1 or 2")
     gl.static_assert(BLOCK_N == 128 or WAVES == 1, "a 192-wide tile runs one wave")
-    gl.static_assert(GROUPING == _DENSE or WAVES == 1, "a grouped tile is one 128-row wave: one group")
+    gl.static_assert(GROUPING == _DENSE or WAVES == 1, "a grouped tile is one wave: one group")
+    gl.static_assert(
+        a_desc.block_type.shape[0] == _WAVE_M * WAVES
+        or (a_desc.block_type.shape[0] == 64 and WAVES == 1 and BLOCK_N == 128 and GATED == 0),
+        "A's box: 128 rows a wave, or one 64-row wave of a 128-wide tile (not gated)",
+    )
     gl.static_assert(GROUPING != _K_GROUPED or BLOCK_N == 128, "k-grouped: 128-wide tiles")
     gl.static_assert(not ACCUMULATE or GROUPING == _K_GROUPED, "ACCUMULATE: k-grouped only")
     gl.static_assert(not ROW_SCALE or GROUPING == _M_GROUPED, "ROW_SCALE: m-grouped only")

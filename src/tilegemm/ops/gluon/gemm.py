@@ -3,7 +3,7 @@
 The checks hand every layout over in the logical ``nt`` form (a [M, K], b [N, K] views with their scales in
 the same orientation). FP8 wgmma reads K-major operands only, so a view that is not K-major is copied to
 K-major here, as the cutile backend does. Two kernels: the warp-specialized one (:mod:`fp8_gemm_ws`, design
-:data:`tilegemm.heuristics.gluon.DENSE_FP8_WS_DESIGN`) runs DeepGEMM's recipe without an addend,
+:func:`tilegemm.heuristics.gluon.dense_fp8_ws_design`) runs DeepGEMM's recipe without an addend,
 :func:`fp8_gemm_kernel.fp8_gemm_kernel` (config from :func:`tilegemm.heuristics.gluon.dense_fp8_config`) every
 other call. The path, DeepGEMM's shape:
 
@@ -27,9 +27,9 @@ from tilegemm.backend.registry import Unsupported, register_impl
 from tilegemm.heuristics.gluon import (
     BLOCK_K,
     BLOCK_M,
-    DENSE_FP8_WS_DESIGN,
     GluonDenseConfig,
     dense_fp8_config,
+    dense_fp8_ws_design,
     fit_stages,
     takes_ws_kernel,
 )
@@ -137,15 +137,16 @@ def fp8_plan(a, b, d, c, recipe, cfg: GluonDenseConfig | None = None, alpha: flo
 
 
 def _build_ws_plan(a_data, sa, b_data, sb, d) -> Runner:
-    """The launch plan of a call the warp-specialized kernel runs (:data:`DENSE_FP8_WS_DESIGN`)."""
+    """The launch plan of a call the warp-specialized kernel runs, in the design :func:`dense_fp8_ws_design` picks."""
     m, k = a_data.shape
     n = b_data.shape[0]
     reason = unsupported_reason(m, n, k, d)
     if reason is not None:
         raise Unsupported(reason)
-    design = fp8_gemm_ws.VARIANTS[DENSE_FP8_WS_DESIGN]
+    num_sms = config.get_num_sms()
+    design = fp8_gemm_ws.VARIANTS[dense_fp8_ws_design(m, n, num_sms)]
     print_once("fp8_gemm_nt[gluon]", (m, n, k), design)
-    launch_ws = fp8_gemm_ws.ws_plan((a_data, sa), (b_data, sb), d, design, config.get_num_sms())
+    launch_ws = fp8_gemm_ws.ws_plan((a_data, sa), (b_data, sb), d, design, num_sms)
 
     def run(a, b, d, c, alpha, beta, stream=None) -> torch.Tensor:
         return launch_ws(a, b, d, stream)
