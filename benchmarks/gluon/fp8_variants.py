@@ -16,7 +16,7 @@ import time
 import torch
 
 import tilegemm
-from tilegemm.bench import peers, timing
+from tilegemm.bench import device, peers, timing
 from tilegemm.heuristics.gluon import GluonDenseConfig
 from tilegemm.ops.gluon import gemm as ggemm
 from tilegemm.testing import calc_diff, dequant_per_block, dequant_per_token
@@ -131,9 +131,8 @@ def main() -> None:
         torch.cuda.empty_cache()
     print(f"timing took {time.time() - t0:.0f} s")
     meta = {
-        "gpu": torch.cuda.get_device_name(),
-        "date": time.strftime("%Y-%m-%d"),
-        "torch": torch.__version__,
+        **device.describe(),
+        "triton": __import__("triton").__version__,
         "deepgemm": why,
         "timing": "CUDA-graph replay median per call, inputs rotated past L2",
     }

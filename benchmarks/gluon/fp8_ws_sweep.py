@@ -23,7 +23,7 @@ import time
 import torch
 
 import tilegemm
-from tilegemm.bench import peers, timing
+from tilegemm.bench import device, peers, timing
 from tilegemm.heuristics.gluon import GluonDenseConfig
 from tilegemm.ops.gluon import fp8_gemm_ws as ws
 from tilegemm.ops.gluon import gemm as ggemm
@@ -170,9 +170,7 @@ def main() -> None:
         del sets, ref
         torch.cuda.empty_cache()
     meta = {
-        "gpu": torch.cuda.get_device_name(),
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "torch": torch.__version__,
+        **device.describe(),
         "triton": __import__("triton").__version__,
         "deepgemm": why,
         "rows": args.rows,

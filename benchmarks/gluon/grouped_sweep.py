@@ -34,7 +34,7 @@ import time
 import torch
 
 import tilegemm
-from tilegemm.bench import inputs, peers, timing
+from tilegemm.bench import device, inputs, peers, timing
 from tilegemm.bench import k_grouped as k_family
 from tilegemm.bench import m_grouped as family
 from tilegemm.ops.gluon import fp8_gemm_ws as ws
@@ -268,9 +268,7 @@ def main() -> None:
 def finish(args, designs: list[str], why: str, t0: float, results: list[dict]) -> None:
     """Write OUT.json and print the table (TFLOP/s kernel-only; geomean speed against DeepGEMM per kind of row)."""
     meta = {
-        "gpu": torch.cuda.get_device_name(),
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "torch": torch.__version__,
+        **device.describe(),
         "triton": __import__("triton").__version__,
         "deepgemm": why,
         "family": args.family,

@@ -169,6 +169,22 @@ def test_gluon_rule_is_registered_for_the_dense_fp8_gemms():
     assert not any(op.startswith("bf16") for op in choice._RULES)
 
 
+def test_gluon_rules_are_the_rule_functions():
+    """Every rule the gluon heuristics register is one of their ``*_rule`` functions (a helper defined between a
+    ``register_rule`` decorator and its rule would be registered in its place), each for the ops it names."""
+    tilegemm.list_ops()
+    want = {
+        "fp8_fp4_gemm_nt": gluon.dense_fp8_rule,
+        "m_grouped_fp8_fp4_gemm_nt_contiguous": gluon.m_grouped_fp8_rule,
+        "k_grouped_fp8_gemm_tn_contiguous": gluon.k_grouped_fp8_rule,
+        "fp8_moe_experts": gluon.fp8_moe_experts_rule,
+    }
+    for op, rule in want.items():
+        assert rule in choice._RULES[op], op
+    registered = {r for rules in choice._RULES.values() for r in rules if r.__module__ == gluon.__name__}
+    assert all(r.__name__.endswith("_rule") for r in registered), sorted(r.__name__ for r in registered)
+
+
 def test_chooser_keeps_default_without_gluon(monkeypatch):
     monkeypatch.setattr(selector, "gluon_unavailable_reason", lambda: "no CUDA GPU")
     qa = tilegemm.per_token_cast_to_fp8(torch.randn(4096, 256))
