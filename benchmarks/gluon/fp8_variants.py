@@ -132,7 +132,6 @@ def main() -> None:
     print(f"timing took {time.time() - t0:.0f} s")
     meta = {
         **device.describe(),
-        "triton": __import__("triton").__version__,
         "deepgemm": why,
         "timing": "CUDA-graph replay median per call, inputs rotated past L2",
     }

@@ -171,7 +171,6 @@ def main() -> None:
         torch.cuda.empty_cache()
     meta = {
         **device.describe(),
-        "triton": __import__("triton").__version__,
         "deepgemm": why,
         "rows": args.rows,
         "variants": {name: ws.VARIANTS[name]._asdict() for name in names},

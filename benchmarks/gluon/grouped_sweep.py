@@ -269,7 +269,6 @@ def finish(args, designs: list[str], why: str, t0: float, results: list[dict]) -
     """Write OUT.json and print the table (TFLOP/s kernel-only; geomean speed against DeepGEMM per kind of row)."""
     meta = {
         **device.describe(),
-        "triton": __import__("triton").__version__,
         "deepgemm": why,
         "family": args.family,
         "designs": {name: design(name)._asdict() for name in designs},

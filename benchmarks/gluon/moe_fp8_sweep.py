@@ -3,12 +3,15 @@
 Run on the H200 machine (``source .devbundle/setup.sh``):
 
     PYTHONPATH=src python3 benchmarks/gluon/moe_fp8_sweep.py OUT.json [--models a,b] [--rows-per-expert 64,128]
+        [--designs]
 
 and its plot on any machine (matplotlib): ``moe_fp8_sweep.py --plot OUT.json PLOT.png``.
 
 Rows: the benchmark set's three MoE models (``tilegemm.bench.moe.MODELS``) over token counts from 16 to 1024 routed
 rows per expert, the routing a top-k of random scores (balanced). ``tilegemm.fp8_moe_experts`` is called through the
-public API with ``backend="cutile"``, ``backend="gluon"`` and the default (the automatic choice). Each form's output
+public API with ``backend="cutile"``, ``backend="gluon"`` and the default (the automatic choice); ``--designs`` adds
+the gluon form with its GEMM designs forced to the 128-row ones (``gluon128``) and to the 64-row ones (``gluon64``),
+whatever ``moe_fp8_ws_designs`` would pick. Each form's output
 is checked against the other's (``calc_diff``, the harness's FP8 bar: two implementations, each a few e4m3 steps of
 ``h`` from the formula) before it is timed; timing is kernel-only (one call captured in a CUDA graph, replays timed,
 L2 flushed before each) and eager (L2 flushed before each call). Prints a table last and writes every number to
@@ -18,6 +21,7 @@ OUT.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import time
@@ -27,12 +31,31 @@ import torch
 import tilegemm
 from tilegemm.bench import device, timing
 from tilegemm.bench.moe import FP8_BAR, MODELS
+from tilegemm.heuristics import gluon as rules
 from tilegemm.heuristics.gluon import prefers_fp8_moe_experts
+from tilegemm.ops.gluon import moe_fp8 as gluon_moe_fp8
 from tilegemm.testing import calc_diff
 
 #: routed rows per expert of each row: 16 to 1024
 ROWS_PER_EXPERT = (16, 32, 64, 128, 256, 512, 1024)
 FORMS = ("cutile", "gluon", "auto")
+#: ``--designs``: the gluon form with its (gate/up, down) designs forced
+FORCED = {
+    "gluon128": (rules.MOE_FP8_GATE_UP_WS_DESIGN, rules.M_GROUPED_FP8_WS_DESIGN),
+    "gluon64": ("e_64x128_p", "e_64x128_ov2"),
+}
+
+
+@contextlib.contextmanager
+def forced_designs(form: str):
+    """The gluon form's GEMM designs forced for ``form`` (a :data:`FORCED` name; other forms: as chosen)."""
+    chooser = gluon_moe_fp8.moe_fp8_ws_designs
+    if form in FORCED:
+        gluon_moe_fp8.moe_fp8_ws_designs = lambda *_: FORCED[form]
+    try:
+        yield
+    finally:
+        gluon_moe_fp8.moe_fp8_ws_designs = chooser
 
 
 def fp8_weights(experts: int, rows: int, cols: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,7 +110,9 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--rows-per-expert", default=",".join(map(str, ROWS_PER_EXPERT)))
     parser.add_argument("--budget-ms", type=float, default=400.0, help="timing budget per measurement")
+    parser.add_argument("--designs", action="store_true", help="add the gluon form with each design pair forced")
     args = parser.parse_args()
+    forms = FORMS + (tuple(FORCED) if args.designs else ())
     if args.plot:
         plot(*args.plot)
         return
@@ -107,41 +132,43 @@ def main() -> None:
             row = {"model": model, "tokens": t, "rows_per_expert": per_expert, "us": {}, "eager_us": {}}
             row["auto_is_gluon"] = prefers_fp8_moe_experts(t, k, e, h, i)
             outs = {}
-            for form in FORMS:
-                backend = None if form == "auto" else form
+            for form in forms:
+                backend = None if form == "auto" else "gluon" if form in FORCED else form
                 call = lambda b=backend, a=(x, ids, w, w13, w2): tilegemm.fp8_moe_experts(*a, backend=b)  # noqa: E731
-                outs[form] = call()
-                row["us"][form] = timing.graph_ms(call, 1, budget_ms=args.budget_ms) * 1e3
-                row["eager_us"][form] = timing.eager_ms(call, args.budget_ms) * 1e3
+                with forced_designs(form):
+                    outs[form] = call()
+                    row["us"][form] = timing.graph_ms(call, 1, budget_ms=args.budget_ms) * 1e3
+                    row["eager_us"][form] = timing.eager_ms(call, args.budget_ms) * 1e3
             row["calc_diff_gluon_cutile"] = calc_diff(outs["gluon"], outs["cutile"])
-            row["ok"] = row["calc_diff_gluon_cutile"] < FP8_BAR
+            row["calc_diff_to_cutile"] = {f: calc_diff(outs[f], outs["cutile"]) for f in forms if f != "cutile"}
+            row["ok"] = all(v < FP8_BAR for v in row["calc_diff_to_cutile"].values())
             row["gluon_speedup"] = row["us"]["cutile"] / row["us"]["gluon"]
             row["gluon_speedup_eager"] = row["eager_us"]["cutile"] / row["eager_us"]["gluon"]
             flops = 2 * t * k * 3 * h * i
-            row["tflops"] = {f: flops / row["us"][f] / 1e6 for f in FORMS}
+            row["tflops"] = {f: flops / row["us"][f] / 1e6 for f in forms}
             results.append(row)
             print(f"{model:>14} T={t:6d} ({per_expert:4d}/expert) cutile {row['us']['cutile']:9.1f} us  gluon "
                   f"{row['us']['gluon']:9.1f} us  x{row['gluon_speedup']:.2f} (eager x{row['gluon_speedup_eager']:.2f})"
-                  f"  diff {row['calc_diff_gluon_cutile']:.1e}  [{time.time() - t0:.0f} s]", flush=True)  # fmt: skip
+                  + "".join(f"  {f} {row['us'][f]:.1f} us" for f in forms[3:])
+                  + f"  diff {row['calc_diff_gluon_cutile']:.1e}  [{time.time() - t0:.0f} s]", flush=True)  # fmt: skip
         w13 = w2 = outs = None
         torch.cuda.empty_cache()
     meta = {
         **device.describe(),
-        "triton": __import__("triton").__version__,
         "forms": "cutile: fused epilogue (ops/cutile/moe_fp8.py); gluon: m-grouped GEMMs (ops/gluon/moe_fp8.py); "
-        "auto: the public call with default settings",
+        "auto: the public call with default settings; gluon128 / gluon64: the gluon form with its designs forced "
+        f"({FORCED})",
         "timing": "us: one call in a CUDA graph, replay median, L2 flushed before each; eager_us: L2 flushed too",
         "tflops": "2 * T * k * 3 * H * I / kernel-only time (routed rows only)",
         "seconds": round(time.time() - t0, 1),
     }
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "rows": results}, f, indent=1)
-    print(
-        f"\n{'model':>14} {'T':>6} {'r/e':>5} {'cutile us':>10} {'gluon us':>10} {'auto us':>10} {'x':>6} {'x eag':>6}"
-    )
+    head = "".join(f" {f + ' us':>12}" for f in forms)
+    print(f"\n{'model':>14} {'T':>6} {'r/e':>5}{head} {'x':>6} {'x eag':>6}")
     for r in results:
-        print(f"{r['model']:>14} {r['tokens']:6d} {r['rows_per_expert']:5d} {r['us']['cutile']:10.1f} "
-              f"{r['us']['gluon']:10.1f} {r['us']['auto']:10.1f} {r['gluon_speedup']:6.2f} "
+        cells = "".join(f" {r['us'][f]:12.1f}" for f in forms)
+        print(f"{r['model']:>14} {r['tokens']:6d} {r['rows_per_expert']:5d}{cells} {r['gluon_speedup']:6.2f} "
               f"{r['gluon_speedup_eager']:6.2f}{'' if r['ok'] else '  DIFF'}")  # fmt: skip
     print(f"wrote {args.out} ({time.time() - t0:.0f} s)")
 

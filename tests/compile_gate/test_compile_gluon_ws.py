@@ -26,17 +26,22 @@ import torch
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
 
 from compile_gate.sass import cuobjdump_path, dump_sass, loop_bodies, opcode_counts, sass_summary  # noqa: E402
+from tilegemm.heuristics import gluon as gluon_rules  # noqa: E402
 from tilegemm.ops.gluon import aot, fp8_gemm_ws_kernel, grouped, transpose  # noqa: E402
 from tilegemm.ops.gluon import fp8_gemm_ws as ws  # noqa: E402
 
-GOOD = ["a_128x128", "a_128x128_p", "d_128x128_ov", "d_128x128_ov4", "b_256x128", "b_256x128_np", "c_128x192"]
-GOOD += ["e_64x128_p", "e_64x128_ov2", "e_64x128_ov4"]
+GOOD = ["a_128x128", "a_128x128_p", "d_128x128_ov", "d_128x128_ov4", "d_128x128_ov8", "b_256x128", "b_256x128_np"]
+GOOD += ["c_128x192"]
+GOOD += ["e_64x128_p", "e_64x128_ov2", "e_64x128_ov4", "f_128x64_p", "f_128x64_ov2", "f_128x64_ov4"]
 SPILLING_OVERLAP = ["bd_256x128_ov", "cd_128x192_ov"]
 #: the one-wave designs an m-grouped call may run (the shipped one first)
 GROUPED = ["d_128x128_ov4", "a_128x128_p", "c_128x192"]
 #: the designs a k-grouped call may run (the shipped one first): with B's column scales read at the promotion, the
 #: runs of 2 keep within the registers
 K_GROUPED = ["d_128x128_ov", "a_128x128_p"]
+#: the fused FP8 experts' gate/up designs (the gated form) and down designs (rows scaled): 128-row and 64-row tiles
+GATED = [gluon_rules.MOE_FP8_GATE_UP_WS_DESIGN, "e_64x128_p"]
+ROW_SCALED = [gluon_rules.M_GROUPED_FP8_WS_DESIGN, "e_64x128_ov2"]
 
 
 def ffma_under_mma(loop: list[str]) -> int:
@@ -108,9 +113,10 @@ def facts():
         (name, f"+k{'acc' if acc else ''}", ws.K_GROUPED, f32, acc) for name in K_GROUPED for acc in (False, True)
     ]
     # the fused FP8 experts' GEMMs (ops/gluon/moe_fp8.py): gate/up with the activation, down with the routing weights
-    up, f8 = grouped.MOE_FP8_GATE_UP_WS_DESIGN, torch.float8_e4m3fn
-    builds += [(up, f"+gated_{act}", ws.M_GROUPED, f8, False) for act in ws.GATED_ACTIVATIONS]
-    builds += [(grouped.M_GROUPED_FP8_WS_DESIGN, "+row_scale", ws.M_GROUPED, bf16, False)]
+    f8 = torch.float8_e4m3fn
+    for up in GATED:
+        builds += [(up, f"+gated_{act}", ws.M_GROUPED, f8, False) for act in ws.GATED_ACTIVATIONS]
+    builds += [(down, "+row_scale", ws.M_GROUPED, bf16, False) for down in ROW_SCALED]
     for name, suffix, grouping, out, accumulate in builds:
         key = name + suffix
         try:
@@ -142,21 +148,23 @@ def test_ws_grouped_sass(facts, name):
     _check_good(ws.VARIANTS[name], _get(facts, f"{name}+grouped"))
 
 
-def test_ws_row_scale_sass(facts):
+@pytest.mark.parametrize("name", ROW_SCALED)
+def test_ws_row_scale_sass(facts, name):
     """The fused FP8 experts' down GEMM (each row scaled by its routing weight) keeps the m-grouped design's SASS."""
-    _check_good(
-        ws.VARIANTS[grouped.M_GROUPED_FP8_WS_DESIGN], _get(facts, grouped.M_GROUPED_FP8_WS_DESIGN + "+row_scale")
-    )
+    _check_good(ws.VARIANTS[name], _get(facts, name + "+row_scale"))
 
 
 @pytest.mark.parametrize("activation", list(ws.GATED_ACTIVATIONS))
-def test_ws_gated_sass(facts, activation):
+@pytest.mark.parametrize("name", GATED)
+def test_ws_gated_sass(facts, name, activation):
     """The fused FP8 experts' gate/up GEMM (the gated form): per K block four QGMMA for the gate tile and four for the
-    up tile, each four in one group; two accumulators and one product tile within the budget, no spills; A, the two B
-    sub-tiles and A's scales by TMA, h stored by one TMA store."""
-    f = _get(facts, f"{grouped.MOE_FP8_GATE_UP_WS_DESIGN}+gated_{activation}")
+    up tile, each four in one group (a 64-row tile: each warpgroup 64 of the columns); two accumulators and one
+    product tile within the budget, no spills; A, the two B sub-tiles and A's scales by TMA, h stored by one TMA
+    store."""
+    f = _get(facts, f"{name}+gated_{activation}")
+    shape = "QGMMA.64x128x32" if ws.VARIANTS[name].wave_m == 128 else "QGMMA.64x64x32"
     assert f["usetmaxreg"] >= 1 and f["stl"] == f["ldl"] == 0, "setmaxnreg, no spills"
-    assert f["qgmma_k_loop"] == 8 and f["qgmma_shapes"] == ["QGMMA.64x128x32"] and f["gmma_group_min"] == 4
+    assert f["qgmma_k_loop"] == 8 and f["qgmma_shapes"] == [shape] and f["gmma_group_min"] == 4
     assert 0 < f["max_register"] < f["mma_budget"] <= 240
     assert f["shared_bytes"] <= ws.SMEM_BYTES and f["ffma_under_mma"] == 0
     assert f["utmaldg"] == 4 and f["utmastg"] == 1
@@ -196,6 +204,7 @@ def test_the_grouped_ops_run_gated_designs():
     assert grouped.M_GROUPED_FP8_WS_DESIGN in GROUPED
     assert grouped.K_GROUPED_FP8_WS_DESIGN in K_GROUPED
     assert grouped.MOE_FP8_GATE_UP_WS_DESIGN in GOOD
+    assert set(GATED + ROW_SCALED) <= set(GOOD)
 
 
 def _check_good(cfg: ws.WsConfig, f: dict) -> None:
@@ -205,19 +214,19 @@ def _check_good(cfg: ws.WsConfig, f: dict) -> None:
     per_wave = 4 + (4 if cfg.block_n == 192 else 0)
     blocks = max(cfg.overlap, 1)  # K blocks per iteration of the K loop
     assert f["qgmma_k_loop"] == blocks * cfg.waves * per_wave, "QGMMA m64nNk32 per K block: 4 per 128-wide sub-tile"
-    # a 64-row wave: each warpgroup its 64 columns of the 128-wide tile
-    wide = "QGMMA.64x128x32" if cfg.wave_m == 128 else "QGMMA.64x64x32"
+    # a 64-row wave: each warpgroup its 64 columns of the 128-wide tile; a 64-wide tile: its 64 rows of 64 columns
+    wide = "QGMMA.64x128x32" if cfg.wave_m == 128 and cfg.block_n != 64 else "QGMMA.64x64x32"
     want = {wide} | ({"QGMMA.64x64x32"} if cfg.block_n == 192 else set())
     assert set(f["qgmma_shapes"]) == want
     assert f["gmma_group_min"] == 4, "each sub-tile's four wgmma in one group (ptxas did not serialize them)"
     assert 0 < f["max_register"] < f["mma_budget"] <= 240, "registers within the default partition's budget"
     assert f["shared_bytes"] <= ws.SMEM_BYTES
     assert f["utmaldg"] == 3 + (cfg.block_n == 192), "A, B (one or two sub-tiles) and A's scales by TMA"
-    if cfg.overlap and cfg.wave_m == 128:
+    if cfg.overlap and wide == "QGMMA.64x128x32":
         # every promotion of a run but the last runs while the next step's group is in flight (64 FFMA a step)
         assert f["ffma_under_mma"] == 64 * (blocks * cfg.waves - 1), "promotion under the next wgmma"
     elif cfg.overlap:
-        # 32 FFMA a step at 64 rows; ptxas sinks a few of a run's first promotion below the last wait
+        # 32 FFMA a step at 64x128 and 128x64; ptxas sinks a few of a run's first promotion below the last wait
         assert 0.6 * 32 * (blocks - 1) <= f["ffma_under_mma"] <= 32 * (blocks - 1), "promotion under the next wgmma"
     else:
         assert f["ffma_under_mma"] == 0

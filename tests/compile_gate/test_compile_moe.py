@@ -115,7 +115,8 @@ def _block_variants():
     tiles = moe_blocks.ROUTE_SC, moe_blocks.ROUTE_EC
     for id_dtype in (ct.int64, ct.int32):
         ids, n = aot.array(id_dtype, 1, align_bytes=4), aot.scalar(ct.int32)
-        rows = [_index(2), _index(), aot.array(ct.float32, 1, align_bytes=4)]  # counts, row_token, row_weight
+        # counts, row_token, row_weight, row_group
+        rows = [_index(2), _index(), aot.array(ct.float32, 1, align_bytes=4), _index()]
         out.append((f"blocks-route-count-{id_dtype}", "count", [ids, *rows, n, n, *tiles, moe_blocks.ROUTE_RC]))
         for w_dtype in (ct.float32, bf):
             w = aot.array(w_dtype, 1, align_bytes=2)

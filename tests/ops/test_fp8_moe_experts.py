@@ -254,6 +254,22 @@ def test_gluon_matches_formula(activation, shape):
     assert torch.equal(out, tilegemm.fp8_moe_experts(*args, activation=activation, backend="gluon"))
 
 
+@pytest.mark.usefixtures("gluon_form")
+@pytest.mark.gpu
+def test_gluon_short_tiles_skewed(monkeypatch):
+    """The 64-row designs (forced) where one expert takes most tokens: its blocks run both 64-row tiles, the last
+    partly padding; the others' second halves are skipped. Against the formula, reruns bitwise."""
+    from tilegemm.ops.gluon import moe_fp8
+
+    monkeypatch.setattr(moe_fp8, "moe_fp8_ws_designs", lambda *_: ("e_64x128_p", "e_64x128_ov2"))
+    t, k, e, h, i = 150, 1, 8, 256, 256
+    x, ids, weights, w13, w2 = _inputs(t, k, e, h, i, False, "cuda", seed=5)
+    ids = torch.where(torch.arange(t, device="cuda")[:, None] < 140, 3, ids)  # 140+ rows: blocks of 128 and 12+
+    out = tilegemm.fp8_moe_experts(x, ids, weights, w13, w2, backend="gluon")
+    assert calc_diff(out, _formula(x, ids, weights, w13, w2)) < BAR
+    assert torch.equal(out, tilegemm.fp8_moe_experts(x, ids, weights, w13, w2, backend="gluon"))
+
+
 @pytest.mark.parametrize(("t", "k", "e", "h", "i"), [(512, 8, 16, 2048, 768), (300, 2, 4, 4096, 1024)])
 @pytest.mark.usefixtures("gluon_form")
 @pytest.mark.gpu

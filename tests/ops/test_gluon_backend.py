@@ -111,16 +111,26 @@ WS_RULE_CASES = [
 @pytest.mark.parametrize(
     "m, n, design",
     [
-        (200, 4096, "e_64x128_ov2"),  # one round of 64 tiles -> one of 128
-        (320, 6144, "e_64x128_ov2"),  # two rounds (144 tiles) -> two (240)
-        (384, 3072, "d_128x128_ov4"),  # one round (72) -> two (144)
-        (512, 4096, "d_128x128_ov4"),  # one round (128) -> two (256)
-        (4096, 7168, "d_128x128_ov4"),
+        (200, 4096, "e_64x128_ov2"),  # one round of 64 tiles -> one of 128 (128x64 ties: 64-row tiles first)
+        (320, 6144, "e_64x128_ov2"),  # two rounds (144 tiles) -> two (240); 128x64: three (288)
+        (384, 3072, "d_128x128_ov8"),  # one round (72) -> two (144) either way
+        (512, 4096, "d_128x128_ov8"),  # one round (128) -> two (256)
+        (512, 2112, "f_128x64_ov2"),  # one round (68) -> one of 132 128x64 tiles; 64x128: two (136)
+        (4096, 7168, "d_128x128_ov8"),
     ],
 )
 def test_dense_fp8_ws_design(m, n, design):
-    """64x128 tiles where their rounds over the SMs cost less than the 128x128 tiles' (a 64-row round: 0.8)."""
+    """64x128 or 128x64 tiles where their rounds over the SMs cost less than the 128x128 tiles' (a round of smaller
+    tiles: 0.8), 64x128 first where the two tie."""
     assert gluon.dense_fp8_ws_design(m, n, 132) == design
+
+
+def test_dense_fp8_ws_designs_are_ws_variants():
+    """Every design the dense rule may pick names a ``VARIANTS`` entry of the tile it is costed as."""
+    ws = pytest.importorskip("tilegemm.ops.gluon.fp8_gemm_ws")
+    for design, rows, cols, _ in gluon.DENSE_FP8_WS_TILES:
+        cfg = ws.VARIANTS[design]
+        assert (cfg.block_m, cfg.block_n) == (rows, cols)
 
 
 @pytest.mark.parametrize("m, n, k, automatic", WS_RULE_CASES)

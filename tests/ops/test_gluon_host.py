@@ -15,6 +15,7 @@ pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
 
 import tilegemm  # noqa: E402
 from tilegemm.backend import hot_lane, registry, selector  # noqa: E402
+from tilegemm.heuristics import gluon as gluon_rules  # noqa: E402
 from tilegemm.ops import plans  # noqa: E402
 from tilegemm.ops.gluon import fp8_gemm_kernel, fp8_gemm_ws, tma  # noqa: E402
 from tilegemm.ops.gluon import gemm as gluon_gemm  # noqa: E402
@@ -276,6 +277,36 @@ def test_experts_plans_launch_the_gated_and_row_scaled_forms(recorders):
     )
     with pytest.raises(ValueError, match="row_scale / d_scales"):
         down(h, w2, y, None, index)
+
+
+@pytest.mark.parametrize("gated", [1, 0])
+def test_experts_plans_take_the_design_asked(recorders, gated):
+    """``m_grouped_plan(..., design=)``: the fused experts' 64-row designs launch A's box and D's box 64 rows high,
+    and a plan of another design is a plan of its own."""
+    sizes, inter, k = [300, 0, 129], 256, 512
+    a, w13, index = _grouped_operands(sizes, 2 * inter, k)
+    rows = index.numel()
+    up, down = "e_64x128_p", "e_64x128_ov2"
+    if gated:
+        d, extra = torch.empty(rows, inter, dtype=torch.float8_e4m3fn), {"d_scales": torch.empty(inter // 128, rows)}
+    else:
+        d, extra = torch.empty(rows, 2 * inter, dtype=torch.bfloat16), {}
+    for design in ((up if gated else down), None):
+        plan = gluon_grouped.m_grouped_plan(a, w13, d, index, gated=gated, design=design, **extra)
+        plan(a, w13, d, None, index, **extra)
+    rec = recorders["ws"]
+    assert len(rec.jit) == 2, "one plan a design"
+    (_, _, short), (_, _, wide) = rec.jit
+    assert list(short["a_desc"].block_shape) == [64, 128] and list(short["d0_desc"].block_shape) == [64, 128]
+    assert list(wide["a_desc"].block_shape) == [128, 128]
+    assert short["OVERLAP"] == (0 if gated else fp8_gemm_ws.VARIANTS[down].overlap)
+
+
+@pytest.mark.parametrize("tokens, top_k, experts", [(512, 8, 128), (512, 8, 256), (512, 2, 8)])
+def test_moe_fp8_ws_designs(tokens, top_k, experts):
+    """The fused experts run the 128-row designs at every size (64-row tiles measured slower at 16-32 rows/expert)."""
+    want = (gluon_rules.MOE_FP8_GATE_UP_WS_DESIGN, gluon_rules.M_GROUPED_FP8_WS_DESIGN)
+    assert gluon_rules.moe_fp8_ws_designs(tokens, top_k, experts) == want
 
 
 @pytest.mark.parametrize("addend", [None, "d", "apart"])

@@ -184,7 +184,7 @@ def test_cuda_graph_replay_with_new_routing():
     assert calc_diff(d, ref) < BAR[torch.bfloat16]
 
 
-@pytest.mark.parametrize("name", ["d_128x128_ov4", "c_128x192"])
+@pytest.mark.parametrize("name", ["d_128x128_ov4", "c_128x192", "e_64x128_ov2"])
 def test_ws_grouped_row_scale(name):
     """``row_scale`` (the fused experts' down projection): each row times its fp32 entry before the bf16 rounding,
     padding rows 0; a rerun with other scales uses them (the plan reads the call's ``row_scale``)."""
@@ -210,8 +210,9 @@ def test_ws_row_scale_is_checked():
         ws.ws_plan(a, (b[0][0], b[1][0]), d, row_scale=torch.ones(index.numel(), device="cuda"))
 
 
+@pytest.mark.parametrize("name", ["a_128x128_p", "e_64x128_p"])
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
-def test_ws_gated(activation):
+def test_ws_gated(activation, name):
     """The gated form (the fused experts' gate/up): ``h = act(g) * u`` of each row's gate and up products quantized
     1x128 into FP8 and MN-major scales, against the same quantization of the float64 ``h``: scales to fp32
     accumulation error, the e4m3 values equal but for the few elements that round the other way at a midpoint;
@@ -230,7 +231,7 @@ def test_ws_gated(activation):
     for _ in range(2):
         hq = poisoned((rows, inter), torch.float8_e4m3fn, "cuda")
         sh = torch.full((inter // 128, rows), float("nan"), device="cuda")
-        ws.ws_plan(a, b, hq, ws.VARIANTS["a_128x128_p"], m_index=index, gated=code, d_scales=sh)(
+        ws.ws_plan(a, b, hq, ws.VARIANTS[name], m_index=index, gated=code, d_scales=sh)(
             a, b, hq, m_index=index, d_scales=sh
         )
         torch.cuda.synchronize()

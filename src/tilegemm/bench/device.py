@@ -85,6 +85,12 @@ def versions() -> dict[str, str | None]:
     except Exception:
         info["cutile"] = None
     try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except Exception:
+        info["triton"] = None
+    try:
         from importlib.metadata import version
 
         info["tilegemm"] = version("tilegemm")

@@ -46,18 +46,27 @@ DENSE_FP8_MIN_TILES_PER_SM = 0.5
 DENSE_FP8_MIN_FLOPS = 2e10
 
 
-#: The ws kernel's design for dense calls whose 128x128 tiles would leave SMs idle (:func:`dense_fp8_ws_design`):
-#: 64x128 tiles (the two MMA warpgroups split the columns), the next K block's wgmma in flight in runs of 2.
-DENSE_FP8_WS_SHORT_DESIGN = "e_64x128_ov2"
-#: The time of a 64x128 tile over a 128x128 one's on an SM (H200, the few-tile rows where both fill the SMs in one
-#: round: 0.81; benchmarks/results/dense-fp8-h200/few_tiles_h200.json).
-WS_SHORT_TILE_COST = 0.8
-
 #: The design of the warp-specialized FP8 kernel (``ops/gluon/fp8_gemm_ws.py``, by its ``VARIANTS`` name) the dense
-#: FP8 calls run where it computes what they ask (:func:`takes_ws_kernel`): 128x128 tiles, persistent, each K block's
-#: promotion under the next block's wgmma in runs of 4. Faster than ``fp8_gemm_kernel`` on every measured row
-#: (benchmarks/results/gluon/ws_prototype.md).
-DENSE_FP8_WS_DESIGN = "d_128x128_ov4"
+#: FP8 calls run where it computes what they ask (:func:`takes_ws_kernel`) and 128x128 tiles fill the SMs: persistent,
+#: each K block's promotion under the next block's wgmma in runs of 8 (7 promotions in 8; R208, no spills). Faster
+#: than runs of 4 on each of the 20 measured rows of 256-12288 rows
+#: (benchmarks/results/dense-fp8-h200/ws_overlap_designs_h200.json).
+DENSE_FP8_WS_DESIGN = "d_128x128_ov8"
+#: The designs for dense calls whose 128x128 tiles would leave SMs idle (:func:`dense_fp8_ws_design`): 64x128 tiles
+#: (the two MMA warpgroups split the columns) and 128x64 tiles (each warpgroup 64 rows of 64 columns), the next K
+#: block's wgmma in flight in runs of 2.
+DENSE_FP8_WS_SHORT_M_DESIGN = "e_64x128_ov2"
+DENSE_FP8_WS_SHORT_N_DESIGN = "f_128x64_ov2"
+#: The time of a 64x128 or 128x64 tile over a 128x128 one's on an SM (H200, rows where both fill the SMs in one
+#: round: 0.81 for 64x128; 0.79 for 128x64 at 512x2112x7168; benchmarks/results/dense-fp8-h200/).
+WS_SHORT_TILE_COST = 0.8
+#: The dense designs in order of preference where their costs tie: (design, tile rows, tile columns, a tile's time
+#: relative to a 128x128 one's).
+DENSE_FP8_WS_TILES = (
+    (DENSE_FP8_WS_DESIGN, BLOCK_M, 128, 1.0),
+    (DENSE_FP8_WS_SHORT_M_DESIGN, BLOCK_M // 2, 128, WS_SHORT_TILE_COST),
+    (DENSE_FP8_WS_SHORT_N_DESIGN, BLOCK_M, 64, WS_SHORT_TILE_COST),
+)
 
 
 #: The design of the warp-specialized kernel the m-grouped contiguous FP8 calls run (``ops/gluon/grouped.py``): one
@@ -134,23 +143,31 @@ def prefers_dense_fp8(m: int, n: int, k: int, num_sms: int, ws: bool = True) -> 
     return kernel_faster_dense_fp8(m, n, k, num_sms)
 
 
-def dense_fp8_ws_design(m: int, n: int, num_sms: int) -> str:
-    """The ws kernel's design for a dense [M, K] x [N, K] call on ``num_sms`` SMs: 64x128 tiles
-    (:data:`DENSE_FP8_WS_SHORT_DESIGN`) where their rounds over the SMs, each costing :data:`WS_SHORT_TILE_COST` of
-    a 128-row round, take less time than the 128x128 tiles' rounds; else :data:`DENSE_FP8_WS_DESIGN`. (One round of
-    64 128x128 tiles on 132 SMs becomes one round of 128 64-row tiles; 144 tiles, two rounds, become 240 in two.)"""
+def dense_fp8_ws_tiling(m: int, n: int, num_sms: int) -> tuple[str, int]:
+    """The ws kernel's design for a dense [M, K] x [N, K] call on ``num_sms`` SMs, and its number of output tiles:
+    of :data:`DENSE_FP8_WS_TILES`, the one whose rounds of tiles over the SMs, ``ceil(tiles / SMs)``, each weighted by
+    its tile's relative time, cost least (the first where they tie). One round of 64 128x128 tiles on 132 SMs becomes
+    one round of 128 64x128 tiles; 68 tiles at 512x2112 become one round of 132 128x64 tiles."""
     num_sms = max(num_sms, 1)  # 0 where no GPU is seen (plans recorded on a CPU)
-    rounds = cdiv(cdiv(m, BLOCK_M) * cdiv(n, 128), num_sms)
-    short_rounds = cdiv(cdiv(m, BLOCK_M // 2) * cdiv(n, 128), num_sms)
-    return DENSE_FP8_WS_SHORT_DESIGN if short_rounds * WS_SHORT_TILE_COST < rounds else DENSE_FP8_WS_DESIGN
+    best: tuple[float, str, int] | None = None
+    for design, rows, cols, cost in DENSE_FP8_WS_TILES:
+        tiles = cdiv(m, rows) * cdiv(n, cols)
+        rounds_time = cdiv(tiles, num_sms) * cost
+        if best is None or rounds_time < best[0]:
+            best = (rounds_time, design, tiles)
+    return best[1], best[2]
+
+
+def dense_fp8_ws_design(m: int, n: int, num_sms: int) -> str:
+    """The ws kernel's design for a dense [M, K] x [N, K] call on ``num_sms`` SMs (:func:`dense_fp8_ws_tiling`)."""
+    return dense_fp8_ws_tiling(m, n, num_sms)[0]
 
 
 def ws_kernel_faster(m: int, n: int, k: int, num_sms: int) -> bool:
     """True where the warp-specialized kernel beats cutile's kernels: from :data:`DENSE_FP8_WS_MIN_M` rows, enough
-    output tiles of the design it runs (:func:`dense_fp8_ws_design`) for the SMs
+    output tiles of the design it runs (:func:`dense_fp8_ws_tiling`) for the SMs
     (:data:`DENSE_FP8_WS_MIN_TILES_PER_SM`, fewer from 384 rows) and enough tile-steps per SM."""
-    rows = BLOCK_M // 2 if dense_fp8_ws_design(m, n, num_sms) == DENSE_FP8_WS_SHORT_DESIGN else BLOCK_M
-    tiles = cdiv(m, rows) * cdiv(n, 128)
+    tiles = dense_fp8_ws_tiling(m, n, num_sms)[1]
     if m < DENSE_FP8_WS_MIN_M or tiles * cdiv(k, BLOCK_K) < DENSE_FP8_WS_MIN_STEPS_PER_SM * num_sms:
         return False
     least = DENSE_FP8_WS_MIN_TILES_PER_SM_FROM_384 if m >= 384 else DENSE_FP8_WS_MIN_TILES_PER_SM
@@ -254,6 +271,14 @@ def prefers_fp8_moe_experts(tokens: int, top_k: int, experts: int, hidden: int, 
     if experts <= 0 or tokens * top_k < MOE_FP8_MIN_ROWS_PER_EXPERT * experts:
         return False
     return moe_fp8_buffers_fit(tokens, top_k, experts, hidden, inter)
+
+
+def moe_fp8_ws_designs(tokens: int, top_k: int, experts: int) -> tuple[str, str]:
+    """The (gate/up, down) designs of the fused FP8 experts' gluon form for ``tokens`` tokens routed to ``top_k`` of
+    ``experts`` experts: :data:`MOE_FP8_GATE_UP_WS_DESIGN` and :data:`M_GROUPED_FP8_WS_DESIGN` at every size. The
+    64-row designs (``e_64x128_p``, ``e_64x128_ov2``: a 128-row block's padding half skipped) ran 1.06x slower at 16
+    and 32 routed rows per expert (benchmarks/results/moe-fp8-gluon-h200/short_tiles_h200.json)."""
+    return MOE_FP8_GATE_UP_WS_DESIGN, M_GROUPED_FP8_WS_DESIGN
 
 
 @register_rule("fp8_moe_experts")

@@ -98,11 +98,12 @@ def _slot_lanes(ids, j, lane0, num_experts: int, SC: int, EC: int):
 
 
 def _route_count(
-    ids, counts, row_token, row_weight, num_experts: int, steps: int, SC: ConstInt, EC: ConstInt, RC: ConstInt
+    ids, counts, row_token, row_weight, row_group, num_experts: int, steps: int, SC: ConstInt, EC: ConstInt,
+    RC: ConstInt,
 ):  # fmt: skip
     """CTA (c, j): ``counts[j, c * EC + i]`` = the slots of chunk j (``steps * SC`` slots) routed to expert
-    ``c * EC + i``; ``RC``-row chunks of ``row_token`` and ``row_weight`` set to 0, strided over all CTAs.
-    ids [S] (any integer dtype); counts int32 [chunks, G * EC]."""
+    ``c * EC + i``; ``RC``-row chunks of ``row_token`` and ``row_weight`` set to 0 and of ``row_group`` to
+    ``num_experts``, strided over all CTAs. ids [S] (any integer dtype); counts int32 [chunks, G * EC]."""
     c = ct.bid(0)
     j = ct.bid(1)
     total = ct.zeros((1, EC), dtype=ct.int32)
@@ -114,14 +115,16 @@ def _route_count(
     while r < ct.cdiv(row_token.shape[0], RC):
         ct.store(row_token, (r,), ct.zeros((RC,), dtype=ct.int32))
         ct.store(row_weight, (r,), ct.zeros((RC,), dtype=ct.float32))
+        ct.store(row_group, (r,), ct.full((RC,), num_experts, dtype=ct.int32))
         r = r + ct.num_blocks(0) * ct.num_blocks(1)
 
 
 def _route_place(
-    ids, weights, counts, dest, row_token, row_weight, block_expert, num_experts: int, top_k: int, steps: int,
-    BT: ConstInt, EP: ConstInt, SC: ConstInt, EC: ConstInt, BC: ConstInt,
+    ids, weights, counts, dest, row_token, row_weight, row_group, block_expert, num_experts: int, top_k: int,
+    steps: int, BT: ConstInt, EP: ConstInt, SC: ConstInt, EC: ConstInt, BC: ConstInt,
 ):  # fmt: skip
-    """CTA (c, j) places chunk j's slots of experts ``[c * EC, +EC)`` (``dest``, ``row_token``, ``row_weight``) and
+    """CTA (c, j) places chunk j's slots of experts ``[c * EC, +EC)`` (``dest``, ``row_token``, ``row_weight``,
+    ``row_group``) and
     sets the experts of ``BC``-block chunks strided over all CTAs; see the module docstring, step 1.
 
     Expert e's rows start at ``start[e] = sum_{e' < e} ceil(count[e'] / BT) * BT`` (``count``: ``counts`` summed over
@@ -144,6 +147,7 @@ def _route_place(
     first = ct.broadcast_to(start + earlier, (EC, EP))
     my_start = ct.reshape(ct.sum(ct.where(lanes == mine, first, 0), axis=1), (1, EC))
     seen = ct.zeros((1, EC), dtype=ct.int32)
+    experts = ct.reshape(c * EC + ct.arange(EC, dtype=ct.int32), (1, EC))
     for i in range(steps):
         s, hot, dropped = _slot_lanes(ids, j * steps + i, c * EC, num_experts, SC, EC)
         before = ct.cumsum(hot, axis=0) - hot + seen
@@ -154,6 +158,7 @@ def _route_place(
             ct.scatter(dest, s, ct.full((SC,), -1, dtype=ct.int32), mask=dropped)
         ct.scatter(row_token, row, s // top_k, mask=live)
         ct.scatter(row_weight, row, ct.astype(ct.gather(weights, s), ct.float32), mask=live)
+        ct.scatter(row_group, row, ct.sum(hot * experts, axis=1), mask=live)
         seen = seen + ct.sum(hot, axis=0, keepdims=True)
     b = c + j * ct.num_blocks(0)
     while b < ct.cdiv(block_expert.shape[0], BC):
@@ -175,12 +180,15 @@ class Routing(NamedTuple):
     """Step 1 of the module docstring for ``rows`` sorted rows: the buffers the routing kernels fill and their two
     launches ``(kernel, grid, args)``, for the host function to launch on its stream (in order).
 
-    ``row_token`` int32 [rows] (0 where no slot lands), ``row_weight`` fp32 [rows] (0 there), ``dest`` int32 [T, k]
-    (each slot's row, -1: dropped) and ``block_expert`` int32 [rows / bt] (each block's expert, -1: none).
+    ``row_token`` int32 [rows] (0 where no slot lands), ``row_weight`` fp32 [rows] (0 there), ``row_group`` int32
+    [rows] (each row's expert, E where no slot lands: the m-grouped GEMMs' ``m_index``, whose padding rows they
+    neither compute nor store), ``dest`` int32 [T, k] (each slot's row, -1: dropped) and ``block_expert`` int32
+    [rows / bt] (each block's expert, -1: none).
     """
 
     row_token: torch.Tensor
     row_weight: torch.Tensor
+    row_group: torch.Tensor
     dest: torch.Tensor
     block_expert: torch.Tensor
     launches: tuple[tuple[Any, tuple[int, int, int], tuple[Any, ...]], ...]
@@ -201,11 +209,13 @@ def routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int
     counts = torch.empty(chunks, groups * ROUTE_EC, dtype=torch.int32, device=dev)
     row_token = torch.empty(rows, dtype=torch.int32, device=dev)
     row_weight = torch.empty(rows, dtype=torch.float32, device=dev)
+    row_group = torch.empty(rows, dtype=torch.int32, device=dev)
     dest = torch.empty(topk_ids.shape, dtype=torch.int32, device=dev)
     block_expert = torch.empty(rows // bt, dtype=torch.int32, device=dev)
     grid = (groups, chunks, 1)
-    count = (ids, counts, row_token, row_weight, num_experts, steps, ROUTE_SC, ROUTE_EC, ROUTE_RC)
-    place = (ids, weights, counts, dest.view(-1), row_token, row_weight, block_expert, num_experts, topk_ids.shape[1])
+    count = (ids, counts, row_token, row_weight, row_group, num_experts, steps, ROUTE_SC, ROUTE_EC, ROUTE_RC)
+    place = (ids, weights, counts, dest.view(-1), row_token, row_weight, row_group, block_expert, num_experts)
+    place = (*place, topk_ids.shape[1])
     place = (*place, steps, bt, lanes, ROUTE_SC, ROUTE_EC, ROUTE_BC)
     launches = ((get_kernel("count"), grid, count), (get_kernel("place"), grid, place))
-    return Routing(row_token, row_weight, dest, block_expert, launches)
+    return Routing(row_token, row_weight, row_group, dest, block_expert, launches)

@@ -36,19 +36,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from tilegemm.ops.gluon.tiles import tile_coords
+
 WG_ROWS = 64  # rows of the output tile one MMA warpgroup owns
 SB_BOX = gl.constexpr(32)  # floats one 128x128-recipe B-scale load brings (a TMA destination is 128-byte aligned)
 SB_ALIGN = gl.constexpr(4)  # a TMA box starts on 16 bytes: the B-scale box starts at kb - kb % 4
-
-
-@gluon.jit
-def _tile_coords(tile, num_m, num_n, GROUP_M: gl.constexpr):
-    """Grouped (swizzled) tile order: GROUP_M row tiles share each column sweep, so B stays in L2."""
-    per_group = GROUP_M * num_n
-    first_m = (tile // per_group) * GROUP_M
-    rows = gl.minimum(num_m - first_m, GROUP_M)
-    local = tile % per_group
-    return first_m + local % rows, local // rows
 
 
 @gluon.jit
@@ -83,7 +75,7 @@ def _loader(
     num_m, num_n, num_k = _tile_counts(M, N, K, BM, BN, BK)
     it = 0
     for tile in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
-        pm, pn = _tile_coords(tile, num_m, num_n, GROUP_M)
+        pm, pn = tile_coords(tile, num_m, num_n, GROUP_M)
         for kb in range(num_k):
             s = it % STAGES
             bar = ready.index(s)
@@ -154,7 +146,7 @@ def _mma_warpgroup(
     num_m, num_n, num_k = _tile_counts(M, N, K, BM, BN, BK)
     it = 0
     for tile in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
-        pm, pn = _tile_coords(tile, num_m, num_n, GROUP_M)
+        pm, pn = tile_coords(tile, num_m, num_n, GROUP_M)
         acc = gl.zeros([64, BN], gl.float32, layout)
         for kb in range(num_k):
             s = it % STAGES

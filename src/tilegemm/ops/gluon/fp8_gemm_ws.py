@@ -42,12 +42,12 @@ GATED_ACTIVATIONS = {"silu": GATED_SILU, "gelu_tanh": GATED_GELU_TANH}
 class WsConfig(NamedTuple):
     """One launch of :func:`fp8_gemm_ws_kernel`.
 
-    ``block_n`` 128 or 192 (128 + 64 sub-tiles); ``waves`` 1 (one wave a tile) or 2 (two 128-row waves: 256 rows);
-    ``wave_m``: rows of a wave, 128 (each MMA warpgroup 64 of them) or 64 (the one wave of a 128-wide tile, each
-    warpgroup 64 of its columns: twice the tiles of a short M, for SMs a 128-row tiling leaves idle);
-    ``persistent``: grid of at most one CTA per SM; ``overlap``: K blocks per software-pipelined run with the next
-    step's wgmma before the current promotion (0: off; 1, 2, 4 or 8); ``stages``: ring depth, 0 for the deepest that
-    fits; ``group_m``: row tiles per column sweep; ``loader_regs``: the TMA warp's registers.
+    ``block_n`` 64 (one 128-row wave), 128 or 192 (128 + 64 sub-tiles); ``waves`` 1 (one wave a tile) or 2 (two
+    128-row waves: 256 rows); ``wave_m``: rows of a wave, 128 (each MMA warpgroup 64 of them) or 64 (the one wave of
+    a 128-wide tile, each warpgroup 64 of its columns: twice the tiles of a short M, for SMs a 128-row tiling leaves
+    idle); ``persistent``: grid of at most one CTA per SM; ``overlap``: K blocks per software-pipelined run with the
+    next step's wgmma before the current promotion (0: off; 1, 2, 4 or 8); ``stages``: ring depth, 0 for the deepest
+    that fits; ``group_m``: row tiles per column sweep; ``loader_regs``: the TMA warp's registers.
     """
 
     block_n: int = 128
@@ -67,12 +67,13 @@ class WsConfig(NamedTuple):
 
 #: The designs of the prototype, by name: (a) the MMA warpgroups in the default partition, (b) 256x128 as two waves,
 #: persistent, (c) 128x192 from 128 + 64 sub-tiles, (d) the next step's wgmma before the promotion (runs of 2 or 4
-#: K blocks), (e) 64x128 (one 64-row wave, the warpgroups splitting its columns), and mixes.
+#: K blocks), and mixes; ``e_``: 64x128 (one 64-row wave, the warpgroups splitting its columns), ``f_``: 128x64.
 VARIANTS: dict[str, WsConfig] = {
     "a_128x128": WsConfig(block_n=128, waves=1, persistent=False),
     "a_128x128_p": WsConfig(block_n=128, waves=1, persistent=True),
     "d_128x128_ov": WsConfig(block_n=128, waves=1, persistent=True, overlap=2),
     "d_128x128_ov4": WsConfig(block_n=128, waves=1, persistent=True, overlap=4),
+    "d_128x128_ov8": WsConfig(block_n=128, waves=1, persistent=True, overlap=8),
     "b_256x128": WsConfig(block_n=128, waves=2, persistent=True),
     "b_256x128_np": WsConfig(block_n=128, waves=2, persistent=False),
     "bd_256x128_ov": WsConfig(block_n=128, waves=2, persistent=True, overlap=1),
@@ -81,6 +82,9 @@ VARIANTS: dict[str, WsConfig] = {
     "e_64x128_p": WsConfig(block_n=128, waves=1, persistent=True, wave_m=64),
     "e_64x128_ov2": WsConfig(block_n=128, waves=1, persistent=True, overlap=2, wave_m=64),
     "e_64x128_ov4": WsConfig(block_n=128, waves=1, persistent=True, overlap=4, wave_m=64),
+    "f_128x64_p": WsConfig(block_n=64, waves=1, persistent=True),
+    "f_128x64_ov2": WsConfig(block_n=64, waves=1, persistent=True, overlap=2),
+    "f_128x64_ov4": WsConfig(block_n=64, waves=1, persistent=True, overlap=4),
 }
 
 
@@ -122,14 +126,16 @@ def ws_config(problem: Problem, cfg: WsConfig | None = None) -> WsConfig:
     cfg = cfg or WsConfig()
     if cfg.wave_m not in (64, WAVE_M) or (cfg.wave_m == 64 and (cfg.waves != 1 or cfg.block_n != 128)):
         raise ValueError(f"{cfg}: a wave is 128 rows, or 64 as the one wave of a 128-wide tile")
+    if cfg.block_n not in (64, 128, 192) or (cfg.block_n == 64 and (cfg.waves != 1 or problem.gated)):
+        raise ValueError(f"{cfg}: tiles are 128 or 192 wide, or 64 with one 128-row wave (not gated)")
     if problem.grouping != DENSE and cfg.waves != 1:
         raise ValueError(f"{cfg}: a grouped call runs one wave a tile (waves=1), one group each")
     if problem.grouping == K_GROUPED and cfg.wave_m != WAVE_M:
         raise ValueError(f"{cfg}: a k-grouped call runs 128-row tiles")
     if problem.grouping == K_GROUPED and cfg.block_n != 128:
         raise ValueError(f"{cfg}: a k-grouped call runs 128-wide tiles")
-    if problem.gated and (cfg.block_n != 128 or cfg.overlap or cfg.wave_m != WAVE_M):
-        raise ValueError(f"{cfg}: a gated call runs 128x128 tiles without the overlap")
+    if problem.gated and (cfg.block_n != 128 or cfg.overlap):
+        raise ValueError(f"{cfg}: a gated call runs 128-wide tiles without the overlap")
     out_bytes = torch.empty(0, dtype=problem.out_dtype).element_size()
     deepest = min(max_stages(cfg, out_bytes, problem.grouping, bool(problem.gated)), 8)
     if deepest < 2:
@@ -140,14 +146,15 @@ def ws_config(problem: Problem, cfg: WsConfig | None = None) -> WsConfig:
 def block_shapes(cfg: WsConfig) -> dict[str, list[int]]:
     """The TMA box of each descriptor: A, B's wide and narrow sub-tiles, A's scales, B's column scales (k-grouped),
     D's wide and narrow sub-tiles."""
-    narrow = NARROW_N if cfg.block_n == 192 else 128
+    wide = min(cfg.block_n, 128)
+    narrow = NARROW_N if cfg.block_n == 192 else wide
     return {
         "a": [cfg.block_m, BLOCK_K],
-        "b0": [128, BLOCK_K],
+        "b0": [wide, BLOCK_K],
         "b1": [narrow, BLOCK_K],
         "sa": [1, cfg.block_m],
         "sb": [1, 128],
-        "d0": [cfg.wave_m, 128],
+        "d0": [cfg.wave_m, wide],
         "d1": [cfg.wave_m, narrow],
     }
 

@@ -10,15 +10,17 @@ Layout of warps (``gl.warp_specialize``):
 * the DEFAULT partition holds the MMA warps: 8 warps, two warpgroups. A 128-row wave is one ``warpgroup_mma``
   over the 8 warps (each warpgroup owns 64 of its rows); ``WAVES`` = 2 makes the tile 256 rows, each warpgroup
   running its two 64-row halves one after the other on the same B tile. A 64-row wave (A's box 64 rows: the one
-  wave of a 128-wide tile, dense or m-grouped, not gated) splits the tile's columns instead, each warpgroup 64 of
-  them (m64n64k32, both reading the same A), which doubles the tiles of a short M. The default partition gets every
-  register the worker leaves (``setmaxnreg``), so the accumulators fit without spilling;
+  wave of a 128-wide tile) splits the tile's columns instead, each warpgroup 64 of them (m64n64k32, both reading
+  the same A), which doubles the tiles of a short M. The default partition gets every register the worker leaves
+  (``setmaxnreg``), so the accumulators fit without spilling;
 * one worker warp streams A, B and A's scales by TMA into a ``STAGES``-deep ring (``ready`` / ``empty``
   mbarriers), with ``LOADER_REGS`` registers.
 
-``BLOCK_N`` = 192 is built from two sub-tiles, 128 and 64 wide (two B descriptors, two wgmma over the same A
-tile). Their order alternates with the column tile's parity (128 + 64 on even tiles, 64 + 128 on odd ones) so
-that each sub-tile lies inside one 128-column block of B and has a single B scale per K block.
+``BLOCK_N`` = 64 (one 128-row wave, dense or m-grouped) halves the tile's width instead: each warpgroup 64 rows of
+64 columns (m64n64k32), B's tile 64 rows (inside one 128-row scale block), for short-N calls whose 128-wide tiles
+leave SMs idle. ``BLOCK_N`` = 192 is built from two sub-tiles, 128 and 64 wide (two B descriptors, two wgmma over
+the same A tile). Their order alternates with the column tile's parity (128 + 64 on even tiles, 64 + 128 on odd
+ones) so that each sub-tile lies inside one 128-column block of B and has a single B scale per K block.
 
 ``OVERLAP`` = N (0: off): the wgmma of the next step (a step: one wave of one K block) is issued before the current
 step's promotion, which then waits with ``num_outstanding=1`` instead of 0: the promotion runs under an MMA, at the
@@ -82,6 +84,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from tilegemm.ops.gluon.tiles import block_scale, store_tile, tile_coords, tile_range, wgmma_layout
+
 WAVE_M = 128  # rows of one wave: 64 per MMA warpgroup
 BLOCK_K = 128  # one scale block of K per step
 NARROW_N = 64  # width of the second sub-tile of a 192-wide tile
@@ -96,28 +100,6 @@ _M_GROUPED = gl.constexpr(M_GROUPED)
 _K_GROUPED = gl.constexpr(K_GROUPED)
 _GATED_SILU = gl.constexpr(GATED_SILU)
 _BLOCK_K = gl.constexpr(BLOCK_K)
-
-
-@gluon.constexpr_function
-def _acc_layout(wave_m, width, num_warps):
-    """The wgmma accumulator layout of a [``wave_m``, ``width``] tile over the MMA warps: 128 rows, each warpgroup
-    64 of them (m64nWk32); 64 rows, each warpgroup half the columns (m64n(W/2)k32, both reading the same A)."""
-    if wave_m == 128:
-        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, width, 32])
-    return gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[num_warps // 2, 2], instr_shape=[16, width // 2, 32]
-    )
-
-
-@gluon.jit
-def _tile_coords(tile, num_m, num_n, GROUP_M: gl.constexpr):
-    """Row and column tile of linear tile ``tile`` in grouped order: ``GROUP_M`` row tiles per column sweep."""
-    per_group = GROUP_M * num_n
-    group = tile // per_group
-    first_m = group * GROUP_M
-    height = gl.minimum(num_m - first_m, GROUP_M)
-    local = tile - group * per_group
-    return first_m + local % height, local // height
 
 
 @gluon.jit
@@ -144,20 +126,6 @@ def _b_cols(pn, N, BLOCK_N: gl.constexpr, GATED: gl.constexpr):
 
 
 @gluon.jit
-def _tile_range(M, N, walks, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PERSISTENT: gl.constexpr):
-    """(first tile, tile count, step, row tiles, column tiles) of this CTA's walk over the output tiles of
-    ``walks`` problems of [M, N] (the k-grouped groups; else 1)."""
-    num_m = gl.cdiv(M, BLOCK_M)
-    num_n = gl.cdiv(N, BLOCK_N)
-    num_tiles = walks * num_m * num_n
-    if PERSISTENT:
-        step = gl.num_programs(0)
-    else:
-        step = num_tiles
-    return gl.program_id(0), num_tiles, step, num_m, num_n
-
-
-@gluon.jit
 def _tile_job(
     tile, num_m, num_n, group_ptr, num_groups, K, BLOCK_M: gl.constexpr, GROUP_M: gl.constexpr, GROUPING: gl.constexpr
 ):
@@ -168,7 +136,7 @@ def _tile_job(
     group's K range ``[group_ptr[g], group_ptr[g + 1])``, clamped into ``[0, K]``."""
     per_group = num_m * num_n
     walk = tile // per_group
-    pm, pn = _tile_coords(tile - walk * per_group, num_m, num_n, GROUP_M)
+    pm, pn = tile_coords(tile - walk * per_group, num_m, num_n, GROUP_M)
     num_k = gl.cdiv(K, _BLOCK_K)
     if GROUPING == _M_GROUPED:
         group = gl.load(group_ptr + pm * BLOCK_M)
@@ -215,7 +183,7 @@ def _loader(
         a_desc.block_type.nbytes + b0_desc.block_type.nbytes + sa_desc.block_type.nbytes + B1_BYTES + SB_BYTES
     )
     walks = num_groups if GROUPING == _K_GROUPED else 1
-    first, num_tiles, step, num_m, num_n = _tile_range(M, N, walks, BLOCK_M, BLOCK_N, PERSISTENT)
+    first, num_tiles, step, num_m, num_n = tile_range(M, N, walks, BLOCK_M, BLOCK_N, PERSISTENT)
     it = 0
     for tile in range(first, num_tiles, step):
         group, pm, pn, kb0, tile_k = _tile_job(tile, num_m, num_n, group_ptr, num_groups, K, BLOCK_M, GROUP_M, GROUPING)
@@ -234,22 +202,6 @@ def _loader(
             if SB_COLS:
                 tma.async_copy_global_to_shared(sb_desc, [kb, col0], bar, sb_ring.index(s))
             it += 1
-
-
-@gluon.jit
-def _b_scale(sb_ptr, sb_stride, col, kb, num_k, num_nb):
-    """B's scale of the 128-column block holding ``col`` at K block ``kb`` (0 past the last block of N or K)."""
-    nb = col // 128
-    return gl.load(sb_ptr + nb * sb_stride + kb, mask=(nb < num_nb) & (kb < num_k), other=0.0)
-
-
-@gluon.jit
-def _store_tile(acc, d_desc, out_smem, row, col):
-    """One wave's sub-tile ``acc`` to D at (row, col): through ``out_smem`` by a TMA store (clipped at M and N)."""
-    tma.store_wait(pendings=0)  # the previous store from out_smem has read it
-    out_smem.store(acc.to(d_desc.dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(d_desc, [row, col], out_smem)
 
 
 @gluon.jit
@@ -290,7 +242,7 @@ def _store_quantized(h, d_desc, out_smem, d_scale_ptr, row, col, M, rows: gl.con
     MN-major [N/128, M] fp32 ``d_scale_ptr``."""
     scale = gl.maximum(gl.max(gl.abs(h), axis=1), 1e-4) / 448.0
     q = gl.minimum(gl.maximum(gl.div_rn(h, gl.expand_dims(scale, 1)), -448.0), 448.0)
-    _store_tile(q, d_desc, out_smem, row, col)
+    store_tile(q, d_desc, out_smem, row, col)
     r = row + gl.arange(0, h.shape[0], layout=rows)
     gl.store(d_scale_ptr + (col // 128).to(gl.int64) * M + r, scale, mask=r < M)
 
@@ -399,9 +351,9 @@ def _ov_run(
             if SB_COLS:  # the K block's column scales came with the stage: read at the promotion
                 sb0 = sb_cols
             else:
-                sb0 = _b_scale(sb_ptr, sb_stride, col0, kb + i // WAVES, num_k, num_nb)
+                sb0 = block_scale(sb_ptr, sb_stride, col0, kb + i // WAVES, num_k, num_nb)
             if SPLIT:
-                sb1 = _b_scale(sb_ptr, sb_stride, col1, kb + i // WAVES, num_k, num_nb)
+                sb1 = block_scale(sb_ptr, sb_stride, col1, kb + i // WAVES, num_k, num_nb)
             else:
                 sb1 = sb0
         if i + 1 < STEPS:
@@ -456,7 +408,7 @@ def _ov_k_loop(
     the powers of two below ``RUN`` that make them up. A loop whose back edge a wgmma crosses in flight while the
     body reads that wgmma's tile makes ptxas serialize every wgmma of the kernel (C7514), hence whole runs per
     iteration. ``ring``: the stages ``(a_ring, b0_ring, b1_ring, sa_rows, sb_cols, ready, empty)``; ``b_scales``: what
-    :func:`_b_scale` reads, ``(sb_ptr, sb_stride, col0, col1, num_k, num_nb)``; ``accs``: the accumulators
+    :func:`tiles.block_scale` reads, ``(sb_ptr, sb_stride, col0, col1, num_k, num_nb)``; ``accs``: the accumulators
     ``(acc00, acc01, acc10)`` (acc{wave}{sub-tile}); ``qa``: a pair of spare product tiles. Returns the accumulators
     and the ring counter past the tile's K blocks."""
     num_k = b_scales[4]
@@ -481,19 +433,19 @@ def _gated_k_loop(ring, b_scales, acc_g, acc_u, spare, it, rows: gl.constexpr):
     """The K loop of one gated tile (``GATED``): per K block the gate wgmma, its promotion, then the up wgmma into
     the same product tile and its promotion. Two accumulators and one product tile stay within the registers; a
     second product tile in flight would not. ``ring``: ``(a_ring, b0_ring, b1_ring, sa_rows, ready, empty)``;
-    ``b_scales``: what :func:`_b_scale` reads for the gate rows and the up rows, ``(sb_ptr, sb_stride, col_g,
+    ``b_scales``: what :func:`tiles.block_scale` reads for the gate rows and the up rows, ``(sb_ptr, sb_stride, col_g,
     col_u, num_k, num_nb)``. Returns the accumulators, the product tile and the ring counter past the tile."""
     a_ring, b0_ring, b1_ring, sa_rows, ready, empty = ring
     sb_ptr, sb_stride, col_g, col_u, num_k, num_nb = b_scales
     STAGES: gl.constexpr = a_ring.shape[0]
-    next_g = _b_scale(sb_ptr, sb_stride, col_g, 0, num_k, num_nb)
-    next_u = _b_scale(sb_ptr, sb_stride, col_u, 0, num_k, num_nb)
+    next_g = block_scale(sb_ptr, sb_stride, col_g, 0, num_k, num_nb)
+    next_u = block_scale(sb_ptr, sb_stride, col_u, 0, num_k, num_nb)
     for kb in range(num_k):
         s = it % STAGES
         sb_g = next_g
         sb_u = next_u
-        next_g = _b_scale(sb_ptr, sb_stride, col_g, kb + 1, num_k, num_nb)
-        next_u = _b_scale(sb_ptr, sb_stride, col_u, kb + 1, num_k, num_nb)
+        next_g = block_scale(sb_ptr, sb_stride, col_g, kb + 1, num_k, num_nb)
+        next_u = block_scale(sb_ptr, sb_stride, col_u, kb + 1, num_k, num_nb)
         mbarrier.wait(ready.index(s), (it // STAGES) & 1)
         sa = sa_rows.index(s).load(rows)
         a = a_ring.index(s)
@@ -547,8 +499,8 @@ def _mma_partition(
     BN1: gl.constexpr = b1_ring.shape[1]
     BLOCK_M: gl.constexpr = a_ring.shape[1]
     WAVE_M: gl.constexpr = BLOCK_M // WAVES
-    l0: gl.constexpr = _acc_layout(WAVE_M, BN0, NW)
-    l1: gl.constexpr = _acc_layout(WAVE_M, BN1, NW)
+    l0: gl.constexpr = wgmma_layout(WAVE_M, BN0, NW, 32)
+    l1: gl.constexpr = wgmma_layout(WAVE_M, BN1, NW, 32)
     rows0: gl.constexpr = gl.SliceLayout(1, l0)
     rows1: gl.constexpr = gl.SliceLayout(1, l1)
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
@@ -557,7 +509,7 @@ def _mma_partition(
     cols0: gl.constexpr = gl.SliceLayout(0, l0)
     sb_cols = sb_ring._reinterpret(gl.float32, [STAGES, BN0], flat) if SB_COLS else sa_rows
     walks = num_groups if GROUPING == _K_GROUPED else 1
-    first, num_tiles, step, num_m, num_n = _tile_range(M, N, walks, BLOCK_M, BLOCK_N, PERSISTENT)
+    first, num_tiles, step, num_m, num_n = tile_range(M, N, walks, BLOCK_M, BLOCK_N, PERSISTENT)
     num_nb = gl.cdiv(N * (2 if GATED else 1), 128)  # B's 128-row blocks (gated: the gate and the up rows)
     # Always False, but unknown at compile time. With two waves, each wave's wgmma takes the OTHER wave's
     # accumulator as its (ignored) input tile: ptxas then sees a read of registers the previous promotion wrote and
@@ -599,16 +551,16 @@ def _mma_partition(
             )  # fmt: skip
             acc00, acc01, acc10 = accs
         else:
-            sbn0 = _b_scale(sb_tile, sb_stride, col0, 0, tile_k, num_nb)
+            sbn0 = block_scale(sb_tile, sb_stride, col0, 0, tile_k, num_nb)
             if SPLIT:
-                sbn1 = _b_scale(sb_tile, sb_stride, col1, 0, tile_k, num_nb)
+                sbn1 = block_scale(sb_tile, sb_stride, col1, 0, tile_k, num_nb)
             for kb in range(tile_k):
                 s = it % STAGES
                 sb0 = sbn0
-                sbn0 = _b_scale(sb_tile, sb_stride, col0, kb + 1, tile_k, num_nb)
+                sbn0 = block_scale(sb_tile, sb_stride, col0, kb + 1, tile_k, num_nb)
                 if SPLIT:
                     sb1 = sbn1
-                    sbn1 = _b_scale(sb_tile, sb_stride, col1, kb + 1, tile_k, num_nb)
+                    sbn1 = block_scale(sb_tile, sb_stride, col1, kb + 1, tile_k, num_nb)
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
                 if SB_COLS:  # the K block's column scales came with the stage
                     sbv = sb_cols.index(s).load(cols0)
@@ -650,21 +602,21 @@ def _mma_partition(
         elif GROUPING == _M_GROUPED:
             if (group >= -1) & (group < num_groups):  # other ids: the tile is not stored
                 acc00 = _group_rows(acc00, group_ptr, row_scale_ptr, row, group, M, rows0, ROW_SCALE)
-                _store_tile(acc00, d0_desc, out0, row, col0)
+                store_tile(acc00, d0_desc, out0, row, col0)
                 if SPLIT:
                     acc01 = _group_rows(acc01, group_ptr, row_scale_ptr, row, group, M, rows1, ROW_SCALE)
-                    _store_tile(acc01, d1_desc, out1, row, col1)
+                    store_tile(acc01, d1_desc, out1, row, col1)
         elif GROUPING == _K_GROUPED:
             row += group * M  # D is [G * M, N], M a multiple of 128
             if ACCUMULATE:
                 acc00 = _add_c(acc00, c_ptr, row, col0, N, l0)
-            _store_tile(acc00, d0_desc, out0, row, col0)
+            store_tile(acc00, d0_desc, out0, row, col0)
         else:
-            _store_tile(acc00, d0_desc, out0, row, col0)
+            store_tile(acc00, d0_desc, out0, row, col0)
             if SPLIT:
-                _store_tile(acc01, d1_desc, out1, row, col1)
+                store_tile(acc01, d1_desc, out1, row, col1)
             if WAVES == 2:
-                _store_tile(acc10, d0_desc, out0, row + WAVE_M, col0)
+                store_tile(acc10, d0_desc, out0, row + WAVE_M, col0)
     tma.store_wait(pendings=0)
 
 
@@ -710,14 +662,18 @@ def fp8_gemm_ws_kernel(
     forms (dense: any descriptor or pointer, 0 and 1). ``sb_ptr`` / ``sb_stride``: B's block scales (not read
     k-grouped). Gated: ``b1_desc`` is B's (the up rows' sub-tile), ``d0_desc`` D's FP8 one.
     """
-    gl.static_assert(BLOCK_N == 128 or BLOCK_N == 192, "BLOCK_N is 128 or 192")
+    gl.static_assert(BLOCK_N == 64 or BLOCK_N == 128 or BLOCK_N == 192, "BLOCK_N is 64, 128 or 192")
+    gl.static_assert(
+        BLOCK_N != 64 or (WAVES == 1 and a_desc.block_type.shape[0] == _WAVE_M and GATED == 0),
+        "a 64-wide tile: one 128-row wave, not gated",
+    )
     gl.static_assert(WAVES == 1 or WAVES == 2, "WAVES is 1 or 2")
     gl.static_assert(BLOCK_N == 128 or WAVES == 1, "a 192-wide tile runs one wave")
     gl.static_assert(GROUPING == _DENSE or WAVES == 1, "a grouped tile is one wave: one group")
     gl.static_assert(
         a_desc.block_type.shape[0] == _WAVE_M * WAVES
-        or (a_desc.block_type.shape[0] == 64 and WAVES == 1 and BLOCK_N == 128 and GATED == 0),
-        "A's box: 128 rows a wave, or one 64-row wave of a 128-wide tile (not gated)",
+        or (a_desc.block_type.shape[0] == 64 and WAVES == 1 and BLOCK_N == 128),
+        "A's box: 128 rows a wave, or one 64-row wave of a 128-wide tile",
     )
     gl.static_assert(GROUPING != _K_GROUPED or BLOCK_N == 128, "k-grouped: 128-wide tiles")
     gl.static_assert(not ACCUMULATE or GROUPING == _K_GROUPED, "ACCUMULATE: k-grouped only")

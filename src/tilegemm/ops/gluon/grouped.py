@@ -91,26 +91,29 @@ def m_grouped_plan(
     row_scale: torch.Tensor | None = None,
     gated: int = 0,
     d_scales: torch.Tensor | None = None,
+    design: str | None = None,
 ) -> Runner:
     """The launch plan of a call, ``run(a, b, d, stream, m_index, row_scale=None, d_scales=None) -> d``, kept in
-    :mod:`tilegemm.ops.plans`: keyed by every operand's metadata and the device and SM count (what decides the
-    copies, the descriptors and the grid). The fused experts' forms (:func:`fp8_gemm_ws.ws_plan`): ``row_scale``
-    (fp32 [M_sum], the down projection) multiplies each output row before the rounding; ``gated`` (the gate/up
-    projection, design :data:`~tilegemm.heuristics.gluon.MOE_FP8_GATE_UP_WS_DESIGN`) quantizes ``act(g) * u`` into
-    an FP8 ``d`` and its scales ``d_scales``."""
+    :mod:`tilegemm.ops.plans`: keyed by every operand's metadata, the design and the device and SM count (what
+    decides the copies, the descriptors and the grid). The fused experts' forms (:func:`fp8_gemm_ws.ws_plan`):
+    ``row_scale`` (fp32 [M_sum], the down projection) multiplies each output row before the rounding; ``gated`` (the
+    gate/up projection) quantizes ``act(g) * u`` into an FP8 ``d`` and its scales ``d_scales``. ``design``: the ws
+    kernel's design by its ``VARIANTS`` name; ``None``: :data:`~tilegemm.heuristics.gluon.MOE_FP8_GATE_UP_WS_DESIGN`
+    when gated, else :data:`~tilegemm.heuristics.gluon.M_GROUPED_FP8_WS_DESIGN`."""
     (a_data, sa), (b_data, sb) = a, b
     tk = plans.tensor_key
+    design = design or (MOE_FP8_GATE_UP_WS_DESIGN if gated else M_GROUPED_FP8_WS_DESIGN)
     epilogue = tuple(None if x is None else tk(x) for x in (row_scale, d_scales))
     key = (
         "gluon", "m_grouped_fp8", tk(a_data), tk(sa), tk(b_data), tk(sb), tk(d), tk(m_index), *epilogue, gated,
-        plans.sms_key(d.device),
+        design, plans.sms_key(d.device),
     )  # fmt: skip
     run = plans.find(key)
     if run is None:
-        design = fp8_gemm_ws.VARIANTS[MOE_FP8_GATE_UP_WS_DESIGN if gated else M_GROUPED_FP8_WS_DESIGN]
-        print_once("m_grouped_fp8_gemm_nt_contiguous[gluon]", (a_data.shape[0], *b_data.shape, gated), design)
+        cfg = fp8_gemm_ws.VARIANTS[design]
+        print_once("m_grouped_fp8_gemm_nt_contiguous[gluon]", (a_data.shape[0], *b_data.shape, gated), cfg)
         plan = fp8_gemm_ws.ws_plan(
-            a, b, d, design, config.get_num_sms(), m_index, row_scale=row_scale, gated=gated, d_scales=d_scales
+            a, b, d, cfg, config.get_num_sms(), m_index, row_scale=row_scale, gated=gated, d_scales=d_scales
         )
         run = plans.keep(key, plan)
     return run

@@ -5,7 +5,8 @@ the warp-specialized gluon kernel's m-grouped form (``fp8_gemm_ws_kernel``, ``M_
 them are the cutile backend's small kernels (so this form needs cuTile installed beside triton):
 
 1. **routing** (``moe_blocks.routing`` with 128-row blocks): the slots sorted by expert, each expert's rows starting
-   on a 128-row block; per row its token and routing weight, per block its expert (-1: none), per slot its row.
+   on a 128-row block; per row its token, routing weight and expert, per block its expert (-1: none), per slot its
+   row.
 2. **quantize, then gather** (the ``quant`` and ``gather_rows`` kernels of ``moe_fp8``): each token quantized
    once, ``xt, st = q(x)`` (1x128), then ``xq[r], sx[r] = xt[tok(r)], st[tok(r)]``, the scales MN-major as the GEMM
    reads them. The gather copies FP8 bytes of rows that stay in L2, instead of reading and quantizing each token's
@@ -13,25 +14,27 @@ them are the cutile backend's small kernels (so this form needs cuTile installed
 3. **gate/up** (the kernel's ``GATED`` form): a tile reads the expert's gate rows and up rows of ``W13`` for the same
    128 columns of ``h``; ``g`` and ``u`` stay fp32 (each 128-deep block's product promoted with both scales), and the
    epilogue writes ``hq, sh = q(act(g) * u)``: ``h`` is never rounded before its quantization, as in the formula.
+   The designs of both GEMMs: ``moe_fp8_ws_designs``. The kernel also runs 64-row tiles here (the tile of a block's
+   padding rows skipped), measured slower at 16-32 routed rows per expert.
 4. **down**: ``y[r] = bf16(w(r) * (hq[r] @ W2[e].T))``: the kernel with its rows scaled by the routing weight before
    the rounding (``ROW_SCALE``).
 5. **combine** (the ``combine`` kernel of ``moe``): ``out[t] = bf16(sum_j y[dest[t, j]])`` in fp32, slots in order.
 
-The GEMMs read the block's expert from ``m_index`` [M], one entry per row: a block without an expert gets the id E,
-which the kernel neither computes nor stores (nothing reads those rows). It rounds where the cutile form does (the
-formula of ``tilegemm.ops.api.fp8_moe_experts``); only the fp32 association of a block's scales differs
-(``P * (sa * sw)`` here). No host synchronisation: CUDA-graph capturable; reruns are bitwise identical. The automatic
-choice takes this form from :data:`tilegemm.heuristics.gluon.MOE_FP8_MIN_ROWS_PER_EXPERT` routed rows per expert.
+The GEMMs read each row's expert from ``m_index`` [M] (the routing's ``row_group``): a row without a slot has the id
+E, so a tile that starts on one (a block without an expert; with 64-row tiles, the second half of a block of at most
+64 rows) is neither computed nor stored, and such rows of a computed tile are stored as 0; nothing reads them. It
+rounds where the cutile form does (the formula of ``tilegemm.ops.api.fp8_moe_experts``); only the fp32 association
+of a block's scales differs (``P * (sa * sw)`` here). No host synchronisation: CUDA-graph capturable; reruns are
+bitwise identical. The automatic choice takes this form from
+:data:`tilegemm.heuristics.gluon.MOE_FP8_MIN_ROWS_PER_EXPERT` routed rows per expert.
 """
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from tilegemm.backend.registry import Unsupported, register_impl
-from tilegemm.heuristics.gluon import BLOCK_M, moe_fp8_buffers_fit
+from tilegemm.heuristics.gluon import BLOCK_M, moe_fp8_buffers_fit, moe_fp8_ws_designs
 from tilegemm.heuristics.report import print_once
 from tilegemm.ops.gluon import fp8_gemm_ws, grouped
 from tilegemm.routing import max_padded_rows
@@ -99,10 +102,8 @@ def fp8_moe_experts(hidden, topk_ids, topk_weights, w13, w2, activation, stream)
     routed = moe_blocks.routing(topk_ids, topk_weights, num_experts, BLOCK_ROWS, rows)
     for kernel, grid, args in routed.launches:
         launch.launch(kernel, grid, args, stream)
-    # the GEMMs' row groups: each block's expert, E (neither computed nor stored) for a block without one
-    experts = routed.block_expert[: rows // BLOCK_ROWS]
-    with contextlib.nullcontext() if stream is None else torch.cuda.stream(stream):
-        m_index = torch.where(experts < 0, num_experts, experts).repeat_interleave(BLOCK_ROWS)
+    # the GEMMs' row groups: each row's expert, E (neither computed nor stored) for a row without a slot
+    m_index = routed.row_group
     # 2. quantize each token, then gather the rows (scales MN-major)
     br, occupancy = moe_fp8.QUANT_BR, moe_fp8.QUANT_OCCUPANCY
     xt = torch.empty(num_tokens, hidden_dim, dtype=torch.float8_e4m3fn, device=dev)
@@ -119,11 +120,12 @@ def fp8_moe_experts(hidden, topk_ids, topk_weights, w13, w2, activation, stream)
     hq = torch.empty(rows, inter, dtype=torch.float8_e4m3fn, device=dev)
     sh = torch.empty(inter // 128, rows, dtype=torch.float32, device=dev)
     gated = fp8_gemm_ws.GATED_ACTIVATIONS[activation]
-    up = grouped.m_grouped_plan((xq, sx.t()), w13, hq, m_index, gated=gated, d_scales=sh)
+    up_design, down_design = moe_fp8_ws_designs(num_tokens, top_k, num_experts)
+    up = grouped.m_grouped_plan((xq, sx.t()), w13, hq, m_index, gated=gated, d_scales=sh, design=up_design)
     up((xq, sx.t()), w13, hq, stream, m_index, d_scales=sh)
     # 4. down, rows scaled by their routing weight
     y = torch.empty(rows, hidden_dim, dtype=torch.bfloat16, device=dev)
-    down = grouped.m_grouped_plan((hq, sh.t()), w2, y, m_index, routed.row_weight)
+    down = grouped.m_grouped_plan((hq, sh.t()), w2, y, m_index, routed.row_weight, design=down_design)
     down((hq, sh.t()), w2, y, stream, m_index, row_scale=routed.row_weight)
     # 5. combine
     bt, bn = cutile_heuristics.MOE_COMBINE_BT, cutile_heuristics.combine_bn(hidden_dim)

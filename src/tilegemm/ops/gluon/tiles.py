@@ -1,0 +1,66 @@
+"""Device helpers the gluon GEMM kernels share: the wgmma accumulator layout of a tile over the MMA warps, the grouped
+order of the output tiles, a CTA's persistent walk over them, the TMA store of a tile through shared memory, and the
+FP8 recipe's B scale of a 128x128 block."""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, tma
+
+
+@gluon.constexpr_function
+def wgmma_layout(rows, width, num_warps, instr_k):
+    """The accumulator layout of a [``rows``, ``width``] wgmma tile over ``num_warps`` MMA warps (two warpgroups),
+    the instruction ``instr_k`` deep (32 for FP8, 16 for BF16): 128 rows, each warpgroup 64 of them
+    (m64n``width``); 64 rows, each warpgroup half the columns (m64n``width/2``, both reading the same A)."""
+    if rows == 128:
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, width, instr_k])
+    return gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps // 2, 2], instr_shape=[16, width // 2, instr_k]
+    )
+
+
+@gluon.jit
+def tile_coords(tile, num_m, num_n, GROUP_M: gl.constexpr):
+    """Row and column tile of linear tile ``tile`` in grouped order: ``GROUP_M`` row tiles per column sweep (so a
+    column tile of B stays in L2 while its rows are walked)."""
+    per_group = GROUP_M * num_n
+    group = tile // per_group
+    first_m = group * GROUP_M
+    height = gl.minimum(num_m - first_m, GROUP_M)
+    local = tile - group * per_group
+    return first_m + local % height, local // height
+
+
+@gluon.jit
+def tile_range(M, N, walks, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PERSISTENT: gl.constexpr):
+    """(first tile, tile count, step, row tiles, column tiles) of this CTA's walk over the output tiles of
+    ``walks`` problems of [M, N] (the k-grouped groups; else 1): every ``num_programs``-th tile when
+    ``PERSISTENT``, else the one tile of this CTA."""
+    num_m = gl.cdiv(M, BLOCK_M)
+    num_n = gl.cdiv(N, BLOCK_N)
+    num_tiles = walks * num_m * num_n
+    if PERSISTENT:
+        step = gl.num_programs(0)
+    else:
+        step = num_tiles
+    return gl.program_id(0), num_tiles, step, num_m, num_n
+
+
+@gluon.jit
+def store_tile(acc, d_desc, out_smem, row, col):
+    """The register tile ``acc`` to D at (row, col) in D's dtype: through ``out_smem`` by a TMA store (clipped at
+    D's edges), after the previous store from ``out_smem`` has read it."""
+    tma.store_wait(pendings=0)
+    out_smem.store(acc.to(d_desc.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(d_desc, [row, col], out_smem)
+
+
+@gluon.jit
+def block_scale(sb_ptr, sb_stride, col, kb, num_k, num_nb):
+    """B's scale of the 128-column block holding ``col`` at K block ``kb`` (DeepGEMM's recipe: one fp32 per 128x128
+    block, ``sb`` row pitch ``sb_stride``); 0 past the last block of N or K."""
+    nb = col // 128
+    return gl.load(sb_ptr + nb * sb_stride + kb, mask=(nb < num_nb) & (kb < num_k), other=0.0)
