@@ -27,7 +27,7 @@ pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
 
 from compile_gate.sass import cuobjdump_path, dump_sass, loop_bodies, opcode_counts, sass_summary  # noqa: E402
 from tilegemm.heuristics import gluon as gluon_rules  # noqa: E402
-from tilegemm.ops.gluon import aot, fp8_gemm_ws_kernel, grouped, transpose  # noqa: E402
+from tilegemm.ops.gluon import aot, fp8_gemm_ws_kernel, grouped, tiles, transpose  # noqa: E402
 from tilegemm.ops.gluon import fp8_gemm_ws as ws  # noqa: E402
 
 GOOD = ["a_128x128", "a_128x128_p", "d_128x128_ov", "d_128x128_ov4", "d_128x128_ov8", "b_256x128", "b_256x128_np"]
@@ -135,6 +135,13 @@ def _get(facts, name):
     if isinstance(got, Exception):
         raise got
     return got
+
+
+def test_ws_kernel_walks_and_stores_with_tiles_helpers():
+    """The ws kernel compiles tiles.py's tile walk, tile order, B block scale and store (the helpers the gluon GEMM
+    kernels share), not copies of its own."""
+    for helper in ("tile_range", "tile_coords", "block_scale", "store_tile", "wgmma_layout"):
+        assert getattr(fp8_gemm_ws_kernel, helper) is getattr(tiles, helper), helper
 
 
 @pytest.mark.parametrize("name", GOOD)
