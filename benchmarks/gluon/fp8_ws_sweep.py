@@ -4,7 +4,7 @@ Run on the H200 machine (``source .devbundle/setup.sh``; DeepGEMM built first wi
 ``DG_PREBUILT=1 DG_SKIP_SMOKE=1 bash .devbundle/deepgemm/build.sh``):
 
     PYTHONPATH=src python3 benchmarks/gluon/fp8_ws_sweep.py OUT.json [--variants a_128x128,b_256x128] [--quick]
-        [--rows set|unseen|few] [--no-gluon]
+        [--rows set|unseen|few | --shapes 256x2048x768,...] [--no-gluon]
 
 Every implementation's output on a row is compared with the float64 formula (``calc_diff``) before it is timed;
 timing is kernel-only: CUDA-graph replay of calls over input sets rotated past L2, median per call. A row whose
@@ -131,6 +131,7 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(ws.VARIANTS), help="comma-separated names of ws.VARIANTS")
     parser.add_argument("--quick", action="store_true", help="four rows instead of ten")
     parser.add_argument("--rows", choices=("set", "unseen", "few"), default="set", help="ROWS, UNSEEN or FEW")
+    parser.add_argument("--shapes", default="", help="comma-separated MxNxK rows instead of --rows")
     parser.add_argument("--budget-s", type=float, default=210.0, help="start no row after this many seconds")
     parser.add_argument("--no-gluon", action="store_true", help="leave out fp8_gemm_kernel (the first gluon kernel)")
     parser.add_argument("--rep-ms", type=float, default=25.0, help="timing budget of one implementation on a row")
@@ -141,6 +142,8 @@ def main() -> None:
     print("deepgemm:", why, flush=True)
     rows = []
     shapes = {"set": ROWS, "unseen": UNSEEN, "few": FEW}[args.rows]
+    if args.shapes:
+        shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     for m, n, k in QUICK if args.quick else shapes:
         if time.time() - t0 > args.budget_s:
             print(f"skipping {m}x{n}x{k}: past the {args.budget_s:.0f} s budget", flush=True)
@@ -172,7 +175,7 @@ def main() -> None:
     meta = {
         **device.describe(),
         "deepgemm": why,
-        "rows": args.rows,
+        "rows": args.shapes or args.rows,
         "variants": {name: ws.VARIANTS[name]._asdict() for name in names},
         "columns": "ws designs; gluon: fp8_gemm_kernel; tilegemm: fp8_gemm_nt, default settings; cutile; deepgemm",
         "timing": "CUDA-graph replay median per call, input sets rotated past L2, kernel-only",

@@ -84,7 +84,7 @@ def test_forced_gluon_without_fallback_raises(monkeypatch):
 WS_RULE_CASES = [
     (256, 2048, 768, False),  # 32 tiles: 0.89x / 0.74x; 64 64-row tiles, under the bar
     (256, 4096, 7168, True),  # 64 tiles: 0.94x / 0.98x; 128 64-row tiles: 1.19x
-    (256, 2112, 7168, False),  # 34 tiles: 0.78x / 0.75x; 68 64-row tiles: 0.98x
+    (256, 2112, 7168, True),  # 34 tiles: 0.78x / 0.75x; 68 64-row tiles: 0.98x; 132 64x64 tiles: 1.13x
     (256, 7168, 2048, True),  # 112 tiles: 1.23x / 1.21x
     (256, 32768, 512, True),  # 1.34x / 1.44x
     (256, 7168, 16384, True),  # 1.38x / 1.39x
@@ -95,14 +95,18 @@ WS_RULE_CASES = [
     (4096, 1536, 2048, True),  # 1.77x / 1.84x
     (8192, 8192, 8192, True),  # 1.47x / 1.52x
     (128, 7168, 16384, False),  # a decode size
-    (128, 4096, 7168, False),  # off-set: 64 64-row tiles, 0.99x
+    (128, 4096, 7168, True),  # off-set: 64 64-row tiles, 0.99x; 128 64x64 tiles, 1.11x
+    (127, 4096, 7168, False),  # off-set: under DENSE_FP8_WS_64X64_MIN_M
+    (256, 2048, 4096, True),  # off-set: 128 64x64 tiles, 1.08x
+    (192, 2816, 5120, True),  # off-set: 132 64x64 tiles, 1.11x
+    (384, 1408, 4096, True),  # off-set: 132 64x64 tiles, 1.15x
     (200, 4096, 8192, True),  # off-set: 128 64-row tiles, 1.55x
     (320, 6144, 4096, True),  # off-set: 240 64-row tiles, 1.32x
     (384, 3072, 8192, True),  # off-set: 72 tiles, 1.56x
     (255, 7168, 2048, True),  # off-set: 112 tiles
     (384, 7168, 2048, True),  # off-set: 168 tiles
     (384, 2112, 7168, True),  # off-set: 102 64-row tiles
-    (1024, 256, 7168, False),  # off-set: 16 tiles
+    (1024, 256, 7168, False),  # off-set: 16 tiles; 64 64x64 tiles, fewer than measured
     (1024, 512, 512, False),  # off-set: 32 tiles x 4 K blocks, under the fewest measured
     (191, 7168, 7168, False),  # off-set: under DENSE_FP8_WS_MIN_M
 ]
@@ -117,12 +121,22 @@ WS_RULE_CASES = [
         (512, 4096, "d_128x128_ov8"),  # one round (128) -> two (256)
         (512, 2112, "f_128x64_ov2"),  # one round (68) -> one of 132 128x64 tiles; 64x128: two (136)
         (4096, 7168, "d_128x128_ov8"),
+        (256, 2112, "h_64x64_ov2"),  # one round of 68 64x128 tiles (0.8) -> one of 132 64x64 tiles (0.7)
+        (128, 4096, "h_64x64_ov2"),  # one round of 64 64x128 tiles -> one of 128 64x64 tiles
+        (256, 4096, "e_64x128_ov2"),  # one round of 128 64x128 tiles; 64x64: two (256)
     ],
 )
 def test_dense_fp8_ws_design(m, n, design):
     """64x128 or 128x64 tiles where their rounds over the SMs cost less than the 128x128 tiles' (a round of smaller
-    tiles: 0.8), 64x128 first where the two tie."""
-    assert gluon.dense_fp8_ws_design(m, n, 132) == design
+    tiles: 0.8), 64x128 first where the two tie; 64x64 tiles (0.7) where those still leave SMs idle, at K 4096+."""
+    assert gluon.dense_fp8_ws_design(m, n, 7168, 132) == design
+
+
+@pytest.mark.parametrize("k", [768, 2048, 4095])
+def test_dense_fp8_ws_64x64_tiles_need_deep_k(k):
+    """Under :data:`DENSE_FP8_WS_64X64_MIN_K` the 64x64 tiles are not a choice (256x2048x768 ran 0.94x cutile)."""
+    assert gluon.dense_fp8_ws_design(256, 2112, k, 132) != gluon.DENSE_FP8_WS_64X64_DESIGN
+    assert gluon.dense_fp8_ws_design(256, 2112, 4096, 132) == gluon.DENSE_FP8_WS_64X64_DESIGN
 
 
 def test_dense_fp8_ws_designs_are_ws_variants():
@@ -176,7 +190,7 @@ def test_gluon_rule_is_registered_for_the_dense_fp8_gemms():
     tilegemm.list_ops()  # loads the backends
     for layout in ("nt", "nn", "tn", "tt"):
         assert gluon.dense_fp8_rule in choice._RULES[f"fp8_fp4_gemm_{layout}"]
-    assert not any(op.startswith("bf16") for op in choice._RULES)
+        assert gluon.dense_bf16_rule in choice._RULES[f"bf16_gemm_{layout}"]
 
 
 def test_gluon_rules_are_the_rule_functions():
@@ -185,6 +199,7 @@ def test_gluon_rules_are_the_rule_functions():
     tilegemm.list_ops()
     want = {
         "fp8_fp4_gemm_nt": gluon.dense_fp8_rule,
+        "bf16_gemm_nt": gluon.dense_bf16_rule,
         "m_grouped_fp8_fp4_gemm_nt_contiguous": gluon.m_grouped_fp8_rule,
         "k_grouped_fp8_gemm_tn_contiguous": gluon.k_grouped_fp8_rule,
         "fp8_moe_experts": gluon.fp8_moe_experts_rule,
@@ -202,7 +217,9 @@ def test_chooser_keeps_default_without_gluon(monkeypatch):
     d = torch.empty(4096, 4096, dtype=torch.bfloat16)
     derived = {"a": qa, "b": qb, "d": d}
     assert choice.automatic("fp8_fp4_gemm_nt", derived) == selector.default_backend()
-    assert choice.automatic("bf16_gemm_nt", {}) == selector.default_backend()
+    a, b = torch.empty(512, 7168, dtype=torch.bfloat16), torch.empty(2112, 7168, dtype=torch.bfloat16)
+    derived = {"a": a, "b": b, "d": torch.empty(512, 2112, dtype=torch.bfloat16), "c": None, "alpha": 1.0, "beta": 1.0}
+    assert choice.automatic("bf16_gemm_nt", derived) == selector.default_backend()
 
 
 @pytest.mark.parametrize("out_bytes, stages", [(2, 5), (4, 4)])
@@ -223,10 +240,10 @@ def test_reference_on_gpu_warns_once(monkeypatch):
     monkeypatch.setattr(choice, "_warned_reference_on_gpu", False)
     monkeypatch.setattr(choice, "_on_cuda", lambda value: isinstance(value, _CudaLike))
     with pytest.warns(choice.ReferenceOnGpuWarning, match=r"cuda\.tile not importable.*tilegemm\[cutile\]"):
-        assert choice.automatic("bf16_gemm_nt", {"a": _CudaLike()}) == "pytorch"
+        assert choice.automatic("m_grouped_bf16_gemm_nt_masked", {"a": _CudaLike()}) == "pytorch"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert choice.automatic("bf16_gemm_nt", {"a": _CudaLike()}) == "pytorch"  # once per process
+        assert choice.automatic("m_grouped_bf16_gemm_nt_masked", {"a": _CudaLike()}) == "pytorch"  # once a process
 
 
 def test_reference_on_cpu_does_not_warn(monkeypatch):
@@ -234,7 +251,7 @@ def test_reference_on_cpu_does_not_warn(monkeypatch):
     monkeypatch.setattr(choice, "_warned_reference_on_gpu", False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert choice.automatic("bf16_gemm_nt", {"a": torch.ones(2)}) == "pytorch"
+        assert choice.automatic("m_grouped_bf16_gemm_nt_masked", {"a": torch.ones(2)}) == "pytorch"
 
 
 def test_reference_on_gpu_warning_names_the_callers_line(monkeypatch):
@@ -264,3 +281,60 @@ def test_rule_judges_the_kernel_the_call_runs(monkeypatch, c, alpha, recipe, cho
     a, b = (torch.empty(256, 2048), None), (torch.empty(7168, 2048), None)
     arguments = dict(a=a, b=b, d=d, c=None if c is None else d, alpha=alpha, beta=1.0, recipe=recipe)
     assert gluon.dense_fp8_rule(arguments) == chosen
+
+
+# The BF16 ws kernel: (M, N, K, the design picked on 132 SMs, gluon the automatic choice?), with what that design
+# measured against the cutile kernels, kernel-only (H200, benchmarks/results/gluon/bf16_ws_h200.json).
+BF16_RULE_CASES = [
+    (256, 4096, 7168, "bf16_64x128", True),  # 128 tiles in one round: 1.18x
+    (512, 2112, 7168, "bf16_128x64", True),  # 132 tiles in one round: 1.44x
+    (384, 1536, 2048, "bf16_64x128", True),  # 72 tiles: 1.33x
+    (512, 4096, 7168, "bf16_128x128", True),  # 128 tiles: 1.02x
+    (1024, 4096, 7168, "bf16_128x256", True),  # 128 tiles in one round: 1.03x (128x128, two rounds: 1.02x)
+    (512, 7168, 16384, "bf16_128x256", True),  # 112 tiles in one round: 1.08x (128x128, two rounds: 1.02x)
+    (160, 7168, 2048, "bf16_128x128", True),  # 0.92x: the rule's one miss at K >= 1024 (64x128: 1.02x)
+    (256, 2048, 768, "bf16_64x128", False),  # K 768: 0.91x
+    (1024, 2048, 768, "bf16_128x128", False),  # 0.97x
+    (128, 4096, 7168, "bf16_64x128", False),  # not measured: the decode-sized rows stay on cutile
+    (2048, 4096, 7168, "bf16_128x256", False),  # not measured
+]
+
+
+@pytest.mark.parametrize("m, n, k, design, automatic", BF16_RULE_CASES)
+def test_dense_bf16_rule(m, n, k, design, automatic):
+    assert gluon.dense_bf16_ws_design(m, n, 132) == design
+    assert gluon.prefers_dense_bf16(m, n, k) == automatic
+
+
+def test_dense_bf16_designs_are_bf16_variants():
+    """Every design the BF16 rule may pick names a ``bf16_gemm_ws.VARIANTS`` entry of the tile it is costed as."""
+    bw = pytest.importorskip("tilegemm.ops.gluon.bf16_gemm_ws")
+    for design, rows, cols, _ in gluon.DENSE_BF16_WS_TILES:
+        cfg = bw.VARIANTS[design]
+        assert (cfg.block_m, cfg.block_n) == (rows, cols)
+
+
+@pytest.mark.parametrize(
+    "layout, c, alpha, chosen",
+    [("nt", None, 1.0, "gluon"), ("nt", "c", 1.0, None), ("nt", None, 2.0, None), ("nn", None, 1.0, None),
+     ("tn", None, 1.0, None)],
+)  # fmt: skip
+def test_bf16_rule_claims_only_what_the_kernel_computes_as_given(monkeypatch, layout, c, alpha, chosen):
+    """512x2112x7168: gluon for K-major operands without an addend and with alpha 1; an addend, another alpha, or
+    an operand in MN-major storage (the kernel makes no copies) stays on cutile."""
+    monkeypatch.setattr(selector, "gluon_unavailable_reason", lambda: None)
+    monkeypatch.setattr(gluon.operands, "tma_ready", lambda x: True)
+    m, n, k = 512, 2112, 7168
+    a = torch.empty(k, m).t() if layout[0] == "t" else torch.empty(m, k)
+    b = torch.empty(k, n).t() if layout[1] == "n" else torch.empty(n, k)
+    d = types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16)
+    arguments = dict(a=a, b=b, d=d, c=None if c is None else d, alpha=alpha, beta=1.0)
+    assert gluon.dense_bf16_rule(arguments) == chosen
+
+
+def test_dense_bf16_registered_on_gluon():
+    """The gluon backend implements the four BF16 layouts (with their hot-lane replays)."""
+    tilegemm.list_ops()
+    gemm = pytest.importorskip("tilegemm.ops.gluon.gemm")
+    for layout in ("nt", "nn", "tn", "tt"):
+        assert registry.get_impl(f"bf16_gemm_{layout}", "gluon") is gemm.bf16_gemm

@@ -305,6 +305,48 @@ def _dense_gluon_ws() -> str:
     return f"{len(ws.VARIANTS)} designs, calc_diff {worst:.1e}"
 
 
+# The warp-specialized gluon BF16 kernel (ops/gluon/bf16_gemm_ws.py), every design: partial tiles in M, N and K,
+# one partial K block, a persistent grid of 3 CTAs over many tiles, an fp32 output; then bf16_gemm_nt on gluon twice
+# a shape (the plan, then its relaunch on new operands).
+@case("dense bf16 gluon ws: every design, awkward shapes")
+def _dense_bf16_gluon_ws() -> str:
+    from tilegemm.backend.selector import gluon_unavailable_reason
+
+    reason = gluon_unavailable_reason()
+    if reason is not None:
+        return f"skipped: gluon unavailable ({reason})"
+    from tilegemm.ops.gluon import bf16_gemm_ws as bw
+
+    worst = 0.0
+    for name, cfg in bw.VARIANTS.items():
+        for m, n, k, sms, dtype in [(1, 256, 8, None, torch.bfloat16), (300, 200, 1096, None, torch.float32),
+                                    (257, 520, 640, 3, torch.bfloat16)]:  # fmt: skip
+            g = _gen(m + n + k)
+            a = torch.randn(m, k, device=DEV, generator=g).bfloat16()
+            b = torch.randn(n, k, device=DEV, generator=g).bfloat16()
+            d = torch.full((m, n), float("nan"), dtype=dtype, device=DEV)
+            bw.bf16_ws_plan(a, b, d, cfg, sms)(a, b, d)
+            torch.cuda.synchronize()
+            if d.isnan().any():
+                raise AssertionError(f"{name} {m}x{n}x{k}: output elements not written")
+            worst = max(worst, calc_diff(d, a.double() @ b.double().t()))
+    # the public op on gluon (its plan, then the relaunch on new operands), in the design the rule picks
+    for m, n, k in [(200, 312, 1096), (513, 2112, 1024)]:  # N off the tiles, D rows 16-byte aligned
+        for seed in (1, 2):
+            g = _gen(m + n + k + seed)
+            a = torch.randn(m, k, device=DEV, generator=g).bfloat16()
+            b = torch.randn(n, k, device=DEV, generator=g).bfloat16()
+            d = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=DEV)
+            tg.bf16_gemm_nt(a, b, d, backend="gluon")
+            torch.cuda.synchronize()
+            if d.isnan().any():
+                raise AssertionError(f"bf16_gemm_nt on gluon {m}x{n}x{k}: output elements not written")
+            worst = max(worst, calc_diff(d, a.double() @ b.double().t()))
+    if worst > 1e-5:
+        raise AssertionError(f"bf16_gemm_ws differs from float64: calc_diff {worst:.2e}")
+    return f"{len(bw.VARIANTS)} designs and the public op, calc_diff {worst:.1e}"
+
+
 # The ws kernel's m-grouped form (ops/gluon/grouped.py): -1 padding ending groups, an empty group, a partial last
 # block, N and K off the tiles, every one-wave design on a 3-CTA persistent grid; then garbage ids.
 @case("m-grouped fp8 gluon ws: m_indices padding, partial last block, every grouped design; then garbage ids")

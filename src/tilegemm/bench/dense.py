@@ -2,7 +2,7 @@
 
 Peers: cuBLAS through torch (``torch.matmul``; ``scaled_mm`` blockwise for FP8, which refuses some
 shapes, e.g. M=1) and DeepGEMM (``bf16_gemm_nt`` / ``fp8_gemm_nt`` on its own casts). An FP8 row that the
-automatic choice runs on the gluon backend also times the cutile kernel (``tilegemm_cutile``).
+automatic choice runs on the gluon backend (FP8 or BF16) also times the cutile kernel (``tilegemm_cutile``).
 
 Shapes: decode M in {1..256} x the (N, K) of DeepSeek-V3 and Qwen3 layers, then prefill M (512, 2048:
 grids under half the SMs there are split along K) and large M (4096) on the same (N, K), and 8192^3.
@@ -55,14 +55,17 @@ def case(spec: dict[str, Any], dg: Any = None, dg_reason: str = "DeepGEMM not lo
     return Case(FAMILY, op, dt, shape, flops, nbytes, build)
 
 
-def _runs_on_gluon(m: int, n: int, k: int) -> bool:
-    """True when the automatic choice runs this FP8 row on the gluon backend (see ``tilegemm.heuristics``)."""
+def _runs_on_gluon(m: int, n: int, k: int, dtype: str = "fp8") -> bool:
+    """True when the automatic choice runs this row (``dtype`` "fp8" or "bf16", K-major operands, no addend) on the
+    gluon backend (see ``tilegemm.heuristics``)."""
     from tilegemm import config
     from tilegemm.backend import selector
     from tilegemm.heuristics import gluon
 
     if timing.DEVICE != "cuda" or selector.gluon_unavailable_reason() is not None:
         return False
+    if dtype == "bf16":
+        return gluon.prefers_dense_bf16(m, n, k)
     return gluon.prefers_dense_fp8(m, n, k, config.get_num_sms())
 
 
@@ -81,8 +84,11 @@ def _build_bf16(m: int, n: int, k: int, dg: Any, dg_reason: str) -> Built:
     ]
     impls = [
         Impl("tilegemm", sets, lambda a, b, out: tilegemm.bf16_gemm_nt(a, b, out)),
-        Impl("cublas", sets, lambda a, b, out: torch.matmul(a, b.t(), out=out), note="torch.matmul"),
     ]
+    if _runs_on_gluon(m, n, k, "bf16"):  # the automatic choice took the gluon kernel: cutile's time beside it
+        cutile = lambda a, b, out: tilegemm.bf16_gemm_nt(a, b, out, backend="cutile")  # noqa: E731
+        impls.append(Impl("tilegemm_cutile", sets, cutile, note="the cutile kernel of this row (backend='cutile')"))
+    impls.append(Impl("cublas", sets, lambda a, b, out: torch.matmul(a, b.t(), out=out), note="torch.matmul"))
     if dg:
         impls.append(Impl("deepgemm", sets, peers.writes_d(dg.bf16_gemm_nt)))
     else:

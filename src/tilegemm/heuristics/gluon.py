@@ -60,12 +60,43 @@ DENSE_FP8_WS_SHORT_N_DESIGN = "f_128x64_ov2"
 #: The time of a 64x128 or 128x64 tile over a 128x128 one's on an SM (H200, rows where both fill the SMs in one
 #: round: 0.81 for 64x128; 0.79 for 128x64 at 512x2112x7168; benchmarks/results/dense-fp8-h200/).
 WS_SHORT_TILE_COST = 0.8
+#: 64x64 tiles (one 64-row wave, each MMA warpgroup 32 of the 64 columns, runs of 2) for calls whose 64x128 and
+#: 128x64 tilings still leave SMs idle: 68 tiles at 256x2112 become one round of 132.
+DENSE_FP8_WS_64X64_DESIGN = "h_64x64_ov2"
+#: A 64x64 tile's time over a 128x128 one's: 0.69-0.70 (one round of 132 64x64 tiles against one of 68 64x128 ones
+#: at 256x2112x7168, of 128 against 64 at 128x4096x7168; benchmarks/results/dense-fp8-h200/h_64x64_h200.json).
+WS_64X64_TILE_COST = 0.7
+#: 64x64 tiles from this K: with fewer K blocks a tile's prologue and epilogue weigh more (256x2048x768: 0.94x
+#: cutile, 256x1536x2048: 1.00x; K 4096-7168: 1.08-1.15x).
+DENSE_FP8_WS_64X64_MIN_K = 4096
+#: ...and the ws kernel in 64x64 tiles from this many rows (128x4096x7168: 1.11x cutile's split-K plans).
+DENSE_FP8_WS_64X64_MIN_M = 128
 #: The dense designs in order of preference where their costs tie: (design, tile rows, tile columns, a tile's time
 #: relative to a 128x128 one's).
 DENSE_FP8_WS_TILES = (
     (DENSE_FP8_WS_DESIGN, BLOCK_M, 128, 1.0),
     (DENSE_FP8_WS_SHORT_M_DESIGN, BLOCK_M // 2, 128, WS_SHORT_TILE_COST),
     (DENSE_FP8_WS_SHORT_N_DESIGN, BLOCK_M, 64, WS_SHORT_TILE_COST),
+    (DENSE_FP8_WS_64X64_DESIGN, BLOCK_M // 2, 64, WS_64X64_TILE_COST),
+)
+
+
+# The automatic choice of the dense BF16 GEMMs (benchmarks/results/gluon/bf16_ws_h200.json: the BF16 ws kernel's
+# designs beside cutile, cuBLAS and DeepGEMM on 48 rows of M 160-1024).
+#: The BF16 ws kernel (``ops/gluon/bf16_gemm_ws.py``) serves rows in this range, where it was measured: there the
+#: design :func:`dense_bf16_ws_design` picks ran 1.06x the cutile kernels (geomean, 40 of 48 rows faster).
+DENSE_BF16_WS_MIN_M = 129
+DENSE_BF16_WS_MAX_M = 1024
+#: ...with K at least this deep: the rows of K 768 (kernels of 6-10 us) lost 0.91-0.97x.
+DENSE_BF16_WS_MIN_K = 1024
+#: The BF16 designs by preference where their costs tie: (design, tile rows, tile columns, a tile's time relative
+#: to a 128x128 one's: 0.73 for 64x128 and 128x64 at 256x4096x7168; 1.83-1.95 for 128x256 at 512x7168x16384,
+#: 1024x4096x7168 and 1024x7168x16384: benchmarks/results/gluon/bf16_ws_designs_h200.json).
+DENSE_BF16_WS_TILES = (
+    ("bf16_128x128", BLOCK_M, 128, 1.0),
+    ("bf16_64x128", BLOCK_M // 2, 128, 0.75),
+    ("bf16_128x64", BLOCK_M, 64, 0.75),
+    ("bf16_128x256", BLOCK_M, 256, 1.9),
 )
 
 
@@ -143,35 +174,67 @@ def prefers_dense_fp8(m: int, n: int, k: int, num_sms: int, ws: bool = True) -> 
     return kernel_faster_dense_fp8(m, n, k, num_sms)
 
 
-def dense_fp8_ws_tiling(m: int, n: int, num_sms: int) -> tuple[str, int]:
-    """The ws kernel's design for a dense [M, K] x [N, K] call on ``num_sms`` SMs, and its number of output tiles:
-    of :data:`DENSE_FP8_WS_TILES`, the one whose rounds of tiles over the SMs, ``ceil(tiles / SMs)``, each weighted by
-    its tile's relative time, cost least (the first where they tie). One round of 64 128x128 tiles on 132 SMs becomes
-    one round of 128 64x128 tiles; 68 tiles at 512x2112 become one round of 132 128x64 tiles."""
+def cheapest_tiling(m: int, n: int, num_sms: int, tiles: tuple[tuple[str, int, int, float], ...]) -> tuple[str, int]:
+    """Of ``tiles`` ((design, tile rows, tile columns, a tile's relative time), by preference), the design whose
+    rounds of tiles over ``num_sms`` SMs, ``ceil(tiles / SMs)``, each weighted by its tile's time, cost least (the
+    first where they tie), and its number of output tiles."""
     num_sms = max(num_sms, 1)  # 0 where no GPU is seen (plans recorded on a CPU)
     best: tuple[float, str, int] | None = None
-    for design, rows, cols, cost in DENSE_FP8_WS_TILES:
-        tiles = cdiv(m, rows) * cdiv(n, cols)
-        rounds_time = cdiv(tiles, num_sms) * cost
+    for design, rows, cols, cost in tiles:
+        count = cdiv(m, rows) * cdiv(n, cols)
+        rounds_time = cdiv(count, num_sms) * cost
         if best is None or rounds_time < best[0]:
-            best = (rounds_time, design, tiles)
+            best = (rounds_time, design, count)
     return best[1], best[2]
 
 
-def dense_fp8_ws_design(m: int, n: int, num_sms: int) -> str:
+def dense_fp8_ws_tiling(m: int, n: int, k: int, num_sms: int) -> tuple[str, int]:
+    """The ws kernel's design for a dense [M, K] x [N, K] call on ``num_sms`` SMs, and its number of output tiles:
+    the cheapest tiling of :data:`DENSE_FP8_WS_TILES` (:func:`cheapest_tiling`), 64x64 tiles from
+    :data:`DENSE_FP8_WS_64X64_MIN_K`. One round of 64 128x128 tiles on 132 SMs becomes one round of 128 64x128
+    tiles; 68 tiles at 512x2112 become one round of 132 128x64 tiles, at 256x2112x7168 one of 132 64x64 tiles."""
+    tiles = tuple(t for t in DENSE_FP8_WS_TILES if k >= DENSE_FP8_WS_64X64_MIN_K or t[0] != DENSE_FP8_WS_64X64_DESIGN)
+    return cheapest_tiling(m, n, num_sms, tiles)
+
+
+def dense_fp8_ws_design(m: int, n: int, k: int, num_sms: int) -> str:
     """The ws kernel's design for a dense [M, K] x [N, K] call on ``num_sms`` SMs (:func:`dense_fp8_ws_tiling`)."""
-    return dense_fp8_ws_tiling(m, n, num_sms)[0]
+    return dense_fp8_ws_tiling(m, n, k, num_sms)[0]
 
 
 def ws_kernel_faster(m: int, n: int, k: int, num_sms: int) -> bool:
-    """True where the warp-specialized kernel beats cutile's kernels: from :data:`DENSE_FP8_WS_MIN_M` rows, enough
-    output tiles of the design it runs (:func:`dense_fp8_ws_tiling`) for the SMs
-    (:data:`DENSE_FP8_WS_MIN_TILES_PER_SM`, fewer from 384 rows) and enough tile-steps per SM."""
-    tiles = dense_fp8_ws_tiling(m, n, num_sms)[1]
-    if m < DENSE_FP8_WS_MIN_M or tiles * cdiv(k, BLOCK_K) < DENSE_FP8_WS_MIN_STEPS_PER_SM * num_sms:
+    """True where the warp-specialized kernel beats cutile's kernels: from :data:`DENSE_FP8_WS_MIN_M` rows
+    (:data:`DENSE_FP8_WS_64X64_MIN_M` in 64x64 tiles), enough output tiles of the design it runs
+    (:func:`dense_fp8_ws_tiling`) for the SMs (:data:`DENSE_FP8_WS_MIN_TILES_PER_SM`, fewer from 384 rows but for
+    64x64 tiles) and enough tile-steps per SM."""
+    design, tiles = dense_fp8_ws_tiling(m, n, k, num_sms)
+    least_m = DENSE_FP8_WS_64X64_MIN_M if design == DENSE_FP8_WS_64X64_DESIGN else DENSE_FP8_WS_MIN_M
+    if m < least_m or tiles * cdiv(k, BLOCK_K) < DENSE_FP8_WS_MIN_STEPS_PER_SM * num_sms:
         return False
-    least = DENSE_FP8_WS_MIN_TILES_PER_SM_FROM_384 if m >= 384 else DENSE_FP8_WS_MIN_TILES_PER_SM
+    fewer_ok = m >= 384 and design != DENSE_FP8_WS_64X64_DESIGN  # 64x64 tiles: measured with 128-132 of them only
+    least = DENSE_FP8_WS_MIN_TILES_PER_SM_FROM_384 if fewer_ok else DENSE_FP8_WS_MIN_TILES_PER_SM
     return tiles >= least * num_sms
+
+
+def dense_bf16_ws_design(m: int, n: int, num_sms: int) -> str:
+    """The BF16 ws kernel's design (a ``bf16_gemm_ws.VARIANTS`` name) for a dense [M, K] x [N, K] call on
+    ``num_sms`` SMs: the cheapest tiling of :data:`DENSE_BF16_WS_TILES` (:func:`cheapest_tiling`)."""
+    return cheapest_tiling(m, n, num_sms, DENSE_BF16_WS_TILES)[0]
+
+
+def prefers_dense_bf16(m: int, n: int, k: int) -> bool:
+    """True where the BF16 ws kernel is the automatic choice for an [M, K] x [N, K] product (no addend, ``alpha``
+    1, K-major operands): :data:`DENSE_BF16_WS_MIN_M` to :data:`DENSE_BF16_WS_MAX_M` rows, K from
+    :data:`DENSE_BF16_WS_MIN_K`."""
+    return DENSE_BF16_WS_MIN_M <= m <= DENSE_BF16_WS_MAX_M and k >= DENSE_BF16_WS_MIN_K
+
+
+def bf16_ws_takes(a: torch.Tensor, b: torch.Tensor, has_c: bool, alpha: float) -> bool:
+    """Whether the BF16 ws kernel computes a call as given (logical ``nt`` form): no addend, ``alpha`` 1, A [M, K]
+    and B [N, K] K-major and TMA-ready (it makes no copies)."""
+    if has_c or alpha != 1.0:
+        return False
+    return all(x.stride(1) == 1 and operands.tma_ready(x) for x in (a, b))
 
 
 def kernel_faster_dense_fp8(m: int, n: int, k: int, num_sms: int) -> bool:
@@ -197,6 +260,20 @@ def dense_fp8_rule(arguments: dict[str, Any]) -> str | None:
     addend = arguments["c"] is not None and arguments["beta"] != 0
     ws = takes_ws_kernel(arguments["recipe"], addend, arguments["alpha"])
     if prefers_dense_fp8(m, b_data.shape[0], k, config.get_num_sms(), ws):
+        return "gluon"
+    return None
+
+
+@register_rule("bf16_gemm_nt", "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt")
+def dense_bf16_rule(arguments: dict[str, Any]) -> str | None:
+    """The automatic choice's rule for the dense BF16 GEMMs (``arguments``: the logical ``nt`` form the check
+    derived): ``gluon`` on Hopper where the BF16 ws kernel computes the call as given (:func:`bf16_ws_takes`) and
+    :func:`prefers_dense_bf16` says it is faster, else no claim."""
+    d, a, b = arguments["d"], arguments["a"], arguments["b"]
+    if not _gluon_may_run(d):
+        return None
+    addend = arguments["c"] is not None and arguments["beta"] != 0
+    if bf16_ws_takes(a, b, addend, arguments["alpha"]) and prefers_dense_bf16(a.shape[0], b.shape[0], a.shape[1]):
         return "gluon"
     return None
 

@@ -14,7 +14,7 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 
 from tilegemm.heuristics.gluon import GluonDenseConfig
-from tilegemm.ops.gluon import fp8_gemm_kernel, fp8_gemm_ws, gemm, sparse_attention, transpose
+from tilegemm.ops.gluon import bf16_gemm_ws, fp8_gemm_kernel, fp8_gemm_ws, gemm, sparse_attention, transpose
 from tilegemm.ops.gluon.tma import SCALE_LAYOUT, operand_layout
 
 _TY = {torch.float8_e4m3fn: "fp8e4nv", torch.bfloat16: "bf16", torch.float32: "fp32"}
@@ -96,6 +96,25 @@ def compile_dense_fp8_ws(
     signature.update({name: "constexpr" for name in consts})
     source = GluonASTSource(ws.fp8_gemm_ws_kernel, signature, constexprs=consts)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": ws.MMA_WARPS})
+
+
+def compile_bf16_ws(cfg: bf16_gemm_ws.Bf16WsConfig, out_dtype: torch.dtype = torch.bfloat16) -> Any:
+    """``bf16_gemm_ws_kernel`` compiled for sm_90a as :func:`bf16_gemm_ws.bf16_ws_plan` launches ``cfg`` (its ring
+    depth set for ``out_dtype``): a triton ``CompiledKernel``."""
+    cfg = bf16_gemm_ws.bf16_ws_config(cfg, out_dtype)
+    bf16, bm, bk = torch.bfloat16, cfg.block_m, bf16_gemm_ws.BLOCK_K
+    signature = {
+        "a_desc": _desc(bf16, [bm, bk]),
+        "b_desc": _desc(bf16, [cfg.block_n, bk]),
+        "d_desc": _desc(out_dtype, [bm, min(cfg.block_n, 128)]),
+        "M": "i32",
+        "N": "i32",
+        "K": "i32",
+    }
+    consts = {"STAGES": cfg.stages, "GROUP_M": cfg.group_m, "LOADER_REGS": cfg.loader_regs}
+    signature.update({name: "constexpr" for name in consts})
+    source = GluonASTSource(bf16_gemm_ws.bf16_gemm_ws_kernel, signature, constexprs=consts)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": bf16_gemm_ws.MMA_WARPS})
 
 
 def compile_transpose() -> Any:

@@ -42,9 +42,9 @@ GATED_ACTIVATIONS = {"silu": GATED_SILU, "gelu_tanh": GATED_GELU_TANH}
 class WsConfig(NamedTuple):
     """One launch of :func:`fp8_gemm_ws_kernel`.
 
-    ``block_n`` 64 (one 128-row wave), 128 or 192 (128 + 64 sub-tiles); ``waves`` 1 (one wave a tile) or 2 (two
-    128-row waves: 256 rows); ``wave_m``: rows of a wave, 128 (each MMA warpgroup 64 of them) or 64 (the one wave of
-    a 128-wide tile, each warpgroup 64 of its columns: twice the tiles of a short M, for SMs a 128-row tiling leaves
+    ``block_n`` 64 (one wave), 128 or 192 (128 + 64 sub-tiles); ``waves`` 1 (one wave a tile) or 2 (two 128-row
+    waves: 256 rows); ``wave_m``: rows of a wave, 128 (each MMA warpgroup 64 of them) or 64 (the one wave of a 128- or
+    64-wide tile, each warpgroup half its columns: twice the tiles of a short M, for SMs a 128-row tiling leaves
     idle); ``persistent``: grid of at most one CTA per SM; ``overlap``: K blocks per software-pipelined run with the
     next step's wgmma before the current promotion (0: off; 1, 2, 4 or 8); ``stages``: ring depth, 0 for the deepest
     that fits; ``group_m``: row tiles per column sweep; ``loader_regs``: the TMA warp's registers.
@@ -67,7 +67,8 @@ class WsConfig(NamedTuple):
 
 #: The designs of the prototype, by name: (a) the MMA warpgroups in the default partition, (b) 256x128 as two waves,
 #: persistent, (c) 128x192 from 128 + 64 sub-tiles, (d) the next step's wgmma before the promotion (runs of 2 or 4
-#: K blocks), and mixes; ``e_``: 64x128 (one 64-row wave, the warpgroups splitting its columns), ``f_``: 128x64.
+#: K blocks), and mixes; ``e_``: 64x128 (one 64-row wave, the warpgroups splitting its columns), ``f_``: 128x64,
+#: ``h_``: 64x64 (the warpgroups 32 columns each).
 VARIANTS: dict[str, WsConfig] = {
     "a_128x128": WsConfig(block_n=128, waves=1, persistent=False),
     "a_128x128_p": WsConfig(block_n=128, waves=1, persistent=True),
@@ -85,6 +86,8 @@ VARIANTS: dict[str, WsConfig] = {
     "f_128x64_p": WsConfig(block_n=64, waves=1, persistent=True),
     "f_128x64_ov2": WsConfig(block_n=64, waves=1, persistent=True, overlap=2),
     "f_128x64_ov4": WsConfig(block_n=64, waves=1, persistent=True, overlap=4),
+    "h_64x64_ov2": WsConfig(block_n=64, waves=1, persistent=True, overlap=2, wave_m=64),
+    "h_64x64_ov4": WsConfig(block_n=64, waves=1, persistent=True, overlap=4, wave_m=64),
 }
 
 
@@ -124,10 +127,10 @@ def ws_config(problem: Problem, cfg: WsConfig | None = None) -> WsConfig:
     deepest that fits when ``cfg.stages`` is 0, else no deeper than fits. A grouped call takes one wave (a
     k-grouped one, 128-wide tiles)."""
     cfg = cfg or WsConfig()
-    if cfg.wave_m not in (64, WAVE_M) or (cfg.wave_m == 64 and (cfg.waves != 1 or cfg.block_n != 128)):
-        raise ValueError(f"{cfg}: a wave is 128 rows, or 64 as the one wave of a 128-wide tile")
+    if cfg.wave_m not in (64, WAVE_M) or (cfg.wave_m == 64 and (cfg.waves != 1 or cfg.block_n == 192)):
+        raise ValueError(f"{cfg}: a wave is 128 rows, or 64 as the one wave of a 128- or 64-wide tile")
     if cfg.block_n not in (64, 128, 192) or (cfg.block_n == 64 and (cfg.waves != 1 or problem.gated)):
-        raise ValueError(f"{cfg}: tiles are 128 or 192 wide, or 64 with one 128-row wave (not gated)")
+        raise ValueError(f"{cfg}: tiles are 128 or 192 wide, or 64 with one wave (not gated)")
     if problem.grouping != DENSE and cfg.waves != 1:
         raise ValueError(f"{cfg}: a grouped call runs one wave a tile (waves=1), one group each")
     if problem.grouping == K_GROUPED and cfg.wave_m != WAVE_M:

@@ -664,16 +664,16 @@ def fp8_gemm_ws_kernel(
     """
     gl.static_assert(BLOCK_N == 64 or BLOCK_N == 128 or BLOCK_N == 192, "BLOCK_N is 64, 128 or 192")
     gl.static_assert(
-        BLOCK_N != 64 or (WAVES == 1 and a_desc.block_type.shape[0] == _WAVE_M and GATED == 0),
-        "a 64-wide tile: one 128-row wave, not gated",
+        BLOCK_N != 64 or (WAVES == 1 and GATED == 0),
+        "a 64-wide tile: one wave (128 or 64 rows), not gated",
     )
     gl.static_assert(WAVES == 1 or WAVES == 2, "WAVES is 1 or 2")
     gl.static_assert(BLOCK_N == 128 or WAVES == 1, "a 192-wide tile runs one wave")
     gl.static_assert(GROUPING == _DENSE or WAVES == 1, "a grouped tile is one wave: one group")
     gl.static_assert(
         a_desc.block_type.shape[0] == _WAVE_M * WAVES
-        or (a_desc.block_type.shape[0] == 64 and WAVES == 1 and BLOCK_N == 128),
-        "A's box: 128 rows a wave, or one 64-row wave of a 128-wide tile",
+        or (a_desc.block_type.shape[0] == 64 and WAVES == 1 and BLOCK_N != 192),
+        "A's box: 128 rows a wave, or one 64-row wave of a 128- or 64-wide tile",
     )
     gl.static_assert(GROUPING != _K_GROUPED or BLOCK_N == 128, "k-grouped: 128-wide tiles")
     gl.static_assert(not ACCUMULATE or GROUPING == _K_GROUPED, "ACCUMULATE: k-grouped only")

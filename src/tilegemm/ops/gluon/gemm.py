@@ -1,4 +1,4 @@
-"""Gluon dense FP8 GEMM, host side: ``fp8_fp4_gemm_{nt,nn,tn,tt}`` on Hopper.
+"""Gluon dense GEMMs, host side: ``fp8_fp4_gemm_{nt,nn,tn,tt}`` and ``bf16_gemm_{nt,nn,tn,tt}`` on Hopper.
 
 The checks hand every layout over in the logical ``nt`` form (a [M, K], b [N, K] views with their scales in
 the same orientation). FP8 wgmma reads K-major operands only, so a view that is not K-major is copied to
@@ -12,6 +12,12 @@ other call. The path, DeepGEMM's shape:
          _build_ws_plan (fp8_gemm_ws.ws_plan) / _build_plan: problem -> config -> descriptors
       -> run(a, b, d, c, alpha, beta, stream): the first launch through triton's JIT, later ones to the compiled
          kernel's launcher (tma.Relaunch), on ``stream`` (the current one when ``None``)
+
+The BF16 GEMMs run the BF16 ws kernel (:mod:`bf16_gemm_ws`, design
+:func:`tilegemm.heuristics.gluon.dense_bf16_ws_design`) on the calls it computes as given
+(:func:`tilegemm.heuristics.gluon.bf16_ws_takes`: no addend, ``alpha`` 1, K-major operands); it makes no copies:
+
+    bf16_gemm -> bf16_plan (kept in tilegemm.ops.plans) or _build_bf16_plan (bf16_gemm_ws.bf16_ws_plan) -> run
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from tilegemm.heuristics.gluon import (
     BLOCK_K,
     BLOCK_M,
     GluonDenseConfig,
+    bf16_ws_takes,
+    dense_bf16_ws_design,
     dense_fp8_config,
     dense_fp8_ws_design,
     fit_stages,
@@ -35,7 +43,7 @@ from tilegemm.heuristics.gluon import (
 )
 from tilegemm.heuristics.report import print_once
 from tilegemm.ops import operands, plans
-from tilegemm.ops.gluon import fp8_gemm_kernel, fp8_gemm_ws
+from tilegemm.ops.gluon import bf16_gemm_ws, fp8_gemm_kernel, fp8_gemm_ws
 from tilegemm.ops.gluon.tma import SCALE_LAYOUT, Relaunch, descriptor, tma_strides
 
 
@@ -144,7 +152,7 @@ def _build_ws_plan(a_data, sa, b_data, sb, d) -> Runner:
     if reason is not None:
         raise Unsupported(reason)
     num_sms = config.get_num_sms()
-    design = fp8_gemm_ws.VARIANTS[dense_fp8_ws_design(m, n, num_sms)]
+    design = fp8_gemm_ws.VARIANTS[dense_fp8_ws_design(m, n, k, num_sms)]
     print_once("fp8_gemm_nt[gluon]", (m, n, k), design)
     launch_ws = fp8_gemm_ws.ws_plan((a_data, sa), (b_data, sb), d, design, num_sms)
 
@@ -222,6 +230,72 @@ def _fp8_replay(derived: dict[str, Any]) -> Runner:
     return fp8_plan(a, b, d, c if c is not None and beta != 0 else None, recipe, None, alpha)
 
 
+def bf16_gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    d: torch.Tensor,
+    c: torch.Tensor | None = None,
+    *,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    stream: torch.cuda.Stream | None = None,
+) -> torch.Tensor:
+    """``d = a @ b.T`` on the BF16 ws kernel, on the logical ``nt`` form the checks derive, launched on ``stream``
+    (``None``: the current one). The sum is fp32, rounded once to ``d``'s dtype.
+
+    Args:
+        a: bf16 [M, K], K-major (unit last stride), TMA-ready.
+        b: bf16 [N, K], K-major, TMA-ready.
+        d: bf16 or fp32 [M, N], TMA-ready.
+        c: an addend; only ``None`` (or ``beta`` 0) and ``alpha`` 1 run here.
+
+    Raises:
+        Unsupported: an addend, ``alpha`` other than 1, operands the kernel does not read as given, an empty
+            dimension (before anything is written).
+    """
+    return bf16_plan(a, b, d, c if c is not None and beta != 0 else None, alpha)(a, b, d, c, alpha, beta, stream)
+
+
+def bf16_plan(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None, alpha: float) -> Runner:
+    """The launch plan of a BF16 call (``c``: ``None`` when it is not read): ``run(a, b, d, c, alpha, beta,
+    stream=None) -> d``, kept in :mod:`tilegemm.ops.plans`, keyed by the operands' metadata, whether there is an
+    addend, ``alpha`` and the device's SM count."""
+    tk = plans.tensor_key
+    key = ("gluon", "bf16_gemm", tk(a), tk(b), tk(d), c is not None, float(alpha), plans.sms_key(d.device))
+    run = plans.find(key)
+    if run is None:
+        run = plans.keep(key, _build_bf16_plan(a, b, d, c is not None, alpha))
+    return run
+
+
+def _build_bf16_plan(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, has_c: bool, alpha: float) -> Runner:
+    """The launch plan of a call the BF16 ws kernel runs, in the design :func:`dense_bf16_ws_design` picks."""
+    if not bf16_ws_takes(a, b, has_c, alpha):
+        raise Unsupported("the gluon BF16 kernel computes a @ b.T of K-major, TMA-ready operands (no addend, alpha 1)")
+    reason = bf16_gemm_ws.unsupported_reason(a, b, d)
+    if reason is not None:
+        raise Unsupported(reason)
+    (m, k), n = a.shape, b.shape[0]
+    num_sms = config.get_num_sms()
+    design = dense_bf16_ws_design(m, n, num_sms)
+    print_once("bf16_gemm_nt[gluon]", (m, n, k), design)
+    launch = bf16_gemm_ws.bf16_ws_plan(a, b, d, bf16_gemm_ws.VARIANTS[design], num_sms)
+
+    def run(a, b, d, c, alpha, beta, stream=None) -> torch.Tensor:
+        return launch(a, b, d, stream)
+
+    return run
+
+
+def _bf16_replay(derived: dict[str, Any]) -> Runner:
+    """The hot-lane replay of a BF16 call that ran here: its plan, ``run(a, b, d, c, alpha, beta) -> d``."""
+    a, b, d, c, alpha, beta = (derived[key] for key in ("a", "b", "d", "c", "alpha", "beta"))
+    return bf16_plan(a, b, d, c if c is not None and beta != 0 else None, alpha)
+
+
+for _op in ("bf16_gemm_nt", "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt"):
+    register_impl(_op, "gluon")(bf16_gemm)
+    register_replay(_op, "gluon")(_bf16_replay)
 for _op in ("fp8_fp4_gemm_nt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt"):
     register_impl(_op, "gluon")(fp8_gemm)
     register_replay(_op, "gluon")(_fp8_replay)

@@ -1,0 +1,133 @@
+"""Time the gluon warp-specialized BF16 kernel (``bf16_gemm_ws``) designs beside cuBLAS, tilegemm and DeepGEMM.
+
+Run on the H200 machine (``source .devbundle/setup.sh``; DeepGEMM built first with
+``DG_PREBUILT=1 DG_SKIP_SMOKE=1 bash .devbundle/deepgemm/build.sh``):
+
+    PYTHONPATH=src python3 benchmarks/gluon/bf16_ws_sweep.py OUT.json [--m 256,512] [--designs a,b]
+
+Rows: the benchmark set's dense (N, K) pairs at the given M (default 256 and 512: the 129-1024 bucket where the
+cutile kernels trail cuBLAS). Columns: each design run directly (``bf16_ws_plan``); ``cublas``: ``torch.matmul``
+into the output; ``tilegemm``: ``bf16_gemm_nt`` with default settings; ``deepgemm``: its ``bf16_gemm_nt``. Every
+output is checked against float64 (``calc_diff``) before it is timed; timing is kernel-only (CUDA-graph replay over
+input sets rotated past L2, median per call). A row whose turn would start after ``--budget-s`` is skipped. Prints a
+table (TFLOP/s, each column's geomean ratio to cuBLAS) last and writes everything to OUT.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import time
+
+import torch
+
+import tilegemm
+from tilegemm.bench import device, peers, timing
+from tilegemm.bench.dense import NK
+from tilegemm.ops.gluon import bf16_gemm_ws as bw
+from tilegemm.testing import calc_diff
+
+
+def _ws(a, b, d, *, cfg):
+    return bw.bf16_ws_plan(a, b, d, cfg)(a, b, d)
+
+
+def _cublas(a, b, d):
+    return torch.matmul(a, b.t(), out=d)
+
+
+def _public(a, b, d):
+    return tilegemm.bf16_gemm_nt(a, b, d)
+
+
+def _deepgemm(dg, a, b, d):
+    return dg.bf16_gemm_nt(a, b, d)
+
+
+def _timed(row: dict, name: str, fn, sets: list, ref: torch.Tensor, budget_ms: float) -> None:
+    """Check ``fn`` on set 0, then time it kernel-only over all sets (one CUDA graph); errors are recorded."""
+    try:
+        a, b, d = sets[0]
+        d.fill_(float("nan"))
+        fn(a, b, d)
+        torch.cuda.synchronize()
+        row["diff"][name] = calc_diff(d, ref)
+        ms = timing.graph_ms(lambda: [fn(*s) for s in sets], 1, budget_ms=budget_ms) / len(sets)
+    except Exception as exc:
+        row["error"][name] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        print(f"  {name}: {row['error'][name]}", flush=True)
+        return
+    row["us"][name] = ms * 1e3
+    row["tflops"][name] = 2 * row["m"] * row["n"] * row["k"] / ms / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("out", help="JSON file to write")
+    parser.add_argument("--m", default="256,512", help="comma-separated M values")
+    parser.add_argument("--designs", default=",".join(bw.VARIANTS), help="comma-separated names of bw.VARIANTS")
+    parser.add_argument("--budget-s", type=float, default=200.0, help="start no row after this many seconds")
+    parser.add_argument("--rep-ms", type=float, default=20.0, help="timing budget of one column on a row")
+    args = parser.parse_args()
+    designs = [v for v in args.designs.split(",") if v]
+    t0 = time.time()
+    dg, why = peers.load_deepgemm("auto")
+    print("deepgemm:", why, flush=True)
+    rows = []
+    for m in map(int, args.m.split(",")):
+        for n, k in NK:
+            if time.time() - t0 > args.budget_s:
+                print(f"skipping {m}x{n}x{k}: past the {args.budget_s:.0f} s budget", flush=True)
+                continue
+            g = torch.Generator(device="cuda").manual_seed(m + n + k)
+            nsets = min(4, timing.rotation_count(2 * (m * k + n * k + m * n)))
+            sets = [
+                (
+                    torch.randn(m, k, device="cuda", generator=g).bfloat16(),
+                    torch.randn(n, k, device="cuda", generator=g).bfloat16(),
+                    torch.empty(m, n, device="cuda", dtype=torch.bfloat16),
+                )
+                for _ in range(nsets)
+            ]
+            ref = sets[0][0].double() @ sets[0][1].double().t()
+            row = {"m": m, "n": n, "k": k, "tflops": {}, "us": {}, "diff": {}, "error": {}}
+            for name in designs:
+                _timed(row, name, functools.partial(_ws, cfg=bw.VARIANTS[name]), sets, ref, args.rep_ms)
+            _timed(row, "cublas", _cublas, sets, ref, args.rep_ms)
+            _timed(row, "tilegemm", _public, sets, ref, args.rep_ms)
+            if dg is not None:
+                _timed(row, "deepgemm", functools.partial(_deepgemm, dg), sets, ref, args.rep_ms)
+            bad = {name: f"{x:.1e}" for name, x in row["diff"].items() if not x < 1e-4}
+            rows.append(row)
+            print(f"{m:5d}x{n:5d}x{k:5d} {time.time() - t0:5.0f}s "
+                  + " ".join(f"{name}={t:.0f}" for name, t in row["tflops"].items())
+                  + (f" BAD calc_diff {bad}" if bad else ""), flush=True)  # fmt: skip
+            del sets, ref
+            torch.cuda.empty_cache()
+    meta = {
+        **device.describe(),
+        "deepgemm": why,
+        "designs": {name: bw.VARIANTS[name]._asdict() for name in designs},
+        "columns": "designs (direct); cublas: torch.matmul; tilegemm: bf16_gemm_nt, default settings; deepgemm",
+        "timing": "CUDA-graph replay median per call, input sets rotated past L2, kernel-only",
+        "seconds": round(time.time() - t0, 1),
+    }
+    with open(args.out, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    cols = designs + ["cublas", "tilegemm", "deepgemm"]
+    print("\nTFLOP/s (kernel-only)   " + " ".join(f"{c[:13]:>13}" for c in cols))
+    for r in rows:
+        cells = " ".join(f"{r['tflops'][c]:13.0f}" if c in r["tflops"] else f"{'-':>13}" for c in cols)
+        print(f"{r['m']:5d}x{r['n']:5d}x{r['k']:5d}   {cells}")
+    ratios = []
+    for c in cols:
+        v = [r["tflops"][c] / r["tflops"]["cublas"] for r in rows if c in r["tflops"] and "cublas" in r["tflops"]]
+        ratios.append(f"{math.exp(sum(map(math.log, v)) / len(v)):13.2f}" if v else f"{'-':>13}")
+    print("geomean / cuBLAS        " + " ".join(ratios))
+    print(f"wrote {args.out} ({time.time() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

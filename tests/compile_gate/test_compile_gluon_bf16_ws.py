@@ -1,0 +1,47 @@
+"""CPU compile gate for the gluon warp-specialized BF16 kernel (``bf16_gemm_ws``), sm_90a: every design with bf16
+and fp32 output must show ``setmaxnreg``, no spills, four BF16 wgmma (``HGMMA.64xNx16``) per 64-deep K block issued
+as one group (a 256-wide tile: two groups of four, one a 128-wide half), one wait a K block that leaves that block's
+groups in flight (``WARPGROUP.DEPBAR.LE gsb0, 0x1``; ``0x2`` for the halves),
+registers within the MMA warps' budget and shared memory within a CTA's. Its tile walk and store are
+``ops/gluon/tiles.py``'s, which the FP8 kernels' gates compile too."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+
+from compile_gate.sass import dump_sass, loop_bodies, opcode_counts, sass_summary  # noqa: E402
+from compile_gate.test_compile_gluon_ws import _tools_reason  # noqa: E402
+from tilegemm.ops.gluon import aot, bf16_gemm_ws_kernel, tiles  # noqa: E402
+from tilegemm.ops.gluon import bf16_gemm_ws as bw  # noqa: E402
+
+CASES = [(name, out) for name in bw.VARIANTS for out in (torch.bfloat16, torch.float32)]
+
+
+@pytest.mark.parametrize("name, out", CASES, ids=[f"{n}-{str(o).split('.')[-1]}" for n, o in CASES])
+def test_bf16_ws_sass(name, out):
+    reason = _tools_reason()
+    if reason:
+        pytest.skip(reason)
+    cfg = bw.VARIANTS[name]
+    kernel = aot.compile_bf16_ws(cfg, out)
+    assert kernel.name == bf16_gemm_ws_kernel.bf16_gemm_ws_kernel.__name__
+    assert bf16_gemm_ws_kernel.tile_range is tiles.tile_range
+    sass = dump_sass(kernel.asm["cubin"])
+    ops, summary = opcode_counts(sass), sass_summary(kernel.asm["cubin"])
+    loop = min((b for b in loop_bodies(sass) if any("HGMMA" in t for t in b)), key=len, default=[])
+    budget = max(int(x) for x in re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", kernel.asm["ptx"]))
+    assert sum(n for op, n in ops.items() if op.startswith("USETMAXREG")) >= 1, "setmaxnreg"
+    assert summary["stl"] == summary["ldl"] == 0, "register spills"
+    halves = 2 if cfg.block_n == 256 else 1  # a 256-wide tile: two 128-wide halves, a wgmma group each
+    width = cfg.block_n // halves if cfg.block_m == 128 else cfg.block_n // 2  # 64-row tiles: half the columns each
+    assert [t for t in loop if "HGMMA" in t] and all(f"HGMMA.64x{width}x16" in t for t in loop if "HGMMA" in t)
+    assert sum(1 for t in loop if "HGMMA" in t) == halves * bw.BLOCK_K // 16 and summary["gmma_group_min"] == 4
+    depbars = [t.split()[-1] for t in loop if "WARPGROUP.DEPBAR" in t]
+    assert depbars == [f"0x{halves}"], "one wait a block, the block's groups left in flight"
+    assert 0 < max(int(x) for x in re.findall(r"\bR(\d+)\b", sass)) < budget <= 240
+    assert kernel.metadata.shared <= bw.SMEM_BYTES
