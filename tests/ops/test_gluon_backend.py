@@ -296,7 +296,10 @@ BF16_RULE_CASES = [
     (256, 2048, 768, "bf16_64x128", False),  # K 768: 0.91x
     (1024, 2048, 768, "bf16_128x128", False),  # 0.97x
     (128, 4096, 7168, "bf16_64x128", False),  # not measured: the decode-sized rows stay on cutile
-    (2048, 4096, 7168, "bf16_128x256", False),  # not measured
+    (2048, 4096, 7168, "bf16_128x256", True),
+    (8192, 8192, 8192, "bf16_128x256", True),
+    (8193, 4096, 7168, "bf16_128x256", False),  # past the set's rows
+    (4096, 2048, 768, "bf16_128x256", False),  # K 768
 ]
 
 

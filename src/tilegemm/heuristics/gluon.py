@@ -82,11 +82,13 @@ DENSE_FP8_WS_TILES = (
 
 
 # The automatic choice of the dense BF16 GEMMs (benchmarks/results/gluon/bf16_ws_h200.json: the BF16 ws kernel's
-# designs beside cutile, cuBLAS and DeepGEMM on 48 rows of M 160-1024).
-#: The BF16 ws kernel (``ops/gluon/bf16_gemm_ws.py``) serves rows in this range, where it was measured: there the
-#: design :func:`dense_bf16_ws_design` picks ran 1.06x the cutile kernels (geomean, 40 of 48 rows faster).
+# designs beside cutile, cuBLAS and DeepGEMM on 48 rows of M 160-1024; benchmarks/results/dense-bf16-h200/: the
+# public op on every row of the set, the cutile kernels of each row the kernel takes beside it).
+#: The BF16 ws kernel (``ops/gluon/bf16_gemm_ws.py``) serves rows in this range, where it was measured: at M 160-1024
+#: the design :func:`dense_bf16_ws_design` picks ran 1.06x the cutile kernels (geomean, 40 of 48 rows faster); the
+#: benchmark set's rows run to 8192.
 DENSE_BF16_WS_MIN_M = 129
-DENSE_BF16_WS_MAX_M = 1024
+DENSE_BF16_WS_MAX_M = 8192
 #: ...with K at least this deep: the rows of K 768 (kernels of 6-10 us) lost 0.91-0.97x.
 DENSE_BF16_WS_MIN_K = 1024
 #: The BF16 designs by preference where their costs tie: (design, tile rows, tile columns, a tile's time relative
