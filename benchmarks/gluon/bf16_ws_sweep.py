@@ -18,16 +18,15 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import math
 import time
 
 import torch
+from sweep_table import print_table, progress, timed
 
 import tilegemm
 from tilegemm.bench import device, peers, timing
 from tilegemm.bench.dense import NK
 from tilegemm.ops.gluon import bf16_gemm_ws as bw
-from tilegemm.testing import calc_diff
 
 
 def _ws(a, b, d, *, cfg):
@@ -44,23 +43,6 @@ def _public(a, b, d):
 
 def _deepgemm(dg, a, b, d):
     return dg.bf16_gemm_nt(a, b, d)
-
-
-def _timed(row: dict, name: str, fn, sets: list, ref: torch.Tensor, budget_ms: float) -> None:
-    """Check ``fn`` on set 0, then time it kernel-only over all sets (one CUDA graph); errors are recorded."""
-    try:
-        a, b, d = sets[0]
-        d.fill_(float("nan"))
-        fn(a, b, d)
-        torch.cuda.synchronize()
-        row["diff"][name] = calc_diff(d, ref)
-        ms = timing.graph_ms(lambda: [fn(*s) for s in sets], 1, budget_ms=budget_ms) / len(sets)
-    except Exception as exc:
-        row["error"][name] = f"{type(exc).__name__}: {str(exc)[:300]}"
-        print(f"  {name}: {row['error'][name]}", flush=True)
-        return
-    row["us"][name] = ms * 1e3
-    row["tflops"][name] = 2 * row["m"] * row["n"] * row["k"] / ms / 1e9
 
 
 def main() -> None:
@@ -93,17 +75,15 @@ def main() -> None:
             ]
             ref = sets[0][0].double() @ sets[0][1].double().t()
             row = {"m": m, "n": n, "k": k, "tflops": {}, "us": {}, "diff": {}, "error": {}}
+            out = sets[0][2]  # set 0's d: the one the check reads
             for name in designs:
-                _timed(row, name, functools.partial(_ws, cfg=bw.VARIANTS[name]), sets, ref, args.rep_ms)
-            _timed(row, "cublas", _cublas, sets, ref, args.rep_ms)
-            _timed(row, "tilegemm", _public, sets, ref, args.rep_ms)
+                timed(row, name, functools.partial(_ws, cfg=bw.VARIANTS[name]), sets, out, ref, args.rep_ms)
+            timed(row, "cublas", _cublas, sets, out, ref, args.rep_ms)
+            timed(row, "tilegemm", _public, sets, out, ref, args.rep_ms)
             if dg is not None:
-                _timed(row, "deepgemm", functools.partial(_deepgemm, dg), sets, ref, args.rep_ms)
-            bad = {name: f"{x:.1e}" for name, x in row["diff"].items() if not x < 1e-4}
+                timed(row, "deepgemm", functools.partial(_deepgemm, dg), sets, out, ref, args.rep_ms)
             rows.append(row)
-            print(f"{m:5d}x{n:5d}x{k:5d} {time.time() - t0:5.0f}s "
-                  + " ".join(f"{name}={t:.0f}" for name, t in row["tflops"].items())
-                  + (f" BAD calc_diff {bad}" if bad else ""), flush=True)  # fmt: skip
+            progress(row, t0, 1e-4)
             del sets, ref
             torch.cuda.empty_cache()
     meta = {
@@ -116,16 +96,7 @@ def main() -> None:
     }
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    cols = designs + ["cublas", "tilegemm", "deepgemm"]
-    print("\nTFLOP/s (kernel-only)   " + " ".join(f"{c[:13]:>13}" for c in cols))
-    for r in rows:
-        cells = " ".join(f"{r['tflops'][c]:13.0f}" if c in r["tflops"] else f"{'-':>13}" for c in cols)
-        print(f"{r['m']:5d}x{r['n']:5d}x{r['k']:5d}   {cells}")
-    ratios = []
-    for c in cols:
-        v = [r["tflops"][c] / r["tflops"]["cublas"] for r in rows if c in r["tflops"] and "cublas" in r["tflops"]]
-        ratios.append(f"{math.exp(sum(map(math.log, v)) / len(v)):13.2f}" if v else f"{'-':>13}")
-    print("geomean / cuBLAS        " + " ".join(ratios))
+    print_table(rows, designs + ["cublas", "tilegemm", "deepgemm"], "cublas", "cuBLAS")
     print(f"wrote {args.out} ({time.time() - t0:.0f} s)")
 
 

@@ -17,17 +17,17 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import math
 import time
 
 import torch
+from sweep_table import print_table, progress, timed
 
 import tilegemm
 from tilegemm.bench import device, peers, timing
 from tilegemm.heuristics.gluon import GluonDenseConfig
 from tilegemm.ops.gluon import fp8_gemm_ws as ws
 from tilegemm.ops.gluon import gemm as ggemm
-from tilegemm.testing import calc_diff, dequant_per_block, dequant_per_token
+from tilegemm.testing import dequant_per_block, dequant_per_token
 
 #: DeepSeek-V3 (N, K) pairs at M 256..8192: ten rows.
 ROWS = [
@@ -109,22 +109,6 @@ def _deepgemm(dg, a, b, *, d):
     return dg.fp8_gemm_nt(a, b, d)
 
 
-def _timed(row: dict, name: str, fn, sets: list, d: torch.Tensor, ref: torch.Tensor, budget_ms: float) -> None:
-    """Check ``fn`` on set 0, then time it kernel-only over all sets (one CUDA graph); errors are recorded."""
-    try:
-        d.fill_(float("nan"))
-        fn(*sets[0])
-        torch.cuda.synchronize()
-        row["diff"][name] = calc_diff(d, ref)
-        ms = timing.graph_ms(lambda: [fn(*s) for s in sets], 1, budget_ms=budget_ms) / len(sets)
-    except Exception as exc:
-        row["error"][name] = f"{type(exc).__name__}: {str(exc)[:300]}"
-        print(f"  {name}: {row['error'][name]}", flush=True)
-        return
-    row["us"][name] = ms * 1e3
-    row["tflops"][name] = 2 * row["m"] * row["n"] * row["k"] / ms / 1e9
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out", help="JSON file to write")
@@ -155,21 +139,15 @@ def main() -> None:
         row = {"m": m, "n": n, "k": k, "tflops": {}, "us": {}, "diff": {}, "error": {}}
         for name in names:
             call = functools.partial(_ws, d=d, cfg=ws.VARIANTS[name])
-            _timed(row, name, call, sets, d, ref, args.rep_ms)
+            timed(row, name, call, sets, d, ref, args.rep_ms)
         if not args.no_gluon:
-            _timed(row, "gluon", functools.partial(_gluon, d=d), sets, d, ref, args.rep_ms)
-        _timed(row, "tilegemm", functools.partial(_public, d=d), sets, d, ref, args.rep_ms)
-        _timed(row, "cutile", functools.partial(_cutile, d=d), sets, d, ref, args.rep_ms)
+            timed(row, "gluon", functools.partial(_gluon, d=d), sets, d, ref, args.rep_ms)
+        timed(row, "tilegemm", functools.partial(_public, d=d), sets, d, ref, args.rep_ms)
+        timed(row, "cutile", functools.partial(_cutile, d=d), sets, d, ref, args.rep_ms)
         if dg is not None:
-            _timed(row, "deepgemm", functools.partial(_deepgemm, dg, d=d), sets, d, ref, args.rep_ms)
-        bad = {name: f"{x:.1e}" for name, x in row["diff"].items() if not x < 1e-3}
+            timed(row, "deepgemm", functools.partial(_deepgemm, dg, d=d), sets, d, ref, args.rep_ms)
         rows.append(row)
-        print(
-            f"{m:5d}x{n:5d}x{k:5d} {time.time() - t0:5.0f}s "
-            + " ".join(f"{name}={t:.0f}" for name, t in row["tflops"].items())
-            + (f" BAD calc_diff {bad}" if bad else ""),
-            flush=True,
-        )
+        progress(row, t0, 1e-3)
         del sets, ref
         torch.cuda.empty_cache()
     meta = {
@@ -184,16 +162,7 @@ def main() -> None:
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     impls = names + ([] if args.no_gluon else ["gluon"]) + ["tilegemm", "cutile", "deepgemm"]
-    short = {name: name[:13] for name in impls}
-    print("\nTFLOP/s (kernel-only)   " + " ".join(f"{short[i]:>13}" for i in impls))
-    for r in rows:
-        cells = " ".join(f"{r['tflops'][i]:13.0f}" if i in r["tflops"] else f"{'-':>13}" for i in impls)
-        print(f"{r['m']:5d}x{r['n']:5d}x{r['k']:5d}   {cells}")
-    ratios = []
-    for i in impls:
-        v = [r["tflops"][i] / r["tflops"]["deepgemm"] for r in rows if i in r["tflops"] and "deepgemm" in r["tflops"]]
-        ratios.append(f"{math.exp(sum(map(math.log, v)) / len(v)):13.2f}" if v else f"{'-':>13}")
-    print("geomean / DeepGEMM      " + " ".join(ratios))
+    print_table(rows, impls, "deepgemm", "DeepGEMM")
     print(f"wrote {args.out} ({time.time() - t0:.0f} s)")
 
 
