@@ -3,7 +3,9 @@ and fp32 output must show ``setmaxnreg``, no spills, four BF16 wgmma (``HGMMA.64
 as one group (a 256-wide tile: two groups of four, one a 128-wide half), one wait a K block that leaves that block's
 groups in flight (``WARPGROUP.DEPBAR.LE gsb0, 0x1``; ``0x2`` for the halves),
 registers within the MMA warps' budget and shared memory within a CTA's. Its tile walk and store are
-``ops/gluon/tiles.py``'s, which the FP8 kernels' gates compile too."""
+``ops/gluon/tiles.py``'s, which the FP8 kernels' gates compile too. The k-grouped form (every design the rule may
+pick, with and without accumulation) must read both MN-major operands in place (``HGMMA ... .tnspA.tnspB``: the
+wgmma transposes, no copy does), under the same conditions, and read D back by TMA when accumulating."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
 
 from compile_gate.sass import dump_sass, loop_bodies, opcode_counts, sass_summary  # noqa: E402
 from compile_gate.test_compile_gluon_ws import _tools_reason  # noqa: E402
+from tilegemm.heuristics.gluon import K_GROUPED_BF16_WS_TILES  # noqa: E402
 from tilegemm.ops.gluon import aot, bf16_gemm_ws_kernel, tiles  # noqa: E402
 from tilegemm.ops.gluon import bf16_gemm_ws as bw  # noqa: E402
 
@@ -43,5 +46,31 @@ def test_bf16_ws_sass(name, out):
     assert sum(1 for t in loop if "HGMMA" in t) == halves * bw.BLOCK_K // 16 and summary["gmma_group_min"] == 4
     depbars = [t.split()[-1] for t in loop if "WARPGROUP.DEPBAR" in t]
     assert depbars == [f"0x{halves}"], "one wait a block, the block's groups left in flight"
+    assert 0 < max(int(x) for x in re.findall(r"\bR(\d+)\b", sass)) < budget <= 240
+    assert kernel.metadata.shared <= bw.SMEM_BYTES
+
+
+K_GROUPED_CASES = [(design, acc) for design, *_ in K_GROUPED_BF16_WS_TILES for acc in (False, True)]
+
+
+@pytest.mark.parametrize("name, accumulate", K_GROUPED_CASES, ids=[f"{n}-acc{int(a)}" for n, a in K_GROUPED_CASES])
+def test_bf16_ws_k_grouped_sass(name, accumulate):
+    reason = _tools_reason()
+    if reason:
+        pytest.skip(reason)
+    cfg = bw.VARIANTS[name]
+    kernel = aot.compile_bf16_ws(cfg, k_grouped=True, accumulate=accumulate)
+    sass = dump_sass(kernel.asm["cubin"])
+    summary = sass_summary(kernel.asm["cubin"])
+    loop = min((b for b in loop_bodies(sass) if any("HGMMA" in t for t in b)), key=len, default=[])
+    mma = [t for t in loop if "HGMMA" in t]
+    budget = max(int(x) for x in re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", kernel.asm["ptx"]))
+    assert summary["stl"] == summary["ldl"] == 0, "register spills"
+    width = cfg.block_n if cfg.block_m == 128 else cfg.block_n // 2
+    assert len(mma) == bw.BLOCK_K // 16 and all(f"HGMMA.64x{width}x16" in t and ".tnspA.tnspB" in t for t in mma)
+    assert [t.split()[-1] for t in loop if "WARPGROUP.DEPBAR" in t] == ["0x1"]
+    loads = sum(n for op, n in opcode_counts(sass).items() if op.startswith("UTMALDG"))
+    boxes = cfg.block_m // 64 + cfg.block_n // 64 + int(accumulate)
+    assert loads >= boxes, "A and B in 64-wide boxes (128-byte swizzle), and D when accumulating"
     assert 0 < max(int(x) for x in re.findall(r"\bR(\d+)\b", sass)) < budget <= 240
     assert kernel.metadata.shared <= bw.SMEM_BYTES

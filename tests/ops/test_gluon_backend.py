@@ -202,6 +202,7 @@ def test_gluon_rules_are_the_rule_functions():
         "bf16_gemm_nt": gluon.dense_bf16_rule,
         "m_grouped_fp8_fp4_gemm_nt_contiguous": gluon.m_grouped_fp8_rule,
         "k_grouped_fp8_gemm_tn_contiguous": gluon.k_grouped_fp8_rule,
+        "k_grouped_bf16_gemm_tn_contiguous": gluon.k_grouped_bf16_rule,
         "fp8_moe_experts": gluon.fp8_moe_experts_rule,
     }
     for op, rule in want.items():
@@ -333,6 +334,51 @@ def test_bf16_rule_claims_only_what_the_kernel_computes_as_given(monkeypatch, la
     d = types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16)
     arguments = dict(a=a, b=b, d=d, c=None if c is None else d, alpha=alpha, beta=1.0)
     assert gluon.dense_bf16_rule(arguments) == chosen
+
+
+# k-grouped BF16: (G, M, N, per-group K, the design on 132 SMs, gluon the automatic choice?)
+K_GROUPED_BF16_RULE_CASES = [
+    (8, 4096, 7168, [4096] * 8, "bf16_128x128", True),  # the benchmark set's shapes: 1792 tiles
+    (4, 7168, 2048, [8192, 7936, 8448, 8192], "bf16_128x128", True),
+    (16, 4096, 7168, [2048] * 15 + [0], "bf16_128x128", True),  # an empty group
+    (8, 4096, 7168, [4096] * 7 + [4032], "bf16_128x128", True),  # K a multiple of 64, not of 128
+    (8, 4096, 7168, [4096] * 7 + [4000], "bf16_128x128", False),  # a group's K off the 64-deep blocks
+    (4, 4000, 7168, [4096] * 4, "bf16_128x128", False),  # M off the 128-row tiles
+    (2, 128, 256, [256, 256], "bf16_64x128", False),  # 4 tiles of 128x128: too few for the SMs
+    (1, 1024, 1024, [4096], "bf16_64x128", False),  # 64 tiles of 128x128 (as 128 64x128 ones: one round)
+]
+
+
+@pytest.mark.parametrize("groups, m, n, ks, design, automatic", K_GROUPED_BF16_RULE_CASES)
+def test_k_grouped_bf16_rule(groups, m, n, ks, design, automatic):
+    assert gluon.k_grouped_bf16_ws_design(groups, m, n, 132) == design
+    assert gluon.prefers_k_grouped_bf16(groups, m, n, ks, 132) == automatic
+
+
+def test_k_grouped_bf16_designs_are_at_most_128_wide_variants():
+    """The k-grouped BF16 designs name ``bf16_gemm_ws.VARIANTS`` entries of their costed tiles, none wider than 128
+    (the k-grouped form's limit), 128x128 first."""
+    bw = pytest.importorskip("tilegemm.ops.gluon.bf16_gemm_ws")
+    assert gluon.K_GROUPED_BF16_WS_TILES[0][0] == "bf16_128x128"
+    for design, rows, cols, _ in gluon.K_GROUPED_BF16_WS_TILES:
+        cfg = bw.VARIANTS[design]
+        assert (cfg.block_m, cfg.block_n) == (rows, cols) and cols <= 128
+
+
+@pytest.mark.parametrize(
+    "a_major, contiguous_d, chosen", [("mn", True, "gluon"), ("k", True, None), ("mn", False, None)]
+)
+def test_k_grouped_bf16_rule_claims_what_the_kernel_reads_in_place(monkeypatch, a_major, contiguous_d, chosen):
+    """8x4096x7168 over K 4096 each: gluon for the MN-major [K_sum, M] operands the op takes and a contiguous D; an
+    operand stored the other way (the kernel makes no copies) or a strided D stays on cutile."""
+    monkeypatch.setattr(selector, "gluon_unavailable_reason", lambda: None)
+    monkeypatch.setattr(gluon.operands, "tma_ready", lambda x: True)
+    monkeypatch.setattr(gluon.config, "get_num_sms", lambda: 132)
+    g, m, n, ks = 8, 4096, 7168, [4096] * 8
+    a = torch.empty(sum(ks), m) if a_major == "mn" else torch.empty(m, sum(ks)).t()
+    b = torch.empty(sum(ks), n)
+    d = types.SimpleNamespace(is_cuda=True, dtype=torch.float32, shape=(g, m, n), is_contiguous=lambda: contiguous_d)
+    assert gluon.k_grouped_bf16_rule(dict(a=a, b=b, d=d, ks_cpu=ks)) == chosen
 
 
 def test_dense_bf16_registered_on_gluon():

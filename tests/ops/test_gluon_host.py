@@ -17,7 +17,7 @@ import tilegemm  # noqa: E402
 from tilegemm.backend import hot_lane, registry, selector  # noqa: E402
 from tilegemm.heuristics import gluon as gluon_rules  # noqa: E402
 from tilegemm.ops import plans  # noqa: E402
-from tilegemm.ops.gluon import fp8_gemm_kernel, fp8_gemm_ws, tma  # noqa: E402
+from tilegemm.ops.gluon import bf16_gemm_ws, fp8_gemm_kernel, fp8_gemm_ws, tma  # noqa: E402
 from tilegemm.ops.gluon import gemm as gluon_gemm  # noqa: E402
 from tilegemm.ops.gluon import grouped as gluon_grouped  # noqa: E402
 from tilegemm.ops.operands import cdiv  # noqa: E402
@@ -66,10 +66,12 @@ def _view(value):
 
 @pytest.fixture
 def recorders(monkeypatch) -> dict[str, _Recorder]:
-    """Both kernels recorded: ``v1`` (``fp8_gemm_kernel``) and ``ws`` (``fp8_gemm_ws_kernel``)."""
+    """The kernels recorded: ``v1`` (``fp8_gemm_kernel``), ``ws`` (``fp8_gemm_ws_kernel``) and ``bf16``
+    (``bf16_gemm_ws_kernel``)."""
     recs = {
         "v1": _Recorder(fp8_gemm_kernel.fp8_gemm_kernel.arg_names),
         "ws": _Recorder(fp8_gemm_ws.fp8_gemm_ws_kernel.arg_names),
+        "bf16": _Recorder(bf16_gemm_ws.bf16_gemm_ws_kernel.arg_names),
     }
     monkeypatch.setattr(
         gluon_gemm,
@@ -79,6 +81,7 @@ def recorders(monkeypatch) -> dict[str, _Recorder]:
         ),
     )
     monkeypatch.setattr(fp8_gemm_ws, "fp8_gemm_ws_kernel", recs["ws"])
+    monkeypatch.setattr(bf16_gemm_ws, "bf16_gemm_ws_kernel", recs["bf16"])
     monkeypatch.setattr(tma, "current_stream", lambda device: 7)
     monkeypatch.setattr(plans, "_PLANS", {})
     return recs
@@ -362,6 +365,56 @@ def test_k_grouped_unsupported_cases(recorders):
     with pytest.raises(registry.Unsupported, match="TMA"):
         gluon_grouped.k_grouped_fp8(a, b, torch.empty(1, 128, 130), [256], layout)
     assert not recorders["ws"].jit
+
+
+@pytest.mark.parametrize("addend", [None, "d", "apart"])
+def test_k_grouped_bf16_plan_launches_the_ws_kernel(recorders, addend):
+    """A k-grouped BF16 call runs the BF16 ws kernel's k-grouped form on the caller's MN-major operands (no copy):
+    [BLOCK_K, tile] boxes, D as [G * M, N], the groups' K offsets by pointer, ``ACCUMULATE`` with an addend (one
+    apart from D copied into D first); a second call reuses the plan and hands the launcher the same values."""
+    ks, m, n = [256, 0, 448], 256, 200
+    layout = torch.tensor(ks, dtype=torch.int32)
+    calls = []
+    for _ in range(2):
+        a, b = torch.randn(sum(ks), m).bfloat16(), torch.randn(sum(ks), n).bfloat16()
+        d = torch.zeros(len(ks), m, n)
+        c = {None: None, "d": d, "apart": torch.ones(len(ks), m, n)}[addend]
+        gluon_grouped.k_grouped_bf16(a, b, d, ks, layout, c)
+        calls.append((a, d))
+        if addend == "apart":
+            assert torch.equal(d, c), "the addend is copied into d, which the kernel then accumulates into"
+    rec = recorders["bf16"]
+    assert len(rec.jit) == 1 and len(rec.runs) == 1
+    grid, num_warps, kwargs = rec.jit[0]
+    design = bf16_gemm_ws.VARIANTS[gluon_rules.k_grouped_bf16_ws_design(len(ks), m, n, tilegemm.config.get_num_sms())]
+    assert kwargs["K_GROUPED"] is True and kwargs["ACCUMULATE"] is (addend is not None)
+    assert kwargs["num_groups"] == len(ks) and (kwargs["M"], kwargs["N"], kwargs["K"]) == (m, n, sum(ks))
+    assert list(kwargs["a_desc"].shape) == [sum(ks), m] and list(kwargs["b_desc"].shape) == [sum(ks), n]
+    assert list(kwargs["a_desc"].block_shape) == [bf16_gemm_ws.BLOCK_K, design.block_m]
+    assert list(kwargs["d_desc"].shape) == [len(ks) * m, n]
+    assert kwargs["a_desc"].base.data_ptr() == calls[0][0].data_ptr(), "A read in place"
+    assert kwargs["group_ptr"].tolist() == [0, 256, 256, 704]
+    launched = dict(zip(rec.arg_names, rec.runs[0][LEADING:]))
+    for name in rec.arg_names:
+        if name.endswith("_desc"):
+            assert _view(launched[name]) == _view(kwargs[name]), name
+        elif not isinstance(kwargs[name], torch.Tensor):
+            assert launched[name] == kwargs[name], name
+    a, d = calls[1]
+    assert launched["d_desc"].base.data_ptr() == d.data_ptr() and launched["a_desc"].base.data_ptr() == a.data_ptr()
+
+
+def test_k_grouped_bf16_unsupported_cases(recorders):
+    """A group's K off the 64-deep blocks, M off the 128-row tiles, and an operand whose rows are not unit-stride
+    are refused before anything runs."""
+    a, b, layout = torch.randn(256, 128).bfloat16(), torch.randn(256, 256).bfloat16(), torch.tensor([96, 160])
+    with pytest.raises(registry.Unsupported, match="multiple of 64"):
+        gluon_grouped.k_grouped_bf16(a, b, torch.empty(2, 128, 256), [96, 160], layout.int())
+    with pytest.raises(registry.Unsupported, match="multiple of 128"):
+        gluon_grouped.k_grouped_bf16(a[:, :64], b, torch.empty(1, 64, 256), [256], layout[:1].int())
+    with pytest.raises(registry.Unsupported, match="TMA"):
+        gluon_grouped.k_grouped_bf16(a.t().contiguous().t(), b, torch.empty(1, 128, 256), [256], layout[:1].int())
+    assert not recorders["bf16"].jit
 
 
 def test_m_grouped_unsupported_cases(recorders):

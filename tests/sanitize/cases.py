@@ -415,6 +415,45 @@ def _k_grouped_gluon_ws() -> str:
     return f"calc_diff {diff:.1e}"
 
 
+@case("k-grouped bf16 gluon ws: every design, an empty group, N off the tiles, c = d; then garbage offsets")
+def _k_grouped_bf16_gluon_ws() -> str:
+    from tilegemm.backend.selector import gluon_unavailable_reason
+
+    reason = gluon_unavailable_reason()
+    if reason is not None:
+        return f"skipped: gluon unavailable ({reason})"
+    from tilegemm.heuristics.gluon import K_GROUPED_BF16_WS_TILES
+    from tilegemm.ops.gluon import bf16_gemm_ws as bw
+
+    ks, m, n = [256, 0, 320, 64], 256, N
+    g = _gen(43)
+    a = torch.randn(sum(ks), m, device=DEV, generator=g).bfloat16()
+    b = torch.randn(sum(ks), n, device=DEV, generator=g).bfloat16()
+    layout = torch.tensor(ks, dtype=torch.int32, device=DEV)
+    offsets = torch.tensor([0, 256, 256, 576, 640], dtype=torch.int32, device=DEV)
+    d = torch.randn(len(ks), m, n, device=DEV, generator=g)
+    ref = d.clone()
+    tg.k_grouped_bf16_gemm_tn_contiguous(a, b, d, ks, layout, c=d, backend="gluon")
+    tg.k_grouped_bf16_gemm_tn_contiguous(a, b, ref, ks, layout, c=ref, backend="pytorch")
+    torch.cuda.synchronize()
+    worst = calc_diff(d, ref)
+    bounds = offsets.tolist()
+    product = torch.stack([a[s:e].double().t() @ b[s:e].double() for s, e in zip(bounds[:-1], bounds[1:])])
+    for design, *_ in K_GROUPED_BF16_WS_TILES:  # each design on a 3-CTA grid, every element of d written
+        out = torch.full((len(ks), m, n), float("nan"), device=DEV)
+        bw.bf16_ws_plan(a, b, out, bw.VARIANTS[design], 3, ks=ks)(a, b, out, k_offsets=offsets)
+        torch.cuda.synchronize()
+        if out.isnan().any():
+            raise AssertionError(f"{design}: output elements not written")
+        worst = max(worst, calc_diff(out, product))
+    if not worst < 1e-6:
+        raise AssertionError(f"gluon differs from pytorch: calc_diff {worst:.2e}")
+    garbage = torch.tensor([0, -300, 10**6, 64, -5], dtype=torch.int32, device=DEV)
+    bw.bf16_ws_plan(a, b, d, bw.VARIANTS["bf16_128x128"], 3, ks=ks)(a, b, d, k_offsets=garbage)
+    torch.cuda.synchronize()
+    return f"{len(K_GROUPED_BF16_WS_TILES)} designs, calc_diff {worst:.1e}"
+
+
 class _ForcedVariant:
     """The variant variable ``env`` (``TILEGEMM_MOE_VARIANT`` by default) set to ``variant`` inside the block (unset
     for ``None``), restored after it."""

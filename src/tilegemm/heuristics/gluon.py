@@ -19,6 +19,7 @@ BLOCK_M = 128  # two MMA warpgroups of 64 rows
 BLOCK_K = 128  # one FP8 scale block per K step
 SMEM_BYTES = 232448  # shared memory one Hopper CTA may use (227 KiB)
 BARRIER_BYTES = 1024  # the ring's mbarriers, with room to spare
+BF16_BLOCK_K = 64  # the BF16 ws kernel's K block: 128 bytes of bf16, one 128-byte swizzled row
 
 
 # The automatic choice of the dense FP8 kernels, one reason a line (the rows: benchmarks/results/dense-fp8-h200/ for
@@ -231,12 +232,17 @@ def prefers_dense_bf16(m: int, n: int, k: int) -> bool:
     return DENSE_BF16_WS_MIN_M <= m <= DENSE_BF16_WS_MAX_M and k >= DENSE_BF16_WS_MIN_K
 
 
+def _read_in_place(*xs: torch.Tensor) -> bool:
+    """Whether the BF16 ws kernel reads each 2-D operand of ``xs`` as it is: unit-stride rows, TMA-ready."""
+    return all(x.stride(1) == 1 and operands.tma_ready(x) for x in xs)
+
+
 def bf16_ws_takes(a: torch.Tensor, b: torch.Tensor, has_c: bool, alpha: float) -> bool:
     """Whether the BF16 ws kernel computes a call as given (logical ``nt`` form): no addend, ``alpha`` 1, A [M, K]
     and B [N, K] K-major and TMA-ready (it makes no copies)."""
     if has_c or alpha != 1.0:
         return False
-    return all(x.stride(1) == 1 and operands.tma_ready(x) for x in (a, b))
+    return _read_in_place(a, b)
 
 
 def kernel_faster_dense_fp8(m: int, n: int, k: int, num_sms: int) -> bool:
@@ -302,6 +308,27 @@ def prefers_k_grouped_fp8(groups: int, m: int, n: int, k_sum: int, num_sms: int)
     return grouped_tiles_suffice(groups * cdiv(m, BLOCK_M) * cdiv(n, 128), cdiv(k_sum, BLOCK_K * groups), num_sms)
 
 
+#: The k-grouped BF16 designs (the BF16 ws kernel's k-grouped form, ``ops/gluon/grouped.py``): the dense BF16 tiles
+#: at most 128 wide, by the same costs.
+K_GROUPED_BF16_WS_TILES = tuple(t for t in DENSE_BF16_WS_TILES if t[2] <= 128)
+
+
+def k_grouped_bf16_ws_design(groups: int, m: int, n: int, num_sms: int) -> str:
+    """The BF16 ws kernel's design (a ``bf16_gemm_ws.VARIANTS`` name) for a k-grouped call into fp32 [G, M, N] on
+    ``num_sms`` SMs: the cheapest tiling (:func:`cheapest_tiling`) of :data:`K_GROUPED_BF16_WS_TILES` over the
+    [G * M, N] output (M a multiple of 128: no tile crosses a group)."""
+    return cheapest_tiling(groups * m, n, num_sms, K_GROUPED_BF16_WS_TILES)[0]
+
+
+def prefers_k_grouped_bf16(groups: int, m: int, n: int, ks: list[int], num_sms: int) -> bool:
+    """True when the gluon backend is the automatic choice for a k-grouped BF16 GEMM into fp32 [G, M, N] with
+    per-group K ``ks``: the kernel's conditions (M a multiple of 128, every group's K of :data:`BF16_BLOCK_K`) and
+    enough 128x128 tiles and 128-deep steps for the SMs, as the grouped FP8 calls (:func:`grouped_tiles_suffice`)."""
+    if groups == 0 or m % BLOCK_M or any(k % BF16_BLOCK_K for k in ks):
+        return False
+    return grouped_tiles_suffice(groups * cdiv(m, BLOCK_M) * cdiv(n, 128), cdiv(sum(ks), BLOCK_K * groups), num_sms)
+
+
 def _gluon_may_run(d: torch.Tensor) -> bool:
     """Whether a call writing ``d`` may go to gluon at all: on a CUDA device where the backend runs, bf16 or fp32
     output, TMA-aligned."""
@@ -334,6 +361,18 @@ def k_grouped_fp8_rule(arguments: dict[str, Any]) -> str | None:
     groups, m, n = d.shape
     k_sum = arguments["a"][0].shape[0]
     return "gluon" if prefers_k_grouped_fp8(groups, m, n, k_sum, config.get_num_sms()) else None
+
+
+@register_rule("k_grouped_bf16_gemm_tn_contiguous")
+def k_grouped_bf16_rule(arguments: dict[str, Any]) -> str | None:
+    """The automatic choice's rule for ``k_grouped_bf16_gemm_tn_contiguous``: ``gluon`` on Hopper where the BF16 ws
+    kernel reads the MN-major operands in place (:func:`_read_in_place`), D is contiguous and
+    :func:`prefers_k_grouped_bf16` says so, else no claim."""
+    d, a, b = arguments["d"], arguments["a"], arguments["b"]
+    if not d.is_contiguous() or not _gluon_may_run(d) or not _read_in_place(a, b):
+        return None
+    groups, m, n = d.shape
+    return "gluon" if prefers_k_grouped_bf16(groups, m, n, arguments["ks_cpu"], config.get_num_sms()) else None
 
 
 def moe_fp8_buffers_fit(tokens: int, top_k: int, experts: int, hidden: int, inter: int) -> bool:

@@ -98,20 +98,33 @@ def compile_dense_fp8_ws(
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": ws.MMA_WARPS})
 
 
-def compile_bf16_ws(cfg: bf16_gemm_ws.Bf16WsConfig, out_dtype: torch.dtype = torch.bfloat16) -> Any:
+def compile_bf16_ws(
+    cfg: bf16_gemm_ws.Bf16WsConfig,
+    out_dtype: torch.dtype = torch.bfloat16,
+    k_grouped: bool = False,
+    accumulate: bool = False,
+) -> Any:
     """``bf16_gemm_ws_kernel`` compiled for sm_90a as :func:`bf16_gemm_ws.bf16_ws_plan` launches ``cfg`` (its ring
-    depth set for ``out_dtype``): a triton ``CompiledKernel``."""
+    depth set for ``out_dtype``; ``k_grouped``: the k-grouped form, MN-major boxes and fp32 output, ``accumulate``
+    into D): a triton ``CompiledKernel``."""
+    out_dtype = torch.float32 if k_grouped else out_dtype
     cfg = bf16_gemm_ws.bf16_ws_config(cfg, out_dtype)
-    bf16, bm, bk = torch.bfloat16, cfg.block_m, bf16_gemm_ws.BLOCK_K
+    bf16, bm, bn, bk = torch.bfloat16, cfg.block_m, cfg.block_n, bf16_gemm_ws.BLOCK_K
+    boxes = ([bk, bm], [bk, bn]) if k_grouped else ([bm, bk], [bn, bk])
     signature = {
-        "a_desc": _desc(bf16, [bm, bk]),
-        "b_desc": _desc(bf16, [cfg.block_n, bk]),
-        "d_desc": _desc(out_dtype, [bm, min(cfg.block_n, 128)]),
+        "a_desc": _desc(bf16, boxes[0]),
+        "b_desc": _desc(bf16, boxes[1]),
+        "d_desc": _desc(out_dtype, [bm, min(bn, 128)]),
+        "group_ptr": "*i32",
+        "num_groups": "i32",
         "M": "i32",
         "N": "i32",
         "K": "i32",
     }
-    consts = {"STAGES": cfg.stages, "GROUP_M": cfg.group_m, "LOADER_REGS": cfg.loader_regs}
+    consts = {
+        "STAGES": cfg.stages, "GROUP_M": cfg.group_m, "LOADER_REGS": cfg.loader_regs, "K_GROUPED": k_grouped,
+        "ACCUMULATE": accumulate,
+    }  # fmt: skip
     signature.update({name: "constexpr" for name in consts})
     source = GluonASTSource(bf16_gemm_ws.bf16_gemm_ws_kernel, signature, constexprs=consts)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": bf16_gemm_ws.MMA_WARPS})

@@ -1,4 +1,5 @@
-"""Host side of the warp-specialized gluon BF16 GEMM (:mod:`bf16_gemm_ws_kernel`): ``D = A @ B.T``.
+"""Host side of the warp-specialized gluon BF16 GEMM (:mod:`bf16_gemm_ws_kernel`): ``D = A @ B.T``, and its
+k-grouped form ``D[g] (+)= A_g.T @ B_g`` (MN-major operands read in place).
 
 :func:`bf16_ws_plan`: checks -> config (:func:`bf16_ws_config`: the ring depth that fits) -> descriptors -> grid;
 the first run launches through triton's JIT, later runs go to the compiled kernel (:class:`tma.Relaunch`).
@@ -13,12 +14,14 @@ from typing import NamedTuple
 
 import torch
 
-from tilegemm.heuristics.gluon import BARRIER_BYTES, SMEM_BYTES
+from tilegemm.heuristics.gluon import BARRIER_BYTES, BF16_BLOCK_K, SMEM_BYTES
 from tilegemm.ops import operands
-from tilegemm.ops.gluon.bf16_gemm_ws_kernel import BLOCK_K, MMA_WARPS, bf16_gemm_ws_kernel
+from tilegemm.ops.gluon.bf16_gemm_ws_kernel import MMA_WARPS, bf16_gemm_ws_kernel
 from tilegemm.ops.gluon.tma import Relaunch, descriptor, tma_strides
 
 __all__ = ["Bf16WsConfig", "bf16_ws_plan"]
+
+BLOCK_K = BF16_BLOCK_K
 
 
 class Bf16WsConfig(NamedTuple):
@@ -73,41 +76,93 @@ def unsupported_reason(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor) -> str
     return None
 
 
+def k_grouped_unsupported_reason(
+    a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, ks: list[int], block_m: int = 128
+) -> str | None:
+    """Why the k-grouped form cannot run ``d[g] = a_g.T @ b_g`` as given, or ``None``: bf16 A [K_sum, M] and B
+    [K_sum, N] TMA-ready with unit last stride (MN-major), fp32 D [G, M, N] contiguous and TMA-ready, M a multiple
+    of ``block_m`` (no tile crosses a group), every group's K a multiple of :data:`BLOCK_K`, int32 coordinates."""
+    if a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16 or d.dtype != torch.float32:
+        return f"A and B must be bf16 and D fp32, got {a.dtype}, {b.dtype}, {d.dtype}"
+    if a.dim() != 2 or b.dim() != 2 or d.dim() != 3 or (a.shape[1], b.shape[1]) != tuple(d.shape[1:]):
+        return f"shapes A {tuple(a.shape)}, B {tuple(b.shape)}, D {tuple(d.shape)}"
+    if a.shape[0] != b.shape[0] or sum(ks) != a.shape[0] or len(ks) != d.shape[0]:
+        return f"per-group K {ks} against K_sum {a.shape[0]} and {d.shape[0]} groups"
+    if d.shape[1] % block_m:
+        return f"M = {d.shape[1]} is not a multiple of {block_m} (a tile would cross groups)"
+    if any(k % BLOCK_K for k in ks):
+        return f"per-group K {ks}: every one must be a multiple of {BLOCK_K}"
+    if not all(operands.tma_ready(x) and x.stride(-1) == 1 for x in (a, b, d)) or not d.is_contiguous():
+        return "A and B (MN-major) and D (contiguous) must be TMA-ready: unit last stride, 16-byte pitch and base"
+    if max(a.shape[0], d.shape[0] * d.shape[1]) >= 2**31:
+        return "a dimension past int32 (TMA coordinates)"
+    return None
+
+
 def bf16_ws_plan(
-    a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, cfg: Bf16WsConfig | None = None, num_sms: int | None = None
+    a: torch.Tensor,
+    b: torch.Tensor,
+    d: torch.Tensor,
+    cfg: Bf16WsConfig | None = None,
+    num_sms: int | None = None,
+    ks: list[int] | None = None,
+    accumulate: bool = False,
 ) -> Callable[..., torch.Tensor]:
-    """The launch plan of calls shaped as this one: ``run(a, b, d, stream=None) -> d`` computes ``d = a @ b.T`` in
-    fp32 (rounded to ``d``'s dtype) for operands of this call's shapes, strides, dtypes and alignment.
+    """The launch plan of calls shaped as this one: ``run(a, b, d, stream=None, k_offsets=None) -> d`` computes
+    ``d = a @ b.T`` in fp32 (rounded to ``d``'s dtype) for operands of this call's shapes, strides, dtypes and
+    alignment; k-grouped (``ks`` given): ``d[g] (+)= a_g.T @ b_g`` over the K ranges of its call's ``k_offsets``.
 
     Args:
-        a: bf16 [M, K], K-major, TMA-ready.
-        b: bf16 [N, K], K-major, TMA-ready.
-        d: bf16 or fp32 [M, N], TMA-ready; every element is written.
+        a: bf16 [M, K], K-major, TMA-ready; k-grouped: bf16 [K_sum, M], MN-major (unit last stride).
+        b: bf16 [N, K], K-major, TMA-ready; k-grouped: bf16 [K_sum, N], MN-major.
+        d: bf16 or fp32 [M, N], TMA-ready; every element is written. k-grouped: fp32 [G, M, N], contiguous.
         cfg: the design (:data:`VARIANTS` names some); ``None``: :class:`Bf16WsConfig`'s default.
         num_sms: SMs for the persistent grid; ``None``: the device's count.
+        ks: k-grouped: the per-group K (multiples of :data:`BLOCK_K`, 0 allowed); a run takes the matching int32
+            [G + 1] offsets (``operands.k_offsets``) as ``k_offsets``.
+        accumulate: k-grouped: ``d[g] += a_g.T @ b_g`` (``d`` is read) instead of ``=``.
     """
-    reason = unsupported_reason(a, b, d)
+    cfg = bf16_ws_config(cfg or Bf16WsConfig(), d.dtype)
+    k_grouped = ks is not None
+    reason = k_grouped_unsupported_reason(a, b, d, ks, cfg.block_m) if k_grouped else unsupported_reason(a, b, d)
     if reason is not None:
         raise ValueError(reason)
-    cfg = bf16_ws_config(cfg or Bf16WsConfig(), d.dtype)
+    if accumulate and not k_grouped:
+        raise ValueError("accumulate: the k-grouped form only")
+    if k_grouped and cfg.block_n > 128:
+        raise ValueError(f"{cfg}: the k-grouped form takes tiles at most 128 wide")
     if num_sms is None:
         num_sms = torch.cuda.get_device_properties(d.device).multi_processor_count
-    (m, k), n = a.shape, b.shape[0]
-    tiles = operands.cdiv(m, cfg.block_m) * operands.cdiv(n, cfg.block_n)
+    if k_grouped:
+        groups, m, n = d.shape
+        k = a.shape[0]
+        boxes = ([BLOCK_K, cfg.block_m], [BLOCK_K, cfg.block_n], [cfg.block_m, cfg.block_n])
+        flat_d = d.flatten(0, 1)  # [G * M, N]: the group's rows of D
+    else:
+        groups, ((m, k), n) = 1, (a.shape, b.shape[0])
+        boxes = ([cfg.block_m, BLOCK_K], [cfg.block_n, BLOCK_K], [cfg.block_m, min(cfg.block_n, 128)])
+        flat_d = d
+    tiles = groups * operands.cdiv(m, cfg.block_m) * operands.cdiv(n, cfg.block_n)
     grid = (max(1, min(tiles, num_sms)), 1, 1)
-    fixed = {"M": m, "N": n, "K": k, "STAGES": cfg.stages, "GROUP_M": cfg.group_m, "LOADER_REGS": cfg.loader_regs}
-    boxes = ([cfg.block_m, BLOCK_K], [cfg.block_n, BLOCK_K], [cfg.block_m, min(cfg.block_n, 128)])
-    shapes = [(list(x.shape), tma_strides(x)) for x in (a, b, d)]
+    fixed = {
+        "num_groups": groups, "M": m, "N": n, "K": k, "STAGES": cfg.stages, "GROUP_M": cfg.group_m,
+        "LOADER_REGS": cfg.loader_regs, "K_GROUPED": k_grouped, "ACCUMULATE": accumulate,
+    }  # fmt: skip
+    shapes = [(list(x.shape), tma_strides(x)) for x in (a, b, flat_d)]
     relaunch = None
 
-    def run(a, b, d, stream=None) -> torch.Tensor:
+    def run(a, b, d, stream=None, k_offsets=None) -> torch.Tensor:
         nonlocal relaunch
+        if (k_offsets is not None) != k_grouped:
+            raise ValueError("a run takes k_offsets exactly when its plan is k-grouped")
+        group_ptr = k_offsets if k_grouped else d  # read by the k-grouped form only
         if relaunch is not None:
-            relaunch((a, b, d), tuple(fixed.values()), stream)
+            relaunch((a, b, d), (group_ptr, *fixed.values()), stream)
             return d
-        descs = {name: descriptor(x, box) for name, x, box in zip(("a_desc", "b_desc", "d_desc"), (a, b, d), boxes)}
+        tensors = (a, b, d.flatten(0, 1) if k_grouped else d)
+        descs = {name: descriptor(x, box) for name, x, box in zip(("a_desc", "b_desc", "d_desc"), tensors, boxes)}
         with contextlib.nullcontext() if stream is None else torch.cuda.stream(stream):
-            compiled = bf16_gemm_ws_kernel[grid](**descs, **fixed, num_warps=MMA_WARPS)
+            compiled = bf16_gemm_ws_kernel[grid](**descs, group_ptr=group_ptr, **fixed, num_warps=MMA_WARPS)
         relaunch = Relaunch(compiled, grid, d.device, shapes)
         return d
 

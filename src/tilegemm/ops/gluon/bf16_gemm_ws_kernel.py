@@ -1,9 +1,16 @@
-"""Gluon warp-specialized BF16 GEMM kernel for Hopper: ``D = A @ B.T``.
+"""Gluon warp-specialized BF16 GEMM kernel for Hopper: ``D = A @ B.T``, dense or k-grouped.
 
-A [M, K] and B [N, K] are K-major bf16; D [M, N] bf16 or fp32. The warps as in :mod:`fp8_gemm_ws_kernel`: the
-DEFAULT partition holds two MMA warpgroups (8 warps; each owns 64 rows of a 128-row tile, or half the columns of a
-64-row one, which doubles the tiles of a short M) and gets the registers
-the TMA loader warp gives up (``setmaxnreg``); the loader streams A's and B's ``BLOCK_K``-deep tiles into a
+Dense: A [M, K] and B [N, K] are K-major bf16; D [M, N] bf16 or fp32. ``K_GROUPED`` (the MoE weight gradient,
+``D[g] (+)= A_g.T @ B_g``, DeepGEMM's ``k_grouped_bf16_gemm_tn_contiguous``): A [K_sum, M] and B [K_sum, N] are
+read in place, MN-major (a stage holds [BLOCK_K, TILE_M] and [BLOCK_K, TILE_N] boxes and the wgmma reads them
+transposed: HGMMA ``.tnspA.tnspB``, no transposing copy); ``group_ptr`` holds the [G + 1] offsets of the groups' K
+ranges (multiples of ``BLOCK_K``), D is fp32 [G * M, N] (M a multiple of the tile's rows, so no tile crosses a
+group). The walk runs over (group, row tile, column tile), a tile over its group's K blocks; ``ACCUMULATE``: D's
+tile is read back by TMA through the staging buffer and added before the store.
+
+The warps as in :mod:`fp8_gemm_ws_kernel`: the DEFAULT partition holds two MMA warpgroups (8 warps; each owns 64
+rows of a 128-row tile, or half the columns of a 64-row one, which doubles the tiles of a short M) and gets the
+registers the TMA loader warp gives up (``setmaxnreg``); the loader streams A's and B's ``BLOCK_K``-deep tiles into a
 ``STAGES``-deep ring (``ready`` / ``empty`` mbarriers). Without block scales there is no promotion: each K block's
 wgmma accumulates into the tile's fp32 accumulator, with the previous block's wgmma left in flight
 (``num_outstanding=1``) and its stage released once it completes. The grid is persistent: at most one CTA per SM,
@@ -25,61 +32,115 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from tilegemm.heuristics.gluon import BF16_BLOCK_K as BLOCK_K
 from tilegemm.ops.gluon.tiles import store_tile, tile_coords, tile_range, wgmma_layout
 
-BLOCK_K = 64  # 128 bytes of bf16: one 128-byte swizzled row
 MMA_WARPS = 8
 
 _BLOCK_K = gl.constexpr(BLOCK_K)
 
 
+@gluon.constexpr_function
+def _tile_side(shape, k_grouped, lead=0):
+    """The tile's rows (columns) of A's (B's) box ``shape[lead:]`` (``lead`` 1: a ring's stage index first):
+    [TILE, BLOCK_K] K-major, [BLOCK_K, TILE] k-grouped."""
+    return shape[lead + 1] if k_grouped else shape[lead]
+
+
 @gluon.jit
-def _loader(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M: gl.constexpr):
-    """The TMA warp: A's and B's tiles of every K block of every output tile of this CTA."""
+def _tile_job(tile, num_m, num_n, group_ptr, K, GROUP_M: gl.constexpr, K_GROUPED: gl.constexpr):
+    """What linear tile ``tile`` computes: (group, row tile, column tile, first K block, K blocks). Dense: group 0,
+    every K block; k-grouped: the walk's group and its K range ``[group_ptr[g], group_ptr[g + 1])``, clamped into
+    ``[0, K]``."""
+    if K_GROUPED:
+        per_group = num_m * num_n
+        group = tile // per_group
+        pm, pn = tile_coords(tile - group * per_group, num_m, num_n, GROUP_M)
+        k0 = gl.minimum(gl.maximum(gl.load(group_ptr + group), 0), K)
+        k1 = gl.minimum(gl.maximum(gl.load(group_ptr + group + 1), k0), K)
+        return group, pm, pn, k0 // _BLOCK_K, (k1 - k0) // _BLOCK_K
+    else:
+        pm, pn = tile_coords(tile, num_m, num_n, GROUP_M)
+        return 0, pm, pn, 0, gl.cdiv(K, _BLOCK_K)
+
+
+@gluon.jit
+def _loader(a_desc, b_desc, a_ring, b_ring, ready, empty, group_ptr, walks, M, N, K, GROUP_M: gl.constexpr,
+            K_GROUPED: gl.constexpr):  # fmt: skip
+    """The TMA warp: A's and B's tiles of every K block of every output tile of this CTA (k-grouped: the tile's
+    group's K blocks, as [BLOCK_K, TILE] boxes of the MN-major operands)."""
     STAGES: gl.constexpr = a_ring.shape[0]
-    TILE_M: gl.constexpr = a_desc.block_type.shape[0]
-    TILE_N: gl.constexpr = b_desc.block_type.shape[0]
+    TILE_M: gl.constexpr = _tile_side(a_desc.block_type.shape, K_GROUPED)
+    TILE_N: gl.constexpr = _tile_side(b_desc.block_type.shape, K_GROUPED)
     nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
-    first, num_tiles, step, num_m, num_n = tile_range(M, N, 1, TILE_M, TILE_N, True)
+    first, num_tiles, step, num_m, num_n = tile_range(M, N, walks, TILE_M, TILE_N, True)
     it = 0
     for tile in range(first, num_tiles, step):
-        pm, pn = tile_coords(tile, num_m, num_n, GROUP_M)
-        for kb in range(gl.cdiv(K, _BLOCK_K)):
+        _, pm, pn, kb0, tile_k = _tile_job(tile, num_m, num_n, group_ptr, K, GROUP_M, K_GROUPED)
+        for kb in range(kb0, kb0 + tile_k):
             s = it % STAGES
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
             bar = ready.index(s)
             mbarrier.expect(bar, nbytes)
-            tma.async_copy_global_to_shared(a_desc, [pm * TILE_M, kb * _BLOCK_K], bar, a_ring.index(s))
-            tma.async_copy_global_to_shared(b_desc, [pn * TILE_N, kb * _BLOCK_K], bar, b_ring.index(s))
+            if K_GROUPED:
+                tma.async_copy_global_to_shared(a_desc, [kb * _BLOCK_K, pm * TILE_M], bar, a_ring.index(s))
+                tma.async_copy_global_to_shared(b_desc, [kb * _BLOCK_K, pn * TILE_N], bar, b_ring.index(s))
+            else:
+                tma.async_copy_global_to_shared(a_desc, [pm * TILE_M, kb * _BLOCK_K], bar, a_ring.index(s))
+                tma.async_copy_global_to_shared(b_desc, [pn * TILE_N, kb * _BLOCK_K], bar, b_ring.index(s))
             it += 1
 
 
 @gluon.jit
-def _mma_partition(a_ring, b_ring, ready, empty, d_desc, out, M, N, K, GROUP_M: gl.constexpr):
+def _operands(a_ring, b_ring, s, K_GROUPED: gl.constexpr):
+    """Stage ``s``'s A [TILE_M, BLOCK_K] and B [BLOCK_K, TILE_N] as the wgmma reads them: K-major tiles as stored
+    (B transposed), k-grouped ones' MN-major boxes (A transposed)."""
+    if K_GROUPED:
+        return a_ring.index(s).permute((1, 0)), b_ring.index(s)
+    else:
+        return a_ring.index(s), b_ring.index(s).permute((1, 0))
+
+
+@gluon.jit
+def _add_d(acc, d_desc, out, d_bar, phase, row, col):
+    """``acc`` plus D's tile at (row, col), read by TMA through the staging buffer ``out`` (zeros past D's
+    edges), once the previous store from ``out`` has read it."""
+    tma.store_wait(pendings=0)
+    mbarrier.expect(d_bar, d_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(d_desc, [row, col], d_bar, out)
+    mbarrier.wait(d_bar, phase)
+    return acc + out.load(acc.type.layout)
+
+
+@gluon.jit
+def _mma_partition(a_ring, b_ring, ready, empty, d_desc, out, d_bar, group_ptr, walks, M, N, K,
+                   GROUP_M: gl.constexpr, K_GROUPED: gl.constexpr, ACCUMULATE: gl.constexpr):  # fmt: skip
     """The two MMA warpgroups: every output tile of this CTA, each K block's wgmma accumulating under the previous
     one's completion, the tile stored through ``out`` by TMA. A 256-wide tile is two 128-wide halves: two
-    accumulators, two wgmma a K block on the same A stage, each half stored through a 128-wide ``out``."""
+    accumulators, two wgmma a K block on the same A stage, each half stored through a 128-wide ``out``.
+    k-grouped: the group's rows of D, D's tile added first when ``ACCUMULATE`` (:func:`_add_d`)."""
     STAGES: gl.constexpr = a_ring.shape[0]
-    TILE_M: gl.constexpr = a_ring.shape[1]
-    TILE_N: gl.constexpr = b_ring.shape[1]
+    TILE_M: gl.constexpr = _tile_side(a_ring.shape, K_GROUPED, 1)
+    TILE_N: gl.constexpr = _tile_side(b_ring.shape, K_GROUPED, 1)
     SUB_N: gl.constexpr = d_desc.block_type.shape[1]
     acc_l: gl.constexpr = wgmma_layout(TILE_M, SUB_N, gl.num_warps(), 16)
-    first, num_tiles, step, num_m, num_n = tile_range(M, N, 1, TILE_M, TILE_N, True)
-    num_k = gl.cdiv(K, _BLOCK_K)
+    first, num_tiles, step, num_m, num_n = tile_range(M, N, walks, TILE_M, TILE_N, True)
     it = 0
+    done = 0
     for tile in range(first, num_tiles, step):
-        pm, pn = tile_coords(tile, num_m, num_n, GROUP_M)
+        group, pm, pn, kb0, tile_k = _tile_job(tile, num_m, num_n, group_ptr, K, GROUP_M, K_GROUPED)
         acc = gl.zeros([TILE_M, SUB_N], gl.float32, acc_l)
         acc_hi = gl.zeros([TILE_M, SUB_N], gl.float32, acc_l)
-        for kb in range(num_k):
+        for kb in range(tile_k):
             s = it % STAGES
             mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-            a = a_ring.index(s)
-            b = b_ring.index(s)
             if TILE_N == SUB_N:
-                acc = warpgroup_mma(a, b.permute((1, 0)), acc, is_async=True)
+                a, b = _operands(a_ring, b_ring, s, K_GROUPED)
+                acc = warpgroup_mma(a, b, acc, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-            else:
+            else:  # dense only: two 128-wide halves of B's [256, BLOCK_K] stage
+                a = a_ring.index(s)
+                b = b_ring.index(s)
                 acc = warpgroup_mma(a, b.slice(0, SUB_N).permute((1, 0)), acc, is_async=True)
                 acc_hi = warpgroup_mma(a, b.slice(SUB_N, SUB_N).permute((1, 0)), acc_hi, is_async=True)
                 acc, acc_hi = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_hi))
@@ -90,11 +151,15 @@ def _mma_partition(a_ring, b_ring, ready, empty, d_desc, out, M, N, K, GROUP_M: 
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         else:
             acc, acc_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_hi))
-        if num_k > 0:
+        if tile_k > 0:
             mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)
-        store_tile(acc, d_desc, out, pm * TILE_M, pn * TILE_N)
+        row = group * M + pm * TILE_M  # k-grouped: D is [G * M, N]
+        if ACCUMULATE:
+            acc = _add_d(acc, d_desc, out, d_bar, done & 1, row, pn * TILE_N)
+        store_tile(acc, d_desc, out, row, pn * TILE_N)
         if TILE_N != SUB_N:
-            store_tile(acc_hi, d_desc, out, pm * TILE_M, pn * TILE_N + SUB_N)
+            store_tile(acc_hi, d_desc, out, row, pn * TILE_N + SUB_N)
+        done += 1
     tma.store_wait(pendings=0)
 
 
@@ -103,35 +168,48 @@ def bf16_gemm_ws_kernel(
     a_desc,
     b_desc,
     d_desc,
+    group_ptr,
+    num_groups,
     M,
     N,
     K,
     STAGES: gl.constexpr,
     GROUP_M: gl.constexpr,
     LOADER_REGS: gl.constexpr,
+    K_GROUPED: gl.constexpr,
+    ACCUMULATE: gl.constexpr,
 ):
     """Warp-specialized BF16 GEMM (see the module docstring); launch with ``num_warps=8`` and a persistent grid.
-    The descriptors' boxes: A [TILE_M, 64], B [TILE_N, 64], D [TILE_M, min(TILE_N, 128)] (``TILE_M`` 64 or 128,
-    ``TILE_N`` 64, 128 or 256: a 256-wide tile is stored as two 128-wide halves)."""
-    TILE_M: gl.constexpr = a_desc.block_type.shape[0]
-    TILE_N: gl.constexpr = b_desc.block_type.shape[0]
+    The descriptors' boxes: A [TILE_M, 64], B [TILE_N, 64] (k-grouped: [64, TILE_M], [64, TILE_N]), D [TILE_M,
+    min(TILE_N, 128)] (``TILE_M`` 64 or 128, ``TILE_N`` 64, 128 or 256: a 256-wide tile is stored as two 128-wide
+    halves; k-grouped: at most 128). ``group_ptr`` (int32 [G + 1]) and ``num_groups`` are read by the k-grouped
+    form only; K is then K_sum and M the rows of one group."""
+    TILE_M: gl.constexpr = _tile_side(a_desc.block_type.shape, K_GROUPED)
+    TILE_N: gl.constexpr = _tile_side(b_desc.block_type.shape, K_GROUPED)
     gl.static_assert(TILE_M == 64 or TILE_M == 128, "TILE_M 64 or 128")
     gl.static_assert(TILE_N == 64 or TILE_N == 128 or TILE_N == 256, "TILE_N 64, 128 or 256")
     gl.static_assert(d_desc.block_type.shape[1] == TILE_N or (TILE_N == 256 and d_desc.block_type.shape[1] == 128))
+    gl.static_assert(not K_GROUPED or TILE_N <= 128, "k-grouped: tiles at most 128 wide")
+    gl.static_assert(not ACCUMULATE or K_GROUPED, "ACCUMULATE: k-grouped only")
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     out = gl.allocate_shared_memory(d_desc.dtype, d_desc.block_type.shape, d_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    d_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())  # ACCUMULATE: D's tile read
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
+    if ACCUMULATE:
+        mbarrier.init(d_bar, count=1)
     fence_async_shared()
+    walks = num_groups if K_GROUPED else 1
     gl.warp_specialize(
         [
-            (_mma_partition, (a_ring, b_ring, ready, empty, d_desc, out, M, N, K, GROUP_M)),
-            (_loader, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M)),
+            (_mma_partition, (a_ring, b_ring, ready, empty, d_desc, out, d_bar, group_ptr, walks, M, N, K, GROUP_M,
+                              K_GROUPED, ACCUMULATE)),
+            (_loader, (a_desc, b_desc, a_ring, b_ring, ready, empty, group_ptr, walks, M, N, K, GROUP_M, K_GROUPED)),
         ],
         [1],
         [LOADER_REGS],
-    )
+    )  # fmt: skip

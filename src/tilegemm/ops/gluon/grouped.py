@@ -1,6 +1,8 @@
-"""Gluon grouped FP8 GEMMs, host side, on Hopper: m-grouped contiguous (``m_grouped_fp8_fp4_gemm_{nt,nn}_contiguous``)
-and k-grouped (``k_grouped_fp8_gemm_{tn,nt}_contiguous``), both on the warp-specialized FP8 kernel
-(:mod:`fp8_gemm_ws`, its ``M_GROUPED`` and ``K_GROUPED`` forms).
+"""Gluon grouped GEMMs, host side, on Hopper: m-grouped contiguous FP8 (``m_grouped_fp8_fp4_gemm_{nt,nn}_contiguous``)
+and k-grouped FP8 (``k_grouped_fp8_gemm_{tn,nt}_contiguous``), both on the warp-specialized FP8 kernel
+(:mod:`fp8_gemm_ws`, its ``M_GROUPED`` and ``K_GROUPED`` forms); k-grouped BF16
+(``k_grouped_bf16_gemm_tn_contiguous``) on the BF16 ws kernel's k-grouped form (:mod:`bf16_gemm_ws`: the MN-major
+[K_sum, M] and [K_sum, N] operands read in place, every group's K a multiple of 64, M of 128).
 
 m-grouped: DeepGEMM's ``m_indices`` layout, every 128-row block of A one group (or padding, -1), so a 128-row output
 tile reads one group's B. The check hands the weights over as the logical [G, N, K]; a view that is not K-major (the
@@ -18,6 +20,8 @@ multiple of 128 (no output tile crosses a group); ``c`` other than ``d`` is copi
          design :data:`tilegemm.heuristics.gluon.M_GROUPED_FP8_WS_DESIGN` / ``K_GROUPED_FP8_WS_DESIGN``
       -> run(a, b, d, stream, m_index= / k_offsets=): the first launch through triton's JIT, later ones to the
          compiled kernel's launcher
+    k_grouped_bf16 -> k_grouped_bf16_plan: kept, or bf16_gemm_ws.bf16_ws_plan with the design
+         :func:`tilegemm.heuristics.gluon.k_grouped_bf16_ws_design` -> run(a, b, d, stream, k_offsets=)
 """
 
 from __future__ import annotations
@@ -26,10 +30,15 @@ import torch
 
 from tilegemm import config
 from tilegemm.backend.registry import Unsupported, register_impl
-from tilegemm.heuristics.gluon import K_GROUPED_FP8_WS_DESIGN, M_GROUPED_FP8_WS_DESIGN, MOE_FP8_GATE_UP_WS_DESIGN
+from tilegemm.heuristics.gluon import (
+    K_GROUPED_FP8_WS_DESIGN,
+    M_GROUPED_FP8_WS_DESIGN,
+    MOE_FP8_GATE_UP_WS_DESIGN,
+    k_grouped_bf16_ws_design,
+)
 from tilegemm.heuristics.report import print_once
 from tilegemm.ops import operands, plans
-from tilegemm.ops.gluon import fp8_gemm_ws, gemm
+from tilegemm.ops.gluon import bf16_gemm_ws, fp8_gemm_ws, gemm
 from tilegemm.ops.gluon.transpose import transposed
 
 Runner = plans.Runner
@@ -200,6 +209,63 @@ def k_grouped_plan(
     return run
 
 
+def k_grouped_bf16(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    d: torch.Tensor,
+    ks_cpu: list[int],
+    grouped_layout: torch.Tensor,
+    c: torch.Tensor | None = None,
+    stream: torch.cuda.Stream | None = None,
+) -> torch.Tensor:
+    """``d[g] = a_g.T @ b_g (+ c[g])`` in fp32 on the BF16 ws kernel's k-grouped form (DeepGEMM's
+    ``k_grouped_bf16_gemm_tn_contiguous``), on ``stream`` (``None``: current).
+
+    Args:
+        a: bf16 [K_sum, M], unit last stride, TMA-ready (read in place).
+        b: bf16 [K_sum, N], likewise.
+        d: fp32 [G, M, N], contiguous, M a multiple of 128.
+        ks_cpu: per-group K, multiples of 64 (0 allowed); ``grouped_layout``: their int32 [G] device mirror.
+        c: fp32 [G, M, N] added to the product, or ``None``; may be ``d``.
+
+    Raises:
+        Unsupported: a case the kernel lacks (before anything is written).
+    """
+    reason = bf16_gemm_ws.k_grouped_unsupported_reason(a, b, d, ks_cpu)
+    if reason is not None:
+        raise Unsupported(reason)
+    if d.numel() == 0:
+        return d
+    accumulate = c is not None
+    if accumulate and not (c.data_ptr() == d.data_ptr() and c.stride() == d.stride()):
+        d.copy_(c)  # d[g] = c[g], then accumulated into
+    if a.shape[0] == 0:  # every group's product is an empty sum
+        return d if accumulate else d.zero_()
+    offsets = operands.k_offsets(ks_cpu, grouped_layout, d.device)
+    return k_grouped_bf16_plan(a, b, d, ks_cpu, offsets, accumulate)(a, b, d, stream, k_offsets=offsets)
+
+
+def k_grouped_bf16_plan(
+    a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, ks: list[int], k_offsets: torch.Tensor, accumulate: bool
+) -> Runner:
+    """The launch plan of a k-grouped BF16 call, ``run(a, b, d, stream, k_offsets=) -> d``, kept in
+    :mod:`tilegemm.ops.plans` (keyed by the operands' metadata, the per-group K, ``accumulate``, the device and SM
+    count)."""
+    tk = plans.tensor_key
+    key = ("gluon", "k_grouped_bf16", tk(a), tk(b), tk(d), tuple(ks), accumulate, plans.sms_key(d.device))
+    run = plans.find(key)
+    if run is None:
+        groups, m, n = d.shape
+        design = k_grouped_bf16_ws_design(groups, m, n, config.get_num_sms())
+        print_once("k_grouped_bf16_gemm_tn_contiguous[gluon]", tuple(d.shape), design)
+        plan = bf16_gemm_ws.bf16_ws_plan(
+            a, b, d, bf16_gemm_ws.VARIANTS[design], config.get_num_sms(), ks=ks, accumulate=accumulate
+        )
+        run = plans.keep(key, plan)
+    return run
+
+
+register_impl("k_grouped_bf16_gemm_tn_contiguous", "gluon")(k_grouped_bf16)
 for _op in ("m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nn_contiguous"):
     register_impl(_op, "gluon")(m_grouped_fp8)
 for _op in ("k_grouped_fp8_gemm_tn_contiguous", "k_grouped_fp8_gemm_nt_contiguous"):
