@@ -305,6 +305,27 @@ def test_experts_plans_take_the_design_asked(recorders, gated):
     assert short["OVERLAP"] == (0 if gated else fp8_gemm_ws.VARIANTS[down].overlap)
 
 
+@pytest.mark.parametrize(
+    "m_sum, groups, design",
+    [(33408, 8, "d_128x128_ov8"), (16640, 32, "d_128x128_ov8"), (27648, 64, "d_128x128_ov8"),
+     (32768, 128, "d_128x128_ov4"), (40448, 128, "d_128x128_ov4"), (32768, 256, "d_128x128_ov4"),
+     (0, 0, "d_128x128_ov4")],
+)  # fmt: skip
+def test_m_grouped_fp8_ws_design(m_sum, groups, design):
+    """Runs of 8 K blocks from 384 rows a group on average (the measured rows: 8-64 groups of 432-8192 rows gained,
+    groups of 128-316 rows lost), runs of 4 below."""
+    assert gluon_rules.m_grouped_fp8_ws_design(m_sum, groups) == design
+
+
+def test_m_grouped_call_runs_the_design_of_its_group_length(recorders):
+    """A call of long groups launches the runs-of-8 design, one of short groups the runs-of-4 one."""
+    for sizes, overlap in (([512, 384], 8), ([128, 200, 56], 4)):
+        a, b, index = _grouped_operands(sizes, 256, 512)
+        d = torch.empty(index.numel(), 256, dtype=torch.bfloat16)
+        gluon_grouped.m_grouped_fp8(a, b, d, index)
+        assert recorders["ws"].jit[-1][2]["OVERLAP"] == overlap
+
+
 @pytest.mark.parametrize("tokens, top_k, experts", [(512, 8, 128), (512, 8, 256), (512, 2, 8)])
 def test_moe_fp8_ws_designs(tokens, top_k, experts):
     """The fused experts run the 128-row designs at every size (64-row tiles measured slower at 16-32 rows/expert)."""

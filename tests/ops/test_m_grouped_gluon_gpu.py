@@ -100,7 +100,7 @@ def test_ws_grouped_designs(name, case):
     _check(lambda dd: ws.ws_plan(a, b, dd, cfg, m_index=index)(a, b, dd, m_index=index), d, ref, index, len(sizes))
 
 
-@pytest.mark.parametrize("name", ["a_128x128_p", "d_128x128_ov4", "c_128x192"])
+@pytest.mark.parametrize("name", ["a_128x128_p", "d_128x128_ov4", "d_128x128_ov8", "c_128x192"])
 def test_ws_grouped_persistent_walk(name):
     """Three CTAs over every tile: each CTA walks tiles of several groups, padding and computed ones."""
     sizes = [200, 0, 300, 5, 128]

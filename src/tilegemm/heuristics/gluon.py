@@ -104,8 +104,15 @@ DENSE_BF16_WS_TILES = (
 
 
 #: The design of the warp-specialized kernel the m-grouped contiguous FP8 calls run (``ops/gluon/grouped.py``): one
-#: 128-row wave a tile (one group), as the dense calls.
+#: 128-row wave a tile (one group), as the dense calls, each K block's promotion under the next block's wgmma in runs
+#: of 4; the fused experts' down projection runs it at every size.
 M_GROUPED_FP8_WS_DESIGN = "d_128x128_ov4"
+#: ...in runs of 8 where the groups are long: from this many rows a group on average (padding included) runs of 8
+#: won 1.00-1.14x over runs of 4 on each of the 14 rows measured there (12 set rows of 8-32 groups of 512-8192 rows,
+#: 1.03x geomean; a skewed 64-expert row of 432 rows a group, 1.14x), and lost up to 0.96x on groups of 128-316 rows
+#: (benchmarks/results/grouped-fp8-h200/m_grouped_ov8_designs_h200.json).
+M_GROUPED_FP8_WS_LONG_DESIGN = "d_128x128_ov8"
+M_GROUPED_FP8_WS_LONG_MIN_ROWS = 384
 #: The design the k-grouped FP8 calls run: 128x128 tiles, persistent, the next K block's wgmma in flight during each
 #: promotion (runs of 2), B's column scales read from the stage at the promotion (R219, no spills:
 #: tests/compile_gate/test_compile_gluon_ws.py); 0.83x DeepGEMM against 0.74x without the overlap
@@ -298,6 +305,15 @@ def prefers_m_grouped_fp8(m_sum: int, n: int, k: int, num_sms: int) -> bool:
     """True when the gluon backend is the automatic choice for an m-grouped contiguous FP8 GEMM of ``m_sum`` rows
     against [G, N, K] weights on ``num_sms`` SMs (:func:`grouped_tiles_suffice`)."""
     return grouped_tiles_suffice(cdiv(m_sum, BLOCK_M) * cdiv(n, 128), cdiv(k, BLOCK_K), num_sms)
+
+
+def m_grouped_fp8_ws_design(m_sum: int, groups: int) -> str:
+    """The ws kernel's design for an m-grouped contiguous FP8 call of ``m_sum`` rows (padding included) over
+    ``groups`` groups: :data:`M_GROUPED_FP8_WS_LONG_DESIGN` from :data:`M_GROUPED_FP8_WS_LONG_MIN_ROWS` rows a group on
+    average, else :data:`M_GROUPED_FP8_WS_DESIGN`."""
+    if groups > 0 and m_sum >= M_GROUPED_FP8_WS_LONG_MIN_ROWS * groups:
+        return M_GROUPED_FP8_WS_LONG_DESIGN
+    return M_GROUPED_FP8_WS_DESIGN
 
 
 def prefers_k_grouped_fp8(groups: int, m: int, n: int, k_sum: int, num_sms: int) -> bool:

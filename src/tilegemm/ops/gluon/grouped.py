@@ -17,7 +17,7 @@ multiple of 128 (no output tile crosses a group); ``c`` other than ``d`` is copi
 
     m_grouped_fp8 / k_grouped_fp8 (the registered implementations, named arguments)
       -> m_grouped_plan / k_grouped_plan: the plan kept in tilegemm.ops.plans, or fp8_gemm_ws.ws_plan with the
-         design :data:`tilegemm.heuristics.gluon.M_GROUPED_FP8_WS_DESIGN` / ``K_GROUPED_FP8_WS_DESIGN``
+         design :func:`tilegemm.heuristics.gluon.m_grouped_fp8_ws_design` / ``K_GROUPED_FP8_WS_DESIGN``
       -> run(a, b, d, stream, m_index= / k_offsets=): the first launch through triton's JIT, later ones to the
          compiled kernel's launcher
     k_grouped_bf16 -> k_grouped_bf16_plan: kept, or bf16_gemm_ws.bf16_ws_plan with the design
@@ -35,6 +35,7 @@ from tilegemm.heuristics.gluon import (
     M_GROUPED_FP8_WS_DESIGN,
     MOE_FP8_GATE_UP_WS_DESIGN,
     k_grouped_bf16_ws_design,
+    m_grouped_fp8_ws_design,
 )
 from tilegemm.heuristics.report import print_once
 from tilegemm.ops import operands, plans
@@ -89,7 +90,8 @@ def m_grouped_fp8(
         return d
     if a_data.shape[1] == 0 or b_data.shape[0] == 0:  # every row an empty sum or padding
         return d.zero_()
-    return m_grouped_plan(a, b, d, grouped_layout)(a, b, d, stream, grouped_layout)
+    design = m_grouped_fp8_ws_design(a_data.shape[0], b_data.shape[0])
+    return m_grouped_plan(a, b, d, grouped_layout, design=design)(a, b, d, stream, grouped_layout)
 
 
 def m_grouped_plan(
