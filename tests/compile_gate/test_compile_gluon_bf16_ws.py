@@ -3,9 +3,11 @@ and fp32 output must show ``setmaxnreg``, no spills, four BF16 wgmma (``HGMMA.64
 as one group (a 256-wide tile: two groups of four, one a 128-wide half), one wait a K block that leaves that block's
 groups in flight (``WARPGROUP.DEPBAR.LE gsb0, 0x1``; ``0x2`` for the halves),
 registers within the MMA warps' budget and shared memory within a CTA's. Its tile walk and store are
-``ops/gluon/tiles.py``'s, which the FP8 kernels' gates compile too. The k-grouped form (every design the rule may
-pick, with and without accumulation) must read both MN-major operands in place (``HGMMA ... .tnspA.tnspB``: the
-wgmma transposes, no copy does), under the same conditions, and read D back by TMA when accumulating."""
+``ops/gluon/tiles.py``'s, which the FP8 kernels' gates compile too; the split designs (``_sk``) walk their jobs and
+store a split run's tile with ``ops/gluon/split_tail.py``'s, as the FP8 ws kernel does, and show the split tail's
+synchronization, which no other design has. The k-grouped form (every design the rule may pick, with and without
+accumulation) must read both MN-major operands in place (``HGMMA ... .tnspA.tnspB``: the wgmma transposes, no copy
+does), under the same conditions, and read D back by TMA when accumulating."""
 
 from __future__ import annotations
 
@@ -17,9 +19,9 @@ import torch
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
 
 from compile_gate.sass import dump_sass, loop_bodies, opcode_counts, sass_summary  # noqa: E402
-from compile_gate.test_compile_gluon_ws import _tools_reason  # noqa: E402
+from compile_gate.test_compile_gluon_ws import _tools_reason, check_tail_sync, tail_sync_ops  # noqa: E402
 from tilegemm.heuristics.gluon import K_GROUPED_BF16_WS_TILES  # noqa: E402
-from tilegemm.ops.gluon import aot, bf16_gemm_ws_kernel, tiles  # noqa: E402
+from tilegemm.ops.gluon import aot, bf16_gemm_ws_kernel, split_tail, tiles  # noqa: E402
 from tilegemm.ops.gluon import bf16_gemm_ws as bw  # noqa: E402
 
 CASES = [(name, out) for name in bw.VARIANTS for out in (torch.bfloat16, torch.float32)]
@@ -48,6 +50,8 @@ def test_bf16_ws_sass(name, out):
     assert depbars == [f"0x{halves}"], "one wait a block, the block's groups left in flight"
     assert 0 < max(int(x) for x in re.findall(r"\bR(\d+)\b", sass)) < budget <= 240
     assert kernel.metadata.shared <= bw.SMEM_BYTES
+    check_tail_sync(tail_sync_ops(sass), cfg.splits)
+    assert cfg.splits in (1, aot.COMPILED_SPLITS)
 
 
 K_GROUPED_CASES = [(design, acc) for design, *_ in K_GROUPED_BF16_WS_TILES for acc in (False, True)]
@@ -73,4 +77,15 @@ def test_bf16_ws_k_grouped_sass(name, accumulate):
     boxes = cfg.block_m // 64 + cfg.block_n // 64 + int(accumulate)
     assert loads >= boxes, "A and B in 64-wide boxes (128-byte swizzle), and D when accumulating"
     assert 0 < max(int(x) for x in re.findall(r"\bR(\d+)\b", sass)) < budget <= 240
+    check_tail_sync(tail_sync_ops(sass), 1)
     assert kernel.metadata.shared <= bw.SMEM_BYTES
+
+
+def test_bf16_ws_kernel_splits_with_split_tail_helpers():
+    """The split designs' job walk and split store are split_tail.py's (the FP8 ws kernel compiles the same ones);
+    128x256 tiles are not split."""
+    for helper in ("tail_start", "num_jobs", "split_job", "split_store"):
+        assert getattr(bf16_gemm_ws_kernel, helper) is getattr(split_tail, helper), helper
+    split = {name: cfg for name, cfg in bw.VARIANTS.items() if cfg.splits > 1}
+    assert split and all(cfg.block_n <= 128 for cfg in split.values())
+    assert all(cfg._replace(splits=1) in bw.VARIANTS.values() for cfg in split.values())

@@ -9,7 +9,9 @@ in groups of four (not serialized), registers within the default partition's ``s
 memory within a CTA's. The designs with the next step's wgmma before the promotion (``OVERLAP``, runs of N K blocks
 software-pipelined inside the loop body) must also show the promotion under an MMA: FFMAs after a
 ``WARPGROUP.DEPBAR.LE gsb0, 0x1`` (one group still in flight) in the K loop. At 128x128 they pass; at 256x128 and
-128x192 two product tiles beside the accumulators exceed the budget and spill: strict xfails.
+128x192 two product tiles beside the accumulators exceed the budget and spill: strict xfails. The split designs
+(``_sk``: the split tail, ``ops/gluon/split_tail.py``) keep their unsplit design's SASS facts, with bf16 and fp32
+output, and show the split tail's synchronization (:func:`tail_sync_ops`); no other design has any of it.
 
 Run as a script (``python tests/compile_gate/test_compile_gluon_ws.py``) to print the facts table.
 """
@@ -27,13 +29,16 @@ pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
 
 from compile_gate.sass import cuobjdump_path, dump_sass, loop_bodies, opcode_counts, sass_summary  # noqa: E402
 from tilegemm.heuristics import gluon as gluon_rules  # noqa: E402
-from tilegemm.ops.gluon import aot, fp8_gemm_ws_kernel, grouped, tiles, transpose  # noqa: E402
+from tilegemm.ops.gluon import aot, fp8_gemm_ws_kernel, grouped, split_tail, tiles, transpose  # noqa: E402
 from tilegemm.ops.gluon import fp8_gemm_ws as ws  # noqa: E402
 
 GOOD = ["a_128x128", "a_128x128_p", "d_128x128_ov", "d_128x128_ov4", "d_128x128_ov8", "b_256x128", "b_256x128_np"]
 GOOD += ["c_128x192"]
 GOOD += ["e_64x128_p", "e_64x128_ov2", "e_64x128_ov4", "f_128x64_p", "f_128x64_ov2", "f_128x64_ov4"]
 GOOD += ["h_64x64_ov2", "h_64x64_ov4"]
+#: the split-tail designs (dense only), compiled with the split count the gate fixes
+SPLIT = [name for name, cfg in ws.VARIANTS.items() if cfg.splits > 1]
+GOOD += SPLIT
 SPILLING_OVERLAP = ["bd_256x128_ov", "cd_128x192_ov"]
 #: the one-wave designs an m-grouped call may run (the shipped ones first: short groups, long groups)
 GROUPED = ["d_128x128_ov4", "d_128x128_ov8", "a_128x128_p", "c_128x192"]
@@ -56,6 +61,32 @@ def ffma_under_mma(loop: list[str]) -> int:
         elif under and re.match(r"(@!?U?P\w+\s+)?FFMA\b", text):
             count += 1
     return count
+
+
+def tail_sync_ops(sass: str) -> dict[str, int]:
+    """The split tail's synchronization in a SASS listing (:func:`split_tail.split_store`): GPU-scope fences before
+    the release and acq_rel atomics (``MEMBAR.ALL.GPU``), the arrival and departure adds (``REDG``/``ATOMG ADD``,
+    strong, GPU scope), the acquire load of the wait (``LDG.E.STRONG.GPU``), the L1 invalidations after the
+    acquires (``CCTL.IVALL``) and the two resets of the counters (``ATOMG EXCH``)."""
+    ops = opcode_counts(sass)
+    count = lambda pred: sum(n for op, n in ops.items() if pred(op))  # noqa: E731
+    return {
+        "membar_gpu": count(lambda op: op == "MEMBAR.ALL.GPU"),
+        "add": count(lambda op: op.startswith(("REDG.E.ADD.STRONG.GPU", "ATOMG.E.ADD.STRONG.GPU"))),
+        "acquire_load": count(lambda op: op.startswith("LDG.E.STRONG.GPU")),
+        "invalidate_l1": count(lambda op: op == "CCTL.IVALL"),
+        "exch": count(lambda op: op.startswith("ATOMG.E.EXCH.STRONG.GPU")),
+    }
+
+
+def check_tail_sync(sync: dict[str, int], splits: int) -> None:
+    """A split design's SASS has the split tail's synchronization (:func:`tail_sync_ops`); an unsplit one none."""
+    if splits == 1:
+        assert not any(sync.values()), sync
+        return
+    assert sync["add"] == 2 and sync["exch"] == 2, sync  # arrival and departure; the last run's two resets
+    assert sync["membar_gpu"] >= 2 and sync["acquire_load"] >= 1, sync  # release / acq_rel; the wait's acquire
+    assert sync["invalidate_l1"] >= 2, sync  # after the wait's acquire and the departure's acq_rel
 
 
 def _tools_reason() -> str | None:
@@ -97,6 +128,7 @@ def sass_facts(kernel) -> dict:
         "shared_bytes": kernel.metadata.shared,
         "utmaldg": summary["utmaldg"],
         "utmastg": summary["utmastg"],
+        "tail_sync": tail_sync_ops(sass),
     }
 
 
@@ -118,6 +150,7 @@ def facts():
     for up in GATED:
         builds += [(up, f"+gated_{act}", ws.M_GROUPED, f8, False) for act in ws.GATED_ACTIVATIONS]
     builds += [(down, "+row_scale", ws.M_GROUPED, bf16, False) for down in ROW_SCALED]
+    builds += [(name, "+fp32", ws.DENSE, f32, False) for name in SPLIT]
     for name, suffix, grouping, out, accumulate in builds:
         key = name + suffix
         try:
@@ -148,6 +181,29 @@ def test_ws_kernel_walks_and_stores_with_tiles_helpers():
 @pytest.mark.parametrize("name", GOOD)
 def test_ws_sass(facts, name):
     _check_good(ws.VARIANTS[name], _get(facts, name))
+
+
+def test_ws_kernel_splits_with_split_tail_helpers():
+    """The ws kernel walks its jobs and stores a split run's tile with split_tail.py's helpers (the BF16 ws kernel
+    compiles the same ones), not copies of its own."""
+    for helper in ("tail_start", "num_jobs", "split_job", "split_store"):
+        assert getattr(fp8_gemm_ws_kernel, helper) is getattr(split_tail, helper), helper
+
+
+@pytest.mark.parametrize("suffix", ["", "+fp32"])
+@pytest.mark.parametrize("name", SPLIT)
+def test_ws_split_tail_sass(facts, name, suffix):
+    """A split design: its unsplit design's SASS facts (QGMMA per K block, the promotion under the next wgmma, TMA),
+    no spills in bf16 or fp32 output, and the split tail's synchronization. The unsplit designs have none of it
+    (``SPLITS`` = 1 compiles the kernel as before)."""
+    cfg = ws.VARIANTS[name]
+    assert cfg.splits == aot.COMPILED_SPLITS and split_tail.tail_splits(8, 132, cfg.splits) == cfg.splits
+    f = _get(facts, name + suffix)
+    _check_good(cfg, f)
+    check_tail_sync(f["tail_sync"], cfg.splits)
+    unsplit = next(n for n, c in ws.VARIANTS.items() if c == cfg._replace(splits=1))
+    check_tail_sync(_get(facts, unsplit)["tail_sync"], 1)
+    assert _get(facts, unsplit)["qgmma_k_loop"] == f["qgmma_k_loop"]
 
 
 @pytest.mark.parametrize("name", GROUPED)

@@ -306,8 +306,71 @@ BF16_RULE_CASES = [
 
 @pytest.mark.parametrize("m, n, k, design, automatic", BF16_RULE_CASES)
 def test_dense_bf16_rule(m, n, k, design, automatic):
-    assert gluon.dense_bf16_ws_design(m, n, 132) == design
+    assert gluon.dense_bf16_ws_design(m, n, k, 132) == design
     assert gluon.prefers_dense_bf16(m, n, k) == automatic
+
+
+# The split tail (ops/gluon/split_tail.py) on 132 SMs: (kernel, M, N, K, the design picked), with what was measured on
+# an H200 where it was.
+SPLIT_TAIL_CASES = [
+    ("bf16", 2048, 2112, 7168, "bf16_128x128_sk"),  # 272 tiles: two rounds and 8; 115.6 -> 89.9 us
+    ("fp8", 2048, 2112, 7168, "d_128x128_ov8_sk"),  # 66.5 -> 55.8 us
+    ("fp8", 4096, 2112, 7168, "d_128x128_ov8_sk"),  # 544 tiles: four rounds and 16; 1.11x
+    ("fp8", 8192, 8192, 8192, "d_128x128_ov8_sk"),  # 4096 tiles: 31 rounds and 4; 1.01-1.04x
+    ("bf16", 256, 4096, 7168, "bf16_64x128"),  # 128 tiles: one short round, no whole one before it
+    ("bf16", 8192, 8192, 8192, "bf16_128x256"),  # 128x256 tiles are not split
+    ("fp8", 4096, 7168, 7168, "d_128x128_ov8"),  # 1792 tiles: a tail of 76, over 132 // 8
+    ("fp8", 2048, 2112, 1024, "d_128x128_ov8"),  # 8 K blocks: a run's fixed cost exceeds what the split saves
+    ("bf16", 2048, 2112, 1024, "bf16_128x128"),  # 16 K blocks of 64: likewise
+    ("fp8", 4224, 4096, 7168, "d_128x128_ov8"),  # 33 x 32 = 1056 tiles: eight full rounds, no tail
+]
+
+
+@pytest.mark.parametrize("kind, m, n, k, design", SPLIT_TAIL_CASES)
+def test_split_tail_refines_the_tiling(kind, m, n, k, design):
+    """The split design where a short last round (at most SMs / 8 tiles, after a whole round) costs more than its
+    split (a run: 1/4 of a tile plus its fixed K blocks); the tile and the tile count are the unsplit tiling's."""
+    if kind == "fp8":
+        got, count = gluon.dense_fp8_ws_tiling(m, n, k, 132)
+        tiles = tuple(t for t in gluon.DENSE_FP8_WS_TILES if t[0] != gluon.DENSE_FP8_WS_64X64_DESIGN or k >= 4096)
+        split = gluon.DENSE_FP8_WS_TAIL_SPLIT
+    else:
+        got, count = gluon.dense_bf16_ws_design(m, n, k, 132), None
+        tiles, split = gluon.DENSE_BF16_WS_TILES, gluon.DENSE_BF16_WS_TAIL_SPLIT
+    assert got == design
+    unsplit, unsplit_count = gluon.cheapest_tiling(m, n, 132, tiles)
+    assert got in (unsplit, split.designs.get(unsplit))
+    assert count in (None, unsplit_count)
+    assert gluon.cheapest_tiling(m, n, 132, tiles, k, split) == (got, unsplit_count)
+
+
+def test_split_tail_rounds():
+    """Two rounds and 8 tiles of 56 K blocks of 128 (FP8) split 4 ways: 2 + 1/4 + 24/56 rounds, against 3."""
+    split = gluon.DENSE_FP8_WS_TAIL_SPLIT
+    assert gluon.split_tail_rounds(272, 7168, 132, split) == pytest.approx(2 + 0.25 + 24 / 56)
+    assert gluon.split_tail_rounds(264, 7168, 132, split) is None  # no tail
+    assert gluon.split_tail_rounds(132 + 17, 7168, 132, split) is None  # 17 > 132 // 8
+    assert gluon.split_tail_rounds(132 + 16, 7168, 132, split) is not None
+    assert gluon.split_tail_rounds(16, 7168, 132, split) is None  # no whole round
+
+
+@pytest.mark.parametrize("kind", ["fp8", "bf16"])
+def test_split_designs_are_variants_of_the_same_tile(kind):
+    """Each split design is its unsplit design's config with the rule's split count, for a kernel that the split
+    tail's rule (:func:`split_tail.tail_splits`) gives that many runs."""
+    if kind == "fp8":
+        module, split = pytest.importorskip("tilegemm.ops.gluon.fp8_gemm_ws"), gluon.DENSE_FP8_WS_TAIL_SPLIT
+        block_k = module.BLOCK_K
+    else:
+        module, split = pytest.importorskip("tilegemm.ops.gluon.bf16_gemm_ws"), gluon.DENSE_BF16_WS_TAIL_SPLIT
+        block_k = module.BLOCK_K
+    assert split.block_k == block_k
+    for unsplit, design in split.designs.items():
+        cfg = module.VARIANTS[design]
+        assert cfg.splits == split.splits and cfg._replace(splits=1) == module.VARIANTS[unsplit]
+    tail = 132 // gluon.SPLIT_TAIL_MAX_TAIL_SHARE
+    split_tail = pytest.importorskip("tilegemm.ops.gluon.split_tail")
+    assert split_tail.tail_tiles(2 * 132 + tail, 132, split.splits) == tail
 
 
 def test_dense_bf16_designs_are_bf16_variants():

@@ -2,7 +2,9 @@
 checked: the first call of a plan goes through the JIT with every parameter by name; later calls hand the compiled
 kernel's launcher the same values, in the kernel's parameter order, with the same descriptor bases, shapes and
 strides; the public op's hot lane replays the plan. DeepGEMM's recipe without an addend and with ``alpha`` 1 runs
-the warp-specialized kernel (``fp8_gemm_ws``), every other call ``fp8_gemm_kernel``."""
+the warp-specialized kernel (``fp8_gemm_ws``), every other call ``fp8_gemm_kernel``. A split design (the split
+tail) launches one CTA per job and hands both launches the plan's own workspace and counters; so does the BF16 ws
+kernel's."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import tilegemm  # noqa: E402
 from tilegemm.backend import hot_lane, registry, selector  # noqa: E402
 from tilegemm.heuristics import gluon as gluon_rules  # noqa: E402
 from tilegemm.ops import plans  # noqa: E402
-from tilegemm.ops.gluon import bf16_gemm_ws, fp8_gemm_kernel, fp8_gemm_ws, tma  # noqa: E402
+from tilegemm.ops.gluon import bf16_gemm_ws, fp8_gemm_kernel, fp8_gemm_ws, split_tail, tma  # noqa: E402
 from tilegemm.ops.gluon import gemm as gluon_gemm  # noqa: E402
 from tilegemm.ops.gluon import grouped as gluon_grouped  # noqa: E402
 from tilegemm.ops.operands import cdiv  # noqa: E402
@@ -121,6 +123,47 @@ def test_compiled_launch_gets_what_the_jit_got(recorders, m, n, k, rows_recipe, 
     outputs = ("d_desc",) if kernel == "v1" else ("d0_desc", "d1_desc")
     for name in outputs:
         assert launched[name].base.data_ptr() == kwargs[name].base.data_ptr() == d.data_ptr()
+
+
+def _check_split_launches(rec: _Recorder, d: torch.Tensor, d_name: str, tiles: int) -> None:
+    """A split plan's two launches (the JIT's, then the launcher's): one CTA per job on 132 SMs, D by pointer (row
+    pitch N), the plan's workspace (fp32, a slot per tail tile and split) and zeroed counters, the same in both."""
+    assert len(rec.jit) == 1 and len(rec.runs) == 1
+    grid, _, kwargs = rec.jit[0]
+    splits, tail = kwargs["SPLITS"], split_tail.tail_tiles(tiles, 132, 4)
+    assert splits == 4 and tail == 8 and grid[0] == 132 == split_tail.split_grid(tiles, 132, splits)
+    assert kwargs["work_ptr"].dtype == torch.float32 and kwargs["work_ptr"].numel() == tail * splits * 128 * 128
+    assert torch.equal(kwargs["counter_ptr"], torch.zeros(2 * tail, dtype=torch.int32))
+    assert kwargs[d_name].data_ptr() == d.data_ptr() and kwargs["d_stride"] == d.stride(0)
+    launched = dict(zip(rec.arg_names, rec.runs[0][LEADING:]))
+    assert [_view(launched[n]) for n in rec.arg_names] == [_view(kwargs[n]) for n in rec.arg_names]
+
+
+def test_split_tail_plan_launches(recorders, monkeypatch):
+    """2048x2112x7168 on 132 SMs: 272 128x128 tiles, two rounds and 8, run by the split design (8 tiles x 4 runs)."""
+    monkeypatch.setattr(tilegemm.config, "get_num_sms", lambda: 132)
+    assert gluon_rules.dense_fp8_ws_design(2048, 2112, 7168, 132) == "d_128x128_ov8_sk"
+    a, b = _operands(2048, 2112, 7168, False)
+    d = torch.empty(2048, 2112, dtype=torch.bfloat16)
+    for _ in range(2):
+        gluon_gemm.fp8_gemm(a, b, d, recipe=(1, 128, 128), beta=0.0)
+    _check_split_launches(recorders["ws"], d, "c_ptr", 272)
+
+
+def test_bf16_split_tail_plan_launches(monkeypatch):
+    """The BF16 ws kernel's split design on the same tiles: its parameters after the descriptors in order, D by
+    pointer, the plan's buffers in both launches."""
+    rec = _Recorder(bf16_gemm_ws.bf16_gemm_ws_kernel.arg_names)
+    monkeypatch.setattr(bf16_gemm_ws, "bf16_gemm_ws_kernel", rec)
+    monkeypatch.setattr(tma, "current_stream", lambda device: 7)
+    a, b = torch.randn(2048, 7168).bfloat16(), torch.randn(2112, 7168).bfloat16()
+    d = torch.empty(2048, 2112, dtype=torch.bfloat16)
+    plan = bf16_gemm_ws.bf16_ws_plan(a, b, d, bf16_gemm_ws.VARIANTS["bf16_128x128_sk"], 132)
+    plan(a, b, d)
+    plan(a, b, d)
+    assert list(rec.jit[0][2]) == list(rec.arg_names)
+    _check_split_launches(rec, d, "d_ptr", 272)
+    assert plan.tail.counters is rec.jit[0][2]["counter_ptr"]
 
 
 def test_new_inputs_same_plan(recorders):

@@ -82,6 +82,30 @@ DENSE_FP8_WS_TILES = (
 )
 
 
+class TailSplit(NamedTuple):
+    """The split tail of a tiling (``ops/gluon/split_tail.py``): a short last round of tiles, each split along K
+    into ``splits`` runs over CTAs that round leaves idle. ``designs``: the split design of each unsplit one (the
+    same tile); ``block_k``: the kernel's K block; ``fixed_k_blocks``: a split run's fixed cost (its partial stored,
+    the wait, the sum of its share of the tile over the partials), in K blocks of a tile's time; ``splits``: the
+    split designs' runs a tile (their constexpr ``SPLITS``)."""
+
+    designs: dict[str, str]
+    block_k: int
+    fixed_k_blocks: int
+    splits: int = 4
+
+
+#: The split tail splits a last round of at most ``sms // SPLIT_TAIL_MAX_TAIL_SHARE`` tiles: a split of the 32 tiles
+#: of 256x4096, 4 ways on an H200, lost (0.94x).
+SPLIT_TAIL_MAX_TAIL_SHARE = 8
+#: ...after at least this many whole rounds (every measured row had two or more; one short round alone is what
+#: cutile's split-K plans serve).
+SPLIT_TAIL_MIN_ROUNDS = 1
+#: The dense FP8 split tail (H200): 2048x2112x7168 66.5 -> 55.8 us (272 tiles: two rounds and 8), 4096x2112x7168
+#: 1.11x, 8192x8192x8192 1.01-1.04x. A run's fixed cost measured about 22 K blocks of 128; the rule charges 24.
+DENSE_FP8_WS_TAIL_SPLIT = TailSplit({DENSE_FP8_WS_DESIGN: "d_128x128_ov8_sk"}, BLOCK_K, 24)
+
+
 # The automatic choice of the dense BF16 GEMMs (benchmarks/results/gluon/bf16_ws_h200.json: the BF16 ws kernel's
 # designs beside cutile, cuBLAS and DeepGEMM on 48 rows of M 160-1024; benchmarks/results/dense-bf16-h200/: the
 # public op on every row of the set, the cutile kernels of each row the kernel takes beside it).
@@ -100,6 +124,11 @@ DENSE_BF16_WS_TILES = (
     ("bf16_64x128", BLOCK_M // 2, 128, 0.75),
     ("bf16_128x64", BLOCK_M, 64, 0.75),
     ("bf16_128x256", BLOCK_M, 256, 1.9),
+)
+#: The dense BF16 split tail (H200): 2048x2112x7168 115.6 -> 89.9 us (272 128x128 tiles: two rounds and 8); a run's
+#: fixed cost measured 23-25 K blocks of 64; the rule charges 32. 128x256 tiles are not split.
+DENSE_BF16_WS_TAIL_SPLIT = TailSplit(
+    {"bf16_128x128": "bf16_128x128_sk", "bf16_64x128": "bf16_64x128_sk", "bf16_128x64": "bf16_128x64_sk"}, 64, 32
 )
 
 
@@ -184,10 +213,21 @@ def prefers_dense_fp8(m: int, n: int, k: int, num_sms: int, ws: bool = True) -> 
     return kernel_faster_dense_fp8(m, n, k, num_sms)
 
 
-def cheapest_tiling(m: int, n: int, num_sms: int, tiles: tuple[tuple[str, int, int, float], ...]) -> tuple[str, int]:
+def cheapest_tiling(
+    m: int,
+    n: int,
+    num_sms: int,
+    tiles: tuple[tuple[str, int, int, float], ...],
+    k: int = 0,
+    split: TailSplit | None = None,
+) -> tuple[str, int]:
     """Of ``tiles`` ((design, tile rows, tile columns, a tile's relative time), by preference), the design whose
     rounds of tiles over ``num_sms`` SMs, ``ceil(tiles / SMs)``, each weighted by its tile's time, cost least (the
-    first where they tie), and its number of output tiles."""
+    first where they tie), and its number of output tiles.
+
+    With ``split`` (and ``k``, the problem's K), the chosen design is then refined: its split design
+    (``split.designs``) where :func:`split_tail_rounds` is below the unsplit rounds. The split refines the chosen
+    tiling; it never changes the tile (nor the tile count returned)."""
     num_sms = max(num_sms, 1)  # 0 where no GPU is seen (plans recorded on a CPU)
     best: tuple[float, str, int] | None = None
     for design, rows, cols, cost in tiles:
@@ -195,16 +235,38 @@ def cheapest_tiling(m: int, n: int, num_sms: int, tiles: tuple[tuple[str, int, i
         rounds_time = cdiv(count, num_sms) * cost
         if best is None or rounds_time < best[0]:
             best = (rounds_time, design, count)
-    return best[1], best[2]
+    _, design, count = best
+    if split is not None and design in split.designs:
+        rounds = split_tail_rounds(count, k, num_sms, split)
+        if rounds is not None and rounds < cdiv(count, num_sms):
+            design = split.designs[design]
+    return design, count
+
+
+def split_tail_rounds(tiles: int, k: int, num_sms: int, split: TailSplit) -> float | None:
+    """The rounds (in a tile's time) of ``tiles`` output tiles of K ``k`` on ``num_sms`` SMs with the last round
+    split (:class:`TailSplit`): the whole rounds, then a run's ``1 / splits`` of a tile plus its fixed cost
+    (``fixed_k_blocks`` of the tile's ``ceil(k / block_k)`` K blocks); ``None`` where the tail is not split: no
+    short last round, one of more than ``num_sms // SPLIT_TAIL_MAX_TAIL_SHARE`` tiles (or whose runs would not
+    fit in one round), fewer than :data:`SPLIT_TAIL_MIN_ROUNDS` whole rounds before it, or no K."""
+    full_rounds, tail = divmod(tiles, max(num_sms, 1))
+    k_blocks = cdiv(k, split.block_k)
+    if tail == 0 or tail > num_sms // SPLIT_TAIL_MAX_TAIL_SHARE or tail * split.splits > num_sms:
+        return None
+    if full_rounds < SPLIT_TAIL_MIN_ROUNDS or k_blocks == 0:
+        return None
+    return full_rounds + 1 / split.splits + split.fixed_k_blocks / k_blocks
 
 
 def dense_fp8_ws_tiling(m: int, n: int, k: int, num_sms: int) -> tuple[str, int]:
     """The ws kernel's design for a dense [M, K] x [N, K] call on ``num_sms`` SMs, and its number of output tiles:
     the cheapest tiling of :data:`DENSE_FP8_WS_TILES` (:func:`cheapest_tiling`), 64x64 tiles from
-    :data:`DENSE_FP8_WS_64X64_MIN_K`. One round of 64 128x128 tiles on 132 SMs becomes one round of 128 64x128
-    tiles; 68 tiles at 512x2112 become one round of 132 128x64 tiles, at 256x2112x7168 one of 132 64x64 tiles."""
+    :data:`DENSE_FP8_WS_64X64_MIN_K`, refined by the split tail (:data:`DENSE_FP8_WS_TAIL_SPLIT`). One round of 64
+    128x128 tiles on 132 SMs becomes one round of 128 64x128 tiles; 68 tiles at 512x2112 become one round of 132
+    128x64 tiles, at 256x2112x7168 one of 132 64x64 tiles; 272 128x128 tiles at 2048x2112x7168 run two rounds and
+    a split tail."""
     tiles = tuple(t for t in DENSE_FP8_WS_TILES if k >= DENSE_FP8_WS_64X64_MIN_K or t[0] != DENSE_FP8_WS_64X64_DESIGN)
-    return cheapest_tiling(m, n, num_sms, tiles)
+    return cheapest_tiling(m, n, num_sms, tiles, k, DENSE_FP8_WS_TAIL_SPLIT)
 
 
 def dense_fp8_ws_design(m: int, n: int, k: int, num_sms: int) -> str:
@@ -226,10 +288,11 @@ def ws_kernel_faster(m: int, n: int, k: int, num_sms: int) -> bool:
     return tiles >= least * num_sms
 
 
-def dense_bf16_ws_design(m: int, n: int, num_sms: int) -> str:
+def dense_bf16_ws_design(m: int, n: int, k: int, num_sms: int) -> str:
     """The BF16 ws kernel's design (a ``bf16_gemm_ws.VARIANTS`` name) for a dense [M, K] x [N, K] call on
-    ``num_sms`` SMs: the cheapest tiling of :data:`DENSE_BF16_WS_TILES` (:func:`cheapest_tiling`)."""
-    return cheapest_tiling(m, n, num_sms, DENSE_BF16_WS_TILES)[0]
+    ``num_sms`` SMs: the cheapest tiling of :data:`DENSE_BF16_WS_TILES` (:func:`cheapest_tiling`), refined by the
+    split tail (:data:`DENSE_BF16_WS_TAIL_SPLIT`)."""
+    return cheapest_tiling(m, n, num_sms, DENSE_BF16_WS_TILES, k, DENSE_BF16_WS_TAIL_SPLIT)[0]
 
 
 def prefers_dense_bf16(m: int, n: int, k: int) -> bool:

@@ -3,7 +3,8 @@ k-grouped form ``D[g] (+)= A_g.T @ B_g`` (MN-major operands read in place).
 
 :func:`bf16_ws_plan`: checks -> config (:func:`bf16_ws_config`: the ring depth that fits) -> descriptors -> grid;
 the first run launches through triton's JIT, later runs go to the compiled kernel (:class:`tma.Relaunch`).
-:data:`VARIANTS` names the designs.
+:data:`VARIANTS` names the designs; the ``_sk`` ones split a short last round of tiles (:mod:`split_tail`): their
+plans keep the split's workspace and counters.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from tilegemm.heuristics.gluon import BARRIER_BYTES, BF16_BLOCK_K, SMEM_BYTES
 from tilegemm.ops import operands
 from tilegemm.ops.gluon.bf16_gemm_ws_kernel import MMA_WARPS, bf16_gemm_ws_kernel
+from tilegemm.ops.gluon.split_tail import resident_sms, split_grid, tail_buffers
 from tilegemm.ops.gluon.tma import Relaunch, descriptor, tma_strides
 
 __all__ = ["Bf16WsConfig", "bf16_ws_plan"]
@@ -29,21 +31,28 @@ class Bf16WsConfig(NamedTuple):
     warpgroup 64 of its rows; 64: each warpgroup half its columns; ``block_n`` 64, 128 or 256, the last as two
     128-wide halves); ``stages``: ring
     depth, 0 for the deepest that fits (at most 8); ``group_m``: row tiles per column sweep; ``loader_regs``: the TMA
-    warp's registers."""
+    warp's registers; ``splits``: the split tail's runs a tile (1: no split; 2, 4, 8 or 16 for dense calls in 64-
+    and 128-wide tiles: the kernel's ``SPLITS``)."""
 
     block_n: int = 256
     stages: int = 0
     group_m: int = 8
     loader_regs: int = 40
     block_m: int = 128
+    splits: int = 1
 
 
-#: The designs by name: 128x256 and 128x128 tiles, and for short M or N 64x128 and 128x64.
+#: The designs by name: 128x256 and 128x128 tiles, and for short M or N 64x128 and 128x64; ``_sk``: the same tiles
+#: with a short last round split 4 ways along K (:mod:`split_tail`; chosen by
+#: :func:`tilegemm.heuristics.gluon.cheapest_tiling` with :data:`~tilegemm.heuristics.gluon.DENSE_BF16_WS_TAIL_SPLIT`).
 VARIANTS: dict[str, Bf16WsConfig] = {
     "bf16_128x256": Bf16WsConfig(block_n=256),
     "bf16_128x128": Bf16WsConfig(block_n=128),
     "bf16_64x128": Bf16WsConfig(block_n=128, block_m=64),
     "bf16_128x64": Bf16WsConfig(block_n=64),
+    "bf16_128x128_sk": Bf16WsConfig(block_n=128, splits=4),
+    "bf16_64x128_sk": Bf16WsConfig(block_n=128, block_m=64, splits=4),
+    "bf16_128x64_sk": Bf16WsConfig(block_n=64, splits=4),
 }
 
 
@@ -52,6 +61,8 @@ def bf16_ws_config(cfg: Bf16WsConfig, out_dtype: torch.dtype) -> Bf16WsConfig:
     ``cfg.stages`` is 0, else no deeper than fits."""
     if cfg.block_n not in (64, 128, 256) or cfg.block_m not in (64, 128) or (cfg.block_m == 64 and cfg.block_n < 128):
         raise ValueError(f"{cfg}: tiles are 128 x (64, 128 or 256), or 64 x (128 or 256)")
+    if cfg.splits not in (1, 2, 4, 8, 16) or (cfg.splits > 1 and cfg.block_n > 128):
+        raise ValueError(f"{cfg}: splits 1, 2, 4, 8 or 16, above 1 for 64- and 128-wide tiles")
     stage = (cfg.block_m + cfg.block_n) * BLOCK_K * 2
     staging = cfg.block_m * min(cfg.block_n, 128) * torch.empty(0, dtype=out_dtype).element_size()
     deepest = min((SMEM_BYTES - BARRIER_BYTES - staging) // stage, 8)
@@ -117,10 +128,13 @@ def bf16_ws_plan(
         b: bf16 [N, K], K-major, TMA-ready; k-grouped: bf16 [K_sum, N], MN-major.
         d: bf16 or fp32 [M, N], TMA-ready; every element is written. k-grouped: fp32 [G, M, N], contiguous.
         cfg: the design (:data:`VARIANTS` names some); ``None``: :class:`Bf16WsConfig`'s default.
-        num_sms: SMs for the persistent grid; ``None``: the device's count.
+        num_sms: SMs for the persistent grid; ``None``: the device's count (a split design's grid never exceeds it:
+            its runs wait for each other, so all its CTAs must be resident at once).
         ks: k-grouped: the per-group K (multiples of :data:`BLOCK_K`, 0 allowed); a run takes the matching int32
             [G + 1] offsets (``operands.k_offsets``) as ``k_offsets``.
         accumulate: k-grouped: ``d[g] += a_g.T @ b_g`` (``d`` is read) instead of ``=``.
+
+    ``run.tail`` is the plan's :class:`split_tail.TailBuffers` (a split design's workspace and counters).
     """
     cfg = bf16_ws_config(cfg or Bf16WsConfig(), d.dtype)
     k_grouped = ks is not None
@@ -129,10 +143,9 @@ def bf16_ws_plan(
         raise ValueError(reason)
     if accumulate and not k_grouped:
         raise ValueError("accumulate: the k-grouped form only")
-    if k_grouped and cfg.block_n > 128:
-        raise ValueError(f"{cfg}: the k-grouped form takes tiles at most 128 wide")
-    if num_sms is None:
-        num_sms = torch.cuda.get_device_properties(d.device).multi_processor_count
+    if k_grouped and (cfg.block_n > 128 or cfg.splits > 1):
+        raise ValueError(f"{cfg}: the k-grouped form takes tiles at most 128 wide, unsplit")
+    num_sms = resident_sms(num_sms, cfg.splits, d.device)
     if k_grouped:
         groups, m, n = d.shape
         k = a.shape[0]
@@ -143,11 +156,15 @@ def bf16_ws_plan(
         boxes = ([cfg.block_m, BLOCK_K], [cfg.block_n, BLOCK_K], [cfg.block_m, min(cfg.block_n, 128)])
         flat_d = d
     tiles = groups * operands.cdiv(m, cfg.block_m) * operands.cdiv(n, cfg.block_n)
-    grid = (max(1, min(tiles, num_sms)), 1, 1)
-    fixed = {
-        "num_groups": groups, "M": m, "N": n, "K": k, "STAGES": cfg.stages, "GROUP_M": cfg.group_m,
-        "LOADER_REGS": cfg.loader_regs, "K_GROUPED": k_grouped, "ACCUMULATE": accumulate,
-    }  # fmt: skip
+    ctas = split_grid(tiles, num_sms, cfg.splits)
+    grid = (ctas, 1, 1)
+    tail = tail_buffers(tiles, ctas, cfg.splits, cfg.block_m, cfg.block_n, d.device)
+    head = (groups, m, n, k)  # num_groups .. K: the parameters between group_ptr and d_ptr
+    after_d = (
+        tail.workspace, tail.counters, flat_d.stride(0), cfg.stages, cfg.group_m, cfg.loader_regs, k_grouped,
+        accumulate, cfg.splits,
+    )  # fmt: skip
+    names = bf16_gemm_ws_kernel.arg_names
     shapes = [(list(x.shape), tma_strides(x)) for x in (a, b, flat_d)]
     relaunch = None
 
@@ -156,14 +173,16 @@ def bf16_ws_plan(
         if (k_offsets is not None) != k_grouped:
             raise ValueError("a run takes k_offsets exactly when its plan is k-grouped")
         group_ptr = k_offsets if k_grouped else d  # read by the k-grouped form only
+        rest = (group_ptr, *head, d, *after_d)  # every parameter after the descriptors, in order
         if relaunch is not None:
-            relaunch((a, b, d), (group_ptr, *fixed.values()), stream)
+            relaunch((a, b, d), rest, stream)
             return d
         tensors = (a, b, d.flatten(0, 1) if k_grouped else d)
         descs = {name: descriptor(x, box) for name, x, box in zip(("a_desc", "b_desc", "d_desc"), tensors, boxes)}
         with contextlib.nullcontext() if stream is None else torch.cuda.stream(stream):
-            compiled = bf16_gemm_ws_kernel[grid](**descs, group_ptr=group_ptr, **fixed, num_warps=MMA_WARPS)
+            compiled = bf16_gemm_ws_kernel[grid](**descs, **dict(zip(names[len(descs) :], rest)), num_warps=MMA_WARPS)
         relaunch = Relaunch(compiled, grid, d.device, shapes)
         return d
 
+    run.tail = tail
     return run

@@ -16,6 +16,12 @@ wgmma accumulates into the tile's fp32 accumulator, with the previous block's wg
 (``num_outstanding=1``) and its stage released once it completes. The grid is persistent: at most one CTA per SM,
 each walking the output tiles in a grouped order (``GROUP_M`` row tiles per column sweep, for L2 reuse of B).
 
+``SPLITS`` > 1 (a power of two; dense, 128- and 64-wide tiles): the split tail (:mod:`split_tail`). When the last
+round of tiles is short, each of its tiles runs as ``SPLITS`` jobs over a share of the K blocks each, on CTAs that
+round would leave idle; the loader loads a job's K blocks only, and a split run's tile leaves through
+:func:`split_tail.split_store` (partials in a workspace, summed in split order, stored to D by pointer) instead of
+the TMA store. ``SPLITS`` = 1 compiles the kernel without it.
+
 Tiles past M or N are handled by TMA (zero-filled loads, clipped stores), K past the last block is zero-filled. The
 host side is :mod:`tilegemm.ops.gluon.bf16_gemm_ws`.
 """
@@ -33,6 +39,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from tilegemm.heuristics.gluon import BF16_BLOCK_K as BLOCK_K
+from tilegemm.ops.gluon.split_tail import num_jobs, split_job, split_store, tail_start
 from tilegemm.ops.gluon.tiles import store_tile, tile_coords, tile_range, wgmma_layout
 
 MMA_WARPS = 8
@@ -48,35 +55,54 @@ def _tile_side(shape, k_grouped, lead=0):
 
 
 @gluon.jit
-def _tile_job(tile, num_m, num_n, group_ptr, K, GROUP_M: gl.constexpr, K_GROUPED: gl.constexpr):
-    """What linear tile ``tile`` computes: (group, row tile, column tile, first K block, K blocks). Dense: group 0,
-    every K block; k-grouped: the walk's group and its K range ``[group_ptr[g], group_ptr[g + 1])``, clamped into
-    ``[0, K]``."""
-    if K_GROUPED:
+def _job_count(num_tiles, step, SPLITS: gl.constexpr):
+    """(jobs, the split tail's first tile) of a CTA walk over ``num_tiles`` tiles with ``step`` CTAs: the tiles
+    themselves, or with ``SPLITS`` > 1 the split tail's jobs (:func:`split_tail.num_jobs`)."""
+    if SPLITS > 1:
+        return num_jobs(num_tiles, step, SPLITS), tail_start(num_tiles, step, SPLITS)
+    else:
+        return num_tiles, num_tiles
+
+
+@gluon.jit
+def _tile_job(job, full, num_m, num_n, group_ptr, K, GROUP_M: gl.constexpr, K_GROUPED: gl.constexpr,
+              SPLITS: gl.constexpr):  # fmt: skip
+    """What job ``job`` computes: (group, row tile, column tile, first K block, K blocks, split). Dense: group 0,
+    every K block of tile ``job``, or with ``SPLITS`` > 1 the tile and K share of :func:`split_tail.split_job` (the
+    tail from tile ``full``); k-grouped: the walk's group and its K range ``[group_ptr[g], group_ptr[g + 1])``,
+    clamped into ``[0, K]``."""
+    tile = job
+    if SPLITS > 1:
+        tile, split, kb0, tile_k = split_job(job, full, gl.cdiv(K, _BLOCK_K), SPLITS)
+        pm, pn = tile_coords(tile, num_m, num_n, GROUP_M)
+        return 0, pm, pn, kb0, tile_k, split
+    elif K_GROUPED:
         per_group = num_m * num_n
         group = tile // per_group
         pm, pn = tile_coords(tile - group * per_group, num_m, num_n, GROUP_M)
         k0 = gl.minimum(gl.maximum(gl.load(group_ptr + group), 0), K)
         k1 = gl.minimum(gl.maximum(gl.load(group_ptr + group + 1), k0), K)
-        return group, pm, pn, k0 // _BLOCK_K, (k1 - k0) // _BLOCK_K
+        return group, pm, pn, k0 // _BLOCK_K, (k1 - k0) // _BLOCK_K, 0
     else:
         pm, pn = tile_coords(tile, num_m, num_n, GROUP_M)
-        return 0, pm, pn, 0, gl.cdiv(K, _BLOCK_K)
+        return 0, pm, pn, 0, gl.cdiv(K, _BLOCK_K), 0
 
 
 @gluon.jit
 def _loader(a_desc, b_desc, a_ring, b_ring, ready, empty, group_ptr, walks, M, N, K, GROUP_M: gl.constexpr,
-            K_GROUPED: gl.constexpr):  # fmt: skip
+            K_GROUPED: gl.constexpr, SPLITS: gl.constexpr):  # fmt: skip
     """The TMA warp: A's and B's tiles of every K block of every output tile of this CTA (k-grouped: the tile's
-    group's K blocks, as [BLOCK_K, TILE] boxes of the MN-major operands)."""
+    group's K blocks, as [BLOCK_K, TILE] boxes of the MN-major operands; ``SPLITS`` > 1: of every job, a split
+    run's K blocks only)."""
     STAGES: gl.constexpr = a_ring.shape[0]
     TILE_M: gl.constexpr = _tile_side(a_desc.block_type.shape, K_GROUPED)
     TILE_N: gl.constexpr = _tile_side(b_desc.block_type.shape, K_GROUPED)
     nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
     first, num_tiles, step, num_m, num_n = tile_range(M, N, walks, TILE_M, TILE_N, True)
+    jobs, full = _job_count(num_tiles, step, SPLITS)
     it = 0
-    for tile in range(first, num_tiles, step):
-        _, pm, pn, kb0, tile_k = _tile_job(tile, num_m, num_n, group_ptr, K, GROUP_M, K_GROUPED)
+    for job in range(first, jobs, step):
+        _, pm, pn, kb0, tile_k, _ = _tile_job(job, full, num_m, num_n, group_ptr, K, GROUP_M, K_GROUPED, SPLITS)
         for kb in range(kb0, kb0 + tile_k):
             s = it % STAGES
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
@@ -113,22 +139,26 @@ def _add_d(acc, d_desc, out, d_bar, phase, row, col):
 
 
 @gluon.jit
-def _mma_partition(a_ring, b_ring, ready, empty, d_desc, out, d_bar, group_ptr, walks, M, N, K,
-                   GROUP_M: gl.constexpr, K_GROUPED: gl.constexpr, ACCUMULATE: gl.constexpr):  # fmt: skip
+def _mma_partition(a_ring, b_ring, ready, empty, d_desc, out, d_bar, tail, group_ptr, walks, M, N, K,
+                   GROUP_M: gl.constexpr, K_GROUPED: gl.constexpr, ACCUMULATE: gl.constexpr,
+                   SPLITS: gl.constexpr):  # fmt: skip
     """The two MMA warpgroups: every output tile of this CTA, each K block's wgmma accumulating under the previous
     one's completion, the tile stored through ``out`` by TMA. A 256-wide tile is two 128-wide halves: two
     accumulators, two wgmma a K block on the same A stage, each half stored through a 128-wide ``out``.
-    k-grouped: the group's rows of D, D's tile added first when ``ACCUMULATE`` (:func:`_add_d`)."""
+    k-grouped: the group's rows of D, D's tile added first when ``ACCUMULATE`` (:func:`_add_d`). ``SPLITS`` > 1:
+    every job, a split run's K blocks only, its tile stored by :func:`split_store` with ``tail`` (``d_ptr,
+    d_stride, work_ptr, counter_ptr``)."""
     STAGES: gl.constexpr = a_ring.shape[0]
     TILE_M: gl.constexpr = _tile_side(a_ring.shape, K_GROUPED, 1)
     TILE_N: gl.constexpr = _tile_side(b_ring.shape, K_GROUPED, 1)
     SUB_N: gl.constexpr = d_desc.block_type.shape[1]
     acc_l: gl.constexpr = wgmma_layout(TILE_M, SUB_N, gl.num_warps(), 16)
     first, num_tiles, step, num_m, num_n = tile_range(M, N, walks, TILE_M, TILE_N, True)
+    jobs, full = _job_count(num_tiles, step, SPLITS)
     it = 0
     done = 0
-    for tile in range(first, num_tiles, step):
-        group, pm, pn, kb0, tile_k = _tile_job(tile, num_m, num_n, group_ptr, K, GROUP_M, K_GROUPED)
+    for job in range(first, jobs, step):
+        group, pm, pn, kb0, tile_k, split = _tile_job(job, full, num_m, num_n, group_ptr, K, GROUP_M, K_GROUPED, SPLITS)
         acc = gl.zeros([TILE_M, SUB_N], gl.float32, acc_l)
         acc_hi = gl.zeros([TILE_M, SUB_N], gl.float32, acc_l)
         for kb in range(tile_k):
@@ -156,9 +186,17 @@ def _mma_partition(a_ring, b_ring, ready, empty, d_desc, out, d_bar, group_ptr, 
         row = group * M + pm * TILE_M  # k-grouped: D is [G * M, N]
         if ACCUMULATE:
             acc = _add_d(acc, d_desc, out, d_bar, done & 1, row, pn * TILE_N)
-        store_tile(acc, d_desc, out, row, pn * TILE_N)
-        if TILE_N != SUB_N:
-            store_tile(acc_hi, d_desc, out, row, pn * TILE_N + SUB_N)
+        if SPLITS > 1:
+            d_ptr, d_stride, work_ptr, counter_ptr = tail
+            if job >= full:  # split run of tail tile (job - full) // SPLITS
+                slot = (job - full) // SPLITS
+                split_store(acc, d_ptr, d_stride, work_ptr, counter_ptr, slot, split, row, pn * TILE_N, M, N, SPLITS)
+            else:
+                store_tile(acc, d_desc, out, row, pn * TILE_N)
+        else:
+            store_tile(acc, d_desc, out, row, pn * TILE_N)
+            if TILE_N != SUB_N:
+                store_tile(acc_hi, d_desc, out, row, pn * TILE_N + SUB_N)
         done += 1
     tma.store_wait(pendings=0)
 
@@ -173,17 +211,27 @@ def bf16_gemm_ws_kernel(
     M,
     N,
     K,
+    d_ptr,
+    work_ptr,
+    counter_ptr,
+    d_stride,
     STAGES: gl.constexpr,
     GROUP_M: gl.constexpr,
     LOADER_REGS: gl.constexpr,
     K_GROUPED: gl.constexpr,
     ACCUMULATE: gl.constexpr,
+    SPLITS: gl.constexpr,
 ):
     """Warp-specialized BF16 GEMM (see the module docstring); launch with ``num_warps=8`` and a persistent grid.
     The descriptors' boxes: A [TILE_M, 64], B [TILE_N, 64] (k-grouped: [64, TILE_M], [64, TILE_N]), D [TILE_M,
     min(TILE_N, 128)] (``TILE_M`` 64 or 128, ``TILE_N`` 64, 128 or 256: a 256-wide tile is stored as two 128-wide
     halves; k-grouped: at most 128). ``group_ptr`` (int32 [G + 1]) and ``num_groups`` are read by the k-grouped
-    form only; K is then K_sum and M the rows of one group."""
+    form only; K is then K_sum and M the rows of one group.
+
+    ``SPLITS`` (1, 2, 4, 8 or 16; above 1 dense with 64- and 128-wide tiles): the split tail (:mod:`split_tail`),
+    which stores its tiles through ``d_ptr`` (D, row pitch ``d_stride`` elements) and uses the plan's ``work_ptr``
+    (fp32 workspace) and ``counter_ptr`` (int32 counters, zero between launches); with ``SPLITS`` 1 none of the
+    four is read. The grid: one CTA per job (:func:`split_tail.split_grid`), at most one per SM."""
     TILE_M: gl.constexpr = _tile_side(a_desc.block_type.shape, K_GROUPED)
     TILE_N: gl.constexpr = _tile_side(b_desc.block_type.shape, K_GROUPED)
     gl.static_assert(TILE_M == 64 or TILE_M == 128, "TILE_M 64 or 128")
@@ -191,6 +239,10 @@ def bf16_gemm_ws_kernel(
     gl.static_assert(d_desc.block_type.shape[1] == TILE_N or (TILE_N == 256 and d_desc.block_type.shape[1] == 128))
     gl.static_assert(not K_GROUPED or TILE_N <= 128, "k-grouped: tiles at most 128 wide")
     gl.static_assert(not ACCUMULATE or K_GROUPED, "ACCUMULATE: k-grouped only")
+    gl.static_assert(
+        SPLITS == 1 or SPLITS == 2 or SPLITS == 4 or SPLITS == 8 or SPLITS == 16, "SPLITS 1, 2, 4, 8 or 16"
+    )
+    gl.static_assert(SPLITS == 1 or (TILE_N <= 128 and not K_GROUPED), "the split tail: dense, tiles at most 128 wide")
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     out = gl.allocate_shared_memory(d_desc.dtype, d_desc.block_type.shape, d_desc.layout)
@@ -204,11 +256,13 @@ def bf16_gemm_ws_kernel(
         mbarrier.init(d_bar, count=1)
     fence_async_shared()
     walks = num_groups if K_GROUPED else 1
+    tail = (d_ptr, d_stride, work_ptr, counter_ptr)  # the split tail's epilogue
     gl.warp_specialize(
         [
-            (_mma_partition, (a_ring, b_ring, ready, empty, d_desc, out, d_bar, group_ptr, walks, M, N, K, GROUP_M,
-                              K_GROUPED, ACCUMULATE)),
-            (_loader, (a_desc, b_desc, a_ring, b_ring, ready, empty, group_ptr, walks, M, N, K, GROUP_M, K_GROUPED)),
+            (_mma_partition, (a_ring, b_ring, ready, empty, d_desc, out, d_bar, tail, group_ptr, walks, M, N, K,
+                              GROUP_M, K_GROUPED, ACCUMULATE, SPLITS)),
+            (_loader, (a_desc, b_desc, a_ring, b_ring, ready, empty, group_ptr, walks, M, N, K, GROUP_M, K_GROUPED,
+                       SPLITS)),
         ],
         [1],
         [LOADER_REGS],

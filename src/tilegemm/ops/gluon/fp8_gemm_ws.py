@@ -31,6 +31,7 @@ from tilegemm.ops.gluon.fp8_gemm_ws_kernel import (
     WAVE_M,
     fp8_gemm_ws_kernel,
 )
+from tilegemm.ops.gluon.split_tail import resident_sms, split_grid, tail_buffers
 from tilegemm.ops.gluon.tma import SCALE_LAYOUT, Relaunch, descriptor, tma_strides
 
 __all__ = ["GATED_ACTIVATIONS", "VARIANTS", "WsConfig", "ws_plan"]
@@ -47,7 +48,9 @@ class WsConfig(NamedTuple):
     64-wide tile, each warpgroup half its columns: twice the tiles of a short M, for SMs a 128-row tiling leaves
     idle); ``persistent``: grid of at most one CTA per SM; ``overlap``: K blocks per software-pipelined run with the
     next step's wgmma before the current promotion (0: off; 1, 2, 4 or 8); ``stages``: ring depth, 0 for the deepest
-    that fits; ``group_m``: row tiles per column sweep; ``loader_regs``: the TMA warp's registers.
+    that fits; ``group_m``: row tiles per column sweep; ``loader_regs``: the TMA warp's registers; ``splits``: the
+    split tail's runs a tile (1: no split; 2, 4, 8 or 16: a short last round of tiles split along K,
+    :mod:`split_tail`; dense, persistent, one wave of a 128- or 64-wide tile).
     """
 
     block_n: int = 128
@@ -58,6 +61,7 @@ class WsConfig(NamedTuple):
     group_m: int = 8
     loader_regs: int = 56
     wave_m: int = WAVE_M
+    splits: int = 1
 
     @property
     def block_m(self) -> int:
@@ -68,13 +72,16 @@ class WsConfig(NamedTuple):
 #: The designs of the prototype, by name: (a) the MMA warpgroups in the default partition, (b) 256x128 as two waves,
 #: persistent, (c) 128x192 from 128 + 64 sub-tiles, (d) the next step's wgmma before the promotion (runs of 2 or 4
 #: K blocks), and mixes; ``e_``: 64x128 (one 64-row wave, the warpgroups splitting its columns), ``f_``: 128x64,
-#: ``h_``: 64x64 (the warpgroups 32 columns each).
+#: ``h_``: 64x64 (the warpgroups 32 columns each); ``_sk``: a short last round of tiles split 4 ways along K
+#: (:mod:`split_tail`; dense only, chosen by :func:`tilegemm.heuristics.gluon.cheapest_tiling` with
+#: :data:`~tilegemm.heuristics.gluon.DENSE_FP8_WS_TAIL_SPLIT`).
 VARIANTS: dict[str, WsConfig] = {
     "a_128x128": WsConfig(block_n=128, waves=1, persistent=False),
     "a_128x128_p": WsConfig(block_n=128, waves=1, persistent=True),
     "d_128x128_ov": WsConfig(block_n=128, waves=1, persistent=True, overlap=2),
     "d_128x128_ov4": WsConfig(block_n=128, waves=1, persistent=True, overlap=4),
     "d_128x128_ov8": WsConfig(block_n=128, waves=1, persistent=True, overlap=8),
+    "d_128x128_ov8_sk": WsConfig(block_n=128, waves=1, persistent=True, overlap=8, splits=4),
     "b_256x128": WsConfig(block_n=128, waves=2, persistent=True),
     "b_256x128_np": WsConfig(block_n=128, waves=2, persistent=False),
     "bd_256x128_ov": WsConfig(block_n=128, waves=2, persistent=True, overlap=1),
@@ -125,7 +132,7 @@ def max_stages(cfg: WsConfig, out_bytes: int, grouping: int = DENSE, gated: bool
 def ws_config(problem: Problem, cfg: WsConfig | None = None) -> WsConfig:
     """``cfg`` (default: :class:`WsConfig`'s, the 256x128 two-wave persistent design) with its ring depth set: the
     deepest that fits when ``cfg.stages`` is 0, else no deeper than fits. A grouped call takes one wave (a
-    k-grouped one, 128-wide tiles)."""
+    k-grouped one, 128-wide tiles); a split design (``splits`` > 1) runs dense calls only."""
     cfg = cfg or WsConfig()
     if cfg.wave_m not in (64, WAVE_M) or (cfg.wave_m == 64 and (cfg.waves != 1 or cfg.block_n == 192)):
         raise ValueError(f"{cfg}: a wave is 128 rows, or 64 as the one wave of a 128- or 64-wide tile")
@@ -139,6 +146,12 @@ def ws_config(problem: Problem, cfg: WsConfig | None = None) -> WsConfig:
         raise ValueError(f"{cfg}: a k-grouped call runs 128-wide tiles")
     if problem.gated and (cfg.block_n != 128 or cfg.overlap):
         raise ValueError(f"{cfg}: a gated call runs 128-wide tiles without the overlap")
+    if cfg.splits not in (1, 2, 4, 8, 16):
+        raise ValueError(f"{cfg}: splits 1, 2, 4, 8 or 16")
+    if cfg.splits > 1 and (problem.grouping != DENSE or problem.gated):
+        raise ValueError(f"{cfg}: the split tail runs dense calls only (not grouped, not gated)")
+    if cfg.splits > 1 and (not cfg.persistent or cfg.waves != 1 or cfg.block_n == 192):
+        raise ValueError(f"{cfg}: the split tail runs persistent designs of one wave, 128- or 64-wide tiles")
     out_bytes = torch.empty(0, dtype=problem.out_dtype).element_size()
     deepest = min(max_stages(cfg, out_bytes, problem.grouping, bool(problem.gated)), 8)
     if deepest < 2:
@@ -180,6 +193,7 @@ def constants(
         "ROW_SCALE": row_scale,
         "GATED": gated,
         "LOADER_REGS": cfg.loader_regs,
+        "SPLITS": cfg.splits,
     }
 
 
@@ -300,12 +314,17 @@ def ws_descriptors(cfg: WsConfig, ops: Operands, grouping: int) -> dict[str, Any
     }
 
 
-def ws_grid(cfg: WsConfig, problem: Problem, num_sms: int) -> tuple[int]:
-    """One CTA per output tile, or at most one per SM when persistent."""
+def ws_tiles(cfg: WsConfig, problem: Problem) -> int:
+    """The output tiles of a launch (k-grouped: of every group)."""
     tiles = operands.cdiv(problem.m, cfg.block_m) * operands.cdiv(problem.n, cfg.block_n)
-    if problem.grouping == K_GROUPED:
-        tiles *= problem.groups
-    return (max(1, min(tiles, num_sms)) if cfg.persistent else tiles,)
+    return tiles * problem.groups if problem.grouping == K_GROUPED else tiles
+
+
+def ws_grid(cfg: WsConfig, problem: Problem, num_sms: int) -> tuple[int]:
+    """One CTA per output tile, or when persistent one per job (a split tail's runs included,
+    :func:`split_tail.split_grid`), at most one per SM."""
+    tiles = ws_tiles(cfg, problem)
+    return (split_grid(tiles, num_sms, cfg.splits) if cfg.persistent else tiles,)
 
 
 def _row_scale_fits(row_scale: torch.Tensor, problem: Problem) -> bool:
@@ -359,7 +378,8 @@ def ws_plan(
             contiguous, M a multiple of 128.
         cfg: the design (:data:`VARIANTS` names some); ``None``: :class:`WsConfig`'s default. Its ring depth is
             set by :func:`ws_config`.
-        num_sms: SMs for the persistent grid; ``None``: the device's count.
+        num_sms: SMs for the persistent grid; ``None``: the device's count (a split design's grid never exceeds it:
+            its runs wait for each other, so all its CTAs must be resident at once).
         m_index: int32 [M], the m-grouped call's row groups (DeepGEMM's ``m_indices``: every 128-row block one
             group, -1 for padding rows); a run of an m-grouped plan takes its call's ``m_index``.
         k_offsets: int32 [G + 1], the k-grouped call's K ranges (group g: ``[k_offsets[g], k_offsets[g + 1])``,
@@ -371,6 +391,8 @@ def ws_plan(
             then its up rows), and with ``g, u`` the fp32 products of row r against them, ``h = act(g) * u``
             (``gated`` 1: SiLU, 2: tanh GELU) is quantized 1x128 into ``d`` float8_e4m3fn [M, N] and ``d_scales``
             (fp32 [N/128, M], contiguous: MN-major); a run of such a plan takes its call's ``d_scales``.
+
+    ``run.tail`` is the plan's :class:`split_tail.TailBuffers` (a split design's workspace and counters).
     """
     problem, first = ws_problem(a, b, d, m_index, k_offsets, gated)
     grouping = problem.grouping
@@ -380,10 +402,10 @@ def ws_plan(
         raise ValueError(f"row_scale must be fp32 [M] = [{problem.m}], contiguous, with m_index; got "
                          f"{row_scale.dtype} {tuple(row_scale.shape)}")  # fmt: skip
     cfg = ws_config(problem, cfg)
-    if num_sms is None:
-        num_sms = torch.cuda.get_device_properties(d.device).multi_processor_count
+    num_sms = resident_sms(num_sms, cfg.splits, d.device)
     grid = (*ws_grid(cfg, problem, num_sms), 1, 1)
     consts = constants(cfg, grouping, accumulate, row_scale is not None, gated)
+    tail = tail_buffers(ws_tiles(cfg, problem), grid[0], cfg.splits, cfg.block_m, cfg.block_n, d.device)
     fixed = {
         "sb_stride": first.sb.stride(-2),
         "sb_group_stride": first.sb.stride(0) if grouping == M_GROUPED else 0,
@@ -391,6 +413,9 @@ def ws_plan(
         "M": problem.m,
         "N": problem.n,
         "K": problem.k,
+        "work_ptr": tail.workspace,
+        "counter_ptr": tail.counters,
+        "d_stride": first.d.stride(0),
         **consts,
     }
     names = fp8_gemm_ws_kernel.arg_names
@@ -432,4 +457,5 @@ def ws_plan(
         relaunch = Relaunch(compiled, grid, d.device, tma_shapes)
         return d
 
+    run.tail = tail
     return run

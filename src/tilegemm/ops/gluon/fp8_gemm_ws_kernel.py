@@ -61,6 +61,13 @@ a wave, no spills).
   ``acc += P * sa[:, None] * sb[None, :]``. ``ACCUMULATE``: D is read (through ``c_ptr``, D itself) and the
   product added to it.
 
+``SPLITS`` > 1 (dense, persistent, one wave of a 128- or 64-wide tile): the split tail (:mod:`split_tail`). When the
+last round of tiles is short, each of its tiles runs as ``SPLITS`` jobs over a share of the K blocks each, on CTAs
+that round would leave idle, exactly as a k-grouped tile runs its group's K range (``_tile_job``'s first K block
+and count); a split run's tile leaves through :func:`split_tail.split_store` (partials in a workspace, summed in
+split order, stored by pointer to D, which ``c_ptr`` then is, with row pitch ``d_stride``). ``SPLITS`` = 1
+compiles the kernel without it.
+
 B's scales are read by the MMA warps with a scalar global load one K block ahead; A's scales come with the stage.
 The output leaves through shared memory by TMA stores (one staging buffer per sub-tile, reused wave by wave).
 Tiles past M or N are handled by TMA (zero-filled loads, clipped stores); K past the last full block is
@@ -84,6 +91,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from tilegemm.ops.gluon.split_tail import num_jobs, split_job, split_store, tail_start
 from tilegemm.ops.gluon.tiles import block_scale, store_tile, tile_coords, tile_range, wgmma_layout
 
 WAVE_M = 128  # rows of one wave: 64 per MMA warpgroup
@@ -169,10 +177,11 @@ def _loader(
     PERSISTENT: gl.constexpr,
     GROUPING: gl.constexpr,
     GATED: gl.constexpr,
+    SPLITS: gl.constexpr,
 ):
     """The TMA warp: A, B (one or two sub-tiles; gated: the gate and the up rows) and A's scales (k-grouped: and B's)
     of every K block of every tile of this CTA, into ``ring`` (the kernel's stages); m-grouped: B's rows of the tile's
-    group."""
+    group; ``SPLITS`` > 1: of every job, a split run's K blocks only."""
     a_ring, b0_ring, b1_ring, sa_ring, sb_ring, ready, empty = ring
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     TWO_B: gl.constexpr = BLOCK_N == 192 or GATED != 0
@@ -184,9 +193,20 @@ def _loader(
     )
     walks = num_groups if GROUPING == _K_GROUPED else 1
     first, num_tiles, step, num_m, num_n = tile_range(M, N, walks, BLOCK_M, BLOCK_N, PERSISTENT)
+    jobs = num_tiles
+    if SPLITS > 1:
+        full = tail_start(num_tiles, step, SPLITS)
+        jobs = num_jobs(num_tiles, step, SPLITS)
     it = 0
-    for tile in range(first, num_tiles, step):
-        group, pm, pn, kb0, tile_k = _tile_job(tile, num_m, num_n, group_ptr, num_groups, K, BLOCK_M, GROUP_M, GROUPING)
+    for job in range(first, jobs, step):
+        tile = job
+        if SPLITS > 1:
+            tile, _, kb0, tile_k = split_job(job, full, gl.cdiv(K, _BLOCK_K), SPLITS)
+            group, pm, pn, _, _ = _tile_job(tile, num_m, num_n, group_ptr, num_groups, K, BLOCK_M, GROUP_M, GROUPING)
+        else:
+            group, pm, pn, kb0, tile_k = _tile_job(
+                tile, num_m, num_n, group_ptr, num_groups, K, BLOCK_M, GROUP_M, GROUPING
+            )
         col0, col1 = _b_cols(pn, N, BLOCK_N, GATED)
         b_row = group * N * (2 if GATED else 1) if GROUPING == _M_GROUPED else 0  # m-grouped: the group's rows of B
         for kb in range(kb0, kb0 + tile_k):
@@ -475,6 +495,7 @@ def _mma_partition(
     M,
     N,
     K,
+    tail,
     BLOCK_N: gl.constexpr,
     WAVES: gl.constexpr,
     GROUP_M: gl.constexpr,
@@ -485,12 +506,15 @@ def _mma_partition(
     ACCUMULATE: gl.constexpr,
     ROW_SCALE: gl.constexpr,
     GATED: gl.constexpr,
+    SPLITS: gl.constexpr,
 ):
     """The two MMA warpgroups (the default partition): every tile of this CTA, ``WAVES`` waves of 128 rows, from
     ``ring`` (the kernel's stages), stored through ``out`` (``d0_desc, d1_desc, out0, out1``); m-grouped: with the
     tile's group's B scales and the rows of no group zeroed (:func:`_group_rows`; times ``row_scale_ptr``'s entries
     when ``ROW_SCALE``; ``GATED``: the gated activation of the gate and up tiles, quantized into D and
-    ``d_scale_ptr``); k-grouped: into the group's rows of D, added to D's tile when ``ACCUMULATE``."""
+    ``d_scale_ptr``); k-grouped: into the group's rows of D, added to D's tile when ``ACCUMULATE``. ``SPLITS`` > 1:
+    every job, a split run's K blocks only (its B scales from its first K block), its tile stored by
+    :func:`split_store` with ``tail`` (``work_ptr, counter_ptr, d_stride``; D is ``c_ptr``)."""
     a_ring, b0_ring, b1_ring, sa_ring, sb_ring, ready, empty = ring
     d0_desc, d1_desc, out0, out1 = out
     NW: gl.constexpr = gl.num_warps()
@@ -516,11 +540,25 @@ def _mma_partition(
     # cannot sink that promotion below the wgmma. With a constant False it interleaves the two waves' promotions
     # with the MMAs, holding two product tiles beside both accumulators, and spills (see the module docstring).
     chain = K < 0
+    jobs = num_tiles
+    if SPLITS > 1:
+        work_ptr, counter_ptr, d_stride = tail
+        full = tail_start(num_tiles, step, SPLITS)
+        jobs = num_jobs(num_tiles, step, SPLITS)
     it = 0
-    for tile in range(first, num_tiles, step):
-        group, pm, pn, kb0, tile_k = _tile_job(tile, num_m, num_n, group_ptr, num_groups, K, BLOCK_M, GROUP_M, GROUPING)
+    for job in range(first, jobs, step):
+        tile = job
+        if SPLITS > 1:
+            tile, split, kb0, tile_k = split_job(job, full, gl.cdiv(K, _BLOCK_K), SPLITS)
+            group, pm, pn, _, _ = _tile_job(tile, num_m, num_n, group_ptr, num_groups, K, BLOCK_M, GROUP_M, GROUPING)
+        else:
+            group, pm, pn, kb0, tile_k = _tile_job(
+                tile, num_m, num_n, group_ptr, num_groups, K, BLOCK_M, GROUP_M, GROUPING
+            )
         col0, col1 = _b_cols(pn, N, BLOCK_N, GATED)
         sb_tile = sb_ptr + group * sb_group_stride if GROUPING == _M_GROUPED else sb_ptr
+        if SPLITS > 1:  # block_scale counts K blocks from the job's first
+            sb_tile = sb_ptr + kb0
         # Accumulators acc{wave}{sub-tile}; spare{sub-tile}: the product tile the next wgmma overwrites.
         acc00 = gl.zeros([WAVE_M, BN0], gl.float32, l0)
         spare0 = gl.zeros([WAVE_M, BN0], gl.float32, l0)
@@ -611,6 +649,11 @@ def _mma_partition(
             if ACCUMULATE:
                 acc00 = _add_c(acc00, c_ptr, row, col0, N, l0)
             store_tile(acc00, d0_desc, out0, row, col0)
+        elif SPLITS > 1:
+            if tile >= full:
+                split_store(acc00, c_ptr, d_stride, work_ptr, counter_ptr, tile - full, split, row, col0, M, N, SPLITS)
+            else:
+                store_tile(acc00, d0_desc, out0, row, col0)
         else:
             store_tile(acc00, d0_desc, out0, row, col0)
             if SPLIT:
@@ -640,6 +683,9 @@ def fp8_gemm_ws_kernel(
     M,
     N,
     K,
+    work_ptr,
+    counter_ptr,
+    d_stride,
     BLOCK_N: gl.constexpr,
     WAVES: gl.constexpr,
     STAGES: gl.constexpr,
@@ -651,6 +697,7 @@ def fp8_gemm_ws_kernel(
     ROW_SCALE: gl.constexpr,
     GATED: gl.constexpr,
     LOADER_REGS: gl.constexpr,
+    SPLITS: gl.constexpr,
 ):
     """Warp-specialized FP8 GEMM (see the module docstring); launch with ``num_warps=8``.
 
@@ -661,6 +708,11 @@ def fp8_gemm_ws_kernel(
     ``m_index`` [M]; k-grouped: int32 K offsets [G + 1]), ``sb_group_stride`` and ``num_groups`` by the grouped
     forms (dense: any descriptor or pointer, 0 and 1). ``sb_ptr`` / ``sb_stride``: B's block scales (not read
     k-grouped). Gated: ``b1_desc`` is B's (the up rows' sub-tile), ``d0_desc`` D's FP8 one.
+
+    ``SPLITS`` (1, 2, 4, 8 or 16; above 1 dense, persistent, one wave of a 128- or 64-wide tile): the split tail
+    (:mod:`split_tail`): its tiles are stored through ``c_ptr`` (D itself, row pitch ``d_stride`` elements) with the
+    plan's ``work_ptr`` (fp32 workspace) and ``counter_ptr`` (int32 counters, zero between launches); with ``SPLITS``
+    1 none of the three new parameters is read. The grid: one CTA per job (:func:`split_tail.split_grid`).
     """
     gl.static_assert(BLOCK_N == 64 or BLOCK_N == 128 or BLOCK_N == 192, "BLOCK_N is 64, 128 or 192")
     gl.static_assert(
@@ -684,6 +736,13 @@ def fp8_gemm_ws_kernel(
     )
     gl.static_assert(
         OVERLAP == 0 or OVERLAP == 1 or OVERLAP == 2 or OVERLAP == 4 or OVERLAP == 8, "OVERLAP is 0, 1, 2, 4 or 8"
+    )
+    gl.static_assert(
+        SPLITS == 1 or SPLITS == 2 or SPLITS == 4 or SPLITS == 8 or SPLITS == 16, "SPLITS 1, 2, 4, 8 or 16"
+    )
+    gl.static_assert(
+        SPLITS == 1 or (GROUPING == _DENSE and PERSISTENT and WAVES == 1 and BLOCK_N != 192 and GATED == 0),
+        "the split tail: dense, persistent, one wave of a 128- or 64-wide tile",
     )
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     SPLIT: gl.constexpr = BLOCK_N == 192
@@ -732,6 +791,7 @@ def fp8_gemm_ws_kernel(
                     M,
                     N,
                     K,
+                    (work_ptr, counter_ptr, d_stride),
                     BLOCK_N,
                     WAVES,
                     GROUP_M,
@@ -742,6 +802,7 @@ def fp8_gemm_ws_kernel(
                     ACCUMULATE,
                     ROW_SCALE,
                     GATED,
+                    SPLITS,
                 ),  # fmt: skip
             ),
             (
@@ -764,6 +825,7 @@ def fp8_gemm_ws_kernel(
                     PERSISTENT,
                     GROUPING,
                     GATED,
+                    SPLITS,
                 ),  # fmt: skip
             ),
         ],

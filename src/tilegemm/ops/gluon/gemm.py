@@ -277,7 +277,7 @@ def _build_bf16_plan(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, has_c: b
         raise Unsupported(reason)
     (m, k), n = a.shape, b.shape[0]
     num_sms = config.get_num_sms()
-    design = dense_bf16_ws_design(m, n, num_sms)
+    design = dense_bf16_ws_design(m, n, k, num_sms)
     print_once("bf16_gemm_nt[gluon]", (m, n, k), design)
     launch = bf16_gemm_ws.bf16_ws_plan(a, b, d, bf16_gemm_ws.VARIANTS[design], num_sms)
 
