@@ -56,6 +56,19 @@ class _Recorder:
         return launch
 
 
+def _launched_as_jitted(rec: _Recorder, kwargs: dict, run: tuple) -> dict:
+    """The values launcher call ``run`` of ``rec`` got, by parameter name, after checking them against the JIT
+    call's ``kwargs``: each descriptor over the same shape and strides, every value that is no tensor equal (a
+    tensor parameter may be another call's tensor)."""
+    launched = dict(zip(rec.arg_names, run[LEADING:]))
+    for name in rec.arg_names:
+        if name.endswith("_desc"):
+            assert _view(launched[name]) == _view(kwargs[name]), name
+        elif not isinstance(kwargs[name], torch.Tensor):
+            assert launched[name] == kwargs[name], name
+    return launched
+
+
 def _view(value):
     """A comparable view of a launch value: a descriptor as (shape, strides) (an operand that is not TMA-ready is
     copied per call, so its base differs between calls), a tensor by pointer."""
@@ -266,12 +279,7 @@ def test_m_grouped_plan_launches_the_grouped_kernel(recorders):
     assert grid[0] == max(1, min(tiles, tilegemm.config.get_num_sms())), "one CTA per tile, at most one per SM"
     run = rec.runs[0]
     assert list(kwargs) == list(rec.arg_names)
-    launched = dict(zip(rec.arg_names, run[LEADING:]))
-    for name in rec.arg_names:
-        if name.endswith("_desc"):
-            assert _view(launched[name]) == _view(kwargs[name]), name
-        elif not isinstance(kwargs[name], torch.Tensor):
-            assert launched[name] == kwargs[name], name
+    launched = _launched_as_jitted(rec, kwargs, run)
     assert launched["a_desc"].base.data_ptr() == a2[0].data_ptr()
     assert launched["sa_desc"].base.data_ptr() == a2[1].data_ptr()
     assert launched["b0_desc"].base.data_ptr() == b2[0].data_ptr()
@@ -406,12 +414,7 @@ def test_k_grouped_plan_launches_the_grouped_kernel(recorders, addend):
     assert list(kwargs["sb_desc"].shape) == [k_sum // 128, n] and list(kwargs["d0_desc"].shape) == [len(ks) * m, n]
     assert kwargs["group_ptr"].tolist() == [0, 256, 256, 768]
     assert grid[0] == max(1, min(len(ks) * 2 * 2, tilegemm.config.get_num_sms()))
-    launched = dict(zip(rec.arg_names, rec.runs[0][LEADING:]))
-    for name in rec.arg_names:
-        if name.endswith("_desc"):
-            assert _view(launched[name]) == _view(kwargs[name]), name
-        elif not isinstance(kwargs[name], torch.Tensor):
-            assert launched[name] == kwargs[name], name
+    launched = _launched_as_jitted(rec, kwargs, rec.runs[0])
     assert launched["c_ptr"].data_ptr() == launched["d0_desc"].base.data_ptr() == d.data_ptr()
 
 
@@ -458,12 +461,7 @@ def test_k_grouped_bf16_plan_launches_the_ws_kernel(recorders, addend):
     assert list(kwargs["d_desc"].shape) == [len(ks) * m, n]
     assert kwargs["a_desc"].base.data_ptr() == calls[0][0].data_ptr(), "A read in place"
     assert kwargs["group_ptr"].tolist() == [0, 256, 256, 704]
-    launched = dict(zip(rec.arg_names, rec.runs[0][LEADING:]))
-    for name in rec.arg_names:
-        if name.endswith("_desc"):
-            assert _view(launched[name]) == _view(kwargs[name]), name
-        elif not isinstance(kwargs[name], torch.Tensor):
-            assert launched[name] == kwargs[name], name
+    launched = _launched_as_jitted(rec, kwargs, rec.runs[0])
     a, d = calls[1]
     assert launched["d_desc"].base.data_ptr() == d.data_ptr() and launched["a_desc"].base.data_ptr() == a.data_ptr()
 
