@@ -27,6 +27,20 @@ from tilegemm.ops.gluon import bf16_gemm_ws as bw  # noqa: E402
 CASES = [(name, out) for name in bw.VARIANTS for out in (torch.bfloat16, torch.float32)]
 
 
+def _sass_and_k_loop(kernel) -> tuple[str, dict, dict, list[str]]:
+    """``kernel``'s SASS, opcode counts, summary and K loop (the shortest loop body holding an HGMMA), after the
+    checks every design must pass: no spills, registers under the MMA warps' ``setmaxnreg`` budget (at most 240),
+    shared memory within a CTA's."""
+    sass = dump_sass(kernel.asm["cubin"])
+    ops, summary = opcode_counts(sass), sass_summary(kernel.asm["cubin"])
+    loop = min((b for b in loop_bodies(sass) if any("HGMMA" in t for t in b)), key=len, default=[])
+    budget = max(int(x) for x in re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", kernel.asm["ptx"]))
+    assert summary["stl"] == summary["ldl"] == 0, "register spills"
+    assert 0 < max(int(x) for x in re.findall(r"\bR(\d+)\b", sass)) < budget <= 240
+    assert kernel.metadata.shared <= bw.SMEM_BYTES
+    return sass, ops, summary, loop
+
+
 @pytest.mark.parametrize("name, out", CASES, ids=[f"{n}-{str(o).split('.')[-1]}" for n, o in CASES])
 def test_bf16_ws_sass(name, out):
     reason = _tools_reason()
@@ -36,20 +50,14 @@ def test_bf16_ws_sass(name, out):
     kernel = aot.compile_bf16_ws(cfg, out)
     assert kernel.name == bf16_gemm_ws_kernel.bf16_gemm_ws_kernel.__name__
     assert bf16_gemm_ws_kernel.tile_range is tiles.tile_range
-    sass = dump_sass(kernel.asm["cubin"])
-    ops, summary = opcode_counts(sass), sass_summary(kernel.asm["cubin"])
-    loop = min((b for b in loop_bodies(sass) if any("HGMMA" in t for t in b)), key=len, default=[])
-    budget = max(int(x) for x in re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", kernel.asm["ptx"]))
+    sass, ops, summary, loop = _sass_and_k_loop(kernel)
     assert sum(n for op, n in ops.items() if op.startswith("USETMAXREG")) >= 1, "setmaxnreg"
-    assert summary["stl"] == summary["ldl"] == 0, "register spills"
     halves = 2 if cfg.block_n == 256 else 1  # a 256-wide tile: two 128-wide halves, a wgmma group each
     width = cfg.block_n // halves if cfg.block_m == 128 else cfg.block_n // 2  # 64-row tiles: half the columns each
     assert [t for t in loop if "HGMMA" in t] and all(f"HGMMA.64x{width}x16" in t for t in loop if "HGMMA" in t)
     assert sum(1 for t in loop if "HGMMA" in t) == halves * bw.BLOCK_K // 16 and summary["gmma_group_min"] == 4
     depbars = [t.split()[-1] for t in loop if "WARPGROUP.DEPBAR" in t]
     assert depbars == [f"0x{halves}"], "one wait a block, the block's groups left in flight"
-    assert 0 < max(int(x) for x in re.findall(r"\bR(\d+)\b", sass)) < budget <= 240
-    assert kernel.metadata.shared <= bw.SMEM_BYTES
     check_tail_sync(tail_sync_ops(sass), cfg.splits)
     assert cfg.splits in (1, aot.COMPILED_SPLITS)
 
@@ -64,21 +72,15 @@ def test_bf16_ws_k_grouped_sass(name, accumulate):
         pytest.skip(reason)
     cfg = bw.VARIANTS[name]
     kernel = aot.compile_bf16_ws(cfg, k_grouped=True, accumulate=accumulate)
-    sass = dump_sass(kernel.asm["cubin"])
-    summary = sass_summary(kernel.asm["cubin"])
-    loop = min((b for b in loop_bodies(sass) if any("HGMMA" in t for t in b)), key=len, default=[])
+    sass, ops, _, loop = _sass_and_k_loop(kernel)
     mma = [t for t in loop if "HGMMA" in t]
-    budget = max(int(x) for x in re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+(\d+)", kernel.asm["ptx"]))
-    assert summary["stl"] == summary["ldl"] == 0, "register spills"
     width = cfg.block_n if cfg.block_m == 128 else cfg.block_n // 2
     assert len(mma) == bw.BLOCK_K // 16 and all(f"HGMMA.64x{width}x16" in t and ".tnspA.tnspB" in t for t in mma)
     assert [t.split()[-1] for t in loop if "WARPGROUP.DEPBAR" in t] == ["0x1"]
-    loads = sum(n for op, n in opcode_counts(sass).items() if op.startswith("UTMALDG"))
+    loads = sum(n for op, n in ops.items() if op.startswith("UTMALDG"))
     boxes = cfg.block_m // 64 + cfg.block_n // 64 + int(accumulate)
     assert loads >= boxes, "A and B in 64-wide boxes (128-byte swizzle), and D when accumulating"
-    assert 0 < max(int(x) for x in re.findall(r"\bR(\d+)\b", sass)) < budget <= 240
     check_tail_sync(tail_sync_ops(sass), 1)
-    assert kernel.metadata.shared <= bw.SMEM_BYTES
 
 
 def test_bf16_ws_kernel_splits_with_split_tail_helpers():
