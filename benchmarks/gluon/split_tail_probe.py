@@ -3,17 +3,17 @@
 Run on the H200 machine (``source .devbundle/setup.sh``):
 
     PYTHONPATH=src:benchmarks/gluon python3 benchmarks/gluon/split_tail_probe.py OUT.json [--rows split|short]
-        [--pairs 3] [--budget-s 200]
+        [--shapes bf16:MxNxK,fp8:MxNxK,...] [--also DESIGN,...] [--pairs 3] [--budget-s 200]
 
 ``--rows split`` (default): the benchmark set's dense rows whose design the rule splits, the rule's ``_sk`` design
 against its unsplit tiling. ``--rows short``: rows whose tiles fill at most one short round or whose tail the rule
-leaves unsplit (the BF16 rows of M 256 and 512 the gluon kernel takes, and FP8 few-tile rows): the rule's design
-against every tiling of the rule's tiles that a split 2 or 4 ways would spread over the idle SMs (configs made here;
-the kernel splits a single short round too, the rule does not yet). Each design runs through a plan built before
-timing (so a split plan's workspace and counters are made once, as in use); every output is checked against float64
-(``calc_diff``) and rerun bitwise; then kernel-only times (CUDA-graph replay, median per call) are taken
-alternately, ``--pairs`` times, so a clock or power drift falls on every design. Prints a table (microseconds,
-the rule's design over each other) last and writes every time to OUT.json.
+leaves unsplit (the BF16 rows of M 256 and 512 the gluon kernel takes, and FP8 few-tile rows; or ``--shapes``): the
+rule's design against every tiling of the rule's tiles, unsplit and split 2 or 4 ways where that spreads its tiles
+over the idle SMs (configs made here), and the ``--also`` designs of the row's kernel. Each design runs through a
+plan built before timing (so a split plan's workspace and counters are made once, as in use); every output is
+checked against float64 (``calc_diff``) and rerun bitwise; then kernel-only times (CUDA-graph replay, median per
+call) are taken alternately, ``--pairs`` times, so a clock or power drift falls on every design. Prints a table
+(microseconds, the rule's design over each other) last and writes every time to OUT.json.
 """
 
 from __future__ import annotations
@@ -64,11 +64,14 @@ def _designs(dtype: str, m: int, n: int, k: int, rows: str) -> dict[str, object]
         return {picked: variants[picked], unsplit: variants[unsplit]}
     out = {picked: variants[picked]}
     tiles = rules.DENSE_BF16_WS_TILES if dtype == "bf16" else rules.DENSE_FP8_WS_TILES
-    for name, rows_, cols, _ in tiles:  # every tiling whose tiles the split would divide over the idle SMs
+    for name, rows_, cols, _ in tiles:  # every tiling, and its splits that would divide its tiles over idle SMs
         count = operands.cdiv(m, rows_) * operands.cdiv(n, cols)
+        if variants[name] not in out.values():
+            out[name] = variants[name]
         for splits in (2, 4):
-            if cols <= 128 and split_tail.tail_tiles(count, _sms(), splits):
-                out[f"{name}+s{splits}"] = variants[name]._replace(splits=splits)
+            split = variants[name]._replace(splits=splits)
+            if cols <= 128 and split_tail.tail_tiles(count, _sms(), splits) and split not in out.values():
+                out[f"{name}+s{splits}"] = split
     return out
 
 
@@ -92,16 +95,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out", help="JSON file to write")
     parser.add_argument("--rows", choices=("split", "short"), default="split")
+    parser.add_argument("--shapes", default="", help="short rows to time instead of the set's: bf16:MxNxK,fp8:...")
+    parser.add_argument("--also", default="", help="designs (VARIANTS names) every short row also times")
     parser.add_argument("--pairs", type=int, default=3, help="alternate timings of each design")
     parser.add_argument("--budget-s", type=float, default=200.0, help="start no row after this many seconds")
     args = parser.parse_args()
     t0 = time.time()
     results = []
-    for dtype, m, n, k in SPLIT_ROWS if args.rows == "split" else short_rows():
+    shapes = [(dt, *map(int, mnk.split("x"))) for dt, mnk in (s.split(":") for s in args.shapes.split(",") if s)]
+    for dtype, m, n, k in SPLIT_ROWS if args.rows == "split" else shapes or short_rows():
         if time.time() - t0 > args.budget_s:
             print("budget spent: stopped before", dtype, m, n, k, flush=True)
             break
         designs = _designs(dtype, m, n, k, args.rows)
+        variants = bw.VARIANTS if dtype == "bf16" else ws.VARIANTS
+        if args.rows == "short":
+            designs.update({name: variants[name] for name in args.also.split(",") if name in variants})
         if len(designs) < 2:  # no split spreads this row's tiles
             continue
         runs, d, ref = _runs(dtype, m, n, k, designs)

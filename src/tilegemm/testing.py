@@ -237,6 +237,20 @@ def assert_rerun_identical(fn: Callable[[], Any], d: torch.Tensor) -> None:
     assert torch.equal(first.view(torch.uint8), d.view(torch.uint8)), "rerun is not bitwise identical"
 
 
+def replay_after(fn: Callable[[], Any], change: Callable[[], Any]) -> None:
+    """Run ``fn()`` once (its compiles and plans made outside a capture), capture a second call in a CUDA graph,
+    ``change()`` what it reads (new inputs and outputs, in place), replay the graph and synchronize: the caller then
+    checks what the replay wrote."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    change()
+    graph.replay()
+    torch.cuda.synchronize()
+
+
 def backend_device_params() -> list[Any]:
     """``pytest.param(backend, device)`` per :data:`BACKEND_DEVICES`; CUDA ones are ``gpu``-marked, skip w/o CUDA."""
     import pytest

@@ -3,8 +3,7 @@
 Each case: fresh random bf16 inputs, ``d`` poisoned with NaN, the result compared with ``calc_diff`` against the
 float64 product, then a rerun that must be bitwise identical; also a persistent grid smaller than the tile count, an
 fp32 output, a second call of the plan on new operands, and the checks' refusals. The split designs (``_sk``) on
-grids whose last round is split: every element written, reruns and CUDA-graph replays on new inputs bitwise equal
-to a fresh plan's result, the tail's counters zero after each.
+grids whose last round is split: ``test_split_tail_gpu.py``.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ pytestmark = [
 ]
 
 bw = pytest.importorskip("tilegemm.ops.gluon.bf16_gemm_ws")
-split_tail = pytest.importorskip("tilegemm.ops.gluon.split_tail")
 
 # M = 1, M and N off the tiles, K = 8 (one partial K block) and K past the last full block, a DeepSeek-sized row.
 SHAPES = [(1, 256, 64), (129, 136, 8), (300, 200, 1096), (257, 520, 640), (1000, 2112, 7168), (4097, 264, 2048)]
@@ -56,64 +54,6 @@ def test_bf16_ws_walk_and_fp32(name):
     """Three CTAs over many tiles, into an fp32 output."""
     a, b, ref = _case(1000, 1000, 1024, seed=7)
     _check(a, b, ref, poisoned((1000, 1000), torch.float32, "cuda"), cfg=bw.VARIANTS[name], num_sms=3)
-
-
-SPLIT_DESIGNS = [name for name, cfg in bw.VARIANTS.items() if cfg.splits > 1]
-#: (row tiles, column tiles, K, SMs): two whole rounds of 16 and a tail of 2 tiles split 4 ways; 3 tiles on 16 SMs
-#: (no whole round: every tile split); K of 2 blocks (two runs of each tile have none) and of 18 (uneven shares).
-SPLIT_GRIDS = [(2, 17, 1096, 16), (2, 17, 72, 16), (1, 3, 1096, 16), (2, 17, 7168, 16)]
-
-
-def _split_case(cfg, grid: tuple[int, int, int, int], seed: int):
-    """Operands whose tiles (the last row and column tile partial) make ``grid``'s tail, and the plan's SMs."""
-    rows, cols, k, sms = grid
-    m, n = rows * cfg.block_m - 7, cols * cfg.block_n - 8
-    tiles = rows * cols
-    assert split_tail.tail_tiles(tiles, split_tail.split_grid(tiles, sms, cfg.splits), cfg.splits) > 0
-    return (*_case(m, n, k, seed), sms)
-
-
-@pytest.mark.parametrize("grid", SPLIT_GRIDS, ids=lambda g: "x".join(map(str, g)))
-@pytest.mark.parametrize("out", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-@pytest.mark.parametrize("name", SPLIT_DESIGNS)
-def test_bf16_ws_split_tail(name, out, grid):
-    cfg = bw.VARIANTS[name]
-    a, b, ref, sms = _split_case(cfg, grid, seed=sum(grid))
-    d = poisoned(tuple(ref.shape), out, "cuda")
-    plan = bw.bf16_ws_plan(a, b, d, cfg, sms)
-    _check(a, b, ref, d, cfg=cfg, num_sms=sms)
-    again = poisoned(tuple(ref.shape), out, "cuda")
-    plan(a, b, again)
-    plan(a, b, again)
-    torch.cuda.synchronize()
-    assert torch.equal(again.view(torch.uint8), d.view(torch.uint8)), "not the result of a fresh plan"
-    assert not plan.tail.counters.any(), "the tail's counters are not reset"
-
-
-@pytest.mark.parametrize("name", SPLIT_DESIGNS)
-def test_bf16_ws_split_tail_graph_replays(name):
-    """A split plan captured in a CUDA graph, replayed three times on new inputs: each replay bitwise the result of
-    a fresh plan on those inputs (the counters reset by every launch), within the bar of the float64 product."""
-    cfg = bw.VARIANTS[name]
-    a, b, _, sms = _split_case(cfg, SPLIT_GRIDS[0], seed=11)
-    d = torch.empty(a.shape[0], b.shape[0], device="cuda", dtype=torch.bfloat16)
-    plan = bw.bf16_ws_plan(a, b, d, cfg, sms)
-    plan(a, b, d)  # compiles outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        plan(a, b, d)
-    for seed in (12, 13, 14):
-        a2, b2, ref = _case(a.shape[0], b.shape[0], a.shape[1], seed)
-        a.copy_(a2)
-        b.copy_(b2)
-        d.fill_(float("nan"))
-        graph.replay()
-        fresh = poisoned(tuple(d.shape), d.dtype, "cuda")
-        bw.bf16_ws_plan(a, b, fresh, cfg, sms)(a, b, fresh)
-        torch.cuda.synchronize()
-        assert calc_diff(d, ref) < BAR
-        assert torch.equal(d.view(torch.uint8), fresh.view(torch.uint8))
-        assert not plan.tail.counters.any()
 
 
 def test_bf16_ws_plan_relaunches_on_new_operands():

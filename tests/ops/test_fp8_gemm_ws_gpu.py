@@ -4,8 +4,7 @@ Each case: fresh random inputs quantized with DeepGEMM's recipe (A 1x128 per row
 MN-major and TMA-aligned), ``d`` poisoned with NaN, the kernel's result compared with ``calc_diff`` against the
 float64 formula on the dequantized inputs, then a rerun that must be bitwise identical. Also: a persistent grid
 smaller than the tile count (each CTA walks several tiles), a side stream, and an fp32 output. The split designs
-(``_sk``) on grids whose last round is split: every element written, reruns and CUDA-graph replays on new inputs
-bitwise equal to a fresh plan's result, the tail's counters zero after each.
+(``_sk``) on grids whose last round is split: ``test_split_tail_gpu.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ pytestmark = [
 ]
 
 ws = pytest.importorskip("tilegemm.ops.gluon.fp8_gemm_ws")
-split_tail = pytest.importorskip("tilegemm.ops.gluon.split_tail")
 
 # M not a multiple of the tile (and M = 1), K = 128 (one block) and K past the last full block, N not a multiple
 # of 128 (or of 192), and a DeepSeek-sized row. K blocks 1, 2, 3, 5, 9: every tail of the overlap runs (2 + 1, 4 + 1).
@@ -102,64 +100,6 @@ def test_ws_stream():
     assert untouched, "the kernel ran before the sleep queued ahead of it on its stream"
     assert not torch.isnan(d).any()
     assert calc_diff(d, ref) < BAR
-
-
-SPLIT_DESIGNS = [name for name, cfg in ws.VARIANTS.items() if cfg.splits > 1]
-#: (row tiles, column tiles, K, SMs): two whole rounds of 16 and a tail of 2 tiles split 4 ways; 3 tiles on 16 SMs
-#: (every tile split); K of 2 blocks (two runs of each tile have none), 10 (runs of 2 and 3 blocks, the last
-#: partial) and 56 (runs of 14: the overlap's runs of 8, 4 and 2).
-SPLIT_GRIDS = [(2, 17, 1216, 16), (2, 17, 256, 16), (1, 3, 1216, 16), (2, 17, 7168, 16)]
-
-
-def _split_case(cfg, grid: tuple[int, int, int, int], seed: int):
-    """Operands whose tiles (the last row and column tile partial) make ``grid``'s tail, and the plan's SMs."""
-    rows, cols, k, sms = grid
-    tiles = rows * cols
-    assert split_tail.tail_tiles(tiles, split_tail.split_grid(tiles, sms, cfg.splits), cfg.splits) > 0
-    return (*_case(rows * cfg.block_m - 7, cols * cfg.block_n - 8, k, seed), sms)
-
-
-@pytest.mark.parametrize("grid", SPLIT_GRIDS, ids=lambda g: "x".join(map(str, g)))
-@pytest.mark.parametrize("out", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-@pytest.mark.parametrize("name", SPLIT_DESIGNS)
-def test_ws_split_tail(name, out, grid):
-    cfg = ws.VARIANTS[name]
-    a, b, ref, sms = _split_case(cfg, grid, seed=sum(grid))
-    d = poisoned(tuple(ref.shape), out, "cuda")
-    _check(a, b, ref, d, cfg=cfg, num_sms=sms)
-    plan = ws.ws_plan(a, b, d, cfg, sms)
-    again = poisoned(tuple(ref.shape), out, "cuda")
-    plan(a, b, again)
-    plan(a, b, again)
-    torch.cuda.synchronize()
-    assert torch.equal(again.view(torch.uint8), d.view(torch.uint8)), "not the result of a fresh plan"
-    assert not plan.tail.counters.any(), "the tail's counters are not reset"
-
-
-@pytest.mark.parametrize("name", SPLIT_DESIGNS)
-def test_ws_split_tail_graph_replays(name):
-    """A split plan captured in a CUDA graph, replayed three times on new inputs: each replay bitwise the result of
-    a fresh plan on those inputs (the counters reset by every launch), within the bar of the dequantized formula."""
-    cfg = ws.VARIANTS[name]
-    a, b, _, sms = _split_case(cfg, SPLIT_GRIDS[0], seed=11)
-    d = torch.empty(a[0].shape[0], b[0].shape[0], device="cuda", dtype=torch.bfloat16)
-    plan = ws.ws_plan(a, b, d, cfg, sms)
-    plan(a, b, d)  # compiles outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        plan(a, b, d)
-    for seed in (12, 13, 14):
-        a2, b2, ref = _case(a[0].shape[0], b[0].shape[0], a[0].shape[1], seed)
-        for dst, src in zip((*a, *b), (*a2, *b2)):
-            dst.copy_(src)
-        d.fill_(float("nan"))
-        graph.replay()
-        fresh = poisoned(tuple(d.shape), d.dtype, "cuda")
-        ws.ws_plan(a, b, fresh, cfg, sms)(a, b, fresh)
-        torch.cuda.synchronize()
-        assert calc_diff(d, ref) < BAR
-        assert torch.equal(d.view(torch.uint8), fresh.view(torch.uint8))
-        assert not plan.tail.counters.any()
 
 
 def test_public_fp8_gemm_nt_split_tail():

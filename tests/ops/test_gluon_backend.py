@@ -294,14 +294,22 @@ BF16_RULE_CASES = [
     (1024, 4096, 7168, "bf16_128x256", True),  # 128 tiles in one round: 1.03x (128x128, two rounds: 1.02x)
     (512, 7168, 16384, "bf16_128x256", True),  # 112 tiles in one round: 1.08x (128x128, two rounds: 1.02x)
     (160, 7168, 2048, "bf16_128x128", True),  # 0.92x: the rule's one miss at K >= 1024 (64x128: 1.02x)
+    (2048, 1536, 2048, "bf16_64x128", True),  # K 2048: three rounds of 64x128 tiles 20.8 us, one of 128x256 23.7
     (256, 2048, 768, "bf16_64x128", False),  # K 768: 0.91x
     (1024, 2048, 768, "bf16_128x128", False),  # 0.97x
-    (128, 4096, 7168, "bf16_64x128", False),  # not measured: the decode-sized rows stay on cutile
+    (128, 4096, 7168, "bf16_64x128_sk2", False),  # not measured: the decode-sized rows stay on cutile
     (2048, 4096, 7168, "bf16_128x256", True),
     (8192, 8192, 8192, "bf16_128x256", True),
     (8193, 4096, 7168, "bf16_128x256", False),  # past the set's rows
     (4096, 2048, 768, "bf16_128x256", False),  # K 768
 ]
+
+
+def test_short_k_bf16_tiles_are_the_dense_tiles():
+    """The short-K costs weigh the same designs, tiles and preference order; only the half tiles cost less."""
+    short, full = gluon.DENSE_BF16_WS_SHORT_K_TILES, gluon.DENSE_BF16_WS_TILES
+    assert [t[:3] for t in short] == [t[:3] for t in full]
+    assert all(s[3] == f[3] or (s[3] < f[3] and f[1] * f[2] == 128 * 64) for s, f in zip(short, full))
 
 
 @pytest.mark.parametrize("m, n, k, design, automatic", BF16_RULE_CASES)
@@ -321,7 +329,7 @@ SPLIT_TAIL_CASES = [
     ("bf16", 8192, 8192, 8192, "bf16_128x256"),  # 128x256 tiles are not split
     ("fp8", 4096, 7168, 7168, "d_128x128_ov8"),  # 1792 tiles: a tail of 76, over 132 // 8
     ("fp8", 2048, 2112, 1024, "d_128x128_ov8"),  # 8 K blocks: a run's fixed cost exceeds what the split saves
-    ("bf16", 2048, 2112, 1024, "bf16_128x128"),  # 16 K blocks of 64: likewise
+    ("bf16", 2048, 2112, 1024, "bf16_128x64"),  # 16 K blocks of 64: four whole rounds of 128x64 tiles at short K
     ("fp8", 4224, 4096, 7168, "d_128x128_ov8"),  # 33 x 32 = 1056 tiles: eight full rounds, no tail
 ]
 
@@ -336,12 +344,32 @@ def test_split_tail_refines_the_tiling(kind, m, n, k, design):
         split = gluon.DENSE_FP8_WS_TAIL_SPLIT
     else:
         got, count = gluon.dense_bf16_ws_design(m, n, k, 132), None
-        tiles, split = gluon.DENSE_BF16_WS_TILES, gluon.DENSE_BF16_WS_TAIL_SPLIT
+        tiles, split = gluon.dense_bf16_ws_tiles(k), gluon.DENSE_BF16_WS_TAIL_SPLIT
     assert got == design
     unsplit, unsplit_count = gluon.cheapest_tiling(m, n, 132, tiles)
     assert got in (unsplit, split.designs.get(unsplit))
     assert count in (None, unsplit_count)
     assert gluon.cheapest_tiling(m, n, 132, tiles, k, split) == (got, unsplit_count)
+
+
+ROUND_SPLIT_CASES = [
+    (256, 2112, 7168, "bf16_128x64_sk2", 66),  # 66 128x64 tiles 2 ways over 132 SMs; 20.9 -> 16.9 us
+    (512, 1024, 7168, "bf16_64x128_sk2", 64),  # 64 tiles: one short round
+    (256, 4096, 7168, "bf16_64x128", 128),  # 128 tiles, nearly a whole round: nothing to split
+    (256, 1536, 2048, "bf16_64x128", 48),  # 32 K blocks of 64: a run's fixed cost exceeds what the split saves
+    (2048, 2112, 7168, "bf16_128x128_sk", 272),  # whole rounds before the tail: the tail split
+    (200, 2112, 7168, "bf16_64x128", 68),  # a partial row tile: not split (25.0 us split against 21.6)
+]
+
+
+@pytest.mark.parametrize("m, n, k, design, tiles", ROUND_SPLIT_CASES)
+def test_round_split_takes_the_tiling_whose_single_round_splits(m, n, k, design, tiles):
+    """A single short round (no whole one) of a half tile's tiling is split 2 ways where a run (half a tile plus
+    its fixed K blocks) costs less than the cheapest unsplit round: the tile may change to the one whose tiles fill
+    the SMs when split (66 128x64 tiles rather than 68 64x128 ones)."""
+    assert gluon.dense_bf16_ws_design(m, n, k, 132) == design
+    got = gluon.cheapest_tiling(m, n, 132, gluon.dense_bf16_ws_tiles(k), k, gluon.DENSE_BF16_WS_SPLITS)
+    assert got == (design, tiles)
 
 
 def test_split_tail_rounds():
@@ -352,18 +380,22 @@ def test_split_tail_rounds():
     assert gluon.split_tail_rounds(132 + 17, 7168, 132, split) is None  # 17 > 132 // 8
     assert gluon.split_tail_rounds(132 + 16, 7168, 132, split) is not None
     assert gluon.split_tail_rounds(16, 7168, 132, split) is None  # no whole round
+    single = gluon.DENSE_BF16_WS_ROUND_SPLIT
+    assert gluon.split_tail_rounds(66, 7168, 132, single) == pytest.approx(0.5 + 40 / 112)
+    assert gluon.split_tail_rounds(67, 7168, 132, single) is None  # 134 runs: more than one round
+    assert gluon.split_tail_rounds(132 + 8, 7168, 132, single) is None  # a whole round: the tail split's case
 
 
-@pytest.mark.parametrize("kind", ["fp8", "bf16"])
+@pytest.mark.parametrize("kind", ["fp8", "bf16", "bf16 round"])
 def test_split_designs_are_variants_of_the_same_tile(kind):
     """Each split design is its unsplit design's config with the rule's split count, for a kernel that the split
     tail's rule (:func:`split_tail.tail_splits`) gives that many runs."""
     if kind == "fp8":
         module, split = pytest.importorskip("tilegemm.ops.gluon.fp8_gemm_ws"), gluon.DENSE_FP8_WS_TAIL_SPLIT
-        block_k = module.BLOCK_K
     else:
-        module, split = pytest.importorskip("tilegemm.ops.gluon.bf16_gemm_ws"), gluon.DENSE_BF16_WS_TAIL_SPLIT
-        block_k = module.BLOCK_K
+        module = pytest.importorskip("tilegemm.ops.gluon.bf16_gemm_ws")
+        split = gluon.DENSE_BF16_WS_ROUND_SPLIT if kind == "bf16 round" else gluon.DENSE_BF16_WS_TAIL_SPLIT
+    block_k = module.BLOCK_K
     assert split.block_k == block_k
     for unsplit, design in split.designs.items():
         cfg = module.VARIANTS[design]

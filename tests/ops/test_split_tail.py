@@ -101,10 +101,22 @@ def test_tail_buffers():
     cpu = torch.device("cpu")
     tail = split_tail.tail_buffers(272, 132, 4, 128, 128, cpu)
     assert tail.workspace.dtype == torch.float32 and tail.workspace.numel() == 8 * 4 * 128 * 128
-    assert tail.counters.dtype == torch.int32 and torch.equal(tail.counters, torch.zeros(16, dtype=torch.int32))
+    assert tail.counters.dtype == torch.int32 and torch.equal(tail.counters, torch.zeros(8, dtype=torch.int32))
     unsplit = split_tail.tail_buffers(264, 132, 4, 128, 128, cpu)
     assert unsplit.workspace.numel() == 1 and unsplit.counters.numel() == 2
-    assert split_tail.resident_sms(7, 4, cpu) == 7 and split_tail.resident_sms(200, 1, cpu) == 200
+    assert split_tail.plan_sms(7, cpu) == 7 and split_tail.plan_sms(200, cpu) == 200
+
+
+def test_stream_tails_on_a_cpu():
+    """A split plan recorded on a CPU keeps one set of buffers, made at its first launch and given to every later
+    one; an unsplit plan's placeholder set is the same object every launch."""
+    cpu = torch.device("cpu")
+    tails = split_tail.StreamTails(272, 132, 4, 128, 128, cpu)
+    assert tails.split and not tails.by_stream
+    first = tails()
+    assert first.counters.numel() == 8 and tails() is first and list(tails.by_stream) == [None]
+    unsplit = split_tail.StreamTails(264, 132, 4, 128, 128, cpu)
+    assert not unsplit.split and unsplit() is unsplit() and not unsplit.by_stream
 
 
 def test_split_designs_refuse_what_they_do_not_split():

@@ -386,7 +386,7 @@ def _dense_gluon_ws_split_tail() -> str:
                 for _ in range(2):
                     plan(a, b, d)
                 torch.cuda.synchronize()
-                if d.isnan().any() or plan.tail.counters.any():
+                if d.isnan().any() or plan.tails().counters.any():
                     raise AssertionError(f"{name} {m}x{n}x{k}: elements not written or counters not reset")
                 worst = max(worst, calc_diff(d, ref))
                 count += 1

@@ -86,13 +86,15 @@ class TailSplit(NamedTuple):
     """The split tail of a tiling (``ops/gluon/split_tail.py``): a short last round of tiles, each split along K
     into ``splits`` runs over CTAs that round leaves idle. ``designs``: the split design of each unsplit one (the
     same tile); ``block_k``: the kernel's K block; ``fixed_k_blocks``: a split run's fixed cost (its partial stored,
-    the wait, the sum of its share of the tile over the partials), in K blocks of a tile's time; ``splits``: the
-    split designs' runs a tile (their constexpr ``SPLITS``)."""
+    the last run's sum of the partials, the L2 bandwidth the extra runs contend for), in K blocks of a tile's time;
+    ``splits``: the split designs' runs a tile (their constexpr ``SPLITS``); ``single_round``: the split of a single
+    short round (no whole round before it) instead of a tail after whole rounds."""
 
     designs: dict[str, str]
     block_k: int
     fixed_k_blocks: int
     splits: int = 4
+    single_round: bool = False
 
 
 #: The split tail splits a last round of at most ``sms // SPLIT_TAIL_MAX_TAIL_SHARE`` tiles: a split of the 32 tiles
@@ -125,11 +127,32 @@ DENSE_BF16_WS_TILES = (
     ("bf16_128x64", BLOCK_M, 64, 0.75),
     ("bf16_128x256", BLOCK_M, 256, 1.9),
 )
+#: ...and at K up to :data:`DENSE_BF16_WS_SHORT_K`, where a round of 64x128 tiles cost 0.54-0.58 of a round of 128x128
+#: ones (2048x1536x2048: three rounds of 64x128 tiles 20.8 us, one of 128x256 23.7, two of 128x128 23.8;
+#: 256x7168x2048 and 512x7168x2048 likewise: benchmarks/results/gluon/bf16_short_k_tiles_h200.json), the half tiles
+#: at 0.6.
+DENSE_BF16_WS_SHORT_K = 2048
+DENSE_BF16_WS_SHORT_K_TILES = (
+    ("bf16_128x128", BLOCK_M, 128, 1.0),
+    ("bf16_64x128", BLOCK_M // 2, 128, 0.6),
+    ("bf16_128x64", BLOCK_M, 64, 0.6),
+    ("bf16_128x256", BLOCK_M, 256, 1.9),
+)
 #: The dense BF16 split tail (H200): 2048x2112x7168 115.6 -> 89.9 us (272 128x128 tiles: two rounds and 8); a run's
 #: fixed cost measured 23-25 K blocks of 64; the rule charges 32. 128x256 tiles are not split.
 DENSE_BF16_WS_TAIL_SPLIT = TailSplit(
     {"bf16_128x128": "bf16_128x128_sk", "bf16_64x128": "bf16_64x128_sk", "bf16_128x64": "bf16_128x64_sk"}, 64, 32
 )
+#: The dense BF16 single-round split (H200, benchmarks/results/gluon/split_tail_short_h200.json): at 256x2112x7168
+#: the 66 128x64 tiles split 2 ways over 132 SMs ran 16.9 us against the 68 unsplit 64x128 tiles' 20.9 us (a run's
+#: fixed cost about 34 K blocks of 64); 64 128x128 tiles split 2 ways at 256x4096x7168 lost 0.83x (46), so only
+#: the half tiles split, and the rule charges 40. Only where M is whole row tiles: at 200x2112x7168 the same split
+#: ran 25.0 us against 21.6 unsplit (benchmarks/results/gluon/split_round_h200.json).
+DENSE_BF16_WS_ROUND_SPLIT = TailSplit(
+    {"bf16_64x128": "bf16_64x128_sk2", "bf16_128x64": "bf16_128x64_sk2"}, 64, 40, splits=2, single_round=True
+)
+#: Both splits of the dense BF16 tilings.
+DENSE_BF16_WS_SPLITS = (DENSE_BF16_WS_TAIL_SPLIT, DENSE_BF16_WS_ROUND_SPLIT)
 
 
 #: The design of the warp-specialized kernel the m-grouped contiguous FP8 calls run (``ops/gluon/grouped.py``): one
@@ -219,41 +242,55 @@ def cheapest_tiling(
     num_sms: int,
     tiles: tuple[tuple[str, int, int, float], ...],
     k: int = 0,
-    split: TailSplit | None = None,
+    split: TailSplit | tuple[TailSplit, ...] = (),
 ) -> tuple[str, int]:
     """Of ``tiles`` ((design, tile rows, tile columns, a tile's relative time), by preference), the design whose
     rounds of tiles over ``num_sms`` SMs, ``ceil(tiles / SMs)``, each weighted by its tile's time, cost least (the
     first where they tie), and its number of output tiles.
 
-    With ``split`` (and ``k``, the problem's K), the chosen design is then refined: its split design
-    (``split.designs``) where :func:`split_tail_rounds` is below the unsplit rounds. The split refines the chosen
-    tiling; it never changes the tile (nor the tile count returned)."""
+    With ``split`` (one :class:`TailSplit` or several, and ``k``, the problem's K): a tail split refines the chosen
+    tiling (its split design where :func:`split_tail_rounds` is below the unsplit rounds; it never changes the
+    tile); then a single-round split of any tiling (``single_round``) whose tiles cover M in whole row tiles is
+    taken where it costs less than that."""
     num_sms = max(num_sms, 1)  # 0 where no GPU is seen (plans recorded on a CPU)
+    splits = (split,) if isinstance(split, TailSplit) else split
     best: tuple[float, str, int] | None = None
     for design, rows, cols, cost in tiles:
         count = cdiv(m, rows) * cdiv(n, cols)
         rounds_time = cdiv(count, num_sms) * cost
         if best is None or rounds_time < best[0]:
             best = (rounds_time, design, count)
-    _, design, count = best
-    if split is not None and design in split.designs:
-        rounds = split_tail_rounds(count, k, num_sms, split)
-        if rounds is not None and rounds < cdiv(count, num_sms):
-            design = split.designs[design]
+    time, design, count = best
+    cost = next(c for d, _, _, c in tiles if d == design)
+    for tail in (s for s in splits if not s.single_round and design in s.designs):
+        rounds = split_tail_rounds(count, k, num_sms, tail)
+        if rounds is not None and rounds * cost < time:
+            time, design = rounds * cost, tail.designs[design]
+    for single in (s for s in splits if s.single_round):
+        for unsplit, rows, cols, cost in tiles:
+            if m % rows:  # a partial row tile: measured slower split
+                continue
+            tiling = cdiv(m, rows) * cdiv(n, cols)
+            rounds = split_tail_rounds(tiling, k, num_sms, single) if unsplit in single.designs else None
+            if rounds is not None and rounds * cost < time:
+                time, design, count = rounds * cost, single.designs[unsplit], tiling
     return design, count
 
 
 def split_tail_rounds(tiles: int, k: int, num_sms: int, split: TailSplit) -> float | None:
     """The rounds (in a tile's time) of ``tiles`` output tiles of K ``k`` on ``num_sms`` SMs with the last round
     split (:class:`TailSplit`): the whole rounds, then a run's ``1 / splits`` of a tile plus its fixed cost
-    (``fixed_k_blocks`` of the tile's ``ceil(k / block_k)`` K blocks); ``None`` where the tail is not split: no
-    short last round, one of more than ``num_sms // SPLIT_TAIL_MAX_TAIL_SHARE`` tiles (or whose runs would not
-    fit in one round), fewer than :data:`SPLIT_TAIL_MIN_ROUNDS` whole rounds before it, or no K."""
+    (``fixed_k_blocks`` of the tile's ``ceil(k / block_k)`` K blocks); ``None`` where the split does not apply: no
+    short last round, runs that would not fit in one round, or no K; a tail split also not after fewer than
+    :data:`SPLIT_TAIL_MIN_ROUNDS` whole rounds or on a last round of more than ``num_sms //
+    SPLIT_TAIL_MAX_TAIL_SHARE`` tiles; a single-round split only where there is no whole round."""
     full_rounds, tail = divmod(tiles, max(num_sms, 1))
     k_blocks = cdiv(k, split.block_k)
-    if tail == 0 or tail > num_sms // SPLIT_TAIL_MAX_TAIL_SHARE or tail * split.splits > num_sms:
+    if tail == 0 or tail * split.splits > num_sms or k_blocks == 0:
         return None
-    if full_rounds < SPLIT_TAIL_MIN_ROUNDS or k_blocks == 0:
+    if split.single_round and full_rounds > 0:
+        return None
+    if not split.single_round and (tail > num_sms // SPLIT_TAIL_MAX_TAIL_SHARE or full_rounds < SPLIT_TAIL_MIN_ROUNDS):
         return None
     return full_rounds + 1 / split.splits + split.fixed_k_blocks / k_blocks
 
@@ -291,8 +328,15 @@ def ws_kernel_faster(m: int, n: int, k: int, num_sms: int) -> bool:
 def dense_bf16_ws_design(m: int, n: int, k: int, num_sms: int) -> str:
     """The BF16 ws kernel's design (a ``bf16_gemm_ws.VARIANTS`` name) for a dense [M, K] x [N, K] call on
     ``num_sms`` SMs: the cheapest tiling of :data:`DENSE_BF16_WS_TILES` (:func:`cheapest_tiling`), refined by the
-    split tail (:data:`DENSE_BF16_WS_TAIL_SPLIT`)."""
-    return cheapest_tiling(m, n, num_sms, DENSE_BF16_WS_TILES, k, DENSE_BF16_WS_TAIL_SPLIT)[0]
+    split tail (:data:`DENSE_BF16_WS_TAIL_SPLIT`) or a single round's split (:data:`DENSE_BF16_WS_ROUND_SPLIT`); at
+    K up to :data:`DENSE_BF16_WS_SHORT_K` with the short-K costs (:func:`dense_bf16_ws_tiles`)."""
+    return cheapest_tiling(m, n, num_sms, dense_bf16_ws_tiles(k), k, DENSE_BF16_WS_SPLITS)[0]
+
+
+def dense_bf16_ws_tiles(k: int) -> tuple[tuple[str, int, int, float], ...]:
+    """The BF16 tilings and their costs at depth ``k``: :data:`DENSE_BF16_WS_SHORT_K_TILES` up to
+    :data:`DENSE_BF16_WS_SHORT_K`, else :data:`DENSE_BF16_WS_TILES`."""
+    return DENSE_BF16_WS_SHORT_K_TILES if k <= DENSE_BF16_WS_SHORT_K else DENSE_BF16_WS_TILES
 
 
 def prefers_dense_bf16(m: int, n: int, k: int) -> bool:
@@ -402,10 +446,8 @@ def k_grouped_bf16_ws_design(groups: int, m: int, n: int, num_sms: int) -> str:
 def prefers_k_grouped_bf16(groups: int, m: int, n: int, ks: list[int], num_sms: int) -> bool:
     """True when the gluon backend is the automatic choice for a k-grouped BF16 GEMM into fp32 [G, M, N] with
     per-group K ``ks``: the kernel's conditions (M a multiple of 128, every group's K of :data:`BF16_BLOCK_K`) and
-    enough 128x128 tiles and 128-deep steps for the SMs, as the grouped FP8 calls (:func:`grouped_tiles_suffice`)."""
-    if groups == 0 or m % BLOCK_M or any(k % BF16_BLOCK_K for k in ks):
-        return False
-    return grouped_tiles_suffice(groups * cdiv(m, BLOCK_M) * cdiv(n, 128), cdiv(sum(ks), BLOCK_K * groups), num_sms)
+    enough 128x128 tiles and 128-deep steps for the SMs, as the k-grouped FP8 calls (:func:`prefers_k_grouped_fp8`)."""
+    return not any(k % BF16_BLOCK_K for k in ks) and prefers_k_grouped_fp8(groups, m, n, sum(ks), num_sms)
 
 
 def _gluon_may_run(d: torch.Tensor) -> bool:

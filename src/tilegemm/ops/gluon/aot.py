@@ -93,7 +93,6 @@ def compile_dense_fp8_ws(
         "K": "i32",
         "work_ptr": "*fp32",
         "counter_ptr": "*i32",
-        "d_stride": "i32",
     }
     consts = ws.constants(cfg, grouping, accumulate, row_scale, gated)
     attrs = _split_tail_attrs(list(signature), cfg.splits)
@@ -107,13 +106,11 @@ COMPILED_SPLITS = 4
 
 
 def _split_tail_attrs(names: list[str], splits: int) -> dict:
-    """The JIT's specialization of the split tail's parameters for the usual operands (none without a split): the
-    pointers 16-byte aligned (as torch allocates them and D's TMA alignment requires) and D's row pitch a multiple
-    of 16 elements."""
+    """The JIT's specialization of the split tail's parameters for the usual operands (none without a split): its
+    workspace and counters 16-byte aligned, as torch allocates them."""
     if splits <= 1:
         return {}
-    tail = ("d_ptr", "c_ptr", "work_ptr", "counter_ptr", "d_stride")
-    return {(names.index(n),): [["tt.divisibility", 16]] for n in tail if n in names}
+    return {(names.index(n),): [["tt.divisibility", 16]] for n in ("work_ptr", "counter_ptr")}
 
 
 def compile_bf16_ws(
@@ -138,10 +135,8 @@ def compile_bf16_ws(
         "M": "i32",
         "N": "i32",
         "K": "i32",
-        "d_ptr": "*" + _TY[out_dtype],
         "work_ptr": "*fp32",
         "counter_ptr": "*i32",
-        "d_stride": "i32",
     }
     consts = {
         "STAGES": cfg.stages, "GROUP_M": cfg.group_m, "LOADER_REGS": cfg.loader_regs, "K_GROUPED": k_grouped,

@@ -18,7 +18,7 @@ import torch
 from tilegemm.heuristics.gluon import BARRIER_BYTES, BF16_BLOCK_K, SMEM_BYTES
 from tilegemm.ops import operands
 from tilegemm.ops.gluon.bf16_gemm_ws_kernel import MMA_WARPS, bf16_gemm_ws_kernel
-from tilegemm.ops.gluon.split_tail import resident_sms, split_grid, tail_buffers
+from tilegemm.ops.gluon.split_tail import StreamTails, plan_sms, split_grid
 from tilegemm.ops.gluon.tma import Relaunch, descriptor, tma_strides
 
 __all__ = ["Bf16WsConfig", "bf16_ws_plan"]
@@ -43,8 +43,8 @@ class Bf16WsConfig(NamedTuple):
 
 
 #: The designs by name: 128x256 and 128x128 tiles, and for short M or N 64x128 and 128x64; ``_sk``: the same tiles
-#: with a short last round split 4 ways along K (:mod:`split_tail`; chosen by
-#: :func:`tilegemm.heuristics.gluon.cheapest_tiling` with :data:`~tilegemm.heuristics.gluon.DENSE_BF16_WS_TAIL_SPLIT`).
+#: with a short last round split 4 ways along K, ``_sk2``: 2 ways (:mod:`split_tail`; chosen by
+#: :func:`tilegemm.heuristics.gluon.cheapest_tiling` with :data:`~tilegemm.heuristics.gluon.DENSE_BF16_WS_SPLITS`).
 VARIANTS: dict[str, Bf16WsConfig] = {
     "bf16_128x256": Bf16WsConfig(block_n=256),
     "bf16_128x128": Bf16WsConfig(block_n=128),
@@ -53,6 +53,8 @@ VARIANTS: dict[str, Bf16WsConfig] = {
     "bf16_128x128_sk": Bf16WsConfig(block_n=128, splits=4),
     "bf16_64x128_sk": Bf16WsConfig(block_n=128, block_m=64, splits=4),
     "bf16_128x64_sk": Bf16WsConfig(block_n=64, splits=4),
+    "bf16_64x128_sk2": Bf16WsConfig(block_n=128, block_m=64, splits=2),
+    "bf16_128x64_sk2": Bf16WsConfig(block_n=64, splits=2),
 }
 
 
@@ -128,13 +130,13 @@ def bf16_ws_plan(
         b: bf16 [N, K], K-major, TMA-ready; k-grouped: bf16 [K_sum, N], MN-major.
         d: bf16 or fp32 [M, N], TMA-ready; every element is written. k-grouped: fp32 [G, M, N], contiguous.
         cfg: the design (:data:`VARIANTS` names some); ``None``: :class:`Bf16WsConfig`'s default.
-        num_sms: SMs for the persistent grid; ``None``: the device's count (a split design's grid never exceeds it:
-            its runs wait for each other, so all its CTAs must be resident at once).
+        num_sms: SMs for the persistent grid; ``None``: the device's count.
         ks: k-grouped: the per-group K (multiples of :data:`BLOCK_K`, 0 allowed); a run takes the matching int32
             [G + 1] offsets (``operands.k_offsets``) as ``k_offsets``.
         accumulate: k-grouped: ``d[g] += a_g.T @ b_g`` (``d`` is read) instead of ``=``.
 
-    ``run.tail`` is the plan's :class:`split_tail.TailBuffers` (a split design's workspace and counters).
+    ``run.tails`` is the plan's :class:`split_tail.StreamTails` (a split design's workspace and counters, a set per
+    stream).
     """
     cfg = bf16_ws_config(cfg or Bf16WsConfig(), d.dtype)
     k_grouped = ks is not None
@@ -145,7 +147,7 @@ def bf16_ws_plan(
         raise ValueError("accumulate: the k-grouped form only")
     if k_grouped and (cfg.block_n > 128 or cfg.splits > 1):
         raise ValueError(f"{cfg}: the k-grouped form takes tiles at most 128 wide, unsplit")
-    num_sms = resident_sms(num_sms, cfg.splits, d.device)
+    num_sms = plan_sms(num_sms, d.device)
     if k_grouped:
         groups, m, n = d.shape
         k = a.shape[0]
@@ -158,12 +160,9 @@ def bf16_ws_plan(
     tiles = groups * operands.cdiv(m, cfg.block_m) * operands.cdiv(n, cfg.block_n)
     ctas = split_grid(tiles, num_sms, cfg.splits)
     grid = (ctas, 1, 1)
-    tail = tail_buffers(tiles, ctas, cfg.splits, cfg.block_m, cfg.block_n, d.device)
-    head = (groups, m, n, k)  # num_groups .. K: the parameters between group_ptr and d_ptr
-    after_d = (
-        tail.workspace, tail.counters, flat_d.stride(0), cfg.stages, cfg.group_m, cfg.loader_regs, k_grouped,
-        accumulate, cfg.splits,
-    )  # fmt: skip
+    tails = StreamTails(tiles, ctas, cfg.splits, cfg.block_m, cfg.block_n, d.device)
+    head = (groups, m, n, k)  # num_groups .. K: the parameters between group_ptr and work_ptr
+    after_tail = (cfg.stages, cfg.group_m, cfg.loader_regs, k_grouped, accumulate, cfg.splits)
     names = bf16_gemm_ws_kernel.arg_names
     shapes = [(list(x.shape), tma_strides(x)) for x in (a, b, flat_d)]
     relaunch = None
@@ -173,7 +172,8 @@ def bf16_ws_plan(
         if (k_offsets is not None) != k_grouped:
             raise ValueError("a run takes k_offsets exactly when its plan is k-grouped")
         group_ptr = k_offsets if k_grouped else d  # read by the k-grouped form only
-        rest = (group_ptr, *head, d, *after_d)  # every parameter after the descriptors, in order
+        tail = tails(stream)
+        rest = (group_ptr, *head, tail.workspace, tail.counters, *after_tail)  # the parameters after the descriptors
         if relaunch is not None:
             relaunch((a, b, d), rest, stream)
             return d
@@ -184,5 +184,5 @@ def bf16_ws_plan(
         relaunch = Relaunch(compiled, grid, d.device, shapes)
         return d
 
-    run.tail = tail
+    run.tails = tails
     return run

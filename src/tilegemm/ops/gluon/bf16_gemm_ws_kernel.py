@@ -18,9 +18,9 @@ each walking the output tiles in a grouped order (``GROUP_M`` row tiles per colu
 
 ``SPLITS`` > 1 (a power of two; dense, 128- and 64-wide tiles): the split tail (:mod:`split_tail`). When the last
 round of tiles is short, each of its tiles runs as ``SPLITS`` jobs over a share of the K blocks each, on CTAs that
-round would leave idle; the loader loads a job's K blocks only, and a split run's tile leaves through
-:func:`split_tail.split_store` (partials in a workspace, summed in split order, stored to D by pointer) instead of
-the TMA store. ``SPLITS`` = 1 compiles the kernel without it.
+round would leave idle; the loader loads a job's K blocks only, and a split run's partial goes through
+:func:`split_tail.split_fixup` (partials in a workspace; the tile's last run sums them in split order and stores the
+tile by TMA as any other). ``SPLITS`` = 1 compiles the kernel without it.
 
 Tiles past M or N are handled by TMA (zero-filled loads, clipped stores), K past the last block is zero-filled. The
 host side is :mod:`tilegemm.ops.gluon.bf16_gemm_ws`.
@@ -39,7 +39,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from tilegemm.heuristics.gluon import BF16_BLOCK_K as BLOCK_K
-from tilegemm.ops.gluon.split_tail import num_jobs, split_job, split_store, tail_start
+from tilegemm.ops.gluon.split_tail import job_walk, split_fixup, split_job
 from tilegemm.ops.gluon.tiles import store_tile, tile_coords, tile_range, wgmma_layout
 
 MMA_WARPS = 8
@@ -52,16 +52,6 @@ def _tile_side(shape, k_grouped, lead=0):
     """The tile's rows (columns) of A's (B's) box ``shape[lead:]`` (``lead`` 1: a ring's stage index first):
     [TILE, BLOCK_K] K-major, [BLOCK_K, TILE] k-grouped."""
     return shape[lead + 1] if k_grouped else shape[lead]
-
-
-@gluon.jit
-def _job_count(num_tiles, step, SPLITS: gl.constexpr):
-    """(jobs, the split tail's first tile) of a CTA walk over ``num_tiles`` tiles with ``step`` CTAs: the tiles
-    themselves, or with ``SPLITS`` > 1 the split tail's jobs (:func:`split_tail.num_jobs`)."""
-    if SPLITS > 1:
-        return num_jobs(num_tiles, step, SPLITS), tail_start(num_tiles, step, SPLITS)
-    else:
-        return num_tiles, num_tiles
 
 
 @gluon.jit
@@ -99,7 +89,7 @@ def _loader(a_desc, b_desc, a_ring, b_ring, ready, empty, group_ptr, walks, M, N
     TILE_N: gl.constexpr = _tile_side(b_desc.block_type.shape, K_GROUPED)
     nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
     first, num_tiles, step, num_m, num_n = tile_range(M, N, walks, TILE_M, TILE_N, True)
-    jobs, full = _job_count(num_tiles, step, SPLITS)
+    jobs, full = job_walk(num_tiles, step, SPLITS)
     it = 0
     for job in range(first, jobs, step):
         _, pm, pn, kb0, tile_k, _ = _tile_job(job, full, num_m, num_n, group_ptr, K, GROUP_M, K_GROUPED, SPLITS)
@@ -146,15 +136,15 @@ def _mma_partition(a_ring, b_ring, ready, empty, d_desc, out, d_bar, tail, group
     one's completion, the tile stored through ``out`` by TMA. A 256-wide tile is two 128-wide halves: two
     accumulators, two wgmma a K block on the same A stage, each half stored through a 128-wide ``out``.
     k-grouped: the group's rows of D, D's tile added first when ``ACCUMULATE`` (:func:`_add_d`). ``SPLITS`` > 1:
-    every job, a split run's K blocks only, its tile stored by :func:`split_store` with ``tail`` (``d_ptr,
-    d_stride, work_ptr, counter_ptr``)."""
+    every job, a split run's K blocks only, its partial handed to :func:`split_fixup` with ``tail`` (``work_ptr,
+    counter_ptr``), which stores the tile in its last run."""
     STAGES: gl.constexpr = a_ring.shape[0]
     TILE_M: gl.constexpr = _tile_side(a_ring.shape, K_GROUPED, 1)
     TILE_N: gl.constexpr = _tile_side(b_ring.shape, K_GROUPED, 1)
     SUB_N: gl.constexpr = d_desc.block_type.shape[1]
     acc_l: gl.constexpr = wgmma_layout(TILE_M, SUB_N, gl.num_warps(), 16)
     first, num_tiles, step, num_m, num_n = tile_range(M, N, walks, TILE_M, TILE_N, True)
-    jobs, full = _job_count(num_tiles, step, SPLITS)
+    jobs, full = job_walk(num_tiles, step, SPLITS)
     it = 0
     done = 0
     for job in range(first, jobs, step):
@@ -187,10 +177,10 @@ def _mma_partition(a_ring, b_ring, ready, empty, d_desc, out, d_bar, tail, group
         if ACCUMULATE:
             acc = _add_d(acc, d_desc, out, d_bar, done & 1, row, pn * TILE_N)
         if SPLITS > 1:
-            d_ptr, d_stride, work_ptr, counter_ptr = tail
+            work_ptr, counter_ptr = tail
             if job >= full:  # split run of tail tile (job - full) // SPLITS
                 slot = (job - full) // SPLITS
-                split_store(acc, d_ptr, d_stride, work_ptr, counter_ptr, slot, split, row, pn * TILE_N, M, N, SPLITS)
+                split_fixup(acc, work_ptr, counter_ptr, slot, split, d_desc, out, row, pn * TILE_N, SPLITS)
             else:
                 store_tile(acc, d_desc, out, row, pn * TILE_N)
         else:
@@ -211,10 +201,8 @@ def bf16_gemm_ws_kernel(
     M,
     N,
     K,
-    d_ptr,
     work_ptr,
     counter_ptr,
-    d_stride,
     STAGES: gl.constexpr,
     GROUP_M: gl.constexpr,
     LOADER_REGS: gl.constexpr,
@@ -229,9 +217,8 @@ def bf16_gemm_ws_kernel(
     form only; K is then K_sum and M the rows of one group.
 
     ``SPLITS`` (1, 2, 4, 8 or 16; above 1 dense with 64- and 128-wide tiles): the split tail (:mod:`split_tail`),
-    which stores its tiles through ``d_ptr`` (D, row pitch ``d_stride`` elements) and uses the plan's ``work_ptr``
-    (fp32 workspace) and ``counter_ptr`` (int32 counters, zero between launches); with ``SPLITS`` 1 none of the
-    four is read. The grid: one CTA per job (:func:`split_tail.split_grid`), at most one per SM."""
+    with the plan's ``work_ptr`` (fp32 workspace) and ``counter_ptr`` (int32 counters, zero between launches); with
+    ``SPLITS`` 1 neither is read. The grid: one CTA per job (:func:`split_tail.split_grid`), at most one per SM."""
     TILE_M: gl.constexpr = _tile_side(a_desc.block_type.shape, K_GROUPED)
     TILE_N: gl.constexpr = _tile_side(b_desc.block_type.shape, K_GROUPED)
     gl.static_assert(TILE_M == 64 or TILE_M == 128, "TILE_M 64 or 128")
@@ -256,7 +243,7 @@ def bf16_gemm_ws_kernel(
         mbarrier.init(d_bar, count=1)
     fence_async_shared()
     walks = num_groups if K_GROUPED else 1
-    tail = (d_ptr, d_stride, work_ptr, counter_ptr)  # the split tail's epilogue
+    tail = (work_ptr, counter_ptr)  # the split tail's workspace and counters
     gl.warp_specialize(
         [
             (_mma_partition, (a_ring, b_ring, ready, empty, d_desc, out, d_bar, tail, group_ptr, walks, M, N, K,

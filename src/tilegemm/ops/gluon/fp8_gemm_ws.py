@@ -31,7 +31,7 @@ from tilegemm.ops.gluon.fp8_gemm_ws_kernel import (
     WAVE_M,
     fp8_gemm_ws_kernel,
 )
-from tilegemm.ops.gluon.split_tail import resident_sms, split_grid, tail_buffers
+from tilegemm.ops.gluon.split_tail import StreamTails, plan_sms, split_grid
 from tilegemm.ops.gluon.tma import SCALE_LAYOUT, Relaunch, descriptor, tma_strides
 
 __all__ = ["GATED_ACTIVATIONS", "VARIANTS", "WsConfig", "ws_plan"]
@@ -378,8 +378,7 @@ def ws_plan(
             contiguous, M a multiple of 128.
         cfg: the design (:data:`VARIANTS` names some); ``None``: :class:`WsConfig`'s default. Its ring depth is
             set by :func:`ws_config`.
-        num_sms: SMs for the persistent grid; ``None``: the device's count (a split design's grid never exceeds it:
-            its runs wait for each other, so all its CTAs must be resident at once).
+        num_sms: SMs for the persistent grid; ``None``: the device's count.
         m_index: int32 [M], the m-grouped call's row groups (DeepGEMM's ``m_indices``: every 128-row block one
             group, -1 for padding rows); a run of an m-grouped plan takes its call's ``m_index``.
         k_offsets: int32 [G + 1], the k-grouped call's K ranges (group g: ``[k_offsets[g], k_offsets[g + 1])``,
@@ -392,7 +391,8 @@ def ws_plan(
             (``gated`` 1: SiLU, 2: tanh GELU) is quantized 1x128 into ``d`` float8_e4m3fn [M, N] and ``d_scales``
             (fp32 [N/128, M], contiguous: MN-major); a run of such a plan takes its call's ``d_scales``.
 
-    ``run.tail`` is the plan's :class:`split_tail.TailBuffers` (a split design's workspace and counters).
+    ``run.tails`` is the plan's :class:`split_tail.StreamTails` (a split design's workspace and counters, a set per
+    stream).
     """
     problem, first = ws_problem(a, b, d, m_index, k_offsets, gated)
     grouping = problem.grouping
@@ -402,10 +402,10 @@ def ws_plan(
         raise ValueError(f"row_scale must be fp32 [M] = [{problem.m}], contiguous, with m_index; got "
                          f"{row_scale.dtype} {tuple(row_scale.shape)}")  # fmt: skip
     cfg = ws_config(problem, cfg)
-    num_sms = resident_sms(num_sms, cfg.splits, d.device)
+    num_sms = plan_sms(num_sms, d.device)
     grid = (*ws_grid(cfg, problem, num_sms), 1, 1)
     consts = constants(cfg, grouping, accumulate, row_scale is not None, gated)
-    tail = tail_buffers(ws_tiles(cfg, problem), grid[0], cfg.splits, cfg.block_m, cfg.block_n, d.device)
+    tails = StreamTails(ws_tiles(cfg, problem), grid[0], cfg.splits, cfg.block_m, cfg.block_n, d.device)
     fixed = {
         "sb_stride": first.sb.stride(-2),
         "sb_group_stride": first.sb.stride(0) if grouping == M_GROUPED else 0,
@@ -413,13 +413,14 @@ def ws_plan(
         "M": problem.m,
         "N": problem.n,
         "K": problem.k,
-        "work_ptr": tail.workspace,
-        "counter_ptr": tail.counters,
-        "d_stride": first.d.stride(0),
         **consts,
     }
     names = fp8_gemm_ws_kernel.arg_names
-    after_pointers = tuple(fixed[name] for name in names[names.index("d_scale_ptr") + 1 :])
+    after_names = names[names.index("d_scale_ptr") + 1 :]  # the parameters after the pointers, in order
+    at_tail = after_names.index("work_ptr")  # work_ptr, counter_ptr: the stream's tail buffers, amid fixed ones
+    assert after_names[at_tail + 1] == "counter_ptr"
+    before_tail = tuple(fixed[name] for name in after_names[:at_tail])
+    after_tail = tuple(fixed[name] for name in after_names[at_tail + 2 :])
     tma_shapes = [(list(t.shape), tma_strides(t)) for t in tma_operands(first, grouping)]
     (a_data, sa), (b_data, sb) = a, b
     index = m_index if m_index is not None else k_offsets
@@ -437,6 +438,8 @@ def ws_plan(
         index = m_index if grouping == M_GROUPED else k_offsets
         # row_scale_ptr and d_scale_ptr: read only by a ROW_SCALE and a GATED plan
         epilogue = (d if row_scale is None else row_scale, d if d_scales is None else d_scales)
+        tail = tails(stream)
+        after_pointers = (*before_tail, tail.workspace, tail.counters, *after_tail)
         if relaunch is not None and as_given:
             (a_data, sa), (b_data, sb) = a, b
             sb_tma = sb if grouping == K_GROUPED else sa
@@ -452,10 +455,10 @@ def ws_plan(
             compiled = fp8_gemm_ws_kernel[grid](
                 **ws_descriptors(cfg, ops, grouping),
                 **dict(zip(("sb_ptr", "group_ptr", "c_ptr", "row_scale_ptr", "d_scale_ptr"), pointers)),
-                **fixed, num_warps=MMA_WARPS,
+                **dict(zip(after_names, after_pointers)), num_warps=MMA_WARPS,
             )  # fmt: skip
         relaunch = Relaunch(compiled, grid, d.device, tma_shapes)
         return d
 
-    run.tail = tail
+    run.tails = tails
     return run

@@ -64,9 +64,9 @@ a wave, no spills).
 ``SPLITS`` > 1 (dense, persistent, one wave of a 128- or 64-wide tile): the split tail (:mod:`split_tail`). When the
 last round of tiles is short, each of its tiles runs as ``SPLITS`` jobs over a share of the K blocks each, on CTAs
 that round would leave idle, exactly as a k-grouped tile runs its group's K range (``_tile_job``'s first K block
-and count); a split run's tile leaves through :func:`split_tail.split_store` (partials in a workspace, summed in
-split order, stored by pointer to D, which ``c_ptr`` then is, with row pitch ``d_stride``). ``SPLITS`` = 1
-compiles the kernel without it.
+and count); a split run's partial goes through :func:`split_tail.split_fixup` (partials in a workspace; the tile's
+last run sums them in split order and stores the tile by TMA as any other). ``SPLITS`` = 1 compiles the kernel
+without it.
 
 B's scales are read by the MMA warps with a scalar global load one K block ahead; A's scales come with the stage.
 The output leaves through shared memory by TMA stores (one staging buffer per sub-tile, reused wave by wave).
@@ -91,7 +91,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from tilegemm.ops.gluon.split_tail import num_jobs, split_job, split_store, tail_start
+from tilegemm.ops.gluon.split_tail import job_walk, split_fixup, split_job
 from tilegemm.ops.gluon.tiles import block_scale, store_tile, tile_coords, tile_range, wgmma_layout
 
 WAVE_M = 128  # rows of one wave: 64 per MMA warpgroup
@@ -159,6 +159,21 @@ def _tile_job(
 
 
 @gluon.jit
+def _job(job, full, num_m, num_n, group_ptr, num_groups, K, BLOCK_M: gl.constexpr, GROUP_M: gl.constexpr,
+         GROUPING: gl.constexpr, SPLITS: gl.constexpr):  # fmt: skip
+    """What job ``job`` of a walk whose split tail starts at tile ``full`` (:func:`split_tail.job_walk`) computes:
+    (tile, group, row tile, column tile, first K block, K blocks, split). The tile's :func:`_tile_job`, with
+    ``SPLITS`` > 1 the tile and K share of :func:`split_tail.split_job` (a whole tile before ``full``)."""
+    if SPLITS > 1:
+        tile, split, kb0, tile_k = split_job(job, full, gl.cdiv(K, _BLOCK_K), SPLITS)
+        group, pm, pn, _, _ = _tile_job(tile, num_m, num_n, group_ptr, num_groups, K, BLOCK_M, GROUP_M, GROUPING)
+        return tile, group, pm, pn, kb0, tile_k, split
+    else:
+        group, pm, pn, kb0, tile_k = _tile_job(job, num_m, num_n, group_ptr, num_groups, K, BLOCK_M, GROUP_M, GROUPING)
+        return job, group, pm, pn, kb0, tile_k, 0
+
+
+@gluon.jit
 def _loader(
     a_desc,
     b0_desc,
@@ -193,20 +208,12 @@ def _loader(
     )
     walks = num_groups if GROUPING == _K_GROUPED else 1
     first, num_tiles, step, num_m, num_n = tile_range(M, N, walks, BLOCK_M, BLOCK_N, PERSISTENT)
-    jobs = num_tiles
-    if SPLITS > 1:
-        full = tail_start(num_tiles, step, SPLITS)
-        jobs = num_jobs(num_tiles, step, SPLITS)
+    jobs, full = job_walk(num_tiles, step, SPLITS)
     it = 0
     for job in range(first, jobs, step):
-        tile = job
-        if SPLITS > 1:
-            tile, _, kb0, tile_k = split_job(job, full, gl.cdiv(K, _BLOCK_K), SPLITS)
-            group, pm, pn, _, _ = _tile_job(tile, num_m, num_n, group_ptr, num_groups, K, BLOCK_M, GROUP_M, GROUPING)
-        else:
-            group, pm, pn, kb0, tile_k = _tile_job(
-                tile, num_m, num_n, group_ptr, num_groups, K, BLOCK_M, GROUP_M, GROUPING
-            )
+        _, group, pm, pn, kb0, tile_k, _ = _job(
+            job, full, num_m, num_n, group_ptr, num_groups, K, BLOCK_M, GROUP_M, GROUPING, SPLITS
+        )
         col0, col1 = _b_cols(pn, N, BLOCK_N, GATED)
         b_row = group * N * (2 if GATED else 1) if GROUPING == _M_GROUPED else 0  # m-grouped: the group's rows of B
         for kb in range(kb0, kb0 + tile_k):
@@ -514,7 +521,7 @@ def _mma_partition(
     when ``ROW_SCALE``; ``GATED``: the gated activation of the gate and up tiles, quantized into D and
     ``d_scale_ptr``); k-grouped: into the group's rows of D, added to D's tile when ``ACCUMULATE``. ``SPLITS`` > 1:
     every job, a split run's K blocks only (its B scales from its first K block), its tile stored by
-    :func:`split_store` with ``tail`` (``work_ptr, counter_ptr, d_stride``; D is ``c_ptr``)."""
+    :func:`split_fixup` with ``tail`` (``work_ptr, counter_ptr``), which stores the tile in its last run."""
     a_ring, b0_ring, b1_ring, sa_ring, sb_ring, ready, empty = ring
     d0_desc, d1_desc, out0, out1 = out
     NW: gl.constexpr = gl.num_warps()
@@ -540,21 +547,13 @@ def _mma_partition(
     # cannot sink that promotion below the wgmma. With a constant False it interleaves the two waves' promotions
     # with the MMAs, holding two product tiles beside both accumulators, and spills (see the module docstring).
     chain = K < 0
-    jobs = num_tiles
-    if SPLITS > 1:
-        work_ptr, counter_ptr, d_stride = tail
-        full = tail_start(num_tiles, step, SPLITS)
-        jobs = num_jobs(num_tiles, step, SPLITS)
+    work_ptr, counter_ptr = tail
+    jobs, full = job_walk(num_tiles, step, SPLITS)
     it = 0
     for job in range(first, jobs, step):
-        tile = job
-        if SPLITS > 1:
-            tile, split, kb0, tile_k = split_job(job, full, gl.cdiv(K, _BLOCK_K), SPLITS)
-            group, pm, pn, _, _ = _tile_job(tile, num_m, num_n, group_ptr, num_groups, K, BLOCK_M, GROUP_M, GROUPING)
-        else:
-            group, pm, pn, kb0, tile_k = _tile_job(
-                tile, num_m, num_n, group_ptr, num_groups, K, BLOCK_M, GROUP_M, GROUPING
-            )
+        tile, group, pm, pn, kb0, tile_k, split = _job(
+            job, full, num_m, num_n, group_ptr, num_groups, K, BLOCK_M, GROUP_M, GROUPING, SPLITS
+        )
         col0, col1 = _b_cols(pn, N, BLOCK_N, GATED)
         sb_tile = sb_ptr + group * sb_group_stride if GROUPING == _M_GROUPED else sb_ptr
         if SPLITS > 1:  # block_scale counts K blocks from the job's first
@@ -651,7 +650,7 @@ def _mma_partition(
             store_tile(acc00, d0_desc, out0, row, col0)
         elif SPLITS > 1:
             if tile >= full:
-                split_store(acc00, c_ptr, d_stride, work_ptr, counter_ptr, tile - full, split, row, col0, M, N, SPLITS)
+                split_fixup(acc00, work_ptr, counter_ptr, tile - full, split, d0_desc, out0, row, col0, SPLITS)
             else:
                 store_tile(acc00, d0_desc, out0, row, col0)
         else:
@@ -685,7 +684,6 @@ def fp8_gemm_ws_kernel(
     K,
     work_ptr,
     counter_ptr,
-    d_stride,
     BLOCK_N: gl.constexpr,
     WAVES: gl.constexpr,
     STAGES: gl.constexpr,
@@ -710,9 +708,8 @@ def fp8_gemm_ws_kernel(
     k-grouped). Gated: ``b1_desc`` is B's (the up rows' sub-tile), ``d0_desc`` D's FP8 one.
 
     ``SPLITS`` (1, 2, 4, 8 or 16; above 1 dense, persistent, one wave of a 128- or 64-wide tile): the split tail
-    (:mod:`split_tail`): its tiles are stored through ``c_ptr`` (D itself, row pitch ``d_stride`` elements) with the
-    plan's ``work_ptr`` (fp32 workspace) and ``counter_ptr`` (int32 counters, zero between launches); with ``SPLITS``
-    1 none of the three new parameters is read. The grid: one CTA per job (:func:`split_tail.split_grid`).
+    (:mod:`split_tail`), with the plan's ``work_ptr`` (fp32 workspace) and ``counter_ptr`` (int32 counters, zero
+    between launches); with ``SPLITS`` 1 neither is read. The grid: one CTA per job (:func:`split_tail.split_grid`).
     """
     gl.static_assert(BLOCK_N == 64 or BLOCK_N == 128 or BLOCK_N == 192, "BLOCK_N is 64, 128 or 192")
     gl.static_assert(
@@ -791,7 +788,7 @@ def fp8_gemm_ws_kernel(
                     M,
                     N,
                     K,
-                    (work_ptr, counter_ptr, d_stride),
+                    (work_ptr, counter_ptr),
                     BLOCK_N,
                     WAVES,
                     GROUP_M,

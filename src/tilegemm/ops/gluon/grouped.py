@@ -168,17 +168,29 @@ def k_grouped_fp8(
     reason = k_grouped_unsupported_reason(m, d)
     if reason is not None:
         raise Unsupported(reason)
-    if d.numel() == 0:
+    accumulate, done = _k_grouped_start(d, c, a_data.shape[0])
+    if done:
         return d
-    accumulate = c is not None
-    if accumulate and not (c.data_ptr() == d.data_ptr() and c.stride() == d.stride()):
-        d.copy_(c)  # d[g] = c[g], then accumulated into
-    if a_data.shape[0] == 0:  # every group's product is an empty sum
-        return d if accumulate else d.zero_()
     a_k = (_k_major(a_data), sa.t())  # [M, K_sum], scales [M, K_sum/128] (MN-major storage)
     b_k = (_k_major(b_data), sb.t())
     offsets = operands.k_offsets(ks_cpu, grouped_layout, d.device)
     return k_grouped_plan(a_k, b_k, d, offsets, accumulate)(a_k, b_k, d, stream, k_offsets=offsets)
+
+
+def _k_grouped_start(d: torch.Tensor, c: torch.Tensor | None, k_sum: int) -> tuple[bool, bool]:
+    """The start of a k-grouped call the kernel takes: ``(accumulate, done)``. ``accumulate``: ``c`` is given, and
+    ``d`` holds it first (copied unless ``c`` is ``d``); ``done``: nothing is left to launch (``d`` empty, or no K
+    at all, every group's product an empty sum: ``d`` is ``c``, or zeros)."""
+    accumulate = c is not None
+    if d.numel() == 0:
+        return accumulate, True
+    if accumulate and not (c.data_ptr() == d.data_ptr() and c.stride() == d.stride()):
+        d.copy_(c)  # d[g] = c[g], then accumulated into
+    if k_sum == 0:
+        if not accumulate:
+            d.zero_()
+        return accumulate, True
+    return accumulate, False
 
 
 def _k_major(x: torch.Tensor) -> torch.Tensor:
@@ -236,13 +248,9 @@ def k_grouped_bf16(
     reason = bf16_gemm_ws.k_grouped_unsupported_reason(a, b, d, ks_cpu)
     if reason is not None:
         raise Unsupported(reason)
-    if d.numel() == 0:
+    accumulate, done = _k_grouped_start(d, c, a.shape[0])
+    if done:
         return d
-    accumulate = c is not None
-    if accumulate and not (c.data_ptr() == d.data_ptr() and c.stride() == d.stride()):
-        d.copy_(c)  # d[g] = c[g], then accumulated into
-    if a.shape[0] == 0:  # every group's product is an empty sum
-        return d if accumulate else d.zero_()
     offsets = operands.k_offsets(ks_cpu, grouped_layout, d.device)
     return k_grouped_bf16_plan(a, b, d, ks_cpu, offsets, accumulate)(a, b, d, stream, k_offsets=offsets)
 

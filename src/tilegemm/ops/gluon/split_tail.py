@@ -1,25 +1,25 @@
 """The split tail of a persistent GEMM kernel: the last, short round of output tiles split along K over the CTAs
 that round would leave idle.
 
-A persistent grid of ``ctas`` CTAs (at most one per SM, all resident at once) walks its work as CTA ``i`` takes
-jobs ``i, i + ctas, ...``. With ``tiles = q * ctas + r`` and a small ``r``, the last round keeps ``r`` SMs busy for
-a whole tile's K loop. Instead, the tiles of the whole rounds stay one job each, and each of the ``r`` tail tiles
-becomes ``SPLITS`` jobs (runs), each over its share of the K blocks: split ``s`` of ``nk`` blocks runs blocks
-``[s * nk // SPLITS, (s + 1) * nk // SPLITS)``. The jobs are numbered ``0 .. full - 1`` for the whole tiles
-(``full = q * ctas``), then ``full + t * SPLITS + s`` for split ``s`` of tail tile ``t``.
+A persistent grid of ``ctas`` CTAs (at most one per SM) walks its work as CTA ``i`` takes jobs ``i, i + ctas,
+...``. With ``tiles = q * ctas + r`` and a small ``r``, the last round keeps ``r`` SMs busy for a whole tile's K
+loop. Instead, the tiles of the whole rounds stay one job each, and each of the ``r`` tail tiles becomes ``SPLITS``
+jobs (runs), each over its share of the K blocks: split ``s`` of ``nk`` blocks runs blocks ``[s * nk // SPLITS,
+(s + 1) * nk // SPLITS)``. The jobs are numbered ``0 .. full - 1`` for the whole tiles (``full = q * ctas``), then
+``full + t * SPLITS + s`` for split ``s`` of tail tile ``t``.
 
-The tail is split only when its runs fit in one round (``r * SPLITS <= ctas``): then every run is the LAST job of
-its CTA, so the runs of one tile are all resident together and may wait for each other (:func:`split_store`). Else
-(and when ``r`` is 0) nothing is split and the jobs are the tiles. The host decides whether a split pays (it
-launches a design whose constexpr ``SPLITS`` exceeds 1); the kernel only applies this rule, which the host mirrors
-(:func:`tail_tiles`, :func:`job_count`) to size the grid and the buffers. The device helpers take ``SPLITS`` 2, 4, 8
-or 16 (a kernel of ``SPLITS`` 1 does not call them).
+The tail is split only when its runs fit in one round (``r * SPLITS <= ctas``), so that every run is the last job
+of its CTA and the runs of a tile run side by side. Else (and when ``r`` is 0) nothing is split and the jobs are the
+tiles. The host decides whether a split pays (it launches a design whose constexpr ``SPLITS`` exceeds 1); the
+kernel only applies this rule, which the host mirrors (:func:`tail_tiles`, :func:`job_count`) to size the grid and
+the buffers. The device helpers take ``SPLITS`` 2, 4, 8 or 16 (a kernel of ``SPLITS`` 1 does not call them).
 
-Each run stores its fp32 partial tile to a workspace slot, arrives on the tile's counter, waits for all
-``SPLITS`` runs, then sums its ``1/SPLITS`` share of the tile's rows over the partials in split order (so reruns are
-bitwise identical) and stores them to D. The last run to leave resets the tile's counters for the next launch.
-Buffers (:class:`TailBuffers`): fp32 ``[tail tiles, SPLITS, TILE_M, TILE_N]`` and int32 ``[tail tiles, 2]``
-(arrivals, departures), zeroed once.
+Each run stores its fp32 partial tile to a workspace slot and arrives on the tile's counter; the run that arrives
+last sums the partials in split order (so reruns are bitwise identical) and stores the tile to D as an unsplit
+tile is stored, then resets the counter for the next launch (:func:`split_fixup`). No run waits for another.
+Buffers (:class:`TailBuffers`): fp32 ``[tail tiles, SPLITS, TILE_M, TILE_N]`` and int32 ``[tail tiles]``
+(arrivals), zeroed once. Launches on one stream run one after another, so they share one set; launches on two
+streams may run at once, so a plan keeps a set per stream (:class:`StreamTails`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,12 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-__all__ = ["TailBuffers", "job_count", "resident_sms", "split_grid", "tail_buffers", "tail_splits", "tail_tiles"]
+from tilegemm.ops.gluon.tiles import store_tile
+
+__all__ = [
+    "StreamTails", "TailBuffers", "job_count", "job_walk", "plan_sms", "split_fixup", "split_grid", "tail_buffers",
+    "tail_splits", "tail_tiles",
+]  # fmt: skip
 
 
 @gluon.jit
@@ -52,6 +57,17 @@ def num_jobs(num_tiles, num_ctas, SPLITS: gl.constexpr):
 
 
 @gluon.jit
+def job_walk(num_tiles, num_ctas, SPLITS: gl.constexpr):
+    """(jobs, the split tail's first tile) of a CTA walk over ``num_tiles`` tiles with ``num_ctas`` CTAs: the tiles
+    themselves (the tail starting past the last), or with ``SPLITS`` > 1 the split tail's jobs (:func:`num_jobs`,
+    :func:`tail_start`)."""
+    if SPLITS > 1:
+        return num_jobs(num_tiles, num_ctas, SPLITS), tail_start(num_tiles, num_ctas, SPLITS)
+    else:
+        return num_tiles, num_tiles
+
+
+@gluon.jit
 def split_job(job, full, num_k, SPLITS: gl.constexpr):
     """(tile, split, first K block, K blocks) of ``job``, the tail starting at tile ``full`` (:func:`tail_start`)
     of ``num_k`` K blocks a tile: a job before ``full`` is its whole tile (split 0, every K block); job
@@ -65,56 +81,45 @@ def split_job(job, full, num_k, SPLITS: gl.constexpr):
 
 
 @gluon.constexpr_function
-def _share_layout(width, num_warps):
+def _rows_layout(width, num_warps):
     """A row-major layout of rows ``width`` wide over ``num_warps`` warps, 16 bytes of fp32 a thread."""
     lanes_n = min(32, width // 4)
     return gl.BlockedLayout([1, 4], [32 // lanes_n, lanes_n], [num_warps, 1], [1, 0])
 
 
 @gluon.jit
-def split_store(acc, d_ptr, d_stride, work_ptr, counter_ptr, slot, split, row, col, M, N, SPLITS: gl.constexpr):
-    """The epilogue of split ``split`` of tail tile ``slot`` (its index in the tail), whose fp32 partial is ``acc``
+def split_fixup(acc, work_ptr, counter_ptr, slot, split, d_desc, out, row, col, SPLITS: gl.constexpr):
+    """The end of split ``split`` of tail tile ``slot`` (its index in the tail), whose fp32 partial is ``acc``
     [TILE_M, TILE_N] (any distributed layout) and whose place in D is (``row``, ``col``).
 
-    Stores ``acc`` to the workspace slot ``work_ptr[slot, split]`` (fp32 [tail, SPLITS, TILE_M, TILE_N]), arrives
-    on the tile's counter ``counter_ptr[2 * slot]`` (a CTA barrier, then one release atomic: every thread's stores
-    happen before it), waits until all ``SPLITS`` runs arrived (one acquire atomic, then a CTA barrier), sums rows
-    ``[split, split + 1) * TILE_M / SPLITS`` of the tile over the ``SPLITS`` partials in split order (the loads
-    unrolled, all in flight) and stores them in D's dtype to ``d_ptr`` (row-major, row pitch ``d_stride``,
-    clipped at ``M`` and ``N``). Then it leaves on ``counter_ptr[2 * slot + 1]``; the last run to leave resets
-    both counters to 0 for the next launch (every run has passed its wait by then)."""
+    Every run stores ``acc`` to the workspace slot ``work_ptr[slot, split]`` (fp32 [tail, SPLITS, TILE_M,
+    TILE_N]) and arrives on the tile's counter ``counter_ptr[slot]`` (a CTA barrier, then one acq_rel atomic: every
+    thread's stores happen before it). The run that arrives last reads the partials back (a CTA barrier after the
+    atomic, so all its threads see the others' stores), sums them in split order, so reruns are bitwise identical
+    whichever run is last, stores the tile to D as an unsplit tile is stored (:func:`tiles.store_tile` through
+    ``out``), and resets the counter to 0 for the next launch. No run waits for another: a tile's runs need not be
+    resident at once, and the kernel may share the GPU with any other work."""
     TILE_M: gl.constexpr = acc.shape[0]
     TILE_N: gl.constexpr = acc.shape[1]
-    SHARE: gl.constexpr = TILE_M // SPLITS
     TILE: gl.constexpr = TILE_M * TILE_N
-    gl.static_assert(SHARE >= 1, "SPLITS at most the tile's rows")
     acc_l: gl.constexpr = acc.type.layout
     work = work_ptr + slot.to(gl.int64) * (SPLITS * TILE)
     r = gl.arange(0, TILE_M, layout=gl.SliceLayout(1, acc_l))
     c = gl.arange(0, TILE_N, layout=gl.SliceLayout(0, acc_l))
     gl.store(work + split * TILE + (r[:, None] * TILE_N + c[None, :]), acc)
     gl.thread_barrier()
-    arrival = counter_ptr + 2 * slot
-    gl.atomic_add(arrival, 1, sem="release", scope="gpu")
-    while gl.atomic_add(arrival, 0, sem="acquire", scope="gpu") < SPLITS:
-        pass
-    gl.thread_barrier()
-    share_l: gl.constexpr = _share_layout(TILE_N, gl.num_warps())
-    sr = split * SHARE + gl.arange(0, SHARE, layout=gl.SliceLayout(1, share_l))
-    sc = gl.arange(0, TILE_N, layout=gl.SliceLayout(0, share_l))
-    share = work + (sr[:, None] * TILE_N + sc[None, :])
-    total = gl.load(share)
-    for s in gl.static_range(1, SPLITS):
-        total = total + gl.load(share + s * TILE)
-    rows = row + sr
-    cols = col + sc
-    mask = (rows < M)[:, None] & (cols < N)[None, :]
-    out = d_ptr + (rows.to(gl.int64)[:, None] * d_stride + cols[None, :])
-    gl.store(out, total.to(d_ptr.dtype.element_ty), mask=mask)
-    departure = arrival + 1
-    if gl.atomic_add(departure, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+    arrival = counter_ptr + slot
+    if gl.atomic_add(arrival, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+        gl.thread_barrier()
+        rows_l: gl.constexpr = _rows_layout(TILE_N, gl.num_warps())
+        rr = gl.arange(0, TILE_M, layout=gl.SliceLayout(1, rows_l))
+        rc = gl.arange(0, TILE_N, layout=gl.SliceLayout(0, rows_l))
+        part = work + (rr[:, None] * TILE_N + rc[None, :])
+        total = gl.load(part)
+        for s in gl.static_range(1, SPLITS):
+            total = total + gl.load(part + s * TILE)
+        store_tile(total, d_desc, out, row, col)
         gl.atomic_xchg(arrival, 0, sem="relaxed", scope="gpu")
-        gl.atomic_xchg(departure, 0, sem="relaxed", scope="gpu")
 
 
 def tail_splits(tiles: int, ctas: int, max_splits: int) -> int:
@@ -148,20 +153,16 @@ def split_grid(tiles: int, sms: int, splits: int) -> int:
     return max(1, min(job_count(tiles, max(sms, 1), splits), sms))
 
 
-def resident_sms(num_sms: int | None, splits: int, device: torch.device) -> int:
-    """The SMs a plan's persistent grid may use: ``num_sms`` (``None``: the device's count), for a split design
-    (``splits`` > 1) at most the device's count, since its runs wait for each other and every CTA must be resident
-    (one per SM) at once."""
-    if num_sms is not None and (splits <= 1 or device.type != "cuda"):
+def plan_sms(num_sms: int | None, device: torch.device) -> int:
+    """The SMs a plan's persistent grid spreads over: ``num_sms``, or where ``None`` the device's count."""
+    if num_sms is not None:
         return num_sms
-    count = torch.cuda.get_device_properties(device).multi_processor_count
-    return count if num_sms is None else min(num_sms, count)
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 class TailBuffers(NamedTuple):
     """What the split tail of a plan's launches writes: ``workspace`` fp32 [tail tiles * SPLITS * TILE_M * TILE_N]
-    (the partial tiles) and ``counters`` int32 [2 * tail tiles] (each tile's arrivals and departures, zero between
-    launches)."""
+    (the partial tiles) and ``counters`` int32 [tail tiles] (each tile's arrivals, zero between launches)."""
 
     workspace: torch.Tensor
     counters: torch.Tensor
@@ -177,4 +178,46 @@ def tail_buffers(tiles: int, ctas: int, splits: int, tile_m: int, tile_n: int, d
             torch.empty(1, dtype=torch.float32, device=device), torch.empty(2, dtype=torch.int32, device=device)
         )
     workspace = torch.empty(tail * splits * tile_m * tile_n, dtype=torch.float32, device=device)
-    return TailBuffers(workspace, torch.zeros(2 * tail, dtype=torch.int32, device=device))
+    return TailBuffers(workspace, torch.zeros(tail, dtype=torch.int32, device=device))
+
+
+class StreamTails:
+    """A split plan's :class:`TailBuffers`, one set per stream: ``tails(stream)`` gives the set of a launch on
+    ``stream`` (``None``: the current stream of the plan's device).
+
+    A set's counters must be zero when a launch starts and each launch leaves them so; launches on one stream are
+    ordered, so they share one set, made (zeroed on that stream) at its first launch. Launches on two streams may
+    overlap: each has its own set. A launch captured into a CUDA graph gets a fresh set, allocated in the capture
+    (the graph's pool) and zeroed by a node of the graph before the kernel, so every replay starts clean, replays of
+    two graphs may overlap, and nothing made outside the capture is read by it. An unsplit plan (no tail tiles) has
+    one placeholder set, which the kernel never reads."""
+
+    def __init__(self, tiles: int, ctas: int, splits: int, tile_m: int, tile_n: int, device: torch.device):
+        self.shape = (tiles, ctas, splits, tile_m, tile_n)
+        self.device = device
+        self.split = tail_tiles(tiles, ctas, splits) > 0
+        self.by_stream: dict[int | None, TailBuffers] = {}
+        self.placeholder = None if self.split else tail_buffers(*self.shape, device)
+
+    def __call__(self, stream: torch.cuda.Stream | None = None) -> TailBuffers:
+        if not self.split:
+            return self.placeholder
+        if self.device.type != "cuda":  # plans recorded on a CPU: one set
+            return self._kept(None)
+        if stream is None:
+            return self._on(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            return self._on(stream)
+
+    def _on(self, stream: torch.cuda.Stream) -> TailBuffers:
+        """The set of a launch on ``stream``, the current stream."""
+        if torch.cuda.is_current_stream_capturing():
+            return tail_buffers(*self.shape, self.device)
+        return self._kept(stream.cuda_stream)
+
+    def _kept(self, key: int | None) -> TailBuffers:
+        """The set kept for the stream of handle ``key``, made (on the current stream) at its first launch."""
+        buffers = self.by_stream.get(key)
+        if buffers is None:
+            buffers = self.by_stream[key] = tail_buffers(*self.shape, self.device)
+        return buffers
