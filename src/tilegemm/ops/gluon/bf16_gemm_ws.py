@@ -163,6 +163,8 @@ def bf16_ws_plan(
     tails = StreamTails(tiles, ctas, cfg.splits, cfg.block_m, cfg.block_n, d.device)
     head = (groups, m, n, k)  # num_groups .. K: the parameters between group_ptr and work_ptr
     after_tail = (cfg.stages, cfg.group_m, cfg.loader_regs, k_grouped, accumulate, cfg.splits)
+    # work_ptr, counter_ptr and the rest: an unsplit plan's never change; a split plan's follow the launch's stream
+    unsplit_tail = None if tails.split else (*tails(), *after_tail)
     names = bf16_gemm_ws_kernel.arg_names
     shapes = [(list(x.shape), tma_strides(x)) for x in (a, b, flat_d)]
     relaunch = None
@@ -172,8 +174,10 @@ def bf16_ws_plan(
         if (k_offsets is not None) != k_grouped:
             raise ValueError("a run takes k_offsets exactly when its plan is k-grouped")
         group_ptr = k_offsets if k_grouped else d  # read by the k-grouped form only
-        tail = tails(stream)
-        rest = (group_ptr, *head, tail.workspace, tail.counters, *after_tail)  # the parameters after the descriptors
+        tail = unsplit_tail
+        if tail is None:
+            tail = (*tails(stream), *after_tail)
+        rest = (group_ptr, *head, *tail)  # the parameters after the descriptors
         if relaunch is not None:
             relaunch((a, b, d), rest, stream)
             return d

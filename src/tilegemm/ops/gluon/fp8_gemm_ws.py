@@ -421,6 +421,8 @@ def ws_plan(
     assert after_names[at_tail + 1] == "counter_ptr"
     before_tail = tuple(fixed[name] for name in after_names[:at_tail])
     after_tail = tuple(fixed[name] for name in after_names[at_tail + 2 :])
+    # An unsplit plan's parameters after the pointers never change; a split plan's tail follows the launch's stream.
+    unsplit_after = None if tails.split else (*before_tail, *tails(), *after_tail)
     tma_shapes = [(list(t.shape), tma_strides(t)) for t in tma_operands(first, grouping)]
     (a_data, sa), (b_data, sb) = a, b
     index = m_index if m_index is not None else k_offsets
@@ -438,8 +440,9 @@ def ws_plan(
         index = m_index if grouping == M_GROUPED else k_offsets
         # row_scale_ptr and d_scale_ptr: read only by a ROW_SCALE and a GATED plan
         epilogue = (d if row_scale is None else row_scale, d if d_scales is None else d_scales)
-        tail = tails(stream)
-        after_pointers = (*before_tail, tail.workspace, tail.counters, *after_tail)
+        after_pointers = unsplit_after
+        if after_pointers is None:
+            after_pointers = (*before_tail, *tails(stream), *after_tail)
         if relaunch is not None and as_given:
             (a_data, sa), (b_data, sb) = a, b
             sb_tma = sb if grouping == K_GROUPED else sa
