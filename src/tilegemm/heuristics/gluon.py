@@ -132,11 +132,10 @@ DENSE_BF16_WS_TILES = (
 #: 256x7168x2048 and 512x7168x2048 likewise: benchmarks/results/gluon/bf16_short_k_tiles_h200.json), the half tiles
 #: at 0.6.
 DENSE_BF16_WS_SHORT_K = 2048
-DENSE_BF16_WS_SHORT_K_TILES = (
-    ("bf16_128x128", BLOCK_M, 128, 1.0),
-    ("bf16_64x128", BLOCK_M // 2, 128, 0.6),
-    ("bf16_128x64", BLOCK_M, 64, 0.6),
-    ("bf16_128x256", BLOCK_M, 256, 1.9),
+DENSE_BF16_WS_SHORT_K_HALF_TILE_COST = 0.6
+DENSE_BF16_WS_SHORT_K_TILES = tuple(
+    (design, rows, cols, DENSE_BF16_WS_SHORT_K_HALF_TILE_COST if rows * cols == BLOCK_M * 64 else cost)
+    for design, rows, cols, cost in DENSE_BF16_WS_TILES
 )
 #: The dense BF16 split tail (H200): 2048x2112x7168 115.6 -> 89.9 us (272 128x128 tiles: two rounds and 8); a run's
 #: fixed cost measured 23-25 K blocks of 64; the rule charges 32. 128x256 tiles are not split.
