@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
+from typing import NamedTuple
 
 import cuda.tile as ct
 import torch
@@ -127,10 +129,26 @@ def _rows_fp8_ldg(x, signs, inv_sqrt: float, ROWS: int, COLS: int, SPLITS: int, 
     return fp8_quantize(y, 1)
 
 
-def ops(batch: int) -> dict:
-    """The step's row kernels alone at ``batch`` sequences of one token (64 query rows each): microseconds of
-    ``fp8_quantize_rows`` of the queries, ``fp8_paged_append`` of the keys, ``fp8_indexer_prepare``, and the
-    prepare kernel with plain loads (bitwise the library's?)."""
+class PrepareCase(NamedTuple):
+    """One decode step's operands of ``fp8_indexer_prepare`` at ``batch`` sequences of one token (64 query rows and
+    one key each, a 4k paged cache, the key at position 99), the library's outputs on them, and a launch of an
+    experiment copy of its kernel into ``q8`` / ``w8`` (and the cache) with the library's arguments and grid."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    w: torch.Tensor
+    kv: torch.Tensor
+    table: torch.Tensor
+    end: torch.Tensor
+    want: tuple[torch.Tensor, torch.Tensor]
+    q8: torch.Tensor
+    w8: torch.Tensor
+    launch: Callable[[], None]
+
+
+def prepare_case(batch: int, kernel_fn: Callable) -> PrepareCase:
+    """The :class:`PrepareCase` of ``batch`` sequences, ``kernel_fn`` (a copy of ``mqa_prep._indexer_prepare``'s
+    parameters) compiled by ``ct.kernel``; the library's call runs once first (its outputs: ``want``)."""
     from tilegemm.ops.cutile import launch, mqa_prep
 
     g = torch.Generator(device="cuda").manual_seed(batch)
@@ -141,7 +159,7 @@ def ops(batch: int) -> dict:
     end = torch.tensor(100, device="cuda")
     kv, table = cache.kv_cache, cache.block_table
     want = tg.fp8_indexer_prepare(q, k, w, kv, table, end, hadamard=True, weight_scale=0.1)
-    kernel = ct.kernel(_prepare_ldg)
+    kernel = ct.kernel(kernel_fn)
     q8, w8 = torch.empty_like(want[0]), torch.empty_like(want[1])
     cfg = heur.fp8_rows_config(DIM, torch.bfloat16)
     kv_keys, kv_scales = paged_views(kv, DIM)
@@ -150,18 +168,22 @@ def ops(batch: int) -> dict:
     args += (q8.view(batch, HEADS, DIM), w8.view(batch, HEADS), DIM**-0.5, 0.1)
     args += tuple(mqa_prep.prepare_constants(cfg, cfg, True, False, BLOCK_KV))
     grid = (HEADS // cfg.rows + 1, batch, 1)
+    return PrepareCase(q, k, w, kv, table, end, want, q8, w8, lambda: launch.launch(kernel, grid, args))
 
-    def ldg() -> None:
-        launch.launch(kernel, grid, args)
 
-    ldg()
-    same = torch.equal(q8.view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(w8, want[1])
+def ops(batch: int) -> dict:
+    """The step's row kernels alone at ``batch`` sequences of one token (64 query rows each): microseconds of
+    ``fp8_quantize_rows`` of the queries, ``fp8_paged_append`` of the keys, ``fp8_indexer_prepare``, and the
+    prepare kernel with plain loads (bitwise the library's?)."""
+    c = prepare_case(batch, _prepare_ldg)
+    c.launch()
+    same = torch.equal(c.q8.view(torch.uint8), c.want[0].view(torch.uint8)) and torch.equal(c.w8, c.want[1])
     calls = {
-        "quantize_q": lambda: tg.fp8_quantize_rows(q, hadamard=True),
-        "append_k": lambda: tg.fp8_paged_append(k, kv, table, end, hadamard=True),
-        "prepare": lambda: tg.fp8_indexer_prepare(q, k, w, kv, table, end, hadamard=True, weight_scale=0.1),
-        "prepare_ldg": ldg,
-        "weights_mul": lambda: w * 0.1,
+        "quantize_q": lambda: tg.fp8_quantize_rows(c.q, hadamard=True),
+        "append_k": lambda: tg.fp8_paged_append(c.k, c.kv, c.table, c.end, hadamard=True),
+        "prepare": lambda: tg.fp8_indexer_prepare(c.q, c.k, c.w, c.kv, c.table, c.end, hadamard=True, weight_scale=0.1),
+        "prepare_ldg": c.launch,
+        "weights_mul": lambda: c.w * 0.1,
     }
     row = {"batch": batch, "ldg_bitwise_equal": same}
     for name, fn in calls.items():

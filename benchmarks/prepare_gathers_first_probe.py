@@ -15,17 +15,13 @@ import sys
 
 import cuda.tile as ct
 import torch
-from batched_decode_probe import graph_us  # the sibling probe's graph timer (this script's folder is on sys.path)
+from batched_decode_probe import graph_us  # sibling probes (this script's folder is on sys.path)
+from paged_decode_probe import prepare_case
 
 import tilegemm as tg
-from tilegemm.fp8_key_cache import BLOCK_KV, Fp8KeyCache
-from tilegemm.heuristics import cutile as heur
-from tilegemm.ops.common import hadamard_matrix, paged_views
-from tilegemm.ops.cutile import launch, mqa_prep
 from tilegemm.ops.cutile.mqa_prep import _rows_fp8
 
 _ZERO = ct.PaddingMode.ZERO
-HEADS, DIM = 64, 128
 
 
 def _prepare_early(q, w, x, signs, context_lens, block_table, kv_keys, kv_scales, q8, w8, inv_sqrt: float,
@@ -65,41 +61,21 @@ def _prepare_early(q, w, x, signs, context_lens, block_table, kv_keys, kv_scales
 
 
 def row(batch: int) -> dict:
-    """One batch: the bitwise check and the times."""
-    g = torch.Generator(device="cuda").manual_seed(batch)
-    cache = Fp8KeyCache(batch, 4096, DIM, "cuda")
-    q = torch.randn(batch, 1, HEADS, DIM, device="cuda", generator=g).bfloat16()
-    k = torch.randn(batch, 1, DIM, device="cuda", generator=g).bfloat16()
-    w = torch.randn(batch, 1, HEADS, device="cuda", generator=g)
-    end = torch.tensor(100, device="cuda")
-    kv, table = cache.kv_cache, cache.block_table
-    want = tg.fp8_indexer_prepare(q, k, w, kv, table, end, hadamard=True, weight_scale=0.1)
-    kv_want = kv.clone()
-    kv.zero_()
-    kernel = ct.kernel(_prepare_early)
-    q8, w8 = torch.empty_like(want[0]), torch.empty_like(want[1])
-    cfg = heur.fp8_rows_config(DIM, torch.bfloat16)
-    kv_keys, kv_scales = paged_views(kv, DIM)
-    signs = hadamard_matrix(cfg.cols, q.device, torch.bfloat16, signs=True)
-    args = (q.view(batch, HEADS, DIM), w.view(batch, HEADS), k, signs, end.reshape(-1), table, kv_keys, kv_scales)
-    args += (q8.view(batch, HEADS, DIM), w8.view(batch, HEADS), DIM**-0.5, 0.1)
-    args += tuple(mqa_prep.prepare_constants(cfg, cfg, True, False, BLOCK_KV))
-    grid = (HEADS // cfg.rows + 1, batch, 1)
-
-    def early() -> None:
-        launch.launch(kernel, grid, args)
-
-    early()
+    """One batch: the bitwise check (queries, weights and the whole cache) and the times."""
+    c = prepare_case(batch, _prepare_early)
+    kv_want = c.kv.clone()
+    c.kv.zero_()
+    c.launch()
     torch.cuda.synchronize()
     same = (
-        torch.equal(q8.view(torch.uint8), want[0].view(torch.uint8))
-        and torch.equal(w8, want[1])
-        and torch.equal(kv.view(torch.uint8), kv_want.view(torch.uint8))
+        torch.equal(c.q8.view(torch.uint8), c.want[0].view(torch.uint8))
+        and torch.equal(c.w8, c.want[1])
+        and torch.equal(c.kv.view(torch.uint8), kv_want.view(torch.uint8))
     )
     calls = {
-        "prepare": lambda: tg.fp8_indexer_prepare(q, k, w, kv, table, end, hadamard=True, weight_scale=0.1),
-        "prepare_early": early,
-        "quantize_q": lambda: tg.fp8_quantize_rows(q, hadamard=True),
+        "prepare": lambda: tg.fp8_indexer_prepare(c.q, c.k, c.w, c.kv, c.table, c.end, hadamard=True, weight_scale=0.1),
+        "prepare_early": c.launch,
+        "quantize_q": lambda: tg.fp8_quantize_rows(c.q, hadamard=True),
     }
     result: dict = {"batch": batch, "bitwise_equal": same}
     for _ in range(2):
