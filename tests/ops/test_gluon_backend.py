@@ -79,8 +79,8 @@ def test_forced_gluon_without_fallback_raises(monkeypatch):
 
 # The warp-specialized kernel (DeepGEMM's recipe, no addend, alpha 1): (M, N, K, gluon the automatic choice?) on 132
 # SMs, with what it measured beside cutile (eager / kernel-only, H200, benchmarks/results/dense-fp8-h200/
-# gluon_forced.json for 128x128 tiles; kernel-only, few_tiles_h200.json for 64x128 tiles). "off-set": a shape
-# outside the benchmark set.
+# gluon_forced.json for 128x128 tiles; kernel-only, few_tiles_h200.json for 64x128 tiles; eager / kernel-only,
+# few_tiles_threshold_h200.json for the rows of 72-96 64x128 tiles). "off-set": a shape outside the benchmark set.
 WS_RULE_CASES = [
     (256, 2048, 768, False),  # 32 tiles: 0.89x / 0.74x; 64 64-row tiles, under the bar
     (256, 4096, 7168, True),  # 64 tiles: 0.94x / 0.98x; 128 64-row tiles: 1.19x
@@ -106,6 +106,9 @@ WS_RULE_CASES = [
     (255, 7168, 2048, True),  # off-set: 112 tiles
     (384, 7168, 2048, True),  # off-set: 168 tiles
     (384, 2112, 7168, True),  # off-set: 102 64-row tiles
+    (264, 2112, 7168, True),  # off-set: 85 64-row tiles, 1.19x / 1.20x
+    (230, 2304, 7168, True),  # off-set: 72 64-row tiles, 1.22x / 1.32x
+    (192, 4096, 4096, True),  # off-set: 96 64-row tiles, 1.09x / 1.16x
     (1024, 256, 7168, False),  # off-set: 16 tiles; 64 64x64 tiles, fewer than measured
     (1024, 512, 512, False),  # off-set: 32 tiles x 4 K blocks, under the fewest measured
     (191, 7168, 7168, False),  # off-set: under DENSE_FP8_WS_MIN_M
@@ -358,7 +361,7 @@ ROUND_SPLIT_CASES = [
     (256, 4096, 7168, "bf16_64x128", 128),  # 128 tiles, nearly a whole round: nothing to split
     (256, 1536, 2048, "bf16_64x128", 48),  # 32 K blocks of 64: a run's fixed cost exceeds what the split saves
     (2048, 2112, 7168, "bf16_128x128_sk", 272),  # whole rounds before the tail: the tail split
-    (200, 2112, 7168, "bf16_64x128", 68),  # a partial row tile: not split (25.0 us split against 21.6)
+    (200, 2112, 7168, "bf16_128x64_sk2", 66),  # a partial row tile, moved up to end at M: 17.7 us against 21.1
 ]
 
 

@@ -31,8 +31,10 @@ DENSE_FP8_MIN_M = 256
 DENSE_FP8_WS_MIN_M = 192
 #: The ws kernel from this many output tiles (of the design :func:`dense_fp8_ws_design` picks) per SM: it does not
 #: split K, and below 384 rows cutile's split-K plans win with fewer (64 128x128 tiles on 132 SMs: 0.94x eager;
-#: 68 64x128 tiles: 0.98x kernel-only; 112 128x128 tiles: 1.23x; 128 64x128 tiles: 1.19x).
-DENSE_FP8_WS_MIN_TILES_PER_SM = 0.75
+#: 68 64x128 tiles: 0.98x kernel-only). From 72 64x128 tiles up it won every measured row: ten rows of M 192-320
+#: and 72-96 tiles, 1.09-1.42x eager and 1.16-1.45x kernel-only (benchmarks/results/dense-fp8-h200/
+#: few_tiles_threshold_h200.json); 112 128x128 tiles: 1.23x; 128 64x128 tiles: 1.19x.
+DENSE_FP8_WS_MIN_TILES_PER_SM = 0.54
 #: From 384 rows the ws kernel wins with fewer tiles (every measured row, 48-72 tiles included: 1.34-1.56x), down
 #: to this many per SM (the fewest measured).
 DENSE_FP8_WS_MIN_TILES_PER_SM_FROM_384 = 0.35
@@ -145,8 +147,10 @@ DENSE_BF16_WS_TAIL_SPLIT = TailSplit(
 #: The dense BF16 single-round split (H200, benchmarks/results/gluon/split_tail_short_h200.json): at 256x2112x7168
 #: the 66 128x64 tiles split 2 ways over 132 SMs ran 16.9 us against the 68 unsplit 64x128 tiles' 20.9 us (a run's
 #: fixed cost about 34 K blocks of 64); 64 128x128 tiles split 2 ways at 256x4096x7168 lost 0.83x (46), so only
-#: the half tiles split, and the rule charges 40. Only where M is whole row tiles: at 200x2112x7168 the same split
-#: ran 25.0 us against 21.6 unsplit (benchmarks/results/gluon/split_round_h200.json).
+#: the half tiles split, and the rule charges 40. M need not be whole row tiles since the kernel moves a partial
+#: last row tile up to end at M (``tiles.tile_row``): at 200x2112x7168 the split then ran 17.7 us against 21.1 for
+#: the unsplit 64x128 tiles, where with the tile unmoved it ran 29.1
+#: (benchmarks/results/gluon/bf16_last_row_tile_h200.json).
 DENSE_BF16_WS_ROUND_SPLIT = TailSplit(
     {"bf16_64x128": "bf16_64x128_sk2", "bf16_128x64": "bf16_128x64_sk2"}, 64, 40, splits=2, single_round=True
 )
@@ -249,8 +253,7 @@ def cheapest_tiling(
 
     With ``split`` (one :class:`TailSplit` or several, and ``k``, the problem's K): a tail split refines the chosen
     tiling (its split design where :func:`split_tail_rounds` is below the unsplit rounds; it never changes the
-    tile); then a single-round split of any tiling (``single_round``) whose tiles cover M in whole row tiles is
-    taken where it costs less than that."""
+    tile); then a single-round split of any tiling (``single_round``) is taken where it costs less than that."""
     num_sms = max(num_sms, 1)  # 0 where no GPU is seen (plans recorded on a CPU)
     splits = (split,) if isinstance(split, TailSplit) else split
     best: tuple[float, str, int] | None = None
@@ -267,8 +270,6 @@ def cheapest_tiling(
             time, design = rounds * cost, tail.designs[design]
     for single in (s for s in splits if s.single_round):
         for unsplit, rows, cols, cost in tiles:
-            if m % rows:  # a partial row tile: measured slower split
-                continue
             tiling = cdiv(m, rows) * cdiv(n, cols)
             rounds = split_tail_rounds(tiling, k, num_sms, single) if unsplit in single.designs else None
             if rounds is not None and rounds * cost < time:

@@ -22,7 +22,10 @@ round would leave idle; the loader loads a job's K blocks only, and a split run'
 :func:`split_tail.split_fixup` (partials in a workspace; the tile's last run sums them in split order and stores the
 tile by TMA as any other). ``SPLITS`` = 1 compiles the kernel without it.
 
-Tiles past M or N are handled by TMA (zero-filled loads, clipped stores), K past the last block is zero-filled. The
+A last row tile that would reach past M is moved up to end at M (:func:`tiles.tile_row`: rows past M cost time
+in TMA's zero fill) wherever its tiles run alike (:func:`split_tail.runs_alike`: unsplit, or every one split); tiles
+past N, and past M otherwise, are handled by TMA (zero-filled loads, clipped stores); K past the last block is
+zero-filled. The
 host side is :mod:`tilegemm.ops.gluon.bf16_gemm_ws`.
 """
 
@@ -39,8 +42,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from tilegemm.heuristics.gluon import BF16_BLOCK_K as BLOCK_K
-from tilegemm.ops.gluon.split_tail import job_walk, split_fixup, split_job
-from tilegemm.ops.gluon.tiles import store_tile, tile_coords, tile_range, wgmma_layout
+from tilegemm.ops.gluon.split_tail import job_walk, runs_alike, split_fixup, split_job
+from tilegemm.ops.gluon.tiles import store_tile, tile_coords, tile_range, tile_row, wgmma_layout
 
 MMA_WARPS = 8
 
@@ -90,19 +93,21 @@ def _loader(a_desc, b_desc, a_ring, b_ring, ready, empty, group_ptr, walks, M, N
     nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
     first, num_tiles, step, num_m, num_n = tile_range(M, N, walks, TILE_M, TILE_N, True)
     jobs, full = job_walk(num_tiles, step, SPLITS)
+    shift_last = runs_alike(num_tiles, full)
     it = 0
     for job in range(first, jobs, step):
         _, pm, pn, kb0, tile_k, _ = _tile_job(job, full, num_m, num_n, group_ptr, K, GROUP_M, K_GROUPED, SPLITS)
+        row = tile_row(pm, TILE_M, M, shift_last)
         for kb in range(kb0, kb0 + tile_k):
             s = it % STAGES
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
             bar = ready.index(s)
             mbarrier.expect(bar, nbytes)
             if K_GROUPED:
-                tma.async_copy_global_to_shared(a_desc, [kb * _BLOCK_K, pm * TILE_M], bar, a_ring.index(s))
+                tma.async_copy_global_to_shared(a_desc, [kb * _BLOCK_K, row], bar, a_ring.index(s))
                 tma.async_copy_global_to_shared(b_desc, [kb * _BLOCK_K, pn * TILE_N], bar, b_ring.index(s))
             else:
-                tma.async_copy_global_to_shared(a_desc, [pm * TILE_M, kb * _BLOCK_K], bar, a_ring.index(s))
+                tma.async_copy_global_to_shared(a_desc, [row, kb * _BLOCK_K], bar, a_ring.index(s))
                 tma.async_copy_global_to_shared(b_desc, [pn * TILE_N, kb * _BLOCK_K], bar, b_ring.index(s))
             it += 1
 
@@ -145,6 +150,7 @@ def _mma_partition(a_ring, b_ring, ready, empty, d_desc, out, d_bar, tail, group
     acc_l: gl.constexpr = wgmma_layout(TILE_M, SUB_N, gl.num_warps(), 16)
     first, num_tiles, step, num_m, num_n = tile_range(M, N, walks, TILE_M, TILE_N, True)
     jobs, full = job_walk(num_tiles, step, SPLITS)
+    shift_last = runs_alike(num_tiles, full)
     it = 0
     done = 0
     for job in range(first, jobs, step):
@@ -173,7 +179,7 @@ def _mma_partition(a_ring, b_ring, ready, empty, d_desc, out, d_bar, tail, group
             acc, acc_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_hi))
         if tile_k > 0:
             mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)
-        row = group * M + pm * TILE_M  # k-grouped: D is [G * M, N]
+        row = group * M + tile_row(pm, TILE_M, M, shift_last)  # k-grouped: D is [G * M, N]
         if ACCUMULATE:
             acc = _add_d(acc, d_desc, out, d_bar, done & 1, row, pn * TILE_N)
         if SPLITS > 1:

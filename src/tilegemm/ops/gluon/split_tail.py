@@ -68,6 +68,14 @@ def job_walk(num_tiles, num_ctas, SPLITS: gl.constexpr):
 
 
 @gluon.jit
+def runs_alike(num_tiles, full):
+    """Whether every tile of a walk over ``num_tiles`` tiles whose split tail starts at tile ``full`` runs the same
+    way: none split or every one split, so that two tiles holding the same output rows compute the same bits for
+    them (:func:`tiles.tile_row`)."""
+    return (full == 0) | (full >= num_tiles)
+
+
+@gluon.jit
 def split_job(job, full, num_k, SPLITS: gl.constexpr):
     """(tile, split, first K block, K blocks) of ``job``, the tail starting at tile ``full`` (:func:`tail_start`)
     of ``num_k`` K blocks a tile: a job before ``full`` is its whole tile (split 0, every K block); job

@@ -1,6 +1,6 @@
 """Device helpers the gluon GEMM kernels share: the wgmma accumulator layout of a tile over the MMA warps, the grouped
-order of the output tiles, a CTA's persistent walk over them, the TMA store of a tile through shared memory, and the
-FP8 recipe's B scale of a 128x128 block."""
+order of the output tiles, a CTA's persistent walk over them, a row tile's first row, the TMA store of a tile through
+shared memory, and the FP8 recipe's B scale of a 128x128 block."""
 
 from __future__ import annotations
 
@@ -46,6 +46,18 @@ def tile_range(M, N, walks, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PERSIS
     else:
         step = num_tiles
     return gl.program_id(0), num_tiles, step, num_m, num_n
+
+
+@gluon.jit
+def tile_row(pm, TILE_M: gl.constexpr, M, shift_last):
+    """The first row of row tile ``pm`` over M rows. Where ``shift_last`` (a scalar i1), a last row tile that would
+    reach past M moves up to end at row M: its A boxes then hold no rows past M, which TMA zero-fills at a cost
+    (a 128x64 BF16 tile with 8 of its 128 rows in M ran twice a full one's time:
+    benchmarks/results/gluon/bf16_partial_row_tiles_h200.json), and its first rows, which the
+    tile before it also holds, are computed twice and stored twice. Only where both computations give the same
+    bits: the same K blocks in the same order, so not where one of the two tiles is split and the other not."""
+    last = gl.maximum(M - TILE_M, 0) + M * (1 - shift_last.to(gl.int32))  # past every tile's row when not shifting
+    return gl.minimum(pm * TILE_M, last)
 
 
 @gluon.jit
