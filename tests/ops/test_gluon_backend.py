@@ -330,16 +330,19 @@ SPLIT_TAIL_CASES = [
     ("fp8", 8192, 8192, 8192, "d_128x128_ov8_sk"),  # 4096 tiles: 31 rounds and 4; 1.01-1.04x
     ("bf16", 256, 4096, 7168, "bf16_64x128"),  # 128 tiles: one short round, no whole one before it
     ("bf16", 8192, 8192, 8192, "bf16_128x256"),  # 128x256 tiles are not split
-    ("fp8", 4096, 7168, 7168, "d_128x128_ov8"),  # 1792 tiles: a tail of 76, over 132 // 8
+    ("fp8", 4096, 7168, 7168, "d_128x128_ov8"),  # 1792 tiles: a tail of 76, over 132 // 5
     ("fp8", 2048, 2112, 1024, "d_128x128_ov8"),  # 8 K blocks: a run's fixed cost exceeds what the split saves
     ("bf16", 2048, 2112, 1024, "bf16_128x64"),  # 16 K blocks of 64: four whole rounds of 128x64 tiles at short K
     ("fp8", 4224, 4096, 7168, "d_128x128_ov8"),  # 33 x 32 = 1056 tiles: eight full rounds, no tail
+    ("bf16", 2056, 2112, 7168, "bf16_128x128_sk"),  # 289 tiles: two rounds and 25; 1.08x
+    ("fp8", 2056, 2112, 7168, "d_128x128_ov8_sk"),  # 1.05x
+    ("fp8", 4104, 2112, 7168, "d_128x128_ov8"),  # 561 tiles: four rounds and 33, over 132 // 5; split 0.95x
 ]
 
 
 @pytest.mark.parametrize("kind, m, n, k, design", SPLIT_TAIL_CASES)
 def test_split_tail_refines_the_tiling(kind, m, n, k, design):
-    """The split design where a short last round (at most SMs / 8 tiles, after a whole round) costs more than its
+    """The split design where a short last round (at most SMs / 5 tiles, after a whole round) costs more than its
     split (a run: 1/4 of a tile plus its fixed K blocks); the tile and the tile count are the unsplit tiling's."""
     if kind == "fp8":
         got, count = gluon.dense_fp8_ws_tiling(m, n, k, 132)
@@ -380,8 +383,8 @@ def test_split_tail_rounds():
     split = gluon.DENSE_FP8_WS_TAIL_SPLIT
     assert gluon.split_tail_rounds(272, 7168, 132, split) == pytest.approx(2 + 0.25 + 24 / 56)
     assert gluon.split_tail_rounds(264, 7168, 132, split) is None  # no tail
-    assert gluon.split_tail_rounds(132 + 17, 7168, 132, split) is None  # 17 > 132 // 8
-    assert gluon.split_tail_rounds(132 + 16, 7168, 132, split) is not None
+    assert gluon.split_tail_rounds(132 + 27, 7168, 132, split) is None  # 27 > 132 // 5
+    assert gluon.split_tail_rounds(132 + 26, 7168, 132, split) is not None
     assert gluon.split_tail_rounds(16, 7168, 132, split) is None  # no whole round
     single = gluon.DENSE_BF16_WS_ROUND_SPLIT
     assert gluon.split_tail_rounds(66, 7168, 132, single) == pytest.approx(0.5 + 40 / 112)

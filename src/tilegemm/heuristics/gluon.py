@@ -99,9 +99,12 @@ class TailSplit(NamedTuple):
     single_round: bool = False
 
 
-#: The split tail splits a last round of at most ``sms // SPLIT_TAIL_MAX_TAIL_SHARE`` tiles: a split of the 32 tiles
-#: of 256x4096, 4 ways on an H200, lost (0.94x).
-SPLIT_TAIL_MAX_TAIL_SHARE = 8
+#: The split tail splits a last round of at most ``sms // SPLIT_TAIL_MAX_TAIL_SHARE`` tiles (26 on an H200): after
+#: two whole rounds a tail of 25 128x128 tiles split 4 ways won (2056x2112x7168: BF16 1.08x, FP8 1.05x), after four
+#: one of 33 did not (4104x2112x7168: BF16 1.01x, FP8 0.95x;
+#: benchmarks/results/gluon/split_tail_longer_tails_h200.json), and a split of the 32 tiles of 256x4096, 4 ways with
+#: no whole round before it, lost (0.94x).
+SPLIT_TAIL_MAX_TAIL_SHARE = 5
 #: ...after at least this many whole rounds (every measured row had two or more; one short round alone is what
 #: cutile's split-K plans serve).
 SPLIT_TAIL_MIN_ROUNDS = 1
