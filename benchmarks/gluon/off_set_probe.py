@@ -113,16 +113,17 @@ def main() -> None:
     meta["date"] = time.strftime("%Y-%m-%d %H:%M")
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    print(
-        "\n| M x N x K | ws design | tiles/SM | auto takes ws | gluon / cutile eager | kernel-only | gluon / DeepGEMM |"
-    )
-    print("|---|---|---|---|---|---|---|")
+    peer = "cublas" if args.dtype == "bf16" else "deepgemm"
+    print(f"\n| M x N x K | ws design | tiles/SM | auto takes gluon | gluon / cutile eager | kernel-only | "
+          f"tilegemm / {peer} eager | kernel-only |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         med = {kind: {x: statistics.median(t) for x, t in r[kind].items()} for kind in ("eager_us", "graph_us")}
         e, g = med["eager_us"], med["graph_us"]
-        vs_dg = f"{g['deepgemm'] / g['gluon']:.2f}" if "deepgemm" in g else "-"
+        vs_e = f"{e[peer] / e['tilegemm']:.2f}" if peer in e else "-"
+        vs_g = f"{g[peer] / g['tilegemm']:.2f}" if peer in g else "-"
         print(f"| {r['m']}x{r['n']}x{r['k']} | {r['design']} | {r['tiles_per_sm']} | {r['auto_takes_ws']} | "
-              f"{e['cutile'] / e['gluon']:.2f} | {g['cutile'] / g['gluon']:.2f} | {vs_dg} |")  # fmt: skip
+              f"{e['cutile'] / e['gluon']:.2f} | {g['cutile'] / g['gluon']:.2f} | {vs_e} | {vs_g} |")  # fmt: skip
 
 
 if __name__ == "__main__":
