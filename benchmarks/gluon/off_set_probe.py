@@ -29,6 +29,8 @@ from fp8_ws_sweep import quant, reference
 import tilegemm
 from tilegemm.bench import peers, timing
 from tilegemm.heuristics import gluon as rules
+from tilegemm.ops import operands
+from tilegemm.ops.gluon import bf16_gemm_ws as bw
 from tilegemm.testing import calc_diff
 
 #: FP8: M 192-383 rows whose ws tiling fills 0.5-0.75 of the 132 SMs of an H200 in one round; BF16: rows whose
@@ -74,8 +76,9 @@ def _design(dtype: str, m: int, n: int, k: int, sms: int) -> tuple[str, int, boo
     if dtype == "fp8":
         design, tiles = rules.dense_fp8_ws_tiling(m, n, k, sms)
         return design, tiles, rules.ws_kernel_faster(m, n, k, sms)
-    tilings = rules.dense_bf16_ws_tiles(k)
-    design, tiles = rules.cheapest_tiling(m, n, sms, tilings, k, rules.DENSE_BF16_WS_SPLITS)
+    design = rules.dense_bf16_ws_design(m, n, k, sms)
+    cfg = bw.VARIANTS[design]
+    tiles = operands.cdiv(m, cfg.block_m) * operands.cdiv(n, cfg.block_n)
     return design, tiles, rules.prefers_dense_bf16(m, n, k)
 
 
