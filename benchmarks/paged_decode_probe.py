@@ -49,7 +49,7 @@ def case(batch: int, keys: int, num_sms: int) -> dict:
     lens = torch.full((batch, 1), keys, dtype=torch.int32, device="cuda")
     end = torch.tensor(keys, device="cuda")
     kv, table = cache.kv_cache, cache.block_table
-    q8, w8 = tg.fp8_indexer_prepare(q, k, w, kv, table, end, hadamard=True, weight_scale=0.1)
+    q8, w8, _ = tg.fp8_indexer_prepare(q, k, w, kv, table, end, hadamard=True, weight_scale=0.1)
     w8 = w8.view(batch, HEADS)
 
     def scheduled() -> torch.Tensor:
@@ -67,7 +67,7 @@ def case(batch: int, keys: int, num_sms: int) -> dict:
         return tg.fp8_paged_mqa_logits(q8b, kv, wb, lens, table, meta, keys)
 
     def step_now() -> torch.Tensor:
-        q8n, wn = tg.fp8_indexer_prepare(q, k, w, kv, table, end, hadamard=True, weight_scale=0.1)
+        q8n, wn, _ = tg.fp8_indexer_prepare(q, k, w, kv, table, end, hadamard=True, weight_scale=0.1)
         return tg.fp8_paged_mqa_logits(q8n, kv, wn.view(batch, HEADS), lens, table, None, keys)
 
     row = {"batch": batch, "keys": keys}
@@ -147,9 +147,10 @@ class PrepareCase(NamedTuple):
 
 
 def prepare_case(batch: int, kernel_fn: Callable) -> PrepareCase:
-    """The :class:`PrepareCase` of ``batch`` sequences, ``kernel_fn`` (a copy of ``mqa_prep._indexer_prepare``'s
-    parameters) compiled by ``ct.kernel``; the library's call runs once first (its outputs: ``want``)."""
-    from tilegemm.ops.cutile import launch, mqa_prep
+    """The :class:`PrepareCase` of ``batch`` sequences, ``kernel_fn`` (a copy of ``mqa_prep._indexer_prepare`` from
+    before its mask reduction: the same parameters without the mask's) compiled by ``ct.kernel``; the library's call
+    (no mask) runs once first (its outputs: ``want``)."""
+    from tilegemm.ops.cutile import launch
 
     g = torch.Generator(device="cuda").manual_seed(batch)
     cache = Fp8KeyCache(batch, 4096, DIM, "cuda")
@@ -166,7 +167,8 @@ def prepare_case(batch: int, kernel_fn: Callable) -> PrepareCase:
     signs = hadamard_matrix(cfg.cols, q.device, torch.bfloat16, signs=True)
     args = (q.view(batch, HEADS, DIM), w.view(batch, HEADS), k, signs, end.reshape(-1), table, kv_keys, kv_scales)
     args += (q8.view(batch, HEADS, DIM), w8.view(batch, HEADS), DIM**-0.5, 0.1)
-    args += tuple(mqa_prep.prepare_constants(cfg, cfg, True, False, BLOCK_KV))
+    consts = dict(ROWS=cfg.rows, COLS=cfg.cols, Q_SPLITS=cfg.splits, K_SPLITS=cfg.splits, HADAMARD=True)
+    args += tuple(launch.trailing(kernel_fn, **consts, PER_SEQUENCE=False, BLOCK_KV=BLOCK_KV))  # the copy's constants
     grid = (HEADS // cfg.rows + 1, batch, 1)
     return PrepareCase(q, k, w, kv, table, end, want, q8, w8, lambda: launch.launch(kernel, grid, args))
 

@@ -8,9 +8,10 @@ identity block table), by :func:`tilegemm.fp8_paged_append` (one kernel on the G
 scores queries against it, reading it in place, the queries cast by :func:`tilegemm.fp8_quantize_rows`:
 
 * decode (at most :data:`PAGED_MAX_ROWS` query rows): :func:`tilegemm.fp8_paged_mqa_logits` without a schedule
-  (each sequence's keys split over the SMs), each query row seeing its window's end ``ke`` as its context length;
-  the step's new keys are appended by the kernel that casts its queries (:func:`tilegemm.fp8_indexer_prepare`), so
-  the step is two kernels of its own where BF16 scoring is one (and one multiply of the weights);
+  (each sequence's keys split over the SMs), each query row seeing its window's end ``ke`` (its mask row's last
+  visible key + 1) as its context length; the step's new keys are appended, and the mask's rows reduced to those
+  ends, by the kernel that casts its queries (:func:`tilegemm.fp8_indexer_prepare`), so the step is two kernels of
+  its own where BF16 scoring is one, after its window ends' two (a select and a max) and a multiply of the weights;
 * prefill: :func:`tilegemm.fp8_mqa_logits` per sequence on its keys gathered out of the blocks (a copy of FP8 bytes,
   no quantization).
 
@@ -147,13 +148,13 @@ def score_fp8_key_cache(
             keys = cache.sequence(b, length)
             parts.append(api.fp8_mqa_logits(q8[b], keys, w[b].contiguous(), ks[b], ke[b], clean, backend=backend))
         return apply_mask(torch.stack(parts), attention_mask)
-    ke = key_window_ends(attention_mask, batch, rows, length, q.device)
     if append is None:
         q8, w = _cast_queries(q, weights, softmax_scale, cache.hadamard, backend)
+        ke = None
     else:
         keys, end = append
         cache.check_keys(keys)
-        q8, w = api.fp8_indexer_prepare(
+        q8, w, ke = api.fp8_indexer_prepare(
             q,
             keys,
             weights,
@@ -162,8 +163,11 @@ def score_fp8_key_cache(
             cache.end_tensor(end),
             hadamard=cache.hadamard,
             weight_scale=softmax_scale,
+            attention_mask=attention_mask,
             backend=backend,
         )
+    if ke is None:
+        ke = key_window_ends(attention_mask, batch, rows, length, q.device)
     flat = api.fp8_paged_mqa_logits(
         q8, cache.kv_cache, w.reshape(batch * rows, heads), ke, cache.block_table, None, length, clean, backend=backend
     )

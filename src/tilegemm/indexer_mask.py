@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from tilegemm.ops.common import cached_constant
+from tilegemm.ops.common import key_numbers, last_visible_ends, mask_visible
 
 __all__ = [
     "DECODE_WINDOW_ROWS",
@@ -24,20 +24,6 @@ __all__ = [
     "key_windows",
     "mask_windows",
 ]
-
-
-def _key_numbers(keys: int, device: torch.device) -> torch.Tensor:
-    """int32 ``[1, 2, .., keys]`` (:func:`~tilegemm.ops.common.cached_constant`: read only)."""
-    return cached_constant("key_numbers", keys, device, _count_from_one)
-
-
-def _count_from_one(n: int, device: torch.device) -> torch.Tensor:
-    return torch.arange(1, n + 1, dtype=torch.int32, device=device)
-
-
-def _visible(mask: torch.Tensor) -> torch.Tensor:
-    """Where a boolean or additive mask shows its key (above the float dtype's lowest value)."""
-    return mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min
 
 
 def mask_windows(
@@ -59,15 +45,15 @@ def mask_windows(
         raise ValueError(f"attention_mask: got shape {list(attention_mask.shape)}, expected [B, S, T]")
     batch, rows, keys = attention_mask.shape
     step = rows_per_chunk or _rows_per_pass(attention_mask)
-    cols = _key_numbers(keys, attention_mask.device)
     if from_key_zero and step >= rows:  # one pass, no copies
-        ke = _last_visible(attention_mask, cols)
+        ke = last_visible_ends(attention_mask)
         return torch.zeros_like(ke), ke
+    cols = key_numbers(keys, attention_mask.device)
     ks = torch.zeros(batch, rows, dtype=torch.int32, device=attention_mask.device)
     ke = torch.empty_like(ks)
     for r0 in range(0, rows, step):
-        part = _visible(attention_mask[:, r0 : r0 + step])
-        last = _last_visible(part, cols)
+        part = mask_visible(attention_mask[:, r0 : r0 + step])
+        last = last_visible_ends(part)
         ke[:, r0 : r0 + step] = last
         if not from_key_zero:
             first = torch.where(part, cols, keys + 1).amin(dim=-1) - 1  # first visible, or T
@@ -78,11 +64,6 @@ def mask_windows(
 def _rows_per_pass(attention_mask: torch.Tensor) -> int:
     """Query rows of a ``[B, S, T]`` mask :func:`mask_windows` reads per pass: about 2**24 mask elements."""
     return max(1, (1 << 24) // max(1, attention_mask.shape[0] * attention_mask.shape[-1]))
-
-
-def _last_visible(mask: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """int32 ``[B, S]``: each mask row's last visible key + 1, or 0 (``cols``: :func:`_key_numbers`)."""
-    return torch.where(_visible(mask), cols, 0).amax(dim=-1)
 
 
 #: Up to this many query rows per sequence (decode steps), key windows start at key 0 (one pass over the mask; the
@@ -112,7 +93,7 @@ def key_window_ends(
     if attention_mask is None:
         return torch.full((batch, rows), keys, dtype=torch.int32, device=device)
     if attention_mask.dim() == 3 and _rows_per_pass(attention_mask) >= attention_mask.shape[1]:  # one pass
-        return _last_visible(attention_mask, _key_numbers(attention_mask.shape[2], attention_mask.device))
+        return last_visible_ends(attention_mask)
     return mask_windows(attention_mask, from_key_zero=True)[1]
 
 

@@ -38,16 +38,23 @@ def _append_params(dim: int, dtype: torch.dtype, hadamard: bool, lens: ct.DType,
     return cfg, [*arrays, _F32, *mqa_prep.rows_constants(cfg, hadamard, per_sequence, 64)]
 
 
-def _prepare_params(dim: int, dtype: torch.dtype, hadamard: bool, per_sequence: bool):
+#: The prepare kernel's mask arrays by ``MASK``: none (a placeholder), boolean (read as uint8), additive (bf16).
+_MASK_DTYPES = {mqa_prep.MASK_NONE: ct.uint8, mqa_prep.MASK_BOOL: ct.uint8, mqa_prep.MASK_ADDITIVE: ct.bfloat16}
+
+
+def _prepare_params(dim: int, dtype: torch.dtype, hadamard: bool, per_sequence: bool, mask: int = 0, rows: int = 1):
     """The indexer-prepare kernel's parameters: query rows ``[B, S * H, D]`` and weights, then the append's, then the
-    outputs (queries and weights of one dtype, int32 lengths)."""
+    outputs (queries and weights of one dtype, int32 lengths), the mask and its ends (a decode step's mask of
+    4097 keys: rows not 16-byte aligned)."""
     cfg = heuristics.fp8_rows_config(dim, dtype)
     elem = _CT_DTYPES[dtype]
     arrays = [aot.array(elem, 3), aot.array(ct.float32, 2, align_bytes=4), aot.array(elem, 3)]
     arrays += [aot.array(ct.bfloat16, 2), aot.array(ct.int32, 1), aot.array(ct.int32, 2)]
     arrays += [aot.array(ct.float8_e4m3fn, 3), aot.array(ct.float32, 2)]
     arrays += [aot.array(ct.float8_e4m3fn, 3), aot.array(ct.float32, 2, align_bytes=4)]
-    return cfg, [*arrays, _F32, _F32, *mqa_prep.prepare_constants(cfg, cfg, hadamard, per_sequence, 64)]
+    arrays += [aot.array(_MASK_DTYPES[mask], 3, align_bytes=1), aot.array(ct.int32, 2, align_bytes=4)]
+    consts = mqa_prep.prepare_constants(cfg, cfg, hadamard, per_sequence, 64, mask, rows)
+    return cfg, [*arrays, _F32, _F32, _F32, *consts]
 
 
 def _schedule_params(next_n: int, num_sms: int) -> list:
@@ -79,6 +86,10 @@ def _variants():
         cfg, params = _prepare_params(128, torch.bfloat16, hadamard, per_sequence)
         vid = f"prepare-bf16-d128-{'h' if hadamard else 'plain'}-{'per-seq' if per_sequence else 'one-length'}"
         out.append((vid, "indexer_prepare", cfg, hadamard, params))
+    for mask, rows in [(mqa_prep.MASK_BOOL, 1), (mqa_prep.MASK_ADDITIVE, 1), (mqa_prep.MASK_BOOL, 3)]:
+        cfg, params = _prepare_params(128, torch.bfloat16, True, True, mask, rows)
+        kind = "bool" if mask == mqa_prep.MASK_BOOL else "additive"
+        out.append((f"prepare-bf16-d128-h-mask-{kind}-s{rows}", "indexer_prepare", cfg, True, params))
     for next_n, sms in [(1, 132), (2, 78)]:
         out.append((f"schedule-n{next_n}-sms{sms}", "paged_schedule", None, False, _schedule_params(next_n, sms)))
     return out

@@ -656,16 +656,31 @@ def indexer_prepare(draw) -> Case:
     )
     kw.update(weight_scale=draw(st.sampled_from([1.0, 0.125, 3])))
     dims.update(q="BSHD", weights="BSH")
+    if draw(st.booleans()):  # the step's mask: boolean or additive, any number of keys
+        keys, shown = draw(st.integers(0, 70)), draw(st.sampled_from([0.0, 0.5, 1.0]))
+        seen = torch.rand(batch, count, keys) < shown
+        dtype = draw(st.sampled_from([torch.bool, torch.bfloat16, torch.float32]))
+        lowest = 0.0 if dtype == torch.bool else torch.finfo(dtype).min
+        kw["attention_mask"] = seen if dtype == torch.bool else torch.where(seen, 0.0, lowest).to(dtype)
+        dims["attention_mask"] = "BST"
 
     def reference(call: dict[str, Any], result: Any) -> None:
         _assert_appended(call["kv_cache"], call["k"], call["block_table"], call["context_lens"], call["hadamard"])
-        q8, w = result
+        q8, w, ends = result
         _, s = tg.fp8_quantize_rows(call["q"], hadamard=call["hadamard"], backend="pytorch")
         assert_fp8_rows(q8, s, call["q"], call["hadamard"])
         assert torch.equal(w, call["weights"].float() * float(call["weight_scale"]) * s)
+        mask = call.get("attention_mask")
+        if mask is None:
+            assert ends is None
+        else:  # each row's last visible key + 1, 0 where none
+            seen = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min
+            numbers = torch.arange(1, mask.shape[-1] + 1)
+            want = (seen * numbers).amax(-1) if mask.shape[-1] else torch.zeros(mask.shape[:-1], dtype=torch.int64)
+            assert ends.dtype == torch.int32 and torch.equal(ends.long(), want)
 
     return Case(
-        tg.fp8_indexer_prepare, kw, dims, reference, out=None, compare="asserts", free="SNM", related={"D": "E"},
+        tg.fp8_indexer_prepare, kw, dims, reference, out=None, compare="asserts", free="SNMT", related={"D": "E"},
         contiguous=("kv_cache",), values=bad, bad_dtype=torch.int16, meta_ok=False, scalars=("weight_scale",),
     )  # fmt: skip
 

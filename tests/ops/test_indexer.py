@@ -183,17 +183,16 @@ def test_read_paged_kv_cache_block_ids_on_the_gpu(lens_on_gpu, monkeypatch):
 def test_cached_constants_are_views_of_one_buffer_per_device(monkeypatch):
     """``cached_constant``: the first ``n`` elements of one buffer per name and device (at least 4096, grown by at
     least doubling, the old buffer kept), equal to a fresh ``make(n)``; the key windows' numbers come from it."""
-    from tilegemm.indexer_mask import _key_numbers
     from tilegemm.ops import common
 
     monkeypatch.setattr(common, "_CONSTANTS", {})
     monkeypatch.setattr(common, "_RETIRED_CONSTANTS", [])
     dev = torch.device("cpu")
-    first = _key_numbers(10, dev)
+    first = common.key_numbers(10, dev)
     assert torch.equal(first, torch.arange(1, 11, dtype=torch.int32))
-    again = _key_numbers(4000, dev)
+    again = common.key_numbers(4000, dev)
     assert again.data_ptr() == first.data_ptr() and torch.equal(again, torch.arange(1, 4001, dtype=torch.int32))
-    grown = _key_numbers(5000, dev)
+    grown = common.key_numbers(5000, dev)
     assert torch.equal(grown, torch.arange(1, 5001, dtype=torch.int32))
     assert common._CONSTANTS[("key_numbers", dev)].numel() == 8192
     assert [t.data_ptr() for t in common._RETIRED_CONSTANTS] == [first.data_ptr()]

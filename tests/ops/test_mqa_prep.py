@@ -156,21 +156,58 @@ def test_paged_append_reads_back_with_the_indexer_helpers():
         assert torch.equal(data.view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(scale, want[1])
 
 
-PREPARE_CASES = [  # (batch, rows, heads, dim, ends, hadamard)
-    (2, 1, 64, 128, [5, 200], True),
-    (3, 2, 16, 128, [2, 64, 70], True),
-    (1, 4, 8, 64, [9], False),
-    (2, 1, 5, 32, [33], True),  # 5 heads: query row blocks ragged; one length for both
+PREPARE_CASES = [  # (batch, rows, heads, dim, ends, hadamard, mask: None or (dtype, keys))
+    (2, 1, 64, 128, [5, 200], True, None),
+    (3, 2, 16, 128, [2, 64, 70], True, None),
+    (1, 4, 8, 64, [9], False, None),
+    (2, 1, 5, 32, [33], True, None),  # 5 heads: query row blocks ragged; one length for both
+    (2, 1, 64, 128, [5, 200], True, (torch.bool, 4097)),  # a decode step's mask: rows of 4097 bytes
+    (1, 1, 64, 128, [200], True, (torch.bfloat16, 9000)),  # an additive one over two key tiles
+    (3, 3, 16, 128, [3, 64, 70], True, (torch.float32, 2500)),  # 3 rows: a tile of 4 rows, two key tiles
+    (2, 2, 8, 128, [5, 9], True, (torch.bool, 0)),  # no keys: every end 0
+    (2, 1, 0, 128, [5, 9], True, (torch.float16, 33)),  # no heads: no query rows to launch for
 ]
 
 
-@pytest.mark.parametrize("case", PREPARE_CASES, ids=lambda c: f"b{c[0]}s{c[1]}h{c[2]}d{c[3]}{'h' if c[5] else ''}")
+def _mask(batch: int, rows: int, keys: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """A ``[B, S, T]`` mask: random visible keys, then row patterns: the first row sees a prefix (causal), the last
+    sees nothing, one row only the last key; additive masks hide with ``finfo.min`` or ``-inf`` and show 0 or any
+    value above ``min``."""
+    g = torch.Generator().manual_seed(batch * 1000 + rows * 10 + keys)
+    seen = torch.rand(batch, rows, keys, generator=g) < 0.3
+    if keys:
+        seen[0, 0] = torch.arange(keys) < keys // 2 + 1
+        seen[-1, -1] = False
+        if batch * rows > 2:
+            seen[1, 0] = torch.arange(keys) == keys - 1
+    if dtype == torch.bool:
+        return seen.to(device)
+    lowest = torch.finfo(dtype).min
+    hidden = torch.where(torch.rand(batch, rows, keys, generator=g) < 0.5, lowest, float("-inf"))
+    shown = torch.where(torch.rand(batch, rows, keys, generator=g) < 0.5, 0.0, torch.randn(batch, rows, keys))
+    return torch.where(seen, shown, hidden).to(dtype).to(device)
+
+
+def _ends_float64(mask: torch.Tensor) -> torch.Tensor:
+    """Each mask row's last visible key + 1 (0: none), by a product with the key numbers (another formula than the
+    reference's select)."""
+    seen = mask.cpu() if mask.dtype == torch.bool else mask.cpu().double() > torch.finfo(mask.dtype).min
+    numbers = torch.arange(1, mask.shape[-1] + 1, dtype=torch.float64)
+    ends = (seen.double() * numbers).amax(dim=-1) if mask.shape[-1] else torch.zeros(mask.shape[:-1])
+    return ends.to(torch.int32)
+
+
+@pytest.mark.parametrize(
+    "case", PREPARE_CASES, ids=lambda c: f"b{c[0]}s{c[1]}h{c[2]}d{c[3]}{'h' if c[5] else ''}-{c[6] and c[6][1]}"
+)
 @pytest.mark.parametrize("backend,device", backend_device_params())
 def test_indexer_prepare_is_the_append_the_cast_and_the_weights(backend, device, case):
     """``fp8_indexer_prepare`` = ``fp8_paged_append`` of the keys + ``fp8_quantize_rows`` of the queries + the
     weights times ``weight_scale`` times the query scales, on the same backend bit for bit (the kernel runs the ops'
-    tile code on the same tiles); the cast within the float64 formula's FP8 rounding; a rerun the same bits."""
-    batch, rows, heads, dim, ends, hadamard = case
+    tile code on the same tiles); the cast within the float64 formula's FP8 rounding; with a mask, its rows' last
+    visible key + 1 (no mask: ``None``); a rerun the same bits."""
+    batch, rows, heads, dim, ends, hadamard, masked = case
+    mask = None if masked is None else _mask(batch, rows, masked[1], masked[0], device)
     cache, table = _paged(batch, 4, 64, dim, device=device)
     q = _rows((batch, rows, heads, dim), torch.bfloat16, seed=3, device=device)
     k = _rows((batch, rows, dim), torch.bfloat16, seed=4, device=device)
@@ -181,16 +218,22 @@ def test_indexer_prepare_is_the_append_the_cast_and_the_weights(backend, device,
     want_cache = cache.clone()
     tg.fp8_paged_append(k, want_cache, table, lens, hadamard=hadamard, backend=backend)
     want_q, want_s = tg.fp8_quantize_rows(q, hadamard=hadamard, backend=backend)
-    q8, w8 = tg.fp8_indexer_prepare(q, k, w, cache, table, lens, hadamard=hadamard, weight_scale=0.3, backend=backend)
+    kw = dict(hadamard=hadamard, weight_scale=0.3, attention_mask=mask, backend=backend)
+    q8, w8, window_ends = tg.fp8_indexer_prepare(q, k, w, cache, table, lens, **kw)
     assert q8.shape == q.shape and q8.dtype == FP8 and w8.shape == w.shape and w8.dtype == torch.float32
     assert torch.equal(cache, want_cache)
     assert torch.equal(q8.view(torch.uint8), want_q.view(torch.uint8))
     assert torch.equal(w8, w * 0.3 * want_s)
-    _assert_fp8_rows(q8.cpu(), (w8 / (w * 0.3)).cpu(), q.cpu(), hadamard)
-    again = tg.fp8_indexer_prepare(
-        q, k, w, cache.clone(), table, lens, hadamard=hadamard, weight_scale=0.3, backend=backend
-    )
+    if heads:
+        _assert_fp8_rows(q8.cpu(), (w8 / (w * 0.3)).cpu(), q.cpu(), hadamard)
+    if mask is None:
+        assert window_ends is None
+    else:
+        assert window_ends.dtype == torch.int32 and window_ends.device == q.device
+        assert torch.equal(window_ends.cpu(), _ends_float64(mask))
+    again = tg.fp8_indexer_prepare(q, k, w, cache.clone(), table, lens, **kw)
     assert torch.equal(again[0].view(torch.uint8), q8.view(torch.uint8)) and torch.equal(again[1], w8)
+    assert (again[2] is None) if mask is None else torch.equal(again[2], window_ends)
 
 
 @pytest.mark.parametrize("backend,device", backend_device_params())
@@ -203,7 +246,7 @@ def test_indexer_prepare_without_keys(backend, device):
     w = torch.randn(2, 1, 64, generator=torch.Generator().manual_seed(7)).to(device)
     lens = torch.tensor([5, 70], dtype=torch.int32, device=device)
     before = cache.clone()
-    q8, w8 = tg.fp8_indexer_prepare(q, k, w, cache, table, lens, hadamard=True, weight_scale=2.0, backend=backend)
+    q8, w8, _ = tg.fp8_indexer_prepare(q, k, w, cache, table, lens, hadamard=True, weight_scale=2.0, backend=backend)
     want_q, want_s = tg.fp8_quantize_rows(q, hadamard=True, backend=backend)
     assert torch.equal(cache, before) and torch.equal(q8.view(torch.uint8), want_q.view(torch.uint8))
     assert torch.equal(w8, w * 2.0 * want_s)
@@ -268,6 +311,10 @@ def test_bad_input(call, error, message):
         (dict(weight_scale="2"), TypeError, "weight_scale"),
         (dict(context_lens=torch.tensor([0, 9])), ValueError, "ends at 0"),
         (dict(kv_cache=torch.zeros(5, 64, 1, 68, dtype=torch.uint8)), ValueError, "kv_cache"),
+        (dict(attention_mask=torch.ones(2, 1, 9, dtype=torch.int32)), TypeError, "attention_mask"),
+        (dict(attention_mask=torch.ones(2, 9, dtype=torch.bool)), ValueError, "attention_mask"),
+        (dict(attention_mask=torch.ones(2, 2, 9, dtype=torch.bool)), ValueError, "expected \\[B=2, S=1, T\\]"),
+        (dict(attention_mask=[[True]]), TypeError, "attention_mask"),
     ],
     ids=lambda v: ",".join(v) if isinstance(v, dict) else None,
 )
@@ -301,7 +348,21 @@ def test_each_call_is_one_launch(launches):
     tg.fp8_indexer_prepare(q, x[:, :1], torch.ones(3, 1, 40), cache, table, torch.tensor(66), backend="cutile")
     grid, kernel, args = launches[-1]
     assert grid == (4, 3, 1) and kernel is mqa_prep.get_kernel("indexer_prepare") and args[0].shape == (3, 40, 128)
-    assert tuple(args[-2:]) == (False, 64) and len(launches) == 4
+    assert tuple(args[-5:]) == (False, 64, mqa_prep.MASK_NONE, 1, 8192) and len(launches) == 4
+    mask = torch.rand(3, 1, 4097) < 0.5  # one tile of 8192 keys a sequence first: grid 1 + 3 + 1
+    _, _, ends = tg.fp8_indexer_prepare(q, x[:, :1], torch.ones(3, 1, 40), cache, table, torch.tensor(66),
+                                        attention_mask=mask, backend="cutile")  # fmt: skip
+    grid, kernel, args = launches[-1]
+    assert grid == (5, 3, 1) and args[10].dtype == torch.uint8 and args[10].shape == mask.shape and args[11] is ends
+    assert ends.dtype == torch.int32 and ends.shape == (3, 1) and not ends.any()  # zeroed (the launch is recorded)
+    assert tuple(args[-3:]) == (mqa_prep.MASK_BOOL, 1, 8192) and args[-11] == 0.0  # bool: no mask_min read
+    q3 = torch.randn(3, 3, 8, 128).bfloat16()  # 3 rows: tiles of 4 x 2048, 5 over 9000 keys; 24 query rows: 2 blocks
+    mask = torch.zeros(3, 3, 9000, dtype=torch.bfloat16)
+    tg.fp8_indexer_prepare(q3, x[:, :3], torch.ones(3, 3, 8), cache, table, torch.tensor(66),
+                           attention_mask=mask, backend="cutile")  # fmt: skip
+    grid, kernel, args = launches[-1]
+    assert grid == (5 + 2 + 1, 3, 1) and tuple(args[-3:]) == (mqa_prep.MASK_ADDITIVE, 4, 2048)
+    assert args[-11] == torch.finfo(torch.bfloat16).min and args[10] is mask and len(launches) == 6
     with pytest.raises(RuntimeError, match="rotated rows of a power of two up to 128"):  # fallback disabled
         tg.fp8_quantize_rows(torch.randn(2, 256), hadamard=True, backend="cutile")
 

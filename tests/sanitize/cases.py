@@ -740,7 +740,8 @@ def _mqa_batched() -> str:
 
 
 # The FP8 row cast (awkward row counts, fp32/fp16 rows, padded and unaligned columns), the paged append with
-# positions before and past the table and blocks outside the cache (nothing written there), the schedule kernel.
+# positions before and past the table and blocks outside the cache (nothing written there), the indexer prepare with
+# those and with boolean / additive masks of unaligned rows over one and several key tiles, the schedule kernel.
 @case("mqa prep kernels: FP8 rows, paged append and indexer prepare with garbage positions and blocks, schedule")
 def _mqa_prep() -> str:
     g = torch.Generator().manual_seed(7)
@@ -763,10 +764,15 @@ def _mqa_prep() -> str:
             q = torch.randn(batch, count, heads, 128, generator=g).bfloat16().to(DEV)
             w = torch.randn(batch, count, heads, generator=g).to(DEV)
             lens_arg = ctx if len(lens) > 1 else ctx.reshape(())
-            for keys in (x, x[:, :0], x):  # the full path, no keys, then the hot lane's replay
-                tg.fp8_indexer_prepare(
-                    q, keys, w, cache, table, lens_arg, hadamard=True, weight_scale=0.1, backend="cutile"
-                )
+            seen = torch.rand(batch, count, 4097, generator=g) < 0.5  # rows of 4097 bytes: no aligned row
+            additive = torch.where(torch.rand(batch, count, 9001, generator=g) < 0.5, 0.0, float("-inf"))
+            masks = (None, None, seen.to(DEV), additive.bfloat16().to(DEV), additive.to(DEV)[:, :, 1:])
+            for keys, mask in zip((x, x[:, :0], x, x, x), masks):  # full path, no keys, masks (the last strided)
+                for _ in range(2):  # the second call: the hot lane's replay
+                    tg.fp8_indexer_prepare(
+                        q, keys, w, cache, table, lens_arg, hadamard=True, weight_scale=0.1, attention_mask=mask,
+                        backend="cutile",
+                    )  # fmt: skip
     for shape in ((1,), (17,), (300, 2), (40, 3)):
         lens = torch.randint(0, 70000, shape, generator=g, dtype=torch.int32).to(DEV)
         for sms in (1, 132, 255):

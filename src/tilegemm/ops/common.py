@@ -12,6 +12,8 @@
 * DeepSeek's FP8 recipe of the indexer's rows: :func:`hadamard_matrix`, :func:`hadamard_rotate`,
   :func:`fp8_cast_rows` (the ``fp8_quantize_rows`` reference), :func:`paged_views` (the paged cache's keys and scales),
   :func:`append_positions` (the keys an append writes).
+* An attention mask's keys: :func:`mask_visible` (where it shows a key), :func:`last_visible_ends` (each row's last
+  visible key + 1: the key window ends of ``fp8_indexer_prepare`` and of the indexer's decode rows).
 """
 
 from __future__ import annotations
@@ -238,6 +240,29 @@ def append_positions(context_lens: torch.Tensor, batch: int, count: int) -> torc
     ``[]``, the lengths after the append)."""
     ends = context_lens.reshape(-1).long().expand(batch)
     return ends[:, None] - count + torch.arange(count, device=context_lens.device)
+
+
+def mask_visible(mask: torch.Tensor) -> torch.Tensor:
+    """Where a boolean or additive attention mask shows its key: the mask itself, or where an additive one is above
+    its float dtype's lowest value (transformers marks hidden keys with ``finfo.min`` or ``-inf``)."""
+    return mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min
+
+
+def _count_from_one(n: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(1, n + 1, dtype=torch.int32, device=device)
+
+
+def key_numbers(keys: int, device: torch.device) -> torch.Tensor:
+    """int32 ``[1, 2, .., keys]`` (:func:`cached_constant`: read only)."""
+    return cached_constant("key_numbers", keys, device, _count_from_one)
+
+
+def last_visible_ends(mask: torch.Tensor) -> torch.Tensor:
+    """int32 ``mask.shape[:-1]``: each mask row's last visible key + 1 (:func:`mask_visible`), 0 for a row that shows
+    none. Two kernels on a GPU (a select and a max)."""
+    if mask.shape[-1] == 0:
+        return torch.zeros(mask.shape[:-1], dtype=torch.int32, device=mask.device)
+    return torch.where(mask_visible(mask), key_numbers(mask.shape[-1], mask.device), 0).amax(dim=-1)
 
 
 def paged_views(kv_cache: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -96,6 +96,8 @@ from tilegemm.heuristics.cutile.mqa import (
     MQA_DECODE_MIN_N,
     MQA_VARIANT_ENV,
     MQA_VARIANTS,
+    PREPARE_MASK_MAX_ROWS,
+    PREPARE_MASK_TILE_ELEMS,
     SCHEDULE_CHUNK,
     Fp8RowsConfig,
     MqaConfig,
@@ -108,6 +110,7 @@ from tilegemm.heuristics.cutile.mqa import (
     paged_decode_config,
     paged_mqa_config,
     plain_mqa_config,
+    prepare_mask_tile,
     takes_mqa_decode,
 )
 from tilegemm.heuristics.cutile.narrow import (
@@ -177,6 +180,7 @@ __all__ = [
     "DECODE_MAX_M", "DECODE_MIN_BM", "DECODE_NARROW_BM", "DECODE_SPLIT_MIN_TILE_BYTES", "DECODE_VARIANT_ENV",
     "DECODE_W64_K128", "DECODE_W64_K256", "FP8_CONFIGS", "FP8_LARGE_K", "FP8_ROWS", "FP8_ROWS_MAX_COLS",
     "FP8_ROWS_MAX_HADAMARD", "FP8_ROWS_TILE_ELEMS", "Fp8RowsConfig", "fp8_rows_config", "SCHEDULE_CHUNK",
+    "PREPARE_MASK_MAX_ROWS", "PREPARE_MASK_TILE_ELEMS", "prepare_mask_tile",
     "FP8_SMALL_K", "FP8_SMALL_M", "GROUPED_BF16",
     "GROUPED_BF16_BIG", "GROUPED_BF16_K_WITH_C", "GROUPED_BF16_SMALL_M", "GROUPED_FP8", "GROUPED_FP8_K",
     "GROUPED_FP8_SMALL_M", "MOE_BLOCKS_MAX_BT", "MOE_BLOCKS_MIN_BT", "MOE_COMBINE_BT", "MOE_COMBINE_MAX_BN",

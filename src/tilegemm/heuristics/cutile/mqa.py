@@ -294,7 +294,21 @@ FP8_ROWS = 16
 #: the sm_90 kernel spills 9 words; the compile gate ``test_compile_mqa_prep.py`` holds it).
 SCHEDULE_CHUNK = 16
 
+#: Mask elements a CTA of the prepare kernel's mask reduction reads (one load; 64 a thread of its four warps).
+PREPARE_MASK_TILE_ELEMS = 8192
+#: Query rows of a sequence such a CTA reads at most (a decode step's rows: ``indexer_mask.DECODE_WINDOW_ROWS``).
+PREPARE_MASK_MAX_ROWS = 4
+
 _BF16_PARTS = {"torch.bfloat16": 1, "torch.float16": 2, "torch.float32": 3}
+
+
+def prepare_mask_tile(rows: int) -> tuple[int, int]:
+    """The ``[rows, keys]`` mask tile of one CTA of ``fp8_indexer_prepare``'s mask reduction, for calls of ``rows``
+    query rows a sequence: the rows as a power of two up to :data:`PREPARE_MASK_MAX_ROWS`, and the keys that fill
+    :data:`PREPARE_MASK_TILE_ELEMS`. A sequence's mask is spread over its tiles' CTAs (one load each, their row
+    maxima combined by atomics), so a mask of 64k keys takes no longer to reduce than a 4k one."""
+    tile_rows = min(PREPARE_MASK_MAX_ROWS, 1 << max(0, rows - 1).bit_length())
+    return tile_rows, PREPARE_MASK_TILE_ELEMS // tile_rows
 
 
 @dataclass(frozen=True)

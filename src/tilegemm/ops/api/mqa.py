@@ -275,11 +275,13 @@ def fp8_indexer_prepare(
     *,
     hadamard: bool = False,
     weight_scale: float = 1.0,
+    attention_mask: Tensor | None = None,
     stream=None,
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor | None]:
     """The operands of a decode step of DeepSeek's indexer over a paged FP8 key cache, in one kernel (tilegemm's
     extension): :func:`fp8_paged_append` of the step's keys ``k``, :func:`fp8_quantize_rows` of its queries ``q``,
-    and the query scales folded into the head weights; then :func:`fp8_paged_mqa_logits` scores the step.
+    the query scales folded into the head weights, and the query rows' key window ends under an attention mask;
+    then :func:`fp8_paged_mqa_logits` scores the step (the window ends as its ``context_lens``).
 
     Args:
         q: [B, S, H, D] bf16, fp16 or fp32 queries (D a power of two with ``hadamard``).
@@ -289,10 +291,13 @@ def fp8_indexer_prepare(
             after the append).
         hadamard: (keyword) rotate queries and keys first, as :func:`fp8_quantize_rows` does.
         weight_scale: (keyword) a factor of every weight (the softmax scale and ``H**-0.5``, say).
+        attention_mask: (keyword) ``None``, or the step's mask ``[B, S, T]``: boolean (True: visible) or additive
+            float (visible where above its dtype's lowest value, as transformers marks hidden keys).
         stream: CUDA stream (``None``: current).
 
     Returns:
-        ``(q_fp8, w)``: float8_e4m3fn ``[B, S, H, D]`` and fp32 ``[B, S, H]``, where ``(q_fp8, s) =
-        fp8_quantize_rows(q, hadamard=hadamard)`` and ``w = weights * weight_scale * s`` (fp32, in that order); the
-        keys written into ``kv_cache`` as :func:`fp8_paged_append` writes them, under its conditions.
+        ``(q_fp8, w, ends)``: float8_e4m3fn ``[B, S, H, D]`` and fp32 ``[B, S, H]``, where ``(q_fp8, s) =
+        fp8_quantize_rows(q, hadamard=hadamard)`` and ``w = weights * weight_scale * s`` (fp32, in that order); with
+        a mask, ``ends`` int32 ``[B, S]``: each mask row's last visible key + 1 (0 where it shows none), else
+        ``None``. The keys written into ``kv_cache`` as :func:`fp8_paged_append` writes them, under its conditions.
     """

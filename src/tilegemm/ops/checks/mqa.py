@@ -505,12 +505,27 @@ def fp8_paged_append_check(x, kv_cache, block_table, context_lens, *, hadamard=F
     return dict(tensors, hadamard=hadamard, stream=stream)
 
 
+#: The dtypes of an attention mask: boolean (True: visible) or additive float.
+MASK_DTYPES = (torch.bool, *FLOATS)
+
+
 def fp8_indexer_prepare_check(
-    q, k, weights, kv_cache, block_table, context_lens, *, hadamard=False, weight_scale=1.0, stream=None
+    q,
+    k,
+    weights,
+    kv_cache,
+    block_table,
+    context_lens,
+    *,
+    hadamard=False,
+    weight_scale=1.0,
+    attention_mask=None,
+    stream=None,
 ) -> dict[str, Any]:
     """The check of ``fp8_indexer_prepare``: float ``q [B, S, H, D]`` and ``weights [B, S, H]``; the keys ``k`` and
     the cache as :func:`fp8_paged_append_check` has them (``k [B, S', D]``, D the queries'); a finite
-    ``weight_scale``. Derived: every argument by name (``weight_scale`` a float)."""
+    ``weight_scale``; ``attention_mask`` ``None`` or ``[B, S, T]`` of :data:`MASK_DTYPES`. Derived: every argument
+    by name (``weight_scale`` a float)."""
     dim = _fp8_rows("q", q, 4, "[B, S, H, D]", hadamard)
     batch, count, heads = q.shape[:3]
     _tensor("weights", weights, FLOATS, 3)
@@ -520,20 +535,28 @@ def fp8_indexer_prepare_check(
     scale = _scalar("weight_scale", weight_scale)
     if not math.isfinite(scale):
         raise ValueError(f"weight_scale: got {weight_scale}, expected a finite number")
+    if attention_mask is not None:
+        _tensor("attention_mask", attention_mask, MASK_DTYPES, 3)
+        if list(attention_mask.shape[:2]) != [batch, count]:
+            raise ValueError(
+                f"attention_mask: got shape {list(attention_mask.shape)}, expected [B={batch}, S={count}, T]"
+            )
     derived = fp8_paged_append_check(k, kv_cache, block_table, context_lens, hadamard=hadamard, stream=stream)
-    _same_device(dict(q=q, weights=weights, k=k))
+    _same_device(dict(q=q, weights=weights, k=k, attention_mask=attention_mask))
     derived.pop("x")
-    return dict(derived, q=q, k=k, weights=weights, weight_scale=scale)
+    return dict(derived, q=q, k=k, weights=weights, weight_scale=scale, attention_mask=attention_mask)
 
 
 def fp8_indexer_prepare_signature() -> hot.HotLane:
     """The hot-lane key of ``fp8_indexer_prepare``: the replay takes ``(q, k, weights, kv_cache, block_table,
-    context_lens)``; the key holds their shapes, dtypes and devices, ``hadamard`` and ``weight_scale``. Calls with a
-    ``stream``, a non-contiguous tensor or with value checks on (``TILEGEMM_CHECK_VALUES=1``) take the full path."""
-    names = ("q", "k", "weights", "kv_cache", "block_table", "context_lens")
+    context_lens, attention_mask)``; the key holds their shapes, dtypes and devices (the mask's, or ``None``),
+    ``hadamard`` and ``weight_scale``. Calls with a ``stream``, a non-contiguous tensor or with value checks on
+    (``TILEGEMM_CHECK_VALUES=1``) take the full path."""
+    names = ("q", "k", "weights", "kv_cache", "block_table", "context_lens", "attention_mask")
     kinds = dict(q=hot.packed(*FLOATS), k=hot.packed(*FLOATS), weights=hot.packed(*FLOATS))
     kinds.update(kv_cache=hot.packed(torch.uint8), block_table=hot.packed(torch.int32))
     kinds.update(context_lens=hot.packed(torch.int32, torch.int64), hadamard=hot.exact(bool))
+    kinds.update(attention_mask=hot.optional(hot.packed(*MASK_DTYPES)))
     kinds.update(weight_scale=hot.exact(float, int), stream=hot.none)
     return hot.HotLane(kinds, dict.fromkeys(names), value_checks=True)
 

@@ -10,11 +10,14 @@
   ``block_table[b, p // block_kv]``, slot ``p % block_kv``; a position outside the table or a block outside the
   cache is not written (every index checked before the scatters; ``block_kv`` a compile-time constant, so the
   block and slot are shifts).
-* ``fp8_indexer_prepare``: a decode step's operands of the paged op in one launch, grid (query row blocks + key row
-  blocks, B): the first CTAs of each sequence cast its query rows ``[S * H, D]`` as ``fp8_quantize_rows`` does and
-  write their weights times ``weight_scale`` times their scales; the last append its keys as ``fp8_paged_append``
-  does. The same tile code on the same tiles as those two ops, so the same bits. A repeated call replays its plan
-  (the registry's hot lane: ``checks.fp8_indexer_prepare_signature``, :func:`prepare_plan`).
+* ``fp8_indexer_prepare``: a decode step's operands of the paged op in one launch, grid (mask tiles + query row
+  blocks + key row blocks, B): with an attention mask, the first CTAs of each sequence reduce one ``[rows, keys]``
+  tile of its mask each (``heuristics.prepare_mask_tile``) to its rows' last visible key + 1, combined by
+  ``atomic_max`` into the zeroed window ends (the paged op's context lengths); the next cast its query rows
+  ``[S * H, D]`` as ``fp8_quantize_rows`` does and write their weights times ``weight_scale`` times their scales;
+  the last append its keys as ``fp8_paged_append`` does. The same tile code on the same tiles as those two ops, so
+  the same bits. A repeated call replays its plan (the registry's hot lane: ``checks.fp8_indexer_prepare_signature``,
+  :func:`prepare_plan`).
 * ``get_paged_mqa_logits_metadata``: the schedule of ``ops.common.paged_mqa_schedule`` in one CTA: split counts,
   their total, and for every SM its first split as (batch, split within the batch), the batches walked in chunks
   of ``CHUNK``. The torch formula (``cumsum``, ``searchsorted``, ...) is about 15 kernels.
@@ -34,12 +37,15 @@ import torch
 from tilegemm.backend.hot_lane import register_replay
 from tilegemm.backend.registry import Unsupported, register_impl
 from tilegemm.heuristics import cutile as heuristics
-from tilegemm.ops.common import hadamard_matrix, paged_mqa_split_kv, paged_views
+from tilegemm.ops.common import hadamard_matrix, last_visible_ends, paged_mqa_split_kv, paged_views
 from tilegemm.ops.cutile import launch, tile_lib
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 _ZERO = ct.PaddingMode.ZERO
+
+#: The prepare kernel's ``MASK``: no mask, a boolean one (read as uint8), an additive float one.
+MASK_NONE, MASK_BOOL, MASK_ADDITIVE = 0, 1, 2
 
 
 def _rows_fp8(x, signs, inv_sqrt: float, ROWS: int, COLS: int, SPLITS: int, HADAMARD: bool):
@@ -82,14 +88,55 @@ def _paged_append(
 
 
 def _indexer_prepare(
-    q, w, x, signs, context_lens, block_table, kv_keys, kv_scales, q8, w8, inv_sqrt: float, weight_scale: float,
+    q, w, x, signs, context_lens, block_table, kv_keys, kv_scales, q8, w8, mask, ends,
+    inv_sqrt: float, weight_scale: float, mask_min: float,
     ROWS: ConstInt, COLS: ConstInt, Q_SPLITS: ConstInt, K_SPLITS: ConstInt, HADAMARD: ConstBool,
-    PER_SEQUENCE: ConstBool, BLOCK_KV: ConstInt,
+    PER_SEQUENCE: ConstBool, BLOCK_KV: ConstInt, MASK: ConstInt, MASK_ROWS: ConstInt, MASK_COLS: ConstInt,
 ):  # fmt: skip
     """``q [B, S * H, D]``, ``w [B, S * H]``, ``x [B, S, D]``: CTA ``(r, b)`` casts query rows ``[r * ROWS, +ROWS)``
     of sequence ``b`` into ``q8`` fp8 ``[B, S * H, D]`` and their weights times ``weight_scale`` times their scales
-    into ``w8`` fp32 ``[B, S * H]``; past the query row blocks, it appends key rows as :func:`_paged_append`."""
+    into ``w8`` fp32 ``[B, S * H]``; past the query row blocks, it appends key rows as :func:`_paged_append`. With a
+    ``MASK`` (``MASK_BOOL``: ``mask`` uint8 ``[B, S, T]``, nonzero where visible; ``MASK_ADDITIVE``: float, visible
+    above ``mask_min``), the first CTAs of each sequence reduce its mask instead (:func:`_window_ends`) into
+    ``ends`` int32 ``[B, S]``, zeroed before the launch."""
     r, b = ct.bid(0), ct.bid(1)
+    if MASK != MASK_NONE:
+        chunks = ct.cdiv(mask.shape[2], MASK_COLS)
+        mask_blocks = ct.cdiv(mask.shape[1], MASK_ROWS) * chunks
+        if r < mask_blocks:
+            _window_ends(mask, ends, mask_min, b, r // chunks, r % chunks, MASK_ROWS, MASK_COLS, MASK == MASK_ADDITIVE)
+        else:
+            _prepare_rows(
+                q, w, x, signs, context_lens, block_table, kv_keys, kv_scales, q8, w8, inv_sqrt, weight_scale,
+                r - mask_blocks, b, ROWS, COLS, Q_SPLITS, K_SPLITS, HADAMARD, PER_SEQUENCE, BLOCK_KV,
+            )  # fmt: skip
+    else:
+        _prepare_rows(
+            q, w, x, signs, context_lens, block_table, kv_keys, kv_scales, q8, w8, inv_sqrt, weight_scale,
+            r, b, ROWS, COLS, Q_SPLITS, K_SPLITS, HADAMARD, PER_SEQUENCE, BLOCK_KV,
+        )  # fmt: skip
+
+
+def _window_ends(mask, ends, mask_min: float, b, rb, c, ROWS: int, COLS: int, ADDITIVE: bool):
+    """Tile code: mask rows ``[rb * ROWS, +ROWS)`` of sequence ``b``, keys ``[c * COLS, +COLS)``: each row's last
+    visible key + 1 in that chunk, max-combined into ``ends[b, row]`` (rows past the mask's: no update)."""
+    keys = mask.shape[2]
+    seen = ct.load(mask, (b, rb, c), (1, ROWS, COLS), padding_mode=_ZERO)
+    if ADDITIVE:
+        visible = ct.astype(seen, ct.float32) > mask_min
+    else:
+        visible = seen != 0
+    cols = ct.reshape(c * COLS + ct.arange(COLS, dtype=ct.int32) + 1, (1, 1, COLS))
+    last = ct.max(ct.where(visible & (cols <= keys), cols, 0), axis=2)  # [1, ROWS]
+    rows = ct.reshape(rb * ROWS + ct.arange(ROWS, dtype=ct.int32), (1, ROWS))
+    ct.atomic_max(ends, (b, rows), last, memory_order=ct.MemoryOrder.RELAXED)
+
+
+def _prepare_rows(
+    q, w, x, signs, context_lens, block_table, kv_keys, kv_scales, q8, w8, inv_sqrt: float, weight_scale: float,
+    r, b, ROWS: int, COLS: int, Q_SPLITS: int, K_SPLITS: int, HADAMARD: bool, PER_SEQUENCE: bool, BLOCK_KV: int,
+):  # fmt: skip
+    """Tile code of :func:`_indexer_prepare`'s query and key CTAs: row block ``r`` of sequence ``b``."""
     q_blocks = ct.cdiv(q.shape[1], ROWS)
     if r < q_blocks:
         rows = ct.reshape(ct.load(q, (b, r, 0), (1, ROWS, COLS), padding_mode=_ZERO), (ROWS, COLS))
@@ -189,10 +236,18 @@ def rows_constants(
 
 
 def prepare_constants(
-    q_cfg: heuristics.Fp8RowsConfig, k_cfg: heuristics.Fp8RowsConfig, hadamard: bool, per_sequence: bool, block_kv: int
+    q_cfg: heuristics.Fp8RowsConfig,
+    k_cfg: heuristics.Fp8RowsConfig,
+    hadamard: bool,
+    per_sequence: bool,
+    block_kv: int,
+    mask: int = MASK_NONE,
+    mask_rows: int = 1,
 ) -> list[Any]:
     """The ``ct.Constant`` arguments of the indexer-prepare kernel (the query rows' and the keys' tiles differ only
-    in their bf16 parts)."""
+    in their bf16 parts; ``mask``: ``MASK_NONE``, ``MASK_BOOL`` or ``MASK_ADDITIVE``, over ``mask_rows`` query rows
+    a sequence)."""
+    tile_rows, tile_cols = heuristics.prepare_mask_tile(mask_rows)
     return launch.trailing(
         _indexer_prepare,
         ROWS=q_cfg.rows,
@@ -202,7 +257,17 @@ def prepare_constants(
         HADAMARD=hadamard,
         PER_SEQUENCE=per_sequence,
         BLOCK_KV=block_kv,
+        MASK=mask,
+        MASK_ROWS=tile_rows,
+        MASK_COLS=tile_cols,
     )
+
+
+def mask_kind(attention_mask: torch.Tensor | None) -> int:
+    """The prepare kernel's ``MASK`` for an attention mask (``None``, boolean, additive float)."""
+    if attention_mask is None:
+        return MASK_NONE
+    return MASK_BOOL if attention_mask.dtype == torch.bool else MASK_ADDITIVE
 
 
 def schedule_constants(block_kv: int, next_n: int, num_sms: int) -> list[Any]:
@@ -286,12 +351,13 @@ def fp8_indexer_prepare(
     context_lens: torch.Tensor,
     hadamard: bool,
     weight_scale: float,
+    attention_mask: torch.Tensor | None,
     stream,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cast the queries, scale the weights and append the keys in one launch (see the module docstring):
-    :func:`prepare_plan`, run."""
-    run = prepare_plan(q, k, kv_cache, context_lens, hadamard, weight_scale)
-    return run(q, k, weights, kv_cache, block_table, context_lens, stream)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Cast the queries, scale the weights, append the keys and reduce the mask in one launch (see the module
+    docstring): :func:`prepare_plan`, run."""
+    run = prepare_plan(q, k, kv_cache, context_lens, hadamard, weight_scale, attention_mask)
+    return run(q, k, weights, kv_cache, block_table, context_lens, attention_mask, stream)
 
 
 def prepare_plan(
@@ -301,44 +367,71 @@ def prepare_plan(
     context_lens: torch.Tensor,
     hadamard: bool,
     weight_scale: float,
-) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    attention_mask: torch.Tensor | None = None,
+) -> Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
     """The launch plan of an indexer-prepare call shaped as this one, ``run(q, k, weights, kv_cache, block_table,
-    context_lens, stream=None) -> (q_fp8, w)``: problem -> config -> constants and grid (query row blocks + key row
-    blocks, B) fixed; a run makes its outputs, views its operands and launches once."""
+    context_lens, attention_mask, stream=None) -> (q_fp8, w, ends)``: problem -> config -> constants and grid (mask
+    chunks + query row blocks + key row blocks, B) fixed; a run makes its outputs (``ends`` zeroed), views its
+    operands and launches once."""
     batch, count, heads, dim = q.shape
     q_cfg, k_cfg = _rows_config(q, hadamard), _rows_config(k, hadamard)
-    q_blocks = launch.cdiv(count * heads, q_cfg.rows)
-    grid = (q_blocks + launch.cdiv(k.shape[1], q_cfg.rows), batch, 1)
-    per_sequence = context_lens.numel() > 1 or batch == 1
-    consts = prepare_constants(q_cfg, k_cfg, hadamard, per_sequence, kv_cache.shape[1])
-    signs = _signs(q_cfg, hadamard, q.device)
     kernel, runs = get_kernel("indexer_prepare"), batch * count * heads > 0
-    scalars = (dim**-0.5, float(weight_scale))
+    kind = mask_kind(attention_mask)
+    if not runs or (kind != MASK_NONE and attention_mask.shape[2] == 0):  # no keys: every end 0, nothing to reduce
+        kind = MASK_NONE
+    tile_rows, tile_cols = heuristics.prepare_mask_tile(count)
+    mask_blocks = 0
+    if kind != MASK_NONE:
+        mask_blocks = launch.cdiv(count, tile_rows) * launch.cdiv(attention_mask.shape[2], tile_cols)
+    q_blocks = launch.cdiv(count * heads, q_cfg.rows)
+    grid = (mask_blocks + q_blocks + launch.cdiv(k.shape[1], q_cfg.rows), batch, 1)
+    per_sequence = context_lens.numel() > 1 or batch == 1
+    consts = prepare_constants(q_cfg, k_cfg, hadamard, per_sequence, kv_cache.shape[1], kind, count)
+    signs = _signs(q_cfg, hadamard, q.device)
+    mask_min = float(torch.finfo(attention_mask.dtype).min) if kind == MASK_ADDITIVE else 0.0
+    ends_given = attention_mask is not None
+    scalars = (dim**-0.5, float(weight_scale), mask_min)
+    no_mask = torch.empty(1, 1, 1, dtype=torch.uint8, device=q.device)  # what MASK_NONE passes (never read)
+    no_ends = torch.empty(1, 1, dtype=torch.int32, device=q.device)
 
-    def run(q, k, weights, kv_cache, block_table, context_lens, stream=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(
+        q, k, weights, kv_cache, block_table, context_lens, attention_mask, stream=None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         q8 = torch.empty(q.shape, dtype=torch.float8_e4m3fn, device=q.device)
         w8 = torch.empty(batch, count, heads, dtype=torch.float32, device=q.device)
-        if runs:
+        ends = torch.zeros(batch, count, dtype=torch.int32, device=q.device) if ends_given else None
+        if not runs:  # no query rows (no heads or no tokens): the keys by the append kernel, the ends by torch
+            fp8_paged_append(k, kv_cache, block_table, context_lens, hadamard, stream)
+            if ends_given:
+                ends = last_visible_ends(attention_mask)
+        else:
             rows = q.reshape(batch, count * heads, dim)
             rows = rows if rows.stride(-1) == 1 else rows.contiguous()
             keys = k if k.stride(-1) == 1 else k.contiguous()
             keys = keys if keys.numel() else rows  # no keys: no key row block reads the array; no empty array passed
             kv_keys, kv_scales = paged_views(kv_cache, dim)
+            if kind == MASK_NONE:
+                mask, mask_ends = no_mask, no_ends
+            else:
+                mask = attention_mask if attention_mask.is_contiguous() else attention_mask.contiguous()
+                mask, mask_ends = (mask.view(torch.uint8) if kind == MASK_BOOL else mask), ends
             args = (rows, weights.reshape(batch, count * heads), keys, signs, context_lens.reshape(-1), block_table)
-            args += (kv_keys, kv_scales, q8.view(batch, count * heads, dim), w8.view(batch, count * heads), *scalars)
-            launch.launch(kernel, grid, (*args, *consts), stream)
-        return q8, w8
+            args += (kv_keys, kv_scales, q8.view(batch, count * heads, dim), w8.view(batch, count * heads))
+            launch.launch(kernel, grid, (*args, mask, mask_ends, *scalars, *consts), stream)
+        return q8, w8, ends
 
     return run
 
 
 @register_replay("fp8_indexer_prepare", "cutile")
-def _prepare_replay(derived: dict[str, Any]) -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
+def _prepare_replay(
+    derived: dict[str, Any],
+) -> Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] | None:
     """The hot-lane replay of a prepare call (``checks.fp8_indexer_prepare_signature``): its plan."""
     try:
         run = prepare_plan(
             derived["q"], derived["k"], derived["kv_cache"], derived["context_lens"], derived["hadamard"],
-            derived["weight_scale"],
+            derived["weight_scale"], derived["attention_mask"],
         )  # fmt: skip
     except Unsupported:
         return None

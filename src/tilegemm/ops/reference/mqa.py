@@ -11,7 +11,7 @@
   chunked over key columns.
 * ``fp8_quantize_rows``: ``ops.common.fp8_cast_rows``; ``fp8_paged_append``: that cast written into the cache's
   blocks by ``index_put`` at the positions the lengths give; ``fp8_indexer_prepare``: both, the query scales
-  multiplied into the weights.
+  multiplied into the weights, and the mask rows' key window ends (``ops.common.last_visible_ends``).
 
 Nothing here synchronises the host, so the ops can be captured in CUDA graphs.
 """
@@ -21,7 +21,14 @@ from __future__ import annotations
 import torch
 
 from tilegemm.backend.registry import register_impl
-from tilegemm.ops.common import append_positions, fp8_cast_rows, logits_result, paged_mqa_schedule, paged_views
+from tilegemm.ops.common import (
+    append_positions,
+    fp8_cast_rows,
+    last_visible_ends,
+    logits_result,
+    paged_mqa_schedule,
+    paged_views,
+)
 from tilegemm.ops.reference._common import chunk_count, exact_matmul
 
 
@@ -181,9 +188,12 @@ def fp8_paged_append(x, kv_cache, block_table, context_lens, hadamard, stream):
 
 
 @register_impl("fp8_indexer_prepare", "pytorch")
-def fp8_indexer_prepare(q, k, weights, kv_cache, block_table, context_lens, hadamard, weight_scale, stream):
-    """Reference prepare: :func:`fp8_paged_append` of ``k``, :func:`fp8_quantize_rows` of ``q``, and
-    ``weights * weight_scale * q_scale`` in fp32 (that order)."""
+def fp8_indexer_prepare(
+    q, k, weights, kv_cache, block_table, context_lens, hadamard, weight_scale, attention_mask, stream
+):
+    """Reference prepare: :func:`fp8_paged_append` of ``k``, :func:`fp8_quantize_rows` of ``q``,
+    ``weights * weight_scale * q_scale`` in fp32 (that order), and the mask rows' ``last_visible_ends``."""
     fp8_paged_append(k, kv_cache, block_table, context_lens, hadamard, stream)
     q8, q_scale = fp8_cast_rows(q, hadamard)
-    return q8, weights.float() * weight_scale * q_scale
+    ends = None if attention_mask is None else last_visible_ends(attention_mask)
+    return q8, weights.float() * weight_scale * q_scale, ends
