@@ -48,7 +48,13 @@ import torch
 
 from tilegemm.env import MQA_VARIANT
 from tilegemm.heuristics.cutile.mqa import decode_sized
-from tilegemm.indexer_mask import apply_mask, clean_outside_windows, key_windows
+from tilegemm.indexer_mask import (
+    DECODE_WINDOW_ROWS,
+    apply_mask,
+    clean_outside_windows,
+    key_windows,
+    zero_window_starts,
+)
 from tilegemm.ops import api
 from tilegemm.ops.checks import value_checks_enabled
 from tilegemm.ops.checks.mqa import index_scores_check
@@ -479,11 +485,15 @@ def index_scores(
     index_scores_check(q, k, weights, attention_mask, softmax_scale)
     batch, rows, _, _ = q.shape
     keys = k.shape[1]
-    ks, ke = key_windows(attention_mask, batch, rows, keys, q.device)
     clean = clean_outside_windows(attention_mask)
-    w = weights.float() * softmax_scale
     bf16 = q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16
     decode = (fp8 or bf16) and _decode_kernel_takes(q, rows, keys, backend)
+    if decode and rows <= DECODE_WINDOW_ROWS and attention_mask is not None:  # the weights and the ends: one kernel
+        w, ke = api.indexer_decode_prepare(weights, attention_mask, weight_scale=softmax_scale, backend=backend)
+        ks = zero_window_starts(batch, rows, q.device)
+    else:
+        ks, ke = key_windows(attention_mask, batch, rows, keys, q.device)
+        w = weights.float() * softmax_scale
     if fp8:
         q, q_scale = api.fp8_quantize_rows(q, hadamard=hadamard, backend=backend)
         k = api.fp8_quantize_rows(k, hadamard=hadamard, backend=backend)  # (fp8 keys, per-key scales)

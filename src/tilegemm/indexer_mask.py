@@ -2,7 +2,7 @@
 
 * :func:`mask_windows` / :func:`key_windows`: each query row's key window ``[ks, ke)`` from its mask row, the windows
   the MQA-logits ops score (every visible key inside; decode rows from key 0); :func:`key_window_ends`: the ends
-  alone (the paged op's lengths);
+  alone (the paged op's lengths); :func:`zero_window_starts`: the starts of decode windows, filled once;
 * :func:`apply_mask`: the mask applied to the windows' scores as stock transformers applies it, and
   :func:`clean_outside_windows`: whether the op must write ``-inf`` outside the windows for that.
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from tilegemm.ops.common import key_numbers, last_visible_ends, mask_visible
+from tilegemm.ops.common import cached_constant, key_numbers, last_visible_ends, mask_visible
 
 __all__ = [
     "DECODE_WINDOW_ROWS",
@@ -23,6 +23,7 @@ __all__ = [
     "key_window_ends",
     "key_windows",
     "mask_windows",
+    "zero_window_starts",
 ]
 
 
@@ -81,6 +82,16 @@ def key_windows(
         ks = torch.zeros(batch, rows, dtype=torch.int32, device=device)
         return ks, torch.full_like(ks, keys)
     return mask_windows(attention_mask, from_key_zero=rows <= DECODE_WINDOW_ROWS)
+
+
+def zero_window_starts(batch: int, rows: int, device: torch.device) -> torch.Tensor:
+    """int32 ``[B, S]`` zeros, the ``ks`` of decode windows (from key 0): a view of a cached constant
+    (:func:`~tilegemm.ops.common.cached_constant`), so a decode step fills nothing for it. Read only."""
+    return cached_constant("zero_starts", batch * rows, torch.device(device), _int32_zeros).view(batch, rows)
+
+
+def _int32_zeros(n: int, device: torch.device) -> torch.Tensor:
+    return torch.zeros(n, dtype=torch.int32, device=device)
 
 
 def key_window_ends(

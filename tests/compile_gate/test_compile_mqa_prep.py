@@ -2,7 +2,8 @@
 
 Every row kernel the indexer launches (``fp8_quantize_rows``, ``fp8_paged_append`` and ``fp8_indexer_prepare`` on
 128-wide bf16 rows, rotated or not), the other float dtypes (their bf16 parts: 2 and 3 MMAs), the narrowest rotated
-rows (16 columns), the longest plain rows, and the schedule kernel at one and two query rows. Each is compiled with
+rows (16 columns), the longest plain rows, the decode-prepare kernel (no mask, a boolean one at one row, an
+additive one at three), and the schedule kernel at one and two query rows. Each is compiled with
 ``export_kernel`` (no GPU) and its SASS checked: no LDL/STL spills; the rotation on the tensor cores (sm_90: ``HMMA``
 m16n8k16, one per 16 of K and 8 columns over four warps and per bf16 part; the prepare kernel's two branches each),
 none without it.
@@ -57,6 +58,14 @@ def _prepare_params(dim: int, dtype: torch.dtype, hadamard: bool, per_sequence: 
     return cfg, [*arrays, _F32, _F32, _F32, *consts]
 
 
+def _decode_prepare_params(mask: int, rows: int, heads: int = 64) -> list:
+    """The decode-prepare kernel's parameters: fp32 weights ``[B, S, H]``, the mask (rows of 4097: not 16-byte
+    aligned), the fp32 weights out, the int32 ends, the scale and the mask's lowest value."""
+    arrays = [aot.array(ct.float32, 3, align_bytes=4), aot.array(_MASK_DTYPES[mask], 3, align_bytes=1)]
+    arrays += [aot.array(ct.float32, 3, align_bytes=4), aot.array(ct.int32, 2, align_bytes=4)]
+    return [*arrays, _F32, _F32, *mqa_prep.decode_prepare_constants(heads, rows, mask)]
+
+
 def _schedule_params(next_n: int, num_sms: int) -> list:
     return [aot.array(ct.int32, 2), aot.array(ct.int32, 2), *mqa_prep.schedule_constants(64, next_n, num_sms)]
 
@@ -90,6 +99,11 @@ def _variants():
         cfg, params = _prepare_params(128, torch.bfloat16, True, True, mask, rows)
         kind = "bool" if mask == mqa_prep.MASK_BOOL else "additive"
         out.append((f"prepare-bf16-d128-h-mask-{kind}-s{rows}", "indexer_prepare", cfg, True, params))
+    for mask, rows in [(mqa_prep.MASK_BOOL, 1), (mqa_prep.MASK_ADDITIVE, 3), (mqa_prep.MASK_NONE, 1)]:
+        kind = {mqa_prep.MASK_BOOL: "bool", mqa_prep.MASK_ADDITIVE: "additive", mqa_prep.MASK_NONE: "none"}[mask]
+        out.append(
+            (f"decode-prepare-{kind}-s{rows}", "decode_prepare", None, False, _decode_prepare_params(mask, rows))
+        )
     for next_n, sms in [(1, 132), (2, 78)]:
         out.append((f"schedule-n{next_n}-sms{sms}", "paged_schedule", None, False, _schedule_params(next_n, sms)))
     return out

@@ -685,6 +685,39 @@ def indexer_prepare(draw) -> Case:
     )  # fmt: skip
 
 
+def decode_prepare(draw) -> Case:
+    """Head weights ``[B, S, H]`` and, half the time, a boolean or additive mask ``[B, S, T]``: the weights times
+    ``weight_scale`` in fp32, and the mask rows' last visible key + 1."""
+    batch, count, heads, keys = draw(st.integers(1, 3)), draw(st.integers(1, 5)), draw(st.integers(1, 9)), 0
+    kw = dict(weights=rand(batch, count, heads, dtype=draw(st.sampled_from(FLOATS))))
+    kw.update(weight_scale=draw(st.sampled_from([1.0, 0.125, 3])))
+    dims = {"weights": "BSH"}
+    if draw(st.booleans()):
+        keys, shown = draw(st.integers(0, 70)), draw(st.sampled_from([0.0, 0.5, 1.0]))
+        seen = torch.rand(batch, count, keys) < shown
+        dtype = draw(st.sampled_from([torch.bool, torch.float16, torch.float32]))
+        lowest = 0.0 if dtype == torch.bool else torch.finfo(dtype).min
+        kw["attention_mask"] = seen if dtype == torch.bool else torch.where(seen, 0.0, lowest).to(dtype)
+        dims["attention_mask"] = "BST"
+
+    def reference(call: dict[str, Any], result: Any) -> None:
+        w, ends = result
+        assert torch.equal(w, call["weights"].float() * float(call["weight_scale"]))
+        mask = call.get("attention_mask")
+        if mask is None:
+            assert ends is None
+        else:
+            seen = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min
+            numbers = torch.arange(1, mask.shape[-1] + 1)
+            want = (seen * numbers).amax(-1) if mask.shape[-1] else torch.zeros(mask.shape[:-1], dtype=torch.int64)
+            assert ends.dtype == torch.int32 and torch.equal(ends.long(), want)
+
+    return Case(
+        tg.indexer_decode_prepare, kw, dims, reference, out=None, compare="asserts",
+        free="HT" if "attention_mask" in kw else "BSH", bad_dtype=torch.int16, scalars=("weight_scale",), meta_ok=False,
+    )  # fmt: skip
+
+
 def paged(draw) -> Case:
     batch, next_n, h, dim = draw(st.integers(1, 3)), draw(st.integers(0, 2)), draw(st.integers(1, 3)), 32
     block_kv, num_blocks, num_sms = draw(st.sampled_from([4, 16])), draw(st.integers(1, 6)), draw(st.integers(1, 4))
@@ -1044,6 +1077,7 @@ FAMILIES: dict[str, Callable[[Any], Case]] = {
     "fp8_rows": fp8_rows,
     "paged_append": paged_append,
     "indexer_prepare": indexer_prepare,
+    "decode_prepare": decode_prepare,
     "paged_mqa": paged,
     "einsum": einsum,
     "fp8_einsum": fp8_einsum,
@@ -1220,6 +1254,7 @@ def test_every_public_tensor_op_is_fuzzed():
         "get_mn_major_tma_aligned_tensor", "calc_diff", "cublaslt_gemm_nn", "cublaslt_gemm_nt", "cublaslt_gemm_tn",
         "cublaslt_gemm_tt", "moe_experts", "fp8_moe_experts", "rms_norm", "sparse_decode_attention",
         "mqa_logits_batched", "fp8_quantize_rows", "fp8_paged_append", "fp8_indexer_prepare",
+        "indexer_decode_prepare",
     }  # fmt: skip
     aliases = {
         "m_grouped_fp8_fp4_gemm_nt_contiguous",

@@ -236,6 +236,54 @@ def test_indexer_prepare_is_the_append_the_cast_and_the_weights(backend, device,
     assert (again[2] is None) if mask is None else torch.equal(again[2], window_ends)
 
 
+DECODE_PREPARE_CASES = [  # (batch, rows, heads, weights dtype, mask: None or (dtype, keys))
+    (1, 1, 64, torch.float32, (torch.bool, 4097)),  # a decode step: one tile of 8192 keys
+    (2, 1, 64, torch.float32, (torch.bfloat16, 9000)),  # two key tiles in turn
+    (3, 3, 5, torch.bfloat16, (torch.float32, 2500)),  # tiles of 4 rows and 2048 keys; 5 heads (padded to 8)
+    (2, 4, 64, torch.float16, (torch.bool, 70000)),  # 35 key tiles
+    (2, 2, 8, torch.float32, (torch.bool, 0)),  # no keys: every end 0
+    (2, 1, 64, torch.float32, None),
+    (2, 1, 0, torch.float32, (torch.bool, 33)),  # no heads: the ends alone
+]
+
+
+@pytest.mark.parametrize(
+    "case", DECODE_PREPARE_CASES, ids=lambda c: f"b{c[0]}s{c[1]}h{c[2]}{str(c[3])[6:]}-{c[4] and c[4][1]}"
+)
+@pytest.mark.parametrize("backend,device", backend_device_params())
+def test_indexer_decode_prepare_is_the_weights_and_the_ends(backend, device, case):
+    """``indexer_decode_prepare``: ``weights * weight_scale`` in fp32 bit for bit (torch's multiply), each mask row's
+    last visible key + 1 as the float64 product gives it (``None`` without a mask), the same bits on a rerun."""
+    batch, rows, heads, dtype, masked = case
+    w = torch.randn(batch, rows, heads, generator=torch.Generator().manual_seed(heads)).to(dtype).to(device)
+    mask = None if masked is None else _mask(batch, rows, masked[1], masked[0], device)
+    got, ends = tg.indexer_decode_prepare(w, mask, weight_scale=0.07, backend=backend)
+    assert got.dtype == torch.float32 and got.shape == w.shape and torch.equal(got, w.float() * 0.07)
+    if mask is None:
+        assert ends is None
+    else:
+        assert ends.dtype == torch.int32 and ends.device == w.device and torch.equal(ends.cpu(), _ends_float64(mask))
+    again = tg.indexer_decode_prepare(w, mask, weight_scale=0.07, backend=backend)
+    assert torch.equal(again[0], got) and ((again[1] is None) if mask is None else torch.equal(again[1], ends))
+
+
+@pytest.mark.parametrize(
+    "args,error,message",
+    [
+        ((torch.ones(2, 1, 4, dtype=torch.int32), None), TypeError, "weights"),
+        ((torch.ones(2, 4), None), ValueError, "weights"),
+        ((torch.ones(2, 1, 4), torch.ones(2, 1, 9, dtype=torch.int64)), TypeError, "attention_mask"),
+        ((torch.ones(2, 1, 4), torch.ones(2, 2, 9, dtype=torch.bool)), ValueError, "expected \\[B=2, S=1, T\\]"),
+        ((torch.ones(2, 1, 4), [[True]]), TypeError, "attention_mask"),
+    ],
+)
+def test_indexer_decode_prepare_bad_input(args, error, message):
+    with pytest.raises(error, match=message):
+        tg.indexer_decode_prepare(*args)
+    with pytest.raises(ValueError, match="weight_scale"):
+        tg.indexer_decode_prepare(torch.ones(2, 1, 4), weight_scale=float("inf"))
+
+
 @pytest.mark.parametrize("backend,device", backend_device_params())
 def test_indexer_prepare_without_keys(backend, device):
     """No keys to append (``k`` of 0 tokens): the queries and weights as ``fp8_quantize_rows`` gives them, the cache
@@ -363,6 +411,13 @@ def test_each_call_is_one_launch(launches):
     grid, kernel, args = launches[-1]
     assert grid == (5 + 2 + 1, 3, 1) and tuple(args[-3:]) == (mqa_prep.MASK_ADDITIVE, 4, 2048)
     assert args[-11] == torch.finfo(torch.bfloat16).min and args[10] is mask and len(launches) == 6
+    w, ends = tg.indexer_decode_prepare(torch.ones(3, 1, 40), mask[:, :1] > 0, backend="cutile")  # 2 tiles of 8192
+    grid, kernel, args = launches[-1]
+    assert grid == (3, 1, 1) and kernel is mqa_prep.get_kernel("decode_prepare") and args[2] is w and args[3] is ends
+    assert tuple(args[-4:]) == (1, 64, mqa_prep.MASK_BOOL, 8192) and len(launches) == 7
+    tg.indexer_decode_prepare(torch.ones(3, 3, 40), mask, weight_scale=0.5, backend="cutile")  # rows in one block
+    grid, kernel, args = launches[-1]
+    assert grid == (3, 1, 1) and tuple(args[-6:]) == (0.5, torch.finfo(torch.bfloat16).min, 4, 64, 2, 2048)
     with pytest.raises(RuntimeError, match="rotated rows of a power of two up to 128"):  # fallback disabled
         tg.fp8_quantize_rows(torch.randn(2, 256), hadamard=True, backend="cutile")
 

@@ -741,8 +741,11 @@ def _mqa_batched() -> str:
 
 # The FP8 row cast (awkward row counts, fp32/fp16 rows, padded and unaligned columns), the paged append with
 # positions before and past the table and blocks outside the cache (nothing written there), the indexer prepare with
-# those and with boolean / additive masks of unaligned rows over one and several key tiles, the schedule kernel.
-@case("mqa prep kernels: FP8 rows, paged append and indexer prepare with garbage positions and blocks, schedule")
+# those and with boolean / additive masks of unaligned rows over one and several key tiles, the decode prepare's
+# weights and mask rows (one to 35 key tiles a CTA, no keys), the schedule kernel.
+@case(
+    "mqa prep kernels: FP8 rows, paged append, indexer and decode prepare with garbage positions and blocks, schedule"
+)
 def _mqa_prep() -> str:
     g = torch.Generator().manual_seed(7)
     for shape, dtype, hadamard in (
@@ -773,6 +776,12 @@ def _mqa_prep() -> str:
                         q, keys, w, cache, table, lens_arg, hadamard=True, weight_scale=0.1, attention_mask=mask,
                         backend="cutile",
                     )  # fmt: skip
+    for batch, rows, heads, keys in ((1, 1, 64, 4097), (3, 3, 5, 9001), (2, 4, 64, 70000), (2, 2, 8, 0)):
+        w = torch.randn(batch, rows, heads, generator=g).to(DEV)
+        seen = torch.rand(batch, rows, keys, generator=g) < 0.5
+        for mask in (seen.to(DEV), torch.where(seen, 0.0, float("-inf")).bfloat16().to(DEV), None):
+            for _ in range(2):  # the second call: the hot lane's replay
+                tg.indexer_decode_prepare(w, mask, weight_scale=0.1, backend="cutile")
     for shape in ((1,), (17,), (300, 2), (40, 3)):
         lens = torch.randint(0, 70000, shape, generator=g, dtype=torch.int32).to(DEV)
         for sms in (1, 132, 255):

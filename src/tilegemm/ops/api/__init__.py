@@ -87,6 +87,7 @@ from tilegemm.ops.api.mqa import (
     fp8_paged_mqa_logits,
     fp8_quantize_rows,
     get_paged_mqa_logits_metadata,
+    indexer_decode_prepare,
     mqa_logits_batched,
 )
 from tilegemm.ops.api.norm import (
@@ -99,7 +100,7 @@ __all__ = [
     "fp8_fp4_gemm_nn", "fp8_fp4_gemm_nt", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt", "fp8_fp4_mqa_logits",
     "fp8_fp4_paged_mqa_logits", "fp8_gemm_nn", "fp8_gemm_nt", "fp8_gemm_nt_skip_head_mid", "fp8_gemm_tn", "fp8_gemm_tt",
     "fp8_m_grouped_gemm_nt_masked", "fp8_moe_experts", "fp8_mqa_logits", "fp8_paged_append", "fp8_paged_mqa_logits",
-    "fp8_indexer_prepare", "fp8_quantize_rows",
+    "fp8_indexer_prepare", "fp8_quantize_rows", "indexer_decode_prepare",
     "get_paged_mqa_logits_metadata", "k_grouped_bf16_gemm_tn_contiguous", "k_grouped_fp8_gemm_nt_contiguous",
     "k_grouped_fp8_gemm_tn_contiguous", "m_grouped_bf16_gemm_nn_contiguous", "m_grouped_bf16_gemm_nt_contiguous",
     "m_grouped_bf16_gemm_nt_masked", "m_grouped_fp8_fp4_gemm_nn_contiguous", "m_grouped_fp8_fp4_gemm_nt_contiguous",

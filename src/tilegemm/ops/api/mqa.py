@@ -263,6 +263,35 @@ def fp8_paged_append(
 
 
 @dispatch(
+    "indexer_decode_prepare",
+    check=checks.indexer_decode_prepare_check,
+    signature=checks.indexer_decode_prepare_signature(),
+)
+def indexer_decode_prepare(
+    weights: Tensor,
+    attention_mask: Tensor | None = None,
+    *,
+    weight_scale: float = 1.0,
+    stream=None,
+) -> tuple[Tensor, Tensor | None]:
+    """The head weights and key window ends of a decode step of DeepSeek's indexer, in one kernel (tilegemm's
+    extension): the operands :func:`mqa_logits_batched` takes beside the queries and keys (with window starts 0).
+
+    Args:
+        weights: [B, S, H] float head weights.
+        attention_mask: ``None``, or the step's mask ``[B, S, T]``: boolean (True: visible) or additive float
+            (visible where above its dtype's lowest value, as transformers marks hidden keys).
+        weight_scale: (keyword) a factor of every weight (the softmax scale, say).
+        stream: CUDA stream (``None``: current).
+
+    Returns:
+        ``(w, ends)``: fp32 ``[B, S, H]`` ``weights * weight_scale`` (fp32), and with a mask int32 ``[B, S]``, each
+        mask row's last visible key + 1 (0 where it shows none), else ``None``: what :func:`fp8_indexer_prepare`
+        gives for those two, without its queries and keys.
+    """
+
+
+@dispatch(
     "fp8_indexer_prepare", check=checks.fp8_indexer_prepare_check, signature=checks.fp8_indexer_prepare_signature()
 )
 def fp8_indexer_prepare(

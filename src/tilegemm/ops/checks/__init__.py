@@ -1,8 +1,8 @@
 """Input validation shared by all backends; runs in the dispatch wrapper before any backend.
 
-One module per op family (``dense``, ``grouped``, ``mqa``, ``einsum``, ``norm``, ``moe``), the checks of the
-library's other entry points (``autograd``, ``quant``, ``testing``), what they are built from (``base``) and
-the hot-lane keys (``hot``); every name is also importable from here.
+One module per op family (``dense``, ``grouped``, ``mqa``, ``mqa_prep`` (the MQA ops' operands), ``einsum``,
+``norm``, ``moe``), the checks of the library's other entry points (``autograd``, ``quant``, ``testing``), what they
+are built from (``base``) and the hot-lane keys (``hot``); every name is also importable from here.
 
 Each op's check validates the call and returns what it derived, which is what the backends
 receive (they trust it and never check again):
@@ -78,10 +78,6 @@ from tilegemm.ops.checks.moe import (
 from tilegemm.ops.checks.mqa import (
     LOGITS_DTYPES,
     bf16_mqa_logits_check,
-    fp8_indexer_prepare_check,
-    fp8_indexer_prepare_signature,
-    fp8_paged_append_check,
-    fp8_quantize_rows_check,
     mqa_logits_batched_check,
     mqa_logits_batched_signature,
     mqa_logits_check,
@@ -91,6 +87,14 @@ from tilegemm.ops.checks.mqa import (
     paged_mqa_metadata_check,
     paged_mqa_metadata_signature,
     visible_lengths,
+)
+from tilegemm.ops.checks.mqa_prep import (
+    fp8_indexer_prepare_check,
+    fp8_indexer_prepare_signature,
+    fp8_paged_append_check,
+    fp8_quantize_rows_check,
+    indexer_decode_prepare_check,
+    indexer_decode_prepare_signature,
 )
 from tilegemm.ops.checks.norm import rms_norm_check
 from tilegemm.ops.checks.quant import (
@@ -108,7 +112,9 @@ __all__ = [
     "BLOCK", "EINSUM_EXPRS", "FLOATS", "FP8", "FP8_EINSUM_EXPRS", "GROUPED_MATMUL_DTYPES", "INT32_MAX",
     "LAYOUTS", "LAYOUT_SHAPES", "LOGITS_DTYPES", "MOE_ACTIVATIONS", "M_ALIGNMENT", "OUT_DTYPES", "RECIPES",
     "HotLane", "allow_float_operands", "bf16_mqa_logits_check", "calc_diff_check", "ceil_to_ue8m0_check",
-    "fp8_indexer_prepare_check", "fp8_indexer_prepare_signature", "fp8_paged_append_check", "fp8_quantize_rows_check",
+    "fp8_indexer_prepare_check", "fp8_indexer_prepare_signature",
+    "indexer_decode_prepare_check", "indexer_decode_prepare_signature", "fp8_paged_append_check",
+    "fp8_quantize_rows_check",
     "check_group_offsets",
     "cublaslt_gemm_check", "dense_gemm_check", "dense_gemm_signature", "einsum_check", "fp8_einsum_check",
     "fp8_linear_check",

@@ -18,6 +18,9 @@
   the last append its keys as ``fp8_paged_append`` does. The same tile code on the same tiles as those two ops, so
   the same bits. A repeated call replays its plan (the registry's hot lane: ``checks.fp8_indexer_prepare_signature``,
   :func:`prepare_plan`).
+* ``indexer_decode_prepare``: the head weights times ``weight_scale`` and the mask rows' window ends of a decode
+  step scored by ``mqa_logits_batched`` (the BF16 indexer), grid (B, query row blocks): one CTA per block of up to
+  4 rows, its mask's key tiles reduced in turn (a decode step's one row: one tile of 8,192 keys an iteration).
 * ``get_paged_mqa_logits_metadata``: the schedule of ``ops.common.paged_mqa_schedule`` in one CTA: split counts,
   their total, and for every SM its first split as (batch, split within the batch), the batches walked in chunks
   of ``CHUNK``. The torch formula (``cumsum``, ``searchsorted``, ...) is about 15 kernels.
@@ -118,8 +121,16 @@ def _indexer_prepare(
 
 
 def _window_ends(mask, ends, mask_min: float, b, rb, c, ROWS: int, COLS: int, ADDITIVE: bool):
-    """Tile code: mask rows ``[rb * ROWS, +ROWS)`` of sequence ``b``, keys ``[c * COLS, +COLS)``: each row's last
-    visible key + 1 in that chunk, max-combined into ``ends[b, row]`` (rows past the mask's: no update)."""
+    """Tile code: :func:`_tile_ends` of one tile, max-combined into ``ends[b, row]`` (rows past the mask's: no
+    update)."""
+    last = _tile_ends(mask, mask_min, b, rb, c, ROWS, COLS, ADDITIVE)
+    rows = ct.reshape(rb * ROWS + ct.arange(ROWS, dtype=ct.int32), (1, ROWS))
+    ct.atomic_max(ends, (b, rows), last, memory_order=ct.MemoryOrder.RELAXED)
+
+
+def _tile_ends(mask, mask_min: float, b, rb, c, ROWS: int, COLS: int, ADDITIVE: bool):
+    """Tile code: mask rows ``[rb * ROWS, +ROWS)`` of sequence ``b``, keys ``[c * COLS, +COLS)``: int32 ``[1, ROWS]``,
+    each row's last visible key + 1 in that tile (0: none; ``ADDITIVE``: visible above ``mask_min``)."""
     keys = mask.shape[2]
     seen = ct.load(mask, (b, rb, c), (1, ROWS, COLS), padding_mode=_ZERO)
     if ADDITIVE:
@@ -127,9 +138,24 @@ def _window_ends(mask, ends, mask_min: float, b, rb, c, ROWS: int, COLS: int, AD
     else:
         visible = seen != 0
     cols = ct.reshape(c * COLS + ct.arange(COLS, dtype=ct.int32) + 1, (1, 1, COLS))
-    last = ct.max(ct.where(visible & (cols <= keys), cols, 0), axis=2)  # [1, ROWS]
-    rows = ct.reshape(rb * ROWS + ct.arange(ROWS, dtype=ct.int32), (1, ROWS))
-    ct.atomic_max(ends, (b, rows), last, memory_order=ct.MemoryOrder.RELAXED)
+    return ct.max(ct.where(visible & (cols <= keys), cols, 0), axis=2)
+
+
+def _decode_prepare(
+    w, mask, w_out, ends, weight_scale: float, mask_min: float,
+    ROWS: ConstInt, HEADS: ConstInt, MASK: ConstInt, MASK_COLS: ConstInt,
+):  # fmt: skip
+    """``w [B, S, H]``: CTA ``(b, r)`` writes rows ``[r * ROWS, +ROWS)`` of sequence ``b`` times ``weight_scale``
+    into ``w_out`` fp32 ``[B, S, H]`` (``HEADS``: H as a power of two), and with a ``MASK`` their last visible key
+    + 1 into ``ends`` int32 ``[B, S]``, over the mask's key tiles in turn (no atomics: no zeroed ends)."""
+    b, r = ct.bid(0), ct.bid(1)
+    weights = ct.astype(ct.load(w, (b, r, 0), (1, ROWS, HEADS), padding_mode=_ZERO), ct.float32)
+    ct.store(w_out, (b, r, 0), weights * weight_scale)
+    if MASK != MASK_NONE:
+        last = ct.zeros((1, ROWS), dtype=ct.int32)
+        for c in range(ct.cdiv(mask.shape[2], MASK_COLS)):
+            last = ct.maximum(last, _tile_ends(mask, mask_min, b, r, c, ROWS, MASK_COLS, MASK == MASK_ADDITIVE))
+        ct.store(ends, (b, r), last)
 
 
 def _prepare_rows(
@@ -212,12 +238,13 @@ def _paged_schedule(context_lens, meta, SPLIT: ConstInt, NN: ConstInt, CHUNK: Co
 
 
 #: ``get_kernel(name)``: the cached ``@ct.kernel`` of ``quantize_rows``, ``paged_append``, ``indexer_prepare``,
-#: ``paged_schedule``.
+#: ``decode_prepare``, ``paged_schedule``.
 get_kernel = launch.kernel_factory(
     {
         "quantize_rows": _quantize_rows,
         "paged_append": _paged_append,
         "indexer_prepare": _indexer_prepare,
+        "decode_prepare": _decode_prepare,
         "paged_schedule": _paged_schedule,
     },
     hints=False,
@@ -436,6 +463,73 @@ def _prepare_replay(
     except Unsupported:
         return None
     return run
+
+
+def decode_prepare_constants(heads: int, rows: int, mask: int) -> list[Any]:
+    """The ``ct.Constant`` arguments of the decode-prepare kernel for ``heads`` heads, ``rows`` query rows a
+    sequence and a ``mask`` kind."""
+    tile_rows, tile_cols = heuristics.prepare_mask_tile(rows)
+    return launch.trailing(
+        _decode_prepare, ROWS=tile_rows, HEADS=1 << max(0, heads - 1).bit_length(), MASK=mask, MASK_COLS=tile_cols
+    )
+
+
+@register_impl("indexer_decode_prepare", "cutile")
+def indexer_decode_prepare(
+    weights: torch.Tensor, attention_mask: torch.Tensor | None, weight_scale: float, stream
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The scaled weights and the mask's window ends in one launch: :func:`decode_prepare_plan`, run."""
+    return decode_prepare_plan(weights, attention_mask, weight_scale)(weights, attention_mask, stream)
+
+
+def decode_prepare_plan(
+    weights: torch.Tensor, attention_mask: torch.Tensor | None, weight_scale: float
+) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
+    """The launch plan of an ``indexer_decode_prepare`` call shaped as this one, ``run(weights, attention_mask,
+    stream=None) -> (w, ends)``: grid (B, query row blocks), one CTA per block of up to
+    ``heuristics.PREPARE_MASK_MAX_ROWS`` rows (its weights, then its mask rows' key tiles in turn)."""
+    batch, count, heads = weights.shape
+    if heads > heuristics.PREPARE_MASK_TILE_ELEMS // heuristics.PREPARE_MASK_MAX_ROWS:
+        raise Unsupported(f"{heads} heads (the decode-prepare kernel holds a row block's weights in one tile)")
+    kind = mask_kind(attention_mask)
+    if kind != MASK_NONE and attention_mask.shape[2] == 0:  # no keys: every end 0, nothing to reduce
+        kind = MASK_NONE
+    consts = decode_prepare_constants(heads, count, kind)
+    grid = (batch, launch.cdiv(count, consts[0]), 1)
+    runs, ends_given = batch * count * heads > 0, attention_mask is not None
+    mask_min = float(torch.finfo(attention_mask.dtype).min) if kind == MASK_ADDITIVE else 0.0
+    scalars = (float(weight_scale), mask_min)
+    no_mask = torch.empty(1, 1, 1, dtype=torch.uint8, device=weights.device)  # what MASK_NONE passes (never read)
+    no_ends = torch.empty(1, 1, dtype=torch.int32, device=weights.device)
+
+    def run(weights, attention_mask, stream=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        w = torch.empty(batch, count, heads, dtype=torch.float32, device=weights.device)
+        ends = None
+        if ends_given:
+            ends = torch.empty(batch, count, dtype=torch.int32, device=weights.device)
+            if kind == MASK_NONE or not runs:  # no keys (0 each), or no heads: no launch reduces the mask
+                ends = last_visible_ends(attention_mask)
+        if runs:
+            mask, mask_ends = no_mask, no_ends
+            if kind != MASK_NONE:
+                mask = attention_mask if attention_mask.is_contiguous() else attention_mask.contiguous()
+                mask, mask_ends = (mask.view(torch.uint8) if kind == MASK_BOOL else mask), ends
+            args = (weights if weights.is_contiguous() else weights.contiguous(), mask, w, mask_ends, *scalars)
+            launch.launch(get_kernel("decode_prepare"), grid, (*args, *consts), stream)
+        return w, ends
+
+    return run
+
+
+@register_replay("indexer_decode_prepare", "cutile")
+def _decode_prepare_replay(
+    derived: dict[str, Any],
+) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]] | None:
+    """The hot-lane replay of a decode-prepare call (``checks.indexer_decode_prepare_signature``): its plan."""
+    try:
+        return decode_prepare_plan(derived["weights"], derived["attention_mask"], derived["weight_scale"])
+    except Unsupported:
+        return None
 
 
 def paged_schedule(context_lens: torch.Tensor, block_kv: int, num_sms: int, stream=None) -> torch.Tensor:

@@ -11,7 +11,8 @@
   chunked over key columns.
 * ``fp8_quantize_rows``: ``ops.common.fp8_cast_rows``; ``fp8_paged_append``: that cast written into the cache's
   blocks by ``index_put`` at the positions the lengths give; ``fp8_indexer_prepare``: both, the query scales
-  multiplied into the weights, and the mask rows' key window ends (``ops.common.last_visible_ends``).
+  multiplied into the weights, and the mask rows' key window ends (``ops.common.last_visible_ends``);
+  ``indexer_decode_prepare``: those weights and ends alone.
 
 Nothing here synchronises the host, so the ops can be captured in CUDA graphs.
 """
@@ -185,6 +186,13 @@ def fp8_paged_append(x, kv_cache, block_table, context_lens, hadamard, stream):
     kv_keys.view(torch.uint8)[blocks, slots] = data.view(torch.uint8)
     kv_scales[blocks, slots] = scale
     return kv_cache
+
+
+@register_impl("indexer_decode_prepare", "pytorch")
+def indexer_decode_prepare(weights, attention_mask, weight_scale, stream):
+    """Reference decode operands: ``weights * weight_scale`` in fp32 and the mask rows' ``last_visible_ends``."""
+    ends = None if attention_mask is None else last_visible_ends(attention_mask)
+    return weights.float() * weight_scale, ends
 
 
 @register_impl("fp8_indexer_prepare", "pytorch")
