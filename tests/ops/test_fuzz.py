@@ -643,6 +643,30 @@ def paged_append(draw) -> Case:
     )  # fmt: skip
 
 
+def _draw_mask(draw, kw: dict[str, Any], dims: dict[str, str], batch: int, count: int) -> None:
+    """Half the time, a decode step's ``attention_mask`` ``[B, S, T]`` into ``kw``: boolean or additive (hidden at
+    the dtype's lowest value), 0-70 keys, none, half or all of them visible."""
+    if draw(st.booleans()):
+        keys, shown = draw(st.integers(0, 70)), draw(st.sampled_from([0.0, 0.5, 1.0]))
+        seen = torch.rand(batch, count, keys) < shown
+        dtype = draw(st.sampled_from([torch.bool, torch.bfloat16, torch.float16, torch.float32]))
+        lowest = 0.0 if dtype == torch.bool else torch.finfo(dtype).min
+        kw["attention_mask"] = seen if dtype == torch.bool else torch.where(seen, 0.0, lowest).to(dtype)
+        dims["attention_mask"] = "BST"
+
+
+def _assert_window_ends(mask: torch.Tensor | None, ends: torch.Tensor | None) -> None:
+    """``ends``: each mask row's last visible key + 1 (0 where none) as a product with the key numbers gives it;
+    ``None`` without a mask."""
+    if mask is None:
+        assert ends is None
+        return
+    seen = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min
+    numbers = torch.arange(1, mask.shape[-1] + 1)
+    want = (seen * numbers).amax(-1) if mask.shape[-1] else torch.zeros(mask.shape[:-1], dtype=torch.int64)
+    assert ends.dtype == torch.int32 and torch.equal(ends.long(), want)
+
+
 def indexer_prepare(draw) -> Case:
     """:func:`paged_append`'s keys as ``k``, with queries ``[B, S, H, D]`` and their weights: the cache as the append
     leaves it, the queries the FP8 rows of ``fp8_quantize_rows``, the weights ``weights * weight_scale * s``."""
@@ -656,13 +680,7 @@ def indexer_prepare(draw) -> Case:
     )
     kw.update(weight_scale=draw(st.sampled_from([1.0, 0.125, 3])))
     dims.update(q="BSHD", weights="BSH")
-    if draw(st.booleans()):  # the step's mask: boolean or additive, any number of keys
-        keys, shown = draw(st.integers(0, 70)), draw(st.sampled_from([0.0, 0.5, 1.0]))
-        seen = torch.rand(batch, count, keys) < shown
-        dtype = draw(st.sampled_from([torch.bool, torch.bfloat16, torch.float32]))
-        lowest = 0.0 if dtype == torch.bool else torch.finfo(dtype).min
-        kw["attention_mask"] = seen if dtype == torch.bool else torch.where(seen, 0.0, lowest).to(dtype)
-        dims["attention_mask"] = "BST"
+    _draw_mask(draw, kw, dims, batch, count)
 
     def reference(call: dict[str, Any], result: Any) -> None:
         _assert_appended(call["kv_cache"], call["k"], call["block_table"], call["context_lens"], call["hadamard"])
@@ -670,14 +688,7 @@ def indexer_prepare(draw) -> Case:
         _, s = tg.fp8_quantize_rows(call["q"], hadamard=call["hadamard"], backend="pytorch")
         assert_fp8_rows(q8, s, call["q"], call["hadamard"])
         assert torch.equal(w, call["weights"].float() * float(call["weight_scale"]) * s)
-        mask = call.get("attention_mask")
-        if mask is None:
-            assert ends is None
-        else:  # each row's last visible key + 1, 0 where none
-            seen = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min
-            numbers = torch.arange(1, mask.shape[-1] + 1)
-            want = (seen * numbers).amax(-1) if mask.shape[-1] else torch.zeros(mask.shape[:-1], dtype=torch.int64)
-            assert ends.dtype == torch.int32 and torch.equal(ends.long(), want)
+        _assert_window_ends(call.get("attention_mask"), ends)
 
     return Case(
         tg.fp8_indexer_prepare, kw, dims, reference, out=None, compare="asserts", free="SNMT", related={"D": "E"},
@@ -688,29 +699,16 @@ def indexer_prepare(draw) -> Case:
 def decode_prepare(draw) -> Case:
     """Head weights ``[B, S, H]`` and, half the time, a boolean or additive mask ``[B, S, T]``: the weights times
     ``weight_scale`` in fp32, and the mask rows' last visible key + 1."""
-    batch, count, heads, keys = draw(st.integers(1, 3)), draw(st.integers(1, 5)), draw(st.integers(1, 9)), 0
+    batch, count, heads = draw(st.integers(1, 3)), draw(st.integers(1, 5)), draw(st.integers(1, 9))
     kw = dict(weights=rand(batch, count, heads, dtype=draw(st.sampled_from(FLOATS))))
     kw.update(weight_scale=draw(st.sampled_from([1.0, 0.125, 3])))
     dims = {"weights": "BSH"}
-    if draw(st.booleans()):
-        keys, shown = draw(st.integers(0, 70)), draw(st.sampled_from([0.0, 0.5, 1.0]))
-        seen = torch.rand(batch, count, keys) < shown
-        dtype = draw(st.sampled_from([torch.bool, torch.float16, torch.float32]))
-        lowest = 0.0 if dtype == torch.bool else torch.finfo(dtype).min
-        kw["attention_mask"] = seen if dtype == torch.bool else torch.where(seen, 0.0, lowest).to(dtype)
-        dims["attention_mask"] = "BST"
+    _draw_mask(draw, kw, dims, batch, count)
 
     def reference(call: dict[str, Any], result: Any) -> None:
         w, ends = result
         assert torch.equal(w, call["weights"].float() * float(call["weight_scale"]))
-        mask = call.get("attention_mask")
-        if mask is None:
-            assert ends is None
-        else:
-            seen = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min
-            numbers = torch.arange(1, mask.shape[-1] + 1)
-            want = (seen * numbers).amax(-1) if mask.shape[-1] else torch.zeros(mask.shape[:-1], dtype=torch.int64)
-            assert ends.dtype == torch.int32 and torch.equal(ends.long(), want)
+        _assert_window_ends(call.get("attention_mask"), ends)
 
     return Case(
         tg.indexer_decode_prepare, kw, dims, reference, out=None, compare="asserts",
