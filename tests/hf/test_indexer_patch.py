@@ -294,20 +294,21 @@ def test_decode_sized_scores_take_torch_path(monkeypatch):
 @pytest.mark.small_scores_path
 def test_forced_decode_kernel_takes_the_op_at_decode_size(monkeypatch):
     """With ``TILEGEMM_MQA_VARIANT=decode`` (the MQA ops' decode kernel forced) a decode step's bf16 scores go
-    through one ``mqa_logits_batched`` call over every sequence instead of torch's matmul, with the same values;
-    ``plain`` keeps the matmul."""
+    through one ``mqa_logits_batched`` call over every sequence instead of torch's matmul, with the same values, its
+    scaled weights and window ends from one ``indexer_decode_prepare`` call; ``plain`` keeps the matmul."""
     from tilegemm.ops import api
 
     last, scale, calls = _decode_step_counting_op_calls(monkeypatch)
-    batched = []
-    real = api.mqa_logits_batched
+    batched, prepared = [], []
+    real, real_prepare = api.mqa_logits_batched, api.indexer_decode_prepare
     monkeypatch.setattr(api, "mqa_logits_batched", lambda *a, **kw: batched.append(1) or real(*a, **kw))
+    monkeypatch.setattr(api, "indexer_decode_prepare", lambda *a, **kw: prepared.append(1) or real_prepare(*a, **kw))
     monkeypatch.setenv("TILEGEMM_MQA_VARIANT", "plain")
     small = idx.index_scores(*last, scale)
-    assert calls == [] and batched == []
+    assert calls == [] and batched == [] and prepared == []
     monkeypatch.setenv("TILEGEMM_MQA_VARIANT", "decode")
     fused = idx.index_scores(*last, scale)
-    assert calls == [] and batched == [1]
+    assert calls == [] and batched == [1] and prepared == [1]
     visible = last[3]
     assert torch.equal(torch.isneginf(fused), ~visible) and calc_diff(small[visible], fused[visible]) < 1e-6
 
