@@ -41,6 +41,7 @@ def _append_params(dim: int, dtype: torch.dtype, hadamard: bool, lens: ct.DType,
 
 #: The prepare kernel's mask arrays by ``MASK``: none (a placeholder), boolean (read as uint8), additive (bf16).
 _MASK_DTYPES = {mqa_prep.MASK_NONE: ct.uint8, mqa_prep.MASK_BOOL: ct.uint8, mqa_prep.MASK_ADDITIVE: ct.bfloat16}
+_MASK_NAMES = {mqa_prep.MASK_NONE: "none", mqa_prep.MASK_BOOL: "bool", mqa_prep.MASK_ADDITIVE: "additive"}
 
 
 def _prepare_params(dim: int, dtype: torch.dtype, hadamard: bool, per_sequence: bool, mask: int = 0, rows: int = 1):
@@ -97,13 +98,10 @@ def _variants():
         out.append((vid, "indexer_prepare", cfg, hadamard, params))
     for mask, rows in [(mqa_prep.MASK_BOOL, 1), (mqa_prep.MASK_ADDITIVE, 1), (mqa_prep.MASK_BOOL, 3)]:
         cfg, params = _prepare_params(128, torch.bfloat16, True, True, mask, rows)
-        kind = "bool" if mask == mqa_prep.MASK_BOOL else "additive"
-        out.append((f"prepare-bf16-d128-h-mask-{kind}-s{rows}", "indexer_prepare", cfg, True, params))
+        out.append((f"prepare-bf16-d128-h-mask-{_MASK_NAMES[mask]}-s{rows}", "indexer_prepare", cfg, True, params))
     for mask, rows in [(mqa_prep.MASK_BOOL, 1), (mqa_prep.MASK_ADDITIVE, 3), (mqa_prep.MASK_NONE, 1)]:
-        kind = {mqa_prep.MASK_BOOL: "bool", mqa_prep.MASK_ADDITIVE: "additive", mqa_prep.MASK_NONE: "none"}[mask]
-        out.append(
-            (f"decode-prepare-{kind}-s{rows}", "decode_prepare", None, False, _decode_prepare_params(mask, rows))
-        )
+        params = _decode_prepare_params(mask, rows)
+        out.append((f"decode-prepare-{_MASK_NAMES[mask]}-s{rows}", "decode_prepare", None, False, params))
     for next_n, sms in [(1, 132), (2, 78)]:
         out.append((f"schedule-n{next_n}-sms{sms}", "paged_schedule", None, False, _schedule_params(next_n, sms)))
     return out
