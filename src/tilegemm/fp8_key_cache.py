@@ -10,8 +10,8 @@ scores queries against it, reading it in place, the queries cast by :func:`tileg
 * decode (at most :data:`PAGED_MAX_ROWS` query rows): :func:`tilegemm.fp8_paged_mqa_logits` without a schedule
   (each sequence's keys split over the SMs), each query row seeing its window's end ``ke`` (its mask row's last
   visible key + 1) as its context length; the step's new keys are appended, and the mask's rows reduced to those
-  ends, by the kernel that casts its queries (:func:`tilegemm.fp8_indexer_prepare`), so the step is two kernels of
-  its own where BF16 scoring is one, after its window ends' two (a select and a max) and a multiply of the weights;
+  ends, by the kernel that casts its queries (:func:`tilegemm.fp8_indexer_prepare`): the step is two kernels of its
+  own, as the BF16 step's (:func:`tilegemm.indexer_decode_prepare` of its weights and ends, then its decode kernel);
 * prefill: :func:`tilegemm.fp8_mqa_logits` per sequence on its keys gathered out of the blocks (a copy of FP8 bytes,
   no quantization).
 

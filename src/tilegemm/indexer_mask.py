@@ -6,8 +6,9 @@
 * :func:`apply_mask`: the mask applied to the windows' scores as stock transformers applies it, and
   :func:`clean_outside_windows`: whether the op must write ``-inf`` outside the windows for that.
 
-Plain torch and CUDA-graph capturable. No host sync, but one when the cached key numbers are made or grown (the first
-call on a device, a longer mask than any before: :func:`~tilegemm.ops.common.cached_constant`).
+Plain torch and CUDA-graph capturable. No host sync, but one when a cached constant, the key numbers or the zero
+window starts, is made or grown (the first call on a device, a longer mask or more rows than any before:
+:func:`~tilegemm.ops.common.cached_constant`).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import pytest
 ct = pytest.importorskip("cuda.tile")
 torch = pytest.importorskip("torch")
 
-from compile_gate.sass import compile_all, sass_summary  # noqa: E402
+from compile_gate.sass import compile_all, dump_sass, opcode_counts, sass_summary  # noqa: E402
 from tilegemm.heuristics import cutile as heuristics  # noqa: E402
 from tilegemm.ops.cutile import aot, mqa_prep  # noqa: E402
 
@@ -44,10 +44,12 @@ _MASK_DTYPES = {mqa_prep.MASK_NONE: ct.uint8, mqa_prep.MASK_BOOL: ct.uint8, mqa_
 _MASK_NAMES = {mqa_prep.MASK_NONE: "none", mqa_prep.MASK_BOOL: "bool", mqa_prep.MASK_ADDITIVE: "additive"}
 
 
-def _prepare_params(dim: int, dtype: torch.dtype, hadamard: bool, per_sequence: bool, mask: int = 0, rows: int = 1):
+def _prepare_params(
+    dim: int, dtype: torch.dtype, hadamard: bool, per_sequence: bool, mask: int = 0, rows: int = 1, keys: int = 4097
+):
     """The indexer-prepare kernel's parameters: query rows ``[B, S * H, D]`` and weights, then the append's, then the
     outputs (queries and weights of one dtype, int32 lengths), the mask and its ends (a decode step's mask of
-    4097 keys: rows not 16-byte aligned)."""
+    ``keys`` keys; 4097: rows not 16-byte aligned)."""
     cfg = heuristics.fp8_rows_config(dim, dtype)
     elem = _CT_DTYPES[dtype]
     arrays = [aot.array(elem, 3), aot.array(ct.float32, 2, align_bytes=4), aot.array(elem, 3)]
@@ -55,8 +57,19 @@ def _prepare_params(dim: int, dtype: torch.dtype, hadamard: bool, per_sequence: 
     arrays += [aot.array(ct.float8_e4m3fn, 3), aot.array(ct.float32, 2)]
     arrays += [aot.array(ct.float8_e4m3fn, 3), aot.array(ct.float32, 2, align_bytes=4)]
     arrays += [aot.array(_MASK_DTYPES[mask], 3, align_bytes=1), aot.array(ct.int32, 2, align_bytes=4)]
-    consts = mqa_prep.prepare_constants(cfg, cfg, hadamard, per_sequence, 64, mask, rows)
+    consts = mqa_prep.prepare_constants(cfg, cfg, hadamard, per_sequence, 64, mask, rows, keys)
     return cfg, [*arrays, _F32, _F32, _F32, *consts]
+
+
+#: The prepare kernel's masks compiled here, ``(MASK, rows, keys)``: its ends stored (one tile spans the keys) or
+#: combined by atomics (``mqa_prep.ends_stored``).
+_PREPARE_MASKS = [
+    (mqa_prep.MASK_BOOL, 1, 4097),
+    (mqa_prep.MASK_ADDITIVE, 1, 4097),
+    (mqa_prep.MASK_BOOL, 1, 70000),
+    (mqa_prep.MASK_ADDITIVE, 3, 4097),
+    (mqa_prep.MASK_BOOL, 3, 2048),
+]
 
 
 def _decode_prepare_params(mask: int, rows: int, heads: int = 64) -> list:
@@ -96,9 +109,10 @@ def _variants():
         cfg, params = _prepare_params(128, torch.bfloat16, hadamard, per_sequence)
         vid = f"prepare-bf16-d128-{'h' if hadamard else 'plain'}-{'per-seq' if per_sequence else 'one-length'}"
         out.append((vid, "indexer_prepare", cfg, hadamard, params))
-    for mask, rows in [(mqa_prep.MASK_BOOL, 1), (mqa_prep.MASK_ADDITIVE, 1), (mqa_prep.MASK_BOOL, 3)]:
-        cfg, params = _prepare_params(128, torch.bfloat16, True, True, mask, rows)
-        out.append((f"prepare-bf16-d128-h-mask-{_MASK_NAMES[mask]}-s{rows}", "indexer_prepare", cfg, True, params))
+    for mask, rows, keys in _PREPARE_MASKS:
+        cfg, params = _prepare_params(128, torch.bfloat16, True, True, mask, rows, keys)
+        vid = f"prepare-bf16-d128-h-mask-{_MASK_NAMES[mask]}-s{rows}-t{keys}"
+        out.append((vid, "indexer_prepare", cfg, True, params))
     for mask, rows in [(mqa_prep.MASK_BOOL, 1), (mqa_prep.MASK_ADDITIVE, 3), (mqa_prep.MASK_NONE, 1)]:
         params = _decode_prepare_params(mask, rows)
         out.append((f"decode-prepare-{_MASK_NAMES[mask]}-s{rows}", "decode_prepare", None, False, params))
@@ -110,10 +124,17 @@ def _variants():
 VARIANTS = _variants()
 
 
+def _summary(cubin: bytes) -> dict[str, int]:
+    """``sass_summary`` and the global atomics (``ATOMG``, ``RED``, ``REDG``)."""
+    ops = opcode_counts(dump_sass(cubin))
+    atomics = sum(n for op, n in ops.items() if op.split(".")[0] in ("ATOMG", "RED", "REDG"))  # not REDUX (warp)
+    return {**sass_summary(cubin), "atomics": atomics}
+
+
 @pytest.fixture(scope="module")
 def compiled():
     jobs = [(v[0], mqa_prep.get_kernel(v[1]), v[4], arch) for v in VARIANTS for arch in ARCHS]
-    return compile_all(jobs, aot.compile_cubin, sass_summary)
+    return compile_all(jobs, aot.compile_cubin, _summary)
 
 
 def test_configs_cover_the_rows():
@@ -144,3 +165,14 @@ def test_mqa_prep_kernel_sass(compiled, vid, arch):
         want = cfg.splits * (cfg.cols // 16) * (cfg.cols // 8) // 4 if hadamard else 0
         want *= 2 if vid.startswith("prepare") else 1  # its two branches: query rows, key rows
         assert s["hmma"] == want and s["hgmma"] == 0, f"{vid}: {s['hmma']} HMMA, {s['hgmma']} HGMMA, expected {want}"
+
+
+@pytest.mark.parametrize("mask,rows,keys", _PREPARE_MASKS)
+def test_prepare_ends_stored_or_combined(compiled, mask, rows, keys):
+    """The prepare kernel stores each window end where one mask tile spans the keys (no atomics: its ends need no
+    zeroing) and combines the tiles' ends by atomics otherwise (the max's ``ATOMG``/``RED``: sm_90 and sm_100)."""
+    stored = mqa_prep.ends_stored(mask, rows, keys)
+    assert stored == (keys <= heuristics.prepare_mask_tile(rows)[1])
+    for arch in ARCHS:
+        s = compiled[(f"prepare-bf16-d128-h-mask-{_MASK_NAMES[mask]}-s{rows}-t{keys}", arch)]
+        assert (s["atomics"] == 0) == stored, f"{arch}: {s['atomics']} global atomics, ends stored: {stored}"

@@ -164,6 +164,7 @@ PREPARE_CASES = [  # (batch, rows, heads, dim, ends, hadamard, mask: None or (dt
     (2, 1, 64, 128, [5, 200], True, (torch.bool, 4097)),  # a decode step's mask: rows of 4097 bytes
     (1, 1, 64, 128, [200], True, (torch.bfloat16, 9000)),  # an additive one over two key tiles
     (3, 3, 16, 128, [3, 64, 70], True, (torch.float32, 2500)),  # 3 rows: a tile of 4 rows, two key tiles
+    (2, 3, 16, 128, [3, 70], True, (torch.bool, 2048)),  # 3 rows, one tile of 4 x 2048 keys: the ends stored
     (2, 2, 8, 128, [5, 9], True, (torch.bool, 0)),  # no keys: every end 0
     (2, 1, 0, 128, [5, 9], True, (torch.float16, 33)),  # no heads: no query rows to launch for
 ]
@@ -396,21 +397,22 @@ def test_each_call_is_one_launch(launches):
     tg.fp8_indexer_prepare(q, x[:, :1], torch.ones(3, 1, 40), cache, table, torch.tensor(66), backend="cutile")
     grid, kernel, args = launches[-1]
     assert grid == (4, 3, 1) and kernel is mqa_prep.get_kernel("indexer_prepare") and args[0].shape == (3, 40, 128)
-    assert tuple(args[-5:]) == (False, 64, mqa_prep.MASK_NONE, 1, 8192) and len(launches) == 4
-    mask = torch.rand(3, 1, 4097) < 0.5  # one tile of 8192 keys a sequence first: grid 1 + 3 + 1
+    assert tuple(args[-6:]) == (False, 64, mqa_prep.MASK_NONE, 1, 8192, False) and len(launches) == 4
+    mask = torch.rand(3, 1, 4097) < 0.5  # one tile of 8192 keys a sequence first: grid 1 + 3 + 1; its ends stored
     _, _, ends = tg.fp8_indexer_prepare(q, x[:, :1], torch.ones(3, 1, 40), cache, table, torch.tensor(66),
                                         attention_mask=mask, backend="cutile")  # fmt: skip
     grid, kernel, args = launches[-1]
     assert grid == (5, 3, 1) and args[10].dtype == torch.uint8 and args[10].shape == mask.shape and args[11] is ends
-    assert ends.dtype == torch.int32 and ends.shape == (3, 1) and not ends.any()  # zeroed (the launch is recorded)
-    assert tuple(args[-3:]) == (mqa_prep.MASK_BOOL, 1, 8192) and args[-11] == 0.0  # bool: no mask_min read
+    assert ends.dtype == torch.int32 and ends.shape == (3, 1)
+    assert tuple(args[-4:]) == (mqa_prep.MASK_BOOL, 1, 8192, True) and args[-12] == 0.0  # bool: no mask_min read
     q3 = torch.randn(3, 3, 8, 128).bfloat16()  # 3 rows: tiles of 4 x 2048, 5 over 9000 keys; 24 query rows: 2 blocks
     mask = torch.zeros(3, 3, 9000, dtype=torch.bfloat16)
-    tg.fp8_indexer_prepare(q3, x[:, :3], torch.ones(3, 3, 8), cache, table, torch.tensor(66),
-                           attention_mask=mask, backend="cutile")  # fmt: skip
+    _, _, ends = tg.fp8_indexer_prepare(q3, x[:, :3], torch.ones(3, 3, 8), cache, table, torch.tensor(66),
+                                        attention_mask=mask, backend="cutile")  # fmt: skip
     grid, kernel, args = launches[-1]
-    assert grid == (5 + 2 + 1, 3, 1) and tuple(args[-3:]) == (mqa_prep.MASK_ADDITIVE, 4, 2048)
-    assert args[-11] == torch.finfo(torch.bfloat16).min and args[10] is mask and len(launches) == 6
+    assert grid == (5 + 2 + 1, 3, 1) and tuple(args[-4:]) == (mqa_prep.MASK_ADDITIVE, 4, 2048, False)
+    assert args[-12] == torch.finfo(torch.bfloat16).min and args[10] is mask and len(launches) == 6
+    assert args[11] is ends and not ends.any()  # zeroed for the tiles' atomics (the launch is recorded)
     w, ends = tg.indexer_decode_prepare(torch.ones(3, 1, 40), mask[:, :1] > 0, backend="cutile")  # 2 tiles of 8192
     grid, kernel, args = launches[-1]
     assert grid == (3, 1, 1) and kernel is mqa_prep.get_kernel("decode_prepare") and args[2] is w and args[3] is ends

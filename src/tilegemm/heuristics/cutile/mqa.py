@@ -305,8 +305,10 @@ _BF16_PARTS = {"torch.bfloat16": 1, "torch.float16": 2, "torch.float32": 3}
 def prepare_mask_tile(rows: int) -> tuple[int, int]:
     """The ``[rows, keys]`` mask tile of one CTA of ``fp8_indexer_prepare``'s mask reduction, for calls of ``rows``
     query rows a sequence: the rows as a power of two up to :data:`PREPARE_MASK_MAX_ROWS`, and the keys that fill
-    :data:`PREPARE_MASK_TILE_ELEMS`. A sequence's mask is spread over its tiles' CTAs (one load each, their row
-    maxima combined by atomics), so a mask of 64k keys takes no longer to reduce than a 4k one."""
+    :data:`PREPARE_MASK_TILE_ELEMS`. ``fp8_indexer_prepare`` spreads a sequence's mask over its tiles' CTAs (one
+    load each; the row maxima stored where one tile spans the keys, else combined by atomics), so a mask of 64k keys
+    takes no longer to reduce than a 4k one; ``indexer_decode_prepare`` reads a row block's tiles in turn in one CTA
+    (no atomics), so its time grows with the keys."""
     tile_rows = min(PREPARE_MASK_MAX_ROWS, 1 << max(0, rows - 1).bit_length())
     return tile_rows, PREPARE_MASK_TILE_ELEMS // tile_rows
 

@@ -12,8 +12,9 @@
   block and slot are shifts).
 * ``fp8_indexer_prepare``: a decode step's operands of the paged op in one launch, grid (mask tiles + query row
   blocks + key row blocks, B): with an attention mask, the first CTAs of each sequence reduce one ``[rows, keys]``
-  tile of its mask each (``heuristics.prepare_mask_tile``) to its rows' last visible key + 1, combined by
-  ``atomic_max`` into the zeroed window ends (the paged op's context lengths); the next cast its query rows
+  tile of its mask each (``heuristics.prepare_mask_tile``) to its rows' last visible key + 1, the window ends (the
+  paged op's context lengths): stored where one tile spans the mask's keys, else combined by ``atomic_max`` into
+  ends zeroed before the launch; the next cast its query rows
   ``[S * H, D]`` as ``fp8_quantize_rows`` does and write their weights times ``weight_scale`` times their scales;
   the last append its keys as ``fp8_paged_append`` does. The same tile code on the same tiles as those two ops, so
   the same bits. A repeated call replays its plan (the registry's hot lane: ``checks.fp8_indexer_prepare_signature``,
@@ -95,19 +96,24 @@ def _indexer_prepare(
     inv_sqrt: float, weight_scale: float, mask_min: float,
     ROWS: ConstInt, COLS: ConstInt, Q_SPLITS: ConstInt, K_SPLITS: ConstInt, HADAMARD: ConstBool,
     PER_SEQUENCE: ConstBool, BLOCK_KV: ConstInt, MASK: ConstInt, MASK_ROWS: ConstInt, MASK_COLS: ConstInt,
+    MASK_STORE: ConstBool,
 ):  # fmt: skip
     """``q [B, S * H, D]``, ``w [B, S * H]``, ``x [B, S, D]``: CTA ``(r, b)`` casts query rows ``[r * ROWS, +ROWS)``
     of sequence ``b`` into ``q8`` fp8 ``[B, S * H, D]`` and their weights times ``weight_scale`` times their scales
     into ``w8`` fp32 ``[B, S * H]``; past the query row blocks, it appends key rows as :func:`_paged_append`. With a
     ``MASK`` (``MASK_BOOL``: ``mask`` uint8 ``[B, S, T]``, nonzero where visible; ``MASK_ADDITIVE``: float, visible
     above ``mask_min``), the first CTAs of each sequence reduce its mask instead (:func:`_window_ends`) into
-    ``ends`` int32 ``[B, S]``, zeroed before the launch."""
+    ``ends`` int32 ``[B, S]`` (``MASK_STORE``: one tile spans the keys, so each end is stored; else the tiles' ends
+    are combined by atomics into ends zeroed before the launch)."""
     r, b = ct.bid(0), ct.bid(1)
     if MASK != MASK_NONE:
         chunks = ct.cdiv(mask.shape[2], MASK_COLS)
         mask_blocks = ct.cdiv(mask.shape[1], MASK_ROWS) * chunks
         if r < mask_blocks:
-            _window_ends(mask, ends, mask_min, b, r // chunks, r % chunks, MASK_ROWS, MASK_COLS, MASK == MASK_ADDITIVE)
+            _window_ends(
+                mask, ends, mask_min, b, r // chunks, r % chunks, MASK_ROWS, MASK_COLS, MASK == MASK_ADDITIVE,
+                MASK_STORE,
+            )  # fmt: skip
         else:
             _prepare_rows(
                 q, w, x, signs, context_lens, block_table, kv_keys, kv_scales, q8, w8, inv_sqrt, weight_scale,
@@ -120,12 +126,15 @@ def _indexer_prepare(
         )  # fmt: skip
 
 
-def _window_ends(mask, ends, mask_min: float, b, rb, c, ROWS: int, COLS: int, ADDITIVE: bool):
-    """Tile code: :func:`_tile_ends` of one tile, max-combined into ``ends[b, row]`` (rows past the mask's: no
-    update)."""
+def _window_ends(mask, ends, mask_min: float, b, rb, c, ROWS: int, COLS: int, ADDITIVE: bool, STORE: bool):
+    """Tile code: :func:`_tile_ends` of one tile into ``ends[b, row]``: stored (``STORE``: the tile spans the keys),
+    else max-combined (rows past the mask's: no update)."""
     last = _tile_ends(mask, mask_min, b, rb, c, ROWS, COLS, ADDITIVE)
-    rows = ct.reshape(rb * ROWS + ct.arange(ROWS, dtype=ct.int32), (1, ROWS))
-    ct.atomic_max(ends, (b, rows), last, memory_order=ct.MemoryOrder.RELAXED)
+    if STORE:
+        ct.store(ends, (b, rb), last)
+    else:
+        rows = ct.reshape(rb * ROWS + ct.arange(ROWS, dtype=ct.int32), (1, ROWS))
+        ct.atomic_max(ends, (b, rows), last, memory_order=ct.MemoryOrder.RELAXED)
 
 
 def _tile_ends(mask, mask_min: float, b, rb, c, ROWS: int, COLS: int, ADDITIVE: bool):
@@ -270,10 +279,11 @@ def prepare_constants(
     block_kv: int,
     mask: int = MASK_NONE,
     mask_rows: int = 1,
+    mask_keys: int = 0,
 ) -> list[Any]:
     """The ``ct.Constant`` arguments of the indexer-prepare kernel (the query rows' and the keys' tiles differ only
     in their bf16 parts; ``mask``: ``MASK_NONE``, ``MASK_BOOL`` or ``MASK_ADDITIVE``, over ``mask_rows`` query rows
-    a sequence)."""
+    a sequence and ``mask_keys`` keys)."""
     tile_rows, tile_cols = heuristics.prepare_mask_tile(mask_rows)
     return launch.trailing(
         _indexer_prepare,
@@ -287,7 +297,14 @@ def prepare_constants(
         MASK=mask,
         MASK_ROWS=tile_rows,
         MASK_COLS=tile_cols,
+        MASK_STORE=ends_stored(mask, mask_rows, mask_keys),
     )
+
+
+def ends_stored(mask: int, mask_rows: int, mask_keys: int) -> bool:
+    """Whether the indexer-prepare kernel stores each window end (``MASK_STORE``): one mask tile spans the keys, so
+    one CTA reduces each row; otherwise the tiles' ends combine by atomics into zeroed ends."""
+    return mask != MASK_NONE and mask_keys <= heuristics.prepare_mask_tile(mask_rows)[1]
 
 
 def mask_kind(attention_mask: torch.Tensor | None) -> int:
@@ -398,8 +415,8 @@ def prepare_plan(
 ) -> Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
     """The launch plan of an indexer-prepare call shaped as this one, ``run(q, k, weights, kv_cache, block_table,
     context_lens, attention_mask, stream=None) -> (q_fp8, w, ends)``: problem -> config -> constants and grid (mask
-    chunks + query row blocks + key row blocks, B) fixed; a run makes its outputs (``ends`` zeroed), views its
-    operands and launches once."""
+    chunks + query row blocks + key row blocks, B) fixed; a run makes its outputs (``ends`` zeroed unless the kernel
+    stores each), views its operands and launches once."""
     batch, count, heads, dim = q.shape
     q_cfg, k_cfg = _rows_config(q, hadamard), _rows_config(k, hadamard)
     kernel, runs = get_kernel("indexer_prepare"), batch * count * heads > 0
@@ -413,7 +430,9 @@ def prepare_plan(
     q_blocks = launch.cdiv(count * heads, q_cfg.rows)
     grid = (mask_blocks + q_blocks + launch.cdiv(k.shape[1], q_cfg.rows), batch, 1)
     per_sequence = context_lens.numel() > 1 or batch == 1
-    consts = prepare_constants(q_cfg, k_cfg, hadamard, per_sequence, kv_cache.shape[1], kind, count)
+    mask_keys = attention_mask.shape[2] if kind != MASK_NONE else 0
+    consts = prepare_constants(q_cfg, k_cfg, hadamard, per_sequence, kv_cache.shape[1], kind, count, mask_keys)
+    stored = ends_stored(kind, count, mask_keys)  # else the ends start at 0 (the tiles' atomics, or no reduction)
     signs = _signs(q_cfg, hadamard, q.device)
     mask_min = float(torch.finfo(attention_mask.dtype).min) if kind == MASK_ADDITIVE else 0.0
     ends_given = attention_mask is not None
@@ -426,7 +445,9 @@ def prepare_plan(
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         q8 = torch.empty(q.shape, dtype=torch.float8_e4m3fn, device=q.device)
         w8 = torch.empty(batch, count, heads, dtype=torch.float32, device=q.device)
-        ends = torch.zeros(batch, count, dtype=torch.int32, device=q.device) if ends_given else None
+        ends = None
+        if ends_given:
+            ends = (torch.empty if stored else torch.zeros)(batch, count, dtype=torch.int32, device=q.device)
         if not runs:  # no query rows (no heads or no tokens): the keys by the append kernel, the ends by torch
             fp8_paged_append(k, kv_cache, block_table, context_lens, hadamard, stream)
             if ends_given:

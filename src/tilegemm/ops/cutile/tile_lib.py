@@ -23,10 +23,16 @@ GELU_C = math.sqrt(2.0 / math.pi)
 def fp8_quantize(v, axis: int):
     """``(q, scale)``: fp32 ``v`` cast to e4m3 with one scale along ``axis`` (``scale = max(amax, AMAX_EPS) /
     FP8_MAX``, ``q = clamp(v / scale)``): ``tilegemm.per_token_cast_to_fp8``'s formula for a tile whose extent along
-    ``axis`` is one block. ``scale`` keeps ``axis`` with extent 1."""
+    ``axis`` is one block. ``scale`` keeps ``axis`` with extent 1.
+
+    A zero ``v`` (a tile's zero padding past the last row, say) gives its own signed zero, the division's value,
+    without dividing: the IEEE division takes its slow path (sm_90: ``FCHK``, then a ``CALL``) for a zero dividend,
+    so the padding rows of a partial tile would cost more than a full tile's cast (``benchmarks/append_probe.py``)."""
     amax = ct.max(ct.abs(v), axis=axis, keepdims=True)
     scale = ct.maximum(amax, AMAX_EPS) / FP8_MAX
-    q = ct.minimum(ct.maximum(v / scale, -FP8_MAX), FP8_MAX)
+    zero = v == 0.0
+    quotient = ct.where(zero, v, ct.where(zero, scale, v) / scale)
+    q = ct.minimum(ct.maximum(quotient, -FP8_MAX), FP8_MAX)
     return ct.astype(q, ct.float8_e4m3fn), scale
 
 

@@ -25,8 +25,7 @@ tile by TMA as any other). ``SPLITS`` = 1 compiles the kernel without it.
 A last row tile that would reach past M is moved up to end at M (:func:`tiles.tile_row`: rows past M cost time
 in TMA's zero fill) wherever its tiles run alike (:func:`split_tail.runs_alike`: unsplit, or every one split); tiles
 past N, and past M otherwise, are handled by TMA (zero-filled loads, clipped stores); K past the last block is
-zero-filled. The
-host side is :mod:`tilegemm.ops.gluon.bf16_gemm_ws`.
+zero-filled. The host side is :mod:`tilegemm.ops.gluon.bf16_gemm_ws`.
 """
 
 from __future__ import annotations
