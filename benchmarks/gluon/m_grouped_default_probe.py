@@ -14,42 +14,21 @@ Prints a line per row and setting, and writes every number and kernel name to OU
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 import tilegemm
 from tilegemm.bench import device, m_grouped
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from batched_decode_probe import graph_us  # noqa: E402  (benchmarks/: one call in a CUDA graph, the replays' median)
+
 #: (groups, rows a group, N, K): the rows the sweep had apart, and one it had alike
 ROWS = [(4, 8192, 4096, 7168), (8, 4096, 4096, 7168), (4, 8192, 7168, 2048), (32, 512, 7168, 2048)]
 SETTINGS = {"default": None, "gluon": "gluon", "cutile": "cutile"}
-
-
-def graph_us(fn, reps: int = 30) -> float:
-    """Median microseconds of one replay of a CUDA graph holding one call of ``fn`` (captured after warm-ups)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
 
 
 def kernels(fn) -> list[tuple[str, float]]:
@@ -81,7 +60,7 @@ def main(out: str) -> int:
         same = {name: torch.equal(outs[name], outs["default"]) for name in calls}
         for _ in range(3):
             for name, fn in calls.items():
-                times[name].append(graph_us(fn))
+                times[name].append(graph_us(fn, 30))
         row = {"groups": g, "m_per_group": m, "n": n, "k": k, "us": times, "bitwise_as_default": same}
         row["kernels"] = {name: kernels(fn) for name, fn in calls.items()}
         rows.append(row)
