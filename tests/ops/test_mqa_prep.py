@@ -424,6 +424,28 @@ def test_each_call_is_one_launch(launches):
         tg.fp8_quantize_rows(torch.randn(2, 256), hadamard=True, backend="cutile")
 
 
+@pytest.mark.parametrize("rows,keys,stored", [(1, 8192, True), (1, 8193, False), (4, 2048, True), (3, 2049, False)])
+def test_prepare_ends_stored_where_one_tile_spans_the_keys(launches, rows, keys, stored):
+    """Up to one mask tile's keys a row (8,192 at one query row, 2,048 at up to four) the prepare kernel stores the
+    ends (``MASK_STORE``; the output uninitialised before the launch, one mask CTA a row block); past that its tiles
+    combine by atomics into ends zeroed first (one CTA a tile)."""
+    from tilegemm.ops.cutile import mqa_prep
+
+    q, k = torch.randn(2, rows, 8, 128).bfloat16(), torch.randn(2, rows, 128).bfloat16()
+    cache, table = _paged(2, 2, 64, 128)
+    mask = torch.ones(2, rows, keys, dtype=torch.bool)
+    _, _, ends = tg.fp8_indexer_prepare(q, k, torch.ones(2, rows, 8), cache, table, torch.tensor(66),
+                                        attention_mask=mask, backend="cutile")  # fmt: skip
+    grid, _, args = launches[-1]
+    tile_rows, tile_cols = (1, 8192) if rows == 1 else (4, 2048)
+    mask_ctas = -(-rows // tile_rows) * -(-keys // tile_cols)
+    query_ctas, key_ctas = -(-rows * 8 // 16), -(-rows // 16)
+    assert args[-1] is stored and args[11] is ends and grid == (mask_ctas + query_ctas + key_ctas, 2, 1)
+    assert mask_ctas == (1 if stored else 2) and mqa_prep.ends_stored(mqa_prep.MASK_BOOL, rows, keys) is stored
+    if not stored:
+        assert not ends.any()  # zeroed for the atomics (the launch is recorded, not run)
+
+
 # ------------------------------------------------------------------------------ GPU
 
 gpu = pytest.mark.gpu
