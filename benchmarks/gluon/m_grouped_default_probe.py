@@ -22,6 +22,7 @@ import torch
 
 import tilegemm
 from tilegemm.bench import device, m_grouped
+from tilegemm.kernel_timing import kernel_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from batched_decode_probe import graph_us  # noqa: E402  (benchmarks/: one call in a CUDA graph, the replays' median)
@@ -32,13 +33,13 @@ SETTINGS = {"default": None, "gluon": "gluon", "cutile": "cutile"}
 
 
 def kernels(fn) -> list[tuple[str, float]]:
-    """(name, device us) of every kernel one eager call of ``fn`` launches."""
+    """(name, device us) of every kernel one eager call of ``fn`` launches (``kernel_timing.kernel_rows``)."""
     fn()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    return [(e.name[:100], e.device_time_total) for e in prof.events() if e.device_time_total > 0]
+    return [(name[:100], seconds * 1e6) for name, seconds, _ in kernel_rows(prof)]
 
 
 def main(out: str) -> int:
