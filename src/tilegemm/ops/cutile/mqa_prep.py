@@ -1,10 +1,10 @@
 """cuTile kernels that make the MQA-logits ops' operands on the GPU, one launch each (DeepSeek's indexer recipe).
 
 * ``fp8_quantize_rows``: a CTA casts ``ROWS`` rows ``[ROWS, COLS]`` (``COLS``: the row length as a power of two,
-  zero-padded) to FP8 with one scale per row (``tile_lib.fp8_quantize``), after the Hadamard rotation when asked:
-  ``y = (x @ S) * D**-0.5`` with ``S`` the +-1 Sylvester matrix on the tensor cores. The MMA takes bf16 operands, so
-  an fp16 or fp32 row is split into bf16 parts (``x = x1 + x2 (+ x3)``, each part exact) that the MMA sums in fp32:
-  every product is exact, as in the fp32 reference.
+  zero-padded) to FP8 with one scale per row (``tile_lib.fp8_quantize_padded``), after the Hadamard rotation when
+  asked: ``y = (x @ S) * D**-0.5`` with ``S`` the +-1 Sylvester matrix on the tensor cores. The MMA takes bf16
+  operands, so an fp16 or fp32 row is split into bf16 parts (``x = x1 + x2 (+ x3)``, each part exact) that the MMA
+  sums in fp32: every product is exact, as in the fp32 reference.
 * ``fp8_paged_append``: the same cast of the new keys ``x [B, S, D]`` (grid: row blocks x sequences), scattered into
   DeepGEMM's paged cache: token s of sequence b at position ``p = context_lens[b] - S + s``, block
   ``block_table[b, p // block_kv]``, slot ``p % block_kv``; a position outside the table or a block outside the
@@ -64,7 +64,7 @@ def _rows_fp8(x, signs, inv_sqrt: float, ROWS: int, COLS: int, SPLITS: int, HADA
             acc = ct.mma(part, h, acc)
             y = y - ct.astype(part, ct.float32)
         y = acc * inv_sqrt
-    return tile_lib.fp8_quantize(y, 1)
+    return tile_lib.fp8_quantize_padded(y, 1)  # a decode step's one key: 15 padding rows of 16
 
 
 def _quantize_rows(

@@ -20,20 +20,35 @@ _ZERO = ct.PaddingMode.ZERO
 GELU_C = math.sqrt(2.0 / math.pi)
 
 
+def _fp8_scale(v, axis: int):
+    """The e4m3 scale of fp32 ``v`` along ``axis`` (extent 1 kept): ``max(amax, AMAX_EPS) / FP8_MAX``."""
+    amax = ct.max(ct.abs(v), axis=axis, keepdims=True)
+    return ct.maximum(amax, AMAX_EPS) / FP8_MAX
+
+
+def _fp8_clamped(quotient):
+    """``quotient`` clamped to e4m3's range and cast."""
+    q = ct.minimum(ct.maximum(quotient, -FP8_MAX), FP8_MAX)
+    return ct.astype(q, ct.float8_e4m3fn)
+
+
 def fp8_quantize(v, axis: int):
     """``(q, scale)``: fp32 ``v`` cast to e4m3 with one scale along ``axis`` (``scale = max(amax, AMAX_EPS) /
     FP8_MAX``, ``q = clamp(v / scale)``): ``tilegemm.per_token_cast_to_fp8``'s formula for a tile whose extent along
-    ``axis`` is one block. ``scale`` keeps ``axis`` with extent 1.
+    ``axis`` is one block. ``scale`` keeps ``axis`` with extent 1."""
+    scale = _fp8_scale(v, axis)
+    return _fp8_clamped(v / scale), scale
 
-    A zero ``v`` (a tile's zero padding past the last row, say) gives its own signed zero, the division's value,
-    without dividing: the IEEE division takes its slow path (sm_90: ``FCHK``, then a ``CALL``) for a zero dividend,
-    so the padding rows of a partial tile would cost more than a full tile's cast (``benchmarks/append_probe.py``)."""
-    amax = ct.max(ct.abs(v), axis=axis, keepdims=True)
-    scale = ct.maximum(amax, AMAX_EPS) / FP8_MAX
+
+def fp8_quantize_padded(v, axis: int):
+    """:func:`fp8_quantize` for a tile that is mostly zero padding (a decode step's one key in a 16-row tile): the
+    same bits, but a zero ``v`` gives its own signed zero, the division's value, without dividing. The IEEE division
+    takes its slow path (sm_90: ``FCHK``, then a ``CALL``) for a zero dividend, so the padding rows of a partial
+    tile would cost more than a full tile's cast (``benchmarks/append_probe.py``); in a full tile the select costs
+    a little, so dense casts use :func:`fp8_quantize`."""
+    scale = _fp8_scale(v, axis)
     zero = v == 0.0
-    quotient = ct.where(zero, v, ct.where(zero, scale, v) / scale)
-    q = ct.minimum(ct.maximum(quotient, -FP8_MAX), FP8_MAX)
-    return ct.astype(q, ct.float8_e4m3fn), scale
+    return _fp8_clamped(ct.where(zero, v, ct.where(zero, scale, v) / scale)), scale
 
 
 def load_mk(A, pm, kb, TM: int, TK: int, KMAJOR: bool):
