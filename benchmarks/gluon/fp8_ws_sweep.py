@@ -72,6 +72,21 @@ FEW = [
     (512, 4096, 7168),
 ]
 
+#: The design probes' rows (``multicast_probe.py``, ``wg_split_probe.py``; first in
+#: ``../results/gluon/multicast_probe_h200.md``): DeepSeek-V3 shapes, M >= 512.
+DESIGN_ROWS = [
+    (4096, 7168, 2048),
+    (4096, 2112, 7168),
+    (4096, 24576, 1536),
+    (4096, 7168, 16384),
+    (8192, 4096, 7168),
+    (2048, 7168, 2048),
+    (512, 7168, 2048),
+    (8192, 2112, 7168),
+]
+#: The design probes' check shapes: a CTA past M, a partial cluster tile and K block, several tiles a cluster.
+DESIGN_CHECKS = [(256, 128, 128), (128, 256, 384), (1100, 1096, 1040), (2048, 7168, 2048)]
+
 
 def quant(m: int, n: int, k: int, seed: int):
     """DeepGEMM's recipe: A 1x128 per row (scales MN-major, TMA-aligned), B 128x128 blocks."""
@@ -85,6 +100,16 @@ def quant(m: int, n: int, k: int, seed: int):
 
 def reference(a, b) -> torch.Tensor:
     return dequant_per_token(*a).double() @ dequant_per_block(*b).double().t()
+
+
+def row_inputs(m: int, n: int, k: int):
+    """A row's inputs: up to 4 quantized input sets (enough to rotate past L2), a bf16 D [m, n], the float64
+    reference of the first set, and the row's empty result record (``sweep_table.timed`` fills it)."""
+    nsets = min(4, timing.rotation_count(m * k + n * k + 2 * m * n))
+    sets = [quant(m, n, k, 7 * s + 1) for s in range(nsets)]
+    d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    row = {"m": m, "n": n, "k": k, "tflops": {}, "us": {}, "diff": {}, "error": {}}
+    return sets, d, reference(*sets[0]), row
 
 
 def _ws(a, b, *, d, cfg):
@@ -132,11 +157,7 @@ def main() -> None:
         if time.time() - t0 > args.budget_s:
             print(f"skipping {m}x{n}x{k}: past the {args.budget_s:.0f} s budget", flush=True)
             continue
-        nsets = min(4, timing.rotation_count(m * k + n * k + 2 * m * n))
-        sets = [quant(m, n, k, 7 * s + 1) for s in range(nsets)]
-        d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        ref = reference(*sets[0])
-        row = {"m": m, "n": n, "k": k, "tflops": {}, "us": {}, "diff": {}, "error": {}}
+        sets, d, ref, row = row_inputs(m, n, k)
         for name in names:
             call = functools.partial(_ws, d=d, cfg=ws.VARIANTS[name])
             timed(row, name, call, sets, d, ref, args.rep_ms)
