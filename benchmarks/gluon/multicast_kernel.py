@@ -14,8 +14,10 @@ it, with these differences:
   CTA writes into both CTAs' slots: CTA 0 B by multicast; each its A). The MMA warps arrive on their own barrier
   with Gluon's ``mbarrier.arrive`` and on the other CTA's with inline PTX (``mapa.shared::cluster`` of the
   barrier's shared address, then ``mbarrier.arrive.shared::cluster``): Gluon 3.7.1 has no remote arrive. The
-  barrier's address is ``global_smem`` plus an offset that triton's allocator fixes, read from a first compile's
-  PTX (:func:`empty_offset`) and compiled into the second as ``EMPTY_OFF``;
+  barrier's address is ``global_smem`` plus an offset that triton's allocator fixes, read from the PTX of the JIT's
+  own compile of the call (``multicast_probe._jit_empty_offset``) and compiled in as ``EMPTY_OFF``;
+* the loader is a warpgroup (``LOADER_WARPS``; one warp issues the copies) at 24 registers a thread, so the MMA
+  warps keep 240;
 * the walk is persistent over cluster tiles (``program_id`` is the cluster's), in grouped order; both CTAs of a
   cluster walk the same tiles. Each partition meets the other CTA's threads at a cluster barrier before its first
   barrier wait (the inits published) and after its last step (no CTA leaves while the other may still arrive on
