@@ -4,7 +4,10 @@ slot release, checked against float64 and timed beside the plain ws kernel and D
 On the GPU machine (``.devtriton`` and ``.devbundle/deepgemm`` carried; DeepGEMM built first with
 ``DG_PREBUILT=1 DG_SKIP_SMOKE=1 bash .devbundle/deepgemm/build.sh``):
 
-    source .devtriton/setup.sh && PYTHONPATH=src:benchmarks/gluon python3 benchmarks/gluon/multicast_probe.py OUT.json
+    source .devtriton/setup.sh && PYTHONPATH=src:benchmarks/gluon:$PYTHONPATH \\
+        python3 benchmarks/gluon/multicast_probe.py OUT.json
+
+(``setup.sh`` puts triton 3.7.1 on ``PYTHONPATH``: keep it there.)
 
 Without a GPU, ``--compile-only`` compiles the kernel for sm_90a and prints its barrier offset and SASS facts
 (registers after ``setmaxnreg``, local memory, QGMMA and multicast TMA counts, the remote arrive).
@@ -190,7 +193,8 @@ def check(name: str) -> list[dict]:
     return check_in_child(f"import multicast_probe as p; p._check_variant({name!r})", name)
 
 
-def compile_only() -> None:  # noqa: D103
+def compile_only() -> None:
+    """Compile every variant for sm_90a (no GPU) and print its barrier offset and SASS facts."""
     for name, (waves, stages, overlap) in VARIANTS.items():
         off = empty_offset(waves, stages, overlap, 8, LOADER_REGS)
         facts = sass_facts(compiled(waves, stages, overlap, 8, LOADER_REGS, off))
