@@ -28,15 +28,13 @@ The host side is :mod:`multicast_probe`.
 
 from __future__ import annotations
 
-from pipelined import ov_tile
+from pipelined import ov_tile, wave_product
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     cluster,
     mbarrier,
     tma,
-    warpgroup_mma,
-    warpgroup_mma_wait,
 )
 
 from tilegemm.ops.gluon.tiles import store_tile, tile_coords
@@ -159,16 +157,7 @@ def _mma(a_ring, b_ring, sa_ring, ready, empty, d_desc, out, sb_ptr, sb_stride, 
             _trace(trace, 10, it + 1, MMA_WARPS, DEBUG)
             for w in gl.static_range(WAVES):
                 sa = sa_rows.index(s * WAVES + w).load(rows)
-                a = a_ring.index(s * WAVES + w)
-                if WAVES == 2:
-                    if w == 0:
-                        tie = acc1
-                    else:
-                        tie = acc0
-                    t = warpgroup_mma(a, b_ring.index(s).permute((1, 0)), tie, use_acc=chain, is_async=True)
-                else:
-                    t = warpgroup_mma(a, b_ring.index(s).permute((1, 0)), spare, use_acc=False, is_async=True)
-                p = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
+                p = wave_product(a_ring.index(s * WAVES + w), b_ring.index(s), acc0, acc1, spare, w, WAVES, chain)
                 if w == 0:
                     acc0 = acc0 + p * (sa * sb)[:, None]
                 else:

@@ -224,7 +224,7 @@ def main() -> None:
                 print(f"{name}: debug run timed out", exc.stdout, flush=True)
         return
     import torch
-    from fp8_ws_sweep import row_inputs
+    from fp8_ws_sweep import row_inputs, ws_design
     from sweep_table import print_table, progress, timed
 
     from tilegemm.bench import device, peers
@@ -258,7 +258,7 @@ def main() -> None:
         # the plain ws kernel's designs; a plan a call, so each call launches through triton's JIT (the library's
         # relaunch path reads triton 3.6's launcher fields, and the backend is not chosen under 3.7.1)
         for name in PLAIN:
-            call = lambda a, b, d=d, cfg=ws.VARIANTS[name]: ws.ws_plan(a, b, d, cfg)(a, b, d)  # noqa: E731
+            call = functools.partial(ws_design, d=d, cfg=ws.VARIANTS[name])
             timed(row, name, call, sets, d, ref, args.rep_ms)
         if dg is not None:
             timed(row, "deepgemm", functools.partial(dg.fp8_gemm_nt, d=d), sets, d, ref, args.rep_ms)

@@ -1,14 +1,33 @@
-"""Device code the gluon design probes (``multicast_kernel.py``, ``wg_split_kernel.py``) share: the software-pipelined
-K loop of one wave of a tile, as ``tilegemm.ops.gluon.fp8_gemm_ws_kernel`` runs it (each step issues the next K
-block's wgmma into the other product tile, then waits for its own with one in flight and promotes), with the slot
-release each kernel passes in (``RELEASE(empty, slot, RELEASE_ARG)``, a gluon function)."""
+"""Device code the gluon design probes (``multicast_kernel.py``, ``wg_split_kernel.py``) share: one wave's product
+tile of a K block, waited (:func:`wave_product`, the loops without the pipeline), and the software-pipelined K loop
+of one wave of a tile, as ``tilegemm.ops.gluon.fp8_gemm_ws_kernel`` runs it (each step issues the next K block's
+wgmma into the other product tile, then waits for its own with one in flight and promotes), with the slot release
+each kernel passes in (``RELEASE(empty, slot, RELEASE_ARG)``, a gluon function)."""
 
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
 from tilegemm.ops.gluon.fp8_gemm_ws_kernel import _ov_issue, _ov_promote, _ov_wait, _pin
+
+
+@gluon.jit
+def wave_product(a, b, acc0, acc1, spare, W: gl.constexpr, WAVES: gl.constexpr, chain):
+    """Wave ``W``'s product tile of one K block: the wgmma of its A tile ``a`` and B's slot ``b`` ([N, K], read
+    transposed), waited. With two waves it takes the other wave's accumulator as its input tile under ``use_acc=chain``
+    (False at run time, not at compile time), so ptxas cannot sink the previous promotion below it and the two waves'
+    tiles fit without spills (as in ``fp8_gemm_ws_kernel``); with one, the ``spare`` product tile."""
+    if WAVES == 2:
+        if W == 0:
+            tie = acc1
+        else:
+            tie = acc0
+        t = warpgroup_mma(a, b.permute((1, 0)), tie, use_acc=chain, is_async=True)
+    else:
+        t = warpgroup_mma(a, b.permute((1, 0)), spare, use_acc=False, is_async=True)
+    return warpgroup_mma_wait(num_outstanding=0, deps=(t,))
 
 
 @gluon.jit

@@ -16,15 +16,13 @@ staging tile per warpgroup.
 
 from __future__ import annotations
 
-from pipelined import ov_tile
+from pipelined import ov_tile, wave_product
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
     tma,
-    warpgroup_mma,
-    warpgroup_mma_wait,
 )
 
 from tilegemm.ops.gluon.tiles import store_tile, tile_coords
@@ -103,15 +101,7 @@ def _warpgroup(a_ring, b_ring, sa_ring, ready, empty, d_desc, out, sb_ptr, sb_st
             for h in gl.static_range(HALVES):
                 sa = sa_rows.index(s).slice(first + h * HALF_M, HALF_M).load(rows)
                 a = a_ring.index(s).slice(first + h * HALF_M, HALF_M)
-                if HALVES == 2:
-                    if h == 0:
-                        tie = acc1
-                    else:
-                        tie = acc0
-                    t = warpgroup_mma(a, b_ring.index(s).permute((1, 0)), tie, use_acc=chain, is_async=True)
-                else:
-                    t = warpgroup_mma(a, b_ring.index(s).permute((1, 0)), spare, use_acc=False, is_async=True)
-                p = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
+                p = wave_product(a, b_ring.index(s), acc0, acc1, spare, h, HALVES, chain)
                 if h == HALVES - 1:
                     mbarrier.arrive(empty.index(s), count=1)  # this warpgroup's wgmmas of slot s are complete
                 if h == 0:

@@ -113,7 +113,7 @@ def main() -> None:
     if args.compile_only:
         return
     import torch
-    from fp8_ws_sweep import row_inputs
+    from fp8_ws_sweep import row_inputs, ws_design
     from sweep_table import print_table, progress, timed
 
     import tilegemm
@@ -134,7 +134,7 @@ def main() -> None:
             call = functools.partial(run_kernel, d=d, halves=halves, stages=stages, overlap=overlap)
             timed(row, name, call, sets, d, ref, args.rep_ms)
         for name in PLAIN if args.plain else ():
-            call = lambda a, b, d=d, cfg=ws.VARIANTS[name]: ws.ws_plan(a, b, d, cfg)(a, b, d)  # noqa: E731
+            call = functools.partial(ws_design, d=d, cfg=ws.VARIANTS[name])
             timed(row, name, call, sets, d, ref, args.rep_ms)
         timed(row, "tilegemm", lambda a, b, d=d: tilegemm.fp8_gemm_nt(a, b, d), sets, d, ref, args.rep_ms)
         if dg is not None:
