@@ -4,10 +4,12 @@ Run on the H200 machine (``source .devbundle/setup.sh``; DeepGEMM built first wi
 ``DG_PREBUILT=1 DG_SKIP_SMOKE=1 bash .devbundle/deepgemm/build.sh``):
 
     PYTHONPATH=src python3 benchmarks/gluon/fp8_ws_sweep.py OUT.json [--variants a_128x128,b_256x128] [--quick]
-        [--rows set|unseen|few | --shapes 256x2048x768,...] [--no-gluon]
+        [--rows set|unseen|few | --shapes 256x2048x768,...] [--no-gluon] [--no-cutile] [--repeat N]
 
 Every implementation's output on a row is compared with the float64 formula (``calc_diff``) before it is timed;
-timing is kernel-only: CUDA-graph replay of calls over input sets rotated past L2, median per call. A row whose
+timing is kernel-only: CUDA-graph replay of calls over input sets rotated past L2, median per call (``--repeat N``:
+the columns timed in turn N times, the median kept, so that the clocks' drift in a long run of large GEMMs reaches
+every column alike). A row whose
 turn would start after ``--budget-s`` seconds is skipped, so the run ends within about four minutes. Prints a
 table (TFLOP/s, and each implementation's geomean ratio to DeepGEMM) last and writes everything to OUT.json.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import statistics
 import time
 
 import torch
@@ -145,6 +148,8 @@ def main() -> None:
     parser.add_argument("--shapes", default="", help="comma-separated MxNxK rows instead of --rows")
     parser.add_argument("--budget-s", type=float, default=210.0, help="start no row after this many seconds")
     parser.add_argument("--no-gluon", action="store_true", help="leave out fp8_gemm_kernel (the first gluon kernel)")
+    parser.add_argument("--no-cutile", action="store_true", help="leave out the public op forced onto cutile")
+    parser.add_argument("--repeat", type=int, default=1, help="time the columns in turn this many times (median)")
     parser.add_argument("--rep-ms", type=float, default=25.0, help="timing budget of one implementation on a row")
     args = parser.parse_args()
     names = [v for v in args.variants.split(",") if v]
@@ -160,15 +165,22 @@ def main() -> None:
             print(f"skipping {m}x{n}x{k}: past the {args.budget_s:.0f} s budget", flush=True)
             continue
         sets, d, ref, row = row_inputs(m, n, k)
-        for name in names:
-            call = functools.partial(ws_design, d=d, cfg=ws.VARIANTS[name])
-            timed(row, name, call, sets, d, ref, args.rep_ms)
+        columns = {name: functools.partial(ws_design, d=d, cfg=ws.VARIANTS[name]) for name in names}
         if not args.no_gluon:
-            timed(row, "gluon", functools.partial(_gluon, d=d), sets, d, ref, args.rep_ms)
-        timed(row, "tilegemm", functools.partial(_public, d=d), sets, d, ref, args.rep_ms)
-        timed(row, "cutile", functools.partial(_cutile, d=d), sets, d, ref, args.rep_ms)
+            columns["gluon"] = functools.partial(_gluon, d=d)
+        columns["tilegemm"] = functools.partial(_public, d=d)
+        if not args.no_cutile:
+            columns["cutile"] = functools.partial(_cutile, d=d)
         if dg is not None:
-            timed(row, "deepgemm", functools.partial(_deepgemm, dg, d=d), sets, d, ref, args.rep_ms)
+            columns["deepgemm"] = functools.partial(_deepgemm, dg, d=d)
+        for _ in range(args.repeat):  # the columns in turn, so that a drift of the clocks reaches each alike
+            for name, call in columns.items():
+                timed(row, name, call, sets, d, ref, args.rep_ms)
+                if name in row["us"]:
+                    row.setdefault("samples_us", {}).setdefault(name, []).append(row["us"][name])
+        for name, samples in row.get("samples_us", {}).items():
+            row["us"][name] = statistics.median(samples)
+            row["tflops"][name] = 2 * m * n * k / row["us"][name] / 1e6
         rows.append(row)
         progress(row, t0, 1e-3)
         del sets, ref
@@ -184,7 +196,8 @@ def main() -> None:
     }
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    impls = names + ([] if args.no_gluon else ["gluon"]) + ["tilegemm", "cutile", "deepgemm"]
+    impls = names + ([] if args.no_gluon else ["gluon"]) + ["tilegemm"] + ([] if args.no_cutile else ["cutile"])
+    impls += ["deepgemm"]
     print_table(rows, impls, "deepgemm", "DeepGEMM")
     print(f"wrote {args.out} ({time.time() - t0:.0f} s)")
 

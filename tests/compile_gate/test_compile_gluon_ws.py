@@ -36,15 +36,18 @@ GOOD = ["a_128x128", "a_128x128_p", "d_128x128_ov", "d_128x128_ov4", "d_128x128_
 GOOD += ["c_128x192"]
 GOOD += ["e_64x128_p", "e_64x128_ov2", "e_64x128_ov4", "f_128x64_p", "f_128x64_ov2", "f_128x64_ov4"]
 GOOD += ["h_64x64_ov2", "h_64x64_ov4"]
+#: each MMA warpgroup a partition of its own (``wg_parts`` 2)
+WG_PARTS = [name for name, cfg in ws.VARIANTS.items() if cfg.wg_parts == 2]
+GOOD += WG_PARTS
 #: the split-tail designs (dense only), compiled with the split count the gate fixes
 SPLIT = [name for name, cfg in ws.VARIANTS.items() if cfg.splits > 1]
 GOOD += SPLIT
 SPILLING_OVERLAP = ["bd_256x128_ov", "cd_128x192_ov"]
 #: the one-wave designs an m-grouped call may run (the shipped ones first: short groups, long groups)
-GROUPED = ["d_128x128_ov4", "d_128x128_ov8", "a_128x128_p", "c_128x192"]
+GROUPED = ["d_128x128_ov4", "d_128x128_ov8", "a_128x128_p", "c_128x192", "g_128x128_ov4"]
 #: the designs a k-grouped call may run (the shipped one first): with B's column scales read at the promotion, the
 #: runs of 2 keep within the registers
-K_GROUPED = ["d_128x128_ov", "a_128x128_p"]
+K_GROUPED = ["g_128x128_ov2", "d_128x128_ov", "a_128x128_p"]
 #: the fused FP8 experts' gate/up designs (the gated form) and down designs (rows scaled): 128-row and 64-row tiles
 GATED = [gluon_rules.MOE_FP8_GATE_UP_WS_DESIGN, "e_64x128_p"]
 ROW_SCALED = [gluon_rules.M_GROUPED_FP8_WS_DESIGN, "e_64x128_ov2"]
@@ -125,6 +128,9 @@ def sass_facts(kernel) -> dict:
         "gmma_group_min": summary["gmma_group_min"],
         "max_register": max(int(x) for x in re.findall(r"\bR(\d+)\b", sass)),
         "mma_budget": max(budgets, default=0),  # the default partition's setmaxnreg (the largest decrease)
+        "setmaxnreg_inc": sorted(
+            {int(x) for x in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", kernel.asm["ptx"])}
+        ),
         "shared_bytes": kernel.metadata.shared,
         "utmaldg": summary["utmaldg"],
         "utmastg": summary["utmastg"],
@@ -240,12 +246,13 @@ def test_ws_k_grouped_sass(facts, name, suffix):
     """The k-grouped form (per-group K ranges, B's column scales by TMA in the stage, D read when accumulating)."""
     f = _get(facts, name + suffix)
     cfg = ws.VARIANTS[name]
+    _check_partitions(cfg, f)
     assert f["usetmaxreg"] >= 1 and f["stl"] == f["ldl"] == 0, "setmaxnreg, no spills"
     blocks = max(cfg.overlap, 1)  # K blocks per iteration of the K loop
     assert f["qgmma_k_loop"] == 4 * blocks and f["qgmma_shapes"] == ["QGMMA.64x128x32"] and f["gmma_group_min"] == 4
     if cfg.overlap:  # the first step's promotion of each run runs under the next step's wgmma
         assert f["ffma_under_mma"] > 0, "promotion under the next wgmma"
-    assert 0 < f["max_register"] < f["mma_budget"] <= 240
+    assert 0 < f["max_register"] < f["mma_budget"] <= _budget_cap(cfg)
     assert f["shared_bytes"] <= ws.SMEM_BYTES and cfg.block_n == 128
     assert f["utmaldg"] == 4, "A, B and both sides' scales by TMA"
 
@@ -272,8 +279,24 @@ def test_the_grouped_ops_run_gated_designs():
     assert set(GATED + ROW_SCALED) <= set(GOOD)
 
 
+def _budget_cap(cfg: ws.WsConfig) -> int:
+    """The most registers the default partition may take: 240 beside a loader warpgroup (two MMA warpgroups in it),
+    248 when the second MMA warpgroup is a worker of its own (``wg_parts`` 2: 248 + 232 + 24 of 3 x 168)."""
+    return 248 if cfg.wg_parts == 2 else 240
+
+
+def _check_partitions(cfg: ws.WsConfig, f: dict) -> None:
+    """A design with each MMA warpgroup a partition (``wg_parts`` 2) raises the worker warpgroup to
+    ``WG1_REGS`` and stores through two staging tiles (one TMA store each); the others have one MMA partition."""
+    if cfg.wg_parts == 2:
+        assert fp8_gemm_ws_kernel.WG1_REGS in f["setmaxnreg_inc"] and f["utmastg"] == 2, f
+    else:
+        assert fp8_gemm_ws_kernel.WG1_REGS not in f["setmaxnreg_inc"] and f["utmastg"] <= 2, f
+
+
 def _check_good(cfg: ws.WsConfig, f: dict) -> None:
     """What every shipped design's SASS must show (see the module docstring)."""
+    _check_partitions(cfg, f)
     assert f["usetmaxreg"] >= 1, "setmaxnreg: the MMA warps take the loader warp's registers"
     assert f["stl"] == f["ldl"] == 0, "register spills"
     per_wave = 4 + (4 if cfg.block_n == 192 else 0)
@@ -286,7 +309,9 @@ def _check_good(cfg: ws.WsConfig, f: dict) -> None:
     want = {wide} | ({"QGMMA.64x64x32"} if cfg.block_n == 192 else set())
     assert set(f["qgmma_shapes"]) == want
     assert f["gmma_group_min"] == 4, "each sub-tile's four wgmma in one group (ptxas did not serialize them)"
-    assert 0 < f["max_register"] < f["mma_budget"] <= 240, "registers within the default partition's budget"
+    assert 0 < f["max_register"] < f["mma_budget"] <= _budget_cap(cfg), (
+        "registers within the default partition's budget"
+    )
     assert f["shared_bytes"] <= ws.SMEM_BYTES
     assert f["utmaldg"] == 3 + (cfg.block_n == 192), "A, B (one or two sub-tiles) and A's scales by TMA"
     if cfg.overlap and wide == "QGMMA.64x128x32":

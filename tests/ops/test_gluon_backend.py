@@ -123,7 +123,9 @@ WS_RULE_CASES = [
         (384, 3072, "d_128x128_ov8"),  # one round (72) -> two (144) either way
         (512, 4096, "d_128x128_ov8"),  # one round (128) -> two (256)
         (512, 2112, "f_128x64_ov2"),  # one round (68) -> one of 132 128x64 tiles; 64x128: two (136)
-        (4096, 7168, "d_128x128_ov8"),
+        (2048, 4096, "d_128x128_ov8"),  # 512 tiles: under four rounds
+        (4096, 7168, "g_128x128_ov4"),  # 1792 tiles: 14 rounds, each MMA warpgroup a partition
+        (4224, 2112, "g_128x128_ov4"),  # 561 tiles: four rounds and 33 (a tail too long to split)
         (256, 2112, "h_64x64_ov2"),  # one round of 68 64x128 tiles (0.8) -> one of 132 64x64 tiles (0.7)
         (128, 4096, "h_64x64_ov2"),  # one round of 64 64x128 tiles -> one of 128 64x64 tiles
         (256, 4096, "e_64x128_ov2"),  # one round of 128 64x128 tiles; 64x64: two (256)
@@ -131,7 +133,8 @@ WS_RULE_CASES = [
 )
 def test_dense_fp8_ws_design(m, n, design):
     """64x128 or 128x64 tiles where their rounds over the SMs cost less than the 128x128 tiles' (a round of smaller
-    tiles: 0.8), 64x128 first where the two tie; 64x64 tiles (0.7) where those still leave SMs idle, at K 4096+."""
+    tiles: 0.8), 64x128 first where the two tie; 64x64 tiles (0.7) where those still leave SMs idle, at K 4096+;
+    from four rounds of 128x128 tiles, the design with each MMA warpgroup a partition."""
     assert gluon.dense_fp8_ws_design(m, n, 7168, 132) == design
 
 
@@ -148,6 +151,8 @@ def test_dense_fp8_ws_designs_are_ws_variants():
     for design, rows, cols, _ in gluon.DENSE_FP8_WS_TILES:
         cfg = ws.VARIANTS[design]
         assert (cfg.block_m, cfg.block_n) == (rows, cols)
+    long, short = ws.VARIANTS[gluon.DENSE_FP8_WS_LONG_DESIGN], ws.VARIANTS[gluon.DENSE_FP8_WS_DESIGN]
+    assert (long.block_m, long.block_n, long.wg_parts) == (short.block_m, short.block_n, 2)
 
 
 @pytest.mark.parametrize("m, n, k, automatic", WS_RULE_CASES)
@@ -330,20 +335,22 @@ SPLIT_TAIL_CASES = [
     ("fp8", 8192, 8192, 8192, "d_128x128_ov8_sk"),  # 4096 tiles: 31 rounds and 4; 1.01-1.04x
     ("bf16", 256, 4096, 7168, "bf16_64x128"),  # 128 tiles: one short round, no whole one before it
     ("bf16", 8192, 8192, 8192, "bf16_128x256"),  # 128x256 tiles are not split
-    ("fp8", 4096, 7168, 7168, "d_128x128_ov8"),  # 1792 tiles: a tail of 76, over 132 // 5
+    ("fp8", 4096, 7168, 7168, "g_128x128_ov4"),  # 1792 tiles: a tail of 76, over 132 // 5
     ("fp8", 2048, 2112, 1024, "d_128x128_ov8"),  # 8 K blocks: a run's fixed cost exceeds what the split saves
     ("bf16", 2048, 2112, 1024, "bf16_128x64"),  # 16 K blocks of 64: four whole rounds of 128x64 tiles at short K
-    ("fp8", 4224, 4096, 7168, "d_128x128_ov8"),  # 33 x 32 = 1056 tiles: eight full rounds, no tail
+    ("fp8", 4224, 4096, 7168, "g_128x128_ov4"),  # 33 x 32 = 1056 tiles: eight full rounds, no tail
     ("bf16", 2056, 2112, 7168, "bf16_128x128_sk"),  # 289 tiles: two rounds and 25; 1.08x
     ("fp8", 2056, 2112, 7168, "d_128x128_ov8_sk"),  # 1.05x
-    ("fp8", 4104, 2112, 7168, "d_128x128_ov8"),  # 561 tiles: four rounds and 33, over 132 // 5; split 0.95x
+    ("fp8", 4104, 2112, 7168, "g_128x128_ov4"),  # 561 tiles: four rounds and 33, over 132 // 5; split 0.95x
 ]
 
 
 @pytest.mark.parametrize("kind, m, n, k, design", SPLIT_TAIL_CASES)
 def test_split_tail_refines_the_tiling(kind, m, n, k, design):
     """The split design where a short last round (at most SMs / 5 tiles, after a whole round) costs more than its
-    split (a run: 1/4 of a tile plus its fixed K blocks); the tile and the tile count are the unsplit tiling's."""
+    split (a run: 1/4 of a tile plus its fixed K blocks); the tile and the tile count are the unsplit tiling's. An
+    unsplit FP8 tiling of four rounds or more runs its 128x128 tiles in the long design (each MMA warpgroup a
+    partition)."""
     if kind == "fp8":
         got, count = gluon.dense_fp8_ws_tiling(m, n, k, 132)
         tiles = tuple(t for t in gluon.DENSE_FP8_WS_TILES if t[0] != gluon.DENSE_FP8_WS_64X64_DESIGN or k >= 4096)
@@ -352,6 +359,9 @@ def test_split_tail_refines_the_tiling(kind, m, n, k, design):
         got, count = gluon.dense_bf16_ws_design(m, n, k, 132), None
         tiles, split = gluon.dense_bf16_ws_tiles(k), gluon.DENSE_BF16_WS_TAIL_SPLIT
     assert got == design
+    if got == gluon.DENSE_FP8_WS_LONG_DESIGN:
+        assert count >= gluon.DENSE_FP8_WS_WG_PARTS_MIN_ROUNDS * 132
+        got = gluon.DENSE_FP8_WS_DESIGN  # the unsplit tiling it runs
     unsplit, unsplit_count = gluon.cheapest_tiling(m, n, 132, tiles)
     assert got in (unsplit, split.designs.get(unsplit))
     assert count in (None, unsplit_count)

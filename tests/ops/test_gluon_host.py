@@ -119,7 +119,8 @@ def _operands(m, n, k, rows_recipe):
 )  # fmt: skip
 def test_compiled_launch_gets_what_the_jit_got(recorders, m, n, k, rows_recipe, alpha):
     recipe = (1, 1, 128) if rows_recipe else (1, 128, 128)
-    kernel, warps = ("v1", 4) if rows_recipe or alpha != 1.0 else ("ws", fp8_gemm_ws.MMA_WARPS)
+    design = fp8_gemm_ws.VARIANTS[gluon_rules.dense_fp8_ws_design(m, n, k, tilegemm.config.get_num_sms())]
+    kernel, warps = ("v1", 4) if rows_recipe or alpha != 1.0 else ("ws", design.num_warps)
     recorder, other = recorders[kernel], recorders["ws" if kernel == "v1" else "v1"]
     a, b = _operands(m, n, k, rows_recipe)
     d = torch.empty(m, n, dtype=torch.bfloat16)

@@ -55,6 +55,14 @@ DENSE_FP8_MIN_FLOPS = 2e10
 #: than runs of 4 on each of the 20 measured rows of 256-12288 rows
 #: (benchmarks/results/dense-fp8-h200/ws_overlap_designs_h200.json).
 DENSE_FP8_WS_DESIGN = "d_128x128_ov8"
+#: ...with each MMA warpgroup a partition of its own (``wg_parts`` 2; runs of 4 in each) where its 128x128 tiles run
+#: at least :data:`DENSE_FP8_WS_WG_PARTS_MIN_ROUNDS` rounds over the SMs: there the two warpgroups drift apart and
+#: one's promotion runs under the other's wgmma. On the 27 set rows of that design (H200, the same process) it won
+#: all 12 rows of 4 rounds or more, 1.01-1.10x (1.04x geomean: 8192x4096x7168 and 4096x7168x16384 1.10x), and
+#: lost up to 0.92x on rows of fewer rounds, where a CTA runs few tiles
+#: (benchmarks/results/dense-fp8-h200/wg_parts_designs_h200.json).
+DENSE_FP8_WS_LONG_DESIGN = "g_128x128_ov4"
+DENSE_FP8_WS_WG_PARTS_MIN_ROUNDS = 4
 #: The designs for dense calls whose 128x128 tiles would leave SMs idle (:func:`dense_fp8_ws_design`): 64x128 tiles
 #: (the two MMA warpgroups split the columns) and 128x64 tiles (each warpgroup 64 rows of 64 columns), the next K
 #: block's wgmma in flight in runs of 2.
@@ -171,11 +179,13 @@ M_GROUPED_FP8_WS_DESIGN = "d_128x128_ov4"
 #: (benchmarks/results/grouped-fp8-h200/m_grouped_ov8_designs_h200.json).
 M_GROUPED_FP8_WS_LONG_DESIGN = "d_128x128_ov8"
 M_GROUPED_FP8_WS_LONG_MIN_ROWS = 384
-#: The design the k-grouped FP8 calls run: 128x128 tiles, persistent, the next K block's wgmma in flight during each
-#: promotion (runs of 2), B's column scales read from the stage at the promotion (R219, no spills:
-#: tests/compile_gate/test_compile_gluon_ws.py); 0.83x DeepGEMM against 0.74x without the overlap
-#: (benchmarks/results/grouped-fp8-h200/k_grouped_ov_designs_h200.json).
-K_GROUPED_FP8_WS_DESIGN = "d_128x128_ov"
+#: The design the k-grouped FP8 calls run: 128x128 tiles, persistent, each MMA warpgroup a partition of its own, the
+#: next K block's wgmma in flight during each promotion (runs of 2), B's column scales read from the stage at the
+#: promotion (no spills: tests/compile_gate/test_compile_gluon_ws.py). The lockstep design with the overlap
+#: (``d_128x128_ov``) ran 0.83x DeepGEMM against 0.74x without it
+#: (benchmarks/results/grouped-fp8-h200/k_grouped_ov_designs_h200.json); this one 1.03x that (0.97-1.08x, faster on
+#: 4 of the 6 set rows, the 16-group rows 1.07-1.08x; benchmarks/results/grouped-fp8-h200/wg_parts_k_grouped_h200.json).
+K_GROUPED_FP8_WS_DESIGN = "g_128x128_ov2"
 #: The grouped FP8 calls the ws kernel takes: enough 128x128 tiles for the SMs and tile-steps per SM, as dense.
 GROUPED_FP8_MIN_TILES_PER_SM = 0.75
 GROUPED_FP8_MIN_STEPS_PER_SM = 2.5
@@ -304,9 +314,13 @@ def dense_fp8_ws_tiling(m: int, n: int, k: int, num_sms: int) -> tuple[str, int]
     :data:`DENSE_FP8_WS_64X64_MIN_K`, refined by the split tail (:data:`DENSE_FP8_WS_TAIL_SPLIT`). One round of 64
     128x128 tiles on 132 SMs becomes one round of 128 64x128 tiles; 68 tiles at 512x2112 become one round of 132
     128x64 tiles, at 256x2112x7168 one of 132 64x64 tiles; 272 128x128 tiles at 2048x2112x7168 run two rounds and
-    a split tail."""
+    a split tail; 128x128 tiles of :data:`DENSE_FP8_WS_WG_PARTS_MIN_ROUNDS` rounds or more run
+    :data:`DENSE_FP8_WS_LONG_DESIGN` (4096x7168x2048: 1792 tiles, 14 rounds)."""
     tiles = tuple(t for t in DENSE_FP8_WS_TILES if k >= DENSE_FP8_WS_64X64_MIN_K or t[0] != DENSE_FP8_WS_64X64_DESIGN)
-    return cheapest_tiling(m, n, num_sms, tiles, k, DENSE_FP8_WS_TAIL_SPLIT)
+    design, count = cheapest_tiling(m, n, num_sms, tiles, k, DENSE_FP8_WS_TAIL_SPLIT)
+    if design == DENSE_FP8_WS_DESIGN and count >= DENSE_FP8_WS_WG_PARTS_MIN_ROUNDS * max(num_sms, 1):
+        design = DENSE_FP8_WS_LONG_DESIGN
+    return design, count
 
 
 def dense_fp8_ws_design(m: int, n: int, k: int, num_sms: int) -> str:

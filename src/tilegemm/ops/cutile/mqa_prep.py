@@ -53,16 +53,19 @@ MASK_NONE, MASK_BOOL, MASK_ADDITIVE = 0, 1, 2
 
 
 def _rows_fp8(x, signs, inv_sqrt: float, ROWS: int, COLS: int, SPLITS: int, HADAMARD: bool):
-    """Tile code: rows ``x [ROWS, COLS]`` (any float dtype) rotated (``HADAMARD``) and cast: fp8 ``[ROWS, COLS]`` and
-    fp32 scales ``[ROWS, 1]``."""
+    """Tile code: rows ``x [ROWS, COLS]`` (any float dtype; ``SPLITS``: its bf16 parts, 1 for bf16) rotated
+    (``HADAMARD``) and cast: fp8 ``[ROWS, COLS]`` and fp32 scales ``[ROWS, 1]``."""
     y = ct.astype(x, ct.float32)
     if HADAMARD:
         h = ct.load(signs, (0, 0), (COLS, COLS))
         acc = ct.zeros((ROWS, COLS), dtype=ct.float32)
-        for _ in ct.static_iter(range(SPLITS)):
-            part = ct.astype(y, ct.bfloat16)
-            acc = ct.mma(part, h, acc)
-            y = y - ct.astype(part, ct.float32)
+        if SPLITS == 1:  # a bf16 tile is its own one part: to the MMA as loaded, not through fp32 and back
+            acc = ct.mma(x, h, acc)
+        else:
+            for _ in ct.static_iter(range(SPLITS)):
+                part = ct.astype(y, ct.bfloat16)
+                acc = ct.mma(part, h, acc)
+                y = y - ct.astype(part, ct.float32)
         y = acc * inv_sqrt
     return tile_lib.fp8_quantize_padded(y, 1)  # a decode step's one key: 15 padding rows of 16
 

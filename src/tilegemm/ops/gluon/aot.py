@@ -98,7 +98,7 @@ def compile_dense_fp8_ws(
     attrs = _split_tail_attrs(list(signature), cfg.splits)
     signature.update({name: "constexpr" for name in consts})
     source = GluonASTSource(ws.fp8_gemm_ws_kernel, signature, constexprs=consts, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": ws.MMA_WARPS})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps})
 
 
 #: The split tail's runs a tile in the split designs the gate compiles (their ``SPLITS``).

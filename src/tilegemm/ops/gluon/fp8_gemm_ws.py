@@ -50,7 +50,9 @@ class WsConfig(NamedTuple):
     next step's wgmma before the current promotion (0: off; 1, 2, 4 or 8); ``stages``: ring depth, 0 for the deepest
     that fits; ``group_m``: row tiles per column sweep; ``loader_regs``: the TMA warp's registers; ``splits``: the
     split tail's runs a tile (1: no split; 2, 4, 8 or 16: a short last round of tiles split along K,
-    :mod:`split_tail`; dense, persistent, one wave of a 128- or 64-wide tile).
+    :mod:`split_tail`; dense, persistent, one wave of a 128- or 64-wide tile); ``wg_parts``: 1, the two MMA
+    warpgroups one partition stepping together, or 2, each a partition of its own (one 128-row wave of a 128-wide
+    tile, no split tail, not gated; its loader warp then takes 24 registers so that both warpgroups get 232 or more).
     """
 
     block_n: int = 128
@@ -62,11 +64,18 @@ class WsConfig(NamedTuple):
     loader_regs: int = 56
     wave_m: int = WAVE_M
     splits: int = 1
+    wg_parts: int = 1
 
     @property
     def block_m(self) -> int:
         """Rows of a tile."""
         return self.wave_m * self.waves
+
+    @property
+    def num_warps(self) -> int:
+        """The launch's ``num_warps``: the default partition's warps (both MMA warpgroups, or one when each is a
+        partition)."""
+        return MMA_WARPS // self.wg_parts
 
 
 #: The designs of the prototype, by name: (a) the MMA warpgroups in the default partition, (b) 256x128 as two waves,
@@ -74,7 +83,8 @@ class WsConfig(NamedTuple):
 #: K blocks), and mixes; ``e_``: 64x128 (one 64-row wave, the warpgroups splitting its columns), ``f_``: 128x64,
 #: ``h_``: 64x64 (the warpgroups 32 columns each); ``_sk``: a short last round of tiles split 4 ways along K
 #: (:mod:`split_tail`; dense only, chosen by :func:`tilegemm.heuristics.gluon.cheapest_tiling` with
-#: :data:`~tilegemm.heuristics.gluon.DENSE_FP8_WS_TAIL_SPLIT`).
+#: :data:`~tilegemm.heuristics.gluon.DENSE_FP8_WS_TAIL_SPLIT`); ``g_``: 128x128 with each MMA warpgroup a partition of
+#: its own (``wg_parts`` 2), without and with the overlap.
 VARIANTS: dict[str, WsConfig] = {
     "a_128x128": WsConfig(block_n=128, waves=1, persistent=False),
     "a_128x128_p": WsConfig(block_n=128, waves=1, persistent=True),
@@ -95,6 +105,10 @@ VARIANTS: dict[str, WsConfig] = {
     "f_128x64_ov4": WsConfig(block_n=64, waves=1, persistent=True, overlap=4),
     "h_64x64_ov2": WsConfig(block_n=64, waves=1, persistent=True, overlap=2, wave_m=64),
     "h_64x64_ov4": WsConfig(block_n=64, waves=1, persistent=True, overlap=4, wave_m=64),
+    "g_128x128": WsConfig(block_n=128, waves=1, persistent=True, loader_regs=24, wg_parts=2),
+    "g_128x128_ov2": WsConfig(block_n=128, waves=1, persistent=True, overlap=2, loader_regs=24, wg_parts=2),
+    "g_128x128_ov4": WsConfig(block_n=128, waves=1, persistent=True, overlap=4, loader_regs=24, wg_parts=2),
+    "g_128x128_ov8": WsConfig(block_n=128, waves=1, persistent=True, overlap=8, loader_regs=24, wg_parts=2),
 }
 
 
@@ -152,6 +166,10 @@ def ws_config(problem: Problem, cfg: WsConfig | None = None) -> WsConfig:
         raise ValueError(f"{cfg}: the split tail runs dense calls only (not grouped, not gated)")
     if cfg.splits > 1 and (not cfg.persistent or cfg.waves != 1 or cfg.block_n == 192):
         raise ValueError(f"{cfg}: the split tail runs persistent designs of one wave, 128- or 64-wide tiles")
+    if cfg.wg_parts not in (1, 2):
+        raise ValueError(f"{cfg}: wg_parts 1 or 2")
+    if cfg.wg_parts == 2 and (cfg.block_m != WAVE_M or cfg.block_n != 128 or cfg.splits > 1 or problem.gated):
+        raise ValueError(f"{cfg}: a warpgroup a partition runs 128x128 tiles of one wave, unsplit, not gated")
     out_bytes = torch.empty(0, dtype=problem.out_dtype).element_size()
     deepest = min(max_stages(cfg, out_bytes, problem.grouping, bool(problem.gated)), 8)
     if deepest < 2:
@@ -161,17 +179,18 @@ def ws_config(problem: Problem, cfg: WsConfig | None = None) -> WsConfig:
 
 def block_shapes(cfg: WsConfig) -> dict[str, list[int]]:
     """The TMA box of each descriptor: A, B's wide and narrow sub-tiles, A's scales, B's column scales (k-grouped),
-    D's wide and narrow sub-tiles."""
+    D's wide and narrow sub-tiles (a warpgroup's rows of a wave each, with ``wg_parts`` 2)."""
     wide = min(cfg.block_n, 128)
     narrow = NARROW_N if cfg.block_n == 192 else wide
+    d_rows = cfg.wave_m // cfg.wg_parts
     return {
         "a": [cfg.block_m, BLOCK_K],
         "b0": [wide, BLOCK_K],
         "b1": [narrow, BLOCK_K],
         "sa": [1, cfg.block_m],
         "sb": [1, 128],
-        "d0": [cfg.wave_m, wide],
-        "d1": [cfg.wave_m, narrow],
+        "d0": [d_rows, wide],
+        "d1": [d_rows, narrow],
     }
 
 
@@ -194,6 +213,7 @@ def constants(
         "GATED": gated,
         "LOADER_REGS": cfg.loader_regs,
         "SPLITS": cfg.splits,
+        "WG_PARTS": cfg.wg_parts,
     }
 
 
@@ -458,7 +478,7 @@ def ws_plan(
             compiled = fp8_gemm_ws_kernel[grid](
                 **ws_descriptors(cfg, ops, grouping),
                 **dict(zip(("sb_ptr", "group_ptr", "c_ptr", "row_scale_ptr", "d_scale_ptr"), pointers)),
-                **dict(zip(after_names, after_pointers)), num_warps=MMA_WARPS,
+                **dict(zip(after_names, after_pointers)), num_warps=cfg.num_warps,
             )  # fmt: skip
         relaunch = Relaunch(compiled, grid, d.device, tma_shapes)
         return d

@@ -16,6 +16,13 @@ Layout of warps (``gl.warp_specialize``):
 * one worker warp streams A, B and A's scales by TMA into a ``STAGES``-deep ring (``ready`` / ``empty``
   mbarriers), with ``LOADER_REGS`` registers.
 
+``WG_PARTS`` = 2 (one 128-row wave of a 128-wide tile) makes each MMA warpgroup a partition of its own: the default
+partition is warpgroup 0 (rows 0-63 of every tile), a 4-warp worker warpgroup 1 (rows 64-127, ``WG1_REGS``
+registers). Each waits for a stage, runs its wgmma and promotion and releases the stage by itself (``empty`` counts
+both), so the two drift apart and one's promotion runs under the other's wgmma, which the lockstep partition (both
+promoting at once, the tensor cores idle) cannot do; with ``OVERLAP`` each also keeps its next wgmma in flight
+during its own promotion. Each stores its 64 rows through a staging tile of its own.
+
 ``BLOCK_N`` = 64 (one 128-row wave, dense or m-grouped) halves the tile's width instead: each warpgroup 64 rows of
 64 columns (m64n64k32), B's tile 64 rows (inside one 128-row scale block), for short-N calls whose 128-wide tiles
 leave SMs idle. ``BLOCK_N`` = 192 is built from two sub-tiles, 128 and 64 wide (two B descriptors, two wgmma over
@@ -97,7 +104,9 @@ from tilegemm.ops.gluon.tiles import block_scale, store_tile, tile_coords, tile_
 WAVE_M = 128  # rows of one wave: 64 per MMA warpgroup
 BLOCK_K = 128  # one scale block of K per step
 NARROW_N = 64  # width of the second sub-tile of a 192-wide tile
-MMA_WARPS = 8  # the default partition: two MMA warpgroups
+MMA_WARPS = 8  # the MMA warps: two warpgroups (the default partition, or each a partition: WG_PARTS 2)
+#: WG_PARTS 2: the registers of the worker MMA warpgroup (the default one gets what the workers leave: 248)
+WG1_REGS = 232
 
 DENSE, M_GROUPED, K_GROUPED = 0, 1, 2  # GROUPING: the problem the kernel computes
 GATED_SILU, GATED_GELU_TANH = 1, 2  # GATED (m-grouped): the activation fused into the epilogue (0: none)
@@ -108,6 +117,7 @@ _M_GROUPED = gl.constexpr(M_GROUPED)
 _K_GROUPED = gl.constexpr(K_GROUPED)
 _GATED_SILU = gl.constexpr(GATED_SILU)
 _BLOCK_K = gl.constexpr(BLOCK_K)
+_WG1_REGS = gl.constexpr(WG1_REGS)
 
 
 @gluon.jit
@@ -351,6 +361,7 @@ def _ov_run(
     it,
     BLOCKS: gl.constexpr,
     WAVES: gl.constexpr,
+    ROW0: gl.constexpr,
     rows0: gl.constexpr,
     rows1: gl.constexpr,
     cols0: gl.constexpr,
@@ -360,8 +371,8 @@ def _ov_run(
     of one K block): each step issues the next step's wgmma, then waits for its own with one left in flight and
     promotes, so every promotion but the run's last runs under an MMA. Even steps use the product tiles ``qa``,
     odd ones ``qb`` (each a pair, one tile per sub-tile); the run is unrolled, so each tile keeps its registers, and
-    no wgmma is in flight when it returns. ``ring``, ``b_scales`` and ``accs`` as :func:`_ov_k_loop` takes them.
-    Returns the accumulators and the product tiles (for the next run to overwrite)."""
+    no wgmma is in flight when it returns. ``ring``, ``b_scales``, ``accs`` and ``ROW0`` as :func:`_ov_k_loop` takes
+    them. Returns the accumulators and the product tiles (for the next run to overwrite)."""
     a_ring, b0_ring, b1_ring, sa_rows, sb_cols, ready, empty = ring
     sb_ptr, sb_stride, col0, col1, num_k, num_nb = b_scales
     acc00, acc01, acc10 = accs
@@ -371,7 +382,7 @@ def _ov_run(
     SPLIT: gl.constexpr = b1_ring.shape[1] != b0_ring.shape[1]
     STEPS: gl.constexpr = BLOCKS * WAVES
     WAVE_M: gl.constexpr = acc00.shape[0]
-    ta0, ta1 = _ov_issue(a_ring, b0_ring, b1_ring, ready, it, 0, qa0, qa1, True)
+    ta0, ta1 = _ov_issue(a_ring, b0_ring, b1_ring, ready, it, ROW0, qa0, qa1, True)
     for i in gl.static_range(STEPS):
         blk = it + i // WAVES
         if i % WAVES == 0:
@@ -384,17 +395,15 @@ def _ov_run(
             else:
                 sb1 = sb0
         if i + 1 < STEPS:
-            # the next step's wgmma (it waits for its stage's data when it starts a K block)
+            # the next step's wgmma (it waits for its stage's data when it starts a K block) on its wave's A rows
             nxt = it + (i + 1) // WAVES
             if i % 2 == 0:
-                tb0, tb1 = _ov_issue(
-                    a_ring, b0_ring, b1_ring, ready, nxt, ((i + 1) % WAVES) * WAVE_M, qb0, qb1, (i + 1) % WAVES == 0
-                )
+                tb0, tb1 = _ov_issue(a_ring, b0_ring, b1_ring, ready, nxt, ROW0 + ((i + 1) % WAVES) * WAVE_M, qb0, qb1,
+                                     (i + 1) % WAVES == 0)  # fmt: skip
                 qa0, qa1 = _ov_wait(ta0, ta1, 1, SPLIT)
             else:
-                ta0, ta1 = _ov_issue(
-                    a_ring, b0_ring, b1_ring, ready, nxt, ((i + 1) % WAVES) * WAVE_M, qa0, qa1, (i + 1) % WAVES == 0
-                )
+                ta0, ta1 = _ov_issue(a_ring, b0_ring, b1_ring, ready, nxt, ROW0 + ((i + 1) % WAVES) * WAVE_M, qa0, qa1,
+                                     (i + 1) % WAVES == 0)  # fmt: skip
                 qb0, qb1 = _ov_wait(tb0, tb1, 1, SPLIT)
         else:
             if i % 2 == 0:
@@ -408,9 +417,11 @@ def _ov_run(
             p0 = qb0
             p1 = qb1
         if i % WAVES == 0:
-            acc00, acc01 = _ov_promote(acc00, acc01, p0, p1, sa_rows, blk, 0, sb0, sb1, rows0, rows1, SPLIT, SB_COLS)
+            acc00, acc01 = _ov_promote(acc00, acc01, p0, p1, sa_rows, blk, ROW0, sb0, sb1, rows0, rows1, SPLIT, SB_COLS)
         else:
-            acc10, _ = _ov_promote(acc10, acc10, p0, p0, sa_rows, blk, WAVE_M, sb0, sb0, rows0, rows0, False, SB_COLS)
+            acc10, _ = _ov_promote(
+                acc10, acc10, p0, p0, sa_rows, blk, ROW0 + WAVE_M, sb0, sb0, rows0, rows0, False, SB_COLS
+            )
         if i % WAVES == WAVES - 1:
             mbarrier.arrive(empty.index(blk % STAGES), count=1)  # every wgmma reading this stage is complete
     return (acc00, acc01, acc10), (qa0, qa1), (qb0, qb1)
@@ -425,6 +436,7 @@ def _ov_k_loop(
     it,
     RUN: gl.constexpr,
     WAVES: gl.constexpr,
+    ROW0: gl.constexpr,
     rows0: gl.constexpr,
     rows1: gl.constexpr,
     cols0: gl.constexpr,
@@ -436,19 +448,20 @@ def _ov_k_loop(
     body reads that wgmma's tile makes ptxas serialize every wgmma of the kernel (C7514), hence whole runs per
     iteration. ``ring``: the stages ``(a_ring, b0_ring, b1_ring, sa_rows, sb_cols, ready, empty)``; ``b_scales``: what
     :func:`tiles.block_scale` reads, ``(sb_ptr, sb_stride, col0, col1, num_k, num_nb)``; ``accs``: the accumulators
-    ``(acc00, acc01, acc10)`` (acc{wave}{sub-tile}); ``qa``: a pair of spare product tiles. Returns the accumulators
-    and the ring counter past the tile's K blocks."""
+    ``(acc00, acc01, acc10)`` (acc{wave}{sub-tile}); ``qa``: a pair of spare product tiles; ``ROW0``: the first
+    row of each wave this partition computes (a split partition's: :func:`_mma_partition`). Returns the
+    accumulators and the ring counter past the tile's K blocks."""
     num_k = b_scales[4]
     qb = (_pin(gl.zeros_like(qa[0])), _pin(gl.zeros_like(qa[1])))
     for kb in range(0, num_k - (RUN - 1), RUN):
-        accs, qa, qb = _ov_run(ring, b_scales, accs, qa, qb, kb, it, RUN, WAVES, rows0, rows1, cols0, SB_COLS)
+        accs, qa, qb = _ov_run(ring, b_scales, accs, qa, qb, kb, it, RUN, WAVES, ROW0, rows0, rows1, cols0, SB_COLS)
         it += RUN
     kb = num_k - num_k % RUN
     for j in gl.static_range(1, 4):
         if RUN >> j > 0:
             if (num_k % RUN) & (RUN >> j):
                 accs, qa, qb = _ov_run(
-                    ring, b_scales, accs, qa, qb, kb, it, RUN >> j, WAVES, rows0, rows1, cols0, SB_COLS
+                    ring, b_scales, accs, qa, qb, kb, it, RUN >> j, WAVES, ROW0, rows0, rows1, cols0, SB_COLS
                 )
                 it += RUN >> j
                 kb += RUN >> j
@@ -489,20 +502,7 @@ def _gated_k_loop(ring, b_scales, acc_g, acc_u, spare, it, rows: gl.constexpr):
 
 @gluon.jit
 def _mma_partition(
-    ring,
-    out,
-    sb_ptr,
-    group_ptr,
-    c_ptr,
-    row_scale_ptr,
-    d_scale_ptr,
-    sb_stride,
-    sb_group_stride,
-    num_groups,
-    M,
-    N,
-    K,
-    tail,
+    args,
     BLOCK_N: gl.constexpr,
     WAVES: gl.constexpr,
     GROUP_M: gl.constexpr,
@@ -514,24 +514,42 @@ def _mma_partition(
     ROW_SCALE: gl.constexpr,
     GATED: gl.constexpr,
     SPLITS: gl.constexpr,
+    WG_PARTS: gl.constexpr,
+    WG: gl.constexpr,
 ):
-    """The two MMA warpgroups (the default partition): every tile of this CTA, ``WAVES`` waves of 128 rows, from
-    ``ring`` (the kernel's stages), stored through ``out`` (``d0_desc, d1_desc, out0, out1``); m-grouped: with the
-    tile's group's B scales and the rows of no group zeroed (:func:`_group_rows`; times ``row_scale_ptr``'s entries
-    when ``ROW_SCALE``; ``GATED``: the gated activation of the gate and up tiles, quantized into D and
-    ``d_scale_ptr``); k-grouped: into the group's rows of D, added to D's tile when ``ACCUMULATE``. ``SPLITS`` > 1:
-    every job, a split run's K blocks only (its B scales from its first K block), its tile stored by
-    :func:`split_fixup` with ``tail`` (``work_ptr, counter_ptr``), which stores the tile in its last run."""
+    """The MMA warps: every tile of this CTA, ``WAVES`` waves of 128 rows, from ``ring`` (the kernel's stages),
+    stored through ``out`` (``d0_desc, d1_desc, out0, out1, out_wg1``); ``args``: ``(ring, out, sb_ptr, group_ptr,
+    c_ptr, row_scale_ptr, d_scale_ptr, sb_stride, sb_group_stride, num_groups, M, N, K, tail)``, the kernel's.
+    m-grouped: with the tile's group's B scales and the rows of no group zeroed (:func:`_group_rows`; times
+    ``row_scale_ptr``'s entries when ``ROW_SCALE``; ``GATED``: the gated activation of the gate and up tiles,
+    quantized into D and ``d_scale_ptr``); k-grouped: into the group's rows of D, added to D's tile when
+    ``ACCUMULATE``. ``SPLITS`` > 1: every job, a split run's K blocks only (its B scales from its first K block), its
+    tile stored by :func:`split_fixup` with ``tail`` (``work_ptr, counter_ptr``), which stores the tile in its last
+    run.
+
+    ``WG_PARTS`` 1: the two MMA warpgroups as one partition (the default, ``WG`` 0), each 64 rows of every wave
+    (or half the columns of a 64-row wave). ``WG_PARTS`` 2: this partition is MMA warpgroup ``WG`` alone (the default
+    partition or a worker), the wave's rows from ``WG * 64``; it waits for each stage, computes and promotes its 64
+    rows and releases the stage on its own (``empty`` counts both warpgroups), so one warpgroup's promotion runs under
+    the other's wgmma; its rows leave through its own staging tile."""
+    # fmt: off
+    ring, out, sb_ptr, group_ptr, c_ptr, row_scale_ptr, d_scale_ptr, sb_stride, sb_group_stride, num_groups, M, N, K, \
+        tail = args
+    # fmt: on
     a_ring, b0_ring, b1_ring, sa_ring, sb_ring, ready, empty = ring
-    d0_desc, d1_desc, out0, out1 = out
+    d0_desc, d1_desc, out0, out1, out_wg1 = out
+    if WG == 1:
+        out0 = out_wg1
     NW: gl.constexpr = gl.num_warps()
     SPLIT: gl.constexpr = BLOCK_N == 192
     BN0: gl.constexpr = b0_ring.shape[1]
     BN1: gl.constexpr = b1_ring.shape[1]
     BLOCK_M: gl.constexpr = a_ring.shape[1]
     WAVE_M: gl.constexpr = BLOCK_M // WAVES
-    l0: gl.constexpr = wgmma_layout(WAVE_M, BN0, NW, 32)
-    l1: gl.constexpr = wgmma_layout(WAVE_M, BN1, NW, 32)
+    PART_M: gl.constexpr = WAVE_M // WG_PARTS  # the rows of each wave this partition computes
+    ROW0: gl.constexpr = WG * PART_M  # ... from this row of the wave
+    l0: gl.constexpr = wgmma_layout(PART_M, BN0, NW, 32)
+    l1: gl.constexpr = wgmma_layout(PART_M, BN1, NW, 32)
     rows0: gl.constexpr = gl.SliceLayout(1, l0)
     rows1: gl.constexpr = gl.SliceLayout(1, l1)
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
@@ -559,15 +577,15 @@ def _mma_partition(
         if SPLITS > 1:  # block_scale counts K blocks from the job's first
             sb_tile = sb_ptr + kb0
         # Accumulators acc{wave}{sub-tile}; spare{sub-tile}: the product tile the next wgmma overwrites.
-        acc00 = gl.zeros([WAVE_M, BN0], gl.float32, l0)
-        spare0 = gl.zeros([WAVE_M, BN0], gl.float32, l0)
+        acc00 = gl.zeros([PART_M, BN0], gl.float32, l0)
+        spare0 = gl.zeros([PART_M, BN0], gl.float32, l0)
         if WAVES == 2:
-            acc10 = gl.zeros([WAVE_M, BN0], gl.float32, l0)
+            acc10 = gl.zeros([PART_M, BN0], gl.float32, l0)
         if SPLIT:
-            acc01 = gl.zeros([WAVE_M, BN1], gl.float32, l1)
-            spare1 = gl.zeros([WAVE_M, BN1], gl.float32, l1)
+            acc01 = gl.zeros([PART_M, BN1], gl.float32, l1)
+            spare1 = gl.zeros([PART_M, BN1], gl.float32, l1)
         elif GATED:
-            acc01 = gl.zeros([WAVE_M, BN1], gl.float32, l1)  # the up tile (acc00: the gate tile)
+            acc01 = gl.zeros([PART_M, BN1], gl.float32, l1)  # the up tile (acc00: the gate tile)
             spare1 = spare0  # not used: the up wgmma reuses the gate's product tile
         else:
             acc01 = acc00  # not used
@@ -583,7 +601,7 @@ def _mma_partition(
             rows_ring = (a_ring, b0_ring, b1_ring, sa_rows, sb_cols, ready, empty)
             b_scales = (sb_tile, sb_stride, col0, col1, tile_k, num_nb)
             accs, it = _ov_k_loop(
-                rows_ring, b_scales, (acc00, acc01, acc10), (spare0, spare1), it, OVERLAP, WAVES, rows0, rows1,
+                rows_ring, b_scales, (acc00, acc01, acc10), (spare0, spare1), it, OVERLAP, WAVES, ROW0, rows0, rows1,
                 cols0, SB_COLS,
             )  # fmt: skip
             acc00, acc01, acc10 = accs
@@ -602,8 +620,8 @@ def _mma_partition(
                 if SB_COLS:  # the K block's column scales came with the stage
                     sbv = sb_cols.index(s).load(cols0)
                 for w in gl.static_range(WAVES):
-                    sa = sa_rows.index(s).slice(w * WAVE_M, WAVE_M).load(rows0)
-                    a = a_ring.index(s).slice(w * WAVE_M, WAVE_M)
+                    sa = sa_rows.index(s).slice(ROW0 + w * WAVE_M, PART_M).load(rows0)
+                    a = a_ring.index(s).slice(ROW0 + w * WAVE_M, PART_M)
                     if WAVES == 2:
                         if w == 0:
                             tie = acc10
@@ -631,7 +649,7 @@ def _mma_partition(
                     if w == WAVES - 1:
                         mbarrier.arrive(empty.index(s), count=1)  # every wgmma reading stage s is complete
                 it += 1
-        row = pm * BLOCK_M
+        row = pm * BLOCK_M + ROW0
         if GATED:
             if (group >= -1) & (group < num_groups):  # other ids: the tile is not stored
                 h = _group_rows(_gated(acc00, acc01, GATED), group_ptr, row_scale_ptr, row, group, M, rows0, False)
@@ -696,8 +714,9 @@ def fp8_gemm_ws_kernel(
     GATED: gl.constexpr,
     LOADER_REGS: gl.constexpr,
     SPLITS: gl.constexpr,
+    WG_PARTS: gl.constexpr,
 ):
-    """Warp-specialized FP8 GEMM (see the module docstring); launch with ``num_warps=8``.
+    """Warp-specialized FP8 GEMM (see the module docstring); launch with ``num_warps=8 // WG_PARTS``.
 
     ``b1_desc`` / ``d1_desc`` are the narrow (64-column) sub-tile's descriptors when ``BLOCK_N`` is 192; for 128
     they are not read (pass the wide ones again). ``sb_desc`` (B's column scales) and ``c_ptr`` (D, read when
@@ -710,6 +729,9 @@ def fp8_gemm_ws_kernel(
     ``SPLITS`` (1, 2, 4, 8 or 16; above 1 dense, persistent, one wave of a 128- or 64-wide tile): the split tail
     (:mod:`split_tail`), with the plan's ``work_ptr`` (fp32 workspace) and ``counter_ptr`` (int32 counters, zero
     between launches); with ``SPLITS`` 1 neither is read. The grid: one CTA per job (:func:`split_tail.split_grid`).
+
+    ``WG_PARTS`` 2 (one 128-row wave of a 128-wide tile, no split tail, not gated): each MMA warpgroup a partition of
+    its own (:func:`_mma_partition`), the second with :data:`WG1_REGS` registers; D's boxes are then 64 rows.
     """
     gl.static_assert(BLOCK_N == 64 or BLOCK_N == 128 or BLOCK_N == 192, "BLOCK_N is 64, 128 or 192")
     gl.static_assert(
@@ -741,6 +763,12 @@ def fp8_gemm_ws_kernel(
         SPLITS == 1 or (GROUPING == _DENSE and PERSISTENT and WAVES == 1 and BLOCK_N != 192 and GATED == 0),
         "the split tail: dense, persistent, one wave of a 128- or 64-wide tile",
     )
+    gl.static_assert(
+        WG_PARTS == 1
+        or (WG_PARTS == 2 and WAVES == 1 and BLOCK_N == 128 and SPLITS == 1 and GATED == 0
+            and a_desc.block_type.shape[0] == _WAVE_M and d0_desc.block_type.shape[0] == _WAVE_M // 2),
+        "WG_PARTS 2: one 128-row wave of a 128-wide tile (64-row D boxes), no split tail, not gated",
+    )  # fmt: skip
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     SPLIT: gl.constexpr = BLOCK_N == 192
     SB_COLS: gl.constexpr = GROUPING == _K_GROUPED
@@ -756,6 +784,10 @@ def fp8_gemm_ws_kernel(
     else:
         sb_ring = sa_ring  # not read
     out0 = gl.allocate_shared_memory(d0_desc.dtype, d0_desc.block_type.shape, d0_desc.layout)
+    if WG_PARTS == 2:  # the second warpgroup's staging tile
+        out_wg1 = gl.allocate_shared_memory(d0_desc.dtype, d0_desc.block_type.shape, d0_desc.layout)
+    else:
+        out_wg1 = out0  # not written
     if not SPLIT:
         out1 = out0  # not written
         if GATED == 0:
@@ -764,68 +796,36 @@ def fp8_gemm_ws_kernel(
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+        mbarrier.init(empty.index(i), count=WG_PARTS)  # each MMA partition releases the stage
     fence_async_shared()
-    # the stages both partitions take: A, B's sub-tiles, A's (and B's column) scales and the ring's barriers
+    # the stages every partition takes: A, B's sub-tiles, A's (and B's column) scales and the ring's barriers
     ring = (a_ring, b0_ring, b1_ring, sa_ring, sb_ring, ready, empty)
-    # the MMA partition's epilogue: D's descriptors and the shared tiles its stores go through
-    out = (d0_desc, d1_desc, out0, out1)
-    gl.warp_specialize(
-        [
-            (
-                _mma_partition,
-                (
-                    ring,
-                    out,
-                    sb_ptr,
-                    group_ptr,
-                    c_ptr,
-                    row_scale_ptr,
-                    d_scale_ptr,
-                    sb_stride,
-                    sb_group_stride,
-                    num_groups,
-                    M,
-                    N,
-                    K,
-                    (work_ptr, counter_ptr),
-                    BLOCK_N,
-                    WAVES,
-                    GROUP_M,
-                    STAGES,
-                    PERSISTENT,
-                    OVERLAP,
-                    GROUPING,
-                    ACCUMULATE,
-                    ROW_SCALE,
-                    GATED,
-                    SPLITS,
-                ),  # fmt: skip
-            ),
-            (
-                _loader,
-                (
-                    a_desc,
-                    b0_desc,
-                    b1_desc,
-                    sa_desc,
-                    sb_desc,
-                    ring,
-                    group_ptr,
-                    num_groups,
-                    M,
-                    N,
-                    K,
-                    BLOCK_N,
-                    GROUP_M,
-                    STAGES,
-                    PERSISTENT,
-                    GROUPING,
-                    GATED,
-                    SPLITS,
-                ),  # fmt: skip
-            ),
-        ],
-        [1],
-        [LOADER_REGS],
-    )
+    # the MMA partitions' epilogue: D's descriptors and the shared tiles their stores go through
+    out = (d0_desc, d1_desc, out0, out1, out_wg1)
+    # the MMA partitions' runtime arguments (a tuple assigned to a name holds no constexpr: those are passed inline)
+    mma = (ring, out, sb_ptr, group_ptr, c_ptr, row_scale_ptr, d_scale_ptr, sb_stride, sb_group_stride, num_groups,
+           M, N, K, (work_ptr, counter_ptr))  # fmt: skip
+    if WG_PARTS == 2:
+        gl.warp_specialize(
+            [
+                (_mma_partition, (mma, BLOCK_N, WAVES, GROUP_M, STAGES, PERSISTENT, OVERLAP, GROUPING, ACCUMULATE,
+                                  ROW_SCALE, GATED, SPLITS, WG_PARTS, 0)),
+                (_mma_partition, (mma, BLOCK_N, WAVES, GROUP_M, STAGES, PERSISTENT, OVERLAP, GROUPING, ACCUMULATE,
+                                  ROW_SCALE, GATED, SPLITS, WG_PARTS, 1)),
+                (_loader, (a_desc, b0_desc, b1_desc, sa_desc, sb_desc, ring, group_ptr, num_groups, M, N, K, BLOCK_N,
+                           GROUP_M, STAGES, PERSISTENT, GROUPING, GATED, SPLITS)),
+            ],
+            [4, 1],
+            [_WG1_REGS, LOADER_REGS],
+        )  # fmt: skip
+    else:
+        gl.warp_specialize(
+            [
+                (_mma_partition, (mma, BLOCK_N, WAVES, GROUP_M, STAGES, PERSISTENT, OVERLAP, GROUPING, ACCUMULATE,
+                                  ROW_SCALE, GATED, SPLITS, WG_PARTS, 0)),
+                (_loader, (a_desc, b0_desc, b1_desc, sa_desc, sb_desc, ring, group_ptr, num_groups, M, N, K, BLOCK_N,
+                           GROUP_M, STAGES, PERSISTENT, GROUPING, GATED, SPLITS)),
+            ],
+            [1],
+            [LOADER_REGS],
+        )  # fmt: skip

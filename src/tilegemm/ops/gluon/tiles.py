@@ -11,10 +11,11 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 @gluon.constexpr_function
 def wgmma_layout(rows, width, num_warps, instr_k):
-    """The accumulator layout of a [``rows``, ``width``] wgmma tile over ``num_warps`` MMA warps (two warpgroups),
-    the instruction ``instr_k`` deep (32 for FP8, 16 for BF16): 128 rows, each warpgroup 64 of them
-    (m64n``width``); 64 rows, each warpgroup half the columns (m64n``width/2``, both reading the same A)."""
-    if rows == 128:
+    """The accumulator layout of a [``rows``, ``width``] wgmma tile over ``num_warps`` MMA warps (one or two
+    warpgroups), the instruction ``instr_k`` deep (32 for FP8, 16 for BF16): 16 rows a warp (128 rows over two
+    warpgroups, 64 over one), each warpgroup 64 of them (m64n``width``); else (64 rows over two warpgroups) each
+    warpgroup half the columns (m64n``width/2``, both reading the same A)."""
+    if rows == 16 * num_warps:
         return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, width, instr_k])
     return gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[num_warps // 2, 2], instr_shape=[16, width // 2, instr_k]
