@@ -49,7 +49,9 @@ def test_bf16_ws_sass(name, out):
     cfg = bw.VARIANTS[name]
     kernel = aot.compile_bf16_ws(cfg, out)
     assert kernel.name == bf16_gemm_ws_kernel.bf16_gemm_ws_kernel.__name__
-    assert bf16_gemm_ws_kernel.tile_range is tiles.tile_range
+    assert (
+        bf16_gemm_ws_kernel.tile_range is tiles.tile_range and bf16_gemm_ws_kernel.ring_barriers is tiles.ring_barriers
+    )
     sass, ops, summary, loop = _sass_and_k_loop(kernel)
     assert sum(n for op, n in ops.items() if op.startswith("USETMAXREG")) >= 1, "setmaxnreg"
     halves = 2 if cfg.block_n == 256 else 1  # a 256-wide tile: two 128-wide halves, a wgmma group each

@@ -178,9 +178,9 @@ def _get(facts, name):
 
 
 def test_ws_kernel_walks_and_stores_with_tiles_helpers():
-    """The ws kernel compiles tiles.py's tile walk, tile order, B block scale and store (the helpers the gluon GEMM
-    kernels share), not copies of its own."""
-    for helper in ("tile_range", "tile_coords", "block_scale", "store_tile", "wgmma_layout"):
+    """The ws kernel compiles tiles.py's tile walk, tile order, ring barriers, B block scale and store (the helpers
+    the gluon GEMM kernels share), not copies of its own."""
+    for helper in ("tile_range", "tile_coords", "block_scale", "store_tile", "wgmma_layout", "ring_barriers"):
         assert getattr(fp8_gemm_ws_kernel, helper) is getattr(tiles, helper), helper
 
 
@@ -287,9 +287,11 @@ def _budget_cap(cfg: ws.WsConfig) -> int:
 
 def _check_partitions(cfg: ws.WsConfig, f: dict) -> None:
     """A design with each MMA warpgroup a partition (``wg_parts`` 2) raises the worker warpgroup to
-    ``WG1_REGS`` and stores through two staging tiles (one TMA store each); the others have one MMA partition."""
+    ``WG1_REGS`` and stores through staging tiles of its own (one TMA store a sub-tile and warpgroup: two at 128x128,
+    four at 128x192); the others have one MMA partition."""
     if cfg.wg_parts == 2:
-        assert fp8_gemm_ws_kernel.WG1_REGS in f["setmaxnreg_inc"] and f["utmastg"] == 2, f
+        stores = 2 * (1 + (cfg.block_n == 192))
+        assert fp8_gemm_ws_kernel.WG1_REGS in f["setmaxnreg_inc"] and f["utmastg"] == stores, f
     else:
         assert fp8_gemm_ws_kernel.WG1_REGS not in f["setmaxnreg_inc"] and f["utmastg"] <= 2, f
 

@@ -129,12 +129,16 @@ WS_RULE_CASES = [
         (256, 2112, "h_64x64_ov2"),  # one round of 68 64x128 tiles (0.8) -> one of 132 64x64 tiles (0.7)
         (128, 4096, "h_64x64_ov2"),  # one round of 64 64x128 tiles -> one of 128 64x64 tiles
         (256, 4096, "e_64x128_ov2"),  # one round of 128 64x128 tiles; 64x64: two (256)
+        (2048, 1536, "g_128x192"),  # two rounds of 128x128 tiles (192) -> one of 128 128x192 tiles
+        (768, 4096, "g_128x192"),  # 192 -> 132 128x192 tiles
+        (4096, 1536, "d_128x128_ov8"),  # three rounds (384) -> two of 128x192 (256): 3 < 2 x 1.7
     ],
 )
 def test_dense_fp8_ws_design(m, n, design):
     """64x128 or 128x64 tiles where their rounds over the SMs cost less than the 128x128 tiles' (a round of smaller
     tiles: 0.8), 64x128 first where the two tie; 64x64 tiles (0.7) where those still leave SMs idle, at K 4096+;
-    from four rounds of 128x128 tiles, the design with each MMA warpgroup a partition."""
+    128x192 tiles (1.7) where they cut the rounds enough; from four rounds of 128x128 tiles, the design with each
+    MMA warpgroup a partition."""
     assert gluon.dense_fp8_ws_design(m, n, 7168, 132) == design
 
 

@@ -597,7 +597,7 @@ class _Runs:
         self.calls.append(args)
 
 
-@pytest.mark.parametrize("name", ["g_128x128_ov4", "d_128x128_ov8"])
+@pytest.mark.parametrize("name", ["g_128x128_ov4", "g_128x192", "d_128x128_ov8", "c_128x192"])
 def test_warpgroup_partitions_launch_as_configured(recorders, name):
     """A design with each MMA warpgroup a partition of its own (``wg_parts`` 2) launches 4 warps (the default
     partition is warpgroup 0; warpgroup 1 and the loader are workers) with ``WG_PARTS`` 2, its loader at 24 registers
@@ -611,6 +611,8 @@ def test_warpgroup_partitions_launch_as_configured(recorders, name):
     parts = 2 if name.startswith("g_") else 1
     assert cfg.wg_parts == kwargs["WG_PARTS"] == parts and num_warps == cfg.num_warps == 8 // parts
     assert list(kwargs["d0_desc"].block_shape) == [128 // parts, 128]
+    if cfg.block_n == 192:  # the 64 columns past the 128-wide sub-tile: a box of its own
+        assert list(kwargs["d1_desc"].block_shape) == [128 // parts, 64]
     assert list(kwargs["a_desc"].block_shape) == [128, 128]
     assert kwargs["LOADER_REGS"] == (24 if parts == 2 else cfg.loader_regs)
 
@@ -619,16 +621,16 @@ def test_warpgroup_partitions_launch_as_configured(recorders, name):
     "change, problem, message",
     [
         ({"wg_parts": 3}, {}, "wg_parts 1 or 2"),
-        ({"waves": 2}, {}, "128x128 tiles of one wave"),
-        ({"block_n": 192}, {}, "128x128 tiles of one wave"),
-        ({"wave_m": 64}, {}, "128x128 tiles of one wave"),
+        ({"waves": 2}, {}, "128x192 tiles of one wave"),
+        ({"block_n": 64}, {}, "128x192 tiles of one wave"),
+        ({"wave_m": 64}, {}, "128x192 tiles of one wave"),
         ({"splits": 4}, {}, "unsplit"),
         ({"overlap": 0}, {"groups": 2, "grouping": fp8_gemm_ws.M_GROUPED, "gated": 1}, "not gated"),
     ],
 )
 def test_warpgroup_partitions_refuse_other_tiles(change, problem, message):
-    """``ws_config`` refuses a ``wg_parts`` 2 design on anything but one 128-row wave of a 128-wide tile, unsplit and
-    not gated (the kernel's static assertion), with a message that says so, before any launch."""
+    """``ws_config`` refuses a ``wg_parts`` 2 design on anything but one 128-row wave of a 128- or 192-wide tile,
+    unsplit and not gated (the kernel's static assertion), with a message that says so, before any launch."""
     cfg = fp8_gemm_ws.VARIANTS["g_128x128_ov4"]._replace(**change)
     out = torch.float8_e4m3fn if problem.get("gated") else torch.bfloat16
     with pytest.raises(ValueError, match=message):

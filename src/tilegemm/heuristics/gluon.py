@@ -57,10 +57,10 @@ DENSE_FP8_MIN_FLOPS = 2e10
 DENSE_FP8_WS_DESIGN = "d_128x128_ov8"
 #: ...with each MMA warpgroup a partition of its own (``wg_parts`` 2; runs of 4 in each) where its 128x128 tiles run
 #: at least :data:`DENSE_FP8_WS_WG_PARTS_MIN_ROUNDS` rounds over the SMs: there the two warpgroups drift apart and
-#: one's promotion runs under the other's wgmma. On the 27 set rows of that design (H200, the same process) it won
-#: all 12 rows of 4 rounds or more, 1.01-1.10x (1.04x geomean: 8192x4096x7168 and 4096x7168x16384 1.10x), and
-#: lost up to 0.92x on rows of fewer rounds, where a CTA runs few tiles
-#: (benchmarks/results/dense-fp8-h200/wg_parts_designs_h200.json).
+#: one's promotion runs under the other's wgmma. On the 26 set rows of that design and 8192x4096x7168 (H200, the
+#: same process) it won all 11 set rows of 4 rounds or more and that one, 1.01-1.10x (1.04x geomean;
+#: 8192x4096x7168 and 4096x7168x16384 1.10x), and lost up to 0.92x on rows of fewer rounds, where a CTA runs few
+#: tiles (benchmarks/results/dense-fp8-h200/wg_parts_designs_h200.json).
 DENSE_FP8_WS_LONG_DESIGN = "g_128x128_ov4"
 DENSE_FP8_WS_WG_PARTS_MIN_ROUNDS = 4
 #: The designs for dense calls whose 128x128 tiles would leave SMs idle (:func:`dense_fp8_ws_design`): 64x128 tiles
@@ -74,6 +74,13 @@ WS_SHORT_TILE_COST = 0.8
 #: 64x64 tiles (one 64-row wave, each MMA warpgroup 32 of the 64 columns, runs of 2) for calls whose 64x128 and
 #: 128x64 tilings still leave SMs idle: 68 tiles at 256x2112 become one round of 132.
 DENSE_FP8_WS_64X64_DESIGN = "h_64x64_ov2"
+#: 128x192 tiles (each MMA warpgroup a partition running 64 rows of 192 columns) for dense calls where they cut the
+#: rounds of 128x128 tiles: two rounds to one on 7 rows off the set, 1.07-1.15x the 128x128 design; three to two
+#: lost (0.94-0.95x; H200, benchmarks/results/gluon/g_128x192_rounds_h200.json).
+DENSE_FP8_WS_WIDE_DESIGN = "g_128x192"
+#: A 128x192 tile's time over a 128x128 one's: 1.7, between what those rows imply (two rounds over one at
+#: 1.07-1.15x: 1.74-1.87; three over two at 0.94-0.95x: 1.58-1.60).
+WS_WIDE_TILE_COST = 1.7
 #: A 64x64 tile's time over a 128x128 one's: 0.69-0.70 (one round of 132 64x64 tiles against one of 68 64x128 ones
 #: at 256x2112x7168, of 128 against 64 at 128x4096x7168; benchmarks/results/dense-fp8-h200/h_64x64_h200.json).
 WS_64X64_TILE_COST = 0.7
@@ -89,6 +96,7 @@ DENSE_FP8_WS_TILES = (
     (DENSE_FP8_WS_SHORT_M_DESIGN, BLOCK_M // 2, 128, WS_SHORT_TILE_COST),
     (DENSE_FP8_WS_SHORT_N_DESIGN, BLOCK_M, 64, WS_SHORT_TILE_COST),
     (DENSE_FP8_WS_64X64_DESIGN, BLOCK_M // 2, 64, WS_64X64_TILE_COST),
+    (DENSE_FP8_WS_WIDE_DESIGN, BLOCK_M, 192, WS_WIDE_TILE_COST),
 )
 
 
@@ -314,8 +322,9 @@ def dense_fp8_ws_tiling(m: int, n: int, k: int, num_sms: int) -> tuple[str, int]
     :data:`DENSE_FP8_WS_64X64_MIN_K`, refined by the split tail (:data:`DENSE_FP8_WS_TAIL_SPLIT`). One round of 64
     128x128 tiles on 132 SMs becomes one round of 128 64x128 tiles; 68 tiles at 512x2112 become one round of 132
     128x64 tiles, at 256x2112x7168 one of 132 64x64 tiles; 272 128x128 tiles at 2048x2112x7168 run two rounds and
-    a split tail; 128x128 tiles of :data:`DENSE_FP8_WS_WG_PARTS_MIN_ROUNDS` rounds or more run
-    :data:`DENSE_FP8_WS_LONG_DESIGN` (4096x7168x2048: 1792 tiles, 14 rounds)."""
+    a split tail; 192 128x128 tiles at 2048x1536 (two rounds) become one round of 128 128x192 tiles; 128x128 tiles
+    of :data:`DENSE_FP8_WS_WG_PARTS_MIN_ROUNDS` rounds or more run :data:`DENSE_FP8_WS_LONG_DESIGN` (4096x7168x2048:
+    1792 tiles, 14 rounds)."""
     tiles = tuple(t for t in DENSE_FP8_WS_TILES if k >= DENSE_FP8_WS_64X64_MIN_K or t[0] != DENSE_FP8_WS_64X64_DESIGN)
     design, count = cheapest_tiling(m, n, num_sms, tiles, k, DENSE_FP8_WS_TAIL_SPLIT)
     if design == DENSE_FP8_WS_DESIGN and count >= DENSE_FP8_WS_WG_PARTS_MIN_ROUNDS * max(num_sms, 1):

@@ -42,7 +42,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from tilegemm.heuristics.gluon import BF16_BLOCK_K as BLOCK_K
 from tilegemm.ops.gluon.split_tail import job_walk, runs_alike, split_fixup, split_job
-from tilegemm.ops.gluon.tiles import store_tile, tile_coords, tile_range, tile_row, wgmma_layout
+from tilegemm.ops.gluon.tiles import ring_barriers, store_tile, tile_coords, tile_range, tile_row, wgmma_layout
 
 MMA_WARPS = 8
 
@@ -238,12 +238,8 @@ def bf16_gemm_ws_kernel(
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     out = gl.allocate_shared_memory(d_desc.dtype, d_desc.block_type.shape, d_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ready, empty = ring_barriers(STAGES, 1)
     d_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())  # ACCUMULATE: D's tile read
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
     if ACCUMULATE:
         mbarrier.init(d_bar, count=1)
     fence_async_shared()

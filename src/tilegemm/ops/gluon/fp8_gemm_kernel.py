@@ -36,7 +36,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from tilegemm.ops.gluon.tiles import tile_coords
+from tilegemm.ops.gluon.tiles import ring_barriers, tile_coords
 
 WG_ROWS = 64  # rows of the output tile one MMA warpgroup owns
 SB_BOX = gl.constexpr(32)  # floats one 128x128-recipe B-scale load brings (a TMA destination is 128-byte aligned)
@@ -211,11 +211,7 @@ def fp8_gemm_kernel(
     sb_ring = gl.allocate_shared_memory(gl.float32, [STAGES] + sb_desc.block_type.shape, sb_desc.layout)
     out0 = gl.allocate_shared_memory(d_desc.dtype, d_desc.block_type.shape, d_desc.layout)
     out1 = gl.allocate_shared_memory(d_desc.dtype, d_desc.block_type.shape, d_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)  # one arrival per MMA warpgroup
+    ready, empty = ring_barriers(STAGES, 2)  # one arrival per MMA warpgroup
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(turn.index(0), count=1)
     mbarrier.init(turn.index(1), count=1)

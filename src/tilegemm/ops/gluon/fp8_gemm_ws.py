@@ -83,8 +83,8 @@ class WsConfig(NamedTuple):
 #: K blocks), and mixes; ``e_``: 64x128 (one 64-row wave, the warpgroups splitting its columns), ``f_``: 128x64,
 #: ``h_``: 64x64 (the warpgroups 32 columns each); ``_sk``: a short last round of tiles split 4 ways along K
 #: (:mod:`split_tail`; dense only, chosen by :func:`tilegemm.heuristics.gluon.cheapest_tiling` with
-#: :data:`~tilegemm.heuristics.gluon.DENSE_FP8_WS_TAIL_SPLIT`); ``g_``: 128x128 with each MMA warpgroup a partition of
-#: its own (``wg_parts`` 2), without and with the overlap.
+#: :data:`~tilegemm.heuristics.gluon.DENSE_FP8_WS_TAIL_SPLIT`); ``g_``: 128x128 or 128x192 with each MMA warpgroup a
+#: partition of its own (``wg_parts`` 2), without and with the overlap.
 VARIANTS: dict[str, WsConfig] = {
     "a_128x128": WsConfig(block_n=128, waves=1, persistent=False),
     "a_128x128_p": WsConfig(block_n=128, waves=1, persistent=True),
@@ -106,6 +106,7 @@ VARIANTS: dict[str, WsConfig] = {
     "h_64x64_ov2": WsConfig(block_n=64, waves=1, persistent=True, overlap=2, wave_m=64),
     "h_64x64_ov4": WsConfig(block_n=64, waves=1, persistent=True, overlap=4, wave_m=64),
     "g_128x128": WsConfig(block_n=128, waves=1, persistent=True, loader_regs=24, wg_parts=2),
+    "g_128x192": WsConfig(block_n=192, waves=1, persistent=True, loader_regs=24, wg_parts=2),
     "g_128x128_ov2": WsConfig(block_n=128, waves=1, persistent=True, overlap=2, loader_regs=24, wg_parts=2),
     "g_128x128_ov4": WsConfig(block_n=128, waves=1, persistent=True, overlap=4, loader_regs=24, wg_parts=2),
     "g_128x128_ov8": WsConfig(block_n=128, waves=1, persistent=True, overlap=8, loader_regs=24, wg_parts=2),
@@ -168,8 +169,10 @@ def ws_config(problem: Problem, cfg: WsConfig | None = None) -> WsConfig:
         raise ValueError(f"{cfg}: the split tail runs persistent designs of one wave, 128- or 64-wide tiles")
     if cfg.wg_parts not in (1, 2):
         raise ValueError(f"{cfg}: wg_parts 1 or 2")
-    if cfg.wg_parts == 2 and (cfg.block_m != WAVE_M or cfg.block_n != 128 or cfg.splits > 1 or problem.gated):
-        raise ValueError(f"{cfg}: a warpgroup a partition runs 128x128 tiles of one wave, unsplit, not gated")
+    if cfg.wg_parts == 2 and (cfg.block_m != WAVE_M or cfg.block_n == 64 or cfg.splits > 1 or problem.gated):
+        raise ValueError(
+            f"{cfg}: a warpgroup a partition runs 128x128 or 128x192 tiles of one wave, unsplit, not gated"
+        )
     out_bytes = torch.empty(0, dtype=problem.out_dtype).element_size()
     deepest = min(max_stages(cfg, out_bytes, problem.grouping, bool(problem.gated)), 8)
     if deepest < 2:

@@ -99,7 +99,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from tilegemm.ops.gluon.split_tail import job_walk, split_fixup, split_job
-from tilegemm.ops.gluon.tiles import block_scale, store_tile, tile_coords, tile_range, wgmma_layout
+from tilegemm.ops.gluon.tiles import block_scale, ring_barriers, store_tile, tile_coords, tile_range, wgmma_layout
 
 WAVE_M = 128  # rows of one wave: 64 per MMA warpgroup
 BLOCK_K = 128  # one scale block of K per step
@@ -537,9 +537,10 @@ def _mma_partition(
         tail = args
     # fmt: on
     a_ring, b0_ring, b1_ring, sa_ring, sb_ring, ready, empty = ring
-    d0_desc, d1_desc, out0, out1, out_wg1 = out
+    d0_desc, d1_desc, out0, out1, out_wg1, out1_wg1 = out
     if WG == 1:
         out0 = out_wg1
+        out1 = out1_wg1
     NW: gl.constexpr = gl.num_warps()
     SPLIT: gl.constexpr = BLOCK_N == 192
     BN0: gl.constexpr = b0_ring.shape[1]
@@ -765,9 +766,9 @@ def fp8_gemm_ws_kernel(
     )
     gl.static_assert(
         WG_PARTS == 1
-        or (WG_PARTS == 2 and WAVES == 1 and BLOCK_N == 128 and SPLITS == 1 and GATED == 0
+        or (WG_PARTS == 2 and WAVES == 1 and BLOCK_N != 64 and SPLITS == 1 and GATED == 0
             and a_desc.block_type.shape[0] == _WAVE_M and d0_desc.block_type.shape[0] == _WAVE_M // 2),
-        "WG_PARTS 2: one 128-row wave of a 128-wide tile (64-row D boxes), no split tail, not gated",
+        "WG_PARTS 2: one 128-row wave of a 128- or 192-wide tile (64-row D boxes), no split tail, not gated",
     )  # fmt: skip
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     SPLIT: gl.constexpr = BLOCK_N == 192
@@ -786,22 +787,23 @@ def fp8_gemm_ws_kernel(
     out0 = gl.allocate_shared_memory(d0_desc.dtype, d0_desc.block_type.shape, d0_desc.layout)
     if WG_PARTS == 2:  # the second warpgroup's staging tile
         out_wg1 = gl.allocate_shared_memory(d0_desc.dtype, d0_desc.block_type.shape, d0_desc.layout)
+        if SPLIT:
+            out1_wg1 = gl.allocate_shared_memory(d1_desc.dtype, d1_desc.block_type.shape, d1_desc.layout)
+        else:
+            out1_wg1 = out_wg1
     else:
         out_wg1 = out0  # not written
+        out1_wg1 = out0
     if not SPLIT:
         out1 = out0  # not written
         if GATED == 0:
             b1_ring = b0_ring  # not read
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=WG_PARTS)  # each MMA partition releases the stage
+    ready, empty = ring_barriers(STAGES, WG_PARTS)  # each MMA partition releases a stage
     fence_async_shared()
     # the stages every partition takes: A, B's sub-tiles, A's (and B's column) scales and the ring's barriers
     ring = (a_ring, b0_ring, b1_ring, sa_ring, sb_ring, ready, empty)
     # the MMA partitions' epilogue: D's descriptors and the shared tiles their stores go through
-    out = (d0_desc, d1_desc, out0, out1, out_wg1)
+    out = (d0_desc, d1_desc, out0, out1, out_wg1, out1_wg1)
     # the MMA partitions' runtime arguments (a tuple assigned to a name holds no constexpr: those are passed inline)
     mma = (ring, out, sb_ptr, group_ptr, c_ptr, row_scale_ptr, d_scale_ptr, sb_stride, sb_group_stride, num_groups,
            M, N, K, (work_ptr, counter_ptr))  # fmt: skip

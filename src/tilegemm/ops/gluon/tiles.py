@@ -1,12 +1,12 @@
-"""Device helpers the gluon GEMM kernels share: the wgmma accumulator layout of a tile over the MMA warps, the grouped
-order of the output tiles, a CTA's persistent walk over them, a row tile's first row, the TMA store of a tile through
-shared memory, and the FP8 recipe's B scale of a 128x128 block."""
+"""Device helpers the gluon GEMM kernels share: the wgmma accumulator layout of a tile over the MMA warps, the ring's
+barriers, the grouped order of the output tiles, a CTA's persistent walk over them, a row tile's first row, the TMA
+store of a tile through shared memory, and the FP8 recipe's B scale of a 128x128 block."""
 
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 
 @gluon.constexpr_function
@@ -20,6 +20,19 @@ def wgmma_layout(rows, width, num_warps, instr_k):
     return gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[num_warps // 2, 2], instr_shape=[16, width // 2, instr_k]
     )
+
+
+@gluon.jit
+def ring_barriers(STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+    """The barriers of a ring of ``STAGES`` shared-memory stages, initialized: ``ready`` (one arrival each: the
+    loader's, completed by its TMA bytes) and ``empty`` (``CONSUMERS`` arrivals each: every consumer releases the
+    stage). The caller fences the inits (``fence_async_shared``) once its other barriers are initialized too."""
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=CONSUMERS)
+    return ready, empty
 
 
 @gluon.jit
