@@ -36,6 +36,9 @@ GOOD = ["a_128x128", "a_128x128_p", "d_128x128_ov", "d_128x128_ov4", "d_128x128_
 GOOD += ["c_128x192"]
 GOOD += ["e_64x128_p", "e_64x128_ov2", "e_64x128_ov4", "f_128x64_p", "f_128x64_ov2", "f_128x64_ov4"]
 GOOD += ["h_64x64_ov2", "h_64x64_ov4"]
+#: one MMA warpgroup on a 64-row tile (``mma_warps`` 4)
+ONE_WARPGROUP = [name for name, cfg in ws.VARIANTS.items() if cfg.mma_warps == 4]
+GOOD += ONE_WARPGROUP
 #: each MMA warpgroup a partition of its own (``wg_parts`` 2)
 WG_PARTS = [name for name, cfg in ws.VARIANTS.items() if cfg.wg_parts == 2]
 GOOD += WG_PARTS
@@ -281,8 +284,17 @@ def test_the_grouped_ops_run_gated_designs():
 
 def _budget_cap(cfg: ws.WsConfig) -> int:
     """The most registers the default partition may take: 240 beside a loader warpgroup (two MMA warpgroups in it),
-    248 when the second MMA warpgroup is a worker of its own (``wg_parts`` 2: 248 + 232 + 24 of 3 x 168)."""
+    248 when the second MMA warpgroup is a worker of its own (``wg_parts`` 2: 248 + 232 + 24 of 3 x 168), 256 for
+    one MMA warpgroup (``mma_warps`` 4)."""
+    if cfg.mma_warps == 4:
+        return 256
     return 248 if cfg.wg_parts == 2 else 240
+
+
+def _mma_budget(cfg: ws.WsConfig, f: dict) -> int:
+    """The default partition's registers: its ``setmaxnreg`` decrease from the launch's share; one MMA warpgroup
+    (``mma_warps`` 4) raises its share instead (the loader's decrease leaves room), so its increase."""
+    return max(f["setmaxnreg_inc"], default=0) if cfg.mma_warps == 4 else f["mma_budget"]
 
 
 def _check_partitions(cfg: ws.WsConfig, f: dict) -> None:
@@ -306,12 +318,13 @@ def _check_good(cfg: ws.WsConfig, f: dict) -> None:
     assert f["qgmma_k_loop"] == blocks * cfg.waves * per_wave, "QGMMA m64nNk32 per K block: 4 per 128-wide sub-tile"
     # a 64-row wave: each warpgroup half the columns (64 of 128, 32 of 64); a 128x64 tile: 64 rows of 64 columns;
     # a 128x192 tile: its 128- and 64-wide sub-tiles
-    cols = min(cfg.block_n, 128) // (2 if cfg.wave_m == 64 else 1)
+    # (one MMA warpgroup: the whole tile's columns)
+    cols = min(cfg.block_n, 128) // (2 if cfg.wave_m == 64 and cfg.mma_warps == 8 else 1)
     wide = f"QGMMA.64x{cols}x32"
     want = {wide} | ({"QGMMA.64x64x32"} if cfg.block_n == 192 else set())
     assert set(f["qgmma_shapes"]) == want
     assert f["gmma_group_min"] == 4, "each sub-tile's four wgmma in one group (ptxas did not serialize them)"
-    assert 0 < f["max_register"] < f["mma_budget"] <= _budget_cap(cfg), (
+    assert 0 < f["max_register"] < _mma_budget(cfg, f) <= _budget_cap(cfg), (
         "registers within the default partition's budget"
     )
     assert f["shared_bytes"] <= ws.SMEM_BYTES
@@ -320,9 +333,10 @@ def _check_good(cfg: ws.WsConfig, f: dict) -> None:
         # every promotion of a run but the last runs while the next step's group is in flight (64 FFMA a step)
         assert f["ffma_under_mma"] == 64 * (blocks * cfg.waves - 1), "promotion under the next wgmma"
     elif cfg.overlap:
-        # 32 FFMA a step at 64x128 and 128x64, 16 at 64x64; ptxas sinks some of a run's first promotion below the
-        # last wait (at 64x64 more than half of it: 7 of 16 in runs of 2, 40 of 48 in runs of 4)
-        step = cfg.wave_m * cfg.block_n // 256
+        # 32 FFMA a step at 64x128 and 128x64, 16 at 64x64 (32 on one MMA warpgroup); ptxas sinks some of a run's
+        # first promotion below the last wait (at 64x64 over two warpgroups more than half of it: 7 of 16 in runs of
+        # 2, 40 of 48 in runs of 4)
+        step = cfg.wave_m * cfg.block_n // (32 * cfg.mma_warps)
         least = 0.6 if step == 32 else 0.4
         assert least * step * (blocks - 1) <= f["ffma_under_mma"] <= step * (blocks - 1), "promotion under the wgmma"
     else:

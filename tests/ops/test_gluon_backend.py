@@ -118,17 +118,17 @@ WS_RULE_CASES = [
 @pytest.mark.parametrize(
     "m, n, design",
     [
-        (200, 4096, "e_64x128_ov2"),  # one round of 64 tiles -> one of 128 (128x64 ties: 64-row tiles first)
-        (320, 6144, "e_64x128_ov2"),  # two rounds (144 tiles) -> two (240); 128x64: three (288)
+        (200, 4096, "i_64x128_ov4"),  # one round of 64 tiles -> one of 128 (128x64 ties: 64-row tiles first)
+        (320, 6144, "i_64x128_ov4"),  # two rounds (144 tiles) -> two (240); 128x64: three (288)
         (384, 3072, "d_128x128_ov8"),  # one round (72) -> two (144) either way
         (512, 4096, "d_128x128_ov8"),  # one round (128) -> two (256)
         (512, 2112, "f_128x64_ov2"),  # one round (68) -> one of 132 128x64 tiles; 64x128: two (136)
         (2048, 4096, "d_128x128_ov8"),  # 512 tiles: under four rounds
         (4096, 7168, "g_128x128_ov4"),  # 1792 tiles: 14 rounds, each MMA warpgroup a partition
         (4224, 2112, "g_128x128_ov4"),  # 561 tiles: four rounds and 33 (a tail too long to split)
-        (256, 2112, "h_64x64_ov2"),  # one round of 68 64x128 tiles (0.8) -> one of 132 64x64 tiles (0.7)
-        (128, 4096, "h_64x64_ov2"),  # one round of 64 64x128 tiles -> one of 128 64x64 tiles
-        (256, 4096, "e_64x128_ov2"),  # one round of 128 64x128 tiles; 64x64: two (256)
+        (256, 2112, "i_64x64_ov2"),  # one round of 68 64x128 tiles (0.8) -> one of 132 64x64 tiles (0.7)
+        (128, 4096, "i_64x64_ov2"),  # one round of 64 64x128 tiles -> one of 128 64x64 tiles
+        (256, 4096, "i_64x128_ov4"),  # one round of 128 64x128 tiles; 64x64: two (256)
         (2048, 1536, "g_128x192"),  # two rounds of 128x128 tiles (192) -> one of 128 128x192 tiles
         (768, 4096, "g_128x192"),  # 192 -> 132 128x192 tiles
         (4096, 1536, "d_128x128_ov8"),  # three rounds (384) -> two of 128x192 (256): 3 < 2 x 1.7

@@ -635,3 +635,37 @@ def test_warpgroup_partitions_refuse_other_tiles(change, problem, message):
     out = torch.float8_e4m3fn if problem.get("gated") else torch.bfloat16
     with pytest.raises(ValueError, match=message):
         fp8_gemm_ws.ws_config(fp8_gemm_ws.Problem(256, 256, 256, out, **problem), cfg)
+
+
+@pytest.mark.parametrize("name", ["i_64x128_ov4", "i_64x64_ov2", "e_64x128_ov2"])
+def test_one_mma_warpgroup_launches_four_warps(recorders, name):
+    """A 64-row design on one MMA warpgroup (``mma_warps`` 4) launches 4 warps (the default partition is that
+    warpgroup; the loader warp a worker), its A and D boxes the tile's 64 rows and full width; the two-warpgroup
+    design of the same tile 8 warps."""
+    cfg = fp8_gemm_ws.VARIANTS[name]
+    a, b = _operands(300, 200, 1100, False)
+    d = torch.empty(300, 200, dtype=torch.bfloat16)
+    fp8_gemm_ws.ws_plan(a, b, d, cfg, 132)(a, b, d)
+    _, num_warps, kwargs = recorders["ws"].jit[-1]
+    assert num_warps == cfg.num_warps == (4 if name.startswith("i_") else 8) and kwargs["WG_PARTS"] == 1
+    assert list(kwargs["a_desc"].block_shape) == [64, 128]
+    assert list(kwargs["d0_desc"].block_shape) == [64, cfg.block_n]
+
+
+@pytest.mark.parametrize(
+    "change, problem, message",
+    [
+        ({"mma_warps": 6}, {}, "mma_warps 4"),
+        ({"wave_m": 128}, {}, "runs a 64-row tile"),
+        ({"splits": 4}, {}, "unsplit"),
+        ({"wg_parts": 2, "wave_m": 64}, {}, "tiles of one wave"),
+        ({"overlap": 0}, {"groups": 2, "grouping": fp8_gemm_ws.M_GROUPED, "gated": 1}, "not gated"),
+    ],
+)
+def test_one_mma_warpgroup_refuses_other_tiles(change, problem, message):
+    """``ws_config`` refuses ``mma_warps`` other than 8 or 4, and 4 on anything but an unsplit, ungated 64-row tile,
+    with a message that says so, before any launch."""
+    cfg = fp8_gemm_ws.VARIANTS["i_64x128_ov4"]._replace(**change)
+    out = torch.float8_e4m3fn if problem.get("gated") else torch.bfloat16
+    with pytest.raises(ValueError, match=message):
+        fp8_gemm_ws.ws_config(fp8_gemm_ws.Problem(256, 256, 256, out, **problem), cfg)

@@ -64,16 +64,19 @@ DENSE_FP8_WS_DESIGN = "d_128x128_ov8"
 DENSE_FP8_WS_LONG_DESIGN = "g_128x128_ov4"
 DENSE_FP8_WS_WG_PARTS_MIN_ROUNDS = 4
 #: The designs for dense calls whose 128x128 tiles would leave SMs idle (:func:`dense_fp8_ws_design`): 64x128 tiles
-#: (the two MMA warpgroups split the columns) and 128x64 tiles (each warpgroup 64 rows of 64 columns), the next K
-#: block's wgmma in flight in runs of 2.
-DENSE_FP8_WS_SHORT_M_DESIGN = "e_64x128_ov2"
+#: (one MMA warpgroup, ``mma_warps`` 4: m64n128 wgmma, runs of 4) and 128x64 tiles (each of two warpgroups 64 rows
+#: of 64 columns, runs of 2). One warpgroup on the whole 64-row tile ran 1.05-1.12x the two warpgroups splitting its
+#: columns (``e_64x128_ov2``: A read from shared memory twice) on seven rows of M 200-512 (H200,
+#: benchmarks/results/dense-fp8-h200/one_warpgroup_h200.json).
+DENSE_FP8_WS_SHORT_M_DESIGN = "i_64x128_ov4"
 DENSE_FP8_WS_SHORT_N_DESIGN = "f_128x64_ov2"
 #: The time of a 64x128 or 128x64 tile over a 128x128 one's on an SM (H200, rows where both fill the SMs in one
-#: round: 0.81 for 64x128; 0.79 for 128x64 at 512x2112x7168; benchmarks/results/dense-fp8-h200/).
+#: round: 0.81 for 64x128 with two warpgroups; 0.79 for 128x64 at 512x2112x7168; benchmarks/results/dense-fp8-h200/).
+#: Kept at 0.8 for the one-warpgroup 64x128 tile, which only runs faster on the rows the rule gives it.
 WS_SHORT_TILE_COST = 0.8
-#: 64x64 tiles (one 64-row wave, each MMA warpgroup 32 of the 64 columns, runs of 2) for calls whose 64x128 and
-#: 128x64 tilings still leave SMs idle: 68 tiles at 256x2112 become one round of 132.
-DENSE_FP8_WS_64X64_DESIGN = "h_64x64_ov2"
+#: 64x64 tiles (one 64-row wave, one MMA warpgroup, runs of 2; 1.09-1.12x the two warpgroups 32 columns each) for
+#: calls whose 64x128 and 128x64 tilings still leave SMs idle: 68 tiles at 256x2112 become one round of 132.
+DENSE_FP8_WS_64X64_DESIGN = "i_64x64_ov2"
 #: 128x192 tiles (each MMA warpgroup a partition running 64 rows of 192 columns) for dense calls where they cut the
 #: rounds of 128x128 tiles: two rounds to one on 7 rows off the set, 1.07-1.15x the 128x128 design; three to two
 #: lost (0.94-0.95x; H200, benchmarks/results/gluon/g_128x192_rounds_h200.json).

@@ -52,7 +52,9 @@ class WsConfig(NamedTuple):
     split tail's runs a tile (1: no split; 2, 4, 8 or 16: a short last round of tiles split along K,
     :mod:`split_tail`; dense, persistent, one wave of a 128- or 64-wide tile); ``wg_parts``: 1, the two MMA
     warpgroups one partition stepping together, or 2, each a partition of its own (one 128-row wave of a 128-wide
-    tile, no split tail, not gated; its loader warp then takes 24 registers so that both warpgroups get 232 or more).
+    tile, no split tail, not gated; its loader warp then takes 24 registers so that both warpgroups get 232 or more);
+    ``mma_warps``: the MMA warps, 8 (two warpgroups) or 4 (one warpgroup computing a whole 64-row tile, m64nN wgmma:
+    A read from shared memory once a K block instead of once a warpgroup; unsplit, not gated).
     """
 
     block_n: int = 128
@@ -65,6 +67,7 @@ class WsConfig(NamedTuple):
     wave_m: int = WAVE_M
     splits: int = 1
     wg_parts: int = 1
+    mma_warps: int = MMA_WARPS
 
     @property
     def block_m(self) -> int:
@@ -75,7 +78,7 @@ class WsConfig(NamedTuple):
     def num_warps(self) -> int:
         """The launch's ``num_warps``: the default partition's warps (both MMA warpgroups, or one when each is a
         partition)."""
-        return MMA_WARPS // self.wg_parts
+        return self.mma_warps // self.wg_parts
 
 
 #: The designs of the prototype, by name: (a) the MMA warpgroups in the default partition, (b) 256x128 as two waves,
@@ -84,7 +87,8 @@ class WsConfig(NamedTuple):
 #: ``h_``: 64x64 (the warpgroups 32 columns each); ``_sk``: a short last round of tiles split 4 ways along K
 #: (:mod:`split_tail`; dense only, chosen by :func:`tilegemm.heuristics.gluon.cheapest_tiling` with
 #: :data:`~tilegemm.heuristics.gluon.DENSE_FP8_WS_TAIL_SPLIT`); ``g_``: 128x128 or 128x192 with each MMA warpgroup a
-#: partition of its own (``wg_parts`` 2), without and with the overlap.
+#: partition of its own (``wg_parts`` 2), without and with the overlap; ``i_``: 64x128 and 64x64 on one MMA
+#: warpgroup (``mma_warps`` 4).
 VARIANTS: dict[str, WsConfig] = {
     "a_128x128": WsConfig(block_n=128, waves=1, persistent=False),
     "a_128x128_p": WsConfig(block_n=128, waves=1, persistent=True),
@@ -110,6 +114,10 @@ VARIANTS: dict[str, WsConfig] = {
     "g_128x128_ov2": WsConfig(block_n=128, waves=1, persistent=True, overlap=2, loader_regs=24, wg_parts=2),
     "g_128x128_ov4": WsConfig(block_n=128, waves=1, persistent=True, overlap=4, loader_regs=24, wg_parts=2),
     "g_128x128_ov8": WsConfig(block_n=128, waves=1, persistent=True, overlap=8, loader_regs=24, wg_parts=2),
+    "i_64x128_ov2": WsConfig(block_n=128, waves=1, persistent=True, overlap=2, wave_m=64, mma_warps=4),
+    "i_64x128_ov4": WsConfig(block_n=128, waves=1, persistent=True, overlap=4, wave_m=64, mma_warps=4),
+    "i_64x64_ov2": WsConfig(block_n=64, waves=1, persistent=True, overlap=2, wave_m=64, mma_warps=4),
+    "i_64x64_ov4": WsConfig(block_n=64, waves=1, persistent=True, overlap=4, wave_m=64, mma_warps=4),
 }
 
 
@@ -173,6 +181,10 @@ def ws_config(problem: Problem, cfg: WsConfig | None = None) -> WsConfig:
         raise ValueError(
             f"{cfg}: a warpgroup a partition runs 128x128 or 128x192 tiles of one wave, unsplit, not gated"
         )
+    if cfg.mma_warps not in (4, MMA_WARPS) or (
+        cfg.mma_warps == 4 and (cfg.wave_m != 64 or cfg.wg_parts != 1 or cfg.splits > 1 or problem.gated)
+    ):
+        raise ValueError(f"{cfg}: one MMA warpgroup (mma_warps 4) runs a 64-row tile, unsplit, not gated")
     out_bytes = torch.empty(0, dtype=problem.out_dtype).element_size()
     deepest = min(max_stages(cfg, out_bytes, problem.grouping, bool(problem.gated)), 8)
     if deepest < 2:

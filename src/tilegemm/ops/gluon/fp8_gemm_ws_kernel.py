@@ -11,17 +11,18 @@ Layout of warps (``gl.warp_specialize``):
   over the 8 warps (each warpgroup owns 64 of its rows); ``WAVES`` = 2 makes the tile 256 rows, each warpgroup
   running its two 64-row halves one after the other on the same B tile. A 64-row wave (A's box 64 rows: the one
   wave of a 128-wide tile) splits the tile's columns instead, each warpgroup 64 of them (m64n64k32, both reading
-  the same A), which doubles the tiles of a short M. The default partition gets every register the worker leaves
-  (``setmaxnreg``), so the accumulators fit without spilling;
+  the same A), which doubles the tiles of a short M. Launched with 4 warps, the default partition is one warpgroup
+  and a 64-row wave is one m64nN ``warpgroup_mma`` over the whole tile (A read once a K block). The default
+  partition gets every register the worker leaves (``setmaxnreg``), so the accumulators fit without spilling;
 * one worker warp streams A, B and A's scales by TMA into a ``STAGES``-deep ring (``ready`` / ``empty``
   mbarriers), with ``LOADER_REGS`` registers.
 
-``WG_PARTS`` = 2 (one 128-row wave of a 128-wide tile) makes each MMA warpgroup a partition of its own: the default
-partition is warpgroup 0 (rows 0-63 of every tile), a 4-warp worker warpgroup 1 (rows 64-127, ``WG1_REGS``
+``WG_PARTS`` = 2 (one 128-row wave of a 128- or 192-wide tile) makes each MMA warpgroup a partition of its own: the
+default partition is warpgroup 0 (rows 0-63 of every tile), a 4-warp worker warpgroup 1 (rows 64-127, ``WG1_REGS``
 registers). Each waits for a stage, runs its wgmma and promotion and releases the stage by itself (``empty`` counts
 both), so the two drift apart and one's promotion runs under the other's wgmma, which the lockstep partition (both
-promoting at once, the tensor cores idle) cannot do; with ``OVERLAP`` each also keeps its next wgmma in flight
-during its own promotion. Each stores its 64 rows through a staging tile of its own.
+promoting at once, the tensor cores idle) cannot do; with ``OVERLAP`` each also keeps its next wgmma in flight during
+its own promotion. Each stores its 64 rows through a staging tile of its own.
 
 ``BLOCK_N`` = 64 (one 128-row wave, dense or m-grouped) halves the tile's width instead: each warpgroup 64 rows of
 64 columns (m64n64k32), B's tile 64 rows (inside one 128-row scale block), for short-N calls whose 128-wide tiles
@@ -717,7 +718,8 @@ def fp8_gemm_ws_kernel(
     SPLITS: gl.constexpr,
     WG_PARTS: gl.constexpr,
 ):
-    """Warp-specialized FP8 GEMM (see the module docstring); launch with ``num_warps=8 // WG_PARTS``.
+    """Warp-specialized FP8 GEMM (see the module docstring); launch with ``num_warps=8 // WG_PARTS`` (4 for one
+    MMA warpgroup on a 64-row wave).
 
     ``b1_desc`` / ``d1_desc`` are the narrow (64-column) sub-tile's descriptors when ``BLOCK_N`` is 192; for 128
     they are not read (pass the wide ones again). ``sb_desc`` (B's column scales) and ``c_ptr`` (D, read when
