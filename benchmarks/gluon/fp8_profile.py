@@ -1,6 +1,8 @@
-"""One FP8 GEMM call of ``impl`` (gluon | deepgemm | cutile) at M N K, for Nsight Compute to profile.
+"""One FP8 GEMM call of ``impl`` at M N K, for Nsight Compute to profile.
 
 ``python3 benchmarks/gluon/fp8_profile.py IMPL M N K [block_n,stages,group_m,order]``: three warm-up calls, then one.
+IMPL: ``gluon`` (``fp8_gemm_kernel``, the config given), ``tilegemm`` (the public op, default settings), ``cutile``,
+``ws:DESIGN`` (a design of ``fp8_gemm_ws.VARIANTS``) or ``deepgemm``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import torch
 import tilegemm
 from tilegemm.bench import peers
 from tilegemm.heuristics.gluon import GluonDenseConfig
+from tilegemm.ops.gluon import fp8_gemm_ws as ws
 from tilegemm.ops.gluon import gemm as ggemm
 
 
@@ -26,6 +29,11 @@ def main() -> None:
     d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     if impl == "gluon":
         fn = lambda: ggemm.fp8_gemm(a, b, d, recipe=(1, 128, 128), beta=0.0, config=cfg)  # noqa: E731
+    elif impl == "tilegemm":
+        fn = lambda: tilegemm.fp8_gemm_nt(a, b, d)  # noqa: E731
+    elif impl.startswith("ws:"):
+        plan = ws.ws_plan(a, b, d, ws.VARIANTS[impl[3:]])
+        fn = lambda: plan(a, b, d)  # noqa: E731
     elif impl == "cutile":
         fn = lambda: tilegemm.fp8_gemm_nt(a, b, d, backend="cutile")  # noqa: E731
     else:

@@ -82,7 +82,7 @@ def test_forced_gluon_without_fallback_raises(monkeypatch):
 # gluon_forced.json for 128x128 tiles; kernel-only, few_tiles_h200.json for 64x128 tiles; eager / kernel-only,
 # few_tiles_threshold_h200.json for the rows of 72-96 64x128 tiles). "off-set": a shape outside the benchmark set.
 WS_RULE_CASES = [
-    (256, 2048, 768, False),  # 32 tiles: 0.89x / 0.74x; 64 64-row tiles, under the bar
+    (256, 2048, 768, True),  # 32 tiles: 0.89x / 0.74x; 64 64-row tiles, under the bar; 128 64x64 tiles: 1.00x
     (256, 4096, 7168, True),  # 64 tiles: 0.94x / 0.98x; 128 64-row tiles: 1.19x
     (256, 2112, 7168, True),  # 34 tiles: 0.78x / 0.75x; 68 64-row tiles: 0.98x; 132 64x64 tiles: 1.13x
     (256, 7168, 2048, True),  # 112 tiles: 1.23x / 1.21x
@@ -111,6 +111,9 @@ WS_RULE_CASES = [
     (192, 4096, 4096, True),  # off-set: 96 64-row tiles, 1.09x / 1.16x
     (1024, 256, 7168, False),  # off-set: 16 tiles; 64 64x64 tiles, fewer than measured
     (1024, 512, 512, False),  # off-set: 32 tiles x 4 K blocks, under the fewest measured
+    (320, 1536, 2048, True),  # off-set: 120 64x64 tiles, 2.08x (cutile's plans at 320 rows: 129 TFLOP/s)
+    (256, 1536, 2048, True),  # 96 64x64 tiles, 1.09x
+    (256, 2048, 512, False),  # off-set: K 512, under DENSE_FP8_WS_64X64_MIN_K (0.97x)
     (191, 7168, 7168, False),  # off-set: under DENSE_FP8_WS_MIN_M
 ]
 
@@ -142,11 +145,13 @@ def test_dense_fp8_ws_design(m, n, design):
     assert gluon.dense_fp8_ws_design(m, n, 7168, 132) == design
 
 
-@pytest.mark.parametrize("k", [768, 2048, 4095])
+@pytest.mark.parametrize("k", [128, 512, 767])
 def test_dense_fp8_ws_64x64_tiles_need_deep_k(k):
-    """Under :data:`DENSE_FP8_WS_64X64_MIN_K` the 64x64 tiles are not a choice (256x2048x768 ran 0.94x cutile)."""
+    """Under :data:`DENSE_FP8_WS_64X64_MIN_K` the 64x64 tiles are not a choice (256x2048x512 ran 0.97x cutile);
+    from it they are where their round costs least (256x2048x768: 1.00x, 256x1536x2048: 1.09x)."""
     assert gluon.dense_fp8_ws_design(256, 2112, k, 132) != gluon.DENSE_FP8_WS_64X64_DESIGN
-    assert gluon.dense_fp8_ws_design(256, 2112, 4096, 132) == gluon.DENSE_FP8_WS_64X64_DESIGN
+    for deep in (768, 2048, 4096):
+        assert gluon.dense_fp8_ws_design(256, 2112, deep, 132) == gluon.DENSE_FP8_WS_64X64_DESIGN
 
 
 def test_dense_fp8_ws_designs_are_ws_variants():
@@ -299,17 +304,17 @@ def test_rule_judges_the_kernel_the_call_runs(monkeypatch, c, alpha, recipe, cho
 # The BF16 ws kernel: (M, N, K, the design picked on 132 SMs, gluon the automatic choice?), with what that design
 # measured against the cutile kernels, kernel-only (H200, benchmarks/results/gluon/bf16_ws_h200.json).
 BF16_RULE_CASES = [
-    (256, 4096, 7168, "bf16_64x128", True),  # 128 tiles in one round: 1.18x
+    (256, 4096, 7168, "bf16_64x128_w4", True),  # 128 tiles in one round: 1.18x
     (512, 2112, 7168, "bf16_128x64", True),  # 132 tiles in one round: 1.44x
-    (384, 1536, 2048, "bf16_64x128", True),  # 72 tiles: 1.33x
+    (384, 1536, 2048, "bf16_64x128_w4", True),  # 72 tiles: 1.33x
     (512, 4096, 7168, "bf16_128x128", True),  # 128 tiles: 1.02x
     (1024, 4096, 7168, "bf16_128x256", True),  # 128 tiles in one round: 1.03x (128x128, two rounds: 1.02x)
     (512, 7168, 16384, "bf16_128x256", True),  # 112 tiles in one round: 1.08x (128x128, two rounds: 1.02x)
     (160, 7168, 2048, "bf16_128x128", True),  # 0.92x: the rule's one miss at K >= 1024 (64x128: 1.02x)
-    (2048, 1536, 2048, "bf16_64x128", True),  # K 2048: three rounds of 64x128 tiles 20.8 us, one of 128x256 23.7
-    (256, 2048, 768, "bf16_64x128", False),  # K 768: 0.91x
+    (2048, 1536, 2048, "bf16_64x128_w4", True),  # K 2048: three rounds of 64x128 tiles 20.8 us, one of 128x256 23.7
+    (256, 2048, 768, "bf16_64x128_w4", False),  # K 768: 0.91x
     (1024, 2048, 768, "bf16_128x128", False),  # 0.97x
-    (128, 4096, 7168, "bf16_64x128_sk2", False),  # not measured: the decode-sized rows stay on cutile
+    (128, 4096, 7168, "bf16_64x128_w4_sk2", False),  # not measured: the decode-sized rows stay on cutile
     (2048, 4096, 7168, "bf16_128x256", True),
     (8192, 8192, 8192, "bf16_128x256", True),
     (8193, 4096, 7168, "bf16_128x256", False),  # past the set's rows
@@ -337,7 +342,7 @@ SPLIT_TAIL_CASES = [
     ("fp8", 2048, 2112, 7168, "d_128x128_ov8_sk"),  # 66.5 -> 55.8 us
     ("fp8", 4096, 2112, 7168, "d_128x128_ov8_sk"),  # 544 tiles: four rounds and 16; 1.11x
     ("fp8", 8192, 8192, 8192, "d_128x128_ov8_sk"),  # 4096 tiles: 31 rounds and 4; 1.01-1.04x
-    ("bf16", 256, 4096, 7168, "bf16_64x128"),  # 128 tiles: one short round, no whole one before it
+    ("bf16", 256, 4096, 7168, "bf16_64x128_w4"),  # 128 tiles: one short round, no whole one before it
     ("bf16", 8192, 8192, 8192, "bf16_128x256"),  # 128x256 tiles are not split
     ("fp8", 4096, 7168, 7168, "g_128x128_ov4"),  # 1792 tiles: a tail of 76, over 132 // 5
     ("fp8", 2048, 2112, 1024, "d_128x128_ov8"),  # 8 K blocks: a run's fixed cost exceeds what the split saves
@@ -374,9 +379,9 @@ def test_split_tail_refines_the_tiling(kind, m, n, k, design):
 
 ROUND_SPLIT_CASES = [
     (256, 2112, 7168, "bf16_128x64_sk2", 66),  # 66 128x64 tiles 2 ways over 132 SMs; 20.9 -> 16.9 us
-    (512, 1024, 7168, "bf16_64x128_sk2", 64),  # 64 tiles: one short round
-    (256, 4096, 7168, "bf16_64x128", 128),  # 128 tiles, nearly a whole round: nothing to split
-    (256, 1536, 2048, "bf16_64x128", 48),  # 32 K blocks of 64: a run's fixed cost exceeds what the split saves
+    (512, 1024, 7168, "bf16_64x128_w4_sk2", 64),  # 64 tiles: one short round
+    (256, 4096, 7168, "bf16_64x128_w4", 128),  # 128 tiles, nearly a whole round: nothing to split
+    (256, 1536, 2048, "bf16_64x128_w4", 48),  # 32 K blocks of 64: a run's fixed cost exceeds what the split saves
     (2048, 2112, 7168, "bf16_128x128_sk", 272),  # whole rounds before the tail: the tail split
     (200, 2112, 7168, "bf16_128x64_sk2", 66),  # a partial row tile, moved up to end at M: 17.7 us against 21.1
 ]
@@ -459,8 +464,8 @@ K_GROUPED_BF16_RULE_CASES = [
     (8, 4096, 7168, [4096] * 7 + [4032], "bf16_128x128", True),  # K a multiple of 64, not of 128
     (8, 4096, 7168, [4096] * 7 + [4000], "bf16_128x128", False),  # a group's K off the 64-deep blocks
     (4, 4000, 7168, [4096] * 4, "bf16_128x128", False),  # M off the 128-row tiles
-    (2, 128, 256, [256, 256], "bf16_64x128", False),  # 4 tiles of 128x128: too few for the SMs
-    (1, 1024, 1024, [4096], "bf16_64x128", False),  # 64 tiles of 128x128 (as 128 64x128 ones: one round)
+    (2, 128, 256, [256, 256], "bf16_64x128_w4", False),  # 4 tiles of 128x128: too few for the SMs
+    (1, 1024, 1024, [4096], "bf16_64x128_w4", False),  # 64 tiles of 128x128 (as 128 64x128 ones: one round)
 ]
 
 

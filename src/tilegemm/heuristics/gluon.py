@@ -87,9 +87,11 @@ WS_WIDE_TILE_COST = 1.7
 #: A 64x64 tile's time over a 128x128 one's: 0.69-0.70 (one round of 132 64x64 tiles against one of 68 64x128 ones
 #: at 256x2112x7168, of 128 against 64 at 128x4096x7168; benchmarks/results/dense-fp8-h200/h_64x64_h200.json).
 WS_64X64_TILE_COST = 0.7
-#: 64x64 tiles from this K: with fewer K blocks a tile's prologue and epilogue weigh more (256x2048x768: 0.94x
-#: cutile, 256x1536x2048: 1.00x; K 4096-7168: 1.08-1.15x).
-DENSE_FP8_WS_64X64_MIN_K = 4096
+#: 64x64 tiles from this K: with fewer K blocks a tile's prologue and epilogue weigh more. On one MMA warpgroup
+#: (H200, benchmarks/results/dense-fp8-h200/short_k_64x64_h200.json, 34 rows of M 128-512, kernel-only) they ran
+#: 1.04-1.14x the public op's cutile kernels at K 1536-3072, 0.98-1.01x at K 768 where cutile's split-K plans serve
+#: (M 128-256) and 1.08-1.52x where they do not (320x1536, 512x1024), 0.94-0.97x at K 512; K 4096-7168: 1.08-1.15x.
+DENSE_FP8_WS_64X64_MIN_K = 768
 #: ...and the ws kernel in 64x64 tiles from this many rows (128x4096x7168: 1.11x cutile's split-K plans).
 DENSE_FP8_WS_64X64_MIN_M = 128
 #: The dense designs in order of preference where their costs tie: (design, tile rows, tile columns, a tile's time
@@ -144,10 +146,12 @@ DENSE_BF16_WS_MAX_M = 8192
 DENSE_BF16_WS_MIN_K = 1024
 #: The BF16 designs by preference where their costs tie: (design, tile rows, tile columns, a tile's time relative
 #: to a 128x128 one's: 0.73 for 64x128 and 128x64 at 256x4096x7168; 1.83-1.95 for 128x256 at 512x7168x16384,
-#: 1024x4096x7168 and 1024x7168x16384: benchmarks/results/gluon/bf16_ws_designs_h200.json).
+#: 1024x4096x7168 and 1024x7168x16384: benchmarks/results/gluon/bf16_ws_designs_h200.json). The 64x128 tiles run on
+#: one MMA warpgroup (``_w4``): 1.01-1.04x the two warpgroups splitting their columns on 23 of 24 rows of M
+#: 256-1024, split 2 ways 1.01-1.09x (H200, benchmarks/results/gluon/bf16_one_warpgroup_h200.json).
 DENSE_BF16_WS_TILES = (
     ("bf16_128x128", BLOCK_M, 128, 1.0),
-    ("bf16_64x128", BLOCK_M // 2, 128, 0.75),
+    ("bf16_64x128_w4", BLOCK_M // 2, 128, 0.75),
     ("bf16_128x64", BLOCK_M, 64, 0.75),
     ("bf16_128x256", BLOCK_M, 256, 1.9),
 )
@@ -164,7 +168,9 @@ DENSE_BF16_WS_SHORT_K_TILES = tuple(
 #: The dense BF16 split tail (H200): 2048x2112x7168 115.6 -> 89.9 us (272 128x128 tiles: two rounds and 8); a run's
 #: fixed cost measured 23-25 K blocks of 64; the rule charges 32. 128x256 tiles are not split.
 DENSE_BF16_WS_TAIL_SPLIT = TailSplit(
-    {"bf16_128x128": "bf16_128x128_sk", "bf16_64x128": "bf16_64x128_sk", "bf16_128x64": "bf16_128x64_sk"}, 64, 32
+    {"bf16_128x128": "bf16_128x128_sk", "bf16_64x128_w4": "bf16_64x128_w4_sk", "bf16_128x64": "bf16_128x64_sk"},
+    64,
+    32,
 )
 #: The dense BF16 single-round split (H200, benchmarks/results/gluon/split_tail_short_h200.json): at 256x2112x7168
 #: the 66 128x64 tiles split 2 ways over 132 SMs ran 16.9 us against the 68 unsplit 64x128 tiles' 20.9 us (a run's
@@ -174,7 +180,7 @@ DENSE_BF16_WS_TAIL_SPLIT = TailSplit(
 #: the unsplit 64x128 tiles, where with the tile unmoved it ran 29.1
 #: (benchmarks/results/gluon/bf16_last_row_tile_h200.json).
 DENSE_BF16_WS_ROUND_SPLIT = TailSplit(
-    {"bf16_64x128": "bf16_64x128_sk2", "bf16_128x64": "bf16_128x64_sk2"}, 64, 40, splits=2, single_round=True
+    {"bf16_64x128_w4": "bf16_64x128_w4_sk2", "bf16_128x64": "bf16_128x64_sk2"}, 64, 40, splits=2, single_round=True
 )
 #: Both splits of the dense BF16 tilings.
 DENSE_BF16_WS_SPLITS = (DENSE_BF16_WS_TAIL_SPLIT, DENSE_BF16_WS_ROUND_SPLIT)

@@ -33,7 +33,7 @@ Nothing here synchronises the host, so a decode step of the FP8 key cache captur
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import cuda.tile as ct
 import torch
@@ -317,6 +317,37 @@ def mask_kind(attention_mask: torch.Tensor | None) -> int:
     return MASK_BOOL if attention_mask.dtype == torch.bool else MASK_ADDITIVE
 
 
+class MaskInputs(NamedTuple):
+    """What a prepare kernel is given of a call's attention mask: its ``kind`` (``MASK_NONE`` where no launch
+    reduces it), the additive mask's ``mask_min`` (a key is visible above it), and the placeholders passed for
+    ``MASK_NONE`` (never read)."""
+
+    kind: int
+    mask_min: float
+    no_mask: torch.Tensor
+    no_ends: torch.Tensor
+
+    def operands(self, attention_mask: torch.Tensor | None, ends: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        """The kernel's (mask, ends) arguments: the placeholders for ``MASK_NONE``, else the mask made contiguous
+        (a boolean one viewed as uint8) and ``ends``."""
+        if self.kind == MASK_NONE:
+            return self.no_mask, self.no_ends
+        mask = attention_mask if attention_mask.is_contiguous() else attention_mask.contiguous()
+        return (mask.view(torch.uint8) if self.kind == MASK_BOOL else mask), ends
+
+
+def mask_inputs(attention_mask: torch.Tensor | None, runs: bool, device: torch.device) -> MaskInputs:
+    """The :class:`MaskInputs` of a prepare call: ``MASK_NONE`` also where no launch runs (``runs`` false) or the
+    mask has no keys (every window end 0, nothing to reduce)."""
+    kind = mask_kind(attention_mask)
+    if not runs or (kind != MASK_NONE and attention_mask.shape[2] == 0):
+        kind = MASK_NONE
+    mask_min = float(torch.finfo(attention_mask.dtype).min) if kind == MASK_ADDITIVE else 0.0
+    no_mask = torch.empty(1, 1, 1, dtype=torch.uint8, device=device)
+    no_ends = torch.empty(1, 1, dtype=torch.int32, device=device)
+    return MaskInputs(kind, mask_min, no_mask, no_ends)
+
+
 def schedule_constants(block_kv: int, next_n: int, num_sms: int) -> list[Any]:
     """The ``ct.Constant`` arguments of the schedule kernel."""
     sms = 1 << num_sms.bit_length()  # a power of two > num_sms
@@ -423,9 +454,8 @@ def prepare_plan(
     batch, count, heads, dim = q.shape
     q_cfg, k_cfg = _rows_config(q, hadamard), _rows_config(k, hadamard)
     kernel, runs = get_kernel("indexer_prepare"), batch * count * heads > 0
-    kind = mask_kind(attention_mask)
-    if not runs or (kind != MASK_NONE and attention_mask.shape[2] == 0):  # no keys: every end 0, nothing to reduce
-        kind = MASK_NONE
+    masking = mask_inputs(attention_mask, runs, q.device)
+    kind = masking.kind
     tile_rows, tile_cols = heuristics.prepare_mask_tile(count)
     mask_blocks = 0
     if kind != MASK_NONE:
@@ -437,11 +467,8 @@ def prepare_plan(
     consts = prepare_constants(q_cfg, k_cfg, hadamard, per_sequence, kv_cache.shape[1], kind, count, mask_keys)
     stored = ends_stored(kind, count, mask_keys)  # else the ends start at 0 (the tiles' atomics, or no reduction)
     signs = _signs(q_cfg, hadamard, q.device)
-    mask_min = float(torch.finfo(attention_mask.dtype).min) if kind == MASK_ADDITIVE else 0.0
     ends_given = attention_mask is not None
-    scalars = (dim**-0.5, float(weight_scale), mask_min)
-    no_mask = torch.empty(1, 1, 1, dtype=torch.uint8, device=q.device)  # what MASK_NONE passes (never read)
-    no_ends = torch.empty(1, 1, dtype=torch.int32, device=q.device)
+    scalars = (dim**-0.5, float(weight_scale), masking.mask_min)
 
     def run(
         q, k, weights, kv_cache, block_table, context_lens, attention_mask, stream=None
@@ -449,23 +476,19 @@ def prepare_plan(
         q8 = torch.empty(q.shape, dtype=torch.float8_e4m3fn, device=q.device)
         w8 = torch.empty(batch, count, heads, dtype=torch.float32, device=q.device)
         ends = None
-        if ends_given:
-            ends = (torch.empty if stored else torch.zeros)(batch, count, dtype=torch.int32, device=q.device)
         if not runs:  # no query rows (no heads or no tokens): the keys by the append kernel, the ends by torch
             fp8_paged_append(k, kv_cache, block_table, context_lens, hadamard, stream)
             if ends_given:
                 ends = last_visible_ends(attention_mask)
         else:
+            if ends_given:
+                ends = (torch.empty if stored else torch.zeros)(batch, count, dtype=torch.int32, device=q.device)
             rows = q.reshape(batch, count * heads, dim)
             rows = rows if rows.stride(-1) == 1 else rows.contiguous()
             keys = k if k.stride(-1) == 1 else k.contiguous()
             keys = keys if keys.numel() else rows  # no keys: no key row block reads the array; no empty array passed
             kv_keys, kv_scales = paged_views(kv_cache, dim)
-            if kind == MASK_NONE:
-                mask, mask_ends = no_mask, no_ends
-            else:
-                mask = attention_mask if attention_mask.is_contiguous() else attention_mask.contiguous()
-                mask, mask_ends = (mask.view(torch.uint8) if kind == MASK_BOOL else mask), ends
+            mask, mask_ends = masking.operands(attention_mask, ends)
             args = (rows, weights.reshape(batch, count * heads), keys, signs, context_lens.reshape(-1), block_table)
             args += (kv_keys, kv_scales, q8.view(batch, count * heads, dim), w8.view(batch, count * heads))
             launch.launch(kernel, grid, (*args, mask, mask_ends, *scalars, *consts), stream)
@@ -515,29 +538,21 @@ def decode_prepare_plan(
     batch, count, heads = weights.shape
     if heads > heuristics.PREPARE_MASK_TILE_ELEMS // heuristics.PREPARE_MASK_MAX_ROWS:
         raise Unsupported(f"{heads} heads (the decode-prepare kernel holds a row block's weights in one tile)")
-    kind = mask_kind(attention_mask)
-    if kind != MASK_NONE and attention_mask.shape[2] == 0:  # no keys: every end 0, nothing to reduce
-        kind = MASK_NONE
-    consts = decode_prepare_constants(heads, count, kind)
-    grid = (batch, launch.cdiv(count, consts[0]), 1)
     runs, ends_given = batch * count * heads > 0, attention_mask is not None
-    mask_min = float(torch.finfo(attention_mask.dtype).min) if kind == MASK_ADDITIVE else 0.0
-    scalars = (float(weight_scale), mask_min)
-    no_mask = torch.empty(1, 1, 1, dtype=torch.uint8, device=weights.device)  # what MASK_NONE passes (never read)
-    no_ends = torch.empty(1, 1, dtype=torch.int32, device=weights.device)
+    masking = mask_inputs(attention_mask, runs, weights.device)
+    consts = decode_prepare_constants(heads, count, masking.kind)
+    grid = (batch, launch.cdiv(count, consts[0]), 1)
+    scalars = (float(weight_scale), masking.mask_min)
 
     def run(weights, attention_mask, stream=None) -> tuple[torch.Tensor, torch.Tensor | None]:
         w = torch.empty(batch, count, heads, dtype=torch.float32, device=weights.device)
         ends = None
-        if ends_given:
+        if ends_given and masking.kind == MASK_NONE:  # no keys (0 each), or no heads: no launch reduces the mask
+            ends = last_visible_ends(attention_mask)
+        elif ends_given:
             ends = torch.empty(batch, count, dtype=torch.int32, device=weights.device)
-            if kind == MASK_NONE or not runs:  # no keys (0 each), or no heads: no launch reduces the mask
-                ends = last_visible_ends(attention_mask)
         if runs:
-            mask, mask_ends = no_mask, no_ends
-            if kind != MASK_NONE:
-                mask = attention_mask if attention_mask.is_contiguous() else attention_mask.contiguous()
-                mask, mask_ends = (mask.view(torch.uint8) if kind == MASK_BOOL else mask), ends
+            mask, mask_ends = masking.operands(attention_mask, ends)
             args = (weights if weights.is_contiguous() else weights.contiguous(), mask, w, mask_ends, *scalars)
             launch.launch(get_kernel("decode_prepare"), grid, (*args, *consts), stream)
         return w, ends

@@ -145,7 +145,7 @@ def compile_bf16_ws(
     attrs = _split_tail_attrs(list(signature), cfg.splits)
     signature.update({name: "constexpr" for name in consts})
     source = GluonASTSource(bf16_gemm_ws.bf16_gemm_ws_kernel, signature, constexprs=consts, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": bf16_gemm_ws.MMA_WARPS})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.mma_warps})
 
 
 def compile_transpose() -> Any:

@@ -28,11 +28,13 @@ BLOCK_K = BF16_BLOCK_K
 
 class Bf16WsConfig(NamedTuple):
     """One launch of :func:`bf16_gemm_ws_kernel`: the tile is ``block_m`` x ``block_n`` (``block_m`` 128: each MMA
-    warpgroup 64 of its rows; 64: each warpgroup half its columns; ``block_n`` 64, 128 or 256, the last as two
-    128-wide halves); ``stages``: ring
-    depth, 0 for the deepest that fits (at most 8); ``group_m``: row tiles per column sweep; ``loader_regs``: the TMA
-    warp's registers; ``splits``: the split tail's runs a tile (1: no split; 2, 4, 8 or 16 for dense calls in 64-
-    and 128-wide tiles: the kernel's ``SPLITS``)."""
+    warpgroup 64 of its rows; 64: each warpgroup half its columns, or with ``mma_warps`` 4 one warpgroup the whole
+    tile; ``block_n`` 64, 128 or 256, the last as two 128-wide halves); ``stages``: ring depth, 0 for the deepest
+    that fits (at most 8); ``group_m``: row tiles per column sweep; ``loader_regs``: the TMA warp's registers;
+    ``splits``: the split tail's runs a tile (1: no split; 2, 4, 8 or 16 for dense calls in 64- and 128-wide tiles:
+    the kernel's ``SPLITS``); ``mma_warps``: the MMA warps, 8 (two warpgroups) or 4 (one warpgroup issuing
+    m64n128 over a 64-row tile: A and B read from shared memory once a K step instead of A twice and B in halves;
+    64-row tiles only). It is the launch's ``num_warps``."""
 
     block_n: int = 256
     stages: int = 0
@@ -40,11 +42,13 @@ class Bf16WsConfig(NamedTuple):
     loader_regs: int = 40
     block_m: int = 128
     splits: int = 1
+    mma_warps: int = MMA_WARPS
 
 
 #: The designs by name: 128x256 and 128x128 tiles, and for short M or N 64x128 and 128x64; ``_sk``: the same tiles
 #: with a short last round split 4 ways along K, ``_sk2``: 2 ways (:mod:`split_tail`; chosen by
-#: :func:`tilegemm.heuristics.gluon.cheapest_tiling` with :data:`~tilegemm.heuristics.gluon.DENSE_BF16_WS_SPLITS`).
+#: :func:`tilegemm.heuristics.gluon.cheapest_tiling` with :data:`~tilegemm.heuristics.gluon.DENSE_BF16_WS_SPLITS`);
+#: ``_w4``: a 64-row tile on one MMA warpgroup (``mma_warps`` 4).
 VARIANTS: dict[str, Bf16WsConfig] = {
     "bf16_128x256": Bf16WsConfig(block_n=256),
     "bf16_128x128": Bf16WsConfig(block_n=128),
@@ -55,6 +59,10 @@ VARIANTS: dict[str, Bf16WsConfig] = {
     "bf16_128x64_sk": Bf16WsConfig(block_n=64, splits=4),
     "bf16_64x128_sk2": Bf16WsConfig(block_n=128, block_m=64, splits=2),
     "bf16_128x64_sk2": Bf16WsConfig(block_n=64, splits=2),
+    "bf16_64x128_w4": Bf16WsConfig(block_n=128, block_m=64, mma_warps=4),
+    "bf16_64x256_w4": Bf16WsConfig(block_n=256, block_m=64, mma_warps=4),
+    "bf16_64x128_w4_sk": Bf16WsConfig(block_n=128, block_m=64, splits=4, mma_warps=4),
+    "bf16_64x128_w4_sk2": Bf16WsConfig(block_n=128, block_m=64, splits=2, mma_warps=4),
 }
 
 
@@ -65,6 +73,8 @@ def bf16_ws_config(cfg: Bf16WsConfig, out_dtype: torch.dtype) -> Bf16WsConfig:
         raise ValueError(f"{cfg}: tiles are 128 x (64, 128 or 256), or 64 x (128 or 256)")
     if cfg.splits not in (1, 2, 4, 8, 16) or (cfg.splits > 1 and cfg.block_n > 128):
         raise ValueError(f"{cfg}: splits 1, 2, 4, 8 or 16, above 1 for 64- and 128-wide tiles")
+    if cfg.mma_warps not in (4, MMA_WARPS) or (cfg.mma_warps == 4 and cfg.block_m != 64):
+        raise ValueError(f"{cfg}: mma_warps {MMA_WARPS}, or 4 for 64-row tiles")
     stage = (cfg.block_m + cfg.block_n) * BLOCK_K * 2
     staging = cfg.block_m * min(cfg.block_n, 128) * torch.empty(0, dtype=out_dtype).element_size()
     deepest = min((SMEM_BYTES - BARRIER_BYTES - staging) // stage, 8)
@@ -184,7 +194,9 @@ def bf16_ws_plan(
         tensors = (a, b, d.flatten(0, 1) if k_grouped else d)
         descs = {name: descriptor(x, box) for name, x, box in zip(("a_desc", "b_desc", "d_desc"), tensors, boxes)}
         with contextlib.nullcontext() if stream is None else torch.cuda.stream(stream):
-            compiled = bf16_gemm_ws_kernel[grid](**descs, **dict(zip(names[len(descs) :], rest)), num_warps=MMA_WARPS)
+            compiled = bf16_gemm_ws_kernel[grid](
+                **descs, **dict(zip(names[len(descs) :], rest)), num_warps=cfg.mma_warps
+            )
         relaunch = Relaunch(compiled, grid, d.device, shapes)
         return d
 

@@ -8,13 +8,14 @@ ranges (multiples of ``BLOCK_K``), D is fp32 [G * M, N] (M a multiple of the til
 group). The walk runs over (group, row tile, column tile), a tile over its group's K blocks; ``ACCUMULATE``: D's
 tile is read back by TMA through the staging buffer and added before the store.
 
-The warps as in :mod:`fp8_gemm_ws_kernel`: the DEFAULT partition holds two MMA warpgroups (8 warps; each owns 64
-rows of a 128-row tile, or half the columns of a 64-row one, which doubles the tiles of a short M) and gets the
-registers the TMA loader warp gives up (``setmaxnreg``); the loader streams A's and B's ``BLOCK_K``-deep tiles into a
-``STAGES``-deep ring (``ready`` / ``empty`` mbarriers). Without block scales there is no promotion: each K block's
-wgmma accumulates into the tile's fp32 accumulator, with the previous block's wgmma left in flight
-(``num_outstanding=1``) and its stage released once it completes. The grid is persistent: at most one CTA per SM,
-each walking the output tiles in a grouped order (``GROUP_M`` row tiles per column sweep, for L2 reuse of B).
+The warps as in :mod:`fp8_gemm_ws_kernel`: the DEFAULT partition holds two MMA warpgroups (8 warps; each owns 64 rows of
+a 128-row tile, or half the columns of a 64-row one, which doubles the tiles of a short M), or one (``num_warps`` 4)
+computing a whole 64-row tile, and gets the registers the TMA loader warp gives up (``setmaxnreg``); the loader streams
+A's and B's ``BLOCK_K``-deep tiles into a ``STAGES``-deep ring (``ready`` / ``empty`` mbarriers). Without block scales
+there is no promotion: each K block's wgmma accumulates into the tile's fp32 accumulator, with the previous block's
+wgmma left in flight (``num_outstanding=1``) and its stage released once it completes. The grid is persistent: at most
+one CTA per SM, each walking the output tiles in a grouped order (``GROUP_M`` row tiles per column sweep, for L2 reuse
+of B).
 
 ``SPLITS`` > 1 (a power of two; dense, 128- and 64-wide tiles): the split tail (:mod:`split_tail`). When the last
 round of tiles is short, each of its tiles runs as ``SPLITS`` jobs over a share of the K blocks each, on CTAs that
@@ -136,7 +137,7 @@ def _add_d(acc, d_desc, out, d_bar, phase, row, col):
 def _mma_partition(a_ring, b_ring, ready, empty, d_desc, out, d_bar, tail, group_ptr, walks, M, N, K,
                    GROUP_M: gl.constexpr, K_GROUPED: gl.constexpr, ACCUMULATE: gl.constexpr,
                    SPLITS: gl.constexpr):  # fmt: skip
-    """The two MMA warpgroups: every output tile of this CTA, each K block's wgmma accumulating under the previous
+    """The MMA warpgroups: every output tile of this CTA, each K block's wgmma accumulating under the previous
     one's completion, the tile stored through ``out`` by TMA. A 256-wide tile is two 128-wide halves: two
     accumulators, two wgmma a K block on the same A stage, each half stored through a 128-wide ``out``.
     k-grouped: the group's rows of D, D's tile added first when ``ACCUMULATE`` (:func:`_add_d`). ``SPLITS`` > 1:
@@ -215,7 +216,8 @@ def bf16_gemm_ws_kernel(
     ACCUMULATE: gl.constexpr,
     SPLITS: gl.constexpr,
 ):
-    """Warp-specialized BF16 GEMM (see the module docstring); launch with ``num_warps=8`` and a persistent grid.
+    """Warp-specialized BF16 GEMM (see the module docstring); launch with ``num_warps`` 8 (two MMA warpgroups), or 4
+    for one over 64-row tiles, and a persistent grid.
     The descriptors' boxes: A [TILE_M, 64], B [TILE_N, 64] (k-grouped: [64, TILE_M], [64, TILE_N]), D [TILE_M,
     min(TILE_N, 128)] (``TILE_M`` 64 or 128, ``TILE_N`` 64, 128 or 256: a 256-wide tile is stored as two 128-wide
     halves; k-grouped: at most 128). ``group_ptr`` (int32 [G + 1]) and ``num_groups`` are read by the k-grouped
@@ -227,6 +229,7 @@ def bf16_gemm_ws_kernel(
     TILE_M: gl.constexpr = _tile_side(a_desc.block_type.shape, K_GROUPED)
     TILE_N: gl.constexpr = _tile_side(b_desc.block_type.shape, K_GROUPED)
     gl.static_assert(TILE_M == 64 or TILE_M == 128, "TILE_M 64 or 128")
+    gl.static_assert(gl.num_warps() == 8 or (gl.num_warps() == 4 and TILE_M == 64), "8 warps, or 4: 64 rows")
     gl.static_assert(TILE_N == 64 or TILE_N == 128 or TILE_N == 256, "TILE_N 64, 128 or 256")
     gl.static_assert(d_desc.block_type.shape[1] == TILE_N or (TILE_N == 256 and d_desc.block_type.shape[1] == 128))
     gl.static_assert(not K_GROUPED or TILE_N <= 128, "k-grouped: tiles at most 128 wide")

@@ -51,10 +51,10 @@ class WsConfig(NamedTuple):
     that fits; ``group_m``: row tiles per column sweep; ``loader_regs``: the TMA warp's registers; ``splits``: the
     split tail's runs a tile (1: no split; 2, 4, 8 or 16: a short last round of tiles split along K,
     :mod:`split_tail`; dense, persistent, one wave of a 128- or 64-wide tile); ``wg_parts``: 1, the two MMA
-    warpgroups one partition stepping together, or 2, each a partition of its own (one 128-row wave of a 128-wide
-    tile, no split tail, not gated; its loader warp then takes 24 registers so that both warpgroups get 232 or more);
-    ``mma_warps``: the MMA warps, 8 (two warpgroups) or 4 (one warpgroup computing a whole 64-row tile, m64nN wgmma:
-    A read from shared memory once a K block instead of once a warpgroup; unsplit, not gated).
+    warpgroups one partition stepping together, or 2, each a partition of its own (one 128-row wave of a 128- or
+    192-wide tile, no split tail, not gated; its loader warp then takes 24 registers so that both warpgroups get 232
+    or more); ``mma_warps``: the MMA warps, 8 (two warpgroups) or 4 (one warpgroup computing a whole 64-row tile,
+    m64nN wgmma: A read from shared memory once a K block instead of once a warpgroup; unsplit, not gated).
     """
 
     block_n: int = 128
@@ -76,8 +76,8 @@ class WsConfig(NamedTuple):
 
     @property
     def num_warps(self) -> int:
-        """The launch's ``num_warps``: the default partition's warps (both MMA warpgroups, or one when each is a
-        partition)."""
+        """The launch's ``num_warps``: the default partition's warps (both MMA warpgroups; one when each is a
+        partition, or when ``mma_warps`` is 4)."""
         return self.mma_warps // self.wg_parts
 
 
