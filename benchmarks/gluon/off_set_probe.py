@@ -79,7 +79,7 @@ def _design(dtype: str, m: int, n: int, k: int, sms: int) -> tuple[str, int, boo
     design = rules.dense_bf16_ws_design(m, n, k, sms)
     cfg = bw.VARIANTS[design]
     tiles = operands.cdiv(m, cfg.block_m) * operands.cdiv(n, cfg.block_n)
-    return design, tiles, rules.prefers_dense_bf16(m, n, k)
+    return design, tiles, rules.prefers_dense_bf16(m, n, k, sms)
 
 
 def main() -> None:

@@ -50,7 +50,7 @@ def _sms() -> int:
 
 def short_rows() -> list[tuple[str, int, int, int]]:
     """The BF16 rows of M 256 and 512 the gluon kernel takes, then :data:`FP8_FEW`."""
-    bf16 = [("bf16", m, n, k) for m in (256, 512) for n, k in NK if rules.prefers_dense_bf16(m, n, k)]
+    bf16 = [("bf16", m, n, k) for m in (256, 512) for n, k in NK if rules.prefers_dense_bf16(m, n, k, _sms())]
     return bf16 + [("fp8", m, n, k) for m, n, k in FP8_FEW]
 
 

@@ -65,7 +65,7 @@ def _runs_on_gluon(m: int, n: int, k: int, dtype: str = "fp8") -> bool:
     if timing.DEVICE != "cuda" or selector.gluon_unavailable_reason() is not None:
         return False
     if dtype == "bf16":
-        return gluon.prefers_dense_bf16(m, n, k)
+        return gluon.prefers_dense_bf16(m, n, k, config.get_num_sms())
     return gluon.prefers_dense_fp8(m, n, k, config.get_num_sms())
 
 

@@ -87,10 +87,11 @@ WS_WIDE_TILE_COST = 1.7
 #: A 64x64 tile's time over a 128x128 one's: 0.69-0.70 (one round of 132 64x64 tiles against one of 68 64x128 ones
 #: at 256x2112x7168, of 128 against 64 at 128x4096x7168; benchmarks/results/dense-fp8-h200/h_64x64_h200.json).
 WS_64X64_TILE_COST = 0.7
-#: 64x64 tiles from this K: with fewer K blocks a tile's prologue and epilogue weigh more. On one MMA warpgroup
-#: (H200, benchmarks/results/dense-fp8-h200/short_k_64x64_h200.json, 34 rows of M 128-512, kernel-only) they ran
-#: 1.04-1.14x the public op's cutile kernels at K 1536-3072, 0.98-1.01x at K 768 where cutile's split-K plans serve
-#: (M 128-256) and 1.08-1.52x where they do not (320x1536, 512x1024), 0.94-0.97x at K 512; K 4096-7168: 1.08-1.15x.
+#: 64x64 tiles from this K: with fewer K blocks a tile's prologue and epilogue weigh more. On one MMA warpgroup,
+#: against what the public op ran before (H200, benchmarks/results/dense-fp8-h200/short_k_64x64_h200.json, 34 rows
+#: of M 128-512, kernel-only): at K 1536-3072 1.04-1.14x (cutile's split-K plans at M 128-256; 64x128 tiles at
+#: 512x1024) and 1.85-2.36x at 320x1536 (cutile's kernels at 320 rows); at K 768 0.98-1.01x at M 128-256, 1.07x at
+#: 512x1024 and 1.52x at 320x1536; at K 512 0.94-0.97x. K 4096-7168: 1.08-1.15x.
 DENSE_FP8_WS_64X64_MIN_K = 768
 #: ...and the ws kernel in 64x64 tiles from this many rows (128x4096x7168: 1.11x cutile's split-K plans).
 DENSE_FP8_WS_64X64_MIN_M = 128
@@ -142,16 +143,24 @@ DENSE_FP8_WS_TAIL_SPLIT = TailSplit({DENSE_FP8_WS_DESIGN: "d_128x128_ov8_sk"}, B
 #: benchmark set's rows run to 8192.
 DENSE_BF16_WS_MIN_M = 129
 DENSE_BF16_WS_MAX_M = 8192
-#: ...with K at least this deep: the rows of K 768 (kernels of 6-10 us) lost 0.91-0.97x.
+#: ...with K at least this deep: the rows of K 768 (kernels of 6-10 us) lost 0.91-0.97x...
 DENSE_BF16_WS_MIN_K = 1024
+#: ...and below it, from K :data:`DENSE_BF16_WS_SHORT_K_LEAST_K`, where the rule's design is the 64x128 tile and M
+#: is at least this: on 48 rows of M 192-768 at K 512-768 (H200, benchmarks/results/gluon/bf16_short_k_h200.json,
+#: kernel-only) the 16 such rows of M 320-768 ran 1.11-1.26x the cutile kernels; the 128-row tiles there 0.96-1.00x,
+#: the 64x128 tiles at M 192-256 0.92-1.01x (but 192x32768x512: 1.15x).
+DENSE_BF16_WS_SHORT_K_MIN_M = 320
+DENSE_BF16_WS_SHORT_K_LEAST_K = 512
+#: The 64x128 design: one MMA warpgroup on the tile (``_w4``), 1.01-1.04x the two warpgroups splitting its
+#: columns on 23 of 24 rows of M 256-1024, split 2 ways 1.01-1.09x (H200,
+#: benchmarks/results/gluon/bf16_one_warpgroup_h200.json).
+DENSE_BF16_WS_SHORT_M_DESIGN = "bf16_64x128_w4"
 #: The BF16 designs by preference where their costs tie: (design, tile rows, tile columns, a tile's time relative
 #: to a 128x128 one's: 0.73 for 64x128 and 128x64 at 256x4096x7168; 1.83-1.95 for 128x256 at 512x7168x16384,
-#: 1024x4096x7168 and 1024x7168x16384: benchmarks/results/gluon/bf16_ws_designs_h200.json). The 64x128 tiles run on
-#: one MMA warpgroup (``_w4``): 1.01-1.04x the two warpgroups splitting their columns on 23 of 24 rows of M
-#: 256-1024, split 2 ways 1.01-1.09x (H200, benchmarks/results/gluon/bf16_one_warpgroup_h200.json).
+#: 1024x4096x7168 and 1024x7168x16384: benchmarks/results/gluon/bf16_ws_designs_h200.json).
 DENSE_BF16_WS_TILES = (
     ("bf16_128x128", BLOCK_M, 128, 1.0),
-    ("bf16_64x128_w4", BLOCK_M // 2, 128, 0.75),
+    (DENSE_BF16_WS_SHORT_M_DESIGN, BLOCK_M // 2, 128, 0.75),
     ("bf16_128x64", BLOCK_M, 64, 0.75),
     ("bf16_128x256", BLOCK_M, 256, 1.9),
 )
@@ -168,7 +177,11 @@ DENSE_BF16_WS_SHORT_K_TILES = tuple(
 #: The dense BF16 split tail (H200): 2048x2112x7168 115.6 -> 89.9 us (272 128x128 tiles: two rounds and 8); a run's
 #: fixed cost measured 23-25 K blocks of 64; the rule charges 32. 128x256 tiles are not split.
 DENSE_BF16_WS_TAIL_SPLIT = TailSplit(
-    {"bf16_128x128": "bf16_128x128_sk", "bf16_64x128_w4": "bf16_64x128_w4_sk", "bf16_128x64": "bf16_128x64_sk"},
+    {
+        "bf16_128x128": "bf16_128x128_sk",
+        DENSE_BF16_WS_SHORT_M_DESIGN: "bf16_64x128_w4_sk",
+        "bf16_128x64": "bf16_128x64_sk",
+    },
     64,
     32,
 )
@@ -180,7 +193,11 @@ DENSE_BF16_WS_TAIL_SPLIT = TailSplit(
 #: the unsplit 64x128 tiles, where with the tile unmoved it ran 29.1
 #: (benchmarks/results/gluon/bf16_last_row_tile_h200.json).
 DENSE_BF16_WS_ROUND_SPLIT = TailSplit(
-    {"bf16_64x128_w4": "bf16_64x128_w4_sk2", "bf16_128x64": "bf16_128x64_sk2"}, 64, 40, splits=2, single_round=True
+    {DENSE_BF16_WS_SHORT_M_DESIGN: "bf16_64x128_w4_sk2", "bf16_128x64": "bf16_128x64_sk2"},
+    64,
+    40,
+    splits=2,
+    single_round=True,
 )
 #: Both splits of the dense BF16 tilings.
 DENSE_BF16_WS_SPLITS = (DENSE_BF16_WS_TAIL_SPLIT, DENSE_BF16_WS_ROUND_SPLIT)
@@ -374,11 +391,16 @@ def dense_bf16_ws_tiles(k: int) -> tuple[tuple[str, int, int, float], ...]:
     return DENSE_BF16_WS_SHORT_K_TILES if k <= DENSE_BF16_WS_SHORT_K else DENSE_BF16_WS_TILES
 
 
-def prefers_dense_bf16(m: int, n: int, k: int) -> bool:
+def prefers_dense_bf16(m: int, n: int, k: int, num_sms: int) -> bool:
     """True where the BF16 ws kernel is the automatic choice for an [M, K] x [N, K] product (no addend, ``alpha``
-    1, K-major operands): :data:`DENSE_BF16_WS_MIN_M` to :data:`DENSE_BF16_WS_MAX_M` rows, K from
-    :data:`DENSE_BF16_WS_MIN_K`."""
-    return DENSE_BF16_WS_MIN_M <= m <= DENSE_BF16_WS_MAX_M and k >= DENSE_BF16_WS_MIN_K
+    1, K-major operands) on ``num_sms`` SMs: :data:`DENSE_BF16_WS_MIN_M` to :data:`DENSE_BF16_WS_MAX_M` rows, K from
+    :data:`DENSE_BF16_WS_MIN_K`; shallower K (from :data:`DENSE_BF16_WS_SHORT_K_LEAST_K`) where the design is the
+    64x128 tile (:func:`dense_bf16_ws_design`) and M at least :data:`DENSE_BF16_WS_SHORT_K_MIN_M`."""
+    if not DENSE_BF16_WS_MIN_M <= m <= DENSE_BF16_WS_MAX_M or k < DENSE_BF16_WS_SHORT_K_LEAST_K:
+        return False
+    if k >= DENSE_BF16_WS_MIN_K:
+        return True
+    return m >= DENSE_BF16_WS_SHORT_K_MIN_M and dense_bf16_ws_design(m, n, k, num_sms) == DENSE_BF16_WS_SHORT_M_DESIGN
 
 
 def _read_in_place(*xs: torch.Tensor) -> bool:
@@ -430,7 +452,8 @@ def dense_bf16_rule(arguments: dict[str, Any]) -> str | None:
     if not _gluon_may_run(d):
         return None
     addend = arguments["c"] is not None and arguments["beta"] != 0
-    if bf16_ws_takes(a, b, addend, arguments["alpha"]) and prefers_dense_bf16(a.shape[0], b.shape[0], a.shape[1]):
+    m, n, k = a.shape[0], b.shape[0], a.shape[1]
+    if bf16_ws_takes(a, b, addend, arguments["alpha"]) and prefers_dense_bf16(m, n, k, config.get_num_sms()):
         return "gluon"
     return None
 
