@@ -424,6 +424,42 @@ def test_each_call_is_one_launch(launches):
         tg.fp8_quantize_rows(torch.randn(2, 256), hadamard=True, backend="cutile")
 
 
+MASKS = {
+    "none": lambda: None,
+    "bool": lambda: torch.rand(2, 3, 40) < 0.5,
+    "additive": lambda: torch.zeros(2, 3, 40, dtype=torch.bfloat16),
+    "strided bool": lambda: (torch.rand(2, 40, 3) < 0.5).transpose(1, 2),
+    "no keys": lambda: torch.ones(2, 3, 0, dtype=torch.bool),
+}
+
+
+@pytest.mark.parametrize("runs", [True, False], ids=["rows", "no rows"])
+@pytest.mark.parametrize("name", list(MASKS))
+def test_mask_inputs_kind_and_operands(name, runs):
+    """What both prepare plans hand their kernel of a mask (``mqa_prep.mask_inputs``): ``MASK_NONE`` without a
+    mask, without query rows (no launch) or without keys (every end 0), with placeholders for the mask and ends;
+    else the mask contiguous, a boolean one as uint8 bytes, and the ends given; ``mask_min`` the additive mask's
+    dtype minimum (a key is visible above it), 0 otherwise."""
+    pytest.importorskip("cuda.tile")
+    from tilegemm.ops.cutile import mqa_prep
+
+    mask = MASKS[name]()
+    masking = mqa_prep.mask_inputs(mask, runs, torch.device("cpu"))
+    ends = torch.empty(2, 3, dtype=torch.int32)
+    passed_mask, passed_ends = masking.operands(mask, ends)
+    if not runs or name in ("none", "no keys"):
+        assert masking.kind == mqa_prep.MASK_NONE and masking.mask_min == 0.0
+        assert passed_mask is masking.no_mask and passed_ends is masking.no_ends
+        return
+    additive = name == "additive"
+    assert masking.kind == (mqa_prep.MASK_ADDITIVE if additive else mqa_prep.MASK_BOOL)
+    assert masking.mask_min == (torch.finfo(torch.bfloat16).min if additive else 0.0)
+    assert passed_ends is ends and passed_mask.is_contiguous() and passed_mask.shape == mask.shape
+    assert passed_mask.dtype == (torch.bfloat16 if additive else torch.uint8)
+    assert torch.equal(passed_mask.bool() if not additive else passed_mask, mask)
+    assert (passed_mask is mask) == additive  # an additive contiguous mask as given; a boolean one viewed as bytes
+
+
 @pytest.mark.parametrize("rows,keys,stored", [(1, 8192, True), (1, 8193, False), (4, 2048, True), (3, 2049, False)])
 def test_prepare_ends_stored_where_one_tile_spans_the_keys(launches, rows, keys, stored):
     """Up to one mask tile's keys a row (8,192 at one query row, 2,048 at up to four) the prepare kernel stores the
