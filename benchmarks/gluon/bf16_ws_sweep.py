@@ -24,7 +24,7 @@ import json
 import time
 
 import torch
-from sweep_table import print_table, progress, timed
+from sweep_table import parse_shapes, print_table, progress, timed
 
 import tilegemm
 from tilegemm.bench import device, peers, timing
@@ -68,10 +68,7 @@ def main() -> None:
     dg, why = peers.load_deepgemm("auto")
     print("deepgemm:", why, flush=True)
     rows = []
-    if args.shapes:
-        shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",") if s]
-    else:
-        shapes = [(m, n, k) for m in map(int, args.m.split(",")) for n, k in NK]
+    shapes = parse_shapes(args.shapes) or [(m, n, k) for m in map(int, args.m.split(",")) for n, k in NK]
     for m, n, k in shapes:
         if time.time() - t0 > args.budget_s:
             print(f"skipping {m}x{n}x{k}: past the {args.budget_s:.0f} s budget", flush=True)

@@ -23,7 +23,7 @@ import statistics
 import time
 
 import torch
-from sweep_table import print_table, progress, timed
+from sweep_table import parse_shapes, print_table, progress, timed
 
 import tilegemm
 from tilegemm.bench import device, peers, timing
@@ -157,9 +157,7 @@ def main() -> None:
     dg, why = peers.load_deepgemm("auto")
     print("deepgemm:", why, flush=True)
     rows = []
-    shapes = {"set": ROWS, "unseen": UNSEEN, "few": FEW}[args.rows]
-    if args.shapes:
-        shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    shapes = parse_shapes(args.shapes) or {"set": ROWS, "unseen": UNSEEN, "few": FEW}[args.rows]
     for m, n, k in QUICK if args.quick else shapes:
         if time.time() - t0 > args.budget_s:
             print(f"skipping {m}x{n}x{k}: past the {args.budget_s:.0f} s budget", flush=True)

@@ -225,7 +225,7 @@ def main() -> None:
         return
     import torch
     from fp8_ws_sweep import row_inputs, ws_design
-    from sweep_table import print_table, progress, timed
+    from sweep_table import parse_shapes, print_table, progress, timed
 
     from tilegemm.bench import device, peers
     from tilegemm.ops.gluon import fp8_gemm_ws as ws
@@ -247,7 +247,7 @@ def main() -> None:
     good = [n for n in names if passed(checks[n])]
     dg, why = peers.load_deepgemm("auto")
     print("deepgemm:", why, "| timed:", good, flush=True)
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")] if args.shapes else ROWS
+    shapes = parse_shapes(args.shapes) or ROWS
     rows = []
     for m, n, k in shapes:
         sets, d, ref, row = row_inputs(m, n, k)

@@ -25,6 +25,7 @@ import time
 
 import torch
 from fp8_ws_sweep import quant, reference
+from sweep_table import parse_shapes
 
 import tilegemm
 from tilegemm.bench import peers, timing
@@ -92,8 +93,7 @@ def main() -> None:
     dg, dg_note = peers.load_deepgemm("auto")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
-    for shape in (args.shapes or SHAPES[args.dtype]).split(","):
-        m, n, k = map(int, shape.split("x"))
+    for m, n, k in parse_shapes(args.shapes or SHAPES[args.dtype]):
         a, b, ref = _operands(args.dtype, m, n, k)
         d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         calls = _calls(args.dtype, a, b, d, dg)
@@ -111,7 +111,8 @@ def main() -> None:
                 row["eager_us"][name].append(1e3 * timing.eager_ms(fn))
                 row["graph_us"][name].append(1e3 * timing.graph_ms(fn, CALLS))
         rows.append(row)
-        print(shape, design, row["tiles_per_sm"], {x: round(min(t), 1) for x, t in row["graph_us"].items()}, flush=True)
+        best_us = {x: round(min(t), 1) for x, t in row["graph_us"].items()}
+        print(f"{m}x{n}x{k}", design, row["tiles_per_sm"], best_us, flush=True)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "sms": sms, "deepgemm": dg_note}
     meta["date"] = time.strftime("%Y-%m-%d %H:%M")
     with open(args.out, "w") as f:

@@ -1,5 +1,6 @@
-"""What the dense kernel sweeps (``fp8_ws_sweep.py``, ``bf16_ws_sweep.py``) share: one column of a row checked
-against the float64 formula and timed kernel-only, the row's progress line, and the TFLOP/s table printed last.
+"""What the dense kernel sweeps (``fp8_ws_sweep.py``, ``bf16_ws_sweep.py``) share: their ``--shapes`` rows, one column
+of a row checked against the float64 formula and timed kernel-only, the row's progress line, and the TFLOP/s table
+printed last.
 
 A row is ``{"m", "n", "k", "tflops": {}, "us": {}, "diff": {}, "error": {}}``; a column is one implementation, by name.
 """
@@ -13,6 +14,11 @@ import torch
 
 from tilegemm.bench import timing
 from tilegemm.testing import calc_diff
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    """The (M, N, K) rows of a ``--shapes`` argument, ``"MxNxK,MxNxK,..."`` (empty items skipped)."""
+    return [tuple(int(x) for x in item.split("x")) for item in text.split(",") if item]
 
 
 def timed(row: dict, name: str, fn, sets: list, out: torch.Tensor, ref: torch.Tensor, budget_ms: float) -> None:
