@@ -5,9 +5,11 @@ groups in flight (``WARPGROUP.DEPBAR.LE gsb0, 0x1``; ``0x2`` for the halves),
 registers within the MMA warps' budget and shared memory within a CTA's. Its tile walk and store are
 ``ops/gluon/tiles.py``'s, which the FP8 kernels' gates compile too; the split designs (``_sk``) walk their jobs and
 store a split run's tile with ``ops/gluon/split_tail.py``'s, as the FP8 ws kernel does, and show the split tail's
-synchronization, which no other design has. The k-grouped form (every design the rule may pick, with and without
-accumulation) must read both MN-major operands in place (``HGMMA ... .tnspA.tnspB``: the wgmma transposes, no copy
-does), under the same conditions, and read D back by TMA when accumulating."""
+synchronization, which no other design has. The K loop's barriers hold the MMA partition's threads only: one
+warpgroup where each is a partition of its own (``_wg2``), not both in lockstep. The k-grouped form (every design
+the rule may pick, with and without accumulation) must read both MN-major operands in place (``HGMMA ...
+.tnspA.tnspB``: the wgmma transposes, no copy does), under the same conditions, and read D back by TMA when
+accumulating."""
 
 from __future__ import annotations
 
@@ -27,18 +29,24 @@ from tilegemm.ops.gluon import bf16_gemm_ws as bw  # noqa: E402
 CASES = [(name, out) for name in bw.VARIANTS for out in (torch.bfloat16, torch.float32)]
 
 
-def _sass_and_k_loop(kernel, mma_warps: int = 8) -> tuple[str, dict, dict, list[str]]:
+def _sass_and_k_loop(kernel, cfg: bw.Bf16WsConfig) -> tuple[str, dict, dict, list[str]]:
     """``kernel``'s SASS, opcode counts, summary and K loop (the shortest loop body holding an HGMMA), after the
     checks every design must pass: no spills, registers under the MMA warps' ``setmaxnreg`` budget (two warpgroups:
-    the largest decrease, at most 240; one, ``mma_warps`` 4: the increase, at most 256), shared
+    the largest decrease, at most 240; one, ``mma_warps`` 4: the increase, at most 256; each warpgroup a partition,
+    ``wg_parts`` 2: the default one's decrease, at most 248, and the worker's increase to ``WG1_REGS``), shared
     memory within a CTA's."""
     sass = dump_sass(kernel.asm["cubin"])
     ops, summary = opcode_counts(sass), sass_summary(kernel.asm["cubin"])
     loop = min((b for b in loop_bodies(sass) if any("HGMMA" in t for t in b)), key=len, default=[])
-    change = "inc" if mma_warps == 4 else "dec"
+    change = "inc" if cfg.mma_warps == 4 else "dec"
     budget = max(int(x) for x in re.findall(rf"setmaxnreg\.{change}\.sync\.aligned\.u32\s+(\d+)", kernel.asm["ptx"]))
+    if cfg.wg_parts == 2:
+        raised = {int(x) for x in re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", kernel.asm["ptx"])}
+        assert bf16_gemm_ws_kernel.WG1_REGS in raised, "the worker MMA warpgroup's registers"
+        budget = min(budget, bf16_gemm_ws_kernel.WG1_REGS)
     assert summary["stl"] == summary["ldl"] == 0, "register spills"
-    assert 0 < max(int(x) for x in re.findall(r"\bR(\d+)\b", sass)) < budget <= (256 if mma_warps == 4 else 240)
+    limit = 256 if cfg.mma_warps == 4 else 248 if cfg.wg_parts == 2 else 240
+    assert 0 < max(int(x) for x in re.findall(r"\bR(\d+)\b", sass)) < budget <= limit
     assert kernel.metadata.shared <= bw.SMEM_BYTES
     return sass, ops, summary, loop
 
@@ -54,7 +62,7 @@ def test_bf16_ws_sass(name, out):
     assert (
         bf16_gemm_ws_kernel.tile_range is tiles.tile_range and bf16_gemm_ws_kernel.ring_barriers is tiles.ring_barriers
     )
-    sass, ops, summary, loop = _sass_and_k_loop(kernel, cfg.mma_warps)
+    sass, ops, summary, loop = _sass_and_k_loop(kernel, cfg)
     assert sum(n for op, n in ops.items() if op.startswith("USETMAXREG")) >= 1, "setmaxnreg"
     halves = 2 if cfg.block_n == 256 else 1  # a 256-wide tile: two 128-wide halves, a wgmma group each
     one_wave = cfg.block_m == 128 or cfg.mma_warps == 4  # else 64 rows on two warpgroups: half the columns each
@@ -63,6 +71,9 @@ def test_bf16_ws_sass(name, out):
     assert sum(1 for t in loop if "HGMMA" in t) == halves * bw.BLOCK_K // 16 and summary["gmma_group_min"] == 4
     depbars = [t.split()[-1] for t in loop if "WARPGROUP.DEPBAR" in t]
     assert depbars == [f"0x{halves}"], "one wait a block, the block's groups left in flight"
+    threads = 32 * cfg.num_warps  # the MMA partition's threads: both warpgroups, or one (wg_parts 2, mma_warps 4)
+    bars = [t for t in loop if "BAR.SYNC" in t]
+    assert bars and all(t.split(";")[0].rstrip().endswith(f"0x{threads:x}") for t in bars), bars
     check_tail_sync(tail_sync_ops(sass), cfg.splits)
 
 
@@ -76,7 +87,7 @@ def test_bf16_ws_k_grouped_sass(name, accumulate):
         pytest.skip(reason)
     cfg = bw.VARIANTS[name]
     kernel = aot.compile_bf16_ws(cfg, k_grouped=True, accumulate=accumulate)
-    sass, ops, _, loop = _sass_and_k_loop(kernel, cfg.mma_warps)
+    sass, ops, _, loop = _sass_and_k_loop(kernel, cfg)
     mma = [t for t in loop if "HGMMA" in t]
     width = cfg.block_n if cfg.block_m == 128 or cfg.mma_warps == 4 else cfg.block_n // 2
     assert len(mma) == bw.BLOCK_K // 16 and all(f"HGMMA.64x{width}x16" in t and ".tnspA.tnspB" in t for t in mma)

@@ -464,12 +464,12 @@ def test_bf16_rule_claims_only_what_the_kernel_computes_as_given(monkeypatch, la
 
 # k-grouped BF16: (G, M, N, per-group K, the design on 132 SMs, gluon the automatic choice?)
 K_GROUPED_BF16_RULE_CASES = [
-    (8, 4096, 7168, [4096] * 8, "bf16_128x128", True),  # the benchmark set's shapes: 1792 tiles
-    (4, 7168, 2048, [8192, 7936, 8448, 8192], "bf16_128x128", True),
-    (16, 4096, 7168, [2048] * 15 + [0], "bf16_128x128", True),  # an empty group
-    (8, 4096, 7168, [4096] * 7 + [4032], "bf16_128x128", True),  # K a multiple of 64, not of 128
-    (8, 4096, 7168, [4096] * 7 + [4000], "bf16_128x128", False),  # a group's K off the 64-deep blocks
-    (4, 4000, 7168, [4096] * 4, "bf16_128x128", False),  # M off the 128-row tiles
+    (8, 4096, 7168, [4096] * 8, "bf16_128x128_wg2", True),  # the benchmark set's shapes: 1792 tiles
+    (4, 7168, 2048, [8192, 7936, 8448, 8192], "bf16_128x128_wg2", True),
+    (16, 4096, 7168, [2048] * 15 + [0], "bf16_128x128_wg2", True),  # an empty group
+    (8, 4096, 7168, [4096] * 7 + [4032], "bf16_128x128_wg2", True),  # K a multiple of 64, not of 128
+    (8, 4096, 7168, [4096] * 7 + [4000], "bf16_128x128_wg2", False),  # a group's K off the 64-deep blocks
+    (4, 4000, 7168, [4096] * 4, "bf16_128x128_wg2", False),  # M off the 128-row tiles
     (2, 128, 256, [256, 256], "bf16_64x128_w4", False),  # 4 tiles of 128x128: too few for the SMs
     (1, 1024, 1024, [4096], "bf16_64x128_w4", False),  # 64 tiles of 128x128 (as 128 64x128 ones: one round)
 ]
@@ -483,12 +483,13 @@ def test_k_grouped_bf16_rule(groups, m, n, ks, design, automatic):
 
 def test_k_grouped_bf16_designs_are_at_most_128_wide_variants():
     """The k-grouped BF16 designs name ``bf16_gemm_ws.VARIANTS`` entries of their costed tiles, none wider than 128
-    (the k-grouped form's limit), 128x128 first."""
+    (the k-grouped form's limit), 128x128 first; the 128-row ones with each MMA warpgroup a partition of its own."""
     bw = pytest.importorskip("tilegemm.ops.gluon.bf16_gemm_ws")
-    assert gluon.K_GROUPED_BF16_WS_TILES[0][0] == "bf16_128x128"
+    assert gluon.K_GROUPED_BF16_WS_TILES[0][0] == "bf16_128x128_wg2"
     for design, rows, cols, _ in gluon.K_GROUPED_BF16_WS_TILES:
         cfg = bw.VARIANTS[design]
         assert (cfg.block_m, cfg.block_n) == (rows, cols) and cols <= 128
+        assert cfg.wg_parts == (2 if rows == 128 else 1) and cfg.splits == 1
 
 
 @pytest.mark.parametrize(

@@ -490,8 +490,14 @@ def prefers_k_grouped_fp8(groups: int, m: int, n: int, k_sum: int, num_sms: int)
 
 
 #: The k-grouped BF16 designs (the BF16 ws kernel's k-grouped form, ``ops/gluon/grouped.py``): the dense BF16 tiles
-#: at most 128 wide, by the same costs.
-K_GROUPED_BF16_WS_TILES = tuple(t for t in DENSE_BF16_WS_TILES if t[2] <= 128)
+#: at most 128 wide, by the same costs, the 128-row ones with each MMA warpgroup a partition of its own (``_wg2``):
+#: 1.00-1.04x the lockstep design on the 6 set rows, 0.97x DeepGEMM against 0.96x, outputs bitwise the same (H200,
+#: benchmarks/results/grouped-bf16-h200/k_grouped_wg2_h200.json).
+K_GROUPED_BF16_WS_TILES = tuple(
+    (design + "_wg2" if rows == BLOCK_M else design, rows, cols, cost)
+    for design, rows, cols, cost in DENSE_BF16_WS_TILES
+    if cols <= 128
+)
 
 
 def k_grouped_bf16_ws_design(groups: int, m: int, n: int, num_sms: int) -> str:

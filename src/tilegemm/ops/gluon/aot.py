@@ -129,7 +129,7 @@ def compile_bf16_ws(
     signature = {
         "a_desc": _desc(bf16, boxes[0]),
         "b_desc": _desc(bf16, boxes[1]),
-        "d_desc": _desc(out_dtype, [bm, min(bn, 128)]),
+        "d_desc": _desc(out_dtype, [bm // cfg.wg_parts, min(bn, 128)]),
         "group_ptr": "*i32",
         "num_groups": "i32",
         "M": "i32",
@@ -140,12 +140,12 @@ def compile_bf16_ws(
     }
     consts = {
         "STAGES": cfg.stages, "GROUP_M": cfg.group_m, "LOADER_REGS": cfg.loader_regs, "K_GROUPED": k_grouped,
-        "ACCUMULATE": accumulate, "SPLITS": cfg.splits,
+        "ACCUMULATE": accumulate, "SPLITS": cfg.splits, "WG_PARTS": cfg.wg_parts,
     }  # fmt: skip
     attrs = _split_tail_attrs(list(signature), cfg.splits)
     signature.update({name: "constexpr" for name in consts})
     source = GluonASTSource(bf16_gemm_ws.bf16_gemm_ws_kernel, signature, constexprs=consts, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.mma_warps})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps})
 
 
 def compile_transpose() -> Any:

@@ -34,7 +34,8 @@ class Bf16WsConfig(NamedTuple):
     ``splits``: the split tail's runs a tile (1: no split; 2, 4, 8 or 16 for dense calls in 64- and 128-wide tiles:
     the kernel's ``SPLITS``); ``mma_warps``: the MMA warps, 8 (two warpgroups) or 4 (one warpgroup issuing
     m64n128 over a 64-row tile: A and B read from shared memory once a K step instead of A twice and B in halves;
-    64-row tiles only). It is the launch's ``num_warps``."""
+    64-row tiles only); ``wg_parts``: 1, or 2 to make each MMA warpgroup a partition of its own (128-row tiles,
+    unsplit; the loader warp then takes 24 registers). The launch's ``num_warps`` is :attr:`num_warps`."""
 
     block_n: int = 256
     stages: int = 0
@@ -43,12 +44,19 @@ class Bf16WsConfig(NamedTuple):
     block_m: int = 128
     splits: int = 1
     mma_warps: int = MMA_WARPS
+    wg_parts: int = 1
+
+    @property
+    def num_warps(self) -> int:
+        """The launch's ``num_warps``: the default partition's warps (the MMA warps, or one warpgroup of them)."""
+        return self.mma_warps // self.wg_parts
 
 
 #: The designs by name: 128x256 and 128x128 tiles, and for short M or N 64x128 and 128x64; ``_sk``: the same tiles
 #: with a short last round split 4 ways along K, ``_sk2``: 2 ways (:mod:`split_tail`; chosen by
 #: :func:`tilegemm.heuristics.gluon.cheapest_tiling` with :data:`~tilegemm.heuristics.gluon.DENSE_BF16_WS_SPLITS`);
-#: ``_w4``: a 64-row tile on one MMA warpgroup (``mma_warps`` 4).
+#: ``_w4``: a 64-row tile on one MMA warpgroup (``mma_warps`` 4); ``_wg2``: each MMA warpgroup a partition of its own
+#: (``wg_parts`` 2).
 VARIANTS: dict[str, Bf16WsConfig] = {
     "bf16_128x256": Bf16WsConfig(block_n=256),
     "bf16_128x128": Bf16WsConfig(block_n=128),
@@ -63,6 +71,9 @@ VARIANTS: dict[str, Bf16WsConfig] = {
     "bf16_64x256_w4": Bf16WsConfig(block_n=256, block_m=64, mma_warps=4),
     "bf16_64x128_w4_sk": Bf16WsConfig(block_n=128, block_m=64, splits=4, mma_warps=4),
     "bf16_64x128_w4_sk2": Bf16WsConfig(block_n=128, block_m=64, splits=2, mma_warps=4),
+    "bf16_128x128_wg2": Bf16WsConfig(block_n=128, loader_regs=24, wg_parts=2),
+    "bf16_128x256_wg2": Bf16WsConfig(block_n=256, loader_regs=24, wg_parts=2),
+    "bf16_128x64_wg2": Bf16WsConfig(block_n=64, loader_regs=24, wg_parts=2),
 }
 
 
@@ -75,6 +86,8 @@ def bf16_ws_config(cfg: Bf16WsConfig, out_dtype: torch.dtype) -> Bf16WsConfig:
         raise ValueError(f"{cfg}: splits 1, 2, 4, 8 or 16, above 1 for 64- and 128-wide tiles")
     if cfg.mma_warps not in (4, MMA_WARPS) or (cfg.mma_warps == 4 and cfg.block_m != 64):
         raise ValueError(f"{cfg}: mma_warps {MMA_WARPS}, or 4 for 64-row tiles")
+    if cfg.wg_parts not in (1, 2) or (cfg.wg_parts == 2 and (cfg.block_m != 128 or cfg.splits > 1)):
+        raise ValueError(f"{cfg}: wg_parts 1, or 2 for 128-row tiles, unsplit")
     stage = (cfg.block_m + cfg.block_n) * BLOCK_K * 2
     staging = cfg.block_m * min(cfg.block_n, 128) * torch.empty(0, dtype=out_dtype).element_size()
     deepest = min((SMEM_BYTES - BARRIER_BYTES - staging) // stage, 8)
@@ -161,18 +174,18 @@ def bf16_ws_plan(
     if k_grouped:
         groups, m, n = d.shape
         k = a.shape[0]
-        boxes = ([BLOCK_K, cfg.block_m], [BLOCK_K, cfg.block_n], [cfg.block_m, cfg.block_n])
+        boxes = ([BLOCK_K, cfg.block_m], [BLOCK_K, cfg.block_n], [cfg.block_m // cfg.wg_parts, cfg.block_n])
         flat_d = d.flatten(0, 1)  # [G * M, N]: the group's rows of D
     else:
         groups, ((m, k), n) = 1, (a.shape, b.shape[0])
-        boxes = ([cfg.block_m, BLOCK_K], [cfg.block_n, BLOCK_K], [cfg.block_m, min(cfg.block_n, 128)])
+        boxes = ([cfg.block_m, BLOCK_K], [cfg.block_n, BLOCK_K], [cfg.block_m // cfg.wg_parts, min(cfg.block_n, 128)])
         flat_d = d
     tiles = groups * operands.cdiv(m, cfg.block_m) * operands.cdiv(n, cfg.block_n)
     ctas = split_grid(tiles, num_sms, cfg.splits)
     grid = (ctas, 1, 1)
     tails = StreamTails(tiles, ctas, cfg.splits, cfg.block_m, cfg.block_n, d.device)
     head = (groups, m, n, k)  # num_groups .. K: the parameters between group_ptr and work_ptr
-    after_tail = (cfg.stages, cfg.group_m, cfg.loader_regs, k_grouped, accumulate, cfg.splits)
+    after_tail = (cfg.stages, cfg.group_m, cfg.loader_regs, k_grouped, accumulate, cfg.splits, cfg.wg_parts)
     # work_ptr, counter_ptr and the rest: an unsplit plan's never change; a split plan's follow the launch's stream
     unsplit_tail = None if tails.split else (*tails(), *after_tail)
     names = bf16_gemm_ws_kernel.arg_names
@@ -195,7 +208,7 @@ def bf16_ws_plan(
         descs = {name: descriptor(x, box) for name, x, box in zip(("a_desc", "b_desc", "d_desc"), tensors, boxes)}
         with contextlib.nullcontext() if stream is None else torch.cuda.stream(stream):
             compiled = bf16_gemm_ws_kernel[grid](
-                **descs, **dict(zip(names[len(descs) :], rest)), num_warps=cfg.mma_warps
+                **descs, **dict(zip(names[len(descs) :], rest)), num_warps=cfg.num_warps
             )
         relaunch = Relaunch(compiled, grid, d.device, shapes)
         return d

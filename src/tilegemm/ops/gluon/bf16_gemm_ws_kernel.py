@@ -17,6 +17,12 @@ wgmma left in flight (``num_outstanding=1``) and its stage released once it comp
 one CTA per SM, each walking the output tiles in a grouped order (``GROUP_M`` row tiles per column sweep, for L2 reuse
 of B).
 
+``WG_PARTS`` = 2 (128-row tiles, unsplit) makes each MMA warpgroup a partition of its own, as in
+:mod:`fp8_gemm_ws_kernel`: the default partition is warpgroup 0 (rows 0-63 of every tile), a 4-warp worker warpgroup 1
+(rows 64-127, ``WG1_REGS`` registers); each waits for a stage, runs its wgmma and releases the stage by itself
+(``empty`` counts both) and stores its rows through a staging tile of its own. The lockstep partition instead waits
+for both warpgroups (a barrier of its 256 threads) before each release.
+
 ``SPLITS`` > 1 (a power of two; dense, 128- and 64-wide tiles): the split tail (:mod:`split_tail`). When the last
 round of tiles is short, each of its tiles runs as ``SPLITS`` jobs over a share of the K blocks each, on CTAs that
 round would leave idle; the loader loads a job's K blocks only, and a split run's partial goes through
@@ -46,6 +52,9 @@ from tilegemm.ops.gluon.split_tail import job_walk, runs_alike, split_fixup, spl
 from tilegemm.ops.gluon.tiles import ring_barriers, store_tile, tile_coords, tile_range, tile_row, wgmma_layout
 
 MMA_WARPS = 8
+#: WG_PARTS 2: the registers of the worker MMA warpgroup (the default one gets what the workers leave)
+WG1_REGS = 232
+_WG1_REGS = gl.constexpr(WG1_REGS)
 
 _BLOCK_K = gl.constexpr(BLOCK_K)
 
@@ -113,13 +122,19 @@ def _loader(a_desc, b_desc, a_ring, b_ring, ready, empty, group_ptr, walks, M, N
 
 
 @gluon.jit
-def _operands(a_ring, b_ring, s, K_GROUPED: gl.constexpr):
-    """Stage ``s``'s A [TILE_M, BLOCK_K] and B [BLOCK_K, TILE_N] as the wgmma reads them: K-major tiles as stored
-    (B transposed), k-grouped ones' MN-major boxes (A transposed)."""
+def _operands(a_ring, b_ring, s, K_GROUPED: gl.constexpr, ROW0: gl.constexpr, PART_M: gl.constexpr):
+    """Stage ``s``'s A [PART_M, BLOCK_K] (the tile's rows from ``ROW0``) and B [BLOCK_K, TILE_N] as the wgmma reads
+    them: K-major tiles as stored (B transposed), k-grouped ones' MN-major boxes (A transposed)."""
     if K_GROUPED:
-        return a_ring.index(s).permute((1, 0)), b_ring.index(s)
+        a = a_ring.index(s)
+        if PART_M != a.shape[1]:
+            a = a.slice(ROW0, PART_M, dim=1)
+        return a.permute((1, 0)), b_ring.index(s)
     else:
-        return a_ring.index(s), b_ring.index(s).permute((1, 0))
+        a = a_ring.index(s)
+        if PART_M != a.shape[0]:
+            a = a.slice(ROW0, PART_M)
+        return a, b_ring.index(s).permute((1, 0))
 
 
 @gluon.jit
@@ -134,20 +149,26 @@ def _add_d(acc, d_desc, out, d_bar, phase, row, col):
 
 
 @gluon.jit
-def _mma_partition(a_ring, b_ring, ready, empty, d_desc, out, d_bar, tail, group_ptr, walks, M, N, K,
-                   GROUP_M: gl.constexpr, K_GROUPED: gl.constexpr, ACCUMULATE: gl.constexpr,
-                   SPLITS: gl.constexpr):  # fmt: skip
+def _mma_partition(a_ring, b_ring, ready, empty, d_desc, outs, d_bars, tail, group_ptr, walks, M, N, K,
+                   GROUP_M: gl.constexpr, K_GROUPED: gl.constexpr, ACCUMULATE: gl.constexpr, SPLITS: gl.constexpr,
+                   WG_PARTS: gl.constexpr, WG: gl.constexpr):  # fmt: skip
     """The MMA warpgroups: every output tile of this CTA, each K block's wgmma accumulating under the previous
-    one's completion, the tile stored through ``out`` by TMA. A 256-wide tile is two 128-wide halves: two
-    accumulators, two wgmma a K block on the same A stage, each half stored through a 128-wide ``out``.
-    k-grouped: the group's rows of D, D's tile added first when ``ACCUMULATE`` (:func:`_add_d`). ``SPLITS`` > 1:
-    every job, a split run's K blocks only, its partial handed to :func:`split_fixup` with ``tail`` (``work_ptr,
+    one's completion, the tile stored through its staging tile (``outs[WG]``) by TMA. A 256-wide tile is two
+    128-wide halves: two accumulators, two wgmma a K block on the same A stage, each half stored through a
+    128-wide staging tile. ``WG_PARTS`` 2: this partition is MMA warpgroup ``WG`` alone, the tile's 64 rows from
+    ``64 * WG`` (D's box is then 64 rows). k-grouped: the group's rows of D, D's tile added first when
+    ``ACCUMULATE`` (:func:`_add_d`, with the warpgroup's barrier ``d_bars[WG]``). ``SPLITS`` > 1: every job, a
+    split run's K blocks only, its partial handed to :func:`split_fixup` with ``tail`` (``work_ptr,
     counter_ptr``), which stores the tile in its last run."""
     STAGES: gl.constexpr = a_ring.shape[0]
     TILE_M: gl.constexpr = _tile_side(a_ring.shape, K_GROUPED, 1)
     TILE_N: gl.constexpr = _tile_side(b_ring.shape, K_GROUPED, 1)
     SUB_N: gl.constexpr = d_desc.block_type.shape[1]
-    acc_l: gl.constexpr = wgmma_layout(TILE_M, SUB_N, gl.num_warps(), 16)
+    PART_M: gl.constexpr = TILE_M // WG_PARTS  # the tile's rows this partition computes...
+    ROW0: gl.constexpr = WG * PART_M  # ... from this one
+    acc_l: gl.constexpr = wgmma_layout(PART_M, SUB_N, gl.num_warps(), 16)
+    out = outs.index(WG)
+    d_bar = d_bars.index(WG)
     first, num_tiles, step, num_m, num_n = tile_range(M, N, walks, TILE_M, TILE_N, True)
     jobs, full = job_walk(num_tiles, step, SPLITS)
     shift_last = runs_alike(num_tiles, full)
@@ -155,17 +176,17 @@ def _mma_partition(a_ring, b_ring, ready, empty, d_desc, out, d_bar, tail, group
     done = 0
     for job in range(first, jobs, step):
         group, pm, pn, kb0, tile_k, split = _tile_job(job, full, num_m, num_n, group_ptr, K, GROUP_M, K_GROUPED, SPLITS)
-        acc = gl.zeros([TILE_M, SUB_N], gl.float32, acc_l)
-        acc_hi = gl.zeros([TILE_M, SUB_N], gl.float32, acc_l)
+        acc = gl.zeros([PART_M, SUB_N], gl.float32, acc_l)
+        acc_hi = gl.zeros([PART_M, SUB_N], gl.float32, acc_l)
         for kb in range(tile_k):
             s = it % STAGES
             mbarrier.wait(ready.index(s), (it // STAGES) & 1)
             if TILE_N == SUB_N:
-                a, b = _operands(a_ring, b_ring, s, K_GROUPED)
+                a, b = _operands(a_ring, b_ring, s, K_GROUPED, ROW0, PART_M)
                 acc = warpgroup_mma(a, b, acc, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             else:  # dense only: two 128-wide halves of B's [256, BLOCK_K] stage
-                a = a_ring.index(s)
+                a, _ = _operands(a_ring, b_ring, s, K_GROUPED, ROW0, PART_M)
                 b = b_ring.index(s)
                 acc = warpgroup_mma(a, b.slice(0, SUB_N).permute((1, 0)), acc, is_async=True)
                 acc_hi = warpgroup_mma(a, b.slice(SUB_N, SUB_N).permute((1, 0)), acc_hi, is_async=True)
@@ -179,7 +200,7 @@ def _mma_partition(a_ring, b_ring, ready, empty, d_desc, out, d_bar, tail, group
             acc, acc_hi = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_hi))
         if tile_k > 0:
             mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)
-        row = group * M + tile_row(pm, TILE_M, M, shift_last)  # k-grouped: D is [G * M, N]
+        row = group * M + tile_row(pm, TILE_M, M, shift_last) + ROW0  # k-grouped: D is [G * M, N]
         if ACCUMULATE:
             acc = _add_d(acc, d_desc, out, d_bar, done & 1, row, pn * TILE_N)
         if SPLITS > 1:
@@ -215,13 +236,17 @@ def bf16_gemm_ws_kernel(
     K_GROUPED: gl.constexpr,
     ACCUMULATE: gl.constexpr,
     SPLITS: gl.constexpr,
+    WG_PARTS: gl.constexpr,
 ):
     """Warp-specialized BF16 GEMM (see the module docstring); launch with ``num_warps`` 8 (two MMA warpgroups), or 4
-    for one over 64-row tiles, and a persistent grid.
-    The descriptors' boxes: A [TILE_M, 64], B [TILE_N, 64] (k-grouped: [64, TILE_M], [64, TILE_N]), D [TILE_M,
-    min(TILE_N, 128)] (``TILE_M`` 64 or 128, ``TILE_N`` 64, 128 or 256: a 256-wide tile is stored as two 128-wide
-    halves; k-grouped: at most 128). ``group_ptr`` (int32 [G + 1]) and ``num_groups`` are read by the k-grouped
-    form only; K is then K_sum and M the rows of one group.
+    for one over 64-row tiles or for ``WG_PARTS`` 2, and a persistent grid.
+    The descriptors' boxes: A [TILE_M, 64], B [TILE_N, 64] (k-grouped: [64, TILE_M], [64, TILE_N]), D [TILE_M //
+    WG_PARTS, min(TILE_N, 128)] (``TILE_M`` 64 or 128, ``TILE_N`` 64, 128 or 256: a 256-wide tile is stored as two
+    128-wide halves; k-grouped: at most 128). ``group_ptr`` (int32 [G + 1]) and ``num_groups`` are read by the
+    k-grouped form only; K is then K_sum and M the rows of one group.
+
+    ``WG_PARTS`` (1 or 2; 2 for 128-row tiles, unsplit): the MMA warpgroups as one partition, or each a partition of
+    its own, the second with :data:`WG1_REGS` registers.
 
     ``SPLITS`` (1, 2, 4, 8 or 16; above 1 dense with 64- and 128-wide tiles): the split tail (:mod:`split_tail`),
     with the plan's ``work_ptr`` (fp32 workspace) and ``counter_ptr`` (int32 counters, zero between launches); with
@@ -229,8 +254,13 @@ def bf16_gemm_ws_kernel(
     TILE_M: gl.constexpr = _tile_side(a_desc.block_type.shape, K_GROUPED)
     TILE_N: gl.constexpr = _tile_side(b_desc.block_type.shape, K_GROUPED)
     gl.static_assert(TILE_M == 64 or TILE_M == 128, "TILE_M 64 or 128")
-    gl.static_assert(gl.num_warps() == 8 or (gl.num_warps() == 4 and TILE_M == 64), "8 warps, or 4: 64 rows")
+    gl.static_assert(
+        (WG_PARTS == 1 and (gl.num_warps() == 8 or (gl.num_warps() == 4 and TILE_M == 64)))
+        or (WG_PARTS == 2 and gl.num_warps() == 4 and TILE_M == 128 and SPLITS == 1),
+        "8 warps, or 4: 64 rows, or 4 a partition: WG_PARTS 2 over 128 rows, unsplit",
+    )
     gl.static_assert(TILE_N == 64 or TILE_N == 128 or TILE_N == 256, "TILE_N 64, 128 or 256")
+    gl.static_assert(d_desc.block_type.shape[0] * WG_PARTS == TILE_M, "D's box: the rows of one MMA partition")
     gl.static_assert(d_desc.block_type.shape[1] == TILE_N or (TILE_N == 256 and d_desc.block_type.shape[1] == 128))
     gl.static_assert(not K_GROUPED or TILE_N <= 128, "k-grouped: tiles at most 128 wide")
     gl.static_assert(not ACCUMULATE or K_GROUPED, "ACCUMULATE: k-grouped only")
@@ -240,21 +270,36 @@ def bf16_gemm_ws_kernel(
     gl.static_assert(SPLITS == 1 or (TILE_N <= 128 and not K_GROUPED), "the split tail: dense, tiles at most 128 wide")
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    out = gl.allocate_shared_memory(d_desc.dtype, d_desc.block_type.shape, d_desc.layout)
-    ready, empty = ring_barriers(STAGES, 1)
-    d_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())  # ACCUMULATE: D's tile read
+    outs = gl.allocate_shared_memory(d_desc.dtype, [WG_PARTS] + d_desc.block_type.shape, d_desc.layout)
+    ready, empty = ring_barriers(STAGES, WG_PARTS)  # each MMA partition releases a stage
+    d_bars = gl.allocate_shared_memory(gl.int64, [WG_PARTS, 1], mbarrier.MBarrierLayout())  # ACCUMULATE: D's read
     if ACCUMULATE:
-        mbarrier.init(d_bar, count=1)
+        for wg in gl.static_range(WG_PARTS):
+            mbarrier.init(d_bars.index(wg), count=1)
     fence_async_shared()
     walks = num_groups if K_GROUPED else 1
     tail = (work_ptr, counter_ptr)  # the split tail's workspace and counters
-    gl.warp_specialize(
-        [
-            (_mma_partition, (a_ring, b_ring, ready, empty, d_desc, out, d_bar, tail, group_ptr, walks, M, N, K,
-                              GROUP_M, K_GROUPED, ACCUMULATE, SPLITS)),
-            (_loader, (a_desc, b_desc, a_ring, b_ring, ready, empty, group_ptr, walks, M, N, K, GROUP_M, K_GROUPED,
-                       SPLITS)),
-        ],
-        [1],
-        [LOADER_REGS],
-    )  # fmt: skip
+    if WG_PARTS == 2:
+        gl.warp_specialize(
+            [
+                (_mma_partition, (a_ring, b_ring, ready, empty, d_desc, outs, d_bars, tail, group_ptr, walks, M, N, K,
+                                  GROUP_M, K_GROUPED, ACCUMULATE, SPLITS, WG_PARTS, 0)),
+                (_mma_partition, (a_ring, b_ring, ready, empty, d_desc, outs, d_bars, tail, group_ptr, walks, M, N, K,
+                                  GROUP_M, K_GROUPED, ACCUMULATE, SPLITS, WG_PARTS, 1)),
+                (_loader, (a_desc, b_desc, a_ring, b_ring, ready, empty, group_ptr, walks, M, N, K, GROUP_M,
+                           K_GROUPED, SPLITS)),
+            ],
+            [4, 1],
+            [_WG1_REGS, LOADER_REGS],
+        )  # fmt: skip
+    else:
+        gl.warp_specialize(
+            [
+                (_mma_partition, (a_ring, b_ring, ready, empty, d_desc, outs, d_bars, tail, group_ptr, walks, M, N, K,
+                                  GROUP_M, K_GROUPED, ACCUMULATE, SPLITS, WG_PARTS, 0)),
+                (_loader, (a_desc, b_desc, a_ring, b_ring, ready, empty, group_ptr, walks, M, N, K, GROUP_M,
+                           K_GROUPED, SPLITS)),
+            ],
+            [1],
+            [LOADER_REGS],
+        )  # fmt: skip
