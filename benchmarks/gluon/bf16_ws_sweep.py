@@ -4,7 +4,7 @@ Run on the H200 machine (``source .devbundle/setup.sh``; DeepGEMM built first wi
 ``DG_PREBUILT=1 DG_SKIP_SMOKE=1 bash .devbundle/deepgemm/build.sh``):
 
     PYTHONPATH=src python3 benchmarks/gluon/bf16_ws_sweep.py OUT.json [--m 256,512] [--designs a,b]
-        [--shapes MxNxK,...]
+        [--shapes MxNxK,...] [--repeat N]
 
 Rows: the benchmark set's dense (N, K) pairs at the given M (default 256 and 512: the 129-1024 bucket where the
 cutile kernels trail cuBLAS), or ``--shapes``. Columns: each design run directly (``bf16_ws_plan``; ``rule``: the
@@ -12,7 +12,8 @@ design ``heuristics.gluon.dense_bf16_ws_design`` picks for the row, whether or n
 kernel, named in the JSON's ``rule_design``); ``cublas``: ``torch.matmul``
 into the output; ``tilegemm``: ``bf16_gemm_nt`` with default settings; ``deepgemm``: its ``bf16_gemm_nt``. Every
 output is checked against float64 (``calc_diff``) before it is timed; timing is kernel-only (CUDA-graph replay over
-input sets rotated past L2, median per call). A row whose turn would start after ``--budget-s`` is skipped. Prints a
+input sets rotated past L2, median per call; with ``--repeat`` the columns are timed in turn that many times and the
+median kept). A row whose turn would start after ``--budget-s`` is skipped. Prints a
 table (TFLOP/s, each column's geomean ratio to cuBLAS) last and writes everything to OUT.json.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import statistics
 import time
 
 import torch
@@ -62,6 +64,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="", help="comma-separated MxNxK rows instead of --m")
     parser.add_argument("--budget-s", type=float, default=200.0, help="start no row after this many seconds")
     parser.add_argument("--rep-ms", type=float, default=20.0, help="timing budget of one column on a row")
+    parser.add_argument("--repeat", type=int, default=1, help="time the columns in turn this many times (median)")
     args = parser.parse_args()
     designs = [v for v in args.designs.split(",") if v]
     t0 = time.time()
@@ -87,13 +90,21 @@ def main() -> None:
         row = {"m": m, "n": n, "k": k, "tflops": {}, "us": {}, "diff": {}, "error": {}}
         out = sets[0][2]  # set 0's d: the one the check reads
         row["rule_design"] = _rule_design(m, n, k)
-        for name in designs:
-            cfg = bw.VARIANTS[row["rule_design"] if name == "rule" else name]
-            timed(row, name, functools.partial(_ws, cfg=cfg), sets, out, ref, args.rep_ms)
-        timed(row, "cublas", _cublas, sets, out, ref, args.rep_ms)
-        timed(row, "tilegemm", _public, sets, out, ref, args.rep_ms)
+        columns = {
+            name: functools.partial(_ws, cfg=bw.VARIANTS[row["rule_design"] if name == "rule" else name])
+            for name in designs
+        }
+        columns |= {"cublas": _cublas, "tilegemm": _public}
         if dg is not None:
-            timed(row, "deepgemm", functools.partial(_deepgemm, dg), sets, out, ref, args.rep_ms)
+            columns["deepgemm"] = functools.partial(_deepgemm, dg)
+        for _ in range(args.repeat):  # the columns in turn, so that a drift of the clocks reaches each alike
+            for name, call in columns.items():
+                timed(row, name, call, sets, out, ref, args.rep_ms)
+                if name in row["us"]:
+                    row.setdefault("samples_us", {}).setdefault(name, []).append(row["us"][name])
+        for name, samples in row.get("samples_us", {}).items():
+            row["us"][name] = statistics.median(samples)
+            row["tflops"][name] = 2 * m * n * k / row["us"][name] / 1e6
         rows.append(row)
         progress(row, t0, 1e-4)
         del sets, ref
