@@ -51,6 +51,14 @@ def _sass_and_k_loop(kernel, cfg: bw.Bf16WsConfig) -> tuple[str, dict, dict, lis
     return sass, ops, summary, loop
 
 
+def check_loop_barriers(loop: list[str], cfg: bw.Bf16WsConfig) -> None:
+    """The K loop's ``BAR.SYNC`` hold the MMA partition's threads: both warpgroups in lockstep, or one
+    (``wg_parts`` 2, ``mma_warps`` 4)."""
+    threads = 32 * cfg.num_warps
+    bars = [t for t in loop if "BAR.SYNC" in t]
+    assert bars and all(t.split(";")[0].rstrip().endswith(f"0x{threads:x}") for t in bars), bars
+
+
 @pytest.mark.parametrize("name, out", CASES, ids=[f"{n}-{str(o).split('.')[-1]}" for n, o in CASES])
 def test_bf16_ws_sass(name, out):
     reason = _tools_reason()
@@ -71,9 +79,7 @@ def test_bf16_ws_sass(name, out):
     assert sum(1 for t in loop if "HGMMA" in t) == halves * bw.BLOCK_K // 16 and summary["gmma_group_min"] == 4
     depbars = [t.split()[-1] for t in loop if "WARPGROUP.DEPBAR" in t]
     assert depbars == [f"0x{halves}"], "one wait a block, the block's groups left in flight"
-    threads = 32 * cfg.num_warps  # the MMA partition's threads: both warpgroups, or one (wg_parts 2, mma_warps 4)
-    bars = [t for t in loop if "BAR.SYNC" in t]
-    assert bars and all(t.split(";")[0].rstrip().endswith(f"0x{threads:x}") for t in bars), bars
+    check_loop_barriers(loop, cfg)
     check_tail_sync(tail_sync_ops(sass), cfg.splits)
 
 
@@ -92,6 +98,7 @@ def test_bf16_ws_k_grouped_sass(name, accumulate):
     width = cfg.block_n if cfg.block_m == 128 or cfg.mma_warps == 4 else cfg.block_n // 2
     assert len(mma) == bw.BLOCK_K // 16 and all(f"HGMMA.64x{width}x16" in t and ".tnspA.tnspB" in t for t in mma)
     assert [t.split()[-1] for t in loop if "WARPGROUP.DEPBAR" in t] == ["0x1"]
+    check_loop_barriers(loop, cfg)
     loads = sum(n for op, n in ops.items() if op.startswith("UTMALDG"))
     boxes = cfg.block_m // 64 + cfg.block_n // 64 + int(accumulate)
     assert loads >= boxes, "A and B in 64-wide boxes (128-byte swizzle), and D when accumulating"
