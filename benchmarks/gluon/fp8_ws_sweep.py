@@ -19,11 +19,10 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import statistics
 import time
 
 import torch
-from sweep_table import parse_shapes, print_table, progress, timed
+from sweep_table import parse_shapes, print_table, progress, timed_in_turn
 
 import tilegemm
 from tilegemm.bench import device, peers, timing
@@ -171,14 +170,7 @@ def main() -> None:
             columns["cutile"] = functools.partial(_cutile, d=d)
         if dg is not None:
             columns["deepgemm"] = functools.partial(_deepgemm, dg, d=d)
-        for _ in range(args.repeat):  # the columns in turn, so that a drift of the clocks reaches each alike
-            for name, call in columns.items():
-                timed(row, name, call, sets, d, ref, args.rep_ms)
-                if name in row["us"]:
-                    row.setdefault("samples_us", {}).setdefault(name, []).append(row["us"][name])
-        for name, samples in row.get("samples_us", {}).items():
-            row["us"][name] = statistics.median(samples)
-            row["tflops"][name] = 2 * m * n * k / row["us"][name] / 1e6
+        timed_in_turn(row, columns, sets, d, ref, args.rep_ms, args.repeat)
         rows.append(row)
         progress(row, t0, 1e-3)
         del sets, ref

@@ -1,6 +1,6 @@
 """What the dense kernel sweeps (``fp8_ws_sweep.py``, ``bf16_ws_sweep.py``) share: their ``--shapes`` rows, one column
-of a row checked against the float64 formula and timed kernel-only, the row's progress line, and the TFLOP/s table
-printed last.
+of a row checked against the float64 formula and timed kernel-only, a row's columns timed in turn (repeated, the
+median kept), the row's progress line, and the TFLOP/s table printed last.
 
 A row is ``{"m", "n", "k", "tflops": {}, "us": {}, "diff": {}, "error": {}}``; a column is one implementation, by name.
 """
@@ -8,6 +8,7 @@ A row is ``{"m", "n", "k", "tflops": {}, "us": {}, "diff": {}, "error": {}}``; a
 from __future__ import annotations
 
 import math
+import statistics
 import time
 
 import torch
@@ -37,6 +38,21 @@ def timed(row: dict, name: str, fn, sets: list, out: torch.Tensor, ref: torch.Te
         return
     row["us"][name] = ms * 1e3
     row["tflops"][name] = 2 * row["m"] * row["n"] * row["k"] / ms / 1e9
+
+
+def timed_in_turn(row: dict, columns: dict, sets: list, out: torch.Tensor, ref: torch.Tensor, budget_ms: float,
+                  repeat: int = 1) -> None:  # fmt: skip
+    """Every column of ``columns`` (name -> call) timed by :func:`timed`, the columns in turn ``repeat`` times (so that
+    a drift of the clocks reaches each alike); a column's time is then the median of its runs (``row["samples_us"]``
+    keeps them)."""
+    for _ in range(repeat):
+        for name, call in columns.items():
+            timed(row, name, call, sets, out, ref, budget_ms)
+            if name in row["us"]:
+                row.setdefault("samples_us", {}).setdefault(name, []).append(row["us"][name])
+    for name, samples in row.get("samples_us", {}).items():
+        row["us"][name] = statistics.median(samples)
+        row["tflops"][name] = 2 * row["m"] * row["n"] * row["k"] / row["us"][name] / 1e6
 
 
 def progress(row: dict, t0: float, bar: float) -> None:
