@@ -25,7 +25,7 @@ import json
 import time
 
 import torch
-from sweep_table import parse_shapes, print_table, progress, timed_in_turn
+from sweep_table import design_config, parse_shapes, print_table, progress, timed_in_turn
 
 import tilegemm
 from tilegemm.bench import device, peers, timing
@@ -59,7 +59,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out", help="JSON file to write")
     parser.add_argument("--m", default="256,512", help="comma-separated M values")
-    parser.add_argument("--designs", default=",".join(bw.VARIANTS), help="comma-separated names of bw.VARIANTS")
+    parser.add_argument(
+        "--designs",
+        default=",".join(bw.VARIANTS),
+        help="comma-separated bw.VARIANTS names, name:field=value to vary one",
+    )
     parser.add_argument("--shapes", default="", help="comma-separated MxNxK rows instead of --m")
     parser.add_argument("--budget-s", type=float, default=200.0, help="start no row after this many seconds")
     parser.add_argument("--rep-ms", type=float, default=20.0, help="timing budget of one column on a row")
@@ -90,7 +94,7 @@ def main() -> None:
         out = sets[0][2]  # set 0's d: the one the check reads
         row["rule_design"] = _rule_design(m, n, k)
         columns = {
-            name: functools.partial(_ws, cfg=bw.VARIANTS[row["rule_design"] if name == "rule" else name])
+            name: functools.partial(_ws, cfg=design_config(bw.VARIANTS, row["rule_design"] if name == "rule" else name))
             for name in designs
         }
         columns |= {"cublas": _cublas, "tilegemm": _public}
@@ -104,7 +108,7 @@ def main() -> None:
     meta = {
         **device.describe(),
         "deepgemm": why,
-        "designs": {name: bw.VARIANTS[name]._asdict() for name in designs if name != "rule"},
+        "designs": {name: design_config(bw.VARIANTS, name)._asdict() for name in designs if name != "rule"},
         "columns": "designs (direct); cublas: torch.matmul; tilegemm: bf16_gemm_nt, default settings; deepgemm",
         "timing": "CUDA-graph replay median per call, input sets rotated past L2, kernel-only",
         "seconds": round(time.time() - t0, 1),

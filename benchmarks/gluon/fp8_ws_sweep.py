@@ -22,7 +22,7 @@ import json
 import time
 
 import torch
-from sweep_table import parse_shapes, print_table, progress, timed_in_turn
+from sweep_table import design_config, parse_shapes, print_table, progress, timed_in_turn
 
 import tilegemm
 from tilegemm.bench import device, peers, timing
@@ -141,7 +141,11 @@ def _deepgemm(dg, a, b, *, d):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out", help="JSON file to write")
-    parser.add_argument("--variants", default=",".join(ws.VARIANTS), help="comma-separated names of ws.VARIANTS")
+    parser.add_argument(
+        "--variants",
+        default=",".join(ws.VARIANTS),
+        help="comma-separated ws.VARIANTS names, name:field=value to vary one",
+    )
     parser.add_argument("--quick", action="store_true", help="four rows instead of ten")
     parser.add_argument("--rows", choices=("set", "unseen", "few"), default="set", help="ROWS, UNSEEN or FEW")
     parser.add_argument("--shapes", default="", help="comma-separated MxNxK rows instead of --rows")
@@ -162,7 +166,7 @@ def main() -> None:
             print(f"skipping {m}x{n}x{k}: past the {args.budget_s:.0f} s budget", flush=True)
             continue
         sets, d, ref, row = row_inputs(m, n, k)
-        columns = {name: functools.partial(ws_design, d=d, cfg=ws.VARIANTS[name]) for name in names}
+        columns = {name: functools.partial(ws_design, d=d, cfg=design_config(ws.VARIANTS, name)) for name in names}
         if not args.no_gluon:
             columns["gluon"] = functools.partial(_gluon, d=d)
         columns["tilegemm"] = functools.partial(_public, d=d)
@@ -179,7 +183,7 @@ def main() -> None:
         **device.describe(),
         "deepgemm": why,
         "rows": args.shapes or args.rows,
-        "variants": {name: ws.VARIANTS[name]._asdict() for name in names},
+        "variants": {name: design_config(ws.VARIANTS, name)._asdict() for name in names},
         "columns": "ws designs; gluon: fp8_gemm_kernel; tilegemm: fp8_gemm_nt, default settings; cutile; deepgemm",
         "timing": "CUDA-graph replay median per call, input sets rotated past L2, kernel-only",
         "seconds": round(time.time() - t0, 1),

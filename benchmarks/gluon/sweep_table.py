@@ -1,4 +1,5 @@
-"""What the dense kernel sweeps (``fp8_ws_sweep.py``, ``bf16_ws_sweep.py``) share: their ``--shapes`` rows, one column
+"""What the dense kernel sweeps (``fp8_ws_sweep.py``, ``bf16_ws_sweep.py``) share: their ``--shapes`` rows, a design
+named with field overrides (``design_config``), one column
 of a row checked against the float64 formula and timed kernel-only, a row's columns timed in turn (repeated, the
 median kept), the row's progress line, and the TFLOP/s table printed last.
 
@@ -20,6 +21,14 @@ from tilegemm.testing import calc_diff
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     """The (M, N, K) rows of a ``--shapes`` argument, ``"MxNxK,MxNxK,..."`` (empty items skipped)."""
     return [tuple(int(x) for x in item.split("x")) for item in text.split(",") if item]
+
+
+def design_config(variants: dict, spec: str):
+    """The config a column ``spec`` names: ``variants[name]``, or with fields replaced for ``name:field=value[:...]``
+    (integers; e.g. ``f_128x64_ov2:group_m=1:stages=6``)."""
+    name, *fields = spec.split(":")
+    overrides = {key: int(value) for key, value in (field.split("=") for field in fields)}
+    return variants[name]._replace(**overrides)
 
 
 def timed(row: dict, name: str, fn, sets: list, out: torch.Tensor, ref: torch.Tensor, budget_ms: float) -> None:
