@@ -1,7 +1,7 @@
 """What the dense kernel sweeps (``fp8_ws_sweep.py``, ``bf16_ws_sweep.py``) share: their ``--shapes`` rows, a design
-named with field overrides (``design_config``), one column
-of a row checked against the float64 formula and timed kernel-only, a row's columns timed in turn (repeated, the
-median kept), the row's progress line, and the TFLOP/s table printed last.
+named with field overrides (``design_config``), one column of a row checked against the float64 formula and timed
+kernel-only, a row's columns timed in turn (repeated, the median kept), the row's progress line, and the TFLOP/s
+table printed last.
 
 A row is ``{"m", "n", "k", "tflops": {}, "us": {}, "diff": {}, "error": {}}``; a column is one implementation, by name.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from typing import Any
 
 import torch
 
@@ -23,10 +24,12 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     return [tuple(int(x) for x in item.split("x")) for item in text.split(",") if item]
 
 
-def design_config(variants: dict, spec: str):
-    """The config a column ``spec`` names: ``variants[name]``, or with fields replaced for ``name:field=value[:...]``
-    (integers; e.g. ``f_128x64_ov2:group_m=1:stages=6``)."""
+def design_config(variants: dict[str, Any], spec: str) -> Any:
+    """The config (a ``NamedTuple`` of ``variants``) a column ``spec`` names: ``variants[name]``, or with integer
+    fields replaced for ``name:field=value[:field=value...]`` (e.g. ``f_128x64_ov2:group_m=1:stages=6``)."""
     name, *fields = spec.split(":")
+    if any(field.count("=") != 1 for field in fields):
+        raise ValueError(f"{spec!r}: expected name:field=value[:field=value...]")
     overrides = {key: int(value) for key, value in (field.split("=") for field in fields)}
     return variants[name]._replace(**overrides)
 
