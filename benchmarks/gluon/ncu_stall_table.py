@@ -17,7 +17,8 @@ import os
 
 def table(path: str, loop_min: int, top: int) -> str:
     """The markdown summary of one per-instruction CSV."""
-    rows = list(csv.reader(open(path)))
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
     kernel, header, data = rows[0][1], rows[1], rows[2:]
     col = {name: i for i, name in enumerate(header)}
     reasons = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
