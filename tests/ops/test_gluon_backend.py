@@ -308,8 +308,8 @@ BF16_RULE_CASES = [
     (512, 2112, 7168, "bf16_128x64", True),  # 132 tiles in one round: 1.44x
     (384, 1536, 2048, "bf16_64x128_w4", True),  # 72 tiles: 1.33x
     (512, 4096, 7168, "bf16_128x128", True),  # 128 tiles: 1.02x
-    (1024, 4096, 7168, "bf16_128x256", True),  # 128 tiles in one round: 1.03x (128x128, two rounds: 1.02x)
-    (512, 7168, 16384, "bf16_128x256", True),  # 112 tiles in one round: 1.08x (128x128, two rounds: 1.02x)
+    (1024, 4096, 7168, "bf16_128x256_wg2", True),  # 128 tiles in one round: 1.03x (128x128, two rounds: 1.02x)
+    (512, 7168, 16384, "bf16_128x256_wg2", True),  # 112 tiles in one round: 1.08x (128x128, two rounds: 1.02x)
     (160, 7168, 2048, "bf16_128x128", True),  # 0.92x: the rule's one miss at K >= 1024 (64x128: 1.02x)
     (2048, 1536, 2048, "bf16_64x128_w4", True),  # K 2048: three rounds of 64x128 tiles 20.8 us, one of 128x256 23.7
     (256, 2048, 768, "bf16_64x128_w4", False),  # K 768: 0.91x; on one warpgroup 0.94x (bf16_short_k_h200.json)
@@ -319,12 +319,12 @@ BF16_RULE_CASES = [
     (448, 7168, 512, "bf16_64x128_w4", True),  # 1.12x
     (640, 4096, 768, "bf16_64x128_w4", True),  # 1.11x
     (512, 4096, 768, "bf16_128x128", False),  # K 768, 128-row tiles: 0.98x
-    (320, 2048, 384, "bf16_64x128_w4", False),  # under DENSE_BF16_WS_SHORT_K_LEAST_K: not measured
+    (320, 2048, 384, "bf16_64x128_w4", False),  # under DENSE_BF16_WS_SHALLOW_K_LEAST_K: not measured
     (128, 4096, 7168, "bf16_64x128_w4_sk2", False),  # not measured: the decode-sized rows stay on cutile
-    (2048, 4096, 7168, "bf16_128x256", True),
-    (8192, 8192, 8192, "bf16_128x256", True),
-    (8193, 4096, 7168, "bf16_128x256", False),  # past the set's rows
-    (4096, 2048, 768, "bf16_128x256", False),  # K 768
+    (2048, 4096, 7168, "bf16_128x256_wg2", True),
+    (8192, 8192, 8192, "bf16_128x256_wg2", True),
+    (8193, 4096, 7168, "bf16_128x256_wg2", False),  # past the set's rows
+    (4096, 2048, 768, "bf16_128x256_wg2", False),  # K 768
 ]
 
 
@@ -349,7 +349,7 @@ SPLIT_TAIL_CASES = [
     ("fp8", 4096, 2112, 7168, "d_128x128_ov8_sk"),  # 544 tiles: four rounds and 16; 1.11x
     ("fp8", 8192, 8192, 8192, "d_128x128_ov8_sk"),  # 4096 tiles: 31 rounds and 4; 1.01-1.04x
     ("bf16", 256, 4096, 7168, "bf16_64x128_w4"),  # 128 tiles: one short round, no whole one before it
-    ("bf16", 8192, 8192, 8192, "bf16_128x256"),  # 128x256 tiles are not split
+    ("bf16", 8192, 8192, 8192, "bf16_128x256_wg2"),  # 128x256 tiles are not split
     ("fp8", 4096, 7168, 7168, "g_128x128_ov4"),  # 1792 tiles: a tail of 76, over 132 // 5
     ("fp8", 2048, 2112, 1024, "d_128x128_ov8"),  # 8 K blocks: a run's fixed cost exceeds what the split saves
     ("bf16", 2048, 2112, 1024, "bf16_128x64"),  # 16 K blocks of 64: four whole rounds of 128x64 tiles at short K

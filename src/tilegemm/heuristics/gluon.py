@@ -91,7 +91,7 @@ WS_64X64_TILE_COST = 0.7
 #: against what the public op ran before (H200, benchmarks/results/dense-fp8-h200/short_k_64x64_h200.json, 34 rows
 #: of M 128-512, kernel-only): at K 1536-3072 1.04-1.14x (cutile's split-K plans at M 128-256; 64x128 tiles at
 #: 512x1024) and 1.85-2.36x at 320x1536 (cutile's kernels at 320 rows); at K 768 0.98-1.01x at M 128-256, 1.07x at
-#: 512x1024 and 1.52x at 320x1536; at K 512 0.94-0.97x. K 4096-7168: 1.08-1.15x.
+#: 512x1024 and 1.52x at 320x1536; at K 512 0.94-0.98x. K 4096-7168: 1.08-1.15x.
 DENSE_FP8_WS_64X64_MIN_K = 768
 #: ...and the ws kernel in 64x64 tiles from this many rows (128x4096x7168: 1.11x cutile's split-K plans).
 DENSE_FP8_WS_64X64_MIN_M = 128
@@ -145,24 +145,26 @@ DENSE_BF16_WS_MIN_M = 129
 DENSE_BF16_WS_MAX_M = 8192
 #: ...with K at least this deep: the rows of K 768 (kernels of 6-10 us) lost 0.91-0.97x...
 DENSE_BF16_WS_MIN_K = 1024
-#: ...and below it, from K :data:`DENSE_BF16_WS_SHORT_K_LEAST_K`, where the rule's design is the 64x128 tile and M
+#: ...and below it, from K :data:`DENSE_BF16_WS_SHALLOW_K_LEAST_K`, where the rule's design is the 64x128 tile and M
 #: is at least this: on 48 rows of M 192-768 at K 512-768 (H200, benchmarks/results/gluon/bf16_short_k_h200.json,
 #: kernel-only) the 16 such rows of M 320-768 ran 1.11-1.26x the cutile kernels; the 128-row tiles there 0.96-1.00x,
 #: the 64x128 tiles at M 192-256 0.92-1.01x (but 192x32768x512: 1.15x).
-DENSE_BF16_WS_SHORT_K_MIN_M = 320
-DENSE_BF16_WS_SHORT_K_LEAST_K = 512
+DENSE_BF16_WS_SHALLOW_K_MIN_M = 320
+DENSE_BF16_WS_SHALLOW_K_LEAST_K = 512
 #: The 64x128 design: one MMA warpgroup on the tile (``_w4``), 1.01-1.04x the two warpgroups splitting its
 #: columns on 23 of 24 rows of M 256-1024, split 2 ways 1.01-1.09x (H200,
 #: benchmarks/results/gluon/bf16_one_warpgroup_h200.json).
 DENSE_BF16_WS_SHORT_M_DESIGN = "bf16_64x128_w4"
 #: The BF16 designs by preference where their costs tie: (design, tile rows, tile columns, a tile's time relative
 #: to a 128x128 one's: 0.73 for 64x128 and 128x64 at 256x4096x7168; 1.83-1.95 for 128x256 at 512x7168x16384,
-#: 1024x4096x7168 and 1024x7168x16384: benchmarks/results/gluon/bf16_ws_designs_h200.json).
+#: 1024x4096x7168 and 1024x7168x16384: benchmarks/results/gluon/bf16_ws_designs_h200.json). The 128x256 tiles run
+#: with each MMA warpgroup a partition of its own (``_wg2``): 1.00-1.09x the lockstep design on the 9 rows of
+#: benchmarks/results/gluon/bf16_wg2_dense_h200.json (median of 3 runs in turn), most at many rounds of short K.
 DENSE_BF16_WS_TILES = (
     ("bf16_128x128", BLOCK_M, 128, 1.0),
     (DENSE_BF16_WS_SHORT_M_DESIGN, BLOCK_M // 2, 128, 0.75),
     ("bf16_128x64", BLOCK_M, 64, 0.75),
-    ("bf16_128x256", BLOCK_M, 256, 1.9),
+    ("bf16_128x256_wg2", BLOCK_M, 256, 1.9),
 )
 #: ...and at K up to :data:`DENSE_BF16_WS_SHORT_K`, where a round of 64x128 tiles cost 0.54-0.58 of a round of 128x128
 #: ones (2048x1536x2048: three rounds of 64x128 tiles 20.8 us, one of 128x256 23.7, two of 128x128 23.8;
@@ -394,13 +396,13 @@ def dense_bf16_ws_tiles(k: int) -> tuple[tuple[str, int, int, float], ...]:
 def prefers_dense_bf16(m: int, n: int, k: int, num_sms: int) -> bool:
     """True where the BF16 ws kernel is the automatic choice for an [M, K] x [N, K] product (no addend, ``alpha``
     1, K-major operands) on ``num_sms`` SMs: :data:`DENSE_BF16_WS_MIN_M` to :data:`DENSE_BF16_WS_MAX_M` rows, K from
-    :data:`DENSE_BF16_WS_MIN_K`; shallower K (from :data:`DENSE_BF16_WS_SHORT_K_LEAST_K`) where the design is the
-    64x128 tile (:func:`dense_bf16_ws_design`) and M at least :data:`DENSE_BF16_WS_SHORT_K_MIN_M`."""
-    if not DENSE_BF16_WS_MIN_M <= m <= DENSE_BF16_WS_MAX_M or k < DENSE_BF16_WS_SHORT_K_LEAST_K:
+    :data:`DENSE_BF16_WS_MIN_K`; shallower K (from :data:`DENSE_BF16_WS_SHALLOW_K_LEAST_K`) where the design is the
+    64x128 tile (:func:`dense_bf16_ws_design`) and M at least :data:`DENSE_BF16_WS_SHALLOW_K_MIN_M`."""
+    if not DENSE_BF16_WS_MIN_M <= m <= DENSE_BF16_WS_MAX_M or k < DENSE_BF16_WS_SHALLOW_K_LEAST_K:
         return False
     if k >= DENSE_BF16_WS_MIN_K:
         return True
-    return m >= DENSE_BF16_WS_SHORT_K_MIN_M and dense_bf16_ws_design(m, n, k, num_sms) == DENSE_BF16_WS_SHORT_M_DESIGN
+    return m >= DENSE_BF16_WS_SHALLOW_K_MIN_M and dense_bf16_ws_design(m, n, k, num_sms) == DENSE_BF16_WS_SHORT_M_DESIGN
 
 
 def _read_in_place(*xs: torch.Tensor) -> bool:
@@ -491,8 +493,8 @@ def prefers_k_grouped_fp8(groups: int, m: int, n: int, k_sum: int, num_sms: int)
 
 #: The k-grouped BF16 designs (the BF16 ws kernel's k-grouped form, ``ops/gluon/grouped.py``): the dense BF16 tiles
 #: at most 128 wide, by the same costs, the 128-row ones with each MMA warpgroup a partition of its own (``_wg2``):
-#: 1.00-1.04x the lockstep design on the 6 set rows, 0.97x DeepGEMM against 0.96x, outputs bitwise the same (H200,
-#: benchmarks/results/grouped-bf16-h200/k_grouped_wg2_h200.json).
+#: on the 6 set rows 1.013x, 1.001x and 0.999x the lockstep design in three runs (within noise), outputs bitwise the
+#: same (H200, benchmarks/results/grouped-bf16-h200/k_grouped_wg2_h200.json).
 K_GROUPED_BF16_WS_TILES = tuple(
     (design + "_wg2" if rows == BLOCK_M else design, rows, cols, cost)
     for design, rows, cols, cost in DENSE_BF16_WS_TILES
