@@ -10,7 +10,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
-from tilegemm.ops.gluon.fp8_gemm_ws_kernel import _ov_issue, _ov_promote, _ov_wait, _pin
+from tilegemm.ops.gluon.fp8_gemm_ws_kernel import _ov_a_scales, _ov_issue, _ov_promote, _ov_wait, _pin
 
 
 @gluon.jit
@@ -63,7 +63,8 @@ def ov_run(ring, scales, acc, qa, qb, kb, it, BLOCKS: gl.constexpr, ROW: gl.cons
             p = qa
         else:
             p = qb
-        acc, _ = _ov_promote(acc, acc, p, p, sa_rows, blk, ROW, sb, sb, rows, rows, False, False)
+        sa = _ov_a_scales(sa_rows, blk, ROW, acc.shape[0], rows)
+        acc, _ = _ov_promote(acc, acc, p, p, sa, sb, sb, sa_rows, blk, rows, False, False)
         if not RELEASE_FIRST:
             RELEASE(empty, blk % STAGES, RELEASE_ARG)
     return acc, qa, qb

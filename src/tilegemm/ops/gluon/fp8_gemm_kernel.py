@@ -36,7 +36,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from tilegemm.ops.gluon.tiles import ring_barriers, tile_coords
+from tilegemm.ops.gluon.tiles import release_stage, ring_barriers, tile_coords
 
 WG_ROWS = 64  # rows of the output tile one MMA warpgroup owns
 SB_BOX = gl.constexpr(32)  # floats one 128x128-recipe B-scale load brings (a TMA destination is 128-byte aligned)
@@ -162,7 +162,7 @@ def _mma_warpgroup(
             part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
             if ORDER == 2:
                 mbarrier.arrive(turn.index(1 - WG))
-            mbarrier.arrive(empty.index(s))
+            release_stage(empty.index(s))
             acc = _promote(acc, part, sa, sb, SB_ROWS)
             it += 1
         out = acc * alpha

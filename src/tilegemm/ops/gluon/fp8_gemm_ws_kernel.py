@@ -32,9 +32,11 @@ ones) so that each sub-tile lies inside one 128-column block of B and has a sing
 
 ``OVERLAP`` = N (0: off): the wgmma of the next step (a step: one wave of one K block) is issued before the current
 step's promotion, which then waits with ``num_outstanding=1`` instead of 0: the promotion runs under an MMA, at the
-cost of a second product tile of registers. The steps of N K blocks form one run, unrolled inside the K loop's body
-with the two product tiles in fixed roles (even and odd steps); no wgmma is in flight at the loop's back edge, so
-the last promotion of each run is not overlapped. K blocks past a multiple of N go as shorter runs (N/2, ..., 1).
+cost of a second product tile of registers. A step's scales (A's rows from its stage, B's block scale) are read as
+soon as its wgmma is issued, so the promotion does not wait for their loads. The steps of N K blocks form one run,
+unrolled inside the K loop's body with the two product tiles in fixed roles (even and odd steps); no wgmma is in
+flight at the loop's back edge, so the last promotion of each run is not overlapped. K blocks past a multiple of N go
+as shorter runs (N/2, ..., 1).
 
 ``PERSISTENT``: the grid is at most one CTA per SM and each CTA walks the output tiles in a grouped order
 (``GROUP_M`` row tiles per column sweep, for L2 reuse of B); otherwise one CTA per tile, in the same order.
@@ -100,7 +102,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from tilegemm.ops.gluon.split_tail import job_walk, split_fixup, split_job
-from tilegemm.ops.gluon.tiles import block_scale, ring_barriers, store_tile, tile_coords, tile_range, wgmma_layout
+from tilegemm.ops.gluon.tiles import (
+    block_scale,
+    release_stage,
+    ring_barriers,
+    store_tile,
+    tile_coords,
+    tile_range,
+    wgmma_layout,
+)
 
 WAVE_M = 128  # rows of one wave: 64 per MMA warpgroup
 BLOCK_K = 128  # one scale block of K per step
@@ -321,28 +331,38 @@ def _ov_wait(t0, t1, LEFT: gl.constexpr, SPLIT: gl.constexpr):
 
 
 @gluon.jit
-def _ov_promote(
-    acc0,
-    acc1,
-    p0,
-    p1,
-    sa_rows,
-    blk,
-    row: gl.constexpr,
-    sb0,
-    sb1,
-    rows0: gl.constexpr,
-    rows1: gl.constexpr,
-    SPLIT: gl.constexpr,
-    SB_COLS: gl.constexpr,
-):
-    """``acc += p * (sa * sb)`` for one step: A's scales of ring slot ``blk`` (rows from ``row``), B's ``sb0`` /
-    ``sb1`` (``SB_COLS``: ``sb0`` the ring of B's column scales, slot ``blk``'s read here, at the promotion, so the
-    [128] vector is not live beside the next step's product tile; ``acc += p * sa[:, None] * sb[None, :]``)."""
+def _ov_a_scales(sa_rows, blk, row: gl.constexpr, rows: gl.constexpr, layout: gl.constexpr):
+    """A's scales of the ``rows`` rows from ``row`` in ring slot ``blk``, as a [rows] vector in ``layout``."""
     STAGES: gl.constexpr = sa_rows.shape[0]
-    sa = sa_rows.index(blk % STAGES).slice(row, acc0.shape[0]).load(rows0)
+    return sa_rows.index(blk % STAGES).slice(row, rows).load(layout)
+
+
+@gluon.jit
+def _ov_b_scales(b_scales, kb, SPLIT: gl.constexpr, SB_COLS: gl.constexpr):
+    """B's block scales of K block ``kb`` for the two sub-tiles (``SB_COLS``: 0, not read; the column scales come
+    from the stage at the promotion)."""
+    sb_ptr, sb_stride, col0, col1, num_k, num_nb = b_scales
     if SB_COLS:
-        sbv = sb0.index(blk % STAGES).load(gl.SliceLayout(0, rows0.parent))
+        sb0 = 0.0
+    else:
+        sb0 = block_scale(sb_ptr, sb_stride, col0, kb, num_k, num_nb)
+    if SPLIT:
+        sb1 = block_scale(sb_ptr, sb_stride, col1, kb, num_k, num_nb)
+    else:
+        sb1 = sb0
+    return sb0, sb1
+
+
+@gluon.jit
+def _ov_promote(acc0, acc1, p0, p1, sa, sb0, sb1, sb_cols, blk, rows1: gl.constexpr, SPLIT: gl.constexpr,
+                SB_COLS: gl.constexpr):  # fmt: skip
+    """``acc += p * (sa * sb)`` for one step, with A's scales ``sa`` and B's ``sb0`` / ``sb1`` read when the step
+    was issued (:func:`_ov_a_scales`, :func:`_ov_b_scales`); ``SB_COLS``: B's column scales of ring slot ``blk``
+    (``sb_cols``) read here, at the promotion, so the [128] vector is not live beside the next step's product tile
+    (``acc += p * sa[:, None] * sb[None, :]``)."""
+    if SB_COLS:
+        STAGES: gl.constexpr = sb_cols.shape[0]
+        sbv = sb_cols.index(blk % STAGES).load(gl.SliceLayout(0, acc0.type.layout))
         acc0 = _pin(acc0 + (p0 * sa[:, None]) * sbv[None, :])
     else:
         acc0 = _pin(acc0 + p0 * (sa * sb0)[:, None])
@@ -365,17 +385,16 @@ def _ov_run(
     ROW0: gl.constexpr,
     rows0: gl.constexpr,
     rows1: gl.constexpr,
-    cols0: gl.constexpr,
     SB_COLS: gl.constexpr,
 ):
     """``BLOCKS`` K blocks from ``kb`` (ring slot ``it``) as one software-pipelined run of steps (a step: one wave
-    of one K block): each step issues the next step's wgmma, then waits for its own with one left in flight and
-    promotes, so every promotion but the run's last runs under an MMA. Even steps use the product tiles ``qa``,
-    odd ones ``qb`` (each a pair, one tile per sub-tile); the run is unrolled, so each tile keeps its registers, and
-    no wgmma is in flight when it returns. ``ring``, ``b_scales``, ``accs`` and ``ROW0`` as :func:`_ov_k_loop` takes
-    them. Returns the accumulators and the product tiles (for the next run to overwrite)."""
+    of one K block): each step issues the next step's wgmma and reads that step's scales, then waits for its own
+    wgmma with one left in flight and promotes, so every promotion but the run's last runs under an MMA and no
+    promotion waits for a scale's load. Even steps use the product tiles ``qa``, odd ones ``qb`` (each a pair, one
+    tile per sub-tile); the run is unrolled, so each tile keeps its registers, and no wgmma is in flight when it
+    returns. ``ring``, ``b_scales``, ``accs`` and ``ROW0`` as :func:`_ov_k_loop` takes them. Returns the
+    accumulators and the product tiles (for the next run to overwrite)."""
     a_ring, b0_ring, b1_ring, sa_rows, sb_cols, ready, empty = ring
-    sb_ptr, sb_stride, col0, col1, num_k, num_nb = b_scales
     acc00, acc01, acc10 = accs
     qa0, qa1 = qa
     qb0, qb1 = qb
@@ -383,28 +402,34 @@ def _ov_run(
     SPLIT: gl.constexpr = b1_ring.shape[1] != b0_ring.shape[1]
     STEPS: gl.constexpr = BLOCKS * WAVES
     WAVE_M: gl.constexpr = acc00.shape[0]
+    sb0_a, sb1_a = _ov_b_scales(b_scales, kb, SPLIT, SB_COLS)
     ta0, ta1 = _ov_issue(a_ring, b0_ring, b1_ring, ready, it, ROW0, qa0, qa1, True)
+    sa_a = _ov_a_scales(sa_rows, it, ROW0, WAVE_M, rows0)
     for i in gl.static_range(STEPS):
         blk = it + i // WAVES
-        if i % WAVES == 0:
-            if SB_COLS:  # the K block's column scales came with the stage: read at the promotion
-                sb0 = sb_cols
-            else:
-                sb0 = block_scale(sb_ptr, sb_stride, col0, kb + i // WAVES, num_k, num_nb)
-            if SPLIT:
-                sb1 = block_scale(sb_ptr, sb_stride, col1, kb + i // WAVES, num_k, num_nb)
-            else:
-                sb1 = sb0
         if i + 1 < STEPS:
-            # the next step's wgmma (it waits for its stage's data when it starts a K block) on its wave's A rows
+            # the next step's B scales (read again only for a new K block), its wgmma (which waits for its stage's
+            # data when it starts a K block) on its wave's A rows, then A's scales from that stage
             nxt = it + (i + 1) // WAVES
             if i % 2 == 0:
+                if (i + 1) % WAVES == 0:
+                    sb0_b, sb1_b = _ov_b_scales(b_scales, kb + (i + 1) // WAVES, SPLIT, SB_COLS)
+                else:
+                    sb0_b = sb0_a
+                    sb1_b = sb1_a
                 tb0, tb1 = _ov_issue(a_ring, b0_ring, b1_ring, ready, nxt, ROW0 + ((i + 1) % WAVES) * WAVE_M, qb0, qb1,
                                      (i + 1) % WAVES == 0)  # fmt: skip
+                sa_b = _ov_a_scales(sa_rows, nxt, ROW0 + ((i + 1) % WAVES) * WAVE_M, WAVE_M, rows0)
                 qa0, qa1 = _ov_wait(ta0, ta1, 1, SPLIT)
             else:
+                if (i + 1) % WAVES == 0:
+                    sb0_a, sb1_a = _ov_b_scales(b_scales, kb + (i + 1) // WAVES, SPLIT, SB_COLS)
+                else:
+                    sb0_a = sb0_b
+                    sb1_a = sb1_b
                 ta0, ta1 = _ov_issue(a_ring, b0_ring, b1_ring, ready, nxt, ROW0 + ((i + 1) % WAVES) * WAVE_M, qa0, qa1,
                                      (i + 1) % WAVES == 0)  # fmt: skip
+                sa_a = _ov_a_scales(sa_rows, nxt, ROW0 + ((i + 1) % WAVES) * WAVE_M, WAVE_M, rows0)
                 qb0, qb1 = _ov_wait(tb0, tb1, 1, SPLIT)
         else:
             if i % 2 == 0:
@@ -414,17 +439,21 @@ def _ov_run(
         if i % 2 == 0:
             p0 = qa0
             p1 = qa1
+            sa = sa_a
+            sb0 = sb0_a
+            sb1 = sb1_a
         else:
             p0 = qb0
             p1 = qb1
+            sa = sa_b
+            sb0 = sb0_b
+            sb1 = sb1_b
         if i % WAVES == 0:
-            acc00, acc01 = _ov_promote(acc00, acc01, p0, p1, sa_rows, blk, ROW0, sb0, sb1, rows0, rows1, SPLIT, SB_COLS)
+            acc00, acc01 = _ov_promote(acc00, acc01, p0, p1, sa, sb0, sb1, sb_cols, blk, rows1, SPLIT, SB_COLS)
         else:
-            acc10, _ = _ov_promote(
-                acc10, acc10, p0, p0, sa_rows, blk, ROW0 + WAVE_M, sb0, sb0, rows0, rows0, False, SB_COLS
-            )
+            acc10, _ = _ov_promote(acc10, acc10, p0, p0, sa, sb0, sb0, sb_cols, blk, rows0, False, SB_COLS)
         if i % WAVES == WAVES - 1:
-            mbarrier.arrive(empty.index(blk % STAGES), count=1)  # every wgmma reading this stage is complete
+            release_stage(empty.index(blk % STAGES))  # every wgmma reading this stage is complete
     return (acc00, acc01, acc10), (qa0, qa1), (qb0, qb1)
 
 
@@ -440,7 +469,6 @@ def _ov_k_loop(
     ROW0: gl.constexpr,
     rows0: gl.constexpr,
     rows1: gl.constexpr,
-    cols0: gl.constexpr,
     SB_COLS: gl.constexpr,
 ):
     """The K loop of one tile with the next step's wgmma issued before the current step's promotion (``OVERLAP``
@@ -455,14 +483,14 @@ def _ov_k_loop(
     num_k = b_scales[4]
     qb = (_pin(gl.zeros_like(qa[0])), _pin(gl.zeros_like(qa[1])))
     for kb in range(0, num_k - (RUN - 1), RUN):
-        accs, qa, qb = _ov_run(ring, b_scales, accs, qa, qb, kb, it, RUN, WAVES, ROW0, rows0, rows1, cols0, SB_COLS)
+        accs, qa, qb = _ov_run(ring, b_scales, accs, qa, qb, kb, it, RUN, WAVES, ROW0, rows0, rows1, SB_COLS)
         it += RUN
     kb = num_k - num_k % RUN
     for j in gl.static_range(1, 4):
         if RUN >> j > 0:
             if (num_k % RUN) & (RUN >> j):
                 accs, qa, qb = _ov_run(
-                    ring, b_scales, accs, qa, qb, kb, it, RUN >> j, WAVES, ROW0, rows0, rows1, cols0, SB_COLS
+                    ring, b_scales, accs, qa, qb, kb, it, RUN >> j, WAVES, ROW0, rows0, rows1, SB_COLS
                 )
                 it += RUN >> j
                 kb += RUN >> j
@@ -496,7 +524,7 @@ def _gated_k_loop(ring, b_scales, acc_g, acc_u, spare, it, rows: gl.constexpr):
         t = warpgroup_mma(a, b1_ring.index(s).permute((1, 0)), p, use_acc=False, is_async=True)
         spare = warpgroup_mma_wait(num_outstanding=0, deps=(t,))
         acc_u = acc_u + spare * (sa * sb_u)[:, None]
-        mbarrier.arrive(empty.index(s), count=1)  # both wgmma reading stage s are complete
+        release_stage(empty.index(s))  # both wgmma reading stage s are complete
         it += 1
     return acc_g, acc_u, spare, it
 
@@ -604,7 +632,7 @@ def _mma_partition(
             b_scales = (sb_tile, sb_stride, col0, col1, tile_k, num_nb)
             accs, it = _ov_k_loop(
                 rows_ring, b_scales, (acc00, acc01, acc10), (spare0, spare1), it, OVERLAP, WAVES, ROW0, rows0, rows1,
-                cols0, SB_COLS,
+                SB_COLS,
             )  # fmt: skip
             acc00, acc01, acc10 = accs
         else:
@@ -649,7 +677,7 @@ def _mma_partition(
                         acc01 = acc01 + p1 * scale1
                         spare1 = p1
                     if w == WAVES - 1:
-                        mbarrier.arrive(empty.index(s), count=1)  # every wgmma reading stage s is complete
+                        release_stage(empty.index(s))  # every wgmma reading stage s is complete
                 it += 1
         row = pm * BLOCK_M + ROW0
         if GATED:

@@ -36,6 +36,16 @@ def ring_barriers(STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
 
 
 @gluon.jit
+def release_stage(bar):
+    """Arrive on ``bar``, a ring stage's empty barrier, once this thread's reads of the stage are done, after a fence
+    (``fence.proxy.async``): the stage's scales were read through the generic proxy (``load``), the TMA that refills
+    the stage writes through the async proxy, and only such a fence orders the two. Without it a refill under load
+    can land before a warp's read of the scales (a wrong 16x8 block of D)."""
+    fence_async_shared()
+    mbarrier.arrive(bar, count=1)
+
+
+@gluon.jit
 def tile_coords(tile, num_m, num_n, GROUP_M: gl.constexpr):
     """Row and column tile of linear tile ``tile`` in grouped order: ``GROUP_M`` row tiles per column sweep (so a
     column tile of B stays in L2 while its rows are walked)."""
