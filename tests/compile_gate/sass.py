@@ -194,3 +194,21 @@ def compile_each(keys: list, work: Callable[[Any], Any]) -> Mapping:
     workers = int(os.environ.get("TILEGEMM_COMPILE_THREADS", "2"))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return dict(zip(keys, pool.map(work, keys)))
+
+
+def stage_releases(sass: str) -> tuple[int, int]:
+    """The one-thread mbarrier arrivals of a SASS listing (``SYNCS.ARRIVE.TRANS64.A1T0``: stage releases, and any
+    other such arrival) and how many of them follow a ``FENCE.VIEW.ASYNC.S`` since the previous ``SYNCS``
+    instruction (the wait for the stage's data or the last arrival): the fence that orders a stage's generic scale
+    reads before the TMA that refills it (``tiles.release_stage``)."""
+    releases = fenced = 0
+    fence = False
+    for line in sass.splitlines():
+        if "FENCE.VIEW.ASYNC.S" in line:
+            fence = True
+        elif "SYNCS." in line:
+            if "SYNCS.ARRIVE.TRANS64.A1T0" in line:
+                releases += 1
+                fenced += fence
+            fence = False
+    return releases, fenced

@@ -3,7 +3,8 @@
 ``triton.compile`` with an explicit target runs on a machine without a GPU (ptxas ships with triton). The SASS
 is checked for what the schedule needs: FP8 wgmma (QGMMA, four m64n128k32 per warpgroup per K block), one
 wgmma wait per warpgroup per K block (the promotion waits for its own block only), TMA loads of A, B and both
-scales (no global loads in the MMA loop), TMA stores, no local-memory spills, and shared memory within a CTA's.
+scales (no global loads in the MMA loop), TMA stores, no local-memory spills, shared memory within a CTA's, and a
+proxy fence before each warpgroup's stage release (``tiles.release_stage``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
 
-from compile_gate.sass import dump_sass, opcode_counts, sass_summary  # noqa: E402
+from compile_gate.sass import dump_sass, opcode_counts, sass_summary, stage_releases  # noqa: E402
 from tilegemm.heuristics.gluon import SMEM_BYTES, GluonDenseConfig, dense_fp8_config  # noqa: E402
 from tilegemm.ops.gluon import aot, fp8_gemm_kernel  # noqa: E402
 
@@ -39,7 +40,8 @@ def test_dense_fp8_sass(compiled, variant):
     cfg, kernel = compiled[variant]
     assert kernel.name == fp8_gemm_kernel.fp8_gemm_kernel.__name__
     summary = sass_summary(kernel.asm["cubin"])
-    ops = opcode_counts(dump_sass(kernel.asm["cubin"]))
+    sass = dump_sass(kernel.asm["cubin"])
+    ops = opcode_counts(sass)
     assert summary["qgmma"] == 2 * 4, "two MMA warpgroups, four m64n128k32 QGMMAs each per K block"
     assert summary["gmma_group_min"] == 4
     assert ops["WARPGROUP.DEPBAR.LE"] == 2, "one wgmma wait per warpgroup per K block"
@@ -50,6 +52,9 @@ def test_dense_fp8_sass(compiled, variant):
     assert (plain_loads > 0) == variant[1], "global loads only for the addend C, in the epilogue"
     assert kernel.metadata.shared <= SMEM_BYTES
     assert ops["USETMAXREG.TRY_ALLOC.CTAPOOL"] >= 1, "the MMA warpgroups take registers from the loader"
+    assert stage_releases(sass)[1] == 2, (
+        "each MMA warpgroup's stage release after a proxy fence (the turn arrivals not)"
+    )
 
 
 def test_deepest_ring_fits():

@@ -5,9 +5,10 @@ cuobjdump. What each design needs: ``setmaxnreg`` in the SASS (``USETMAXREG``: t
 partition take the registers the loader warp gives up), no local-memory spills, the FP8 wgmma (QGMMA) count of
 one K block in the main loop (four m64n128k32 per 128-row wave, four m64n64k32 more for a 192-wide tile; four
 m64n64k32 a warpgroup for a 64-row wave, each warpgroup 64 of the tile's columns) issued
-in groups of four (not serialized), registers within the default partition's ``setmaxnreg`` budget, and shared
-memory within a CTA's. The designs with the next step's wgmma before the promotion (``OVERLAP``, runs of N K blocks
-software-pipelined inside the loop body) must also show the promotion under an MMA: FFMAs after a
+in groups of four (not serialized), registers within the default partition's ``setmaxnreg`` budget, shared memory
+within a CTA's, and a proxy fence before every stage release (``tiles.release_stage``). The designs with the next
+step's wgmma before the promotion (``OVERLAP``, runs of N K blocks software-pipelined inside the loop body) must also
+show the promotion under an MMA: FFMAs after a
 ``WARPGROUP.DEPBAR.LE gsb0, 0x1`` (one group still in flight) in the K loop. At 128x128 they pass; at 256x128 and
 128x192 two product tiles beside the accumulators exceed the budget and spill: strict xfails. The split designs
 (``_sk``: the split tail, ``ops/gluon/split_tail.py``) keep their unsplit design's SASS facts, with bf16 and fp32
@@ -27,7 +28,14 @@ import torch
 
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
 
-from compile_gate.sass import cuobjdump_path, dump_sass, loop_bodies, opcode_counts, sass_summary  # noqa: E402
+from compile_gate.sass import (  # noqa: E402
+    cuobjdump_path,
+    dump_sass,
+    loop_bodies,
+    opcode_counts,
+    sass_summary,
+    stage_releases,
+)
 from tilegemm.heuristics import gluon as gluon_rules  # noqa: E402
 from tilegemm.ops.gluon import aot, fp8_gemm_ws_kernel, grouped, split_tail, tiles, transpose  # noqa: E402
 from tilegemm.ops.gluon import fp8_gemm_ws as ws  # noqa: E402
@@ -138,6 +146,7 @@ def sass_facts(kernel) -> dict:
         "utmaldg": summary["utmaldg"],
         "utmastg": summary["utmastg"],
         "tail_sync": tail_sync_ops(sass),
+        "releases": stage_releases(sass),
     }
 
 
@@ -241,6 +250,10 @@ def test_ws_gated_sass(facts, name, activation):
     assert 0 < f["max_register"] < f["mma_budget"] <= 240
     assert f["shared_bytes"] <= ws.SMEM_BYTES and f["ffma_under_mma"] == 0
     assert f["utmaldg"] == 4 and f["utmastg"] == 1
+    releases, fenced = f["releases"]
+    assert releases > 0 and fenced == releases, (
+        f"{fenced} of {releases} one-thread arrivals (stage releases) after a proxy fence"
+    )
 
 
 @pytest.mark.parametrize("suffix", ["+k", "+kacc"])
@@ -300,7 +313,11 @@ def _mma_budget(cfg: ws.WsConfig, f: dict) -> int:
 def _check_partitions(cfg: ws.WsConfig, f: dict) -> None:
     """A design with each MMA warpgroup a partition (``wg_parts`` 2) raises the worker warpgroup to
     ``WG1_REGS`` and stores through staging tiles of its own (one TMA store a sub-tile and warpgroup: two at 128x128,
-    four at 128x192); the others have one MMA partition."""
+    four at 128x192); the others have one MMA partition. Every stage release is fenced (:func:`stage_releases`)."""
+    releases, fenced = f["releases"]
+    assert releases > 0 and fenced == releases, (
+        f"{fenced} of {releases} one-thread arrivals (stage releases) after a proxy fence"
+    )
     if cfg.wg_parts == 2:
         stores = 2 * (1 + (cfg.block_n == 192))
         assert fp8_gemm_ws_kernel.WG1_REGS in f["setmaxnreg_inc"] and f["utmastg"] == stores, f
