@@ -12,10 +12,11 @@ it, with these differences:
   with the mask of both CTAs); A's and A's scales' boxes by each CTA for its own rows;
 * a slot's ``empty`` barrier counts two arrivals: the own CTA's MMA warps and the other CTA's (the loader of either
   CTA writes into both CTAs' slots: CTA 0 B by multicast; each its A). The MMA warps arrive on their own barrier
-  with Gluon's ``mbarrier.arrive`` and on the other CTA's with inline PTX (``mapa.shared::cluster`` of the
-  barrier's shared address, then ``mbarrier.arrive.shared::cluster``): Gluon 3.7.1 has no remote arrive. The
-  barrier's address is ``global_smem`` plus an offset that triton's allocator fixes, read from the PTX of the JIT's
-  own compile of the call (``multicast_probe._jit_empty_offset``) and compiled in as ``EMPTY_OFF``;
+  with ``tiles.release_stage`` (a proxy fence, then ``mbarrier.arrive``) and on the other CTA's with inline PTX
+  (``mapa.shared::cluster`` of the barrier's shared address, then ``mbarrier.arrive.shared::cluster``): Gluon 3.7.1
+  has no remote arrive. The barrier's address is ``global_smem`` plus an offset that triton's allocator fixes, read
+  from the PTX of the JIT's own compile of the call (``multicast_probe._jit_empty_offset``) and compiled in as
+  ``EMPTY_OFF``;
 * the loader is a warpgroup (``LOADER_WARPS``; one warp issues the copies) at 24 registers a thread, so the MMA
   warps keep 240;
 * the walk is persistent over cluster tiles (``program_id`` is the cluster's), in grouped order; both CTAs of a
@@ -37,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     tma,
 )
 
-from tilegemm.ops.gluon.tiles import store_tile, tile_coords
+from tilegemm.ops.gluon.tiles import release_stage, store_tile, tile_coords
 
 CLUSTER_M = gl.constexpr(256)  # rows of one wave of a cluster tile: 128 a CTA
 BLOCK_N = gl.constexpr(128)
@@ -178,9 +179,9 @@ def _mma(a_ring, b_ring, sa_ring, ready, empty, d_desc, out, sb_ptr, sb_stride, 
 
 @gluon.jit
 def _release(empty, s, EMPTY_OFF: gl.constexpr):
-    """Slot ``s`` released on both CTAs: every wgmma reading it is complete (Gluon's arrive on the own ``empty``
-    barrier, inline PTX on the other CTA's)."""
-    mbarrier.arrive(empty.index(s), count=1)
+    """Slot ``s`` released on both CTAs: every wgmma reading it is complete (``release_stage`` on the own ``empty``
+    barrier, its proxy fence ordering the scale reads before either CTA's refill; inline PTX on the other CTA's)."""
+    release_stage(empty.index(s))
     offset = gl.full([MMA_WARPS * 32], EMPTY_OFF + 8 * s, gl.int32, ARRIVE_LAYOUT)
     gl.inline_asm_elementwise(REMOTE_ARRIVE, "=r,r", [offset], dtype=gl.int32, is_pure=False, pack=1)
 

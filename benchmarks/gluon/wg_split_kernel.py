@@ -25,7 +25,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     tma,
 )
 
-from tilegemm.ops.gluon.tiles import store_tile, tile_coords
+from tilegemm.ops.gluon.tiles import release_stage, store_tile, tile_coords
 
 HALF_M = gl.constexpr(64)  # rows of one wgmma (a warpgroup's m64)
 BLOCK_N = gl.constexpr(128)
@@ -61,8 +61,8 @@ def _loader(a_desc, b_desc, sa_desc, a_ring, b_ring, sa_ring, ready, empty, M, N
 
 @gluon.jit
 def _release(empty, s, UNUSED: gl.constexpr):
-    """Slot ``s`` released by this warpgroup (``pipelined.ov_tile``'s ``RELEASE``)."""
-    mbarrier.arrive(empty.index(s), count=1)
+    """Slot ``s`` released by this warpgroup (``pipelined.ov_tile``'s ``RELEASE``), after the proxy fence."""
+    release_stage(empty.index(s))
 
 
 @gluon.jit
@@ -103,7 +103,7 @@ def _warpgroup(a_ring, b_ring, sa_ring, ready, empty, d_desc, out, sb_ptr, sb_st
                 a = a_ring.index(s).slice(first + h * HALF_M, HALF_M)
                 p = wave_product(a, b_ring.index(s), acc0, acc1, spare, h, HALVES, chain)
                 if h == HALVES - 1:
-                    mbarrier.arrive(empty.index(s), count=1)  # this warpgroup's wgmmas of slot s are complete
+                    release_stage(empty.index(s))  # this warpgroup's wgmmas of slot s are complete
                 if h == 0:
                     acc0 = acc0 + p * (sa * sb)[:, None]
                 else:
