@@ -190,9 +190,18 @@ def _get(facts, name):
 
 
 def test_ws_kernel_walks_and_stores_with_tiles_helpers():
-    """The ws kernel compiles tiles.py's tile walk, tile order, ring barriers, B block scale and store (the helpers
-    the gluon GEMM kernels share), not copies of its own."""
-    for helper in ("tile_range", "tile_coords", "block_scale", "store_tile", "wgmma_layout", "ring_barriers"):
+    """The ws kernel compiles tiles.py's tile walk, tile order, ring barriers, stage release, B block scale and store
+    (the helpers the gluon GEMM kernels share), not copies of its own."""
+    helpers = (
+        "tile_range",
+        "tile_coords",
+        "block_scale",
+        "store_tile",
+        "wgmma_layout",
+        "ring_barriers",
+        "release_stage",
+    )
+    for helper in helpers:
         assert getattr(fp8_gemm_ws_kernel, helper) is getattr(tiles, helper), helper
 
 
