@@ -259,10 +259,7 @@ def test_ws_gated_sass(facts, name, activation):
     assert 0 < f["max_register"] < f["mma_budget"] <= 240
     assert f["shared_bytes"] <= ws.SMEM_BYTES and f["ffma_under_mma"] == 0
     assert f["utmaldg"] == 4 and f["utmastg"] == 1
-    releases, fenced = f["releases"]
-    assert releases > 0 and fenced == releases, (
-        f"{fenced} of {releases} one-thread arrivals (stage releases) after a proxy fence"
-    )
+    _check_releases(f)
 
 
 @pytest.mark.parametrize("suffix", ["+k", "+kacc"])
@@ -319,14 +316,19 @@ def _mma_budget(cfg: ws.WsConfig, f: dict) -> int:
     return max(f["setmaxnreg_inc"], default=0) if cfg.mma_warps == 4 else f["mma_budget"]
 
 
-def _check_partitions(cfg: ws.WsConfig, f: dict) -> None:
-    """A design with each MMA warpgroup a partition (``wg_parts`` 2) raises the worker warpgroup to
-    ``WG1_REGS`` and stores through staging tiles of its own (one TMA store a sub-tile and warpgroup: two at 128x128,
-    four at 128x192); the others have one MMA partition. Every stage release is fenced (:func:`stage_releases`)."""
+def _check_releases(f: dict) -> None:
+    """Every one-thread arrival (a stage release) follows a proxy fence (:func:`stage_releases`)."""
     releases, fenced = f["releases"]
     assert releases > 0 and fenced == releases, (
         f"{fenced} of {releases} one-thread arrivals (stage releases) after a proxy fence"
     )
+
+
+def _check_partitions(cfg: ws.WsConfig, f: dict) -> None:
+    """A design with each MMA warpgroup a partition (``wg_parts`` 2) raises the worker warpgroup to
+    ``WG1_REGS`` and stores through staging tiles of its own (one TMA store a sub-tile and warpgroup: two at 128x128,
+    four at 128x192); the others have one MMA partition. Every stage release is fenced (:func:`_check_releases`)."""
+    _check_releases(f)
     if cfg.wg_parts == 2:
         stores = 2 * (1 + (cfg.block_n == 192))
         assert fp8_gemm_ws_kernel.WG1_REGS in f["setmaxnreg_inc"] and f["utmastg"] == stores, f
