@@ -8,12 +8,15 @@ kernel's."""
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
 import torch
 
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
 import tilegemm  # noqa: E402
 from tilegemm.backend import hot_lane, registry, selector  # noqa: E402
@@ -540,6 +543,19 @@ def _relaunch_against_triton(monkeypatch, scratch: int = 0):
         return launched.pop()
 
     return relaunch, triton_path, launched, encoded
+
+
+def test_bound_descriptor_has_every_field_of_tritons_but_the_compiled_in_ones():
+    """``tma.Bound`` stands in for gluon's ``TensorDescriptor`` where a kernel is launched again: every field of the
+    installed triton's descriptor but the block shape and layout (compiled into the kernel) is there, with its
+    default (triton 3.8's launcher reads ``round_f32_to_tf32``)."""
+    bound = tma.Bound(torch.empty(4, 8), [4, 8], [8, 1])
+    for field in dataclasses.fields(TensorDescriptor):
+        if field.name in ("block_shape", "layout"):
+            continue
+        assert field.name in tma.Bound._fields, field.name
+        if field.default is not dataclasses.MISSING:
+            assert getattr(bound, field.name) == field.default, field.name
 
 
 def test_relaunch_hands_tritons_launcher_what_its_wrapper_would(monkeypatch):

@@ -30,7 +30,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from tilegemm.ops.gluon.tiles import store_tile
+from tilegemm.ops.gluon.tiles import cta_barrier, store_tile
 
 __all__ = [
     "StreamTails", "TailBuffers", "job_count", "job_walk", "plan_sms", "split_fixup", "split_grid", "tail_buffers",
@@ -115,10 +115,10 @@ def split_fixup(acc, work_ptr, counter_ptr, slot, split, d_desc, out, row, col, 
     r = gl.arange(0, TILE_M, layout=gl.SliceLayout(1, acc_l))
     c = gl.arange(0, TILE_N, layout=gl.SliceLayout(0, acc_l))
     gl.store(work + split * TILE + (r[:, None] * TILE_N + c[None, :]), acc)
-    gl.thread_barrier()
+    cta_barrier()
     arrival = counter_ptr + slot
     if gl.atomic_add(arrival, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
-        gl.thread_barrier()
+        cta_barrier()
         rows_l: gl.constexpr = _rows_layout(TILE_N, gl.num_warps())
         rr = gl.arange(0, TILE_M, layout=gl.SliceLayout(1, rows_l))
         rc = gl.arange(0, TILE_N, layout=gl.SliceLayout(0, rows_l))

@@ -1,12 +1,17 @@
 """Device helpers the gluon GEMM kernels share: the wgmma accumulator layout of a tile over the MMA warps, the ring's
 barriers, the grouped order of the output tiles, a CTA's persistent walk over them, a row tile's first row, the TMA
-store of a tile through shared memory, and the FP8 recipe's B scale of a 128x128 block."""
+store of a tile through shared memory, the FP8 recipe's B scale of a 128x128 block, and a barrier of the CTA's threads
+under every triton the backend compiles with."""
 
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+
+#: A barrier of every thread of the CTA (``bar.sync``): Gluon's ``thread_barrier`` in triton 3.6 and 3.7, named
+#: ``barrier`` from 3.8.
+cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 
 @gluon.constexpr_function

@@ -62,6 +62,7 @@ class Bound(NamedTuple):
     shape: list[int]
     strides: list[int]
     padding: str = "zero"
+    round_f32_to_tf32: bool = False  # read by triton 3.8's launcher
 
 
 def current_stream(device: int) -> int:
