@@ -90,7 +90,7 @@ test-transformers-ends:
 # of GLUON_TRITONS, each in a throwaway venv with the CPU torch and that triton (cuobjdump from its own bundle). The
 # gluon backend's tested range at run time is src/tilegemm/backend/selector.py's; this shows which other tritons
 # compile the same kernels.
-GLUON_TRITONS ?= 3.8.0
+GLUON_TRITONS ?= 3.7.1 3.8.0
 TRITONS := .gluon-tritons
 compile-gluon-tritons:
 	failed=""; for v in $(GLUON_TRITONS); do \
@@ -99,7 +99,8 @@ compile-gluon-tritons:
 		echo "== triton $$v"; \
 		CUOBJDUMP=$$(ls -d $(TRITONS)/$$v/lib/python*/site-packages/triton/backends/nvidia/bin)/cuobjdump \
 		PYTHONPATH=$(CURDIR)/src:$(CURDIR)/tests $(TRITONS)/$$v/bin/python -m pytest -q -p no:cacheprovider \
-			tests/compile_gate/test_compile_gluon.py tests/compile_gate/test_compile_gluon_ws.py || failed="$$failed $$v"; \
+			tests/compile_gate/test_compile_gluon.py tests/compile_gate/test_compile_gluon_ws.py \
+			tests/compile_gate/test_compile_gluon_bf16_ws.py || failed="$$failed $$v"; \
 		rm -rf $(TRITONS)/$$v; \
 	done; \
 	if [ -n "$$failed" ]; then echo "the gluon compile gate failed under triton$$failed"; exit 1; fi
