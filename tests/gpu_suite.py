@@ -10,8 +10,10 @@ once, so a run stopped at its time budget (``--budget``, inside one device call)
 writes ``benchmarks/results/gpu-tests/<date>-<tree>.json``: which ``src`` tree ran (:func:`git_tree_hash`, equal to
 ``git rev-parse HEAD:src`` for a clean checkout, computed from the files so that it holds on a machine without the
 repository's ``.git``), the commit when known, date, GPU, torch, triton, cuda-tile, ``complete`` (the run ended
-before its budget), passed, failed, errors, skipped, seconds, workers, threads per worker, what did not pass, and
-the slowest and most memory-hungry tests (``gpu_peak_bytes``).
+before its budget), passed, failed, errors, skipped, seconds, workers, threads per worker, the pytest arguments
+added, what did not pass, and the slowest and most memory-hungry tests (``gpu_peak_bytes``). A run without cuTile
+(the gluon tests under another triton: ``-k gluon``, a triton bundle in place of the cuTile one) is recorded as
+``<date>-<tree>-triton<version>.json`` (:func:`record_name`).
 
 Usage: ``python tests/gpu_suite.py [--workers N] [--budget S] [--record-dir DIR] [pytest arguments ...]``; exit
 status 0 only for a complete run in which no test failed or errored. ``TILEGEMM_COMMIT`` names the commit where
@@ -80,6 +82,13 @@ def commit(tree: str) -> str | None:
     if git("rev-parse", "HEAD:src") == tree:
         return git("rev-parse", "HEAD")
     return os.environ.get("TILEGEMM_COMMIT") or None
+
+
+def record_name(record: dict) -> str:
+    """A record's file name: ``<date>-<tree>.json`` for a run with every backend, ``<date>-<tree>-triton<version>.json``
+    for one without cuTile (the gluon and pytorch tests under another triton, whose cuTile tests skip)."""
+    name = f"{record['date']}-{record['src_tree'][:12]}"
+    return f"{name}.json" if record.get("cuda-tile") else f"{name}-triton{record['triton']}.json"
 
 
 def workers_for(free_bytes: int, cpus: int) -> int:
@@ -183,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         "workers": workers,
         "threads_per_worker": threads,
         "pytest_exit": code,
+        "pytest_args": extra,
         "not_passed": [c["test"] for c in ran if c["outcome"] in ("failed", "errors")],
         "slowest": [(c["test"], round(c["seconds"], 1)) for c in sorted(ran, key=lambda c: -c["seconds"])[:10]],
         "peak_memory_gib": [
@@ -191,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         ],
     }
     args.record_dir.mkdir(parents=True, exist_ok=True)
-    out = args.record_dir / f"{record['date']}-{tree[:12]}.json"
+    out = args.record_dir / record_name(record)
     out.write_text(json.dumps(record, indent=1) + "\n")
     summary = ", ".join(f"{counts[k]} {k}" for k in ("passed", "failed", "errors", "skipped"))
     state = "" if complete else " (INCOMPLETE: stopped or broken)"

@@ -13,6 +13,8 @@ from pathlib import Path
 import gpu_suite
 import pytest
 
+from tilegemm.backend import selector
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -101,5 +103,29 @@ def test_the_landed_src_tree_has_a_green_gpu_record():
     records = [json.loads(p.read_text()) for p in sorted(gpu_suite.RECORDS.glob("*.json"))]
     mine = [r for r in records if r["src_tree"] == tree]
     assert mine, f"no GPU suite record for src tree {tree} in {gpu_suite.RECORDS} (run `make test-gpu` on the GPU)"
-    green = [r for r in mine if r["complete"] and r["failed"] == 0 and r["errors"] == 0 and r["passed"] > 0]
-    assert green, f"no complete GPU suite record with 0 failed for src tree {tree}: {mine}"
+    green = [r for r in mine if _green(r) and r.get("cuda-tile") and not r.get("pytest_args")]
+    assert green, f"no complete GPU suite record with 0 failed, every backend, for src tree {tree}: {mine}"
+
+
+def _green(record: dict) -> bool:
+    return record["complete"] and record["failed"] == 0 and record["errors"] == 0 and record["passed"] > 0
+
+
+def test_record_names_keep_runs_under_other_tritons_apart():
+    base = {"date": "2026-12-01", "src_tree": "0123456789abcdef", "triton": "3.8.0"}
+    assert gpu_suite.record_name({**base, "cuda-tile": "1.7.0"}) == "2026-12-01-0123456789ab.json"
+    assert gpu_suite.record_name({**base, "cuda-tile": None}) == "2026-12-01-0123456789ab-triton3.8.0.json"
+
+
+def test_every_triton_of_the_tested_range_has_run_the_gluon_tests():
+    """The gluon backend's tested range (``selector.TRITON_TESTED``) holds only tritons under which the GPU tests of
+    the gluon backend ran green: for each minor version in it, a complete record with 0 failed whose run was every
+    test or the gluon ones (``-k gluon``, recorded as ``<date>-<tree>-triton<version>.json``)."""
+    low, high = selector.TRITON_TESTED
+    records = [json.loads(p.read_text()) for p in sorted(gpu_suite.RECORDS.glob("*.json"))]
+    for minor in range(low[1], high[1]) if low[0] == high[0] else ():
+        version = f"{low[0]}.{minor}."
+        runs = [r for r in records if (r.get("triton") or "").startswith(version) and _green(r)]
+        runs = [r for r in runs if r.get("pytest_args", []) in ([], ["-k", "gluon"])]
+        assert runs, f"triton {version}x is in the tested range but no green GPU record ran the gluon tests under it"
+    assert low[0] == high[0], "a range over two major versions: name the minors to check"
