@@ -30,7 +30,8 @@ test: $(STAMP)
 # (`source .devbundle/setup.sh && make test-gpu PY=python3`). Every `gpu` test in one run (the memory-heavy ones one
 # after another on one worker, the rest on the others), recorded in benchmarks/results/gpu-tests/<date>-<tree>.json
 # (tests/gpu_suite.py; stopped, and recorded as incomplete, at `--budget` seconds, 540 by default). GPU_SUITE_ARGS adds
-# options (`--workers N`, `--budget S`, pytest arguments).
+# options (`--workers N`, `--budget S`, pytest arguments). Under another triton (no cuTile beside its bundle), the
+# gluon tests only: benchmarks/gluon/gluon_suite_other_triton.sh (records <date>-<tree>-triton<version>.json).
 PY ?= $(VPY)
 GPU_SUITE_ARGS ?=
 test-gpu:
