@@ -86,7 +86,7 @@ def commit(tree: str) -> str | None:
 
 def record_name(record: dict) -> str:
     """A record's file name: ``<date>-<tree>.json`` for a run with every backend, ``<date>-<tree>-triton<version>.json``
-    for one without cuTile (the gluon and pytorch tests under another triton, whose cuTile tests skip)."""
+    for one without cuTile (the gluon tests, ``-k gluon``, under another triton's bundle)."""
     name = f"{record['date']}-{record['src_tree'][:12]}"
     return f"{name}.json" if record.get("cuda-tile") else f"{name}-triton{record['triton']}.json"
 
