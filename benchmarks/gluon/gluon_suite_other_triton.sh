@@ -8,8 +8,9 @@ set -u
 source "$BUNDLE/setup.sh" >/dev/null 2>&1
 export PYTHONPATH=$PWD/src:$PWD/tests:$PWD:${PYTHONPATH:-}
 python3 -c "import triton; print('triton', triton.__version__)"
-timeout 300 python3 tests/gpu_suite.py --budget 290 --record-dir "$OUT" -k gluon > "$OUT/suite_$(basename "$BUNDLE").txt" 2>&1
+log="$OUT/suite_$(basename "$BUNDLE").txt"
+timeout 300 python3 tests/gpu_suite.py --budget 290 --record-dir "$OUT" -k gluon > "$log" 2>&1
 status=$?
-tail -3 "$OUT/suite_$(basename "$BUNDLE").txt"
-grep -E "^FAILED|^ERROR" "$OUT/suite_$(basename "$BUNDLE").txt" | head -20
+tail -3 "$log"
+grep -E "^FAILED|^ERROR" "$log" | head -20
 exit $status
