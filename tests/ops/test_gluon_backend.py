@@ -13,13 +13,23 @@ import torch
 import tilegemm
 from tilegemm.backend import choice, registry, selector
 from tilegemm.backend.registry import FallbackWarning
-from tilegemm.heuristics import gluon
+from tilegemm.heuristics import gluon, tiling
+
+
+@pytest.fixture(autouse=True)
+def _triton_3_6(monkeypatch):
+    """The rules' verdicts as under triton 3.6 (CI's), whatever triton this machine has: the dense and m-grouped
+    choices read the installed triton (:func:`gluon.spill_free_here`); the tests of that pin another."""
+    monkeypatch.setattr(selector, "triton_version", lambda: (3, 6))
 
 
 @pytest.mark.parametrize(
     "version, ok",
-    [("3.6.0", True), ("3.6.1+git", True), ("3.5.1", False), ("3.7.0", False), ("4.0", False), ("nightly", False)],
-)
+    [
+        ("3.6.0", True), ("3.6.1+git", True), ("3.7.1", True), ("3.8.0", True), ("3.5.1", False), ("3.9.0", False),
+        ("4.0", False), ("nightly", False),
+    ],
+)  # fmt: skip
 def test_triton_version_range(version, ok):
     reason = selector.triton_version_reason(version)
     assert (reason is None) == ok
@@ -162,6 +172,32 @@ def test_dense_fp8_ws_designs_are_ws_variants():
         assert (cfg.block_m, cfg.block_n) == (rows, cols)
     long, short = ws.VARIANTS[gluon.DENSE_FP8_WS_LONG_DESIGN], ws.VARIANTS[gluon.DENSE_FP8_WS_DESIGN]
     assert (long.block_m, long.block_n, long.wg_parts) == (short.block_m, short.block_n, 2)
+
+
+SPILL_GRID = [(m, n, k) for m in (128, 256, 512, 2048, 2056, 4096, 8192) for n in (1536, 2112, 4096, 7168, 24576)
+              for k in (768, 2048, 7168)]  # fmt: skip
+
+
+def test_no_spilling_design_is_chosen_where_it_spills(monkeypatch):
+    """Under a triton from :data:`gluon.TRITON_SPILLS_FROM` no dense or m-grouped FP8 choice is a design of
+    :data:`gluon.SPILLING_DESIGNS` (each spills registers there); the same calls do choose them under 3.6, and keep
+    their tile and tile count (128x128 tiles run the spill-free design)."""
+    ws = pytest.importorskip("tilegemm.ops.gluon.fp8_gemm_ws")
+    under_36 = {shape: gluon.dense_fp8_ws_tiling(*shape, 132) for shape in SPILL_GRID}
+    grouped_36 = {gluon.m_grouped_fp8_ws_design(m, 8) for m in (512, 4096, 65536)}
+    assert {d for d, _ in under_36.values()} & gluon.SPILLING_DESIGNS and grouped_36 & gluon.SPILLING_DESIGNS
+    for version in ((3, 8), (3, 9)):
+        monkeypatch.setattr(selector, "triton_version", lambda version=version: version)
+        for shape, (design_36, count_36) in under_36.items():
+            design, count = gluon.dense_fp8_ws_tiling(*shape, 132)
+            assert design not in gluon.SPILLING_DESIGNS, shape
+            if design_36 in gluon.SPILLING_DESIGNS:
+                assert design == gluon.DENSE_FP8_WS_SPILL_FREE_DESIGN and count == count_36, shape
+        for m in (512, 4096, 65536):
+            assert gluon.m_grouped_fp8_ws_design(m, 8) == gluon.M_GROUPED_FP8_WS_DESIGN
+    cfg, short = ws.VARIANTS[gluon.DENSE_FP8_WS_SPILL_FREE_DESIGN], ws.VARIANTS[gluon.DENSE_FP8_WS_DESIGN]
+    assert (cfg.block_m, cfg.block_n, cfg.splits) == (short.block_m, short.block_n, 1)
+    assert gluon.SPILLING_DESIGNS <= set(ws.VARIANTS) and gluon.M_GROUPED_FP8_WS_DESIGN not in gluon.SPILLING_DESIGNS
 
 
 @pytest.mark.parametrize("m, n, k, automatic", WS_RULE_CASES)
@@ -377,10 +413,10 @@ def test_split_tail_refines_the_tiling(kind, m, n, k, design):
     if got == gluon.DENSE_FP8_WS_LONG_DESIGN:
         assert count >= gluon.DENSE_FP8_WS_WG_PARTS_MIN_ROUNDS * 132
         got = gluon.DENSE_FP8_WS_DESIGN  # the unsplit tiling it runs
-    unsplit, unsplit_count = gluon.cheapest_tiling(m, n, 132, tiles)
+    unsplit, unsplit_count = tiling.cheapest_tiling(m, n, 132, tiles)
     assert got in (unsplit, split.designs.get(unsplit))
     assert count in (None, unsplit_count)
-    assert gluon.cheapest_tiling(m, n, 132, tiles, k, split) == (got, unsplit_count)
+    assert tiling.cheapest_tiling(m, n, 132, tiles, k, split) == (got, unsplit_count)
 
 
 ROUND_SPLIT_CASES = [
@@ -399,22 +435,22 @@ def test_round_split_takes_the_tiling_whose_single_round_splits(m, n, k, design,
     its fixed K blocks) costs less than the cheapest unsplit round: the tile may change to the one whose tiles fill
     the SMs when split (66 128x64 tiles rather than 68 64x128 ones)."""
     assert gluon.dense_bf16_ws_design(m, n, k, 132) == design
-    got = gluon.cheapest_tiling(m, n, 132, gluon.dense_bf16_ws_tiles(k), k, gluon.DENSE_BF16_WS_SPLITS)
+    got = tiling.cheapest_tiling(m, n, 132, gluon.dense_bf16_ws_tiles(k), k, gluon.DENSE_BF16_WS_SPLITS)
     assert got == (design, tiles)
 
 
 def test_split_tail_rounds():
     """Two rounds and 8 tiles of 56 K blocks of 128 (FP8) split 4 ways: 2 + 1/4 + 24/56 rounds, against 3."""
     split = gluon.DENSE_FP8_WS_TAIL_SPLIT
-    assert gluon.split_tail_rounds(272, 7168, 132, split) == pytest.approx(2 + 0.25 + 24 / 56)
-    assert gluon.split_tail_rounds(264, 7168, 132, split) is None  # no tail
-    assert gluon.split_tail_rounds(132 + 27, 7168, 132, split) is None  # 27 > 132 // 5
-    assert gluon.split_tail_rounds(132 + 26, 7168, 132, split) is not None
-    assert gluon.split_tail_rounds(16, 7168, 132, split) is None  # no whole round
+    assert tiling.split_tail_rounds(272, 7168, 132, split) == pytest.approx(2 + 0.25 + 24 / 56)
+    assert tiling.split_tail_rounds(264, 7168, 132, split) is None  # no tail
+    assert tiling.split_tail_rounds(132 + 27, 7168, 132, split) is None  # 27 > 132 // 5
+    assert tiling.split_tail_rounds(132 + 26, 7168, 132, split) is not None
+    assert tiling.split_tail_rounds(16, 7168, 132, split) is None  # no whole round
     single = gluon.DENSE_BF16_WS_ROUND_SPLIT
-    assert gluon.split_tail_rounds(66, 7168, 132, single) == pytest.approx(0.5 + 40 / 112)
-    assert gluon.split_tail_rounds(67, 7168, 132, single) is None  # 134 runs: more than one round
-    assert gluon.split_tail_rounds(132 + 8, 7168, 132, single) is None  # a whole round: the tail split's case
+    assert tiling.split_tail_rounds(66, 7168, 132, single) == pytest.approx(0.5 + 40 / 112)
+    assert tiling.split_tail_rounds(67, 7168, 132, single) is None  # 134 runs: more than one round
+    assert tiling.split_tail_rounds(132 + 8, 7168, 132, single) is None  # a whole round: the tail split's case
 
 
 @pytest.mark.parametrize("kind", ["fp8", "bf16", "bf16 round"])
@@ -431,7 +467,7 @@ def test_split_designs_are_variants_of_the_same_tile(kind):
     for unsplit, design in split.designs.items():
         cfg = module.VARIANTS[design]
         assert cfg.splits == split.splits and cfg._replace(splits=1) == module.VARIANTS[unsplit]
-    tail = 132 // gluon.SPLIT_TAIL_MAX_TAIL_SHARE
+    tail = 132 // tiling.SPLIT_TAIL_MAX_TAIL_SHARE
     split_tail = pytest.importorskip("tilegemm.ops.gluon.split_tail")
     assert split_tail.tail_tiles(2 * 132 + tail, 132, split.splits) == tail
 

@@ -82,6 +82,13 @@ def _view(value):
     return value
 
 
+@pytest.fixture(autouse=True)
+def _triton_3_6(monkeypatch):
+    """The designs the rules give under triton 3.6 (CI's), whatever triton this machine has
+    (:func:`gluon_rules.spill_free_here`)."""
+    monkeypatch.setattr(selector, "triton_version", lambda: (3, 6))
+
+
 @pytest.fixture
 def recorders(monkeypatch) -> dict[str, _Recorder]:
     """The kernels recorded: ``v1`` (``fp8_gemm_kernel``), ``ws`` (``fp8_gemm_ws_kernel``) and ``bf16``
@@ -573,6 +580,29 @@ def test_relaunch_hands_tritons_launcher_what_its_wrapper_would(monkeypatch):
     for _ in range(tma.Relaunch.KEPT + 1):
         relaunch((torch.empty_like(a), d), (x, 4, 16), None)
     assert max(len(kept) for kept in relaunch.kept) <= tma.Relaunch.KEPT
+
+
+def _wrapper_passing_one_list(launcher, tensordesc_indices, tensordesc_meta):
+    """triton 3.7's descriptor wrapper in form: the closure of 3.6's, the kernel's arguments handed on as one list."""
+
+    def inner(*args):
+        kernel_args = list(args[-1])
+        for n, i in enumerate(sorted(tensordesc_indices)):
+            kernel_args[i] = (kernel_args[i], tensordesc_meta[n])
+        return launcher(*args[:-1], kernel_args)
+
+    return inner
+
+
+def test_relaunch_takes_tritons_path_under_another_launcher_convention(monkeypatch):
+    """A wrapper with 3.6's closure that hands the launcher one list of arguments (triton 3.7's) is not 3.6's: every
+    launch goes through the compiled kernel's ``run``."""
+    relaunch, _, _, _ = _relaunch_against_triton(monkeypatch)
+    assert relaunch.raw is not None
+    cells = dict(zip(relaunch.compiled.run.launch.__code__.co_freevars, relaunch.compiled.run.launch.__closure__))
+    other = _wrapper_passing_one_list(*(cells[name].cell_contents for name in sorted(cells)))
+    relaunch.compiled.run.launch = other
+    assert tma.Relaunch(relaunch.compiled, (5, 1, 1), torch.device("cpu"), relaunch.shapes).raw is None
 
 
 def test_relaunch_takes_tritons_path_with_a_launch_hook_or_scratch(monkeypatch):

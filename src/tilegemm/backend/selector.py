@@ -38,7 +38,7 @@ from tilegemm.env import BACKEND, DISABLE_FALLBACK, env_choice, env_flag
 BACKENDS: tuple[str, ...] = ("gluon", "cutile", "pytorch")
 """Every backend name tilegemm knows, in order of preference."""
 
-TRITON_TESTED = ((3, 6), (3, 7))
+TRITON_TESTED = ((3, 6), (3, 9))
 """The triton versions the gluon backend is tested with: ``[low, high)`` as (major, minor)."""
 
 _global_backend: str | None = None
@@ -137,6 +137,19 @@ def cutile_unavailable_reason() -> str | None:
     if _find_tileiras() is None:
         return "tileiras compiler not found"
     return None
+
+
+@functools.cache
+def triton_version() -> tuple[int, int] | None:
+    """The installed triton's (major, minor), or ``None`` where triton does not import or its version is not
+    understood. The gluon backend's choices read it where a design compiles differently under one triton."""
+    try:
+        import triton
+
+        major, minor = (int(part) for part in triton.__version__.split(".")[:2])
+    except Exception:
+        return None
+    return major, minor
 
 
 def triton_version_reason(version: str) -> str | None:

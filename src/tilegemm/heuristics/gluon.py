@@ -11,6 +11,7 @@ import torch
 from tilegemm import config
 from tilegemm.backend import selector
 from tilegemm.backend.choice import register_rule
+from tilegemm.heuristics.tiling import TailSplit, cheapest_tiling
 from tilegemm.ops import operands
 from tilegemm.ops.operands import cdiv
 from tilegemm.routing import max_padded_rows
@@ -106,33 +107,29 @@ DENSE_FP8_WS_TILES = (
 )
 
 
-class TailSplit(NamedTuple):
-    """The split tail of a tiling (``ops/gluon/split_tail.py``): a short last round of tiles, each split along K
-    into ``splits`` runs over CTAs that round leaves idle. ``designs``: the split design of each unsplit one (the
-    same tile); ``block_k``: the kernel's K block; ``fixed_k_blocks``: a split run's fixed cost (its partial stored,
-    the last run's sum of the partials, the L2 bandwidth the extra runs contend for), in K blocks of a tile's time;
-    ``splits``: the split designs' runs a tile (their constexpr ``SPLITS``); ``single_round``: the split of a single
-    short round (no whole round before it) instead of a tail after whole rounds."""
-
-    designs: dict[str, str]
-    block_k: int
-    fixed_k_blocks: int
-    splits: int = 4
-    single_round: bool = False
-
-
-#: The split tail splits a last round of at most ``sms // SPLIT_TAIL_MAX_TAIL_SHARE`` tiles (26 on an H200): after
-#: two whole rounds a tail of 25 128x128 tiles split 4 ways won (2056x2112x7168: BF16 1.08x, FP8 1.05x), after four
-#: one of 33 did not (4104x2112x7168: BF16 1.01x, FP8 0.95x;
-#: benchmarks/results/gluon/split_tail_longer_tails_h200.json), and a split of the 32 tiles of 256x4096, 4 ways with
-#: no whole round before it, lost (0.94x).
-SPLIT_TAIL_MAX_TAIL_SHARE = 5
-#: ...after at least this many whole rounds (every measured row had two or more; one short round alone is what
-#: cutile's split-K plans serve).
-SPLIT_TAIL_MIN_ROUNDS = 1
 #: The dense FP8 split tail (H200): 2048x2112x7168 66.5 -> 55.8 us (272 tiles: two rounds and 8), 4096x2112x7168
 #: 1.11x, 8192x8192x8192 1.01-1.04x. A run's fixed cost measured about 22 K blocks of 128; the rule charges 24.
 DENSE_FP8_WS_TAIL_SPLIT = TailSplit({DENSE_FP8_WS_DESIGN: "d_128x128_ov8_sk"}, BLOCK_K, 24)
+
+#: The first triton under which the MMA partition of these ws designs spills registers (STL / LDL in the sm_90a
+#: SASS; 3.8's PTX for the same TTGIR needs more than the 240 registers ``setmaxnreg`` gives): d_128x128_ov8 15 / 19,
+#: its split design 24 / 29, g_128x128_ov4 2 / 2, g_128x128_ov8 9 / 10
+#: (benchmarks/results/gluon/compile_gate_tritons.txt). Under such a triton the choices below run designs that
+#: compile clean there instead (:func:`spill_free_here`).
+TRITON_SPILLS_FROM = (3, 8)
+SPILLING_DESIGNS = frozenset({"d_128x128_ov8", "d_128x128_ov8_sk", "g_128x128_ov4", "g_128x128_ov8"})
+#: The dense FP8 design of 128x128 tiles under :data:`TRITON_SPILLS_FROM` (for :data:`DENSE_FP8_WS_DESIGN`,
+#: :data:`DENSE_FP8_WS_LONG_DESIGN` and the split tail): each warpgroup a partition, runs of 2. Under triton 3.8 on
+#: seven rows of 272-7168 128x128 tiles it ran 1.08-1.18x d_128x128_ov8, 1.00-1.09x g_128x128_ov4 and 0.99-1.10x
+#: d_128x128_ov4 (1.04x geomean; H200, benchmarks/results/gluon/triton38_designs_h200.json).
+DENSE_FP8_WS_SPILL_FREE_DESIGN = "g_128x128_ov2"
+
+
+def spill_free_here() -> bool:
+    """True where the installed triton compiles :data:`SPILLING_DESIGNS` without spills (before
+    :data:`TRITON_SPILLS_FROM`, or no triton)."""
+    version = selector.triton_version()
+    return version is None or version < TRITON_SPILLS_FROM
 
 
 # The automatic choice of the dense BF16 GEMMs (benchmarks/results/gluon/bf16_ws_h200.json: the BF16 ws kernel's
@@ -288,62 +285,6 @@ def prefers_dense_fp8(m: int, n: int, k: int, num_sms: int, ws: bool = True) -> 
     return kernel_faster_dense_fp8(m, n, k, num_sms)
 
 
-def cheapest_tiling(
-    m: int,
-    n: int,
-    num_sms: int,
-    tiles: tuple[tuple[str, int, int, float], ...],
-    k: int = 0,
-    split: TailSplit | tuple[TailSplit, ...] = (),
-) -> tuple[str, int]:
-    """Of ``tiles`` ((design, tile rows, tile columns, a tile's relative time), by preference), the design whose
-    rounds of tiles over ``num_sms`` SMs, ``ceil(tiles / SMs)``, each weighted by its tile's time, cost least (the
-    first where they tie), and its number of output tiles.
-
-    With ``split`` (one :class:`TailSplit` or several, and ``k``, the problem's K): a tail split refines the chosen
-    tiling (its split design where :func:`split_tail_rounds` is below the unsplit rounds; it never changes the
-    tile); then a single-round split of any tiling (``single_round``) is taken where it costs less than that."""
-    num_sms = max(num_sms, 1)  # 0 where no GPU is seen (plans recorded on a CPU)
-    splits = (split,) if isinstance(split, TailSplit) else split
-    best: tuple[float, str, int] | None = None
-    for design, rows, cols, cost in tiles:
-        count = cdiv(m, rows) * cdiv(n, cols)
-        rounds_time = cdiv(count, num_sms) * cost
-        if best is None or rounds_time < best[0]:
-            best = (rounds_time, design, count)
-    time, design, count = best
-    cost = next(c for d, _, _, c in tiles if d == design)
-    for tail in (s for s in splits if not s.single_round and design in s.designs):
-        rounds = split_tail_rounds(count, k, num_sms, tail)
-        if rounds is not None and rounds * cost < time:
-            time, design = rounds * cost, tail.designs[design]
-    for single in (s for s in splits if s.single_round):
-        for unsplit, rows, cols, cost in tiles:
-            tiling = cdiv(m, rows) * cdiv(n, cols)
-            rounds = split_tail_rounds(tiling, k, num_sms, single) if unsplit in single.designs else None
-            if rounds is not None and rounds * cost < time:
-                time, design, count = rounds * cost, single.designs[unsplit], tiling
-    return design, count
-
-
-def split_tail_rounds(tiles: int, k: int, num_sms: int, split: TailSplit) -> float | None:
-    """The rounds (in a tile's time) of ``tiles`` output tiles of K ``k`` on ``num_sms`` SMs with the last round
-    split (:class:`TailSplit`): the whole rounds, then a run's ``1 / splits`` of a tile plus its fixed cost
-    (``fixed_k_blocks`` of the tile's ``ceil(k / block_k)`` K blocks); ``None`` where the split does not apply: no
-    short last round, runs that would not fit in one round, or no K; a tail split also not after fewer than
-    :data:`SPLIT_TAIL_MIN_ROUNDS` whole rounds or on a last round of more than ``num_sms //
-    SPLIT_TAIL_MAX_TAIL_SHARE`` tiles; a single-round split only where there is no whole round."""
-    full_rounds, tail = divmod(tiles, max(num_sms, 1))
-    k_blocks = cdiv(k, split.block_k)
-    if tail == 0 or tail * split.splits > num_sms or k_blocks == 0:
-        return None
-    if split.single_round and full_rounds > 0:
-        return None
-    if not split.single_round and (tail > num_sms // SPLIT_TAIL_MAX_TAIL_SHARE or full_rounds < SPLIT_TAIL_MIN_ROUNDS):
-        return None
-    return full_rounds + 1 / split.splits + split.fixed_k_blocks / k_blocks
-
-
 def dense_fp8_ws_tiling(m: int, n: int, k: int, num_sms: int) -> tuple[str, int]:
     """The ws kernel's design for a dense [M, K] x [N, K] call on ``num_sms`` SMs, and its number of output tiles:
     the cheapest tiling of :data:`DENSE_FP8_WS_TILES` (:func:`cheapest_tiling`), 64x64 tiles from
@@ -352,10 +293,14 @@ def dense_fp8_ws_tiling(m: int, n: int, k: int, num_sms: int) -> tuple[str, int]
     128x64 tiles, at 256x2112x7168 one of 132 64x64 tiles; 272 128x128 tiles at 2048x2112x7168 run two rounds and
     a split tail; 192 128x128 tiles at 2048x1536 (two rounds) become one round of 128 128x192 tiles; 128x128 tiles
     of :data:`DENSE_FP8_WS_WG_PARTS_MIN_ROUNDS` rounds or more run :data:`DENSE_FP8_WS_LONG_DESIGN` (4096x7168x2048:
-    1792 tiles, 14 rounds)."""
+    1792 tiles, 14 rounds). Under a triton that spills those designs (:func:`spill_free_here`), 128x128 tiles run
+    :data:`DENSE_FP8_WS_SPILL_FREE_DESIGN` and no split tail."""
     tiles = tuple(t for t in DENSE_FP8_WS_TILES if k >= DENSE_FP8_WS_64X64_MIN_K or t[0] != DENSE_FP8_WS_64X64_DESIGN)
-    design, count = cheapest_tiling(m, n, num_sms, tiles, k, DENSE_FP8_WS_TAIL_SPLIT)
-    if design == DENSE_FP8_WS_DESIGN and count >= DENSE_FP8_WS_WG_PARTS_MIN_ROUNDS * max(num_sms, 1):
+    spill_free = spill_free_here()
+    design, count = cheapest_tiling(m, n, num_sms, tiles, k, DENSE_FP8_WS_TAIL_SPLIT if spill_free else ())
+    if design == DENSE_FP8_WS_DESIGN and not spill_free:
+        design = DENSE_FP8_WS_SPILL_FREE_DESIGN
+    elif design == DENSE_FP8_WS_DESIGN and count >= DENSE_FP8_WS_WG_PARTS_MIN_ROUNDS * max(num_sms, 1):
         design = DENSE_FP8_WS_LONG_DESIGN
     return design, count
 
@@ -477,8 +422,9 @@ def prefers_m_grouped_fp8(m_sum: int, n: int, k: int, num_sms: int) -> bool:
 def m_grouped_fp8_ws_design(m_sum: int, groups: int) -> str:
     """The ws kernel's design for an m-grouped contiguous FP8 call of ``m_sum`` rows (padding included) over
     ``groups`` groups: :data:`M_GROUPED_FP8_WS_LONG_DESIGN` from :data:`M_GROUPED_FP8_WS_LONG_MIN_ROWS` rows a group on
-    average, else :data:`M_GROUPED_FP8_WS_DESIGN`."""
-    if groups > 0 and m_sum >= M_GROUPED_FP8_WS_LONG_MIN_ROWS * groups:
+    average, else :data:`M_GROUPED_FP8_WS_DESIGN`; always the latter under a triton that spills the former
+    (:func:`spill_free_here`)."""
+    if groups > 0 and m_sum >= M_GROUPED_FP8_WS_LONG_MIN_ROWS * groups and spill_free_here():
         return M_GROUPED_FP8_WS_LONG_DESIGN
     return M_GROUPED_FP8_WS_DESIGN
 

@@ -54,7 +54,7 @@ class Bf16WsConfig(NamedTuple):
 
 #: The designs by name: 128x256 and 128x128 tiles, and for short M or N 64x128 and 128x64; ``_sk``: the same tiles
 #: with a short last round split 4 ways along K, ``_sk2``: 2 ways (:mod:`split_tail`; chosen by
-#: :func:`tilegemm.heuristics.gluon.cheapest_tiling` with :data:`~tilegemm.heuristics.gluon.DENSE_BF16_WS_SPLITS`);
+#: :func:`tilegemm.heuristics.tiling.cheapest_tiling` with :data:`~tilegemm.heuristics.gluon.DENSE_BF16_WS_SPLITS`);
 #: ``_w4``: a 64-row tile on one MMA warpgroup (``mma_warps`` 4); ``_wg2``: each MMA warpgroup a partition of its own
 #: (``wg_parts`` 2).
 VARIANTS: dict[str, Bf16WsConfig] = {

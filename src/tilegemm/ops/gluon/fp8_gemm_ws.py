@@ -85,7 +85,7 @@ class WsConfig(NamedTuple):
 #: persistent, (c) 128x192 from 128 + 64 sub-tiles, (d) the next step's wgmma before the promotion (runs of 2 or 4
 #: K blocks), and mixes; ``e_``: 64x128 (one 64-row wave, the warpgroups splitting its columns), ``f_``: 128x64,
 #: ``h_``: 64x64 (the warpgroups 32 columns each); ``_sk``: a short last round of tiles split 4 ways along K
-#: (:mod:`split_tail`; dense only, chosen by :func:`tilegemm.heuristics.gluon.cheapest_tiling` with
+#: (:mod:`split_tail`; dense only, chosen by :func:`tilegemm.heuristics.tiling.cheapest_tiling` with
 #: :data:`~tilegemm.heuristics.gluon.DENSE_FP8_WS_TAIL_SPLIT`); ``g_``: 128x128 or 128x192 with each MMA warpgroup a
 #: partition of its own (``wg_parts`` 2), without and with the overlap; ``i_``: 64x128 and 64x64 on one MMA
 #: warpgroup (``mma_warps`` 4).

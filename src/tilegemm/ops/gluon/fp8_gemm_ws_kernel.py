@@ -402,34 +402,31 @@ def _ov_run(
     SPLIT: gl.constexpr = b1_ring.shape[1] != b0_ring.shape[1]
     STEPS: gl.constexpr = BLOCKS * WAVES
     WAVE_M: gl.constexpr = acc00.shape[0]
-    sb0_a, sb1_a = _ov_b_scales(b_scales, kb, SPLIT, SB_COLS)
+    sb0, sb1 = _ov_b_scales(b_scales, kb, SPLIT, SB_COLS)
     ta0, ta1 = _ov_issue(a_ring, b0_ring, b1_ring, ready, it, ROW0, qa0, qa1, True)
-    sa_a = _ov_a_scales(sa_rows, it, ROW0, WAVE_M, rows0)
+    sa = _ov_a_scales(sa_rows, it, ROW0, WAVE_M, rows0)
     for i in gl.static_range(STEPS):
         blk = it + i // WAVES
         if i + 1 < STEPS:
-            # the next step's B scales (read again only for a new K block), its wgmma (which waits for its stage's
-            # data when it starts a K block) on its wave's A rows, then A's scales from that stage
+            # the next step's B scales (read again only for a new K block), its wgmma into the other pair of product
+            # tiles (waiting for its stage's data when it starts a K block) on its wave's A rows, then A's scales
+            # from that stage; then this step's wgmma, one left in flight
             nxt = it + (i + 1) // WAVES
+            if (i + 1) % WAVES == 0:
+                sb0_next, sb1_next = _ov_b_scales(b_scales, kb + (i + 1) // WAVES, SPLIT, SB_COLS)
+            else:
+                sb0_next = sb0
+                sb1_next = sb1
             if i % 2 == 0:
-                if (i + 1) % WAVES == 0:
-                    sb0_b, sb1_b = _ov_b_scales(b_scales, kb + (i + 1) // WAVES, SPLIT, SB_COLS)
-                else:
-                    sb0_b = sb0_a
-                    sb1_b = sb1_a
                 tb0, tb1 = _ov_issue(a_ring, b0_ring, b1_ring, ready, nxt, ROW0 + ((i + 1) % WAVES) * WAVE_M, qb0, qb1,
                                      (i + 1) % WAVES == 0)  # fmt: skip
-                sa_b = _ov_a_scales(sa_rows, nxt, ROW0 + ((i + 1) % WAVES) * WAVE_M, WAVE_M, rows0)
-                qa0, qa1 = _ov_wait(ta0, ta1, 1, SPLIT)
             else:
-                if (i + 1) % WAVES == 0:
-                    sb0_a, sb1_a = _ov_b_scales(b_scales, kb + (i + 1) // WAVES, SPLIT, SB_COLS)
-                else:
-                    sb0_a = sb0_b
-                    sb1_a = sb1_b
                 ta0, ta1 = _ov_issue(a_ring, b0_ring, b1_ring, ready, nxt, ROW0 + ((i + 1) % WAVES) * WAVE_M, qa0, qa1,
                                      (i + 1) % WAVES == 0)  # fmt: skip
-                sa_a = _ov_a_scales(sa_rows, nxt, ROW0 + ((i + 1) % WAVES) * WAVE_M, WAVE_M, rows0)
+            sa_next = _ov_a_scales(sa_rows, nxt, ROW0 + ((i + 1) % WAVES) * WAVE_M, WAVE_M, rows0)
+            if i % 2 == 0:
+                qa0, qa1 = _ov_wait(ta0, ta1, 1, SPLIT)
+            else:
                 qb0, qb1 = _ov_wait(tb0, tb1, 1, SPLIT)
         else:
             if i % 2 == 0:
@@ -439,21 +436,19 @@ def _ov_run(
         if i % 2 == 0:
             p0 = qa0
             p1 = qa1
-            sa = sa_a
-            sb0 = sb0_a
-            sb1 = sb1_a
         else:
             p0 = qb0
             p1 = qb1
-            sa = sa_b
-            sb0 = sb0_b
-            sb1 = sb1_b
         if i % WAVES == 0:
             acc00, acc01 = _ov_promote(acc00, acc01, p0, p1, sa, sb0, sb1, sb_cols, blk, rows1, SPLIT, SB_COLS)
         else:
             acc10, _ = _ov_promote(acc10, acc10, p0, p0, sa, sb0, sb0, sb_cols, blk, rows0, False, SB_COLS)
         if i % WAVES == WAVES - 1:
             release_stage(empty.index(blk % STAGES))  # every wgmma reading this stage is complete
+        if i + 1 < STEPS:
+            sa = sa_next
+            sb0 = sb0_next
+            sb1 = sb1_next
     return (acc00, acc01, acc10), (qa0, qa1), (qb0, qb1)
 
 

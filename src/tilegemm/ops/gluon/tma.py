@@ -126,7 +126,9 @@ def _unwrapped(compiled: Any, descriptors: int) -> tuple[Any, list | None]:
     """triton's C launcher of ``compiled`` under its tensor-descriptor wrapper (triton 3.6's
     ``wrap_handle_tensordesc``), with the wrapper's per-descriptor metadata, when the kernel's first
     ``descriptors`` parameters are its only descriptors, every one with metadata, and the kernel needs no scratch
-    memory; else ``(None, None)``."""
+    memory; else ``(None, None)``. Only 3.6's wrapper passes the launcher the kernel's arguments spread after the
+    base ones (it reads ``_BASE_ARGS_FORMAT_LEN``); 3.7's, with the same closure, passes them as one list, and 3.8's
+    is another function: under those every launch takes triton's own path."""
     run = compiled.run
     wrapper = getattr(run, "launch", None)
     code, cells = getattr(wrapper, "__code__", None), getattr(wrapper, "__closure__", None)
@@ -138,7 +140,10 @@ def _unwrapped(compiled: Any, descriptors: int) -> tuple[Any, list | None]:
     ):
         return None, None
     found = dict(zip(code.co_freevars, (cell.cell_contents for cell in cells)))
-    if set(found) != {"launcher", "tensordesc_indices", "tensordesc_meta"}:
+    if (
+        set(found) != {"launcher", "tensordesc_indices", "tensordesc_meta"}
+        or "_BASE_ARGS_FORMAT_LEN" not in code.co_names
+    ):
         return None, None
     meta = found["tensordesc_meta"]
     if found["tensordesc_indices"] != set(range(descriptors)) or not meta or any(m is None for m in meta):
