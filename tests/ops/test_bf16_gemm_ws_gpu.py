@@ -56,12 +56,18 @@ def test_bf16_ws_walk_and_fp32(name):
     _check(a, b, ref, poisoned((1000, 1000), torch.float32, "cuda"), cfg=bw.VARIANTS[name], num_sms=3)
 
 
-def test_bf16_ws_plan_relaunches_on_new_operands():
-    """Later runs of a plan (the compiled kernel's relaunch) read the operands they are given."""
+def test_bf16_ws_plan_relaunches_on_new_operands(monkeypatch):
+    """Later runs of a plan (the compiled kernel's relaunch) read the operands they are given, and go straight to
+    triton's C launcher under the installed triton (its descriptor wrapper is one ``tma.Relaunch`` knows)."""
+    from tilegemm.ops.gluon import tma
+
+    made = []
+    monkeypatch.setattr(bw, "Relaunch", lambda *args: made.append(tma.Relaunch(*args)) or made[-1])
     a, b, _ = _case(300, 520, 512, seed=1)
     d = torch.empty(300, 520, device="cuda", dtype=torch.bfloat16)
     plan = bw.bf16_ws_plan(a, b, d)
     plan(a, b, d)
+    assert len(made) == 1 and made[0].direct is not None
     for seed in (2, 3):
         a2, b2, ref = _case(300, 520, 512, seed=seed)
         d2 = poisoned((300, 520), torch.bfloat16, "cuda")

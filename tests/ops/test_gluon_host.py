@@ -16,6 +16,7 @@ import torch
 
 pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
 
+from triton.backends.nvidia import driver as nvidia_driver  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
 import tilegemm  # noqa: E402
@@ -519,15 +520,61 @@ def test_m_grouped_rule_wants_enough_tiles():
     assert not prefers_k_grouped_fp8(2, 128, 256, 2 * 256, 132)  # 8 tiles
 
 
-def _relaunch_against_triton(monkeypatch, scratch: int = 0):
-    """A :class:`tma.Relaunch` over a kernel whose launcher is triton's own descriptor wrapper around a recorder,
-    and the launcher arguments triton's path (``CudaLauncher.__call__``) would give for the same values.
-    Descriptors are encoded by a stand-in (no GPU): ``("map", address, metadata)``, counted."""
+def _wrapper_of_triton_3_7(launcher, signature, tensordesc_meta):
+    """triton 3.7's ``wrap_handle_tensordesc`` in form: 3.6's closure, the kernel's arguments handed on as one list."""
+    tensordesc_indices = {i for i, sig in enumerate(signature.values()) if str(sig).startswith("tensordesc")}
+
+    def inner(*args):
+        final, n = [], 0
+        for i, arg in enumerate(args[-1]):
+            if i in tensordesc_indices:
+                final.extend(nvidia_driver.make_tensordesc_arg(arg, tensordesc_meta[n]))
+                n += 1
+            else:
+                final.append(arg)
+        return launcher(*args[:-1], final)
+
+    return inner
+
+
+def _wrapper_of_triton_3_8(launcher, signature, tensordesc_meta):
+    """triton 3.8's ``wrap_handle_tensordesc_impl`` in form: its closure (the encoder among it, called with the base
+    arguments too), descriptors found by path, the kernel's arguments handed on as one list."""
+    make_tensordesc_arg = nvidia_driver.make_tensordesc_arg
+    signature = tuple(signature.values())
+    relevant_paths = {i: {} for i, sig in enumerate(signature) if str(sig).startswith("tensordesc")}
+
+    def inner(*args):
+        assert len(args[-1]) == len(signature)
+        final, n = [], 0
+        for i, arg in enumerate(args[-1]):
+            if i in relevant_paths:
+                final.extend(make_tensordesc_arg(arg, tensordesc_meta[n], args[:-1]))
+                n += 1
+            else:
+                final.append(arg)
+        return launcher(*args[:-1], final)
+
+    return inner
+
+
+def _installed_launches_one_list() -> bool:
+    """Whether the installed triton's launcher takes the kernel's arguments as one list (3.7 on)."""
+    import triton
+
+    return tuple(int(v) for v in triton.__version__.split(".")[:2]) >= (3, 7)
+
+
+def _relaunch_against_triton(monkeypatch, scratch: int = 0, form: str | None = None):
+    """A :class:`tma.Relaunch` over a kernel whose launcher is a recorder under a descriptor wrapper, and the
+    launcher arguments triton's path (``CudaLauncher.__call__``) would give for the same values. ``form``: ``None``
+    for the installed triton's own wrapper, ``"3.7"`` / ``"3.8"`` for one in that version's form. Descriptors are
+    encoded by a stand-in (no GPU): ``("map", address, metadata)``, counted."""
     from triton.backends.nvidia import driver
 
     encoded = []
 
-    def encode(arg, meta):
+    def encode(arg, meta, *base_args):
         encoded.append(arg.base.data_ptr())
         return [("map", arg.base.data_ptr(), meta["i"]), *arg.shape, *arg.strides]
 
@@ -537,16 +584,24 @@ def _relaunch_against_triton(monkeypatch, scratch: int = 0):
     launched = []
     signature = {"a_desc": "tensordesc<fp8[128, 128]>", "d_desc": "tensordesc<bf16[64, 128]>", "x": "*fp32",
                  "n": "i32", "C": "constexpr"}  # fmt: skip
-    wrapper = driver.wrap_handle_tensordesc(lambda *args: launched.append(args), signature, [{"i": 0}, {"i": 1}])
+    wrap = {None: driver.wrap_handle_tensordesc, "3.7": _wrapper_of_triton_3_7, "3.8": _wrapper_of_triton_3_8}[form]
+    listed = _installed_launches_one_list() if form is None else True
+    wrapper = wrap(lambda *args: launched.append(args), signature, [{"i": 0}, {"i": 1}])
     run = types.SimpleNamespace(launch=wrapper, global_scratch_size=scratch, profile_scratch_size=0,
                                 launch_cooperative_grid=False, launch_pdl=True)  # fmt: skip
+    if listed:
+        run.arg_annotations, run.kernel_signature = "annotations", "signature"
     compiled = types.SimpleNamespace(run=run, function=11, packed_metadata="packed")
     shapes = [([256, 512], [512, 1]), ([256, 64], [64, 1])]
     relaunch = tma.Relaunch(compiled, (5, 1, 1), torch.device("cpu"), shapes)
 
     def triton_path(bases, rest, stream):
         values = [tma.Bound(t, *shape) for t, shape in zip(bases, shapes)] + list(rest)
-        wrapper(5, 1, 1, stream, 11, False, True, None, None, "packed", None, None, None, *values)
+        if listed:
+            wrapper(5, 1, 1, stream, 11, False, True, "packed", None, None, None, None, None, "annotations",
+                    "signature", values)  # fmt: skip
+        else:
+            wrapper(5, 1, 1, stream, 11, False, True, None, None, "packed", None, None, None, *values)
         return launched.pop()
 
     return relaunch, triton_path, launched, encoded
@@ -565,13 +620,15 @@ def test_bound_descriptor_has_every_field_of_tritons_but_the_compiled_in_ones():
             assert getattr(bound, field.name) == field.default, field.name
 
 
-def test_relaunch_hands_tritons_launcher_what_its_wrapper_would(monkeypatch):
+@pytest.mark.parametrize("form", [None, "3.7", "3.8"], ids=["installed", "3.7", "3.8"])
+def test_relaunch_hands_tritons_launcher_what_its_wrapper_would(monkeypatch, form):
     """The direct launch gives triton's C launcher the same arguments as triton's own path, on the current stream
-    or the given one, and encodes a descriptor once per address."""
-    relaunch, triton_path, launched, encoded = _relaunch_against_triton(monkeypatch)
+    or the given one, and encodes a descriptor once per address: under the installed triton's wrapper and under
+    wrappers in 3.7's and 3.8's forms (the kernel's arguments as one list)."""
+    relaunch, triton_path, launched, encoded = _relaunch_against_triton(monkeypatch, form=form)
     a, d, x = torch.empty(256, 512), torch.empty(256, 64), torch.empty(4)
     relaunch((a, d), (x, 3, 16), None)
-    assert relaunch.raw is not None and launched[-1] == triton_path((a, d), (x, 3, 16), 7)
+    assert relaunch.direct is not None and launched[-1] == triton_path((a, d), (x, 3, 16), 7)
     encoded.clear()
     a2 = torch.empty_like(a)
     relaunch((a2, d), (x, 4, 16), types.SimpleNamespace(cuda_stream=9))
@@ -582,27 +639,59 @@ def test_relaunch_hands_tritons_launcher_what_its_wrapper_would(monkeypatch):
     assert max(len(kept) for kept in relaunch.kept) <= tma.Relaunch.KEPT
 
 
-def _wrapper_passing_one_list(launcher, tensordesc_indices, tensordesc_meta):
-    """triton 3.7's descriptor wrapper in form: the closure of 3.6's, the kernel's arguments handed on as one list."""
+def test_relaunch_takes_tritons_path_under_a_wrapper_it_does_not_know(monkeypatch):
+    """A wrapper whose convention does not match its launcher's (3.6's spread arguments beside a launcher with 3.7's
+    argument annotations, or 3.7's list without them), a descriptor inside a tuple parameter (3.8's paths), or a
+    closure of other names: every launch goes through the compiled kernel's ``run``."""
 
-    def inner(*args):
-        kernel_args = list(args[-1])
-        for n, i in enumerate(sorted(tensordesc_indices)):
-            kernel_args[i] = (kernel_args[i], tensordesc_meta[n])
-        return launcher(*args[:-1], kernel_args)
+    def again(compiled):
+        return tma.Relaunch(compiled, (5, 1, 1), torch.device("cpu"), [([256, 512], [512, 1]), ([256, 64], [64, 1])])
 
-    return inner
-
-
-def test_relaunch_takes_tritons_path_under_another_launcher_convention(monkeypatch):
-    """A wrapper with 3.6's closure that hands the launcher one list of arguments (triton 3.7's) is not 3.6's: every
-    launch goes through the compiled kernel's ``run``."""
-    relaunch, _, _, _ = _relaunch_against_triton(monkeypatch)
-    assert relaunch.raw is not None
+    relaunch, _, _, _ = _relaunch_against_triton(monkeypatch, form="3.7")
+    del relaunch.compiled.run.arg_annotations
+    assert again(relaunch.compiled).direct is None
+    if not _installed_launches_one_list():
+        relaunch, _, _, _ = _relaunch_against_triton(monkeypatch)
+        relaunch.compiled.run.arg_annotations, relaunch.compiled.run.kernel_signature = "annotations", "signature"
+        assert again(relaunch.compiled).direct is None
+    relaunch, _, _, _ = _relaunch_against_triton(monkeypatch, form="3.8")
+    assert relaunch.direct is not None
     cells = dict(zip(relaunch.compiled.run.launch.__code__.co_freevars, relaunch.compiled.run.launch.__closure__))
-    other = _wrapper_passing_one_list(*(cells[name].cell_contents for name in sorted(cells)))
-    relaunch.compiled.run.launch = other
-    assert tma.Relaunch(relaunch.compiled, (5, 1, 1), torch.device("cpu"), relaunch.shapes).raw is None
+    cells["relevant_paths"].cell_contents[1] = {0: {}}
+    assert again(relaunch.compiled).direct is None
+    unknown = 0
+
+    def wrapper(*args):
+        return unknown
+
+    relaunch.compiled.run.launch = wrapper
+    assert again(relaunch.compiled).direct is None
+
+
+@pytest.mark.parametrize("listed", [False, True], ids=["3.6", "3.7-on"])
+def test_relaunch_of_a_kernel_without_descriptors_calls_its_launcher(monkeypatch, listed):
+    """A kernel without descriptor parameters has no wrapper (triton hands the C launcher over as is): the direct
+    launch gives that launcher the arguments ``CudaLauncher.__call__`` would, in the installed convention's form."""
+    monkeypatch.setattr(tma, "current_stream", lambda device: 7)
+    launched = []
+
+    class Launcher:  # a C function: no ``__code__``
+        def __call__(self, *args):
+            launched.append(args)
+
+    run = types.SimpleNamespace(launch=Launcher(), global_scratch_size=0, profile_scratch_size=0,
+                                launch_cooperative_grid=False, launch_pdl=False)  # fmt: skip
+    if listed:
+        run.arg_annotations, run.kernel_signature = "annotations", "signature"
+    compiled = types.SimpleNamespace(run=run, function=11, packed_metadata="packed")
+    x = torch.empty(4)
+    tma.Relaunch(compiled, (3, 2, 1), torch.device("cpu"), [])((), (x, 5), None)
+    if listed:
+        base = (3, 2, 1, 7, 11, False, False, "packed", None, None, None, None, None, "annotations", "signature")
+        assert launched == [(*base, [x, 5])]
+    else:
+        assert launched == [(3, 2, 1, 7, 11, False, False, None, None, "packed", None, None, None, x, 5)]
+    assert tma.Relaunch(compiled, (3, 2, 1), torch.device("cpu"), [([4], [1])]).direct is None
 
 
 def test_relaunch_takes_tritons_path_with_a_launch_hook_or_scratch(monkeypatch):
@@ -611,7 +700,7 @@ def test_relaunch_takes_tritons_path_with_a_launch_hook_or_scratch(monkeypatch):
     from triton import knobs
 
     relaunch, _, launched, _ = _relaunch_against_triton(monkeypatch, scratch=128)
-    assert relaunch.raw is None
+    assert relaunch.direct is None
     relaunch, _, launched, _ = _relaunch_against_triton(monkeypatch)
     ran = []
     relaunch.compiled.run = _Runs(ran, relaunch.compiled.run)

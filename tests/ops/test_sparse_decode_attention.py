@@ -237,11 +237,15 @@ def test_gluon_replays_give_the_full_paths_bits(mask_kind, monkeypatch):
     """A call whose key has run replays the plan (the compiled kernels relaunched) on its own tensors: the same bits
     as the full path (the JIT launch) on them."""
     from tilegemm.backend import hot_lane
+    from tilegemm.ops.gluon import sparse_attention, tma
 
+    made = []
+    monkeypatch.setattr(sparse_attention, "Relaunch", lambda *args: made.append(tma.Relaunch(*args)) or made[-1])
     monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
     hot_lane.clear_hot_lane()
     tilegemm.sparse_decode_attention(*_case(SHAPES[1], mask_kind, device="cuda", seed=1))  # the full path
     assert hot_lane._HOT
+    assert made and all(r.direct is not None for r in made), "the kernels (no descriptors) relaunch directly"
     for seed in (2, 3):
         args = _case(SHAPES[1], mask_kind, device="cuda", seed=seed)
         replayed = tilegemm.sparse_decode_attention(*args)

@@ -9,6 +9,7 @@ descriptor's encoding.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -79,9 +80,9 @@ class Relaunch:
     A descriptor is a function of the base address once shape, strides, box and layout are fixed, so each
     parameter's encoded ``CUtensorMap`` is kept by address (up to :attr:`KEPT` a parameter): a weight, or an
     activation buffer a server reuses, is encoded once. The launch goes to triton's C launcher under its
-    descriptor wrapper, on ``stream`` (``None``: the current stream of ``device``).
+    descriptor wrapper (:func:`_unwrapped`), on ``stream`` (``None``: the current stream of ``device``).
 
-    Where that wrapper is not the one this expects (another triton), a launch hook is set (profilers), or the kernel
+    Where that wrapper is not one this knows (another triton), a launch hook is set (profilers), or the kernel
     needs scratch memory, every launch takes triton's own path instead: the compiled kernel's ``run`` with
     :class:`Bound` descriptors (the same launch, each descriptor encoded again).
     """
@@ -91,14 +92,14 @@ class Relaunch:
     def __init__(self, compiled: Any, grid: tuple[int, int, int], device: torch.device, shapes: list[tuple]):
         self.compiled, self.grid, self.shapes = compiled, grid, shapes
         self.device = device.index if device.index is not None else 0
-        self.raw, self.meta = _unwrapped(compiled, len(shapes))
+        self.direct = _unwrapped(compiled, len(shapes))
         self.kept: list[dict[int, list]] = [{} for _ in shapes]
 
     def __call__(self, tma_bases: tuple[torch.Tensor, ...], rest: tuple, stream: torch.cuda.Stream | None) -> None:
         raw_stream = current_stream(self.device) if stream is None else stream.cuda_stream
-        compiled = self.compiled
+        compiled, direct = self.compiled, self.direct
         hooks = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-        if self.raw is None or _hooked(hooks[0]) or _hooked(hooks[1]):
+        if direct is None or _hooked(hooks[0]) or _hooked(hooks[1]):
             values = (*(Bound(t, *shape) for t, shape in zip(tma_bases, self.shapes)), *rest)
             meta = compiled.launch_metadata(self.grid, raw_stream, *values)
             compiled.run(*self.grid, raw_stream, compiled.function, compiled.packed_metadata, meta, *hooks, *values)
@@ -110,11 +111,16 @@ class Relaunch:
             if expanded is None:
                 if len(kept) >= self.KEPT:
                     kept.clear()
-                expanded = kept[t.data_ptr()] = make_tensordesc_arg(Bound(t, *self.shapes[i]), self.meta[i])
+                expanded = kept[t.data_ptr()] = direct.encode(Bound(t, *self.shapes[i]), direct.meta[i])
             args += expanded
         run = compiled.run
-        self.raw(*self.grid, raw_stream, compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
-                 compiled.packed_metadata, None, None, None, *args, *rest)  # fmt: skip
+        if direct.listed:
+            direct.launcher(*self.grid, raw_stream, compiled.function, run.launch_cooperative_grid, run.launch_pdl,
+                            compiled.packed_metadata, None, None, None, None, None, run.arg_annotations,
+                            run.kernel_signature, [*args, *rest])  # fmt: skip
+        else:
+            direct.launcher(*self.grid, raw_stream, compiled.function, run.launch_cooperative_grid, run.launch_pdl,
+                            None, None, compiled.packed_metadata, None, None, None, *args, *rest)  # fmt: skip
 
 
 def _hooked(hook: Any) -> bool:
@@ -122,30 +128,59 @@ def _hooked(hook: Any) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
-def _unwrapped(compiled: Any, descriptors: int) -> tuple[Any, list | None]:
-    """triton's C launcher of ``compiled`` under its tensor-descriptor wrapper (triton 3.6's
-    ``wrap_handle_tensordesc``), with the wrapper's per-descriptor metadata, when the kernel's first
-    ``descriptors`` parameters are its only descriptors, every one with metadata, and the kernel needs no scratch
-    memory; else ``(None, None)``. Only 3.6's wrapper passes the launcher the kernel's arguments spread after the
-    base ones (it reads ``_BASE_ARGS_FORMAT_LEN``); 3.7's, with the same closure, passes them as one list, and 3.8's
-    is another function: under those every launch takes triton's own path."""
+class DirectLaunch(NamedTuple):
+    """How :class:`Relaunch` calls triton's C launcher of one compiled kernel without its descriptor wrapper."""
+
+    launcher: Any
+    """The C launcher the wrapper calls."""
+    meta: list
+    """The wrapper's metadata of each descriptor parameter, in order."""
+    encode: Callable[[Bound, dict], list]
+    """A descriptor's launcher arguments from its :class:`Bound` and metadata (``CUtensorMap``, shape, strides)."""
+    listed: bool
+    """The launcher takes the kernel's arguments as one list after the base ones, with the argument annotations and
+    kernel signature before it (triton 3.7 and 3.8); else spread after them (3.6)."""
+
+
+def _unwrapped(compiled: Any, descriptors: int) -> DirectLaunch | None:
+    """How to launch ``compiled`` straight through triton's C launcher, when its first ``descriptors`` parameters are
+    its only descriptors, every one with metadata, the kernel needs no scratch memory (nor 3.8's sanitizer), and its
+    launch wrapper is one of these: triton 3.6's ``wrap_handle_tensordesc`` (the kernel's arguments spread after the
+    base ones: it reads ``_BASE_ARGS_FORMAT_LEN``), 3.7's (the same closure; the arguments as one list), 3.8's
+    ``wrap_handle_tensordesc_impl`` (its own encoder; top-level descriptors only), or, for a kernel without
+    descriptors, the launcher itself. Else ``None``: every launch takes triton's own path."""
     run = compiled.run
     wrapper = getattr(run, "launch", None)
+    if wrapper is None or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+        return None
+    if getattr(run, "gsan_enabled", False):
+        return None
+    listed = hasattr(run, "arg_annotations") and hasattr(run, "kernel_signature")
     code, cells = getattr(wrapper, "__code__", None), getattr(wrapper, "__closure__", None)
-    if (
-        code is None
-        or cells is None
-        or getattr(run, "global_scratch_size", 1)
-        or getattr(run, "profile_scratch_size", 1)
-    ):
-        return None, None
+    if code is None:  # no wrapper: triton hands the launcher over as is when no parameter is a descriptor
+        if descriptors or not callable(wrapper):
+            return None
+        return DirectLaunch(wrapper, [], make_tensordesc_arg, listed)
+    if cells is None:
+        return None
     found = dict(zip(code.co_freevars, (cell.cell_contents for cell in cells)))
-    if (
-        set(found) != {"launcher", "tensordesc_indices", "tensordesc_meta"}
-        or "_BASE_ARGS_FORMAT_LEN" not in code.co_names
-    ):
-        return None, None
+    if set(found) == {"launcher", "tensordesc_indices", "tensordesc_meta"}:
+        spread = "_BASE_ARGS_FORMAT_LEN" in code.co_names
+        if spread == listed:  # 3.6's wrapper beside 3.7's launcher, or the reverse: not a known pair
+            return None
+        indices, encode = found["tensordesc_indices"], make_tensordesc_arg
+    elif set(found) == {"launcher", "signature", "relevant_paths", "tensordesc_meta", "make_tensordesc_arg"}:
+        paths, encode_with_base = found["relevant_paths"], found["make_tensordesc_arg"]
+        if not listed or any(paths.values()):  # a descriptor inside a tuple parameter
+            return None
+        indices = set(paths)
+
+        def encode(arg: Bound, meta: dict) -> list:
+            return encode_with_base(arg, meta, None)  # the launcher's base arguments: unused by the CUDA backend
+
+    else:
+        return None
     meta = found["tensordesc_meta"]
-    if found["tensordesc_indices"] != set(range(descriptors)) or not meta or any(m is None for m in meta):
-        return None, None
-    return found["launcher"], list(meta)
+    if indices != set(range(descriptors)) or not meta or any(m is None for m in meta):
+        return None
+    return DirectLaunch(found["launcher"], list(meta), encode, listed)
