@@ -2,16 +2,17 @@
 
 For each shape: ``(host_us, wall_us)`` per call of 400 back-to-back calls of ``tilegemm.fp8_gemm_nt`` with
 ``backend="gluon"``, ``"cutile"`` and the automatic choice, and of DeepGEMM's ``fp8_gemm_nt`` (``--dg``), on the
-same operands (``eager_rule.inputs``: tilegemm's casts, A's scales MN-major and TMA-aligned). ``host_us``: the
-loop's CPU time per call before the final synchronize (the host cost when the kernel is shorter); ``wall_us``: until
-the GPU is done (``eager_rule.back_to_back_us``, 30 calls of warm-up). Then a
-cProfile of 2000 gluon calls at 4096x1536x2048 (per-call microseconds under the profiler, which inflates small
-functions). Run on the GPU machine from the repository root:
+same operands (``eager_rule.inputs``: tilegemm's casts, A's scales MN-major and TMA-aligned); a backend that cannot
+run here gets its error in the row (no fallback). ``host_us``: the loop's CPU time per call before the final
+synchronize (the host cost when the kernel is shorter); ``wall_us``: until the GPU is done
+(``eager_rule.back_to_back_us``, 30 calls of warm-up). Then a cProfile of 2000 gluon calls at 4096x1536x2048 (per-call
+microseconds under the profiler, which inflates small functions). Run on the GPU machine from the repository root:
 
     source .devbundle/setup.sh && DG_PREBUILT=1 DG_SKIP_SMOKE=1 bash .devbundle/deepgemm/build.sh >/dev/null
     PYTHONPATH=src python3 benchmarks/gluon/host_cost.py LABEL $OUT/host_cost.json [--dg]
 
-To compare two trees, run it once per tree (``PYTHONPATH=<other>/src``) in the same device call.
+To compare two trees, run it once per tree (``PYTHONPATH=<other>/src``) in the same device call; under another
+triton, through ``other_triton.py`` beside its bundle (``results/dense-fp8-h200/host_cost_tritons_h200.json``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import json
+import os
 import pstats
 import sys
 
@@ -55,6 +57,9 @@ def main() -> int:
     parser.add_argument("out")
     parser.add_argument("--dg", action="store_true", help="DeepGEMM beside (from .devbundle/deepgemm)")
     args = parser.parse_args()
+    # A forced backend that cannot run here (cutile without cuTile) is reported with its reason in the row, not timed
+    # on the pytorch fallback under its name.
+    os.environ["TILEGEMM_DISABLE_FALLBACK"] = "1"
     dg = None
     if args.dg:
         sys.path.insert(0, ".devbundle/deepgemm")
