@@ -3,7 +3,7 @@
 Run on the H200 machine (``source .devbundle/setup.sh``):
 
     PYTHONPATH=src python3 benchmarks/gluon/moe_fp8_sweep.py OUT.json [--models a,b] [--rows-per-expert 64,128]
-        [--designs]
+        [--designs] [--activation silu|gelu_tanh]
 
 and its plot on any machine (matplotlib): ``moe_fp8_sweep.py --plot OUT.json PLOT.png``.
 
@@ -111,6 +111,7 @@ def main() -> None:
     parser.add_argument("--rows-per-expert", default=",".join(map(str, ROWS_PER_EXPERT)))
     parser.add_argument("--budget-ms", type=float, default=400.0, help="timing budget per measurement")
     parser.add_argument("--designs", action="store_true", help="add the gluon form with each design pair forced")
+    parser.add_argument("--activation", default="silu", choices=["silu", "gelu_tanh"], help="the experts' activation")
     args = parser.parse_args()
     forms = FORMS + (tuple(FORCED) if args.designs else ())
     if args.plot:
@@ -129,12 +130,15 @@ def main() -> None:
             x = torch.randn(t, h, device="cuda", generator=gen).bfloat16()
             ids = torch.rand(t, e, device="cuda", generator=gen).topk(k, dim=-1).indices
             w = torch.softmax(torch.randn(t, k, device="cuda", generator=gen), dim=-1)
-            row = {"model": model, "tokens": t, "rows_per_expert": per_expert, "us": {}, "eager_us": {}}
+            row = {"model": model, "tokens": t, "rows_per_expert": per_expert, "activation": args.activation}
+            row.update(us={}, eager_us={})
             row["auto_is_gluon"] = prefers_fp8_moe_experts(t, k, e, h, i)
             outs = {}
             for form in forms:
                 backend = None if form == "auto" else "gluon" if form in FORCED else form
-                call = lambda b=backend, a=(x, ids, w, w13, w2): tilegemm.fp8_moe_experts(*a, backend=b)  # noqa: E731
+                call = lambda b=backend, a=(x, ids, w, w13, w2): tilegemm.fp8_moe_experts(  # noqa: E731
+                    *a, activation=args.activation, backend=b
+                )
                 with forced_designs(form):
                     outs[form] = call()
                     row["us"][form] = timing.graph_ms(call, 1, budget_ms=args.budget_ms) * 1e3
