@@ -154,20 +154,26 @@ def _epilogue(mode, m, n, out_dtype):
 @pytest.mark.parametrize("mode", EPILOGUES)
 @pytest.mark.parametrize("kind", ["bf16", "fp8"])
 def test_epilogue(kind, mode, out_dtype):
-    m, n, k = 200, 320, 384
+    _check_epilogue(kind, mode, out_dtype, (200, 320, 384), seed=5)
+
+
+def _check_epilogue(kind: str, mode: str, out_dtype: torch.dtype, shape: tuple[int, int, int], seed: int) -> None:
+    """The ``nt`` GEMM of ``kind`` (bf16 or fp8) on cutile with the epilogue ``mode`` (``c``, ``alpha``, ``beta``)
+    into a NaN-poisoned ``d``, against the float64 formula: every element written, within the kind's bar."""
+    m, n, k = shape
     c, alpha, beta, d, addend = _epilogue(mode, m, n, out_dtype)
     if kind == "bf16":
-        a_log, b_log, a, b = _bf16_case("nt", m, n, k, seed=5)
+        a_log, b_log, a, b = _bf16_case("nt", m, n, k, seed=seed)
         ref = alpha * (a_log.double() @ b_log.double().T) + addend
         tg.bf16_gemm_nt(a, b, d, c=c, alpha=alpha, beta=beta, backend="cutile")
         bar = BAR_BF16
     else:
-        a, b, deq_a, deq_b, _, _ = _fp8_case("nt", (1, 128, 128), m, n, k, seed=5)
+        a, b, deq_a, deq_b, _, _ = _fp8_case("nt", (1, 128, 128), m, n, k, seed=seed)
         ref = alpha * (deq_a @ deq_b.T) + addend
         tg.fp8_gemm_nt(a, b, d, c=c, alpha=alpha, beta=beta, backend="cutile")
         bar = BAR_FP8_EXACT[out_dtype]
-    assert not torch.isnan(d).any()
-    assert calc_diff(d, ref) < bar
+    assert not torch.isnan(d).any(), shape
+    assert calc_diff(d, ref) < bar, shape
 
 
 @pytest.mark.parametrize("kind", ["bf16", "fp8"])
@@ -486,20 +492,8 @@ def test_decode_fp8_scale_layouts(scale_layout):
 @pytest.mark.parametrize("kind", ["bf16", "fp8"])
 def test_decode_epilogue(kind, mode, out_dtype):
     """c / alpha / beta through the decode kernel (split-K and whole-tile shapes)."""
-    for m, n, k in ((7, 320, 4096), (200, 4096, 256)):
-        c, alpha, beta, d, addend = _epilogue(mode, m, n, out_dtype)
-        if kind == "bf16":
-            a_log, b_log, a, b = _bf16_case("nt", m, n, k, seed=23)
-            ref = alpha * (a_log.double() @ b_log.double().T) + addend
-            tg.bf16_gemm_nt(a, b, d, c=c, alpha=alpha, beta=beta, backend="cutile")
-            bar = BAR_BF16
-        else:
-            a, b, deq_a, deq_b, _, _ = _fp8_case("nt", (1, 128, 128), m, n, k, seed=23)
-            ref = alpha * (deq_a @ deq_b.T) + addend
-            tg.fp8_gemm_nt(a, b, d, c=c, alpha=alpha, beta=beta, backend="cutile")
-            bar = BAR_FP8_EXACT[out_dtype]
-        assert not torch.isnan(d).any()
-        assert calc_diff(d, ref) < bar, (m, n, k)
+    for shape in ((7, 320, 4096), (200, 4096, 256)):
+        _check_epilogue(kind, mode, out_dtype, shape, seed=23)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
