@@ -189,6 +189,17 @@ def rms_norm_float64(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch
     return (weight.double() * n).to(torch.promote_types(x.dtype, weight.dtype)).double()
 
 
+def window_ends_float64(mask: torch.Tensor) -> torch.Tensor:
+    """Each row of an attention mask ``[..., T]`` (boolean: True is visible; additive: above its dtype's lowest value
+    is visible) as the MQA-logits prepare ops store it: its last visible key + 1, 0 where none. Computed as the
+    largest product of the visibility with the key numbers 1..T in float64 (another formula than the ops' select);
+    int32 ``[...]`` on the CPU."""
+    seen = mask.cpu() if mask.dtype == torch.bool else mask.cpu().double() > torch.finfo(mask.dtype).min
+    numbers = torch.arange(1, mask.shape[-1] + 1, dtype=torch.float64)
+    ends = (seen.double() * numbers).amax(dim=-1) if mask.shape[-1] else torch.zeros(mask.shape[:-1])
+    return ends.to(torch.int32)
+
+
 def fp8_round_trip_per_token(v: torch.Tensor) -> torch.Tensor:
     """float64 ``v [..., K]`` (K a multiple of 128) quantized to e4m3 with one scale per 128 values, as
     ``per_token_cast_to_fp8`` does (``scale = max(amax, 1e-4) / 448``, held in fp32), then dequantized: the

@@ -31,6 +31,7 @@ from tilegemm.testing import (
     dequantize,
     fp8_round_trip_per_token,
     rms_norm_float64,
+    window_ends_float64,
 )
 
 FP8 = torch.float8_e4m3fn
@@ -656,15 +657,12 @@ def _draw_mask(draw, kw: dict[str, Any], dims: dict[str, str], batch: int, count
 
 
 def _assert_window_ends(mask: torch.Tensor | None, ends: torch.Tensor | None) -> None:
-    """``ends``: each mask row's last visible key + 1 (0 where none) as a product with the key numbers gives it;
-    ``None`` without a mask."""
+    """``ends``: int32, each mask row's last visible key + 1 (0 where none,
+    :func:`~tilegemm.testing.window_ends_float64`); ``None`` without a mask."""
     if mask is None:
         assert ends is None
         return
-    seen = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min
-    numbers = torch.arange(1, mask.shape[-1] + 1)
-    want = (seen * numbers).amax(-1) if mask.shape[-1] else torch.zeros(mask.shape[:-1], dtype=torch.int64)
-    assert ends.dtype == torch.int32 and torch.equal(ends.long(), want)
+    assert ends.dtype == torch.int32 and torch.equal(ends.cpu(), window_ends_float64(mask))
 
 
 def indexer_prepare(draw) -> Case:

@@ -135,7 +135,7 @@ WS_RULE_CASES = [
         (320, 6144, "i_64x128_ov4"),  # two rounds (144 tiles) -> two (240); 128x64: three (288)
         (384, 3072, "d_128x128_ov8"),  # one round (72) -> two (144) either way
         (512, 4096, "d_128x128_ov8"),  # one round (128) -> two (256)
-        (512, 2112, "f_128x64_ov2"),  # one round (68) -> one of 132 128x64 tiles; 64x128: two (136)
+        (512, 2112, "g_128x64_ov2"),  # one round (68) -> one of 132 128x64 tiles; 64x128: two (136)
         (2048, 4096, "d_128x128_ov8"),  # 512 tiles: under four rounds
         (4096, 7168, "g_128x128_ov4"),  # 1792 tiles: 14 rounds, each MMA warpgroup a partition
         (4224, 2112, "g_128x128_ov4"),  # 561 tiles: four rounds and 33 (a tail too long to split)

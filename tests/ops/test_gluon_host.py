@@ -756,16 +756,15 @@ def test_warpgroup_partitions_launch_as_configured(recorders, name):
     "change, problem, message",
     [
         ({"wg_parts": 3}, {}, "wg_parts 1 or 2"),
-        ({"waves": 2}, {}, "128x192 tiles of one wave"),
-        ({"block_n": 64}, {}, "128x192 tiles of one wave"),
-        ({"wave_m": 64}, {}, "128x192 tiles of one wave"),
+        ({"waves": 2}, {}, "128-row tiles of one wave"),
+        ({"wave_m": 64}, {}, "128-row tiles of one wave"),
         ({"splits": 4}, {}, "unsplit"),
         ({"overlap": 0}, {"groups": 2, "grouping": fp8_gemm_ws.M_GROUPED, "gated": 1}, "not gated"),
     ],
 )
 def test_warpgroup_partitions_refuse_other_tiles(change, problem, message):
-    """``ws_config`` refuses a ``wg_parts`` 2 design on anything but one 128-row wave of a 128- or 192-wide tile,
-    unsplit and not gated (the kernel's static assertion), with a message that says so, before any launch."""
+    """``ws_config`` refuses a ``wg_parts`` 2 design on anything but one 128-row wave of a tile, unsplit and not
+    gated (the kernel's static assertion), with a message that says so, before any launch."""
     cfg = fp8_gemm_ws.VARIANTS["g_128x128_ov4"]._replace(**change)
     out = torch.float8_e4m3fn if problem.get("gated") else torch.bfloat16
     with pytest.raises(ValueError, match=message):

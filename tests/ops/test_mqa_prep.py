@@ -16,7 +16,13 @@ import torch
 import tilegemm as tg
 from tilegemm import indexer
 from tilegemm.ops.common import paged_mqa_schedule
-from tilegemm.testing import assert_fp8_rows, backend_device_params, calc_diff, fp8_rows_float64
+from tilegemm.testing import (
+    assert_fp8_rows,
+    backend_device_params,
+    calc_diff,
+    fp8_rows_float64,
+    window_ends_float64,
+)
 
 FP8 = torch.float8_e4m3fn
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -189,15 +195,6 @@ def _mask(batch: int, rows: int, keys: int, dtype: torch.dtype, device) -> torch
     return torch.where(seen, shown, hidden).to(dtype).to(device)
 
 
-def _ends_float64(mask: torch.Tensor) -> torch.Tensor:
-    """Each mask row's last visible key + 1 (0: none), by a product with the key numbers (another formula than the
-    reference's select)."""
-    seen = mask.cpu() if mask.dtype == torch.bool else mask.cpu().double() > torch.finfo(mask.dtype).min
-    numbers = torch.arange(1, mask.shape[-1] + 1, dtype=torch.float64)
-    ends = (seen.double() * numbers).amax(dim=-1) if mask.shape[-1] else torch.zeros(mask.shape[:-1])
-    return ends.to(torch.int32)
-
-
 @pytest.mark.parametrize(
     "case", PREPARE_CASES, ids=lambda c: f"b{c[0]}s{c[1]}h{c[2]}d{c[3]}{'h' if c[5] else ''}-{c[6] and c[6][1]}"
 )
@@ -231,7 +228,7 @@ def test_indexer_prepare_is_the_append_the_cast_and_the_weights(backend, device,
         assert window_ends is None
     else:
         assert window_ends.dtype == torch.int32 and window_ends.device == q.device
-        assert torch.equal(window_ends.cpu(), _ends_float64(mask))
+        assert torch.equal(window_ends.cpu(), window_ends_float64(mask))
     again = tg.fp8_indexer_prepare(q, k, w, cache.clone(), table, lens, **kw)
     assert torch.equal(again[0].view(torch.uint8), q8.view(torch.uint8)) and torch.equal(again[1], w8)
     assert (again[2] is None) if mask is None else torch.equal(again[2], window_ends)
@@ -263,7 +260,9 @@ def test_indexer_decode_prepare_is_the_weights_and_the_ends(backend, device, cas
     if mask is None:
         assert ends is None
     else:
-        assert ends.dtype == torch.int32 and ends.device == w.device and torch.equal(ends.cpu(), _ends_float64(mask))
+        assert (
+            ends.dtype == torch.int32 and ends.device == w.device and torch.equal(ends.cpu(), window_ends_float64(mask))
+        )
     again = tg.indexer_decode_prepare(w, mask, weight_scale=0.07, backend=backend)
     assert torch.equal(again[0], got) and ((again[1] is None) if mask is None else torch.equal(again[1], ends))
 

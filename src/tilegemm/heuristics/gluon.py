@@ -66,11 +66,13 @@ DENSE_FP8_WS_LONG_DESIGN = "g_128x128_ov4"
 DENSE_FP8_WS_WG_PARTS_MIN_ROUNDS = 4
 #: The designs for dense calls whose 128x128 tiles would leave SMs idle (:func:`dense_fp8_ws_design`): 64x128 tiles
 #: (one MMA warpgroup, ``mma_warps`` 4: m64n128 wgmma, runs of 4) and 128x64 tiles (each of two warpgroups 64 rows
-#: of 64 columns, runs of 2). One warpgroup on the whole 64-row tile ran 1.05-1.12x the two warpgroups splitting its
-#: columns (``e_64x128_ov2``: A read from shared memory twice) on seven rows of M 200-512 (H200,
-#: benchmarks/results/dense-fp8-h200/one_warpgroup_h200.json).
+#: of 64 columns, each a partition of its own, runs of 2). One warpgroup on the whole 64-row tile ran 1.05-1.12x the
+#: two warpgroups splitting its columns (``e_64x128_ov2``: A read from shared memory twice) on seven rows of M 200-512
+#: (H200, benchmarks/results/dense-fp8-h200/one_warpgroup_h200.json). The 128x64 warpgroups as partitions ran
+#: 1.01-1.03x the lockstep ``f_128x64_ov2`` on five rows of M 256-1024, N 2112, in two rounds each (H200,
+#: benchmarks/results/gluon/fp8_g128x64_partitions_h200.json).
 DENSE_FP8_WS_SHORT_M_DESIGN = "i_64x128_ov4"
-DENSE_FP8_WS_SHORT_N_DESIGN = "f_128x64_ov2"
+DENSE_FP8_WS_SHORT_N_DESIGN = "g_128x64_ov2"
 #: The time of a 64x128 or 128x64 tile over a 128x128 one's on an SM (H200, rows where both fill the SMs in one
 #: round: 0.81 for 64x128 with two warpgroups; 0.79 for 128x64 at 512x2112x7168; benchmarks/results/dense-fp8-h200/).
 #: Kept at 0.8 for the one-warpgroup 64x128 tile, which only runs faster on the rows the rule gives it.

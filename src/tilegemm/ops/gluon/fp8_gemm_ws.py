@@ -51,8 +51,8 @@ class WsConfig(NamedTuple):
     that fits; ``group_m``: row tiles per column sweep; ``loader_regs``: the TMA warp's registers; ``splits``: the
     split tail's runs a tile (1: no split; 2, 4, 8 or 16: a short last round of tiles split along K,
     :mod:`split_tail`; dense, persistent, one wave of a 128- or 64-wide tile); ``wg_parts``: 1, the two MMA
-    warpgroups one partition stepping together, or 2, each a partition of its own (one 128-row wave of a 128- or
-    192-wide tile, no split tail, not gated; its loader warp then takes 24 registers so that both warpgroups get 232
+    warpgroups one partition stepping together, or 2, each a partition of its own (one 128-row wave of a 64-, 128-
+    or 192-wide tile, no split tail, not gated; its loader warp then takes 24 registers so that both warpgroups get 232
     or more); ``mma_warps``: the MMA warps, 8 (two warpgroups) or 4 (one warpgroup computing a whole 64-row tile,
     m64nN wgmma: A read from shared memory once a K block instead of once a warpgroup; unsplit, not gated).
     """
@@ -86,8 +86,8 @@ class WsConfig(NamedTuple):
 #: K blocks), and mixes; ``e_``: 64x128 (one 64-row wave, the warpgroups splitting its columns), ``f_``: 128x64,
 #: ``h_``: 64x64 (the warpgroups 32 columns each); ``_sk``: a short last round of tiles split 4 ways along K
 #: (:mod:`split_tail`; dense only, chosen by :func:`tilegemm.heuristics.tiling.cheapest_tiling` with
-#: :data:`~tilegemm.heuristics.gluon.DENSE_FP8_WS_TAIL_SPLIT`); ``g_``: 128x128 or 128x192 with each MMA warpgroup a
-#: partition of its own (``wg_parts`` 2), without and with the overlap; ``i_``: 64x128 and 64x64 on one MMA
+#: :data:`~tilegemm.heuristics.gluon.DENSE_FP8_WS_TAIL_SPLIT`); ``g_``: 128x128, 128x192 or 128x64 with each MMA
+#: warpgroup a partition of its own (``wg_parts`` 2), without and with the overlap; ``i_``: 64x128 and 64x64 on one MMA
 #: warpgroup (``mma_warps`` 4).
 VARIANTS: dict[str, WsConfig] = {
     "a_128x128": WsConfig(block_n=128, waves=1, persistent=False),
@@ -114,6 +114,8 @@ VARIANTS: dict[str, WsConfig] = {
     "g_128x128_ov2": WsConfig(block_n=128, waves=1, persistent=True, overlap=2, loader_regs=24, wg_parts=2),
     "g_128x128_ov4": WsConfig(block_n=128, waves=1, persistent=True, overlap=4, loader_regs=24, wg_parts=2),
     "g_128x128_ov8": WsConfig(block_n=128, waves=1, persistent=True, overlap=8, loader_regs=24, wg_parts=2),
+    "g_128x64_ov2": WsConfig(block_n=64, waves=1, persistent=True, overlap=2, loader_regs=24, wg_parts=2),
+    "g_128x64_ov4": WsConfig(block_n=64, waves=1, persistent=True, overlap=4, loader_regs=24, wg_parts=2),
     "i_64x128_ov2": WsConfig(block_n=128, waves=1, persistent=True, overlap=2, wave_m=64, mma_warps=4),
     "i_64x128_ov4": WsConfig(block_n=128, waves=1, persistent=True, overlap=4, wave_m=64, mma_warps=4),
     "i_64x64_ov2": WsConfig(block_n=64, waves=1, persistent=True, overlap=2, wave_m=64, mma_warps=4),
@@ -177,10 +179,8 @@ def ws_config(problem: Problem, cfg: WsConfig | None = None) -> WsConfig:
         raise ValueError(f"{cfg}: the split tail runs persistent designs of one wave, 128- or 64-wide tiles")
     if cfg.wg_parts not in (1, 2):
         raise ValueError(f"{cfg}: wg_parts 1 or 2")
-    if cfg.wg_parts == 2 and (cfg.block_m != WAVE_M or cfg.block_n == 64 or cfg.splits > 1 or problem.gated):
-        raise ValueError(
-            f"{cfg}: a warpgroup a partition runs 128x128 or 128x192 tiles of one wave, unsplit, not gated"
-        )
+    if cfg.wg_parts == 2 and (cfg.block_m != WAVE_M or cfg.splits > 1 or problem.gated):
+        raise ValueError(f"{cfg}: a warpgroup a partition runs 128-row tiles of one wave, unsplit, not gated")
     if cfg.mma_warps not in (4, MMA_WARPS) or (
         cfg.mma_warps == 4 and (cfg.wave_m != 64 or cfg.wg_parts != 1 or cfg.splits > 1 or problem.gated)
     ):

@@ -17,7 +17,7 @@ Layout of warps (``gl.warp_specialize``):
 * one worker warp streams A, B and A's scales by TMA into a ``STAGES``-deep ring (``ready`` / ``empty``
   mbarriers), with ``LOADER_REGS`` registers.
 
-``WG_PARTS`` = 2 (one 128-row wave of a 128- or 192-wide tile) makes each MMA warpgroup a partition of its own: the
+``WG_PARTS`` = 2 (one 128-row wave of a 64-, 128- or 192-wide tile) makes each MMA warpgroup a partition of its own: the
 default partition is warpgroup 0 (rows 0-63 of every tile), a 4-warp worker warpgroup 1 (rows 64-127, ``WG1_REGS``
 registers). Each waits for a stage, runs its wgmma and promotion and releases the stage by itself (``empty`` counts
 both), so the two drift apart and one's promotion runs under the other's wgmma, which the lockstep partition (both
@@ -275,12 +275,13 @@ def _add_c(acc, c_ptr, row, col, N, layout: gl.constexpr):
 @gluon.jit
 def _gated(g, u, GATED: gl.constexpr):
     """``act(g) * u`` in fp32: ``GATED_SILU`` ``g / (1 + exp(-g))``, ``GATED_GELU_TANH`` the tanh GELU
-    ``0.5 g (1 + tanh(t))`` with ``t = sqrt(2/pi) (g + 0.044715 g^3)`` and ``tanh(t) = 1 - 2 / (1 + exp(2t))``."""
+    ``0.5 g (1 + tanh(t))`` with ``t = sqrt(2/pi) (g + 0.044715 g^3)``, computed as ``g / (1 + exp(-2t))`` (the same
+    function: ``(1 + tanh(t)) / 2`` is the logistic of ``2t``), the silu form at ``2t``."""
     if GATED == _GATED_SILU:
         return g / (1.0 + gl.exp(-g)) * u
     else:
         t = 0.7978845608028654 * (g + 0.044715 * g * g * g)
-        return 0.5 * g * (2.0 - 2.0 / (1.0 + gl.exp(2.0 * t))) * u
+        return g / (1.0 + gl.exp(-2.0 * t)) * u
 
 
 @gluon.jit
@@ -756,8 +757,9 @@ def fp8_gemm_ws_kernel(
     (:mod:`split_tail`), with the plan's ``work_ptr`` (fp32 workspace) and ``counter_ptr`` (int32 counters, zero
     between launches); with ``SPLITS`` 1 neither is read. The grid: one CTA per job (:func:`split_tail.split_grid`).
 
-    ``WG_PARTS`` 2 (one 128-row wave of a 128-wide tile, no split tail, not gated): each MMA warpgroup a partition of
-    its own (:func:`_mma_partition`), the second with :data:`WG1_REGS` registers; D's boxes are then 64 rows.
+    ``WG_PARTS`` 2 (one 128-row wave of a 64-, 128- or 192-wide tile, no split tail, not gated): each MMA warpgroup a
+    partition of its own (:func:`_mma_partition`), the second with :data:`WG1_REGS` registers; D's boxes are then 64
+    rows.
     """
     gl.static_assert(BLOCK_N == 64 or BLOCK_N == 128 or BLOCK_N == 192, "BLOCK_N is 64, 128 or 192")
     gl.static_assert(
@@ -791,9 +793,9 @@ def fp8_gemm_ws_kernel(
     )
     gl.static_assert(
         WG_PARTS == 1
-        or (WG_PARTS == 2 and WAVES == 1 and BLOCK_N != 64 and SPLITS == 1 and GATED == 0
+        or (WG_PARTS == 2 and WAVES == 1 and SPLITS == 1 and GATED == 0
             and a_desc.block_type.shape[0] == _WAVE_M and d0_desc.block_type.shape[0] == _WAVE_M // 2),
-        "WG_PARTS 2: one 128-row wave of a 128- or 192-wide tile (64-row D boxes), no split tail, not gated",
+        "WG_PARTS 2: one 128-row wave (64-row D boxes), no split tail, not gated",
     )  # fmt: skip
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     SPLIT: gl.constexpr = BLOCK_N == 192
