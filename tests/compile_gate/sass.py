@@ -68,8 +68,8 @@ def sass_summary(cubin: bytes) -> dict[str, int]:
     Keys: ``hgmma`` (Hopper 16-bit warpgroup MMA), ``qgmma`` (Hopper FP8 warpgroup MMA),
     ``utc_mma`` (all Blackwell tcgen05 MMAs: UTCHMMA, UTCQMMA, UTCOMMA, UTCIMMA, UTCMMA),
     ``utchmma``, ``utcqmma`` (Blackwell 16-bit / FP8 MMAs), ``hmma`` (legacy mma.sync),
-    ``utmaldg`` (TMA loads), ``utmastg`` (TMA stores), ``ldg_u8`` (byte-wide global loads
-    ``LDG.E.U8``), ``tensormap_writes`` (``UTMACCTL.IV``: TMA descriptors
+    ``utmaldg`` (TMA loads), ``utmastg`` (TMA stores), ``utmaredg`` (TMA reduce-adds), ``ldg_u8`` (byte-wide
+    global loads ``LDG.E.U8``), ``tensormap_writes`` (``UTMACCTL.IV``: TMA descriptors
     the kernel wrote to global memory itself, as a dynamic ``Array.slice`` makes it do),
     ``ldl``/``stl`` (local memory: spills), ``instructions`` (total), ``gmma_group_min`` (the fewest Hopper
     warpgroup MMAs issued in one ``gsb0`` group, :func:`gmma_group_sizes`; 0 without any).
@@ -86,6 +86,7 @@ def sass_summary(cubin: bytes) -> dict[str, int]:
         "hmma": _count(ops, ("HMMA",)),
         "utmaldg": _count(ops, ("UTMALDG",)),
         "utmastg": _count(ops, ("UTMASTG",)),
+        "utmaredg": _count(ops, ("UTMAREDG",)),
         "ldg_u8": sum(n for op, n in ops.items() if op.startswith("LDG") and ".U8" in op),
         "tensormap_writes": ops["UTMACCTL.IV"],
         "ldl": _count(ops, ("LDL",)),

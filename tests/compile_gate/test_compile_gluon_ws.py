@@ -152,6 +152,7 @@ def sass_facts(kernel) -> dict:
         "shared_bytes": kernel.metadata.shared,
         "utmaldg": summary["utmaldg"],
         "utmastg": summary["utmastg"],
+        "utmaredg": summary["utmaredg"],
         "tail_sync": tail_sync_ops(sass),
         "releases": stage_releases(sass),
     }
@@ -276,7 +277,8 @@ def test_ws_gated_sass(facts, name, activation):
 @pytest.mark.parametrize("suffix", ["+k", "+kacc"])
 @pytest.mark.parametrize("name", K_GROUPED)
 def test_ws_k_grouped_sass(facts, name, suffix):
-    """The k-grouped form (per-group K ranges, B's column scales by TMA in the stage, D read when accumulating)."""
+    """The k-grouped form (per-group K ranges, B's column scales by TMA in the stage); accumulating, each warpgroup's
+    tile leaves by a TMA reduce-add into D (D never read into registers), else by a TMA store."""
     f = _get(facts, name + suffix)
     cfg = ws.VARIANTS[name]
     _check_partitions(cfg, f)
@@ -288,6 +290,8 @@ def test_ws_k_grouped_sass(facts, name, suffix):
     assert 0 < f["max_register"] < f["mma_budget"] <= _budget_cap(cfg)
     assert f["shared_bytes"] <= ws.SMEM_BYTES and cfg.block_n == 128
     assert f["utmaldg"] == 4, "A, B and both sides' scales by TMA"
+    leaves = (f["utmaredg"], f["utmastg"]) if suffix == "+kacc" else (f["utmastg"], f["utmaredg"])
+    assert leaves == (cfg.wg_parts, 0), "one TMA reduce-add (accumulating) or store per MMA partition"
 
 
 def test_transpose_moves_16_bytes_a_thread():
@@ -337,14 +341,15 @@ def _check_releases(f: dict) -> None:
 
 def _check_partitions(cfg: ws.WsConfig, f: dict) -> None:
     """A design with each MMA warpgroup a partition (``wg_parts`` 2) raises the worker warpgroup to
-    ``WG1_REGS`` and stores through staging tiles of its own (one TMA store a sub-tile and warpgroup: two at 128x128,
-    four at 128x192); the others have one MMA partition. Every stage release is fenced (:func:`_check_releases`)."""
+    ``WG1_REGS`` and stores through staging tiles of its own (one TMA store, or reduce-add, a sub-tile and warpgroup:
+    two at 128x128, four at 128x192); the others have one MMA partition. Every stage release is fenced
+    (:func:`_check_releases`)."""
     _check_releases(f)
+    stores = f["utmastg"] + f["utmaredg"]
     if cfg.wg_parts == 2:
-        stores = 2 * (1 + (cfg.block_n == 192))
-        assert fp8_gemm_ws_kernel.WG1_REGS in f["setmaxnreg_inc"] and f["utmastg"] == stores, f
+        assert fp8_gemm_ws_kernel.WG1_REGS in f["setmaxnreg_inc"] and stores == 2 * (1 + (cfg.block_n == 192)), f
     else:
-        assert fp8_gemm_ws_kernel.WG1_REGS not in f["setmaxnreg_inc"] and f["utmastg"] <= 2, f
+        assert fp8_gemm_ws_kernel.WG1_REGS not in f["setmaxnreg_inc"] and stores <= 2, f
 
 
 def _check_good(cfg: ws.WsConfig, f: dict) -> None:

@@ -426,7 +426,7 @@ def test_k_grouped_plan_launches_the_grouped_kernel(recorders, addend):
     assert kwargs["group_ptr"].tolist() == [0, 256, 256, 768]
     assert grid[0] == max(1, min(len(ks) * 2 * 2, tilegemm.config.get_num_sms()))
     launched = _launched_as_jitted(rec, kwargs, rec.runs[0])
-    assert launched["c_ptr"].data_ptr() == launched["d0_desc"].base.data_ptr() == d.data_ptr()
+    assert launched["d0_desc"].base.data_ptr() == d.data_ptr()  # the product is added to D in place
 
 
 def test_k_grouped_unsupported_cases(recorders):

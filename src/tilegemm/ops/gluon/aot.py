@@ -82,7 +82,6 @@ def compile_dense_fp8_ws(
         "d1_desc": _desc(out_dtype, box["d1"]),
         "sb_ptr": "*fp32",
         "group_ptr": "*fp32" if grouping == ws.DENSE else "*i32",
-        "c_ptr": "*" + _TY[out_dtype],
         "row_scale_ptr": "*fp32" if row_scale else "*" + _TY[out_dtype],
         "d_scale_ptr": "*fp32" if gated else "*" + _TY[out_dtype],
         "sb_stride": "i32",

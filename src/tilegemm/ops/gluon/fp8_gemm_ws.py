@@ -481,18 +481,18 @@ def ws_plan(
         if relaunch is not None and as_given:
             (a_data, sa), (b_data, sb) = a, b
             sb_tma = sb if grouping == K_GROUPED else sa
-            pointers = (sb, sb if index is None else index, d, *epilogue)
+            pointers = (sb, sb if index is None else index, *epilogue)
             relaunch((a_data, b_data, b_data, sa, sb_tma, d, d), (*pointers, *after_pointers), stream)
             return d
         ops = ws_operands(a, b, d, m_index, k_offsets)
-        pointers = (ops.sb, ops.sb if ops.index is None else ops.index, ops.d, *epilogue)
+        pointers = (ops.sb, ops.sb if ops.index is None else ops.index, *epilogue)
         if relaunch is not None:
             relaunch(tma_operands(ops, grouping), (*pointers, *after_pointers), stream)
             return d
         with contextlib.nullcontext() if stream is None else torch.cuda.stream(stream):
             compiled = fp8_gemm_ws_kernel[grid](
                 **ws_descriptors(cfg, ops, grouping),
-                **dict(zip(("sb_ptr", "group_ptr", "c_ptr", "row_scale_ptr", "d_scale_ptr"), pointers)),
+                **dict(zip(("sb_ptr", "group_ptr", "row_scale_ptr", "d_scale_ptr"), pointers)),
                 **dict(zip(after_names, after_pointers)), num_warps=cfg.num_warps,
             )  # fmt: skip
         relaunch = Relaunch(compiled, grid, d.device, tma_shapes)

@@ -68,8 +68,8 @@ a wave, no spills).
   D is [G * M, N] (M a multiple of 128, so no tile crosses a group). The walk runs over (group, row tile, column
   tile); a tile runs its group's K blocks. Both sides are scaled 1x128 (DeepGEMM's k-grouped recipe): A's scales
   as ever, B's [ceil(K_sum/128), N] come by TMA with the stage (``sb_desc``) and each step is promoted as
-  ``acc += P * sa[:, None] * sb[None, :]``. ``ACCUMULATE``: D is read (through ``c_ptr``, D itself) and the
-  product added to it.
+  ``acc += P * sa[:, None] * sb[None, :]``. ``ACCUMULATE``: the tile is added to D by a TMA reduce-add
+  (:func:`tiles.add_tile`: D is not read into registers) instead of stored.
 
 ``SPLITS`` > 1 (dense, persistent, one wave of a 128- or 64-wide tile): the split tail (:mod:`split_tail`). When the
 last round of tiles is short, each of its tiles runs as ``SPLITS`` jobs over a share of the K blocks each, on CTAs
@@ -103,6 +103,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from tilegemm.ops.gluon.split_tail import job_walk, split_fixup, split_job
 from tilegemm.ops.gluon.tiles import (
+    add_tile,
     block_scale,
     release_stage,
     ring_barriers,
@@ -261,15 +262,6 @@ def _group_rows(acc, m_index, row_scale, row, group, M, rows: gl.constexpr, ROW_
     if ROW_SCALE:
         acc = acc * gl.load(row_scale + r, mask=r < M, other=0.0)[:, None]
     return gl.where((ids == group)[:, None], acc, 0.0)
-
-
-@gluon.jit
-def _add_c(acc, c_ptr, row, col, N, layout: gl.constexpr):
-    """``acc`` plus the [rows, width] tile of fp32 C (row pitch N) at (row, col); columns past N read 0."""
-    r = row + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, layout))
-    c = col + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, layout))
-    offs = r.to(gl.int64)[:, None] * N + c[None, :]
-    return acc + gl.load(c_ptr + offs, mask=(c < N)[None, :], other=0.0)
 
 
 @gluon.jit
@@ -544,7 +536,7 @@ def _mma_partition(
 ):
     """The MMA warps: every tile of this CTA, ``WAVES`` waves of 128 rows, from ``ring`` (the kernel's stages),
     stored through ``out`` (``d0_desc, d1_desc, out0, out1, out_wg1``); ``args``: ``(ring, out, sb_ptr, group_ptr,
-    c_ptr, row_scale_ptr, d_scale_ptr, sb_stride, sb_group_stride, num_groups, M, N, K, tail)``, the kernel's.
+    row_scale_ptr, d_scale_ptr, sb_stride, sb_group_stride, num_groups, M, N, K, tail)``, the kernel's.
     m-grouped: with the tile's group's B scales and the rows of no group zeroed (:func:`_group_rows`; times
     ``row_scale_ptr``'s entries when ``ROW_SCALE``; ``GATED``: the gated activation of the gate and up tiles,
     quantized into D and ``d_scale_ptr``); k-grouped: into the group's rows of D, added to D's tile when
@@ -558,7 +550,7 @@ def _mma_partition(
     rows and releases the stage on its own (``empty`` counts both warpgroups), so one warpgroup's promotion runs under
     the other's wgmma; its rows leave through its own staging tile."""
     # fmt: off
-    ring, out, sb_ptr, group_ptr, c_ptr, row_scale_ptr, d_scale_ptr, sb_stride, sb_group_stride, num_groups, M, N, K, \
+    ring, out, sb_ptr, group_ptr, row_scale_ptr, d_scale_ptr, sb_stride, sb_group_stride, num_groups, M, N, K, \
         tail = args
     # fmt: on
     a_ring, b0_ring, b1_ring, sa_ring, sb_ring, ready, empty = ring
@@ -690,8 +682,9 @@ def _mma_partition(
         elif GROUPING == _K_GROUPED:
             row += group * M  # D is [G * M, N], M a multiple of 128
             if ACCUMULATE:
-                acc00 = _add_c(acc00, c_ptr, row, col0, N, l0)
-            store_tile(acc00, d0_desc, out0, row, col0)
+                add_tile(acc00, d0_desc, out0, row, col0)
+            else:
+                store_tile(acc00, d0_desc, out0, row, col0)
         elif SPLITS > 1:
             if tile >= full:
                 split_fixup(acc00, work_ptr, counter_ptr, tile - full, split, d0_desc, out0, row, col0, SPLITS)
@@ -717,7 +710,6 @@ def fp8_gemm_ws_kernel(
     d1_desc,
     sb_ptr,
     group_ptr,
-    c_ptr,
     row_scale_ptr,
     d_scale_ptr,
     sb_stride,
@@ -746,8 +738,8 @@ def fp8_gemm_ws_kernel(
     MMA warpgroup on a 64-row wave).
 
     ``b1_desc`` / ``d1_desc`` are the narrow (64-column) sub-tile's descriptors when ``BLOCK_N`` is 192; for 128
-    they are not read (pass the wide ones again). ``sb_desc`` (B's column scales) and ``c_ptr`` (D, read when
-    ``ACCUMULATE``) are read by the k-grouped form only, ``row_scale_ptr`` (fp32 [M], read when ``ROW_SCALE``) and
+    they are not read (pass the wide ones again). ``sb_desc`` (B's column scales) is read by the k-grouped form
+    only (``ACCUMULATE``: its product added to D), ``row_scale_ptr`` (fp32 [M], read when ``ROW_SCALE``) and
     ``d_scale_ptr`` (fp32 [N/128, M], written when ``GATED``) by the m-grouped one; ``group_ptr`` (m-grouped: int32
     ``m_index`` [M]; k-grouped: int32 K offsets [G + 1]), ``sb_group_stride`` and ``num_groups`` by the grouped
     forms (dense: any descriptor or pointer, 0 and 1). ``sb_ptr`` / ``sb_stride``: B's block scales (not read
@@ -832,7 +824,7 @@ def fp8_gemm_ws_kernel(
     # the MMA partitions' epilogue: D's descriptors and the shared tiles their stores go through
     out = (d0_desc, d1_desc, out0, out1, out_wg1, out1_wg1)
     # the MMA partitions' runtime arguments (a tuple assigned to a name holds no constexpr: those are passed inline)
-    mma = (ring, out, sb_ptr, group_ptr, c_ptr, row_scale_ptr, d_scale_ptr, sb_stride, sb_group_stride, num_groups,
+    mma = (ring, out, sb_ptr, group_ptr, row_scale_ptr, d_scale_ptr, sb_stride, sb_group_stride, num_groups,
            M, N, K, (work_ptr, counter_ptr))  # fmt: skip
     if WG_PARTS == 2:
         gl.warp_specialize(

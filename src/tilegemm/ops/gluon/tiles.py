@@ -1,12 +1,14 @@
 """Device helpers the gluon GEMM kernels share: the wgmma accumulator layout of a tile over the MMA warps, the ring's
 barriers, the grouped order of the output tiles, a CTA's persistent walk over them, a row tile's first row, the TMA
-store of a tile through shared memory, the FP8 recipe's B scale of a 128x128 block, and a barrier of the CTA's threads
-under every triton the backend compiles with."""
+store (or reduce-add) of a tile through shared memory, the FP8 recipe's B scale of a 128x128 block, and a barrier of
+the CTA's threads under every triton the backend compiles with."""
 
 from __future__ import annotations
 
+from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 #: A barrier of every thread of the CTA (``bar.sync``): Gluon's ``thread_barrier`` in triton 3.6 and 3.7, named
@@ -97,6 +99,25 @@ def store_tile(acc, d_desc, out_smem, row, col):
     out_smem.store(acc.to(d_desc.dtype))
     fence_async_shared()
     tma.async_copy_shared_to_global(d_desc, [row, col], out_smem)
+
+
+@builtin
+def _tma_add_shared_to_global(tensor_desc, coord, src, _semantic=None):
+    """TMA reduce-add of the shared tile ``src`` into global memory at ``coord`` of ``tensor_desc``
+    (``cp.reduce.async.bulk.tensor ... .add``; completes like a TMA store: :func:`tma.store_wait`). Gluon's builder
+    has the op; its ``tma`` module has no wrapper."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@gluon.jit
+def add_tile(acc, d_desc, out_smem, row, col):
+    """D[row:, col:] += the fp32 register tile ``acc``, through ``out_smem`` by a TMA reduce-add (clipped at D's
+    edges; D is not read into registers), after the previous store from ``out_smem`` has read it."""
+    tma.store_wait(pendings=0)
+    out_smem.store(acc)
+    fence_async_shared()
+    _tma_add_shared_to_global(d_desc, [row, col], out_smem)
 
 
 @gluon.jit

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One benchmark script on two builds of src, in turn, each round one process per build: the tree's src ("tree") and
+# the src of ALT_TAR (a tarball of another commit's src/, made beside: `git archive --format=tar.gz -o .ab/alt_src.tgz <commit> src`;
+# carry .ab), DeepGEMM in the same process as a fixed reference. Run from the repository root with .devbundle and
+# .ab carried:
+#   SWEEP="grouped_sweep.py --family k --designs g_128x128_ov2 --eager" [ALT_TAR=.ab/alt_src.tgz] [ROUNDS=2] \
+#     bash benchmarks/gluon/src_ab.sh
+# runs `python3 benchmarks/gluon/$SWEEP-script $OUT/<build>_<round>.json <its arguments>`; writes
+# $OUT/{alt,tree}_<round>.json and .txt.
+source .devbundle/setup.sh >/dev/null 2>&1
+ROOT=$PWD
+BASE=$ROOT/tests:$ROOT:${PYTHONPATH:-}
+mkdir -p /tmp/dg && (OUT=/tmp/dg DG_PREBUILT=1 DG_SKIP_SMOKE=1 bash .devbundle/deepgemm/build.sh >/tmp/dg/b.txt 2>&1)
+export TILEGEMM_BENCH_DEEPGEMM=$ROOT/.devbundle/deepgemm
+rm -rf /tmp/alt && mkdir -p /tmp/alt && tar -xzf "${ALT_TAR:-.ab/alt_src.tgz}" -C /tmp/alt || exit 1
+read -r script args <<< "$SWEEP"
+cd benchmarks/gluon
+for r in $(seq 1 ${ROUNDS:-2}); do
+  for build in alt tree; do
+    if [ $build = alt ]; then export PYTHONPATH=/tmp/alt/src:$BASE; else export PYTHONPATH=$ROOT/src:$BASE; fi
+    timeout ${STEP_TIMEOUT:-150} python3 $script $OUT/${build}_$r.json $args > $OUT/${build}_$r.txt 2>&1
+    echo "== $build, round $r"; tail -${TAIL:-12} $OUT/${build}_$r.txt
+  done
+done
