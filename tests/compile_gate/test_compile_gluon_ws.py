@@ -198,13 +198,14 @@ def _get(facts, name):
 
 
 def test_ws_kernel_walks_and_stores_with_tiles_helpers():
-    """The ws kernel compiles tiles.py's tile walk, tile order, ring barriers, stage release, B block scale and store
-    (the helpers the gluon GEMM kernels share), not copies of its own."""
+    """The ws kernel compiles tiles.py's tile walk, tile order, ring barriers, stage release, B block scale, store and
+    reduce-add (the helpers the gluon GEMM kernels share), not copies of its own."""
     helpers = (
         "tile_range",
         "tile_coords",
         "block_scale",
         "store_tile",
+        "add_tile",
         "wgmma_layout",
         "ring_barriers",
         "release_stage",

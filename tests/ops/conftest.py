@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tilegemm.backend import hot_lane, registry
+from tilegemm.ops.reference import mqa as reference_mqa
 
 
 @pytest.fixture
@@ -46,3 +47,21 @@ def launches(monkeypatch):
     monkeypatch.setenv("TILEGEMM_DISABLE_FALLBACK", "1")
     monkeypatch.delenv("TILEGEMM_MQA_VARIANT", raising=False)
     return seen
+
+
+def _elementwise_matmul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``x @ y`` (batched, broadcasting) summed over K in order, one rounded product and one rounded addition at a
+    time: each output element's bits do not depend on how many rows or columns are computed at once."""
+    acc = x[..., :, 0:1] * y[..., 0:1, :]
+    for i in range(1, x.shape[-1]):
+        acc = acc + x[..., :, i : i + 1] * y[..., i : i + 1, :]
+    return acc
+
+
+@pytest.fixture
+def elementwise_reference_matmul(monkeypatch):
+    """The MQA references' products as :func:`_elementwise_matmul`, for tests of their chunking: a BLAS fp32 GEMM may
+    sum in an order that follows the matrix sizes (MKL's does on some CPUs: the head-weighted sum, M 1 and K 4, over
+    160 columns and over 16 differ in the last bit), so chunk-for-chunk equality holds only for products whose
+    elements do not depend on each other."""
+    monkeypatch.setattr(reference_mqa, "exact_matmul", _elementwise_matmul)

@@ -93,8 +93,9 @@ def test_fp8_mqa_logits(backend, device, shape, windows, clean):
     assert torch.equal(again[inside], logits[inside])
 
 
-def test_fp8_mqa_logits_reference_chunks(monkeypatch):
-    """Row chunking of the reference (forced to one row per chunk) gives the same bits."""
+def test_fp8_mqa_logits_reference_chunks(monkeypatch, elementwise_reference_matmul):
+    """Row chunking of the reference (forced to one row per chunk) gives the same bits, with a matmul whose rows do
+    not depend on each other (a BLAS GEMM's summation order may follow the matrix sizes)."""
     torch.manual_seed(42)
     s, h, dim, s_kv = 9, 4, 64, 70
     q = torch.randn(s, h, dim).to(FP8)
@@ -244,8 +245,10 @@ def test_fp8_paged_mqa_logits(backend, device, case, clean, scheduled):
         assert calc_diff(logits[visible], unq[visible]) < 1e-3
 
 
-def test_paged_reference_chunks(monkeypatch):
-    """Column chunking of the paged reference (one block per chunk) gives the same bits."""
+def test_paged_reference_chunks(monkeypatch, elementwise_reference_matmul):
+    """Column chunking of the paged reference (one block per chunk) gives the same bits: the blocks, their scales and
+    the visible-length mask of each chunk land in its columns. With a column-independent matmul: MKL's fp32 GEMM
+    sums the head-weighted scores (M 1, K 4) in an order that depends on the number of columns on some CPUs."""
     gen = torch.Generator().manual_seed(44)
     cache, table, *_ = _build_paged([150, 40], 16, 64, "cpu", gen)
     q = torch.randn(2, 2, 4, 64, generator=gen).to(FP8)
