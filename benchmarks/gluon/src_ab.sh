@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One benchmark script on two builds of src, in turn, each round one process per build: the tree's src ("tree") and
-# the src of ALT_TAR (a tarball of another commit's src/, made beside: `git archive --format=tar.gz -o .ab/alt_src.tgz <commit> src`;
-# carry .ab), DeepGEMM in the same process as a fixed reference. Run from the repository root with .devbundle and
-# .ab carried:
+# the src of ALT_TAR ("alt": a tarball of another commit's src/, made beside with
+# `mkdir -p .ab && git archive --format=tar.gz -o .ab/alt_src.tgz <commit> src`; .ab is git-ignored), DeepGEMM in the
+# same process as a fixed reference. Run from the repository root with .devbundle and .ab carried:
 #   SWEEP="grouped_sweep.py --family k --designs g_128x128_ov2 --eager" [ALT_TAR=.ab/alt_src.tgz] [ROUNDS=2] \
 #     bash benchmarks/gluon/src_ab.sh
-# runs `python3 benchmarks/gluon/$SWEEP-script $OUT/<build>_<round>.json <its arguments>`; writes
-# $OUT/{alt,tree}_<round>.json and .txt.
+# runs `python3 benchmarks/gluon/<script> $OUT/<build>_<round>.json <its arguments>` for SWEEP="<script> <arguments>";
+# writes $OUT/{alt,tree}_<round>.json and .txt.
 source .devbundle/setup.sh >/dev/null 2>&1
 ROOT=$PWD
 BASE=$ROOT/tests:$ROOT:${PYTHONPATH:-}
