@@ -8,8 +8,8 @@ store a split run's tile with ``ops/gluon/split_tail.py``'s, as the FP8 ws kerne
 synchronization, which no other design has. The K loop's barriers hold the MMA partition's threads only: one
 warpgroup where each is a partition of its own (``_wg2``), not both in lockstep. The k-grouped form (every design
 the rule may pick, with and without accumulation) must read both MN-major operands in place (``HGMMA ...
-.tnspA.tnspB``: the wgmma transposes, no copy does), under the same conditions, and read D back by TMA when
-accumulating."""
+.tnspA.tnspB``: the wgmma transposes, no copy does), under the same conditions, and add the tile to D by a TMA
+reduce-add when accumulating (D never read back), store it otherwise."""
 
 from __future__ import annotations
 
@@ -100,8 +100,12 @@ def test_bf16_ws_k_grouped_sass(name, accumulate):
     assert [t.split()[-1] for t in loop if "WARPGROUP.DEPBAR" in t] == ["0x1"]
     check_loop_barriers(loop, cfg)
     loads = sum(n for op, n in ops.items() if op.startswith("UTMALDG"))
-    boxes = cfg.block_m // 64 + cfg.block_n // 64 + int(accumulate)
-    assert loads >= boxes, "A and B in 64-wide boxes (128-byte swizzle), and D when accumulating"
+    boxes = cfg.block_m // 64 + cfg.block_n // 64
+    assert loads == boxes, "A and B in 64-wide boxes (128-byte swizzle), nothing else"
+    reduces = sum(n for op, n in ops.items() if op.startswith("UTMAREDG"))
+    stores = sum(n for op, n in ops.items() if op.startswith("UTMASTG"))
+    leaves = (reduces, stores) if accumulate else (stores, reduces)
+    assert leaves == (cfg.wg_parts, 0), "the tile leaves by one TMA reduce-add (accumulating) or store a partition"
     check_tail_sync(tail_sync_ops(sass), 1)
 
 

@@ -5,8 +5,8 @@ Dense: A [M, K] and B [N, K] are K-major bf16; D [M, N] bf16 or fp32. ``K_GROUPE
 read in place, MN-major (a stage holds [BLOCK_K, TILE_M] and [BLOCK_K, TILE_N] boxes and the wgmma reads them
 transposed: HGMMA ``.tnspA.tnspB``, no transposing copy); ``group_ptr`` holds the [G + 1] offsets of the groups' K
 ranges (multiples of ``BLOCK_K``), D is fp32 [G * M, N] (M a multiple of the tile's rows, so no tile crosses a
-group). The walk runs over (group, row tile, column tile), a tile over its group's K blocks; ``ACCUMULATE``: D's
-tile is read back by TMA through the staging buffer and added before the store.
+group). The walk runs over (group, row tile, column tile), a tile over its group's K blocks; ``ACCUMULATE``: the
+tile is added to D by a TMA reduce-add through the staging buffer (:func:`tiles.add_tile`) instead of stored.
 
 The warps as in :mod:`fp8_gemm_ws_kernel`: the DEFAULT partition holds two MMA warpgroups (8 warps; each owns 64 rows of
 a 128-row tile, or half the columns of a 64-row one, which doubles the tiles of a short M), or one (``num_warps`` 4)
@@ -49,7 +49,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from tilegemm.heuristics.gluon import BF16_BLOCK_K as BLOCK_K
 from tilegemm.ops.gluon.split_tail import job_walk, runs_alike, split_fixup, split_job
-from tilegemm.ops.gluon.tiles import ring_barriers, store_tile, tile_coords, tile_range, tile_row, wgmma_layout
+from tilegemm.ops.gluon.tiles import (
+    add_tile,
+    ring_barriers,
+    store_tile,
+    tile_coords,
+    tile_range,
+    tile_row,
+    wgmma_layout,
+)
 
 MMA_WARPS = 8
 #: WG_PARTS 2: the registers of the worker MMA warpgroup (the default one gets what the workers leave)
@@ -138,26 +146,15 @@ def _operands(a_ring, b_ring, s, K_GROUPED: gl.constexpr, ROW0: gl.constexpr, PA
 
 
 @gluon.jit
-def _add_d(acc, d_desc, out, d_bar, phase, row, col):
-    """``acc`` plus D's tile at (row, col), read by TMA through the staging buffer ``out`` (zeros past D's
-    edges), once the previous store from ``out`` has read it."""
-    tma.store_wait(pendings=0)
-    mbarrier.expect(d_bar, d_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(d_desc, [row, col], d_bar, out)
-    mbarrier.wait(d_bar, phase)
-    return acc + out.load(acc.type.layout)
-
-
-@gluon.jit
-def _mma_partition(a_ring, b_ring, ready, empty, d_desc, outs, d_bars, tail, group_ptr, walks, M, N, K,
+def _mma_partition(a_ring, b_ring, ready, empty, d_desc, outs, tail, group_ptr, walks, M, N, K,
                    GROUP_M: gl.constexpr, K_GROUPED: gl.constexpr, ACCUMULATE: gl.constexpr, SPLITS: gl.constexpr,
                    WG_PARTS: gl.constexpr, WG: gl.constexpr):  # fmt: skip
     """The MMA warpgroups: every output tile of this CTA, each K block's wgmma accumulating under the previous
     one's completion, the tile stored through its staging tile (``outs[WG]``) by TMA. A 256-wide tile is two
     128-wide halves: two accumulators, two wgmma a K block on the same A stage, each half stored through a
     128-wide staging tile. ``WG_PARTS`` 2: this partition is MMA warpgroup ``WG`` alone, the tile's 64 rows from
-    ``64 * WG`` (D's box is then 64 rows). k-grouped: the group's rows of D, D's tile added first when
-    ``ACCUMULATE`` (:func:`_add_d`, with the warpgroup's barrier ``d_bars[WG]``). ``SPLITS`` > 1: every job, a
+    ``64 * WG`` (D's box is then 64 rows). k-grouped: the group's rows of D, the tile added to D's by a TMA
+    reduce-add when ``ACCUMULATE`` (:func:`add_tile`). ``SPLITS`` > 1: every job, a
     split run's K blocks only, its partial handed to :func:`split_fixup` with ``tail`` (``work_ptr,
     counter_ptr``), which stores the tile in its last run."""
     STAGES: gl.constexpr = a_ring.shape[0]
@@ -168,12 +165,10 @@ def _mma_partition(a_ring, b_ring, ready, empty, d_desc, outs, d_bars, tail, gro
     ROW0: gl.constexpr = WG * PART_M  # ... from this one
     acc_l: gl.constexpr = wgmma_layout(PART_M, SUB_N, gl.num_warps(), 16)
     out = outs.index(WG)
-    d_bar = d_bars.index(WG)
     first, num_tiles, step, num_m, num_n = tile_range(M, N, walks, TILE_M, TILE_N, True)
     jobs, full = job_walk(num_tiles, step, SPLITS)
     shift_last = runs_alike(num_tiles, full)
     it = 0
-    done = 0
     for job in range(first, jobs, step):
         group, pm, pn, kb0, tile_k, split = _tile_job(job, full, num_m, num_n, group_ptr, K, GROUP_M, K_GROUPED, SPLITS)
         acc = gl.zeros([PART_M, SUB_N], gl.float32, acc_l)
@@ -201,9 +196,9 @@ def _mma_partition(a_ring, b_ring, ready, empty, d_desc, outs, d_bars, tail, gro
         if tile_k > 0:
             mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)
         row = group * M + tile_row(pm, TILE_M, M, shift_last) + ROW0  # k-grouped: D is [G * M, N]
-        if ACCUMULATE:
-            acc = _add_d(acc, d_desc, out, d_bar, done & 1, row, pn * TILE_N)
-        if SPLITS > 1:
+        if ACCUMULATE:  # k-grouped: one 128-wide half at most, unsplit
+            add_tile(acc, d_desc, out, row, pn * TILE_N)
+        elif SPLITS > 1:
             work_ptr, counter_ptr = tail
             if job >= full:  # split run of tail tile (job - full) // SPLITS
                 slot = (job - full) // SPLITS
@@ -214,7 +209,6 @@ def _mma_partition(a_ring, b_ring, ready, empty, d_desc, outs, d_bars, tail, gro
             store_tile(acc, d_desc, out, row, pn * TILE_N)
             if TILE_N != SUB_N:
                 store_tile(acc_hi, d_desc, out, row, pn * TILE_N + SUB_N)
-        done += 1
     tma.store_wait(pendings=0)
 
 
@@ -272,19 +266,15 @@ def bf16_gemm_ws_kernel(
     b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     outs = gl.allocate_shared_memory(d_desc.dtype, [WG_PARTS] + d_desc.block_type.shape, d_desc.layout)
     ready, empty = ring_barriers(STAGES, WG_PARTS)  # each MMA partition releases a stage
-    d_bars = gl.allocate_shared_memory(gl.int64, [WG_PARTS, 1], mbarrier.MBarrierLayout())  # ACCUMULATE: D's read
-    if ACCUMULATE:
-        for wg in gl.static_range(WG_PARTS):
-            mbarrier.init(d_bars.index(wg), count=1)
     fence_async_shared()
     walks = num_groups if K_GROUPED else 1
     tail = (work_ptr, counter_ptr)  # the split tail's workspace and counters
     if WG_PARTS == 2:
         gl.warp_specialize(
             [
-                (_mma_partition, (a_ring, b_ring, ready, empty, d_desc, outs, d_bars, tail, group_ptr, walks, M, N, K,
+                (_mma_partition, (a_ring, b_ring, ready, empty, d_desc, outs, tail, group_ptr, walks, M, N, K,
                                   GROUP_M, K_GROUPED, ACCUMULATE, SPLITS, WG_PARTS, 0)),
-                (_mma_partition, (a_ring, b_ring, ready, empty, d_desc, outs, d_bars, tail, group_ptr, walks, M, N, K,
+                (_mma_partition, (a_ring, b_ring, ready, empty, d_desc, outs, tail, group_ptr, walks, M, N, K,
                                   GROUP_M, K_GROUPED, ACCUMULATE, SPLITS, WG_PARTS, 1)),
                 (_loader, (a_desc, b_desc, a_ring, b_ring, ready, empty, group_ptr, walks, M, N, K, GROUP_M,
                            K_GROUPED, SPLITS)),
@@ -295,7 +285,7 @@ def bf16_gemm_ws_kernel(
     else:
         gl.warp_specialize(
             [
-                (_mma_partition, (a_ring, b_ring, ready, empty, d_desc, outs, d_bars, tail, group_ptr, walks, M, N, K,
+                (_mma_partition, (a_ring, b_ring, ready, empty, d_desc, outs, tail, group_ptr, walks, M, N, K,
                                   GROUP_M, K_GROUPED, ACCUMULATE, SPLITS, WG_PARTS, 0)),
                 (_loader, (a_desc, b_desc, a_ring, b_ring, ready, empty, group_ptr, walks, M, N, K, GROUP_M,
                            K_GROUPED, SPLITS)),

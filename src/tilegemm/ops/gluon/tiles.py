@@ -112,8 +112,9 @@ def _tma_add_shared_to_global(tensor_desc, coord, src, _semantic=None):
 
 @gluon.jit
 def add_tile(acc, d_desc, out_smem, row, col):
-    """D[row:, col:] += the fp32 register tile ``acc``, through ``out_smem`` by a TMA reduce-add (clipped at D's
-    edges; D is not read into registers), after the previous store from ``out_smem`` has read it."""
+    """D[row:, col:] += the fp32 register tile ``acc`` (D fp32: the sum is not rounded to a narrower dtype), through
+    ``out_smem`` by a TMA reduce-add (clipped at D's edges; D is not read into registers), after the previous store
+    from ``out_smem`` has read it."""
     tma.store_wait(pendings=0)
     out_smem.store(acc)
     fence_async_shared()
