@@ -93,17 +93,15 @@ def test_bf16_ws_k_grouped_sass(name, accumulate):
         pytest.skip(reason)
     cfg = bw.VARIANTS[name]
     kernel = aot.compile_bf16_ws(cfg, k_grouped=True, accumulate=accumulate)
-    sass, ops, _, loop = _sass_and_k_loop(kernel, cfg)
+    sass, _, summary, loop = _sass_and_k_loop(kernel, cfg)
     mma = [t for t in loop if "HGMMA" in t]
     width = cfg.block_n if cfg.block_m == 128 or cfg.mma_warps == 4 else cfg.block_n // 2
     assert len(mma) == bw.BLOCK_K // 16 and all(f"HGMMA.64x{width}x16" in t and ".tnspA.tnspB" in t for t in mma)
     assert [t.split()[-1] for t in loop if "WARPGROUP.DEPBAR" in t] == ["0x1"]
     check_loop_barriers(loop, cfg)
-    loads = sum(n for op, n in ops.items() if op.startswith("UTMALDG"))
     boxes = cfg.block_m // 64 + cfg.block_n // 64
-    assert loads == boxes, "A and B in 64-wide boxes (128-byte swizzle), nothing else"
-    reduces = sum(n for op, n in ops.items() if op.startswith("UTMAREDG"))
-    stores = sum(n for op, n in ops.items() if op.startswith("UTMASTG"))
+    assert summary["utmaldg"] == boxes, "A and B in 64-wide boxes (128-byte swizzle), nothing else"
+    reduces, stores = summary["utmaredg"], summary["utmastg"]
     leaves = (reduces, stores) if accumulate else (stores, reduces)
     assert leaves == (cfg.wg_parts, 0), "the tile leaves by one TMA reduce-add (accumulating) or store a partition"
     check_tail_sync(tail_sync_ops(sass), 1)
