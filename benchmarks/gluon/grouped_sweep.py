@@ -17,8 +17,10 @@ L2 not flushed) for the public calls. Rows of -1 padding are left out of the che
 k-grouped (``--family k``) rows: the benchmark set's k-grouped FP8 rows (``tilegemm.bench.k_grouped``), every call
 accumulating into ``d`` (``c=d``, as the harness runs them); the public ``tn`` op (its transposing copies included)
 beside DeepGEMM's ``k_grouped_fp8_gemm_nt_contiguous`` on its per-group K-major layout of the same values; the designs
-run on the K-major operands directly (``name@R`` gives the loader warp R registers). Checked on every element against
-the float64 formula.
+run on the K-major operands directly (``name@R`` gives the loader warp R registers); with ``--in-place`` each design
+also run on DeepGEMM's layout read in place (``<design>_in_place``: ``ws_plan(..., in_place=True)``, descriptors built
+on the device per group block; its output also compared bit for bit with the design's on the gathered operands).
+Checked on every element against the float64 formula.
 
 Prints a table last and writes every number to OUT.json.
 """
@@ -32,6 +34,7 @@ import random
 import time
 
 import torch
+import triton
 
 import tilegemm
 from tilegemm.bench import device, inputs, peers, timing
@@ -147,6 +150,44 @@ def design(name: str) -> ws.WsConfig:
     return cfg._replace(loader_regs=int(regs)) if regs else cfg
 
 
+def check_in_place(designs: list[str]) -> None:
+    """Each design on an awkward k-grouped call read in place (empty groups first, amid and last, N off the tiles, a
+    3-CTA grid so that a CTA's tiles cross groups, with and without accumulation): every element against the float64
+    formula, and the bits of the same design on the gathered operands."""
+    from tilegemm.testing import dequantize
+
+    ks, m, n = [0, 256, 0, 384, 128, 0], 256, 200
+    k_sum, g = sum(ks), len(ks)
+    qa, sa = tilegemm.per_token_cast_to_fp8(inputs.randn((m, k_sum), torch.bfloat16, 11))
+    qb, sb = tilegemm.per_token_cast_to_fp8(inputs.randn((n, k_sum), torch.bfloat16, 12))
+    bounds = [sum(ks[:i]) for i in range(g + 1)]
+    offsets = torch.tensor(bounds, dtype=torch.int32, device="cuda")
+    flat_a = torch.cat([qa[:, bounds[i] : bounds[i + 1]].reshape(-1) for i in range(g)])
+    flat_b = torch.cat([qb[:, bounds[i] : bounds[i + 1]].reshape(-1) for i in range(g)])
+    blocks = ((flat_a.view(m, k_sum), sa), (flat_b.view(n, k_sum), sb))
+    c = inputs.randn((g, m, n), torch.float32, 13)
+    product = torch.zeros(g, m, n, dtype=torch.float64, device="cuda")
+    for i in range(g):
+        s, e = bounds[i], bounds[i + 1]
+        a64 = dequantize(qa[:, s:e], sa[:, s // 128 : e // 128], 1, 128).double()
+        product[i] = a64 @ dequantize(qb[:, s:e], sb[:, s // 128 : e // 128], 1, 128).double().T
+    for name in designs:
+        for accumulate in (False, True):
+            outs = []
+            for ops, in_place in ((((qa, sa), (qb, sb)), False), (blocks, True)):
+                d = c.clone() if accumulate else torch.full((g, m, n), float("nan"), device="cuda")
+                plan = ws.ws_plan(*ops, d, design(name), 3, k_offsets=offsets, accumulate=accumulate, in_place=in_place)
+                plan(*ops, d, k_offsets=offsets)
+                torch.cuda.synchronize()
+                outs.append(d)
+            want = product + c.double() if accumulate else product
+            diff = calc_diff(outs[1], want)
+            same = torch.equal(outs[0], outs[1])
+            print(f"check {name}_in_place accumulate={accumulate}: calc_diff {diff:.1e}, the gathered bits: {same}")
+            if not (diff < 1e-5 and same and not outs[1].isnan().any()):
+                raise AssertionError(f"{name}_in_place differs (calc_diff {diff:.1e}, bitwise {same})")
+
+
 def k_grouped_rows(dg, designs: list[str], args, t0: float) -> list[dict]:
     """The k-grouped sweep (see the module docstring)."""
     from tilegemm.testing import dequantize
@@ -176,23 +217,35 @@ def k_grouped_rows(dg, designs: list[str], args, t0: float) -> list[dict]:
             ref[i] = a64.double() @ b64.double().T
             start += kg
         row = {"kind": "k", "name": f"g{g}k{k}", "groups": g, "m": m, "n": n, "k": k, "k_sum": k_sum}
-        row.update(us={}, eager_us={}, diff={}, error={})
+        row.update(us={}, eager_us={}, diff={}, error={}, bitwise={})
         offsets = torch.tensor([sum(ks[:i]) for i in range(g + 1)], dtype=torch.int32, device="cuda")
+        bounds = [sum(ks[:i]) for i in range(g + 1)]
+        flat_a = torch.cat([qa_t[:, bounds[i] : bounds[i + 1]].reshape(-1) for i in range(g)])
+        flat_b = torch.cat([qb_t[:, bounds[i] : bounds[i + 1]].reshape(-1) for i in range(g)])
+        blocks = ((flat_a.view(m, k_sum), sa_t), (flat_b.view(n, k_sum), sb_t))  # in place: views of the nt memory
+        plans = {}
         for name in designs:
-            try:
-                plan = ws.ws_plan(*kmajor, d, design(name), k_offsets=offsets, accumulate=True)
-            except Exception as exc:
-                row["error"][name] = f"{type(exc).__name__}: {str(exc)[:300]}"
-                continue
-            call = lambda a, b, p=plan, d=d, o=offsets: p(a, b, d, k_offsets=o)  # noqa: E731
-            timed(row, name, call, [kmajor], d, ref, None, False, args.rep_ms)
+            for in_place in (False, True) if args.in_place else (False,):
+                label, ops = (f"{name}_in_place", blocks) if in_place else (name, kmajor)
+                try:
+                    plan = ws.ws_plan(*ops, d, design(name), k_offsets=offsets, accumulate=True, in_place=in_place)
+                except Exception as exc:
+                    row["error"][label] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                    continue
+                plans[label] = plan, ops
+                call = lambda a, b, p=plan, d=d, o=offsets: p(a, b, d, k_offsets=o)  # noqa: E731
+                timed(row, label, call, [ops], d, ref, None, False, args.rep_ms)
+            if f"{name}_in_place" in plans and name in plans:  # the same bits as on the gathered operands
+                outs = []
+                for plan, ops in (plans[name], plans[f"{name}_in_place"]):
+                    d.zero_()
+                    plan(*ops, d, k_offsets=offsets)
+                    outs.append(d.clone())
+                row["bitwise"][f"{name}_in_place"] = bool(torch.equal(*outs))
         op = tilegemm.k_grouped_fp8_gemm_tn_contiguous
         for name, backend in (("tilegemm", None), ("cutile", "cutile"), ("gluon", "gluon")):
             call = lambda a, b, bk=backend, op=op, d=d, ks=ks, t=ks_tensor: op(a, b, d, ks, t, c=d, backend=bk)  # noqa: E731
             timed(row, name, call, [tn], d, ref, None, args.eager, args.rep_ms)
-        bounds = [sum(ks[:i]) for i in range(g + 1)]
-        flat_a = torch.cat([qa_t[:, bounds[i] : bounds[i + 1]].reshape(-1) for i in range(g)])
-        flat_b = torch.cat([qb_t[:, bounds[i] : bounds[i + 1]].reshape(-1) for i in range(g)])
         theirs = [((flat_a, sa_t), (flat_b, sb_t))]  # DeepGEMM's nt layout: each group's K-major block
         nt = tilegemm.k_grouped_fp8_gemm_nt_contiguous
         call = lambda a, b, nt=nt, d=d, ks=ks, t=ks_tensor: nt(a, b, d, ks, t, c=d)  # noqa: E731
@@ -202,7 +255,7 @@ def k_grouped_rows(dg, designs: list[str], args, t0: float) -> list[dict]:
             call = lambda a, b, fn=fn, d=d, ks=ks, t=ks_tensor: fn(a, b, d, ks, t, d, (1, 1, 128))  # noqa: E731
             timed(row, "deepgemm", call, theirs, d, ref, None, args.eager, args.rep_ms)
         results.append(finish_row(row, 2 * m * n * k_sum, f"{row['name']:>10} m{m:5d} n{n:5d}", t0))
-        del tn, kmajor, ref
+        del tn, kmajor, ref, blocks, flat_a, flat_b, theirs
         torch.cuda.empty_cache()
     return results
 
@@ -214,6 +267,8 @@ def main() -> None:
     parser.add_argument("--designs", default=None, help="ws.VARIANTS names (one wave; name@R: R loader registers)")
     parser.add_argument("--rows", default="set,skewed", help="set, skewed or both")
     parser.add_argument("--eager", action="store_true", help="also time the public calls eagerly")
+    parser.add_argument("--in-place", action="store_true", help="k: also each design on the nt blocks read in place")
+    parser.add_argument("--only-k", default="", help="m: only the rows of these K (comma-separated)")
     parser.add_argument("--budget-s", type=float, default=240.0, help="start no row after this many seconds")
     parser.add_argument("--rep-ms", type=float, default=25.0, help="timing budget of one implementation on a row")
     args = parser.parse_args()
@@ -223,9 +278,14 @@ def main() -> None:
     dg, why = peers.load_deepgemm("auto")
     print("deepgemm:", why, flush=True)
     if args.family == "k":
+        if args.in_place:  # the in-place form's descriptors live in global scratch that triton allocates per launch
+            triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+            check_in_place(designs)
         finish(args, designs, why, t0, k_grouped_rows(dg, designs, args, t0))
         return
     specs = (set_rows() if "set" in args.rows else []) + (skewed_rows() if "skewed" in args.rows else [])
+    if args.only_k:
+        specs = [spec for spec in specs if spec["k"] in {int(k) for k in args.only_k.split(",")}]
     results = []
     for spec in specs:
         if time.time() - t0 > args.budget_s:
@@ -279,7 +339,9 @@ def finish(args, designs: list[str], why: str, t0: float, results: list[dict]) -
     }
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "rows": results}, f, indent=1)
-    impls = designs + ["tilegemm", "cutile", "gluon"] + (["tilegemm_nt"] if args.family == "k" else []) + ["deepgemm"]
+    in_place = [f"{name}_in_place" for name in designs] if args.family == "k" and args.in_place else []
+    impls = designs + in_place + ["tilegemm", "cutile", "gluon"]
+    impls += (["tilegemm_nt"] if args.family == "k" else []) + ["deepgemm"]
     print("\nTFLOP/s (kernel-only)          " + " ".join(f"{i[:13]:>13}" for i in impls))
     for r in results:
         cells = " ".join(f"{r['tflops'][i]:13.0f}" if i in r["tflops"] else f"{'-':>13}" for i in impls)

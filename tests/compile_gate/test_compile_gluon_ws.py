@@ -153,6 +153,8 @@ def sass_facts(kernel) -> dict:
         "utmaldg": summary["utmaldg"],
         "utmastg": summary["utmastg"],
         "utmaredg": summary["utmaredg"],
+        "tensormap_writes": summary["tensormap_writes"],
+        "global_scratch": kernel.metadata.global_scratch_size,
         "tail_sync": tail_sync_ops(sass),
         "releases": stage_releases(sass),
     }
@@ -171,6 +173,7 @@ def facts():
     builds += [
         (name, f"+k{'acc' if acc else ''}", ws.K_GROUPED, f32, acc) for name in K_GROUPED for acc in (False, True)
     ]
+    builds += [(name, "+kin", ws.K_GROUPED, f32, True) for name in K_GROUPED]  # the nt blocks read in place
     # the fused FP8 experts' GEMMs (ops/gluon/moe_fp8.py): gate/up with the activation, down with the routing weights
     f8 = torch.float8_e4m3fn
     for up in GATED:
@@ -182,7 +185,8 @@ def facts():
         try:
             row_scale = suffix == "+row_scale"
             gated = ws.GATED_ACTIVATIONS.get(suffix.removeprefix("+gated_"), 0)
-            kernel = aot.compile_dense_fp8_ws(ws.VARIANTS[name], out, grouping, accumulate, row_scale, gated)
+            in_place = suffix == "+kin"
+            kernel = aot.compile_dense_fp8_ws(ws.VARIANTS[name], out, grouping, accumulate, row_scale, gated, in_place)
             assert kernel.name == fp8_gemm_ws_kernel.fp8_gemm_ws_kernel.__name__
             facts_of[key] = sass_facts(kernel)
         except Exception as exc:
@@ -275,11 +279,14 @@ def test_ws_gated_sass(facts, name, activation):
     _check_releases(f)
 
 
-@pytest.mark.parametrize("suffix", ["+k", "+kacc"])
+@pytest.mark.parametrize("suffix", ["+k", "+kacc", "+kin"])
 @pytest.mark.parametrize("name", K_GROUPED)
 def test_ws_k_grouped_sass(facts, name, suffix):
     """The k-grouped form (per-group K ranges, B's column scales by TMA in the stage); accumulating, each warpgroup's
-    tile leaves by a TMA reduce-add into D (D never read into registers), else by a TMA store."""
+    tile leaves by a TMA reduce-add into D (D never read into registers), else by a TMA store. Reading the ``nt``
+    blocks in place (``+kin``, accumulating), the loader writes A's and B's descriptors to global memory at its two
+    call sites (the first tile, a group's entry: 4 ``UTMACCTL.IV``, 128 bytes of scratch each), with
+    :data:`fp8_gemm_ws.IN_PLACE_LOADER_REGS` registers (at 24 triton 3.8 spills); no other form writes one."""
     f = _get(facts, name + suffix)
     cfg = ws.VARIANTS[name]
     _check_partitions(cfg, f)
@@ -291,8 +298,10 @@ def test_ws_k_grouped_sass(facts, name, suffix):
     assert 0 < f["max_register"] < f["mma_budget"] <= _budget_cap(cfg)
     assert f["shared_bytes"] <= ws.SMEM_BYTES and cfg.block_n == 128
     assert f["utmaldg"] == 4, "A, B and both sides' scales by TMA"
-    leaves = (f["utmaredg"], f["utmastg"]) if suffix == "+kacc" else (f["utmastg"], f["utmaredg"])
+    leaves = (f["utmaredg"], f["utmastg"]) if suffix != "+k" else (f["utmastg"], f["utmaredg"])
     assert leaves == (cfg.wg_parts, 0), "one TMA reduce-add (accumulating) or store per MMA partition"
+    writes = 4 if suffix == "+kin" else 0
+    assert f["tensormap_writes"] == writes and f["global_scratch"] == 128 * writes
 
 
 def test_transpose_moves_16_bytes_a_thread():

@@ -429,6 +429,39 @@ def test_k_grouped_plan_launches_the_grouped_kernel(recorders, addend):
     assert launched["d0_desc"].base.data_ptr() == d.data_ptr()  # the product is added to D in place
 
 
+def test_k_grouped_nt_reads_the_blocks_in_place(recorders):
+    """The ``nt`` op (DeepGEMM's layout: each group's K-major block back to back) runs the k-grouped form with
+    ``IN_PLACE``: the blocks' own memory under ``a_blocks`` / ``b_blocks`` (no gather), A's and B's descriptors over
+    [M, K_sum] / [N, K_sum] views of it (their boxes and layouts only), the scales as the ``tn`` form's; a base off
+    16 bytes is gathered into the ``tn`` form instead (``IN_PLACE`` off)."""
+    ks, m, n = [256, 0, 384], 256, 200
+    k_sum = sum(ks)
+    qa, sa = tilegemm.per_token_cast_to_fp8(torch.randn(m, k_sum))
+    qb, sb = tilegemm.per_token_cast_to_fp8(torch.randn(n, k_sum))
+    bounds = [0, 256, 256, 640]
+    flat_a = torch.cat([qa[:, s:e].reshape(-1) for s, e in zip(bounds[:-1], bounds[1:])])
+    flat_b = torch.cat([qb[:, s:e].reshape(-1) for s, e in zip(bounds[:-1], bounds[1:])])
+    layout = torch.tensor(ks, dtype=torch.int32)
+    d = torch.zeros(len(ks), m, n)
+    gluon_grouped.k_grouped_fp8_nt((flat_a, sa), (flat_b, sb), d, ks, layout, d)
+    gluon_grouped.k_grouped_fp8_nt((flat_a, sa), (flat_b, sb), d, ks, layout, d)
+    rec = recorders["ws"]
+    assert len(rec.jit) == 1 and len(rec.runs) == 1, "one plan for both calls"
+    _, _, kwargs = rec.jit[0]
+    assert kwargs["IN_PLACE"] is True and kwargs["ACCUMULATE"] is True and kwargs["GROUPING"] == fp8_gemm_ws.K_GROUPED
+    assert kwargs["LOADER_REGS"] >= fp8_gemm_ws.IN_PLACE_LOADER_REGS, "the loader builds descriptors: no spills"
+    assert kwargs["a_blocks"].data_ptr() == flat_a.data_ptr() and kwargs["b_blocks"].data_ptr() == flat_b.data_ptr()
+    assert list(kwargs["a_desc"].shape) == [m, k_sum] and kwargs["a_desc"].base.data_ptr() == flat_a.data_ptr()
+    assert list(kwargs["sa_desc"].shape) == [k_sum // 128, m] and list(kwargs["sb_desc"].shape) == [k_sum // 128, n]
+    launched = _launched_as_jitted(rec, kwargs, rec.runs[0])
+    assert launched["a_blocks"].data_ptr() == flat_a.data_ptr() and launched["b_blocks"].data_ptr() == flat_b.data_ptr()
+    shifted = torch.empty(flat_a.numel() + 1, dtype=flat_a.dtype)[1:]  # a base 1 byte past an aligned one
+    shifted.copy_(flat_a)
+    gluon_grouped.k_grouped_fp8_nt((shifted, sa), (flat_b, sb), d, ks, layout, d)
+    _, _, kwargs = rec.jit[-1]
+    assert len(rec.jit) == 2 and kwargs["IN_PLACE"] is False and kwargs["a_blocks"].data_ptr() == d.data_ptr()
+
+
 def test_k_grouped_unsupported_cases(recorders):
     """M off the 128-row tiles (a tile would cross groups) and an output that is not TMA-aligned are refused."""
     qa, sa = tilegemm.per_token_cast_to_fp8(torch.randn(200, 256))
@@ -595,13 +628,13 @@ def _relaunch_against_triton(monkeypatch, scratch: int = 0, form: str | None = N
     shapes = [([256, 512], [512, 1]), ([256, 64], [64, 1])]
     relaunch = tma.Relaunch(compiled, (5, 1, 1), torch.device("cpu"), shapes)
 
-    def triton_path(bases, rest, stream):
+    def triton_path(bases, rest, stream, scratch=None):
         values = [tma.Bound(t, *shape) for t, shape in zip(bases, shapes)] + list(rest)
         if listed:
-            wrapper(5, 1, 1, stream, 11, False, True, "packed", None, None, None, None, None, "annotations",
+            wrapper(5, 1, 1, stream, 11, False, True, "packed", None, None, None, scratch, None, "annotations",
                     "signature", values)  # fmt: skip
         else:
-            wrapper(5, 1, 1, stream, 11, False, True, None, None, "packed", None, None, None, *values)
+            wrapper(5, 1, 1, stream, 11, False, True, scratch, None, "packed", None, None, None, *values)
         return launched.pop()
 
     return relaunch, triton_path, launched, encoded
@@ -694,13 +727,43 @@ def test_relaunch_of_a_kernel_without_descriptors_calls_its_launcher(monkeypatch
     assert tma.Relaunch(compiled, (3, 2, 1), torch.device("cpu"), [([4], [1])]).direct is None
 
 
-def test_relaunch_takes_tritons_path_with_a_launch_hook_or_scratch(monkeypatch):
-    """With a launch hook set, or a kernel that needs scratch memory, every launch goes through the compiled
-    kernel's ``run`` (triton's own path), hooks and all."""
+@pytest.mark.parametrize("form", [None, "3.7", "3.8"], ids=["installed", "3.7", "3.8"])
+def test_relaunch_gives_a_kernel_with_scratch_a_buffer_a_launch(monkeypatch, form):
+    """A kernel that needs global scratch (descriptors built on the device: 128 bytes each a CTA) is launched
+    directly, with a fresh buffer of its size times the grid in the launcher's global-scratch argument, where
+    triton's own path puts its allocator's."""
+    relaunch, triton_path, launched, _ = _relaunch_against_triton(monkeypatch, scratch=256, form=form)
+    buffers = []
+
+    def buffer(nbytes, device):
+        buffers.append(torch.empty(nbytes, dtype=torch.uint8))
+        return buffers[-1]
+
+    monkeypatch.setattr(tma, "scratch_buffer", buffer)
+    a, d, x = torch.empty(256, 512), torch.empty(256, 64), torch.empty(4)
+    assert relaunch.direct is not None and relaunch.scratch == 5 * 256
+    relaunch((a, d), (x, 3, 16), None)
+    relaunch((a, d), (x, 3, 16), None)
+    assert [b.numel() for b in buffers] == [5 * 256, 5 * 256]
+    assert launched[-1] == triton_path((a, d), (x, 3, 16), 7, scratch=buffers[-1])
+
+
+def test_scratch_allocator_is_torchs_within_the_block_only():
+    """Within :func:`tma.scratch_allocator` triton's allocator (a context variable) is torch's; after it, the one
+    set before (here triton's default, which refuses)."""
+    from triton.runtime import _allocation
+
+    before = _allocation._allocator.get()
+    with tma.scratch_allocator():
+        assert _allocation._allocator.get() is tma.torch_scratch
+    assert _allocation._allocator.get() is before
+
+
+def test_relaunch_takes_tritons_path_with_a_launch_hook(monkeypatch):
+    """With a launch hook set every launch goes through the compiled kernel's ``run`` (triton's own path), hooks
+    and all."""
     from triton import knobs
 
-    relaunch, _, launched, _ = _relaunch_against_triton(monkeypatch, scratch=128)
-    assert relaunch.direct is None
     relaunch, _, launched, _ = _relaunch_against_triton(monkeypatch)
     ran = []
     relaunch.compiled.run = _Runs(ran, relaunch.compiled.run)

@@ -3,9 +3,11 @@
 Each case: fresh random inputs quantized 1x128 along K on both sides (DeepGEMM's k-grouped recipe), groups of
 uneven K (an empty group among them), ``d`` poisoned with NaN (or holding the addend), the result compared with
 ``calc_diff`` against the float64 formula on the dequantized inputs, then a rerun that must be bitwise identical.
-Both ops (``tn`` and DeepGEMM's ``nt`` layout), with and without the addend (``c`` = ``d``, ``c`` apart), N off the
-tiles, a persistent grid smaller than the tile count, CUDA-graph replay with new inputs, and the public op's
-automatic choice against ``backend="gluon"``.
+Both ops (``tn`` and DeepGEMM's ``nt`` layout, whose blocks the kernel reads in place), with and without the addend
+(``c`` = ``d``, ``c`` apart), N off the tiles, a persistent grid smaller than the tile count, CUDA-graph replay with new
+inputs, and the public op's automatic choice against ``backend="gluon"``; the ``nt`` op read in place bitwise the
+``tn`` op on the same values (empty groups first, amid and last; CTAs whose walk crosses groups), and on a base off
+16 bytes (gathered).
 """
 
 from __future__ import annotations
@@ -145,6 +147,77 @@ def test_cuda_graph_replay_with_new_inputs():
         d.fill_(1.0)
 
     replay_after(lambda: tg.k_grouped_fp8_gemm_tn_contiguous(a, b, d, ks, layout_ks, c=d, backend="gluon"), change)
+    assert calc_diff(d, ref + 1.0) < BAR
+
+
+@pytest.mark.parametrize("ctas", [3, None], ids=["3-ctas", "all-sms"])
+def test_nt_in_place_equals_tn_bitwise(ctas):
+    """The ``nt`` blocks read in place (descriptors built on the device where a CTA's walk enters a group) give the
+    bits of the same design on the gathered K-major operands: empty groups first, amid and last, with and without
+    accumulation; 3 CTAs make every CTA's walk cross groups. The public ``nt`` and ``tn`` ops agree bit for bit."""
+    from tilegemm import config
+    from tilegemm.heuristics.gluon import K_GROUPED_FP8_WS_DESIGN
+
+    ks, m, n = [0, 384, 0, 256, 640, 0], 256, 264
+    tn, raw, ref = _case(ks, m, n, seed=17)
+    (a_nt, sa), (b_nt, sb) = _nt(raw, ks, m, n)
+    qa, _, qb, _ = raw
+    k_sum = sum(ks)
+    offsets = torch.tensor([sum(ks[:g]) for g in range(len(ks) + 1)], dtype=torch.int32, device="cuda")
+    cfg, sms = ws.VARIANTS[K_GROUPED_FP8_WS_DESIGN], ctas or config.get_num_sms()
+    gathered = ((qa, sa), (qb, sb))
+    blocks = ((a_nt.view(m, k_sum), sa), (b_nt.view(n, k_sum), sb))
+    c = torch.randn(len(ks), m, n, device="cuda", generator=torch.Generator(device="cuda").manual_seed(3))
+    for accumulate in (False, True):
+        outs = []
+        for ops, in_place in ((gathered, False), (blocks, True)):
+            d = c.clone() if accumulate else poisoned((len(ks), m, n), torch.float32, "cuda")
+            plan = ws.ws_plan(*ops, d, cfg, sms, k_offsets=offsets, accumulate=accumulate, in_place=in_place)
+            outs.append(plan(*ops, d, k_offsets=offsets))
+        torch.cuda.synchronize()
+        assert not outs[1].isnan().any(), "elements left unwritten"
+        assert torch.equal(outs[0].view(torch.uint8), outs[1].view(torch.uint8))
+        assert calc_diff(outs[1], ref + c.double() if accumulate else ref) < BAR
+    layout_ks = torch.tensor(ks, dtype=torch.int32, device="cuda")
+    by_tn, by_nt = (poisoned((len(ks), m, n), torch.float32, "cuda") for _ in range(2))
+    tg.k_grouped_fp8_gemm_tn_contiguous(*tn, by_tn, ks, layout_ks, backend="gluon")
+    tg.k_grouped_fp8_gemm_nt_contiguous((a_nt, sa), (b_nt, sb), by_nt, ks, layout_ks, backend="gluon")
+    torch.cuda.synchronize()
+    assert torch.equal(by_tn.view(torch.uint8), by_nt.view(torch.uint8))
+
+
+def test_nt_off_16_bytes_is_gathered():
+    """``nt`` data whose base is not 16-byte aligned (TMA's rule) is gathered into the ``tn`` form: still right."""
+    ks, m, n = [256, 128], 128, 256
+    _, raw, ref = _case(ks, m, n, seed=23)
+    (a_nt, sa), b = _nt(raw, ks, m, n)
+    shifted = torch.empty(a_nt.numel() + 1, dtype=a_nt.dtype, device="cuda")[1:]
+    shifted.copy_(a_nt)
+    layout_ks = torch.tensor(ks, dtype=torch.int32, device="cuda")
+
+    def run(d):
+        return tg.k_grouped_fp8_gemm_nt_contiguous((shifted, sa), b, d, ks, layout_ks, backend="gluon")
+
+    _check(run, poisoned((len(ks), m, n), torch.float32, "cuda"), ref)
+
+
+def test_nt_cuda_graph_replay_with_new_inputs():
+    """The ``nt`` op read in place, captured once (its descriptors' scratch from the graph's pool), replayed after
+    the blocks, the scales and ``d`` change in place."""
+    ks, m, n = [256, 0, 512], 256, 384
+    _, raw, _ = _case(ks, m, n, seed=41)
+    a, b = _nt(raw, ks, m, n)
+    _, raw2, ref = _case(ks, m, n, seed=42)
+    a2, b2 = _nt(raw2, ks, m, n)
+    layout_ks = torch.tensor(ks, dtype=torch.int32, device="cuda")
+    d = torch.zeros(len(ks), m, n, device="cuda")
+
+    def change():
+        for live, new in zip((*a, *b), (*a2, *b2)):
+            live.copy_(new)
+        d.fill_(1.0)
+
+    replay_after(lambda: tg.k_grouped_fp8_gemm_nt_contiguous(a, b, d, ks, layout_ks, c=d, backend="gluon"), change)
     assert calc_diff(d, ref + 1.0) < BAR
 
 

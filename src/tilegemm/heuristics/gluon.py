@@ -494,7 +494,7 @@ def k_grouped_fp8_rule(arguments: dict[str, Any]) -> str | None:
     if not d.is_contiguous() or not _gluon_may_run(d):
         return None
     groups, m, n = d.shape
-    k_sum = arguments["a"][0].shape[0]
+    k_sum = sum(arguments["ks_cpu"])
     return "gluon" if prefers_k_grouped_fp8(groups, m, n, k_sum, config.get_num_sms()) else None
 
 

@@ -1,6 +1,6 @@
 """The ground floor both kernel backends' host paths stand on (torch only): :func:`cdiv`, how an operand reaches
-a TMA-reading kernel (the one TMA contract, :func:`tma_ready`, and the copies that meet it), and a k-grouped call's
-K offsets (:func:`k_offsets`).
+a TMA-reading kernel (the one TMA contract, :func:`tma_ready`, and the copies that meet it), a k-grouped call's
+K offsets (:func:`k_offsets`) and the ``nt`` k-grouped op's per-group blocks gathered (:func:`k_grouped_nt_as_tn`).
 
 Both kernel backends read their tiles by TMA, which needs a unit last stride, every other stride a multiple
 of 16 bytes and a 16-byte aligned base.
@@ -66,6 +66,26 @@ def k_offsets(ks: list[int], ks_tensor: torch.Tensor | None, device: torch.devic
         sums = torch.cumsum(ks_tensor.to(device=device, dtype=torch.int32), 0, dtype=torch.int32)
         return torch.cat([sums.new_zeros(1), sums])
     return _kept_offsets(tuple(int(k) for k in ks), device)
+
+
+def gathered_k_major(data: torch.Tensor, ks: list[int], mn: int) -> torch.Tensor:
+    """DeepGEMM's per-group K-major buffer (contiguous, ``sum(ks) * mn`` elements: group g's ``[mn, ks[g]]`` block
+    row-major, groups back to back) as one [mn, K_sum] matrix (a copy)."""
+    flat, parts, start = data.reshape(-1), [], 0
+    for kg in ks:
+        parts.append(flat[start * mn : (start + kg) * mn].view(mn, kg))
+        start += kg
+    return torch.cat(parts, dim=1) if parts else flat.new_empty(mn, 0)
+
+
+def k_grouped_nt_as_tn(
+    a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor], ks: list[int], m: int, n: int
+) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """The ``nt`` k-grouped FP8 op's operands (data: each group's K-major [M, K_g] / [N, K_g] block back to back;
+    scales [M, K_sum/128] / [N, K_sum/128]) in the ``tn`` op's form: ([K_sum, M] data, [K_sum/128, M] scales) and
+    the same for B. The data is gathered (:func:`gathered_k_major`, one copy each), the scales are views."""
+    (a_data, sa), (b_data, sb) = a, b
+    return (gathered_k_major(a_data, ks, m).t(), sa.t()), (gathered_k_major(b_data, ks, n).t(), sb.t())
 
 
 @functools.lru_cache(maxsize=256)

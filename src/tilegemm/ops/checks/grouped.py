@@ -218,7 +218,9 @@ def _ks(ks_cpu: Any) -> list[int]:
 
 
 def _k_major_groups(name: str, data: torch.Tensor, ks: list[int], mn: int) -> torch.Tensor:
-    """DeepGEMM's per-group K-major buffer (group g: ``[MN, K_g]`` row-major, groups back to back) as [MN, K_sum]."""
+    """DeepGEMM's per-group K-major buffer (group g: ``[MN, K_g]`` row-major, groups back to back), checked: its
+    memory as a [K_sum, MN] view, for the checks of shapes and placement (not the matrix: the backends read the
+    blocks, or gather them with :func:`operands.k_grouped_nt_as_tn`)."""
     if data.numel() != sum(ks) * mn:
         raise ValueError(
             f"{name}: holds {data.numel()} elements, expected sum(ks_cpu) * {mn} = {sum(ks) * mn} "
@@ -226,11 +228,7 @@ def _k_major_groups(name: str, data: torch.Tensor, ks: list[int], mn: int) -> to
         )
     if not data.is_contiguous():
         raise ValueError(f"{name}: must be contiguous (each group's [MN, K_g] block, K-major, back to back)")
-    flat, parts, start = data.reshape(-1), [], 0
-    for kg in ks:
-        parts.append(flat[start * mn : (start + kg) * mn].view(mn, kg))
-        start += kg
-    return torch.cat(parts, dim=1) if parts else flat.new_empty(mn, 0)
+    return data.reshape(-1).view(mn, sum(ks)).t()
 
 
 def k_grouped_check(fp8: bool, layout: str = "tn") -> Callable[..., dict[str, Any]]:
@@ -238,7 +236,8 @@ def k_grouped_check(fp8: bool, layout: str = "tn") -> Callable[..., dict[str, An
 
     ``tn``: a [K_sum, M], b [K_sum, N] (FP8 scales [K_sum/128, M] / [K_sum/128, N]). ``nt`` (FP8,
     DeepGEMM's SM90 op): a and b hold each group's K-major ``[M, K_g]`` / ``[N, K_g]`` block back to
-    back, scales [M, K_sum/128] / [N, K_sum/128]; they are gathered into the ``tn`` form (one copy).
+    back, scales [M, K_sum/128] / [N, K_sum/128]; they are passed on as given (the gluon kernel reads the
+    blocks in place, the other backends gather them: :func:`operands.k_grouped_nt_as_tn`).
     Derived: ``a``, ``b``, ``d``, ``ks_cpu`` (a list), ``grouped_layout``, ``c``, ``stream``.
     """
 
@@ -273,9 +272,10 @@ def k_grouped_check(fp8: bool, layout: str = "tn") -> Callable[..., dict[str, An
                 raise ValueError(f"recipe: k-grouped FP8 takes 1x128 scales on both sides (1, 1, 128), got {rec}")
             if any(x % BLOCK for x in ks):
                 raise ValueError(f"ks_cpu: got {ks}, expected multiples of {BLOCK} for the FP8 op")
-        if layout == "nt":
-            a_data = _k_major_groups("a[0] (data)", a_data, ks, m).t()
-            b_data = _k_major_groups("b[0] (data)", b_data, ks, n).t()
+        given = (a_data, sa), (b_data, sb)
+        if layout == "nt":  # checked through [K_sum, MN] views of the blocks' memory and of the scales
+            a_data = _k_major_groups("a[0] (data)", a_data, ks, m)
+            b_data = _k_major_groups("b[0] (data)", b_data, ks, n)
             sa, sb = _t(sa, True), _t(sb, True)
         elif a_data.shape[0] != k_sum or b_data.shape[0] != k_sum:
             raise ValueError(
@@ -298,6 +298,8 @@ def k_grouped_check(fp8: bool, layout: str = "tn") -> Callable[..., dict[str, An
         _gemm_placement(stream, a_data, sa, b_data, sb, d=d, c=c, grouped_layout=grouped_layout)
         if value_checks_enabled(grouped_layout.device) and groups and grouped_layout.cpu().tolist() != ks:
             raise ValueError(f"grouped_layout: holds {grouped_layout.cpu().tolist()}, expected ks_cpu={ks}")
+        if layout == "nt":
+            (a_data, sa), (b_data, sb) = given
         return dict(
             a=_pack(a_data, sa), b=_pack(b_data, sb), d=d, ks_cpu=ks, grouped_layout=grouped_layout, c=c, stream=stream
         )

@@ -335,10 +335,14 @@ def k_grouped_bf16_gemm_tn_contiguous(a, b, d, ks_cpu, grouped_layout, c, stream
     return _k_grouped(op, a, b, d, ks_cpu, grouped_layout, c, fp8=False, stream=stream)
 
 
+@register_impl("k_grouped_fp8_gemm_tn_contiguous", "cutile")
 def _k_grouped_fp8(a, b, d, ks_cpu, grouped_layout, c, stream):
-    """FP8 k-grouped in the ``tn`` form (the ``nt`` op's groups gathered by the checks), 1x128 scales along K."""
+    """FP8 k-grouped in the ``tn`` form, 1x128 scales along K."""
     return _k_grouped("k_grouped_fp8_gemm_contiguous", a, b, d, ks_cpu, grouped_layout, c, fp8=True, stream=stream)
 
 
-register_impl("k_grouped_fp8_gemm_tn_contiguous", "cutile")(_k_grouped_fp8)
-register_impl("k_grouped_fp8_gemm_nt_contiguous", "cutile")(_k_grouped_fp8)
+@register_impl("k_grouped_fp8_gemm_nt_contiguous", "cutile")
+def _k_grouped_fp8_nt(a, b, d, ks_cpu, grouped_layout, c, stream):
+    """FP8 k-grouped on the ``nt`` op's per-group K-major blocks, gathered into the ``tn`` form (one copy each)."""
+    a, b = operands.k_grouped_nt_as_tn(a, b, ks_cpu, d.shape[1], d.shape[2])
+    return _k_grouped_fp8(a, b, d, ks_cpu, grouped_layout, c, stream)

@@ -61,14 +61,17 @@ def compile_dense_fp8_ws(
     accumulate: bool = False,
     row_scale: bool = False,
     gated: int = 0,
+    in_place: bool = False,
 ) -> Any:
     """``fp8_gemm_ws_kernel`` compiled for sm_90a as :func:`fp8_gemm_ws.ws_plan` launches ``cfg`` (its ring depth set
     for a 4096-cubed problem with ``out_dtype`` output; ``grouping``: dense, m-grouped or k-grouped, 8 groups;
     ``accumulate``: k-grouped into D; ``row_scale``: m-grouped with scaled rows; ``gated``: m-grouped with the
-    gated activation quantized into an FP8 D): a triton ``CompiledKernel``."""
+    gated activation quantized into an FP8 D; ``in_place``: k-grouped, A and B read as per-group blocks): a triton
+    ``CompiledKernel``."""
     ws = fp8_gemm_ws
     groups = 8 if grouping != ws.DENSE else 0
     cfg = ws.ws_config(ws.Problem(4096, 4096, 4096, out_dtype, groups, grouping, gated), cfg)
+    cfg = ws.in_place_config(cfg) if in_place else cfg
     box = ws.block_shapes(cfg)
     f8 = torch.float8_e4m3fn
     sb_box = box["sb"] if grouping == ws.K_GROUPED else box["sa"]
@@ -84,6 +87,8 @@ def compile_dense_fp8_ws(
         "group_ptr": "*fp32" if grouping == ws.DENSE else "*i32",
         "row_scale_ptr": "*fp32" if row_scale else "*" + _TY[out_dtype],
         "d_scale_ptr": "*fp32" if gated else "*" + _TY[out_dtype],
+        "a_blocks": "*fp8e4nv" if in_place else "*" + _TY[out_dtype],
+        "b_blocks": "*fp8e4nv" if in_place else "*" + _TY[out_dtype],
         "sb_stride": "i32",
         "sb_group_stride": "i32",
         "num_groups": "i32",
@@ -93,7 +98,7 @@ def compile_dense_fp8_ws(
         "work_ptr": "*fp32",
         "counter_ptr": "*i32",
     }
-    consts = ws.constants(cfg, grouping, accumulate, row_scale, gated)
+    consts = ws.constants(cfg, grouping, accumulate, row_scale, gated, in_place)
     attrs = _split_tail_attrs(list(signature), cfg.splits)
     signature.update({name: "constexpr" for name in consts})
     source = GluonASTSource(ws.fp8_gemm_ws_kernel, signature, constexprs=consts, attrs=attrs)

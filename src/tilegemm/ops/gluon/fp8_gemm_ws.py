@@ -32,7 +32,7 @@ from tilegemm.ops.gluon.fp8_gemm_ws_kernel import (
     fp8_gemm_ws_kernel,
 )
 from tilegemm.ops.gluon.split_tail import StreamTails, plan_sms, split_grid
-from tilegemm.ops.gluon.tma import SCALE_LAYOUT, Relaunch, descriptor, tma_strides
+from tilegemm.ops.gluon.tma import SCALE_LAYOUT, Relaunch, descriptor, scratch_allocator, tma_strides
 
 __all__ = ["GATED_ACTIVATIONS", "VARIANTS", "WsConfig", "ws_plan"]
 
@@ -192,6 +192,16 @@ def ws_config(problem: Problem, cfg: WsConfig | None = None) -> WsConfig:
     return cfg._replace(stages=deepest if cfg.stages <= 0 else min(cfg.stages, deepest))
 
 
+IN_PLACE_LOADER_REGS = 32
+"""The loader warp's fewest registers when it builds the ``nt`` blocks' descriptors (``in_place``): at 24 (the
+``wg_parts`` 2 designs') triton 3.8 spills two words of it; at 32 the MMA warpgroups keep 240 and 232."""
+
+
+def in_place_config(cfg: WsConfig) -> WsConfig:
+    """``cfg`` as an ``in_place`` plan runs it: its loader given at least :data:`IN_PLACE_LOADER_REGS` registers."""
+    return cfg._replace(loader_regs=max(cfg.loader_regs, IN_PLACE_LOADER_REGS))
+
+
 def block_shapes(cfg: WsConfig) -> dict[str, list[int]]:
     """The TMA box of each descriptor: A, B's wide and narrow sub-tiles, A's scales, B's column scales (k-grouped),
     D's wide and narrow sub-tiles (a warpgroup's rows of a wave each, with ``wg_parts`` 2)."""
@@ -210,11 +220,16 @@ def block_shapes(cfg: WsConfig) -> dict[str, list[int]]:
 
 
 def constants(
-    cfg: WsConfig, grouping: int = DENSE, accumulate: bool = False, row_scale: bool = False, gated: int = 0
+    cfg: WsConfig,
+    grouping: int = DENSE,
+    accumulate: bool = False,
+    row_scale: bool = False,
+    gated: int = 0,
+    in_place: bool = False,
 ) -> dict[str, Any]:
     """The kernel's constexpr arguments for ``cfg`` (its ring depth already set), the problem's ``grouping``,
-    whether D is accumulated into (k-grouped), whether its rows are scaled and the gated activation fused
-    (m-grouped)."""
+    whether D is accumulated into and A and B read in place as per-group blocks (k-grouped), whether its rows are
+    scaled and the gated activation fused (m-grouped)."""
     return {
         "BLOCK_N": cfg.block_n,
         "WAVES": cfg.waves,
@@ -229,6 +244,7 @@ def constants(
         "LOADER_REGS": cfg.loader_regs,
         "SPLITS": cfg.splits,
         "WG_PARTS": cfg.wg_parts,
+        "IN_PLACE": in_place,
     }
 
 
@@ -390,6 +406,7 @@ def ws_plan(
     row_scale: torch.Tensor | None = None,
     gated: int = 0,
     d_scales: torch.Tensor | None = None,
+    in_place: bool = False,
 ) -> Callable[..., torch.Tensor]:
     """The launch plan of calls shaped as this one: ``run(a, b, d, stream=None, m_index=None, k_offsets=None,
     row_scale=None, d_scales=None) -> d``.
@@ -425,6 +442,10 @@ def ws_plan(
             then its up rows), and with ``g, u`` the fp32 products of row r against them, ``h = act(g) * u``
             (``gated`` 1: SiLU, 2: tanh GELU) is quantized 1x128 into ``d`` float8_e4m3fn [M, N] and ``d_scales``
             (fp32 [N/128, M], contiguous: MN-major); a run of such a plan takes its call's ``d_scales``.
+        in_place: k-grouped, A's and B's data hold each group's K-major [M, K_g] / [N, K_g] block back to back
+            (DeepGEMM's ``nt`` layout; given as [M, K_sum] / [N, K_sum] views of that memory): the kernel reads the
+            blocks in place through descriptors it builds where its walk enters a group, in global scratch
+            memory each launch takes from torch (:func:`tma.scratch_allocator`, :class:`tma.Relaunch`).
 
     ``run.tails`` is the plan's :class:`split_tail.StreamTails` (a split design's workspace and counters, a set per
     stream).
@@ -436,10 +457,12 @@ def ws_plan(
     if row_scale is not None and not _row_scale_fits(row_scale, problem):
         raise ValueError(f"row_scale must be fp32 [M] = [{problem.m}], contiguous, with m_index; got "
                          f"{row_scale.dtype} {tuple(row_scale.shape)}")  # fmt: skip
-    cfg = ws_config(problem, cfg)
+    if in_place and grouping != K_GROUPED:
+        raise ValueError("in_place: k-grouped calls only")
+    cfg = ws_config(problem, in_place_config(cfg or WsConfig()) if in_place else cfg)
     num_sms = plan_sms(num_sms, d.device)
     grid = (*ws_grid(cfg, problem, num_sms), 1, 1)
-    consts = constants(cfg, grouping, accumulate, row_scale is not None, gated)
+    consts = constants(cfg, grouping, accumulate, row_scale is not None, gated, in_place)
     tails = StreamTails(ws_tiles(cfg, problem), grid[0], cfg.splits, cfg.block_m, cfg.block_n, d.device)
     fixed = {
         "sb_stride": first.sb.stride(-2),
@@ -451,7 +474,7 @@ def ws_plan(
         **consts,
     }
     names = fp8_gemm_ws_kernel.arg_names
-    after_names = names[names.index("d_scale_ptr") + 1 :]  # the parameters after the pointers, in order
+    after_names = names[names.index("b_blocks") + 1 :]  # the parameters after the pointers, in order
     at_tail = after_names.index("work_ptr")  # work_ptr, counter_ptr: the stream's tail buffers, amid fixed ones
     assert after_names[at_tail + 1] == "counter_ptr"
     before_tail = tuple(fixed[name] for name in after_names[:at_tail])
@@ -473,7 +496,7 @@ def ws_plan(
         if (row_scale is not None) != consts["ROW_SCALE"] or (d_scales is not None) != bool(gated):
             raise ValueError("a run takes row_scale / d_scales exactly when its plan was made with them")
         index = m_index if grouping == M_GROUPED else k_offsets
-        # row_scale_ptr and d_scale_ptr: read only by a ROW_SCALE and a GATED plan
+        # read only by a ROW_SCALE / GATED plan: row_scale_ptr / d_scale_ptr; by an in-place one: a_blocks, b_blocks
         epilogue = (d if row_scale is None else row_scale, d if d_scales is None else d_scales)
         after_pointers = unsplit_after
         if after_pointers is None:
@@ -481,18 +504,21 @@ def ws_plan(
         if relaunch is not None and as_given:
             (a_data, sa), (b_data, sb) = a, b
             sb_tma = sb if grouping == K_GROUPED else sa
-            pointers = (sb, sb if index is None else index, *epilogue)
+            blocks = (a_data, b_data) if in_place else (d, d)
+            pointers = (sb, sb if index is None else index, *epilogue, *blocks)
             relaunch((a_data, b_data, b_data, sa, sb_tma, d, d), (*pointers, *after_pointers), stream)
             return d
         ops = ws_operands(a, b, d, m_index, k_offsets)
-        pointers = (ops.sb, ops.sb if ops.index is None else ops.index, *epilogue)
+        blocks = (ops.a, ops.b) if in_place else (d, d)
+        pointers = (ops.sb, ops.sb if ops.index is None else ops.index, *epilogue, *blocks)
         if relaunch is not None:
             relaunch(tma_operands(ops, grouping), (*pointers, *after_pointers), stream)
             return d
-        with contextlib.nullcontext() if stream is None else torch.cuda.stream(stream):
+        on_stream = contextlib.nullcontext() if stream is None else torch.cuda.stream(stream)
+        with on_stream, scratch_allocator() if in_place else contextlib.nullcontext():
             compiled = fp8_gemm_ws_kernel[grid](
                 **ws_descriptors(cfg, ops, grouping),
-                **dict(zip(("sb_ptr", "group_ptr", "row_scale_ptr", "d_scale_ptr"), pointers)),
+                **dict(zip(("sb_ptr", "group_ptr", "row_scale_ptr", "d_scale_ptr", "a_blocks", "b_blocks"), pointers)),
                 **dict(zip(after_names, after_pointers)), num_warps=cfg.num_warps,
             )  # fmt: skip
         relaunch = Relaunch(compiled, grid, d.device, tma_shapes)

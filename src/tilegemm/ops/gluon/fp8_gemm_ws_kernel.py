@@ -69,7 +69,11 @@ a wave, no spills).
   tile); a tile runs its group's K blocks. Both sides are scaled 1x128 (DeepGEMM's k-grouped recipe): A's scales
   as ever, B's [ceil(K_sum/128), N] come by TMA with the stage (``sb_desc``) and each step is promoted as
   ``acc += P * sa[:, None] * sb[None, :]``. ``ACCUMULATE``: the tile is added to D by a TMA reduce-add
-  (:func:`tiles.add_tile`: D is not read into registers) instead of stored.
+  (:func:`tiles.add_tile`: D is not read into registers) instead of stored. ``IN_PLACE``: A and B are DeepGEMM's
+  ``nt`` layout, ``a_blocks`` / ``b_blocks`` holding each group's K-major [M, K_g] / [N, K_g] block back to back; the
+  loader builds the group's two descriptors on the device (``tma.make_tensor_descriptor``: written in shared memory,
+  copied to the launch's global scratch, fenced) for the CTA's first tile and wherever its walk enters another
+  group, and counts K from the group's start (``a_desc`` / ``b0_desc`` then give only the boxes and layouts).
 
 ``SPLITS`` > 1 (dense, persistent, one wave of a 128- or 64-wide tile): the split tail (:mod:`split_tail`). When the
 last round of tiles is short, each of its tiles runs as ``SPLITS`` jobs over a share of the K blocks each, on CTAs
@@ -196,6 +200,24 @@ def _job(job, full, num_m, num_n, group_ptr, num_groups, K, BLOCK_M: gl.constexp
 
 
 @gluon.jit
+def _group_blocks(a_blocks, b_blocks, a_desc, b_desc, group_ptr, group, M, N, K):
+    """K-grouped, read in place: TMA descriptors over group ``group``'s K-major [M, K_g] block of A and [N, K_g] block
+    of B (``a_blocks`` / ``b_blocks``: every group's block back to back, group g's at ``K_prefix(g) * M`` / ``* N``),
+    built on the device with ``a_desc``'s / ``b_desc``'s box and layout. An empty group's pair spans one K block (a
+    descriptor has no empty dimension); it is never read."""
+    k0 = gl.minimum(gl.maximum(gl.load(group_ptr + group), 0), K)
+    k1 = gl.minimum(gl.maximum(gl.load(group_ptr + group + 1), k0), K)
+    k_g = gl.maximum(k1 - k0, _BLOCK_K)
+    a_g = tma.make_tensor_descriptor(
+        a_blocks + k0.to(gl.int64) * M, [M, k_g], [k_g, 1], a_desc.block_type.shape, a_desc.layout
+    )
+    b_g = tma.make_tensor_descriptor(
+        b_blocks + k0.to(gl.int64) * N, [N, k_g], [k_g, 1], b_desc.block_type.shape, b_desc.layout
+    )
+    return a_g, b_g
+
+
+@gluon.jit
 def _loader(
     a_desc,
     b0_desc,
@@ -204,6 +226,8 @@ def _loader(
     sb_desc,
     ring,
     group_ptr,
+    a_blocks,
+    b_blocks,
     num_groups,
     M,
     N,
@@ -215,10 +239,13 @@ def _loader(
     GROUPING: gl.constexpr,
     GATED: gl.constexpr,
     SPLITS: gl.constexpr,
+    IN_PLACE: gl.constexpr,
 ):
     """The TMA warp: A, B (one or two sub-tiles; gated: the gate and the up rows) and A's scales (k-grouped: and B's)
     of every K block of every tile of this CTA, into ``ring`` (the kernel's stages); m-grouped: B's rows of the tile's
-    group; ``SPLITS`` > 1: of every job, a split run's K blocks only."""
+    group; ``SPLITS`` > 1: of every job, a split run's K blocks only. ``IN_PLACE`` (k-grouped): A and B from the
+    group's own blocks (:func:`_group_blocks`: descriptors built for the CTA's first tile and where its walk enters
+    another group), K counted from the group's start."""
     a_ring, b0_ring, b1_ring, sa_ring, sb_ring, ready, empty = ring
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     TWO_B: gl.constexpr = BLOCK_N == 192 or GATED != 0
@@ -232,19 +259,31 @@ def _loader(
     first, num_tiles, step, num_m, num_n = tile_range(M, N, walks, BLOCK_M, BLOCK_N, PERSISTENT)
     jobs, full = job_walk(num_tiles, step, SPLITS)
     it = 0
+    if IN_PLACE:  # the group of the CTA's first tile; the next ones are built where the walk enters a group
+        built = gl.minimum(first // (num_m * num_n), num_groups - 1)
+        a_src, b_src = _group_blocks(a_blocks, b_blocks, a_desc, b0_desc, group_ptr, built, M, N, K)
+    else:
+        a_src, b_src = a_desc, b0_desc
     for job in range(first, jobs, step):
         _, group, pm, pn, kb0, tile_k, _ = _job(
             job, full, num_m, num_n, group_ptr, num_groups, K, BLOCK_M, GROUP_M, GROUPING, SPLITS
         )
         col0, col1 = _b_cols(pn, N, BLOCK_N, GATED)
         b_row = group * N * (2 if GATED else 1) if GROUPING == _M_GROUPED else 0  # m-grouped: the group's rows of B
+        if IN_PLACE:
+            if group != built:
+                a_src, b_src = _group_blocks(a_blocks, b_blocks, a_desc, b0_desc, group_ptr, group, M, N, K)
+                built = group
+            k_base = kb0  # the group's blocks start at its first K block
+        else:
+            k_base = 0
         for kb in range(kb0, kb0 + tile_k):
             s = it % STAGES
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
             bar = ready.index(s)
             mbarrier.expect(bar, nbytes)
-            tma.async_copy_global_to_shared(a_desc, [pm * BLOCK_M, kb * _BLOCK_K], bar, a_ring.index(s))
-            tma.async_copy_global_to_shared(b0_desc, [b_row + col0, kb * _BLOCK_K], bar, b0_ring.index(s))
+            tma.async_copy_global_to_shared(a_src, [pm * BLOCK_M, (kb - k_base) * _BLOCK_K], bar, a_ring.index(s))
+            tma.async_copy_global_to_shared(b_src, [b_row + col0, (kb - k_base) * _BLOCK_K], bar, b0_ring.index(s))
             if TWO_B:
                 tma.async_copy_global_to_shared(b1_desc, [b_row + col1, kb * _BLOCK_K], bar, b1_ring.index(s))
             tma.async_copy_global_to_shared(sa_desc, [kb, pm * BLOCK_M], bar, sa_ring.index(s))
@@ -712,6 +751,8 @@ def fp8_gemm_ws_kernel(
     group_ptr,
     row_scale_ptr,
     d_scale_ptr,
+    a_blocks,
+    b_blocks,
     sb_stride,
     sb_group_stride,
     num_groups,
@@ -733,6 +774,7 @@ def fp8_gemm_ws_kernel(
     LOADER_REGS: gl.constexpr,
     SPLITS: gl.constexpr,
     WG_PARTS: gl.constexpr,
+    IN_PLACE: gl.constexpr,
 ):
     """Warp-specialized FP8 GEMM (see the module docstring); launch with ``num_warps=8 // WG_PARTS`` (4 for one
     MMA warpgroup on a 64-row wave).
@@ -743,7 +785,8 @@ def fp8_gemm_ws_kernel(
     ``d_scale_ptr`` (fp32 [N/128, M], written when ``GATED``) by the m-grouped one; ``group_ptr`` (m-grouped: int32
     ``m_index`` [M]; k-grouped: int32 K offsets [G + 1]), ``sb_group_stride`` and ``num_groups`` by the grouped
     forms (dense: any descriptor or pointer, 0 and 1). ``sb_ptr`` / ``sb_stride``: B's block scales (not read
-    k-grouped). Gated: ``b1_desc`` is B's (the up rows' sub-tile), ``d0_desc`` D's FP8 one.
+    k-grouped). ``a_blocks`` / ``b_blocks``: the ``IN_PLACE`` form's block buffers (else any pointer, not read).
+    Gated: ``b1_desc`` is B's (the up rows' sub-tile), ``d0_desc`` D's FP8 one.
 
     ``SPLITS`` (1, 2, 4, 8 or 16; above 1 dense, persistent, one wave of a 128- or 64-wide tile): the split tail
     (:mod:`split_tail`), with the plan's ``work_ptr`` (fp32 workspace) and ``counter_ptr`` (int32 counters, zero
@@ -768,6 +811,7 @@ def fp8_gemm_ws_kernel(
     )
     gl.static_assert(GROUPING != _K_GROUPED or BLOCK_N == 128, "k-grouped: 128-wide tiles")
     gl.static_assert(not ACCUMULATE or GROUPING == _K_GROUPED, "ACCUMULATE: k-grouped only")
+    gl.static_assert(not IN_PLACE or GROUPING == _K_GROUPED, "IN_PLACE: k-grouped only")
     gl.static_assert(not ROW_SCALE or GROUPING == _M_GROUPED, "ROW_SCALE: m-grouped only")
     gl.static_assert(
         GATED == 0 or (GROUPING == _M_GROUPED and BLOCK_N == 128 and OVERLAP == 0 and not ROW_SCALE),
@@ -833,8 +877,8 @@ def fp8_gemm_ws_kernel(
                                   ROW_SCALE, GATED, SPLITS, WG_PARTS, 0)),
                 (_mma_partition, (mma, BLOCK_N, WAVES, GROUP_M, STAGES, PERSISTENT, OVERLAP, GROUPING, ACCUMULATE,
                                   ROW_SCALE, GATED, SPLITS, WG_PARTS, 1)),
-                (_loader, (a_desc, b0_desc, b1_desc, sa_desc, sb_desc, ring, group_ptr, num_groups, M, N, K, BLOCK_N,
-                           GROUP_M, STAGES, PERSISTENT, GROUPING, GATED, SPLITS)),
+                (_loader, (a_desc, b0_desc, b1_desc, sa_desc, sb_desc, ring, group_ptr, a_blocks, b_blocks, num_groups,
+                           M, N, K, BLOCK_N, GROUP_M, STAGES, PERSISTENT, GROUPING, GATED, SPLITS, IN_PLACE)),
             ],
             [4, 1],
             [_WG1_REGS, LOADER_REGS],
@@ -844,8 +888,8 @@ def fp8_gemm_ws_kernel(
             [
                 (_mma_partition, (mma, BLOCK_N, WAVES, GROUP_M, STAGES, PERSISTENT, OVERLAP, GROUPING, ACCUMULATE,
                                   ROW_SCALE, GATED, SPLITS, WG_PARTS, 0)),
-                (_loader, (a_desc, b0_desc, b1_desc, sa_desc, sb_desc, ring, group_ptr, num_groups, M, N, K, BLOCK_N,
-                           GROUP_M, STAGES, PERSISTENT, GROUPING, GATED, SPLITS)),
+                (_loader, (a_desc, b0_desc, b1_desc, sa_desc, sb_desc, ring, group_ptr, a_blocks, b_blocks, num_groups,
+                           M, N, K, BLOCK_N, GROUP_M, STAGES, PERSISTENT, GROUPING, GATED, SPLITS, IN_PLACE)),
             ],
             [1],
             [LOADER_REGS],

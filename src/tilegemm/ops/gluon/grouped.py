@@ -163,18 +163,68 @@ def k_grouped_fp8(
     Raises:
         Unsupported: a case the kernel lacks (before anything is written).
     """
+    return _k_grouped_fp8_run(a, b, d, ks_cpu, grouped_layout, c, stream, in_place=False)
+
+
+def k_grouped_fp8_nt(
+    a: tuple[torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor],
+    d: torch.Tensor,
+    ks_cpu: list[int],
+    grouped_layout: torch.Tensor,
+    c: torch.Tensor | None = None,
+    stream: torch.cuda.Stream | None = None,
+) -> torch.Tensor:
+    """:func:`k_grouped_fp8` on the ``nt`` op's operands (DeepGEMM's SM90 layout), each group's blocks read in place:
+    the kernel builds the group's A and B descriptors on the device where its walk enters the group (``in_place``).
+
+    Args:
+        a: (fp8 data holding each group's K-major [M, K_g] block back to back, fp32 sa [M, K_sum/128]).
+        b: (fp8 data holding each group's [N, K_g] block back to back, fp32 sb [N, K_sum/128]).
+        d, ks_cpu, grouped_layout, c: as :func:`k_grouped_fp8`.
+
+    Data whose base is not 16-byte aligned (TMA's rule; each block then is too, K_g a multiple of 128) is gathered
+    into the ``tn`` form instead (:func:`operands.k_grouped_nt_as_tn`).
+
+    Raises:
+        Unsupported: a case the kernel lacks (before anything is written).
+    """
+    if a[0].data_ptr() % operands.ALIGN_BYTES or b[0].data_ptr() % operands.ALIGN_BYTES:
+        tn = operands.k_grouped_nt_as_tn(a, b, ks_cpu, d.shape[1], d.shape[2])
+        return _k_grouped_fp8_run(*tn, d, ks_cpu, grouped_layout, c, stream, in_place=False)
+    return _k_grouped_fp8_run(a, b, d, ks_cpu, grouped_layout, c, stream, in_place=True)
+
+
+def _k_grouped_fp8_run(
+    a: tuple[torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor],
+    d: torch.Tensor,
+    ks_cpu: list[int],
+    grouped_layout: torch.Tensor,
+    c: torch.Tensor | None,
+    stream: torch.cuda.Stream | None,
+    in_place: bool,
+) -> torch.Tensor:
+    """The k-grouped FP8 call on the kernel: checked (:func:`k_grouped_unsupported_reason`), started
+    (:func:`_k_grouped_start`), then A and B in the kernel's K-major form (``tn`` operands transposed; ``in_place``:
+    the ``nt`` blocks' memory as the [M, K_sum] / [N, K_sum] views the plan's checks take) and launched."""
     (a_data, sa), (b_data, sb) = a, b
     groups, m, n = d.shape
     reason = k_grouped_unsupported_reason(m, d)
     if reason is not None:
         raise Unsupported(reason)
-    accumulate, done = _k_grouped_start(d, c, a_data.shape[0])
+    k_sum = sum(ks_cpu)
+    accumulate, done = _k_grouped_start(d, c, k_sum)
     if done:
         return d
-    a_k = (_k_major(a_data), sa.t())  # [M, K_sum], scales [M, K_sum/128] (MN-major storage)
-    b_k = (_k_major(b_data), sb.t())
+    if in_place:
+        a_k = (a_data.reshape(-1).view(m, k_sum), sa)
+        b_k = (b_data.reshape(-1).view(n, k_sum), sb)
+    else:
+        a_k = (_k_major(a_data), sa.t())  # [M, K_sum], scales [M, K_sum/128] (MN-major storage)
+        b_k = (_k_major(b_data), sb.t())
     offsets = operands.k_offsets(ks_cpu, grouped_layout, d.device)
-    return k_grouped_plan(a_k, b_k, d, offsets, accumulate)(a_k, b_k, d, stream, k_offsets=offsets)
+    return k_grouped_plan(a_k, b_k, d, offsets, accumulate, in_place)(a_k, b_k, d, stream, k_offsets=offsets)
 
 
 def _k_grouped_start(d: torch.Tensor, c: torch.Tensor | None, k_sum: int) -> tuple[bool, bool]:
@@ -205,20 +255,24 @@ def k_grouped_plan(
     d: torch.Tensor,
     k_offsets: torch.Tensor,
     accumulate: bool,
+    in_place: bool = False,
 ) -> Runner:
     """The launch plan of a k-grouped call in the kernel's K-major form, ``run(a, b, d, stream, k_offsets=) -> d``,
-    kept in :mod:`tilegemm.ops.plans` (keyed as :func:`m_grouped_plan`, and by ``accumulate``)."""
+    kept in :mod:`tilegemm.ops.plans` (keyed as :func:`m_grouped_plan`, and by ``accumulate`` and ``in_place``:
+    A and B given as the ``nt`` op's per-group blocks, :func:`k_grouped_fp8_nt`)."""
     (a_data, sa), (b_data, sb) = a, b
     tk = plans.tensor_key
     key = (
-        "gluon", "k_grouped_fp8", tk(a_data), tk(sa), tk(b_data), tk(sb), tk(d), tk(k_offsets), accumulate,
+        "gluon", "k_grouped_fp8", tk(a_data), tk(sa), tk(b_data), tk(sb), tk(d), tk(k_offsets), accumulate, in_place,
         plans.sms_key(d.device),
     )  # fmt: skip
     run = plans.find(key)
     if run is None:
         design = fp8_gemm_ws.VARIANTS[K_GROUPED_FP8_WS_DESIGN]
         print_once("k_grouped_fp8_gemm_contiguous[gluon]", tuple(d.shape), design)
-        plan = fp8_gemm_ws.ws_plan(a, b, d, design, config.get_num_sms(), k_offsets=k_offsets, accumulate=accumulate)
+        plan = fp8_gemm_ws.ws_plan(
+            a, b, d, design, config.get_num_sms(), k_offsets=k_offsets, accumulate=accumulate, in_place=in_place
+        )
         run = plans.keep(key, plan)
     return run
 
@@ -278,6 +332,6 @@ def k_grouped_bf16_plan(
 register_impl("k_grouped_bf16_gemm_tn_contiguous", "gluon")(k_grouped_bf16)
 for _op in ("m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nn_contiguous"):
     register_impl(_op, "gluon")(m_grouped_fp8)
-for _op in ("k_grouped_fp8_gemm_tn_contiguous", "k_grouped_fp8_gemm_nt_contiguous"):
-    register_impl(_op, "gluon")(k_grouped_fp8)
+register_impl("k_grouped_fp8_gemm_tn_contiguous", "gluon")(k_grouped_fp8)
+register_impl("k_grouped_fp8_gemm_nt_contiguous", "gluon")(k_grouped_fp8_nt)
 del _op

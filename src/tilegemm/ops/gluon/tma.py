@@ -3,13 +3,16 @@
 A kernel's first launch of a plan goes through triton's JIT with :class:`TensorDescriptor` arguments (it compiles
 and caches the kernel); every later launch of the same plan goes straight to the compiled kernel's C launcher
 (:class:`Relaunch`), skipping the JIT's specialization and cache lookup and, for an address seen before, the
-descriptor's encoding.
+descriptor's encoding. A kernel that builds TMA descriptors on the device needs global scratch memory for them
+(128 bytes a descriptor and CTA): its launches take it from torch's caching allocator (:func:`scratch_allocator`
+around a launch through triton, the launcher's scratch argument on the direct path).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -17,6 +20,7 @@ from triton import knobs
 from triton.backends.nvidia.driver import make_tensordesc_arg
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.runtime import _allocation
 
 from tilegemm.ops import operands
 
@@ -66,6 +70,30 @@ class Bound(NamedTuple):
     round_f32_to_tf32: bool = False  # read by triton 3.8's launcher
 
 
+def scratch_buffer(nbytes: int, device: int) -> torch.Tensor:
+    """``nbytes`` of global scratch for one launch on CUDA device ``device``, from torch's caching allocator:
+    512-byte aligned (triton asks for at most 128), ordered on the current stream (a launch on another stream
+    records it there), in the capturing graph's pool during a capture."""
+    return torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", device))
+
+
+def torch_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    """Triton's allocator protocol over :func:`scratch_buffer`, on the current device (``alignment`` <= 512 and
+    ``stream``, the current one, are implied)."""
+    return scratch_buffer(size, torch.cuda.current_device())
+
+
+@contextlib.contextmanager
+def scratch_allocator() -> Iterator[None]:
+    """Within the block, launches through triton take their global scratch from :func:`torch_scratch` (triton's
+    allocator is a context variable: the caller's own choice, if any, is back after the block)."""
+    token = _allocation._allocator.set(torch_scratch)
+    try:
+        yield
+    finally:
+        _allocation._allocator.reset(token)
+
+
 def current_stream(device: int) -> int:
     """The handle of ``device``'s current CUDA stream, as triton's launcher takes it."""
     return torch._C._cuda_getCurrentRawStream(device)
@@ -82,9 +110,11 @@ class Relaunch:
     activation buffer a server reuses, is encoded once. The launch goes to triton's C launcher under its
     descriptor wrapper (:func:`_unwrapped`), on ``stream`` (``None``: the current stream of ``device``).
 
-    Where that wrapper is not one this knows (another triton), a launch hook is set (profilers), or the kernel
-    needs scratch memory, every launch takes triton's own path instead: the compiled kernel's ``run`` with
-    :class:`Bound` descriptors (the same launch, each descriptor encoded again).
+    A kernel with global scratch (descriptors built on the device) gets a fresh buffer of :attr:`scratch` bytes a
+    launch from torch's caching allocator, ordered on the launch's stream. Where that wrapper is not one this knows
+    (another triton), a launch hook is set (profilers), or the kernel needs profiling scratch, every launch takes
+    triton's own path instead: the compiled kernel's ``run`` with :class:`Bound` descriptors (the same launch, each
+    descriptor encoded again; its scratch from :func:`scratch_allocator`).
     """
 
     KEPT = 64
@@ -94,6 +124,9 @@ class Relaunch:
         self.device = device.index if device.index is not None else 0
         self.direct = _unwrapped(compiled, len(shapes))
         self.kept: list[dict[int, list]] = [{} for _ in shapes]
+        per_cta = getattr(compiled.run, "global_scratch_size", 0) * getattr(compiled.run, "num_ctas", 1)
+        self.scratch = per_cta * grid[0] * grid[1] * grid[2]
+        """Bytes of global scratch a launch needs (0: none)."""
 
     def __call__(self, tma_bases: tuple[torch.Tensor, ...], rest: tuple, stream: torch.cuda.Stream | None) -> None:
         raw_stream = current_stream(self.device) if stream is None else stream.cuda_stream
@@ -102,8 +135,15 @@ class Relaunch:
         if direct is None or _hooked(hooks[0]) or _hooked(hooks[1]):
             values = (*(Bound(t, *shape) for t, shape in zip(tma_bases, self.shapes)), *rest)
             meta = compiled.launch_metadata(self.grid, raw_stream, *values)
-            compiled.run(*self.grid, raw_stream, compiled.function, compiled.packed_metadata, meta, *hooks, *values)
+            on_stream = contextlib.nullcontext() if stream is None else torch.cuda.stream(stream)
+            with scratch_allocator() if self.scratch else contextlib.nullcontext(), on_stream:
+                compiled.run(*self.grid, raw_stream, compiled.function, compiled.packed_metadata, meta, *hooks, *values)
             return
+        scratch = None
+        if self.scratch:
+            scratch = scratch_buffer(self.scratch, self.device)
+            if stream is not None:
+                scratch.record_stream(stream)
         args = []
         for i, t in enumerate(tma_bases):
             kept = self.kept[i]
@@ -116,11 +156,11 @@ class Relaunch:
         run = compiled.run
         if direct.listed:
             direct.launcher(*self.grid, raw_stream, compiled.function, run.launch_cooperative_grid, run.launch_pdl,
-                            compiled.packed_metadata, None, None, None, None, None, run.arg_annotations,
+                            compiled.packed_metadata, None, None, None, scratch, None, run.arg_annotations,
                             run.kernel_signature, [*args, *rest])  # fmt: skip
         else:
             direct.launcher(*self.grid, raw_stream, compiled.function, run.launch_cooperative_grid, run.launch_pdl,
-                            None, None, compiled.packed_metadata, None, None, None, *args, *rest)  # fmt: skip
+                            scratch, None, compiled.packed_metadata, None, None, None, *args, *rest)  # fmt: skip
 
 
 def _hooked(hook: Any) -> bool:
@@ -144,14 +184,14 @@ class DirectLaunch(NamedTuple):
 
 def _unwrapped(compiled: Any, descriptors: int) -> DirectLaunch | None:
     """How to launch ``compiled`` straight through triton's C launcher, when its first ``descriptors`` parameters are
-    its only descriptors, every one with metadata, the kernel needs no scratch memory (nor 3.8's sanitizer), and its
+    its only descriptors, every one with metadata, the kernel needs no profiling scratch (nor 3.8's sanitizer), and its
     launch wrapper is one of these: triton 3.6's ``wrap_handle_tensordesc`` (the kernel's arguments spread after the
     base ones: it reads ``_BASE_ARGS_FORMAT_LEN``), 3.7's (the same closure; the arguments as one list), 3.8's
     ``wrap_handle_tensordesc_impl`` (its own encoder; top-level descriptors only), or, for a kernel without
     descriptors, the launcher itself. Else ``None``: every launch takes triton's own path."""
     run = compiled.run
     wrapper = getattr(run, "launch", None)
-    if wrapper is None or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+    if wrapper is None or getattr(run, "profile_scratch_size", 1):
         return None
     if getattr(run, "gsan_enabled", False):
         return None

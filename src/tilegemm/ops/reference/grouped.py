@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from tilegemm.backend.registry import register_impl
+from tilegemm.ops.operands import k_grouped_nt_as_tn
 from tilegemm.ops.reference._common import SCALE_K, SCALE_MN, chunk_count, dequant, exact_matmul
 
 #: Rows per block of the m-grouped contiguous layout (``get_mk_alignment_for_contiguous_layout()``).
@@ -234,5 +235,11 @@ def k_grouped_fp8(a, b, d, ks_cpu, grouped_layout, c, stream):
     return k_grouped(load(a_data, sa), load(b_data, sb), d, ks_cpu, c)
 
 
+@register_impl("k_grouped_fp8_gemm_nt_contiguous", "pytorch")
+def k_grouped_fp8_nt(a, b, d, ks_cpu, grouped_layout, c, stream):
+    """Reference k-grouped FP8 (nt form: each group's K-major block back to back): gathered into the tn form."""
+    a, b = k_grouped_nt_as_tn(a, b, ks_cpu, d.shape[1], d.shape[2])
+    return k_grouped_fp8(a, b, d, ks_cpu, grouped_layout, c, stream)
+
+
 register_impl("k_grouped_fp8_gemm_tn_contiguous", "pytorch")(k_grouped_fp8)
-register_impl("k_grouped_fp8_gemm_nt_contiguous", "pytorch")(k_grouped_fp8)
