@@ -432,8 +432,9 @@ def _m_grouped_gluon_ws() -> str:
 
 
 # The ws kernel's k-grouped form (ops/gluon/grouped.py): uneven K with an empty group, N off the tiles, accumulating
-# into d; then garbage K offsets (clamped into [0, K_sum]) through the plan directly.
-@case("k-grouped fp8 gluon ws: an empty group, N off the tiles, c = d; then garbage offsets")
+# into d, from the tn operands and from the nt op's blocks read in place; then garbage K offsets (clamped into
+# [0, K_sum]) through the plan directly.
+@case("k-grouped fp8 gluon ws: an empty group, N off the tiles, c = d, tn and nt in place; then garbage offsets")
 def _k_grouped_gluon_ws() -> str:
     from tilegemm.backend.selector import gluon_unavailable_reason
 
@@ -449,13 +450,20 @@ def _k_grouped_gluon_ws() -> str:
     a, b = (qa.t().contiguous(), sa.t().contiguous()), (qb.t().contiguous(), sb.t().contiguous())
     layout = torch.tensor(ks, dtype=torch.int32, device=DEV)
     d = torch.randn(len(ks), m, n, device=DEV, generator=g)
-    ref = d.clone()
+    ref, by_nt = d.clone(), d.clone()
     tg.k_grouped_fp8_gemm_tn_contiguous(a, b, d, ks, layout, c=d, backend="gluon")
     tg.k_grouped_fp8_gemm_tn_contiguous(a, b, ref, ks, layout, c=ref, backend="pytorch")
     torch.cuda.synchronize()
     diff = calc_diff(d, ref)
     if not diff < 1e-6:
         raise AssertionError(f"gluon differs from pytorch: calc_diff {diff:.2e}")
+    bounds = [sum(ks[:g]) for g in range(len(ks) + 1)]  # the nt op's blocks, read in place: the tn op's bits
+    a_nt = torch.cat([qa[:, s:e].contiguous().flatten() for s, e in zip(bounds[:-1], bounds[1:])])
+    b_nt = torch.cat([qb[:, s:e].contiguous().flatten() for s, e in zip(bounds[:-1], bounds[1:])])
+    tg.k_grouped_fp8_gemm_nt_contiguous((a_nt, sa), (b_nt, sb), by_nt, ks, layout, c=by_nt, backend="gluon")
+    torch.cuda.synchronize()
+    if not torch.equal(by_nt, d):
+        raise AssertionError(f"nt blocks read in place differ from the tn op: calc_diff {calc_diff(by_nt, d):.2e}")
     garbage = torch.tensor([0, -300, 10**6, 128, -5], dtype=torch.int32, device=DEV)
     a_k, b_k = (qa, sa), (qb, sb)
     ws.ws_plan(a_k, b_k, d, ws.VARIANTS["a_128x128_p"], 3, k_offsets=garbage)(a_k, b_k, d, k_offsets=garbage)
