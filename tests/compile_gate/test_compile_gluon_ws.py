@@ -55,7 +55,7 @@ SPLIT = [name for name, cfg in ws.VARIANTS.items() if cfg.splits > 1]
 GOOD += SPLIT
 SPILLING_OVERLAP = ["bd_256x128_ov", "cd_128x192_ov"]
 #: the one-wave designs an m-grouped call may run (the shipped ones first: short groups, long groups)
-GROUPED = ["d_128x128_ov4", "d_128x128_ov8", "a_128x128_p", "c_128x192", "g_128x128_ov4"]
+GROUPED = ["d_128x128_ov4", "d_128x128_ov8", "a_128x128_p", "c_128x192", "g_128x128_ov4", "g_128x128_ov8"]
 #: the designs a k-grouped call may run (the shipped one first): with B's column scales read at the promotion, the
 #: runs of 2 keep within the registers
 K_GROUPED = ["g_128x128_ov2", "d_128x128_ov", "a_128x128_p"]
@@ -321,6 +321,7 @@ def test_the_grouped_ops_run_gated_designs():
     """``ops/gluon/grouped.py`` launches the ws kernel's grouped forms with designs this gate compiles."""
     assert grouped.M_GROUPED_FP8_WS_DESIGN in GROUPED
     assert gluon_rules.M_GROUPED_FP8_WS_LONG_DESIGN in GROUPED
+    assert gluon_rules.M_GROUPED_FP8_WS_SHORT_K_DESIGN in GROUPED
     assert grouped.K_GROUPED_FP8_WS_DESIGN in K_GROUPED
     assert grouped.MOE_FP8_GATE_UP_WS_DESIGN in GOOD
     assert set(GATED + ROW_SCALED) <= set(GOOD)

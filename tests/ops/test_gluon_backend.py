@@ -184,7 +184,7 @@ def test_no_spilling_design_is_chosen_where_it_spills(monkeypatch):
     their tile and tile count (128x128 tiles run the spill-free design)."""
     ws = pytest.importorskip("tilegemm.ops.gluon.fp8_gemm_ws")
     under_36 = {shape: gluon.dense_fp8_ws_tiling(*shape, 132) for shape in SPILL_GRID}
-    grouped_36 = {gluon.m_grouped_fp8_ws_design(m, 8) for m in (512, 4096, 65536)}
+    grouped_36 = {gluon.m_grouped_fp8_ws_design(m, 8, k) for m in (512, 4096, 65536) for k in (768, 7168)}
     assert {d for d, _ in under_36.values()} & gluon.SPILLING_DESIGNS and grouped_36 & gluon.SPILLING_DESIGNS
     for version in ((3, 8), (3, 9)):
         monkeypatch.setattr(selector, "triton_version", lambda version=version: version)
@@ -194,7 +194,8 @@ def test_no_spilling_design_is_chosen_where_it_spills(monkeypatch):
             if design_36 in gluon.SPILLING_DESIGNS:
                 assert design == gluon.DENSE_FP8_WS_SPILL_FREE_DESIGN and count == count_36, shape
         for m in (512, 4096, 65536):
-            assert gluon.m_grouped_fp8_ws_design(m, 8) == gluon.M_GROUPED_FP8_WS_DESIGN
+            for k in (768, 7168):
+                assert gluon.m_grouped_fp8_ws_design(m, 8, k) == gluon.M_GROUPED_FP8_WS_DESIGN
     cfg, short = ws.VARIANTS[gluon.DENSE_FP8_WS_SPILL_FREE_DESIGN], ws.VARIANTS[gluon.DENSE_FP8_WS_DESIGN]
     assert (cfg.block_m, cfg.block_n, cfg.splits) == (short.block_m, short.block_n, 1)
     assert gluon.SPILLING_DESIGNS <= set(ws.VARIANTS) and gluon.M_GROUPED_FP8_WS_DESIGN not in gluon.SPILLING_DESIGNS

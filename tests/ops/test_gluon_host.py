@@ -368,24 +368,28 @@ def test_experts_plans_take_the_design_asked(recorders, gated):
 
 
 @pytest.mark.parametrize(
-    "m_sum, groups, design",
-    [(33408, 8, "d_128x128_ov8"), (16640, 32, "d_128x128_ov8"), (27648, 64, "d_128x128_ov8"),
-     (32768, 128, "d_128x128_ov4"), (40448, 128, "d_128x128_ov4"), (32768, 256, "d_128x128_ov4"),
-     (0, 0, "d_128x128_ov4")],
+    "m_sum, groups, k, design",
+    [(33408, 8, 7168, "d_128x128_ov8"), (16640, 32, 2048, "d_128x128_ov8"), (27648, 64, 2048, "d_128x128_ov8"),
+     (32768, 128, 7168, "d_128x128_ov4"), (40448, 128, 2048, "d_128x128_ov4"), (32768, 256, 7168, "d_128x128_ov4"),
+     (30464, 4, 768, "g_128x128_ov8"), (32768, 256, 768, "g_128x128_ov8"), (33024, 8, 896, "d_128x128_ov8"),
+     (0, 0, 768, "d_128x128_ov4")],
 )  # fmt: skip
-def test_m_grouped_fp8_ws_design(m_sum, groups, design):
-    """Runs of 8 K blocks from 384 rows a group on average (the measured rows: 8-64 groups of 432-8192 rows gained,
+def test_m_grouped_fp8_ws_design(m_sum, groups, k, design):
+    """Each MMA warpgroup a partition up to K 768 (the measured K 768 rows gained at every group count); above it,
+    runs of 8 K blocks from 384 rows a group on average (the measured rows: 8-64 groups of 432-8192 rows gained,
     groups of 128-316 rows lost), runs of 4 below."""
-    assert gluon_rules.m_grouped_fp8_ws_design(m_sum, groups) == design
+    assert gluon_rules.m_grouped_fp8_ws_design(m_sum, groups, k) == design
 
 
-def test_m_grouped_call_runs_the_design_of_its_group_length(recorders):
-    """A call of long groups launches the runs-of-8 design, one of short groups the runs-of-4 one."""
-    for sizes, overlap in (([512, 384], 8), ([128, 200, 56], 4)):
-        a, b, index = _grouped_operands(sizes, 256, 512)
+def test_m_grouped_call_runs_the_design_of_its_group_length_and_k(recorders):
+    """Above K 768 a call of long groups launches the runs-of-8 design, one of short groups the runs-of-4 one; up to
+    K 768 either launches each MMA warpgroup as a partition, in runs of 8."""
+    for sizes, k, overlap, parts in (([512, 384], 896, 8, 1), ([128, 200, 56], 896, 4, 1), ([128, 200], 768, 8, 2)):
+        a, b, index = _grouped_operands(sizes, 256, k)
         d = torch.empty(index.numel(), 256, dtype=torch.bfloat16)
         gluon_grouped.m_grouped_fp8(a, b, d, index)
-        assert recorders["ws"].jit[-1][2]["OVERLAP"] == overlap
+        meta = recorders["ws"].jit[-1][2]
+        assert (meta["OVERLAP"], meta["WG_PARTS"]) == (overlap, parts)
 
 
 @pytest.mark.parametrize("tokens, top_k, experts", [(512, 8, 128), (512, 8, 256), (512, 2, 8)])

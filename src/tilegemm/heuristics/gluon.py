@@ -214,6 +214,12 @@ M_GROUPED_FP8_WS_DESIGN = "d_128x128_ov4"
 #: (benchmarks/results/grouped-fp8-h200/m_grouped_ov8_designs_h200.json).
 M_GROUPED_FP8_WS_LONG_DESIGN = "d_128x128_ov8"
 M_GROUPED_FP8_WS_LONG_MIN_ROWS = 384
+#: ...and each MMA warpgroup a partition of its own (runs of 8) where K is short: on the five set rows of K 768 (4-256
+#: groups, N 2048) it ran 1.05x / 1.05x / 1.03x / 1.01x / 1.00x the design chosen before (4 / 8 / 32 / 128 / 256
+#: groups; two rounds, each within 0.005x of the other), while at K 2048 and 7168 it was mixed (0.92-1.10x)
+#: (benchmarks/results/grouped-fp8-h200/m_grouped_short_k_h200.json, wg_parts_m_grouped_h200.json).
+M_GROUPED_FP8_WS_SHORT_K_DESIGN = "g_128x128_ov8"
+M_GROUPED_FP8_WS_SHORT_K_MAX = 768
 #: The design the k-grouped FP8 calls run: 128x128 tiles, persistent, each MMA warpgroup a partition of its own, the
 #: next K block's wgmma in flight during each promotion (runs of 2), B's column scales read from the stage at the
 #: promotion (no spills: tests/compile_gate/test_compile_gluon_ws.py). The lockstep design with the overlap
@@ -421,12 +427,17 @@ def prefers_m_grouped_fp8(m_sum: int, n: int, k: int, num_sms: int) -> bool:
     return grouped_tiles_suffice(cdiv(m_sum, BLOCK_M) * cdiv(n, 128), cdiv(k, BLOCK_K), num_sms)
 
 
-def m_grouped_fp8_ws_design(m_sum: int, groups: int) -> str:
+def m_grouped_fp8_ws_design(m_sum: int, groups: int, k: int) -> str:
     """The ws kernel's design for an m-grouped contiguous FP8 call of ``m_sum`` rows (padding included) over
-    ``groups`` groups: :data:`M_GROUPED_FP8_WS_LONG_DESIGN` from :data:`M_GROUPED_FP8_WS_LONG_MIN_ROWS` rows a group on
-    average, else :data:`M_GROUPED_FP8_WS_DESIGN`; always the latter under a triton that spills the former
-    (:func:`spill_free_here`)."""
-    if groups > 0 and m_sum >= M_GROUPED_FP8_WS_LONG_MIN_ROWS * groups and spill_free_here():
+    ``groups`` groups of [N, ``k``] weights: :data:`M_GROUPED_FP8_WS_SHORT_K_DESIGN` up to
+    :data:`M_GROUPED_FP8_WS_SHORT_K_MAX` K, else :data:`M_GROUPED_FP8_WS_LONG_DESIGN` from
+    :data:`M_GROUPED_FP8_WS_LONG_MIN_ROWS` rows a group on average, else :data:`M_GROUPED_FP8_WS_DESIGN`; always the
+    latter under a triton that spills the other two (:func:`spill_free_here`)."""
+    if groups == 0 or not spill_free_here():
+        return M_GROUPED_FP8_WS_DESIGN
+    if k <= M_GROUPED_FP8_WS_SHORT_K_MAX:
+        return M_GROUPED_FP8_WS_SHORT_K_DESIGN
+    if m_sum >= M_GROUPED_FP8_WS_LONG_MIN_ROWS * groups:
         return M_GROUPED_FP8_WS_LONG_DESIGN
     return M_GROUPED_FP8_WS_DESIGN
 

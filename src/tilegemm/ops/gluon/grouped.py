@@ -90,7 +90,7 @@ def m_grouped_fp8(
         return d
     if a_data.shape[1] == 0 or b_data.shape[0] == 0:  # every row an empty sum or padding
         return d.zero_()
-    design = m_grouped_fp8_ws_design(a_data.shape[0], b_data.shape[0])
+    design = m_grouped_fp8_ws_design(a_data.shape[0], b_data.shape[0], b_data.shape[2])
     return m_grouped_plan(a, b, d, grouped_layout, design=design)(a, b, d, stream, grouped_layout)
 
 
