@@ -91,7 +91,7 @@ test-transformers-ends:
 # of GLUON_TRITONS, each in a throwaway venv with the CPU torch and that triton (cuobjdump from its own bundle). The
 # gluon backend's tested range at run time is src/tilegemm/backend/selector.py's; this shows which other tritons
 # compile the same kernels.
-GLUON_TRITONS ?= 3.7.1 3.8.0
+GLUON_TRITONS ?= 3.7.1 3.8.0 3.9.0
 TRITONS := .gluon-tritons
 compile-gluon-tritons:
 	failed=""; for v in $(GLUON_TRITONS); do \

@@ -38,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     tma,
 )
 
-from tilegemm.ops.gluon.tiles import release_stage, store_tile, tile_coords
+from tilegemm.ops.gluon.tiles import release_stage, smem_view, store_tile, tile_coords, tma_load
 
 CLUSTER_M = gl.constexpr(256)  # rows of one wave of a cluster tile: 128 a CTA
 BLOCK_N = gl.constexpr(128)
@@ -112,9 +112,9 @@ def _loader(a_desc, b_desc, sa_desc, a_ring, b_ring, sa_ring, ready, empty, M, N
             mbarrier.expect(bar, nbytes)
             for w in gl.static_range(WAVES):
                 row = (pm * WAVES + w) * CLUSTER_M
-                tma.async_copy_global_to_shared(a_desc, [row, kb * BLOCK_K], bar, a_ring.index(s * WAVES + w))
-                tma.async_copy_global_to_shared(sa_desc, [kb, row], bar, sa_ring.index(s * WAVES + w))
-            tma.async_copy_global_to_shared(b_desc, [pn * BLOCK_N, kb * BLOCK_K], bar, b_ring.index(s), multicast=True)
+                tma_load(a_desc, [row, kb * BLOCK_K], bar, a_ring.index(s * WAVES + w))
+                tma_load(sa_desc, [kb, row], bar, sa_ring.index(s * WAVES + w))
+            tma_load(b_desc, [pn * BLOCK_N, kb * BLOCK_K], bar, b_ring.index(s), multicast=True)
             it += 1
             _trace(trace, 3, it, LOADER_WARPS, DEBUG)
     _trace(trace, 4, 1, LOADER_WARPS, DEBUG)
@@ -130,7 +130,7 @@ def _mma(a_ring, b_ring, sa_ring, ready, empty, d_desc, out, sb_ptr, sb_stride, 
     waited, promoted as ``acc += P * (sa * sb)``; then the slot released on both CTAs' ``empty`` barriers."""
     acc_l: gl.constexpr = ACC_LAYOUT
     rows: gl.constexpr = gl.SliceLayout(1, acc_l)
-    sa_rows = sa_ring._reinterpret(gl.float32, [STAGES * WAVES, CLUSTER_M], FLAT_LAYOUT)
+    sa_rows = smem_view(sa_ring, gl.float32, [STAGES * WAVES, CLUSTER_M], FLAT_LAYOUT)
     num_m = gl.cdiv(M, WAVES * CLUSTER_M)
     num_n = gl.cdiv(N, BLOCK_N)
     num_k = gl.cdiv(K, BLOCK_K)

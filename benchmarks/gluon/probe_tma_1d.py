@@ -3,8 +3,10 @@
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from tilegemm.ops.gluon.tiles import tma_load
 
 
 @gluon.jit
@@ -14,7 +16,7 @@ def copy1d(desc, out_ptr, start, BOX: gl.constexpr):
     mbarrier.init(bar, count=1)
     fence_async_shared()
     mbarrier.expect(bar, desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(desc, [start], bar, buf.index(1))
+    tma_load(desc, [start], bar, buf.index(1))
     mbarrier.wait(bar, 0)
     lay: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     v = buf.index(1).load(lay)

@@ -9,8 +9,10 @@ import sys
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from tilegemm.ops.gluon.tiles import tma_load
 
 
 @gluon.jit
@@ -20,7 +22,7 @@ def copy2d(desc, out_ptr, r, c, BOX: gl.constexpr):
     mbarrier.init(bar, count=1)
     fence_async_shared()
     mbarrier.expect(bar, desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(desc, [r, c], bar, buf.index(1))
+    tma_load(desc, [r, c], bar, buf.index(1))
     mbarrier.wait(bar, 0)
     lay: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, 4], [1, 0])
     v = buf.index(1).load(lay)

@@ -25,7 +25,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     tma,
 )
 
-from tilegemm.ops.gluon.tiles import release_stage, store_tile, tile_coords
+from tilegemm.ops.gluon.tiles import release_stage, smem_view, store_tile, tile_coords, tma_load
 
 HALF_M = gl.constexpr(64)  # rows of one wgmma (a warpgroup's m64)
 BLOCK_N = gl.constexpr(128)
@@ -53,9 +53,9 @@ def _loader(a_desc, b_desc, sa_desc, a_ring, b_ring, sa_ring, ready, empty, M, N
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
             bar = ready.index(s)
             mbarrier.expect(bar, nbytes)
-            tma.async_copy_global_to_shared(a_desc, [pm * BLOCK_M, kb * BLOCK_K], bar, a_ring.index(s))
-            tma.async_copy_global_to_shared(b_desc, [pn * BLOCK_N, kb * BLOCK_K], bar, b_ring.index(s))
-            tma.async_copy_global_to_shared(sa_desc, [kb, pm * BLOCK_M], bar, sa_ring.index(s))
+            tma_load(a_desc, [pm * BLOCK_M, kb * BLOCK_K], bar, a_ring.index(s))
+            tma_load(b_desc, [pn * BLOCK_N, kb * BLOCK_K], bar, b_ring.index(s))
+            tma_load(sa_desc, [kb, pm * BLOCK_M], bar, sa_ring.index(s))
             it += 1
 
 
@@ -74,7 +74,7 @@ def _warpgroup(a_ring, b_ring, sa_ring, ready, empty, d_desc, out, sb_ptr, sb_st
     ``out``."""
     BLOCK_M: gl.constexpr = a_ring.shape[1]
     rows: gl.constexpr = gl.SliceLayout(1, ACC_LAYOUT)
-    sa_rows = sa_ring._reinterpret(gl.float32, [STAGES, BLOCK_M], FLAT_LAYOUT)
+    sa_rows = smem_view(sa_ring, gl.float32, [STAGES, BLOCK_M], FLAT_LAYOUT)
     num_m = gl.cdiv(M, BLOCK_M)
     num_n = gl.cdiv(N, BLOCK_N)
     num_k = gl.cdiv(K, BLOCK_K)

@@ -26,8 +26,8 @@ def _triton_3_6(monkeypatch):
 @pytest.mark.parametrize(
     "version, ok",
     [
-        ("3.6.0", True), ("3.6.1+git", True), ("3.7.1", True), ("3.8.0", True), ("3.5.1", False), ("3.9.0", False),
-        ("4.0", False), ("nightly", False),
+        ("3.6.0", True), ("3.6.1+git", True), ("3.7.1", True), ("3.8.0", True), ("3.9.0", True), ("3.5.1", False),
+        ("3.10.0", False), ("4.0", False), ("nightly", False),
     ],
 )  # fmt: skip
 def test_triton_version_range(version, ok):
@@ -428,6 +428,20 @@ ROUND_SPLIT_CASES = [
     (2048, 2112, 7168, "bf16_128x128_sk", 272),  # whole rounds before the tail: the tail split
     (200, 2112, 7168, "bf16_128x64_sk2", 66),  # a partial row tile, moved up to end at M: 17.7 us against 21.1
 ]
+
+
+def test_bf16_fp32_output_is_not_split_into_a_design_that_spills_there(monkeypatch):
+    """Under a triton from :data:`gluon.TRITON_SPILLS_BF16_FP32_FROM` a dense BF16 call with fp32 output never runs
+    a design of :data:`gluon.BF16_FP32_SPILLING_DESIGNS` (its tail stays unsplit: the same 128x128 tile); with bf16
+    output, and under earlier tritons with either, the same calls split their tail into it."""
+    shapes = [(2048, 2112, 7168), (2056, 2112, 7168)]  # two whole rounds of 128x128 tiles and a short tail
+    for version, fp32_splits in (((3, 6), True), ((3, 8), True), ((3, 9), False), ((3, 10), False)):
+        monkeypatch.setattr(selector, "triton_version", lambda version=version: version)
+        for shape in shapes:
+            assert gluon.dense_bf16_ws_design(*shape, 132) == "bf16_128x128_sk", (version, shape)
+            want = "bf16_128x128_sk" if fp32_splits else "bf16_128x128"
+            assert gluon.dense_bf16_ws_design(*shape, 132, out_bytes=4) == want, (version, shape)
+    assert gluon.BF16_FP32_SPILLING_DESIGNS <= set(gluon.DENSE_BF16_WS_TAIL_SPLIT.designs.values())
 
 
 @pytest.mark.parametrize("m, n, k, design, tiles", ROUND_SPLIT_CASES)

@@ -26,6 +26,7 @@ from tilegemm.ops import plans  # noqa: E402
 from tilegemm.ops.gluon import bf16_gemm_ws, fp8_gemm_kernel, fp8_gemm_ws, split_tail, tma  # noqa: E402
 from tilegemm.ops.gluon import gemm as gluon_gemm  # noqa: E402
 from tilegemm.ops.gluon import grouped as gluon_grouped  # noqa: E402
+from tilegemm.ops.gluon.options import COMPILE_OPTIONS  # noqa: E402
 from tilegemm.ops.operands import cdiv  # noqa: E402
 
 LEADING = 9  # grid (3), stream, function, packed metadata, launch metadata, enter and exit hooks
@@ -54,6 +55,8 @@ class _Recorder:
 
     def __getitem__(self, grid):
         def launch(num_warps, **kwargs):
+            options = {name: kwargs.pop(name) for name in COMPILE_OPTIONS if name in kwargs}
+            assert options == COMPILE_OPTIONS, "every gluon kernel compiles with the backend's options"
             self.jit.append((grid, num_warps, kwargs))
             return self.compiled
 

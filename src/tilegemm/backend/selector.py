@@ -38,7 +38,7 @@ from tilegemm.env import BACKEND, DISABLE_FALLBACK, env_choice, env_flag
 BACKENDS: tuple[str, ...] = ("gluon", "cutile", "pytorch")
 """Every backend name tilegemm knows, in order of preference."""
 
-TRITON_TESTED = ((3, 6), (3, 9))
+TRITON_TESTED = ((3, 6), (3, 10))
 """The triton versions the gluon backend is tested with: ``[low, high)`` as (major, minor)."""
 
 _global_backend: str | None = None

@@ -127,11 +127,19 @@ SPILLING_DESIGNS = frozenset({"d_128x128_ov8", "d_128x128_ov8_sk", "g_128x128_ov
 DENSE_FP8_WS_SPILL_FREE_DESIGN = "g_128x128_ov2"
 
 
-def spill_free_here() -> bool:
-    """True where the installed triton compiles :data:`SPILLING_DESIGNS` without spills (before
-    :data:`TRITON_SPILLS_FROM`, or no triton)."""
+#: The BF16 split-tail design of 128x128 tiles spills with fp32 output from triton 3.9: 1 STL / 2 LDL in the MMA
+#: partition, outside the K loop (an address of the epilogue's, held from before the loop). Its calls with fp32
+#: output run the tile unsplit there (:func:`dense_bf16_ws_design`).
+TRITON_SPILLS_BF16_FP32_FROM = (3, 9)
+BF16_FP32_SPILLING_DESIGNS = frozenset({"bf16_128x128_sk"})
+
+
+def spill_free_here(since: tuple[int, int] = TRITON_SPILLS_FROM) -> bool:
+    """True where the installed triton compiles the designs that spill from triton ``since`` without spills (before
+    it, or no triton): :data:`SPILLING_DESIGNS` for :data:`TRITON_SPILLS_FROM`, :data:`BF16_FP32_SPILLING_DESIGNS`
+    with fp32 output for :data:`TRITON_SPILLS_BF16_FP32_FROM`."""
     version = selector.triton_version()
-    return version is None or version < TRITON_SPILLS_FROM
+    return version is None or version < since
 
 
 # The automatic choice of the dense BF16 GEMMs (benchmarks/results/gluon/bf16_ws_h200.json: the BF16 ws kernel's
@@ -332,12 +340,20 @@ def ws_kernel_faster(m: int, n: int, k: int, num_sms: int) -> bool:
     return tiles >= least * num_sms
 
 
-def dense_bf16_ws_design(m: int, n: int, k: int, num_sms: int) -> str:
+def dense_bf16_ws_design(m: int, n: int, k: int, num_sms: int, out_bytes: int = 2) -> str:
     """The BF16 ws kernel's design (a ``bf16_gemm_ws.VARIANTS`` name) for a dense [M, K] x [N, K] call on
-    ``num_sms`` SMs: the cheapest tiling of :data:`DENSE_BF16_WS_TILES` (:func:`cheapest_tiling`), refined by the
-    split tail (:data:`DENSE_BF16_WS_TAIL_SPLIT`) or a single round's split (:data:`DENSE_BF16_WS_ROUND_SPLIT`); at
-    K up to :data:`DENSE_BF16_WS_SHORT_K` with the short-K costs (:func:`dense_bf16_ws_tiles`)."""
-    return cheapest_tiling(m, n, num_sms, dense_bf16_ws_tiles(k), k, DENSE_BF16_WS_SPLITS)[0]
+    ``num_sms`` SMs into an output of ``out_bytes`` an element: the cheapest tiling of :data:`DENSE_BF16_WS_TILES`
+    (:func:`cheapest_tiling`), refined by the split tail (:data:`DENSE_BF16_WS_TAIL_SPLIT`) or a single round's split
+    (:data:`DENSE_BF16_WS_ROUND_SPLIT`); at K up to :data:`DENSE_BF16_WS_SHORT_K` with the short-K costs
+    (:func:`dense_bf16_ws_tiles`). No split into a design of :data:`BF16_FP32_SPILLING_DESIGNS` with fp32 output
+    where it spills (:data:`TRITON_SPILLS_BF16_FP32_FROM`)."""
+    splits = DENSE_BF16_WS_SPLITS
+    if out_bytes == 4 and not spill_free_here(TRITON_SPILLS_BF16_FP32_FROM):
+        splits = tuple(
+            s._replace(designs={u: d for u, d in s.designs.items() if d not in BF16_FP32_SPILLING_DESIGNS})
+            for s in splits
+        )
+    return cheapest_tiling(m, n, num_sms, dense_bf16_ws_tiles(k), k, splits)[0]
 
 
 def dense_bf16_ws_tiles(k: int) -> tuple[tuple[str, int, int, float], ...]:

@@ -15,9 +15,15 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 from tilegemm.heuristics.gluon import GluonDenseConfig
 from tilegemm.ops.gluon import bf16_gemm_ws, fp8_gemm_kernel, fp8_gemm_ws, gemm, sparse_attention, transpose
+from tilegemm.ops.gluon.options import COMPILE_OPTIONS
 from tilegemm.ops.gluon.tma import SCALE_LAYOUT, operand_layout
 
 _TY = {torch.float8_e4m3fn: "fp8e4nv", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def _compile(source: GluonASTSource, num_warps: int) -> Any:
+    """``source`` compiled for sm_90a over ``num_warps`` warps with the backend's :data:`COMPILE_OPTIONS`."""
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, **COMPILE_OPTIONS})
 
 
 def _desc(dtype: torch.dtype, block: list[int], layout: Any = None) -> str:
@@ -51,7 +57,7 @@ def compile_dense_fp8(
     consts = gemm.constants(cfg, sb_rows, has_c)
     signature.update({name: "constexpr" for name in consts})
     source = GluonASTSource(fp8_gemm_kernel.fp8_gemm_kernel, signature, constexprs=consts)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    return _compile(source, 4)
 
 
 def compile_dense_fp8_ws(
@@ -102,7 +108,7 @@ def compile_dense_fp8_ws(
     attrs = _split_tail_attrs(list(signature), cfg.splits)
     signature.update({name: "constexpr" for name in consts})
     source = GluonASTSource(ws.fp8_gemm_ws_kernel, signature, constexprs=consts, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps})
+    return _compile(source, cfg.num_warps)
 
 
 #: The split tail's runs a tile in the split designs the gate compiles (their ``SPLITS``).
@@ -149,7 +155,7 @@ def compile_bf16_ws(
     attrs = _split_tail_attrs(list(signature), cfg.splits)
     signature.update({name: "constexpr" for name in consts})
     source = GluonASTSource(bf16_gemm_ws.bf16_gemm_ws_kernel, signature, constexprs=consts, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps})
+    return _compile(source, cfg.num_warps)
 
 
 def compile_transpose() -> Any:
@@ -159,7 +165,7 @@ def compile_transpose() -> Any:
     signature = {"src": "*u8", "dst": "*u8", "rows": "i32", "cols": "i32", "TILE": "constexpr"}
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(4)}
     source = GluonASTSource(transpose.transpose_kernel, signature, constexprs={"TILE": transpose.TILE}, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": transpose.WARPS})
+    return _compile(source, transpose.WARPS)
 
 
 def compile_sparse_decode(
@@ -206,7 +212,7 @@ def compile_sparse_decode(
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     signature.update({name: "constexpr" for name in consts})
     source = GluonASTSource(sa.sparse_decode_kernel, signature, constexprs=consts, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": sa.NUM_WARPS})
+    return _compile(source, sa.NUM_WARPS)
 
 
 def compile_sparse_combine(dv: int = 128, splits: int = 2) -> Any:
@@ -220,4 +226,4 @@ def compile_sparse_combine(dv: int = 128, splits: int = 2) -> Any:
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in ("o_ptr", "part_ptr", "stat_ptr", "o_sb", "o_sh")}
     signature.update({name: "constexpr" for name in consts})
     source = GluonASTSource(sa.sparse_decode_combine_kernel, signature, constexprs=consts, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": sa.COMBINE_WARPS})
+    return _compile(source, sa.COMBINE_WARPS)

@@ -18,6 +18,7 @@ import torch
 from tilegemm.heuristics.gluon import BARRIER_BYTES, BF16_BLOCK_K, SMEM_BYTES
 from tilegemm.ops import operands
 from tilegemm.ops.gluon.bf16_gemm_ws_kernel import MMA_WARPS, bf16_gemm_ws_kernel
+from tilegemm.ops.gluon.options import COMPILE_OPTIONS
 from tilegemm.ops.gluon.split_tail import StreamTails, plan_sms, split_grid
 from tilegemm.ops.gluon.tma import Relaunch, descriptor, tma_strides
 
@@ -208,7 +209,7 @@ def bf16_ws_plan(
         descs = {name: descriptor(x, box) for name, x, box in zip(("a_desc", "b_desc", "d_desc"), tensors, boxes)}
         with contextlib.nullcontext() if stream is None else torch.cuda.stream(stream):
             compiled = bf16_gemm_ws_kernel[grid](
-                **descs, **dict(zip(names[len(descs) :], rest)), num_warps=cfg.num_warps
+                **descs, **dict(zip(names[len(descs) :], rest)), num_warps=cfg.num_warps, **COMPILE_OPTIONS
             )
         relaunch = Relaunch(compiled, grid, d.device, shapes)
         return d

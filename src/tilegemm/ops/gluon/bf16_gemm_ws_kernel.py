@@ -56,6 +56,7 @@ from tilegemm.ops.gluon.tiles import (
     tile_coords,
     tile_range,
     tile_row,
+    tma_load,
     wgmma_layout,
 )
 
@@ -121,11 +122,11 @@ def _loader(a_desc, b_desc, a_ring, b_ring, ready, empty, group_ptr, walks, M, N
             bar = ready.index(s)
             mbarrier.expect(bar, nbytes)
             if K_GROUPED:
-                tma.async_copy_global_to_shared(a_desc, [kb * _BLOCK_K, row], bar, a_ring.index(s))
-                tma.async_copy_global_to_shared(b_desc, [kb * _BLOCK_K, pn * TILE_N], bar, b_ring.index(s))
+                tma_load(a_desc, [kb * _BLOCK_K, row], bar, a_ring.index(s))
+                tma_load(b_desc, [kb * _BLOCK_K, pn * TILE_N], bar, b_ring.index(s))
             else:
-                tma.async_copy_global_to_shared(a_desc, [row, kb * _BLOCK_K], bar, a_ring.index(s))
-                tma.async_copy_global_to_shared(b_desc, [pn * TILE_N, kb * _BLOCK_K], bar, b_ring.index(s))
+                tma_load(a_desc, [row, kb * _BLOCK_K], bar, a_ring.index(s))
+                tma_load(b_desc, [pn * TILE_N, kb * _BLOCK_K], bar, b_ring.index(s))
             it += 1
 
 

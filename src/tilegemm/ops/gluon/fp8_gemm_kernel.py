@@ -36,7 +36,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from tilegemm.ops.gluon.tiles import release_stage, ring_barriers, tile_coords
+from tilegemm.ops.gluon.tiles import release_stage, ring_barriers, smem_view, tile_coords, tma_load, tma_store
 
 WG_ROWS = 64  # rows of the output tile one MMA warpgroup owns
 SB_BOX = gl.constexpr(32)  # floats one 128x128-recipe B-scale load brings (a TMA destination is 128-byte aligned)
@@ -81,13 +81,13 @@ def _loader(
             bar = ready.index(s)
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
             mbarrier.expect(bar, nbytes)
-            tma.async_copy_global_to_shared(a_desc, [pm * BM, kb * BK], bar, a_ring.index(s))
-            tma.async_copy_global_to_shared(b_desc, [pn * BN, kb * BK], bar, b_ring.index(s))
-            tma.async_copy_global_to_shared(sa_desc, [kb, pm * BM], bar, sa_ring.index(s))
+            tma_load(a_desc, [pm * BM, kb * BK], bar, a_ring.index(s))
+            tma_load(b_desc, [pn * BN, kb * BK], bar, b_ring.index(s))
+            tma_load(sa_desc, [kb, pm * BM], bar, sa_ring.index(s))
             if SB_ROWS:
-                tma.async_copy_global_to_shared(sb_desc, [kb, pn * BN], bar, sb_ring.index(s))
+                tma_load(sb_desc, [kb, pn * BN], bar, sb_ring.index(s))
             else:
-                tma.async_copy_global_to_shared(sb_desc, [pn, kb - kb % SB_ALIGN], bar, sb_ring.index(s))
+                tma_load(sb_desc, [pn, kb - kb % SB_ALIGN], bar, sb_ring.index(s))
             it += 1
 
 
@@ -97,9 +97,9 @@ def _stage_scales(sa_ring, sb_ring, s, kb, WG: gl.constexpr, layout: gl.constexp
     column). The rings hold [1, width] TMA boxes; their rows are read through a flat view."""
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     STAGES: gl.constexpr = sa_ring.shape[0]
-    sa_rows = sa_ring._reinterpret(gl.float32, [STAGES, sa_ring.shape[2]], flat)
+    sa_rows = smem_view(sa_ring, gl.float32, [STAGES, sa_ring.shape[2]], flat)
     sa = sa_rows.index(s).slice(WG * 64, 64).load(gl.SliceLayout(1, layout))
-    sb_rows = sb_ring._reinterpret(gl.float32, [STAGES, sb_ring.shape[2]], flat)
+    sb_rows = smem_view(sb_ring, gl.float32, [STAGES, sb_ring.shape[2]], flat)
     if SB_ROWS:
         sb = sb_rows.index(s).load(gl.SliceLayout(0, layout))
     else:
@@ -175,7 +175,7 @@ def _mma_warpgroup(
         tma.store_wait(pendings=0)  # the previous tile's store has read out_smem
         out_smem.store(out.to(d_desc.dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(d_desc, [pm * BM + WG * 64, pn * BN], out_smem)
+        tma_store(d_desc, [pm * BM + WG * 64, pn * BN], out_smem)
     tma.store_wait(pendings=0)
 
 

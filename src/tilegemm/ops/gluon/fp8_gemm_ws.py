@@ -31,6 +31,7 @@ from tilegemm.ops.gluon.fp8_gemm_ws_kernel import (
     WAVE_M,
     fp8_gemm_ws_kernel,
 )
+from tilegemm.ops.gluon.options import COMPILE_OPTIONS
 from tilegemm.ops.gluon.split_tail import StreamTails, plan_sms, split_grid
 from tilegemm.ops.gluon.tma import SCALE_LAYOUT, Relaunch, descriptor, scratch_allocator, tma_strides
 
@@ -519,7 +520,7 @@ def ws_plan(
             compiled = fp8_gemm_ws_kernel[grid](
                 **ws_descriptors(cfg, ops, grouping),
                 **dict(zip(("sb_ptr", "group_ptr", "row_scale_ptr", "d_scale_ptr", "a_blocks", "b_blocks"), pointers)),
-                **dict(zip(after_names, after_pointers)), num_warps=cfg.num_warps,
+                **dict(zip(after_names, after_pointers)), num_warps=cfg.num_warps, **COMPILE_OPTIONS,
             )  # fmt: skip
         relaunch = Relaunch(compiled, grid, d.device, tma_shapes)
         return d

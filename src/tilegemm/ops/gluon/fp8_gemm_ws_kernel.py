@@ -111,9 +111,11 @@ from tilegemm.ops.gluon.tiles import (
     block_scale,
     release_stage,
     ring_barriers,
+    smem_view,
     store_tile,
     tile_coords,
     tile_range,
+    tma_load,
     wgmma_layout,
 )
 
@@ -282,13 +284,13 @@ def _loader(
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
             bar = ready.index(s)
             mbarrier.expect(bar, nbytes)
-            tma.async_copy_global_to_shared(a_src, [pm * BLOCK_M, (kb - k_base) * _BLOCK_K], bar, a_ring.index(s))
-            tma.async_copy_global_to_shared(b_src, [b_row + col0, (kb - k_base) * _BLOCK_K], bar, b0_ring.index(s))
+            tma_load(a_src, [pm * BLOCK_M, (kb - k_base) * _BLOCK_K], bar, a_ring.index(s))
+            tma_load(b_src, [b_row + col0, (kb - k_base) * _BLOCK_K], bar, b0_ring.index(s))
             if TWO_B:
-                tma.async_copy_global_to_shared(b1_desc, [b_row + col1, kb * _BLOCK_K], bar, b1_ring.index(s))
-            tma.async_copy_global_to_shared(sa_desc, [kb, pm * BLOCK_M], bar, sa_ring.index(s))
+                tma_load(b1_desc, [b_row + col1, kb * _BLOCK_K], bar, b1_ring.index(s))
+            tma_load(sa_desc, [kb, pm * BLOCK_M], bar, sa_ring.index(s))
             if SB_COLS:
-                tma.async_copy_global_to_shared(sb_desc, [kb, col0], bar, sb_ring.index(s))
+                tma_load(sb_desc, [kb, col0], bar, sb_ring.index(s))
             it += 1
 
 
@@ -610,10 +612,10 @@ def _mma_partition(
     rows0: gl.constexpr = gl.SliceLayout(1, l0)
     rows1: gl.constexpr = gl.SliceLayout(1, l1)
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    sa_rows = sa_ring._reinterpret(gl.float32, [STAGES, BLOCK_M], flat)
+    sa_rows = smem_view(sa_ring, gl.float32, [STAGES, BLOCK_M], flat)
     SB_COLS: gl.constexpr = GROUPING == _K_GROUPED
     cols0: gl.constexpr = gl.SliceLayout(0, l0)
-    sb_cols = sb_ring._reinterpret(gl.float32, [STAGES, BN0], flat) if SB_COLS else sa_rows
+    sb_cols = smem_view(sb_ring, gl.float32, [STAGES, BN0], flat) if SB_COLS else sa_rows
     walks = num_groups if GROUPING == _K_GROUPED else 1
     first, num_tiles, step, num_m, num_n = tile_range(M, N, walks, BLOCK_M, BLOCK_N, PERSISTENT)
     num_nb = gl.cdiv(N * (2 if GATED else 1), 128)  # B's 128-row blocks (gated: the gate and the up rows)

@@ -44,6 +44,7 @@ from tilegemm.heuristics.gluon import (
 from tilegemm.heuristics.report import print_once
 from tilegemm.ops import operands, plans
 from tilegemm.ops.gluon import bf16_gemm_ws, fp8_gemm_kernel, fp8_gemm_ws
+from tilegemm.ops.gluon.options import COMPILE_OPTIONS
 from tilegemm.ops.gluon.tma import SCALE_LAYOUT, Relaunch, descriptor, tma_strides
 
 
@@ -216,7 +217,7 @@ def _build_plan(a_data, sa, b_data, sb, d, c, recipe, cfg) -> Runner:
         with (
             contextlib.nullcontext() if stream is None else torch.cuda.stream(stream)
         ):  # the JIT launches on the current
-            compiled = fp8_gemm_kernel.fp8_gemm_kernel[grid](num_warps=4, **args, **consts)
+            compiled = fp8_gemm_kernel.fp8_gemm_kernel[grid](num_warps=4, **args, **consts, **COMPILE_OPTIONS)
         relaunch = Relaunch(compiled, grid, d.device, shapes)
         return d
 
@@ -277,7 +278,7 @@ def _build_bf16_plan(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, has_c: b
         raise Unsupported(reason)
     (m, k), n = a.shape, b.shape[0]
     num_sms = config.get_num_sms()
-    design = dense_bf16_ws_design(m, n, k, num_sms)
+    design = dense_bf16_ws_design(m, n, k, num_sms, d.element_size())
     print_once("bf16_gemm_nt[gluon]", (m, n, k), design)
     launch = bf16_gemm_ws.bf16_ws_plan(a, b, d, bf16_gemm_ws.VARIANTS[design], num_sms)
 

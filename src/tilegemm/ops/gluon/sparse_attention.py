@@ -25,6 +25,7 @@ from triton.experimental.gluon import language as gl
 from tilegemm import config
 from tilegemm.backend.hot_lane import register_replay
 from tilegemm.backend.registry import register_impl
+from tilegemm.ops.gluon.options import COMPILE_OPTIONS
 from tilegemm.ops.gluon.tma import Relaunch
 from tilegemm.ops.operands import cdiv
 
@@ -272,11 +273,13 @@ def sparse_decode_plan(
             if splits > 1:
                 relaunches[1]((), (out, part, stat, *combine_rest), None)
             return out
-        compiled = sparse_decode_kernel[grid[:2]](*pointers, scale_log2=scale_log2, **fixed, num_warps=NUM_WARPS)
+        compiled = sparse_decode_kernel[grid[:2]](
+            *pointers, scale_log2=scale_log2, **fixed, num_warps=NUM_WARPS, **COMPILE_OPTIONS
+        )
         found = [Relaunch(compiled, grid, device, [])]
         if splits > 1:
             compiled = sparse_decode_combine_kernel[combine_grid[:1]](
-                out, part, stat, **combine, num_warps=COMBINE_WARPS
+                out, part, stat, **combine, num_warps=COMBINE_WARPS, **COMPILE_OPTIONS
             )
             found.append(Relaunch(compiled, combine_grid, device, []))
         relaunches.extend(found)

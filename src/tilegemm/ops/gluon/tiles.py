@@ -14,6 +14,11 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 #: A barrier of every thread of the CTA (``bar.sync``): Gluon's ``thread_barrier`` in triton 3.6 and 3.7, named
 #: ``barrier`` from 3.8.
 cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+#: The TMA copy of a box from global to shared memory (completing on an mbarrier) and back: ``async_load`` and
+#: ``async_store`` from triton 3.8 (the only names from 3.9), ``async_copy_global_to_shared`` and
+#: ``async_copy_shared_to_global`` in 3.6 and 3.7.
+tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
 
 @gluon.constexpr_function
@@ -98,7 +103,15 @@ def store_tile(acc, d_desc, out_smem, row, col):
     tma.store_wait(pendings=0)
     out_smem.store(acc.to(d_desc.dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(d_desc, [row, col], out_smem)
+    tma_store(d_desc, [row, col], out_smem)
+
+
+@builtin
+def smem_view(smem, dtype, shape, layout, _semantic=None):
+    """The shared memory of ``smem`` read as ``dtype`` in ``shape`` and ``layout`` (no copy): Gluon's
+    ``reinterpret`` from triton 3.9, ``_reinterpret`` before."""
+    view = getattr(smem, "reinterpret", None) or smem._reinterpret
+    return view(dtype, shape, layout, _semantic=_semantic)
 
 
 @builtin

@@ -179,16 +179,16 @@ class DirectLaunch(NamedTuple):
     """A descriptor's launcher arguments from its :class:`Bound` and metadata (``CUtensorMap``, shape, strides)."""
     listed: bool
     """The launcher takes the kernel's arguments as one list after the base ones, with the argument annotations and
-    kernel signature before it (triton 3.7 and 3.8); else spread after them (3.6)."""
+    kernel signature before it (triton 3.7 to 3.9); else spread after them (3.6)."""
 
 
 def _unwrapped(compiled: Any, descriptors: int) -> DirectLaunch | None:
     """How to launch ``compiled`` straight through triton's C launcher, when its first ``descriptors`` parameters are
-    its only descriptors, every one with metadata, the kernel needs no profiling scratch (nor 3.8's sanitizer), and its
-    launch wrapper is one of these: triton 3.6's ``wrap_handle_tensordesc`` (the kernel's arguments spread after the
-    base ones: it reads ``_BASE_ARGS_FORMAT_LEN``), 3.7's (the same closure; the arguments as one list), 3.8's
-    ``wrap_handle_tensordesc_impl`` (its own encoder; top-level descriptors only), or, for a kernel without
-    descriptors, the launcher itself. Else ``None``: every launch takes triton's own path."""
+    its only descriptors, every one with metadata, the kernel needs no profiling scratch (nor the sanitizer of 3.8
+    and 3.9), and its launch wrapper is one of these: triton 3.6's ``wrap_handle_tensordesc`` (the kernel's arguments
+    spread after the base ones: it reads ``_BASE_ARGS_FORMAT_LEN``), 3.7's (the same closure; the arguments as one
+    list), the ``wrap_handle_tensordesc_impl`` of 3.8 and 3.9 (its own encoder; top-level descriptors only), or, for
+    a kernel without descriptors, the launcher itself. Else ``None``: every launch takes triton's own path."""
     run = compiled.run
     wrapper = getattr(run, "launch", None)
     if wrapper is None or getattr(run, "profile_scratch_size", 1):

@@ -13,6 +13,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from tilegemm.ops.gluon.options import COMPILE_OPTIONS
 from tilegemm.ops.operands import cdiv
 
 TILE = 128  # rows and columns of one CTA's tile
@@ -48,5 +49,5 @@ def transposed(x: torch.Tensor) -> torch.Tensor:
     if x.numel():
         src = x.contiguous().view(torch.uint8)
         grid = (cdiv(rows, TILE), cdiv(cols, TILE))
-        transpose_kernel[grid](src, out.view(torch.uint8), rows, cols, TILE, num_warps=WARPS)
+        transpose_kernel[grid](src, out.view(torch.uint8), rows, cols, TILE, num_warps=WARPS, **COMPILE_OPTIONS)
     return out
