@@ -4,7 +4,7 @@
 # bundled triton runs with the gluon backend's tested range widened (other_triton.py). Run from the repository root
 # on the H200 machine with .devbundle/deepgemm and the bundle carried (the cuTile bundle does not fit beside it):
 #   BUNDLE=.devtriton38 SHAPES=512x2112x7168,... BSHAPES=256x1536x2048,... [VARIANTS=d_128x128_ov4,...]
-#   [BDESIGNS=rule,...] [ROUNDS=1] bash benchmarks/gluon/triton_ab.sh
+#   [BDESIGNS=rule,...] [ROUNDS=1] [FP8_BUDGET=130] [BF16_BUDGET=80] bash benchmarks/gluon/triton_ab.sh
 # writes $OUT/fp8_{base,bundle}_<round>.json and $OUT/bf16_{base,bundle}_<round>.json (triton38_h200.json was made so,
 # SHAPES and BSHAPES as its rows).
 ROOT=$PWD
@@ -19,11 +19,11 @@ for r in $(seq 1 ${ROUNDS:-1}); do
       if [ $build = bundle ]; then source "$BUNDLE/setup.sh"; fi
       python3 -c "import triton; print('triton', triton.__version__)"
       timeout 170 python3 benchmarks/gluon/other_triton.py benchmarks/gluon/fp8_ws_sweep.py $OUT/fp8_${build}_$r.json \
-        --variants "${VARIANTS:-}" --no-gluon --no-cutile --shapes "$SHAPES" --budget-s 130 > /tmp/f_${build}_$r.txt 2>&1
+        --variants "${VARIANTS:-}" --no-gluon --no-cutile --shapes "$SHAPES" --budget-s ${FP8_BUDGET:-130} > /tmp/f_${build}_$r.txt 2>&1
       echo "== fp8, $build, round $r ($(( $(date +%s) - t0 )) s)"; tail -15 /tmp/f_${build}_$r.txt | head -14
       if [ -n "${BSHAPES:-}" ]; then
         timeout 100 python3 benchmarks/gluon/other_triton.py benchmarks/gluon/bf16_ws_sweep.py $OUT/bf16_${build}_$r.json \
-          --shapes "$BSHAPES" --designs "${BDESIGNS:-rule}" --budget-s 80 > /tmp/b_${build}_$r.txt 2>&1
+          --shapes "$BSHAPES" --designs "${BDESIGNS:-rule}" --budget-s ${BF16_BUDGET:-80} > /tmp/b_${build}_$r.txt 2>&1
         echo "== bf16, $build, round $r ($(( $(date +%s) - t0 )) s)"; tail -10 /tmp/b_${build}_$r.txt | head -9
       fi
     )
