@@ -64,13 +64,6 @@ GATED = [gluon_rules.MOE_FP8_GATE_UP_WS_DESIGN, "e_64x128_p"]
 ROW_SCALED = [gluon_rules.M_GROUPED_FP8_WS_DESIGN, "e_64x128_ov2"]
 
 
-def _skip_where_it_spills(name: str) -> None:
-    """Skip a design the rules never run under the installed triton because it spills there
-    (:data:`gluon_rules.SPILLING_DESIGNS`, from :data:`gluon_rules.TRITON_SPILLS_FROM`)."""
-    if name in gluon_rules.SPILLING_DESIGNS and not gluon_rules.spill_free_here():
-        pytest.skip(f"{name} spills under this triton: the rules run another design here")
-
-
 def ffma_under_mma(loop: list[str]) -> int:
     """FFMAs of a loop body issued while a warpgroup MMA group is still in flight: between a
     ``WARPGROUP.DEPBAR.LE gsb0, 0x1`` (all groups but the newest complete) and the next ``WARPGROUP.DEPBAR``."""
@@ -220,7 +213,6 @@ def test_ws_kernel_walks_and_stores_with_tiles_helpers():
 
 @pytest.mark.parametrize("name", GOOD)
 def test_ws_sass(facts, name):
-    _skip_where_it_spills(name)
     _check_good(ws.VARIANTS[name], _get(facts, name))
 
 
@@ -237,7 +229,6 @@ def test_ws_split_tail_sass(facts, name, suffix):
     """A split design: its unsplit design's SASS facts (QGMMA per K block, the promotion under the next wgmma, TMA),
     no spills in bf16 or fp32 output, and the split tail's synchronization. The unsplit designs have none of it
     (``SPLITS`` = 1 compiles the kernel as before)."""
-    _skip_where_it_spills(name)
     cfg = ws.VARIANTS[name]
     assert cfg.splits == aot.COMPILED_SPLITS and split_tail.tail_splits(8, 132, cfg.splits) == cfg.splits
     f = _get(facts, name + suffix)
@@ -251,7 +242,6 @@ def test_ws_split_tail_sass(facts, name, suffix):
 @pytest.mark.parametrize("name", GROUPED)
 def test_ws_grouped_sass(facts, name):
     """The m-grouped form (the tile's group read per tile, its rows masked at the store) keeps the design's SASS."""
-    _skip_where_it_spills(name)
     _check_good(ws.VARIANTS[name], _get(facts, f"{name}+grouped"))
 
 

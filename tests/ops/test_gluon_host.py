@@ -88,8 +88,8 @@ def _view(value):
 
 @pytest.fixture(autouse=True)
 def _triton_3_6(monkeypatch):
-    """The designs the rules give under triton 3.6 (CI's), whatever triton this machine has
-    (:func:`gluon_rules.spill_free_here`)."""
+    """The designs the rules give under triton 3.6 (CI's), whatever triton this machine has (the dense BF16 rule
+    reads it: :func:`gluon_rules.spill_free_here`)."""
     monkeypatch.setattr(selector, "triton_version", lambda: (3, 6))
 
 

@@ -113,20 +113,6 @@ DENSE_FP8_WS_TILES = (
 #: 1.11x, 8192x8192x8192 1.01-1.04x. A run's fixed cost measured about 22 K blocks of 128; the rule charges 24.
 DENSE_FP8_WS_TAIL_SPLIT = TailSplit({DENSE_FP8_WS_DESIGN: "d_128x128_ov8_sk"}, BLOCK_K, 24)
 
-#: The first triton under which the MMA partition of these ws designs spills registers (STL / LDL in the sm_90a
-#: SASS; 3.8's PTX for the same TTGIR needs more than the 240 registers ``setmaxnreg`` gives): d_128x128_ov8 15 / 19,
-#: its split design 24 / 29, g_128x128_ov4 2 / 2, g_128x128_ov8 9 / 10
-#: (benchmarks/results/gluon/compile_gate_tritons.txt). Under such a triton the choices below run designs that
-#: compile clean there instead (:func:`spill_free_here`).
-TRITON_SPILLS_FROM = (3, 8)
-SPILLING_DESIGNS = frozenset({"d_128x128_ov8", "d_128x128_ov8_sk", "g_128x128_ov4", "g_128x128_ov8"})
-#: The dense FP8 design of 128x128 tiles under :data:`TRITON_SPILLS_FROM` (for :data:`DENSE_FP8_WS_DESIGN`,
-#: :data:`DENSE_FP8_WS_LONG_DESIGN` and the split tail): each warpgroup a partition, runs of 2. Under triton 3.8 on
-#: seven rows of 272-7168 128x128 tiles it ran 1.08-1.18x d_128x128_ov8, 1.00-1.09x g_128x128_ov4 and 0.99-1.10x
-#: d_128x128_ov4 (1.04x geomean; H200, benchmarks/results/gluon/triton38_designs_h200.json).
-DENSE_FP8_WS_SPILL_FREE_DESIGN = "g_128x128_ov2"
-
-
 #: The BF16 split-tail design of 128x128 tiles spills with fp32 output from triton 3.9: 1 STL / 2 LDL in the MMA
 #: partition, outside the K loop (an address of the epilogue's, held from before the loop). Its calls with fp32
 #: output run the tile unsplit there (:func:`dense_bf16_ws_design`).
@@ -134,10 +120,9 @@ TRITON_SPILLS_BF16_FP32_FROM = (3, 9)
 BF16_FP32_SPILLING_DESIGNS = frozenset({"bf16_128x128_sk"})
 
 
-def spill_free_here(since: tuple[int, int] = TRITON_SPILLS_FROM) -> bool:
+def spill_free_here(since: tuple[int, int]) -> bool:
     """True where the installed triton compiles the designs that spill from triton ``since`` without spills (before
-    it, or no triton): :data:`SPILLING_DESIGNS` for :data:`TRITON_SPILLS_FROM`, :data:`BF16_FP32_SPILLING_DESIGNS`
-    with fp32 output for :data:`TRITON_SPILLS_BF16_FP32_FROM`."""
+    it, or no triton): :data:`BF16_FP32_SPILLING_DESIGNS` with fp32 output for :data:`TRITON_SPILLS_BF16_FP32_FROM`."""
     version = selector.triton_version()
     return version is None or version < since
 
@@ -309,14 +294,10 @@ def dense_fp8_ws_tiling(m: int, n: int, k: int, num_sms: int) -> tuple[str, int]
     128x64 tiles, at 256x2112x7168 one of 132 64x64 tiles; 272 128x128 tiles at 2048x2112x7168 run two rounds and
     a split tail; 192 128x128 tiles at 2048x1536 (two rounds) become one round of 128 128x192 tiles; 128x128 tiles
     of :data:`DENSE_FP8_WS_WG_PARTS_MIN_ROUNDS` rounds or more run :data:`DENSE_FP8_WS_LONG_DESIGN` (4096x7168x2048:
-    1792 tiles, 14 rounds). Under a triton that spills those designs (:func:`spill_free_here`), 128x128 tiles run
-    :data:`DENSE_FP8_WS_SPILL_FREE_DESIGN` and no split tail."""
+    1792 tiles, 14 rounds)."""
     tiles = tuple(t for t in DENSE_FP8_WS_TILES if k >= DENSE_FP8_WS_64X64_MIN_K or t[0] != DENSE_FP8_WS_64X64_DESIGN)
-    spill_free = spill_free_here()
-    design, count = cheapest_tiling(m, n, num_sms, tiles, k, DENSE_FP8_WS_TAIL_SPLIT if spill_free else ())
-    if design == DENSE_FP8_WS_DESIGN and not spill_free:
-        design = DENSE_FP8_WS_SPILL_FREE_DESIGN
-    elif design == DENSE_FP8_WS_DESIGN and count >= DENSE_FP8_WS_WG_PARTS_MIN_ROUNDS * max(num_sms, 1):
+    design, count = cheapest_tiling(m, n, num_sms, tiles, k, DENSE_FP8_WS_TAIL_SPLIT)
+    if design == DENSE_FP8_WS_DESIGN and count >= DENSE_FP8_WS_WG_PARTS_MIN_ROUNDS * max(num_sms, 1):
         design = DENSE_FP8_WS_LONG_DESIGN
     return design, count
 
@@ -447,9 +428,8 @@ def m_grouped_fp8_ws_design(m_sum: int, groups: int, k: int) -> str:
     """The ws kernel's design for an m-grouped contiguous FP8 call of ``m_sum`` rows (padding included) over
     ``groups`` groups of [N, ``k``] weights: :data:`M_GROUPED_FP8_WS_SHORT_K_DESIGN` up to
     :data:`M_GROUPED_FP8_WS_SHORT_K_MAX` K, else :data:`M_GROUPED_FP8_WS_LONG_DESIGN` from
-    :data:`M_GROUPED_FP8_WS_LONG_MIN_ROWS` rows a group on average, else :data:`M_GROUPED_FP8_WS_DESIGN`; always the
-    latter under a triton that spills the other two (:func:`spill_free_here`)."""
-    if groups == 0 or not spill_free_here():
+    :data:`M_GROUPED_FP8_WS_LONG_MIN_ROWS` rows a group on average, else :data:`M_GROUPED_FP8_WS_DESIGN`."""
+    if groups == 0:
         return M_GROUPED_FP8_WS_DESIGN
     if k <= M_GROUPED_FP8_WS_SHORT_K_MAX:
         return M_GROUPED_FP8_WS_SHORT_K_DESIGN

@@ -36,7 +36,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from tilegemm.ops.gluon.tiles import release_stage, ring_barriers, smem_view, tile_coords, tma_load, tma_store
+from tilegemm.ops.gluon.tiles import release_stage, ring_barriers, smem_view, store_tile, tile_coords, tma_load
 
 WG_ROWS = 64  # rows of the output tile one MMA warpgroup owns
 SB_BOX = gl.constexpr(32)  # floats one 128x128-recipe B-scale load brings (a TMA destination is 128-byte aligned)
@@ -172,10 +172,7 @@ def _mma_warpgroup(
             ptrs = c_ptr + rows.to(gl.int64)[:, None] * c_stride + cols[None, :]
             c_tile = gl.load(ptrs, mask=(rows < M)[:, None] & (cols < N)[None, :], other=0.0)
             out = out + beta * c_tile.to(gl.float32)
-        tma.store_wait(pendings=0)  # the previous tile's store has read out_smem
-        out_smem.store(out.to(d_desc.dtype))
-        fence_async_shared()
-        tma_store(d_desc, [pm * BM + WG * 64, pn * BN], out_smem)
+        store_tile(out, d_desc, out_smem, pm * BM + WG * 64, pn * BN)
     tma.store_wait(pendings=0)
 
 

@@ -336,6 +336,16 @@ def _pin(x):
 
 
 @gluon.jit
+def _pin_i32(x):
+    """The int32 scalar ``x`` through a side-effecting register move, so that what is computed from it stays after
+    this point of an unrolled run. In :func:`_ov_run` each K block's ring counter passes through it: without it,
+    triton 3.8 and 3.9's LLVM computes the later steps' slots, phases and scale addresses early (the SLP vectorizer
+    packs four steps' ``%`` and ``//``; 3.9's wgmma descriptors are built for steps 2-8 at once), and the values
+    live across the promotions spill the 128x128 designs' registers (d_128x128_ov8 15-16 STL, g_128x128_ov4 2-10)."""
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _ov_issue(a_ring, b0_ring, b1_ring, ready, blk, row: gl.constexpr, q0, q1, WAIT: gl.constexpr):
     """Issue the wgmma of ring slot ``blk`` for the wave of A's tile from ``row``, into the product tiles
     ``q0`` (and ``q1``, the narrow sub-tile, when B has two), after waiting for the slot's data if ``WAIT``."""
@@ -439,16 +449,17 @@ def _ov_run(
     sb0, sb1 = _ov_b_scales(b_scales, kb, SPLIT, SB_COLS)
     ta0, ta1 = _ov_issue(a_ring, b0_ring, b1_ring, ready, it, ROW0, qa0, qa1, True)
     sa = _ov_a_scales(sa_rows, it, ROW0, WAVE_M, rows0)
+    blk = it
     for i in gl.static_range(STEPS):
-        blk = it + i // WAVES
         if i + 1 < STEPS:
             # the next step's B scales (read again only for a new K block), its wgmma into the other pair of product
             # tiles (waiting for its stage's data when it starts a K block) on its wave's A rows, then A's scales
             # from that stage; then this step's wgmma, one left in flight
-            nxt = it + (i + 1) // WAVES
             if (i + 1) % WAVES == 0:
+                nxt = _pin_i32(blk + 1)  # the next K block's slot, computed here and not before (see _pin_i32)
                 sb0_next, sb1_next = _ov_b_scales(b_scales, kb + (i + 1) // WAVES, SPLIT, SB_COLS)
             else:
+                nxt = blk
                 sb0_next = sb0
                 sb1_next = sb1
             if i % 2 == 0:
@@ -480,6 +491,7 @@ def _ov_run(
         if i % WAVES == WAVES - 1:
             release_stage(empty.index(blk % STAGES))  # every wgmma reading this stage is complete
         if i + 1 < STEPS:
+            blk = nxt
             sa = sa_next
             sb0 = sb0_next
             sb1 = sb1_next
