@@ -23,6 +23,7 @@ import tilegemm  # noqa: E402
 from tilegemm.backend import hot_lane, registry, selector  # noqa: E402
 from tilegemm.heuristics import gluon as gluon_rules  # noqa: E402
 from tilegemm.ops import plans  # noqa: E402
+from tilegemm.ops.checks import grouped as grouped_checks  # noqa: E402
 from tilegemm.ops.gluon import bf16_gemm_ws, fp8_gemm_kernel, fp8_gemm_ws, split_tail, tma  # noqa: E402
 from tilegemm.ops.gluon import gemm as gluon_gemm  # noqa: E402
 from tilegemm.ops.gluon import grouped as gluon_grouped  # noqa: E402
@@ -268,6 +269,36 @@ def _grouped_operands(sizes: list[int], n: int, k: int):
     qa, sa = tilegemm.per_token_cast_to_fp8(torch.randn(index.numel(), k))
     b = tilegemm.per_block_cast_to_fp8(torch.randn(len(sizes), n, k))
     return (qa, tilegemm.get_mn_major_tma_aligned_tensor(sa)), b, index
+
+
+def test_public_m_grouped_op_replays_the_plan(recorders, monkeypatch):
+    """The public m-grouped op's later calls of one signature take the hot lane: checked once, one JIT call, and each
+    later launch hands the launcher that call's own tensors (``m_indices`` by pointer). The ``nn`` op's replay gets
+    the weights in the check's logical form (copied K-major per call, as on the full path)."""
+    monkeypatch.setattr(selector, "gluon_unavailable_reason", lambda: None)
+    monkeypatch.setattr(registry, "_off_cuda", lambda value: False)
+    monkeypatch.setattr(registry, "_IMPORT_ERRORS", {})
+    monkeypatch.setattr(hot_lane, "_HOT", {})
+    checked = []
+    original = grouped_checks._check_m_indices
+    monkeypatch.setattr(grouped_checks, "_check_m_indices", lambda *args: checked.append(1) or original(*args))
+    sizes, n, k = [300, 0, 129], 256, 1024
+    for _ in range(3):
+        a, b, index = _grouped_operands(sizes, n, k)
+        d = torch.empty(index.numel(), n, dtype=torch.bfloat16)
+        assert tilegemm.m_grouped_fp8_gemm_nt_contiguous(a, b, d, index, backend="gluon") is d
+    rec = recorders["ws"]
+    assert len(checked) == 1 and len(rec.jit) == 1 and len(rec.runs) == 2
+    launched = dict(zip(rec.arg_names, rec.runs[-1][LEADING:]))
+    assert launched["a_desc"].base.data_ptr() == a[0].data_ptr() and launched["sb_ptr"].data_ptr() == b[1].data_ptr()
+    assert launched["group_ptr"].data_ptr() == index.data_ptr() and launched["d0_desc"].base.data_ptr() == d.data_ptr()
+    assert any(key[0] == "gluon" and key[1][0] == "m_grouped_fp8_fp4_gemm_nt_contiguous" for key in hot_lane._HOT)
+    bt = tuple(x.transpose(1, 2).contiguous() for x in b)  # the nn op's [G, K, N] weights
+    for _ in range(2):
+        tilegemm.m_grouped_fp8_gemm_nn_contiguous(a, bt, d, index, backend="gluon")
+    assert len(checked) == 2 and len(rec.jit) == 2, "one check and one JIT call for the nn signature"
+    launched = dict(zip(rec.arg_names, rec.runs[-1][LEADING:]))
+    assert list(launched["b0_desc"].shape) == [len(sizes) * n, k], "the K-major copy of the weights"
 
 
 def test_m_grouped_plan_launches_the_grouped_kernel(recorders):

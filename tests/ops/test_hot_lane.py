@@ -213,6 +213,56 @@ def test_dense_signatures_give_the_checks_logical_form():
         assert sig8(list(a8), b8, d, None, None, None, None, "nk", False, 1.0, 1.0, None) is None
 
 
+def test_m_grouped_signature_refuses_what_it_cannot_vouch_for(monkeypatch):
+    """The m-grouped FP8 key: the same for new tensors and new ``m_indices`` values of the same metadata; none for
+    what the check would read otherwise (a stream, other dtypes, a misaligned tensor, an output that requires grad,
+    value checks on); another key for other metadata, scalars or settings. The ``nn`` op's operands are the check's
+    logical form."""
+    sig = tilegemm.m_grouped_fp8_gemm_nt_contiguous.hot_signature
+    index = torch.zeros(256, dtype=torch.int32)
+    a = tilegemm.per_token_cast_to_fp8(torch.randn(256, 512))
+    b = tilegemm.per_block_cast_to_fp8(torch.randn(2, 256, 512))
+    d = torch.empty(256, 256, dtype=torch.bfloat16)
+    rest = (None, None, None, "nk", False, False, True, None, None, None)  # recipes .. expected_m, alignment, stream
+
+    def call(*head, **changed):
+        values = dict(zip(sig.parameters, (*head, *rest)))
+        values.update(changed)
+        return sig(*values.values())
+
+    key, operands = call(a, b, d, index)
+    assert operands == (a, b, d, index)
+    assert call(tuple(x.clone() for x in a), b, d.clone(), index + 1)[0] == key  # new tensors, new group ids
+    misaligned = torch.zeros(256 * 256 + 1, dtype=torch.bfloat16)[1:].view(256, 256)
+    refused = {
+        "a stream": call(a, b, d, index, stream=object()),
+        "int64 m_indices": call(a, b, d, index.long()),
+        "bf16 scales": call(a, (b[0], b[1].bfloat16()), d, index),
+        "an fp16 output": call(a, b, d.half(), index),
+        "a misaligned output": call(a, b, misaligned, index),
+        "an output that requires grad": call(a, b, d.float().requires_grad_(), index),
+        "a list recipe": call(a, b, d, index, recipe=[1, 128, 128]),
+        "an int use_psum_layout": call(a, b, d, index, use_psum_layout=1),
+    }
+    assert [what for what, found in refused.items() if found is not None] == []
+    other = [
+        call(a, b, d.float(), index)[0],  # output dtype
+        call(a, b, d, index, use_psum_layout=True)[0],
+        call(a, b, d, index, alignment=64)[0],
+    ]
+    monkeypatch.setattr(config, "_num_sms", 66)
+    other.append(call(a, b, d, index)[0])
+    assert len({key, *other}) == 1 + len(other)
+    monkeypatch.setenv("TILEGEMM_CHECK_VALUES", "1")
+    assert call(a, b, d, index) is None, "the check reads m_indices' values: full path"
+    monkeypatch.delenv("TILEGEMM_CHECK_VALUES")
+    bt = tuple(x.transpose(1, 2).contiguous() for x in b)
+    nn = tilegemm.m_grouped_fp8_gemm_nn_contiguous.hot_signature
+    _, operands = nn(a, bt, d, index, *rest[:7], *rest[8:])
+    derived = checks.m_grouped_contiguous_check("nn", fp8=True)(a, bt, d, index)
+    assert [(t.shape, t.stride()) for t in operands[1]] == [(t.shape, t.stride()) for t in derived["b"]]
+
+
 def test_dense_calls_replay_with_the_new_tensors(recorded_launches, monkeypatch):
     checked = []
     original = checks.dense._gemm_placement

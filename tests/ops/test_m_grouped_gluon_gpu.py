@@ -161,6 +161,26 @@ def test_automatic_choice_matches_gluon_bitwise():
     assert calc_diff(auto, ref) < BAR[torch.bfloat16]
 
 
+@pytest.mark.parametrize("layout", ["nt", "nn"])
+def test_hot_lane_fresh_inputs_and_routing(layout):
+    """Calls of one signature (the hot lane replays all but the first) on fresh operands and new routing each time
+    (group sizes moved, a group emptied), each against its float64 formula, padding rows 0."""
+    from tilegemm.backend import hot_lane
+
+    op = getattr(tg, f"m_grouped_fp8_fp4_gemm_{layout}_contiguous")
+    for seed, sizes in enumerate([[300, 0, 129, 100], [128, 256, 0, 380], [0, 0, 640, 1]]):
+        index = _m_indices(sizes, tail=0)
+        assert index.numel() == 768, "one signature: the same rows each time"
+        a, (qb, sb), ref = _case(index, len(sizes), 320, 1536, seed=60 + seed)
+        b = (qb, sb) if layout == "nt" else (qb.transpose(1, 2).contiguous(), sb.transpose(1, 2).contiguous())
+        d = poisoned((index.numel(), 320), torch.bfloat16, "cuda")
+        assert op(a, b, d, index, backend="gluon") is d
+        torch.cuda.synchronize()
+        assert not d.isnan().any() and (d[index < 0] == 0).all()
+        assert calc_diff(d, ref) < BAR[torch.bfloat16]
+    assert ("gluon", op.op_name) in {(backend, key[0]) for backend, key in hot_lane._HOT}
+
+
 def test_cuda_graph_replay_with_new_routing():
     """Captured once, replayed after the routing (``m_indices``' contents) and the inputs change in place."""
     sizes = [256, 128, 0, 384]

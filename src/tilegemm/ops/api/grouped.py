@@ -91,7 +91,8 @@ def _m_grouped_contiguous(layout: str, *, fp8: bool) -> Any:
         stub.__signature__ = signature.replace(parameters=kept)  # type: ignore[attr-defined]
     name = f"m_grouped_{'fp8_fp4' if fp8 else 'bf16'}_gemm_{layout}_contiguous"
     doc = _M_GROUPED_DOCS[layout, fp8].replace("{doc}", _M_GROUPED_DOC)
-    return op(name, stub, doc, checks.m_grouped_contiguous_check(layout, fp8=fp8))
+    signature = checks.m_grouped_contiguous_signature(layout) if fp8 else None
+    return op(name, stub, doc, checks.m_grouped_contiguous_check(layout, fp8=fp8), signature)
 
 
 m_grouped_bf16_gemm_nt_contiguous = _m_grouped_contiguous("nt", fp8=False)

@@ -65,6 +65,7 @@ from tilegemm.ops.checks.grouped import (
     check_group_offsets,
     k_grouped_check,
     m_grouped_contiguous_check,
+    m_grouped_contiguous_signature,
     m_grouped_masked_check,
     resolve_alignment,
 )
@@ -119,7 +120,8 @@ __all__ = [
     "cublaslt_gemm_check", "dense_gemm_check", "dense_gemm_signature", "einsum_check", "fp8_einsum_check",
     "fp8_linear_check",
     "fp8_moe_experts_check", "fp8_weight_check", "grouped_matmul_check", "k_grouped_check", "k_grouped_ue8m0_check",
-    "m_grouped_contiguous_check", "m_grouped_masked_check", "matmul_check", "moe_experts_backward_check",
+    "m_grouped_contiguous_check", "m_grouped_contiguous_signature", "m_grouped_masked_check", "matmul_check",
+    "moe_experts_backward_check",
     "moe_experts_check", "mqa_logits_batched_check", "mqa_logits_batched_signature", "mqa_logits_check",
     "mqa_logits_signature", "pack_ue8m0_check", "paged_mqa_logits_check",
     "paged_mqa_logits_signature", "paged_mqa_metadata_check", "paged_mqa_metadata_signature", "quant_input_check",

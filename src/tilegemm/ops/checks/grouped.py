@@ -9,8 +9,10 @@ from typing import Any
 import torch
 
 from tilegemm import config
+from tilegemm.ops.checks import hot
 from tilegemm.ops.checks.base import (
     BLOCK,
+    FP8,
     M_ALIGNMENT,
     OUT_DTYPES,
     _addend,
@@ -148,6 +150,44 @@ def m_grouped_contiguous_check(layout: str, fp8: bool) -> Callable[..., dict[str
         )
 
     return check
+
+
+def _m_grouped_settings() -> tuple[int, int]:
+    """The global settings an m-grouped contiguous call reads: ``set_num_sms`` (the chooser, the plan) and the
+    default psum alignment (the check resolves ``alignment=None`` to it)."""
+    return config._num_sms, config._mk_alignment
+
+
+def m_grouped_contiguous_signature(layout: str) -> hot.HotLane:
+    """The hot-lane key of ``m_grouped_fp8_fp4_gemm_<layout>_contiguous``: the replay takes ``(a, b, d,
+    grouped_layout)`` with ``b`` in the logical ``nt`` form :func:`m_grouped_contiguous_check` derives.
+
+    The key holds the shape, strides, dtype and device of every tensor (FP8 data with fp32 scales, a bf16/fp32
+    ``d``, an int32 ``grouped_layout``), every scalar argument, the ``set_num_sms`` setting and the default
+    alignment; not ``grouped_layout``'s values, which the kernel reads as it runs (the check reads them only with
+    ``TILEGEMM_CHECK_VALUES`` on: no key then). Calls with a ``stream``, an output that requires grad, a tensor not
+    16-byte aligned or other scale dtypes take the full path.
+    """
+    operand = hot.pair(FP8, torch.float32)
+    kinds = dict(
+        a=operand,
+        b=operand,
+        d=hot.output(*OUT_DTYPES),
+        grouped_layout=hot.tensor(torch.int32),
+        recipe=hot.int_tuple,
+        recipe_a=hot.int_tuple,
+        recipe_b=hot.int_tuple,
+        compiled_dims=hot.exact(str),
+        disable_ue8m0_cast=hot.exact(bool),
+        use_psum_layout=hot.exact(bool),
+        ensure_zero_padding=hot.exact(bool),
+        expected_m_for_psum_layout=hot.optional(hot.exact(int)),
+        alignment=hot.optional(hot.exact(int)),
+        stream=hot.none,
+    )
+    flip_b = hot.transpose_pair if layout == "nn" else None
+    operands = dict(a=None, b=flip_b, d=None, grouped_layout=None)
+    return hot.HotLane(kinds, operands, setting=_m_grouped_settings, value_checks=True)
 
 
 # -------------------------------------------------------------------------- m-grouped masked

@@ -20,15 +20,21 @@ multiple of 128 (no output tile crosses a group); ``c`` other than ``d`` is copi
          design :func:`tilegemm.heuristics.gluon.m_grouped_fp8_ws_design` / ``K_GROUPED_FP8_WS_DESIGN``
       -> run(a, b, d, stream, m_index= / k_offsets=): the first launch through triton's JIT, later ones to the
          compiled kernel's launcher
+    _m_grouped_replay: an m-grouped call's hot-lane replay (tilegemm.backend.hot_lane), its plan's run, for the
+         later public calls of the same signature (``checks.m_grouped_contiguous_signature``)
     k_grouped_bf16 -> k_grouped_bf16_plan: kept, or bf16_gemm_ws.bf16_ws_plan with the design
          :func:`tilegemm.heuristics.gluon.k_grouped_bf16_ws_design` -> run(a, b, d, stream, k_offsets=)
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from tilegemm import config
+from tilegemm.backend.hot_lane import register_replay
 from tilegemm.backend.registry import Unsupported, register_impl
 from tilegemm.heuristics.gluon import (
     K_GROUPED_FP8_WS_DESIGN,
@@ -92,6 +98,23 @@ def m_grouped_fp8(
         return d.zero_()
     design = m_grouped_fp8_ws_design(a_data.shape[0], b_data.shape[0], b_data.shape[2])
     return m_grouped_plan(a, b, d, grouped_layout, design=design)(a, b, d, stream, grouped_layout)
+
+
+def _m_grouped_replay(derived: dict[str, Any]) -> Callable[..., torch.Tensor] | None:
+    """The hot-lane replay of an m-grouped call that ran here: its plan, ``replay(a, b, d, grouped_layout) -> d`` on
+    the logical ``nt`` form, without the checks, the chooser or the plan lookup; ``None`` where the call had an
+    empty dimension (nothing launched: the full path is as short)."""
+    a, b, d = derived["a"], derived["b"], derived["d"]
+    (a_data, _), (b_data, _) = a, b
+    if 0 in (*a_data.shape, d.shape[1], b_data.shape[0]):
+        return None
+    design = m_grouped_fp8_ws_design(a_data.shape[0], b_data.shape[0], b_data.shape[2])
+    run = m_grouped_plan(a, b, d, derived["grouped_layout"], design=design)
+
+    def replay(a, b, d, grouped_layout) -> torch.Tensor:
+        return run(a, b, d, None, grouped_layout)
+
+    return replay
 
 
 def m_grouped_plan(
@@ -332,6 +355,7 @@ def k_grouped_bf16_plan(
 register_impl("k_grouped_bf16_gemm_tn_contiguous", "gluon")(k_grouped_bf16)
 for _op in ("m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nn_contiguous"):
     register_impl(_op, "gluon")(m_grouped_fp8)
+    register_replay(_op, "gluon")(_m_grouped_replay)
 register_impl("k_grouped_fp8_gemm_tn_contiguous", "gluon")(k_grouped_fp8)
 register_impl("k_grouped_fp8_gemm_nt_contiguous", "gluon")(k_grouped_fp8_nt)
 del _op
