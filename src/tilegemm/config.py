@@ -7,6 +7,8 @@ and have no effect on tilegemm's kernels.
 
 from __future__ import annotations
 
+import functools
+
 #: DeepGEMM's alignment of the m-grouped contiguous layout (and of K in the k-grouped one).
 DEFAULT_MK_ALIGNMENT = 128
 
@@ -23,7 +25,15 @@ def _device_sm_count() -> int:
 
     if not torch.cuda.is_available():
         return 0
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return _sm_count_of(torch.cuda.current_device())
+
+
+@functools.cache
+def _sm_count_of(index: int) -> int:
+    """Device ``index``'s SM count, read once (every full-path call of a persistent kernel asks for it)."""
+    import torch
+
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def check_int(name: str, x: object, minimum: int) -> int:
