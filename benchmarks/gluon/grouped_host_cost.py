@@ -12,6 +12,10 @@ two K 768 rows (one design, one compile), host and wall time only. Run on the GP
 
     source .devbundle/setup.sh && DG_PREBUILT=1 DG_SKIP_SMOKE=1 bash .devbundle/deepgemm/build.sh >/dev/null
     PYTHONPATH=src:tests:. python3 benchmarks/gluon/grouped_host_cost.py $OUT/grouped_host_cost.json [--quick]
+
+Two runs packed as ``ab_before`` / ``ab_after`` (``results/grouped-fp8-h200/m_grouped_hot_lane_h200.json``) plotted:
+
+    python benchmarks/gluon/grouped_host_cost.py plot DATA.json OUT.png
 """
 
 from __future__ import annotations
@@ -122,5 +126,38 @@ def main() -> int:
     return 0
 
 
+def plot(data_path: str, out: str) -> None:
+    """Host and wall microseconds per call of each row, before and after, beside DeepGEMM's, one panel per measure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.load(open(data_path))
+    before, after = data["ab_before"]["rows"], data["ab_after"]["rows"]
+    rows = ["x".join(map(str, r["row"])) for r in before]
+    bars = [("tilegemm, before", before, "auto", "#9bb3d6"), ("tilegemm, after", after, "auto", "#4c72b0"),
+            ("DeepGEMM (after's run)", after, "deepgemm", "#999999")]  # fmt: skip
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for ax, measure, title in zip(axes, ("host_us", "wall_us"), ("CPU us per call", "wall us per call (GPU done)")):
+        top = 0.0
+        for i, (label, run, column, color) in enumerate(bars):
+            xs = [x + (i - 1) * 0.27 for x in range(len(rows))]
+            ax.bar(xs, [r[column][measure] for r in run], 0.27, label=label, color=color)
+            top = max(top, *(r[column][measure] for r in run))
+        ax.set_ylim(0, top * 1.35)
+        ax.set_xticks(range(len(rows)), [f"{r} (G x M x N x K)" for r in rows], fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8, loc="upper right", ncol=3)
+    fig.suptitle(f"m-grouped FP8, back-to-back calls, {data['ab_after']['meta']['gpu']}, {data['meta']['date']}")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print("wrote", out)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["plot"]:
+        plot(*sys.argv[2:4])
+        raise SystemExit(0)
     raise SystemExit(main())
