@@ -104,6 +104,24 @@ def back_to_back_us(fn, calls: int, warmup: int) -> tuple[float, float]:
     return (t1 - t0) / calls * 1e6, (time.perf_counter() - t0) / calls * 1e6
 
 
+def profile_top(fn, calls: int, count: int) -> dict[str, list[str]]:
+    """A cProfile of ``calls`` calls of ``fn`` (synchronized after): the ``count`` functions of most ``cumulative``
+    and most ``own`` time, each as ``"<us per call>us <calls> <file>:<line>(<name>)"``."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof)
+    top = {}
+    for key, col in (("cumulative", 3), ("own", 2)):
+        order = sorted(stats.stats.items(), key=lambda it: it[1][col], reverse=True)[:count]
+        top[key] = [f"{v[col] / calls * 1e6:.2f}us {v[1]} {f.split('site-packages/')[-1]}:{line}({nm})"
+                    for (f, line, nm), v in order]  # fmt: skip
+    return top
+
+
 def host_probe(m: int, n: int, k: int, row: dict, calls: int = 200) -> str:
     """Adds ``{backend}_loop_us`` to ``row``; returns the profile of ``calls`` gluon calls (top 12 by own time)."""
     a, b, d = inputs(m, n, k)

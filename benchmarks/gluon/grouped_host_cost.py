@@ -21,10 +21,8 @@ Two runs packed as ``ab_before`` / ``ab_after`` (``results/grouped-fp8-h200/m_gr
 from __future__ import annotations
 
 import argparse
-import cProfile
 import json
 import os
-import pstats
 import sys
 
 import torch
@@ -73,7 +71,7 @@ def main() -> int:
         import peer
 
         dg = peer.setup()
-    from eager_rule import back_to_back_us
+    from eager_rule import back_to_back_us, profile_top
 
     import tilegemm
     from tilegemm.bench import timing
@@ -103,17 +101,8 @@ def main() -> int:
         for e in prof.key_averages()
         if e.device_time_total > 0
     ]
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(1000):
-        fn()
-    prof.disable()
-    torch.cuda.synchronize()
-    stats = pstats.Stats(prof)
-    for key, col in (("cumulative", 3), ("own", 2)):
-        order = sorted(stats.stats.items(), key=lambda it: it[1][col], reverse=True)[:25]
-        out[f"profile_{key}"] = [f"{v[col] / 1000 * 1e6:.2f}us {v[1]} {f.split('site-packages/')[-1]}:{line}({nm})"
-                                 for (f, line, nm), v in order]  # fmt: skip
+    for key, lines in profile_top(fn, 1000, 25).items():
+        out[f"profile_{key}"] = lines
     out["meta"]["tilegemm"] = tilegemm.__file__
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)

@@ -18,10 +18,8 @@ triton, through ``other_triton.py`` beside its bundle (``results/dense-fp8-h200/
 from __future__ import annotations
 
 import argparse
-import cProfile
 import json
 import os
-import pstats
 import sys
 
 import torch
@@ -66,7 +64,7 @@ def main() -> int:
         import peer
 
         dg = peer.setup()
-    from eager_rule import inputs  # this folder's
+    from eager_rule import inputs, profile_top  # this folder's
 
     import tilegemm
 
@@ -84,18 +82,7 @@ def main() -> int:
     a, b, d = inputs(4096, 1536, 2048)
     fn = lambda: tilegemm.fp8_gemm_nt(a, b, d, backend="gluon")  # noqa: E731
     host_us(fn, 50)
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(2000):
-        fn()
-    prof.disable()
-    torch.cuda.synchronize()
-    stats = pstats.Stats(prof)
-    top = {}
-    for key, col in (("cumulative", 3), ("own", 2)):
-        order = sorted(stats.stats.items(), key=lambda it: it[1][col], reverse=True)[:30]
-        top[key] = [f"{v[col] / 2000 * 1e6:.2f}us {v[1]} {f.split('site-packages/')[-1]}:{line}({nm})"
-                    for (f, line, nm), v in order]  # fmt: skip
+    top = profile_top(fn, 2000, 30)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "tilegemm": tilegemm.__file__}
     with open(args.out, "w") as f:
         json.dump({"label": args.label, "meta": meta, "rows": rows, "profile": top}, f, indent=1)
