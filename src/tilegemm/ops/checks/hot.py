@@ -143,6 +143,17 @@ def int_tuple(x: Any) -> Hashable:
     return x
 
 
+#: The kinds of DeepGEMM's FP8 recipe parameters and ``compiled_dims`` (the parameters
+#: :func:`tilegemm.ops.api._stubs.fp8_form` gives an FP8 GEMM; ``compiled_dims`` alone in the BF16 forms).
+RECIPE_KINDS: dict[str, Kind] = dict(
+    recipe=int_tuple,
+    recipe_a=int_tuple,
+    recipe_b=int_tuple,
+    compiled_dims=exact(str),
+    disable_ue8m0_cast=exact(bool),
+)
+
+
 def transpose(x: torch.Tensor) -> torch.Tensor:
     """The last two dims of ``x`` swapped (a view)."""
     return x.transpose(-1, -2)

@@ -91,25 +91,33 @@ def m_grouped_fp8(
     reason = unsupported_reason(b, d, use_psum_layout)
     if reason is not None:
         raise Unsupported(reason)
+    if not _launches(a, b, d):  # M_sum or N 0: nothing to write; K or G 0: every row an empty sum or padding
+        return d.zero_() if d.numel() else d
+    return _m_grouped_run(a, b, d, grouped_layout)(a, b, d, stream, grouped_layout)
+
+
+def _launches(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor], d: torch.Tensor) -> bool:
+    """Whether an m-grouped call launches the kernel: no empty dimension (M_sum, K, G or N)."""
+    return 0 not in (*a[0].shape, b[0].shape[0], d.shape[1])
+
+
+def _m_grouped_run(
+    a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor], d: torch.Tensor, m_index: torch.Tensor
+) -> Runner:
+    """The plan of an m-grouped call on the design the chooser gives its shape (M_sum, G, K)."""
     (a_data, _), (b_data, _) = a, b
-    if a_data.shape[0] == 0 or d.shape[1] == 0:
-        return d
-    if a_data.shape[1] == 0 or b_data.shape[0] == 0:  # every row an empty sum or padding
-        return d.zero_()
     design = m_grouped_fp8_ws_design(a_data.shape[0], b_data.shape[0], b_data.shape[2])
-    return m_grouped_plan(a, b, d, grouped_layout, design=design)(a, b, d, stream, grouped_layout)
+    return m_grouped_plan(a, b, d, m_index, design=design)
 
 
 def _m_grouped_replay(derived: dict[str, Any]) -> Callable[..., torch.Tensor] | None:
     """The hot-lane replay of an m-grouped call that ran here: its plan, ``replay(a, b, d, grouped_layout) -> d`` on
-    the logical ``nt`` form, without the checks, the chooser or the plan lookup; ``None`` where the call had an
-    empty dimension (nothing launched: the full path is as short)."""
+    the logical ``nt`` form, without the checks, the chooser or the plan lookup; ``None`` where the call launched
+    nothing (an empty dimension: the full path is as short)."""
     a, b, d = derived["a"], derived["b"], derived["d"]
-    (a_data, _), (b_data, _) = a, b
-    if 0 in (*a_data.shape, d.shape[1], b_data.shape[0]):
+    if not _launches(a, b, d):
         return None
-    design = m_grouped_fp8_ws_design(a_data.shape[0], b_data.shape[0], b_data.shape[2])
-    run = m_grouped_plan(a, b, d, derived["grouped_layout"], design=design)
+    run = _m_grouped_run(a, b, d, derived["grouped_layout"])
 
     def replay(a, b, d, grouped_layout) -> torch.Tensor:
         return run(a, b, d, None, grouped_layout)
