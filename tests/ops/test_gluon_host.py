@@ -561,6 +561,21 @@ def test_k_grouped_bf16_unsupported_cases(recorders):
     assert not recorders["bf16"].jit
 
 
+@pytest.mark.parametrize("m_sum, groups, k", [(256, 2, 0), (256, 0, 512), (0, 2, 512)], ids=["k0", "g0", "m0"])
+def test_m_grouped_call_with_an_empty_dimension_launches_nothing(recorders, m_sum, groups, k):
+    """An m-grouped call with no K or no groups writes every row 0 (each an empty sum, or padding); one with no rows
+    has nothing to write. Neither launches, and neither leaves a hot-lane replay (the full path is as short)."""
+    fp8 = torch.float8_e4m3fn
+    a = (torch.zeros(m_sum, k, dtype=fp8), torch.ones(m_sum, cdiv(k, 128)))
+    b = (torch.zeros(groups, 256, k, dtype=fp8), torch.ones(groups, 2, cdiv(k, 128)))
+    d = torch.full((m_sum, 256), float("nan"), dtype=torch.bfloat16)
+    index = torch.full((m_sum,), 0 if groups else -1, dtype=torch.int32)
+    assert gluon_grouped.m_grouped_fp8(a, b, d, index) is d
+    assert bool((d == 0).all())
+    assert gluon_grouped._m_grouped_replay(dict(a=a, b=b, d=d, grouped_layout=index)) is None
+    assert not recorders["ws"].jit and not recorders["ws"].runs
+
+
 def test_m_grouped_unsupported_cases(recorders):
     """What the grouped kernel lacks is refused before anything runs: the psum layout, 1x128-row RHS scales, an
     output of another dtype or not TMA-aligned."""
