@@ -21,6 +21,7 @@ import statistics
 import time
 
 import torch
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -130,10 +131,12 @@ def main() -> None:
     for shape in [(8, 4096, 4096, 7168), (4, 8192, 7168, 2048)]:  # canonical tn rows: groups, K a group, M, N
         rows_out.append(measure(*shape))
         torch.cuda.empty_cache()
-    meta = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M"), "torch": torch.__version__}
-    import triton
-
-    meta["triton"] = triton.__version__
+    meta = {
+        "gpu": torch.cuda.get_device_name(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+    }
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "variants": VARIANTS, "rows": rows_out}, f, indent=1)
     for row in rows_out:
