@@ -119,7 +119,8 @@ WS_RULE_CASES = [
     (264, 2112, 7168, True),  # off-set: 85 64-row tiles, 1.19x / 1.20x
     (230, 2304, 7168, True),  # off-set: 72 64-row tiles, 1.22x / 1.32x
     (192, 4096, 4096, True),  # off-set: 96 64-row tiles, 1.09x / 1.16x
-    (1024, 256, 7168, False),  # off-set: 16 tiles; 64 64x64 tiles, fewer than measured
+    (1024, 256, 7168, True),  # off-set: 64 64x64 tiles split 2 ways, 1.35x
+    (128, 1024, 7168, False),  # off-set: 32 64x64 tiles, 64 runs split: fewer than measured
     (1024, 512, 512, False),  # off-set: 32 tiles x 4 K blocks, under the fewest measured
     (320, 1536, 2048, True),  # off-set: 120 64x64 tiles, 2.08x (cutile's plans at 320 rows: 129 TFLOP/s)
     (256, 1536, 2048, True),  # 96 64x64 tiles, 1.09x
@@ -466,12 +467,36 @@ def test_split_tail_rounds():
     assert tiling.split_tail_rounds(132 + 8, 7168, 132, single) is None  # a whole round: the tail split's case
 
 
-@pytest.mark.parametrize("kind", ["fp8", "bf16", "bf16 round"])
+#: (M, N, K, design, output tiles, the ws kernel's call): FP8 one-warpgroup tilings whose single short round is
+#: split (H200, kernel-only, against cutile's split-K plans: benchmarks/results/dense-fp8-h200/one_wg_split_h200.json)
+FP8_ROUND_SPLIT_CASES = [
+    (256, 1024, 16384, "i_64x128_ov4_sk4", 32, True),  # 32 64x128 tiles 4 ways: 1.99x
+    (128, 2048, 7168, "i_64x64_ov2_sk2", 64, True),  # 64 64x64 tiles 2 ways: 1.37x; 4 ways of 64x128: 266 against 271
+    (128, 2112, 7168, "i_64x64_ov2_sk2", 66, True),  # 34 64x128 tiles: 136 runs, more than a round
+    (128, 2048, 16384, "i_64x128_ov4_sk4", 32, True),  # K 16384: the 4-way split of 64x128 (438) over 64x64's 2 (408)
+    (128, 4096, 7168, "i_64x64_ov2", 128, True),  # 128 64x64 tiles, nearly a round: nothing to split
+    (128, 2048, 4096, "i_64x64_ov2", 64, False),  # 32 K blocks: a run's fixed cost exceeds what the split saves; cutile
+]
+
+
+@pytest.mark.parametrize("m, n, k, design, tiles, ws", FP8_ROUND_SPLIT_CASES)
+def test_fp8_round_split_takes_the_one_warpgroup_tiling_whose_single_round_splits(m, n, k, design, tiles, ws):
+    """A single short round of 64x128 tiles splits 4 ways, of 64x64 tiles 2 ways, where a run (a quarter or half
+    a tile plus its fixed K blocks) costs less than the cheapest unsplit round; the ws kernel then takes the call
+    from 128 rows (its runs fill the SMs as 128 64x64 tiles do); an unsplit round of 64 tiles stays on cutile."""
+    assert gluon.dense_fp8_ws_tiling(m, n, k, 132) == (design, tiles)
+    assert gluon.ws_kernel_faster(m, n, k, 132) == ws
+
+
+@pytest.mark.parametrize("kind", ["fp8", "fp8 round 4", "fp8 round 2", "bf16", "bf16 round"])
 def test_split_designs_are_variants_of_the_same_tile(kind):
     """Each split design is its unsplit design's config with the rule's split count, for a kernel that the split
     tail's rule (:func:`split_tail.tail_splits`) gives that many runs."""
-    if kind == "fp8":
-        module, split = pytest.importorskip("tilegemm.ops.gluon.fp8_gemm_ws"), gluon.DENSE_FP8_WS_TAIL_SPLIT
+    if kind.startswith("fp8"):
+        module = pytest.importorskip("tilegemm.ops.gluon.fp8_gemm_ws")
+        split = {"fp8": gluon.DENSE_FP8_WS_TAIL_SPLIT, "fp8 round 4": gluon.DENSE_FP8_WS_ROUND_SPLITS[0]}.get(
+            kind, gluon.DENSE_FP8_WS_ROUND_SPLITS[-1]
+        )
     else:
         module = pytest.importorskip("tilegemm.ops.gluon.bf16_gemm_ws")
         split = gluon.DENSE_BF16_WS_ROUND_SPLIT if kind == "bf16 round" else gluon.DENSE_BF16_WS_TAIL_SPLIT

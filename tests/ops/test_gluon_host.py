@@ -869,12 +869,31 @@ def test_warpgroup_partitions_launch_as_configured(recorders, name):
 
 
 @pytest.mark.parametrize(
+    "name, shape, tiles, cols",
+    [("i_64x64_ov2_sk2", (128, 2048, 7168), 64, 64), ("i_64x128_ov4_sk4", (256, 1024, 16384), 32, 128)],
+)
+def test_one_mma_warpgroup_splits_a_single_short_round(recorders, name, shape, tiles, cols):
+    """The one-warpgroup split designs on a single short round of 132 SMs (64 64x64 tiles at 128x2048x7168 split
+    2 ways, 32 64x128 tiles at 256x1024x16384 split 4 ways): one warpgroup (4 warps) on 128 CTAs, a workspace slot
+    per tile and split of 64 x ``cols`` fp32, zeroed counters."""
+    cfg = fp8_gemm_ws.VARIANTS[name]
+    m, n, k = shape
+    a, b = _operands(m, n, k, False)
+    d = torch.empty(m, n, dtype=torch.bfloat16)
+    fp8_gemm_ws.ws_plan(a, b, d, cfg, 132)(a, b, d)
+    grid, num_warps, kwargs = recorders["ws"].jit[-1]
+    assert num_warps == 4 and kwargs["SPLITS"] == cfg.splits and split_tail.tail_tiles(tiles, 132, cfg.splits) == tiles
+    assert grid[0] == 128 == split_tail.split_grid(tiles, 132, cfg.splits) == tiles * cfg.splits
+    assert kwargs["work_ptr"].numel() == tiles * cfg.splits * 64 * cols
+    assert torch.equal(kwargs["counter_ptr"], torch.zeros(tiles, dtype=torch.int32))
+
+
+@pytest.mark.parametrize(
     "change, problem, message",
     [
         ({"wg_parts": 3}, {}, "wg_parts 1 or 2"),
         ({"waves": 2}, {}, "128-row tiles of one wave"),
         ({"wave_m": 64}, {}, "128-row tiles of one wave"),
-        ({"splits": 4}, {}, "unsplit"),
         ({"overlap": 0}, {"groups": 2, "grouping": fp8_gemm_ws.M_GROUPED, "gated": 1}, "not gated"),
     ],
 )
@@ -907,13 +926,12 @@ def test_one_mma_warpgroup_launches_four_warps(recorders, name):
     [
         ({"mma_warps": 6}, {}, "mma_warps 4"),
         ({"wave_m": 128}, {}, "runs a 64-row tile"),
-        ({"splits": 4}, {}, "unsplit"),
         ({"wg_parts": 2, "wave_m": 64}, {}, "tiles of one wave"),
         ({"overlap": 0}, {"groups": 2, "grouping": fp8_gemm_ws.M_GROUPED, "gated": 1}, "not gated"),
     ],
 )
 def test_one_mma_warpgroup_refuses_other_tiles(change, problem, message):
-    """``ws_config`` refuses ``mma_warps`` other than 8 or 4, and 4 on anything but an unsplit, ungated 64-row tile,
+    """``ws_config`` refuses ``mma_warps`` other than 8 or 4, and 4 on anything but an ungated 64-row tile,
     with a message that says so, before any launch."""
     cfg = fp8_gemm_ws.VARIANTS["i_64x128_ov4"]._replace(**change)
     out = torch.float8_e4m3fn if problem.get("gated") else torch.bfloat16

@@ -7,6 +7,8 @@ under test; the GPU tests run the same calls for real).
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -66,7 +68,7 @@ def hot_op(monkeypatch):
     for table in (registry._STUBS, registry._IMPLS):
         table.pop("_hot_toy")
     hot_lane._REPLAYS.pop(("_hot_toy", "cutile"))
-    hot_lane._REPLAY_OPS.discard("_hot_toy")
+    hot_lane._REPLAY_OPS.pop("_hot_toy")
 
 
 def test_second_call_of_a_signature_replays(hot_op):
@@ -98,6 +100,26 @@ def test_new_signature_backend_or_unkeyed_call_takes_the_full_path(hot_op, monke
     toy(torch.ones(3), 2)  # an int scale: no signature, the full path every time
     toy(torch.ones(3), 2)
     assert log == ["check", "cutile"] * 2
+
+
+def test_no_key_where_no_backend_with_a_replay_can_run(hot_op, monkeypatch):
+    """Under the automatic choice an op computes no key when none of the backends that replay it can run here (the
+    toy's replay is cutile's, and cutile is made unavailable): the call takes the full path without paying for a key;
+    an explicit ``backend=`` still keys."""
+    keyed = []
+
+    def stub(x: torch.Tensor, scale: float = 2.0) -> torch.Tensor: ...
+
+    def signature(x, scale):
+        keyed.append(1)
+        return ("_hot_toy", x.shape, scale), (x, scale)
+
+    lane = hot_lane.Lane("_hot_toy", signature, inspect.signature(stub))
+    monkeypatch.setattr(selector, "cutile_unavailable_reason", lambda: "no cuTile here")
+    assert lane.find(None, (torch.ones(3),), {}) is None and not keyed
+    assert lane.find("cutile", (torch.ones(3),), {}) is not None and len(keyed) == 1
+    monkeypatch.setattr(selector, "cutile_unavailable_reason", lambda: None)
+    assert lane.find(None, (torch.ones(3),), {}) is not None and len(keyed) == 2
 
 
 def test_bad_input_is_never_replayed(hot_op):

@@ -28,7 +28,7 @@ from tilegemm.backend.binding import flattener
 F = TypeVar("F", bound=Callable[..., Any])
 
 _REPLAYS: dict[tuple[str, str], Callable[[dict[str, Any]], Callable[..., Any] | None]] = {}
-_REPLAY_OPS: set[str] = set()  # the ops with a replay on some backend
+_REPLAY_OPS: dict[str, set[str]] = {}  # op -> the backends with a replay of it
 _HOT: dict[tuple[str, tuple], Callable[..., Any]] = {}  # (backend, signature key) -> replay
 
 
@@ -44,7 +44,7 @@ def register_replay(name: str, backend: str) -> Callable[[F], F]:
 
     def decorator(factory: F) -> F:
         _REPLAYS[(name, backend)] = factory
-        _REPLAY_OPS.add(name)
+        _REPLAY_OPS.setdefault(name, set()).add(backend)
         return factory
 
     return decorator
@@ -77,7 +77,10 @@ class Lane:
             chosen = choice.chosen(backend)
         except ValueError:  # raised again, in its turn, by the full path
             return None
-        if not (self.name in _REPLAY_OPS if chosen == choice.AUTO else (self.name, chosen) in _REPLAYS):
+        if chosen == choice.AUTO:  # no key where no backend that could run the call has a replay of it
+            if not any(selector.unavailable_reason(b) is None for b in _REPLAY_OPS.get(self.name, ())):
+                return None
+        elif (self.name, chosen) not in _REPLAYS:
             return None
         values = self._flat(args, kwargs)
         found = self.signature(*values) if values is not None else None

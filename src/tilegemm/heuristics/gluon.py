@@ -112,6 +112,21 @@ DENSE_FP8_WS_TILES = (
 #: The dense FP8 split tail (H200): 2048x2112x7168 66.5 -> 55.8 us (272 tiles: two rounds and 8), 4096x2112x7168
 #: 1.11x, 8192x8192x8192 1.01-1.04x. A run's fixed cost measured about 22 K blocks of 128; the rule charges 24.
 DENSE_FP8_WS_TAIL_SPLIT = TailSplit({DENSE_FP8_WS_DESIGN: "d_128x128_ov8_sk"}, BLOCK_K, 24)
+#: The dense FP8 single-round splits of the one-warpgroup tilings, for calls whose 64x128 or 64x64 tiles fill at
+#: most half the SMs (H200, benchmarks/results/dense-fp8-h200/one_wg_split_h200.json, kernel-only): 32 64x128 tiles
+#: split 4 ways ran 1.72x unsplit at 256x1024x16384 (a run's fixed cost 43 K blocks of 128) and 1.20x at
+#: 128x2048x7168 (33); 64 64x64 tiles split 2 ways 1.35x and 1.08x there (31, 24). 64 64x128 tiles split 2 ways
+#: at 128x4096x7168 ran 1.03x unsplit, below its 128 64x64 tiles (0.94x of those). The rule charges 36 and 24. On 13
+#: rows of M 128-1024, N 256-2112, K 7168-16384 (eleven not fitted) the rule's split ran 1.34-2.06x cutile's split-K
+#: plans (what the rule ran before), each at least 0.987x the fastest of the four one-warpgroup designs.
+DENSE_FP8_WS_ROUND_SPLITS = (
+    TailSplit({"i_64x128_ov4": "i_64x128_ov4_sk4"}, BLOCK_K, 36, splits=4, single_round=True),
+    TailSplit({"i_64x64_ov2": "i_64x64_ov2_sk2"}, BLOCK_K, 24, splits=2, single_round=True),
+)
+#: Every split of the dense FP8 tilings.
+DENSE_FP8_WS_SPLITS = (DENSE_FP8_WS_TAIL_SPLIT, *DENSE_FP8_WS_ROUND_SPLITS)
+#: The single-round split designs and their runs a tile.
+DENSE_FP8_WS_ROUND_SPLIT_RUNS = {d: s.splits for s in DENSE_FP8_WS_ROUND_SPLITS for d in s.designs.values()}
 
 #: The BF16 split-tail design of 128x128 tiles spills with fp32 output from triton 3.9: 1 STL / 2 LDL in the MMA
 #: partition, outside the K loop (an address of the epilogue's, held from before the loop). Its calls with fp32
@@ -289,14 +304,15 @@ def prefers_dense_fp8(m: int, n: int, k: int, num_sms: int, ws: bool = True) -> 
 def dense_fp8_ws_tiling(m: int, n: int, k: int, num_sms: int) -> tuple[str, int]:
     """The ws kernel's design for a dense [M, K] x [N, K] call on ``num_sms`` SMs, and its number of output tiles:
     the cheapest tiling of :data:`DENSE_FP8_WS_TILES` (:func:`cheapest_tiling`), 64x64 tiles from
-    :data:`DENSE_FP8_WS_64X64_MIN_K`, refined by the split tail (:data:`DENSE_FP8_WS_TAIL_SPLIT`). One round of 64
+    :data:`DENSE_FP8_WS_64X64_MIN_K`, refined by the split tail (:data:`DENSE_FP8_WS_TAIL_SPLIT`) or a single short
+    round's split (:data:`DENSE_FP8_WS_ROUND_SPLITS`: 32 64x128 tiles at 256x1024x16384 run 4 ways). One round of 64
     128x128 tiles on 132 SMs becomes one round of 128 64x128 tiles; 68 tiles at 512x2112 become one round of 132
     128x64 tiles, at 256x2112x7168 one of 132 64x64 tiles; 272 128x128 tiles at 2048x2112x7168 run two rounds and
     a split tail; 192 128x128 tiles at 2048x1536 (two rounds) become one round of 128 128x192 tiles; 128x128 tiles
     of :data:`DENSE_FP8_WS_WG_PARTS_MIN_ROUNDS` rounds or more run :data:`DENSE_FP8_WS_LONG_DESIGN` (4096x7168x2048:
     1792 tiles, 14 rounds)."""
     tiles = tuple(t for t in DENSE_FP8_WS_TILES if k >= DENSE_FP8_WS_64X64_MIN_K or t[0] != DENSE_FP8_WS_64X64_DESIGN)
-    design, count = cheapest_tiling(m, n, num_sms, tiles, k, DENSE_FP8_WS_TAIL_SPLIT)
+    design, count = cheapest_tiling(m, n, num_sms, tiles, k, DENSE_FP8_WS_SPLITS)
     if design == DENSE_FP8_WS_DESIGN and count >= DENSE_FP8_WS_WG_PARTS_MIN_ROUNDS * max(num_sms, 1):
         design = DENSE_FP8_WS_LONG_DESIGN
     return design, count
@@ -309,16 +325,19 @@ def dense_fp8_ws_design(m: int, n: int, k: int, num_sms: int) -> str:
 
 def ws_kernel_faster(m: int, n: int, k: int, num_sms: int) -> bool:
     """True where the warp-specialized kernel beats cutile's kernels: from :data:`DENSE_FP8_WS_MIN_M` rows
-    (:data:`DENSE_FP8_WS_64X64_MIN_M` in 64x64 tiles), enough output tiles of the design it runs
-    (:func:`dense_fp8_ws_tiling`) for the SMs (:data:`DENSE_FP8_WS_MIN_TILES_PER_SM`, fewer from 384 rows but for
-    64x64 tiles) and enough tile-steps per SM."""
+    (:data:`DENSE_FP8_WS_64X64_MIN_M` in 64x64 tiles or a single round's split), enough runs of the design it runs
+    (:func:`dense_fp8_ws_tiling`: its output tiles, times the splits of a split single round) for the SMs
+    (:data:`DENSE_FP8_WS_MIN_TILES_PER_SM`, fewer from 384 rows but for 64x64 tiles and split rounds) and enough
+    tile-steps per SM."""
     design, tiles = dense_fp8_ws_tiling(m, n, k, num_sms)
-    least_m = DENSE_FP8_WS_64X64_MIN_M if design == DENSE_FP8_WS_64X64_DESIGN else DENSE_FP8_WS_MIN_M
+    splits = DENSE_FP8_WS_ROUND_SPLIT_RUNS.get(design, 1)
+    least_m = DENSE_FP8_WS_64X64_MIN_M if design == DENSE_FP8_WS_64X64_DESIGN or splits > 1 else DENSE_FP8_WS_MIN_M
     if m < least_m or tiles * cdiv(k, BLOCK_K) < DENSE_FP8_WS_MIN_STEPS_PER_SM * num_sms:
         return False
-    fewer_ok = m >= 384 and design != DENSE_FP8_WS_64X64_DESIGN  # 64x64 tiles: measured with 128-132 of them only
+    # 64x64 tiles and split rounds: measured with 128-132 runs of them only
+    fewer_ok = m >= 384 and design != DENSE_FP8_WS_64X64_DESIGN and splits == 1
     least = DENSE_FP8_WS_MIN_TILES_PER_SM_FROM_384 if fewer_ok else DENSE_FP8_WS_MIN_TILES_PER_SM
-    return tiles >= least * num_sms
+    return tiles * splits >= least * num_sms
 
 
 def dense_bf16_ws_design(m: int, n: int, k: int, num_sms: int, out_bytes: int = 2) -> str:

@@ -89,7 +89,8 @@ class WsConfig(NamedTuple):
 #: (:mod:`split_tail`; dense only, chosen by :func:`tilegemm.heuristics.tiling.cheapest_tiling` with
 #: :data:`~tilegemm.heuristics.gluon.DENSE_FP8_WS_TAIL_SPLIT`); ``g_``: 128x128, 128x192 or 128x64 with each MMA
 #: warpgroup a partition of its own (``wg_parts`` 2), without and with the overlap; ``i_``: 64x128 and 64x64 on one MMA
-#: warpgroup (``mma_warps`` 4).
+#: warpgroup (``mma_warps`` 4), ``_sk4`` / ``_sk2`` with a single short round split 4 or 2 ways along K
+#: (:data:`~tilegemm.heuristics.gluon.DENSE_FP8_WS_ROUND_SPLITS`).
 VARIANTS: dict[str, WsConfig] = {
     "a_128x128": WsConfig(block_n=128, waves=1, persistent=False),
     "a_128x128_p": WsConfig(block_n=128, waves=1, persistent=True),
@@ -121,6 +122,8 @@ VARIANTS: dict[str, WsConfig] = {
     "i_64x128_ov4": WsConfig(block_n=128, waves=1, persistent=True, overlap=4, wave_m=64, mma_warps=4),
     "i_64x64_ov2": WsConfig(block_n=64, waves=1, persistent=True, overlap=2, wave_m=64, mma_warps=4),
     "i_64x64_ov4": WsConfig(block_n=64, waves=1, persistent=True, overlap=4, wave_m=64, mma_warps=4),
+    "i_64x128_ov4_sk4": WsConfig(block_n=128, waves=1, persistent=True, overlap=4, wave_m=64, mma_warps=4, splits=4),
+    "i_64x64_ov2_sk2": WsConfig(block_n=64, waves=1, persistent=True, overlap=2, wave_m=64, mma_warps=4, splits=2),
 }
 
 
@@ -183,9 +186,9 @@ def ws_config(problem: Problem, cfg: WsConfig | None = None) -> WsConfig:
     if cfg.wg_parts == 2 and (cfg.block_m != WAVE_M or cfg.splits > 1 or problem.gated):
         raise ValueError(f"{cfg}: a warpgroup a partition runs 128-row tiles of one wave, unsplit, not gated")
     if cfg.mma_warps not in (4, MMA_WARPS) or (
-        cfg.mma_warps == 4 and (cfg.wave_m != 64 or cfg.wg_parts != 1 or cfg.splits > 1 or problem.gated)
+        cfg.mma_warps == 4 and (cfg.wave_m != 64 or cfg.wg_parts != 1 or problem.gated)
     ):
-        raise ValueError(f"{cfg}: one MMA warpgroup (mma_warps 4) runs a 64-row tile, unsplit, not gated")
+        raise ValueError(f"{cfg}: one MMA warpgroup (mma_warps 4) runs a 64-row tile, not gated")
     out_bytes = torch.empty(0, dtype=problem.out_dtype).element_size()
     deepest = min(max_stages(cfg, out_bytes, problem.grouping, bool(problem.gated)), 8)
     if deepest < 2:

@@ -92,7 +92,7 @@ def m_grouped_fp8(
     if reason is not None:
         raise Unsupported(reason)
     if not _launches(a, b, d):  # M_sum or N 0: nothing to write; K or G 0: every row an empty sum or padding
-        return d.zero_() if d.numel() else d
+        return d.zero_()
     return _m_grouped_run(a, b, d, grouped_layout)(a, b, d, stream, grouped_layout)
 
 
