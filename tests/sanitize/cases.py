@@ -7,15 +7,19 @@ is outside every allocation, where memcheck sees it. The kernels promise to stay
 values of indices, offsets, ``masked_m``, ``ks``, windows, block tables and schedules; a case with valid
 values is also checked against the ``pytorch`` backend, so a clean run is not a run that computed nothing.
 
-Prints one line per case and exits non-zero if any case raised or disagreed with the reference.
+Usage: ``python tests/sanitize/cases.py [TEXT] [--shard I/N]``: the cases whose name contains TEXT, every N-th of
+them from I (the memcheck test runs the shards in parallel). Prints one line per case, with its seconds, and exits
+non-zero if any case raised or disagreed with the reference.
 """
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import itertools
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
 
@@ -834,25 +838,41 @@ def _sparse_decode_attention() -> str:
     return f"calc_diff <= {max(diffs):.1e}"
 
 
+def selected(only: str = "", shard: tuple[int, int] = (0, 1)) -> list[tuple[str, Callable[[], str]]]:
+    """The cases whose name contains ``only``, then every ``count``-th of them from ``index`` (``shard``: index, count),
+    so that ``count`` processes with indices ``0 .. count - 1`` run each selected case exactly once."""
+    index, count = shard
+    if not 0 <= index < count:
+        raise ValueError(f"shard {index}/{count}: the index must be in 0 .. {count - 1}")
+    return [c for c in _CASES if only in c[0]][index::count]
+
+
+def _parse_shard(text: str) -> tuple[int, int]:
+    index, _, count = text.partition("/")
+    return int(index), int(count)
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(description="every kernel family on awkward shapes and garbage values")
+    parser.add_argument("only", nargs="?", default="", help="run only the cases whose name contains this text")
+    parser.add_argument("--shard", type=_parse_shard, default=(0, 1), metavar="I/N", help="every N-th case from I")
+    args = parser.parse_args()
+    cases = selected(args.only, args.shard)
     if not torch.cuda.is_available():
         print("tests/sanitize/cases.py needs a CUDA GPU (make test-gpu-sanitize on a GPU machine)", file=sys.stderr)
         return 2
     os.environ.setdefault("TILEGEMM_CHECK_VALUES", "0")
     os.environ.setdefault("TILEGEMM_DISABLE_FALLBACK", "1")
-    only = sys.argv[1] if len(sys.argv) > 1 else ""
-    failed = ran = 0
-    for name, fn in _CASES:
-        if only not in name:
-            continue
-        ran += 1
+    failed = 0
+    for name, fn in cases:
+        start = time.perf_counter()
         try:
             note = fn()
-            print(f"ok    {name}: {note}", flush=True)
+            print(f"ok    {name}: {note} ({time.perf_counter() - start:.1f} s)", flush=True)
         except Exception:
             failed += 1
             print(f"FAIL  {name}:\n{traceback.format_exc()}", flush=True)
-    print(f"{ran - failed} passed, {failed} failed, {len(_CASES) - ran} not selected")
+    print(f"{len(cases) - failed} passed, {failed} failed, {len(_CASES) - len(cases)} not selected")
     return 1 if failed else 0
 
 
