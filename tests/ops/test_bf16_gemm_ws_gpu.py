@@ -90,6 +90,7 @@ def test_bf16_ws_refuses():
 # The public op on the gluon backend: (M, N, K), each design the rule picks there, and shapes off the tiles.
 PUBLIC_SHAPES = [(256, 4096, 7168), (512, 2112, 1024), (384, 1536, 2048), (160, 7168, 2048), (300, 200, 1096)]
 PUBLIC_SHAPES += [(2048, 2112, 7168)]  # 272 128x128 tiles: on 132 SMs two rounds and a split tail
+PUBLIC_SHAPES += [(112, 8192, 1024)]  # fewer rows than a 128-row tile, 128 64x128 tiles: the automatic choice too
 
 
 @pytest.mark.parametrize("shape", PUBLIC_SHAPES, ids=lambda s: "x".join(map(str, s)))

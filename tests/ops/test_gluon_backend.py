@@ -356,7 +356,15 @@ BF16_RULE_CASES = [
     (640, 4096, 768, "bf16_64x128_w4", True),  # 1.11x
     (512, 4096, 768, "bf16_128x128", False),  # K 768, 128-row tiles: 0.98x
     (320, 2048, 384, "bf16_64x128_w4", False),  # under DENSE_BF16_WS_SHALLOW_K_LEAST_K: not measured
-    (128, 4096, 7168, "bf16_64x128_w4_sk2", False),  # not measured: the decode-sized rows stay on cutile
+    (128, 4096, 7168, "bf16_64x128_w4_sk2", True),  # 128 runs: 1.11x (bf16_few_rows_h200.json)
+    (128, 7168, 16384, "bf16_64x128_w4", True),  # 112 tiles: 1.34x
+    (128, 2560, 7168, "bf16_64x128_w4_sk2", True),  # 80 runs: 1.26x
+    (96, 4096, 7168, "bf16_64x128_w4_sk2", True),  # 1.17x
+    (128, 2112, 7168, "bf16_64x128_w4_sk2", False),  # 68 runs: 0.96x
+    (128, 3072, 4096, "bf16_64x128_w4", False),  # 48 tiles: 0.98x
+    (128, 1024, 16384, "bf16_64x128_w4_sk2", False),  # 32 runs: 1.14x, below the runs the rule asks for
+    (64, 7168, 16384, "bf16_64x128_w4_sk2", False),  # under DENSE_BF16_WS_FEW_ROWS_MIN_M: 1.00x
+    (128, 2048, 768, "bf16_64x128_w4", False),  # K 768 under 129 rows: not measured
     (2048, 4096, 7168, "bf16_128x256_wg2", True),
     (8192, 8192, 8192, "bf16_128x256_wg2", True),
     (8193, 4096, 7168, "bf16_128x256_wg2", False),  # past the set's rows

@@ -150,6 +150,13 @@ def spill_free_here(since: tuple[int, int]) -> bool:
 #: benchmark set's rows run to 8192.
 DENSE_BF16_WS_MIN_M = 129
 DENSE_BF16_WS_MAX_M = 8192
+#: ...and from this many rows below that (K from :data:`DENSE_BF16_WS_MIN_K`) where the design's runs (its tiles, each
+#: split tile's runs counted) fill at least :data:`DENSE_BF16_WS_FEW_ROWS_MIN_RUNS_PER_SM` of the SMs: on 14 rows of
+#: M 64-128 (H200, benchmarks/results/dense-bf16-h200/bf16_few_rows_h200.json) the 9 such rows of M 96-128 ran
+#: 1.09-1.34x the cutile kernels kernel-only and 0.97-1.31x eager; the rows of 68 runs or fewer 0.73-1.14x
+#: (128x2112x7168, 68 runs: 0.96x), 64x7168x16384 1.00x.
+DENSE_BF16_WS_FEW_ROWS_MIN_M = 96
+DENSE_BF16_WS_FEW_ROWS_MIN_RUNS_PER_SM = 0.6
 #: ...with K at least this deep: the rows of K 768 (kernels of 6-10 us) lost 0.91-0.97x...
 DENSE_BF16_WS_MIN_K = 1024
 #: ...and below it, from K :data:`DENSE_BF16_WS_SHALLOW_K_LEAST_K`, where the rule's design is the 64x128 tile and M
@@ -210,6 +217,10 @@ DENSE_BF16_WS_ROUND_SPLIT = TailSplit(
 )
 #: Both splits of the dense BF16 tilings.
 DENSE_BF16_WS_SPLITS = (DENSE_BF16_WS_TAIL_SPLIT, DENSE_BF16_WS_ROUND_SPLIT)
+#: The single-round split designs and their runs a tile.
+DENSE_BF16_WS_ROUND_SPLIT_RUNS = {
+    d: DENSE_BF16_WS_ROUND_SPLIT.splits for d in DENSE_BF16_WS_ROUND_SPLIT.designs.values()
+}
 
 
 #: The design of the warp-specialized kernel the m-grouped contiguous FP8 calls run (``ops/gluon/grouped.py``): one
@@ -347,13 +358,18 @@ def dense_bf16_ws_design(m: int, n: int, k: int, num_sms: int, out_bytes: int = 
     (:data:`DENSE_BF16_WS_ROUND_SPLIT`); at K up to :data:`DENSE_BF16_WS_SHORT_K` with the short-K costs
     (:func:`dense_bf16_ws_tiles`). No split into a design of :data:`BF16_FP32_SPILLING_DESIGNS` with fp32 output
     where it spills (:data:`TRITON_SPILLS_BF16_FP32_FROM`)."""
+    return dense_bf16_ws_tiling(m, n, k, num_sms, out_bytes)[0]
+
+
+def dense_bf16_ws_tiling(m: int, n: int, k: int, num_sms: int, out_bytes: int = 2) -> tuple[str, int]:
+    """:func:`dense_bf16_ws_design`'s design and its number of output tiles (each split tile counted once)."""
     splits = DENSE_BF16_WS_SPLITS
     if out_bytes == 4 and not spill_free_here(TRITON_SPILLS_BF16_FP32_FROM):
         splits = tuple(
             s._replace(designs={u: d for u, d in s.designs.items() if d not in BF16_FP32_SPILLING_DESIGNS})
             for s in splits
         )
-    return cheapest_tiling(m, n, num_sms, dense_bf16_ws_tiles(k), k, splits)[0]
+    return cheapest_tiling(m, n, num_sms, dense_bf16_ws_tiles(k), k, splits)
 
 
 def dense_bf16_ws_tiles(k: int) -> tuple[tuple[str, int, int, float], ...]:
@@ -366,9 +382,17 @@ def prefers_dense_bf16(m: int, n: int, k: int, num_sms: int) -> bool:
     """True where the BF16 ws kernel is the automatic choice for an [M, K] x [N, K] product (no addend, ``alpha``
     1, K-major operands) on ``num_sms`` SMs: :data:`DENSE_BF16_WS_MIN_M` to :data:`DENSE_BF16_WS_MAX_M` rows, K from
     :data:`DENSE_BF16_WS_MIN_K`; shallower K (from :data:`DENSE_BF16_WS_SHALLOW_K_LEAST_K`) where the design is the
-    64x128 tile (:func:`dense_bf16_ws_design`) and M at least :data:`DENSE_BF16_WS_SHALLOW_K_MIN_M`."""
-    if not DENSE_BF16_WS_MIN_M <= m <= DENSE_BF16_WS_MAX_M or k < DENSE_BF16_WS_SHALLOW_K_LEAST_K:
+    64x128 tile (:func:`dense_bf16_ws_design`) and M at least :data:`DENSE_BF16_WS_SHALLOW_K_MIN_M`; fewer rows (from
+    :data:`DENSE_BF16_WS_FEW_ROWS_MIN_M`) where the design's runs fill :data:`DENSE_BF16_WS_FEW_ROWS_MIN_RUNS_PER_SM`
+    of the SMs."""
+    if not DENSE_BF16_WS_FEW_ROWS_MIN_M <= m <= DENSE_BF16_WS_MAX_M or k < DENSE_BF16_WS_SHALLOW_K_LEAST_K:
         return False
+    if m < DENSE_BF16_WS_MIN_M:
+        if k < DENSE_BF16_WS_MIN_K:
+            return False
+        design, tiles = dense_bf16_ws_tiling(m, n, k, num_sms)
+        runs = tiles * DENSE_BF16_WS_ROUND_SPLIT_RUNS.get(design, 1)
+        return runs >= DENSE_BF16_WS_FEW_ROWS_MIN_RUNS_PER_SM * num_sms
     if k >= DENSE_BF16_WS_MIN_K:
         return True
     return m >= DENSE_BF16_WS_SHALLOW_K_MIN_M and dense_bf16_ws_design(m, n, k, num_sms) == DENSE_BF16_WS_SHORT_M_DESIGN
