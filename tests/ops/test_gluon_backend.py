@@ -502,9 +502,8 @@ def test_split_designs_are_variants_of_the_same_tile(kind):
     tail's rule (:func:`split_tail.tail_splits`) gives that many runs."""
     if kind.startswith("fp8"):
         module = pytest.importorskip("tilegemm.ops.gluon.fp8_gemm_ws")
-        split = {"fp8": gluon.DENSE_FP8_WS_TAIL_SPLIT, "fp8 round 4": gluon.DENSE_FP8_WS_ROUND_SPLITS[0]}.get(
-            kind, gluon.DENSE_FP8_WS_ROUND_SPLITS[-1]
-        )
+        round_4, round_2 = gluon.DENSE_FP8_WS_ROUND_SPLITS
+        split = {"fp8": gluon.DENSE_FP8_WS_TAIL_SPLIT, "fp8 round 4": round_4, "fp8 round 2": round_2}[kind]
     else:
         module = pytest.importorskip("tilegemm.ops.gluon.bf16_gemm_ws")
         split = gluon.DENSE_BF16_WS_ROUND_SPLIT if kind == "bf16 round" else gluon.DENSE_BF16_WS_TAIL_SPLIT
