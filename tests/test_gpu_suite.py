@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import gpu_suite
 import pytest
@@ -83,6 +84,17 @@ def test_conftest_appends_each_report_as_it_arrives(tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert [(c["test"], c["outcome"]) for c in gpu_suite.cases(outcomes)] == [(test, "passed")]
+
+
+def test_early_tests_go_first_and_the_rest_keep_their_order():
+    """The GPU suite's collection order: the ``early`` tests (the memcheck shards) first, each part as collected."""
+    import conftest
+
+    items = [SimpleNamespace(name=name, keywords={"early"} if early else set()) for name, early in
+             [("a", False), ("shard0", True), ("b", False), ("c", False), ("shard1", True)]]  # fmt: skip
+    assert [item.name for item in conftest.early_first(items)] == ["shard0", "shard1", "a", "b", "c"]
+    memcheck = ROOT / "tests" / "sanitize" / "test_memcheck.py"
+    assert "pytest.mark.early" in memcheck.read_text()
 
 
 def test_commit_is_named_only_for_the_tree_that_ran(monkeypatch):

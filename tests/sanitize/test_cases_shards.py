@@ -12,7 +12,7 @@ cases = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(cases)
 
 
-@pytest.mark.parametrize("count", [1, 2, 3, 5])
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("only", ["", "gluon", "m-grouped", "no case has this in its name"])
 def test_shards_partition_the_selected_cases(count: int, only: str):
     names = [name for name, _ in cases.selected(only)]

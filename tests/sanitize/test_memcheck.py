@@ -3,7 +3,8 @@
 Skips cleanly without a CUDA GPU or without ``compute-sanitizer`` on the PATH; ``make test-gpu-sanitize``
 runs the same cases (and the initcheck probe) outside pytest. The cases run in :data:`SHARDS` sanitizer processes
 (``cases.py --shard I/N``, every N-th case), the first in the ``gpu_serial`` group and the others beside the rest of
-the suite, so that the longest test of the suite is a fraction of the whole of cases.py.
+the suite, so that the longest test of the suite is a fraction of the whole of cases.py; marked ``early``, every
+shard starts when the suite does (tests/conftest.py), not after the tests collected before it.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.early]
 
 CASES = Path(__file__).with_name("cases.py")
 SRC = Path(__file__).resolve().parents[2] / "src"
-SHARDS = 2
+#: Sanitizer processes of the cases: the first runs in the serial group, whose tests run one after another, so its
+#: share of the cases adds to that group's time (the GPU suite's records list the shards among the slowest tests).
+SHARDS = 4
 
 
 @pytest.mark.parametrize(
