@@ -4,22 +4,16 @@ import json
 import os
 import sys
 
+import gpu_suite
 import pytest
 import torch
 
 from tilegemm.backend import registry
 
 
-def early_first(items: list) -> list:
-    """``items`` with those marked ``early`` first, each part in its order. Under ``--dist loadgroup`` xdist hands out
-    the tests of no group in collection order (after the groups, largest first), so a long test collected last would
-    start last and hold the run past its budget; marked ``early`` it starts on a worker of its own at once."""
-    return sorted(items, key=lambda item: "early" not in item.keywords)
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
-        items[:] = early_first(items)
+        items[:] = gpu_suite.early_first(items)
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (make test-gpu)")
     for item in items:

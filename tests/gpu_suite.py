@@ -91,6 +91,14 @@ def record_name(record: dict) -> str:
     return f"{name}.json" if record.get("cuda-tile") else f"{name}-triton{record['triton']}.json"
 
 
+def early_first(items: list) -> list:
+    """``items`` with those marked ``early`` first, each part in its order (tests/conftest.py orders the collection
+    so). Under ``--dist loadgroup`` xdist hands out the tests of no group in collection order (after the groups,
+    largest first), so a long test collected last would start last and hold the run past its budget; marked
+    ``early`` it starts on a worker of its own at once."""
+    return sorted(items, key=lambda item: "early" not in item.keywords)
+
+
 def workers_for(free_bytes: int, cpus: int) -> int:
     """Parallel pytest workers: one per :data:`GIB_PER_WORKER` of free GPU memory and per :data:`CORES_PER_WORKER`
     CPU cores, 1 to :data:`MAX_WORKERS`."""

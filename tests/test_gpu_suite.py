@@ -88,11 +88,10 @@ def test_conftest_appends_each_report_as_it_arrives(tmp_path):
 
 def test_early_tests_go_first_and_the_rest_keep_their_order():
     """The GPU suite's collection order: the ``early`` tests (the memcheck shards) first, each part as collected."""
-    import conftest
-
     items = [SimpleNamespace(name=name, keywords={"early"} if early else set()) for name, early in
              [("a", False), ("shard0", True), ("b", False), ("c", False), ("shard1", True)]]  # fmt: skip
-    assert [item.name for item in conftest.early_first(items)] == ["shard0", "shard1", "a", "b", "c"]
+    assert [item.name for item in gpu_suite.early_first(items)] == ["shard0", "shard1", "a", "b", "c"]
+    assert "gpu_suite.early_first(items)" in (ROOT / "tests" / "conftest.py").read_text()
     memcheck = ROOT / "tests" / "sanitize" / "test_memcheck.py"
     assert "pytest.mark.early" in memcheck.read_text()
 

@@ -4,7 +4,7 @@ Skips cleanly without a CUDA GPU or without ``compute-sanitizer`` on the PATH; `
 runs the same cases (and the initcheck probe) outside pytest. The cases run in :data:`SHARDS` sanitizer processes
 (``cases.py --shard I/N``, every N-th case), the first in the ``gpu_serial`` group and the others beside the rest of
 the suite, so that the longest test of the suite is a fraction of the whole of cases.py; marked ``early``, every
-shard starts when the suite does (tests/conftest.py), not after the tests collected before it.
+shard starts when the suite does (``gpu_suite.early_first``), not after the tests collected before it.
 """
 
 from __future__ import annotations
