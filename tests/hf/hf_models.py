@@ -56,6 +56,26 @@ def build(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu", se
     return model.eval()
 
 
+def assert_tp_experts_layout(config: Any, local: dict[str, Any], world_size: int) -> None:
+    """The experts module of one rank (``tilegemm.transformers.parallel.local_experts``) is laid out as the installed
+    transformers' tensor-parallel plan of ``config`` says. A plan with ``moe_tp_experts`` (transformers <= 5.24) cuts
+    every expert along the intermediate dimension (``gate_up_proj [E, 2I/N, H]``, ``down_proj [E, H, I/N]``); the
+    plans of transformers 5.25 name no experts weight (the style is deprecated for expert parallelism), so every rank
+    holds every expert whole."""
+    from tilegemm.transformers.parallel import family_plan
+
+    styles = {style for name, style in family_plan(config, "tp").items() if ".experts" in name}
+    assert not local["expert_parallel"], local
+    assert local["gate_up_proj"][0] == local["global_gate_up_proj"][0] == local["num_experts"], local
+    if "moe_tp_experts" in styles:
+        assert local["gate_up_proj"][1] * world_size == local["global_gate_up_proj"][1], local
+        assert local["down_proj"][2] * world_size == local["global_down_proj"][2], local
+    else:
+        assert not styles, f"a tensor-parallel experts style this test does not know: {sorted(styles)}"
+        assert local["gate_up_proj"] == local["global_gate_up_proj"], local
+        assert local["down_proj"] == local["global_down_proj"], local
+
+
 def prompt(batch: int = 2, length: int = 12, vocab: int = 256, seed: int = 1, device: str = "cpu") -> torch.Tensor:
     """Random token ids ``[batch, length]``."""
     return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed)).to(device)

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_models import FAMILIES
+from hf_models import FAMILIES, assert_tp_experts_layout
 
+from tilegemm.transformers import presets
 from tilegemm.transformers.parallel import parallel_api_problem
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,7 +89,7 @@ def test_four_ranks_equal_one_process(world, family, mode):
         if mode == "ep":
             assert local["expert_parallel"] and local["num_experts"] * 4 == local["global_gate_up_proj"][0]
         else:
-            assert local["gate_up_proj"][1] * 4 == local["global_gate_up_proj"][1]
+            assert_tp_experts_layout(presets.PRESETS[family].config(), local, 4)
 
 
 # ------------------------------------------------------------------ no process group
