@@ -64,7 +64,7 @@ def assert_tp_experts_layout(config: Any, local: dict[str, Any], world_size: int
     holds every expert whole."""
     from tilegemm.transformers.parallel import family_plan
 
-    styles = {style for name, style in family_plan(config, "tp").items() if ".experts" in name}
+    styles = {style for name, style in family_plan(config, "tp").items() if "experts" in name.split(".")}
     assert not local["expert_parallel"], local
     assert local["gate_up_proj"][0] == local["global_gate_up_proj"][0] == local["num_experts"], local
     if "moe_tp_experts" in styles:

@@ -85,6 +85,35 @@ def test_tensor_parallel_experts_follow_the_plan(results, family):
         assert_tp_experts_layout(config, r["local"], WORLD_SIZE)
 
 
+def test_tp_layout_check_tells_cut_from_whole():
+    """``assert_tp_experts_layout`` against made-up shards: a plan with ``moe_tp_experts`` takes only the cut layout, a
+    plan without experts entries only the whole one, and an experts style it does not know fails."""
+    from tilegemm.transformers import presets
+
+    config = presets.PRESETS["tiny-qwen3-moe"].config()
+    whole = {"num_experts": 8, "expert_parallel": False, "gate_up_proj": (8, 64, 64), "down_proj": (8, 64, 32)}
+    whole.update(global_gate_up_proj=(8, 64, 64), global_down_proj=(8, 64, 32))
+    cut = dict(whole, gate_up_proj=(8, 32, 64), down_proj=(8, 64, 16))
+    config.base_model_tp_plan = {
+        "layers.*.mlp.experts.gate_up_proj": "packed_colwise",
+        "layers.*.mlp.experts.down_proj": "rowwise",
+        "layers.*.mlp.experts": "moe_tp_experts",
+    }
+    assert_tp_experts_layout(config, cut, 2)
+    with pytest.raises(AssertionError):
+        assert_tp_experts_layout(config, whole, 2)
+    config.base_model_tp_plan = {
+        "layers.*.self_attn.q_proj": "colwise",
+        "layers.*.mlp.shared_experts.up_proj": "colwise",
+    }
+    assert_tp_experts_layout(config, whole, 2)
+    with pytest.raises(AssertionError):
+        assert_tp_experts_layout(config, cut, 2)
+    config.base_model_tp_plan = {"layers.*.mlp.experts": "a_new_style"}
+    with pytest.raises(AssertionError, match="does not know"):
+        assert_tp_experts_layout(config, whole, 2)
+
+
 def test_all_to_all_expert_parallel(results):
     """transformers' all-to-all EP: each rank's experts get the pairs routed to them, with local ids."""
     for r in _result(results, "tiny-deepseek-v3/ep:all_to_all/float32"):
